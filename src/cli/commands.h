@@ -1,0 +1,14 @@
+// src/cli/commands.h — every `deloco` subcommand registers itself here. The CLI is a thin layer: parse the
+// command line and config, call the library, print results. Each add_* function adds one or more subcommands
+// to `app`; their callbacks throw on error (main prints the message and exits 1).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace deloco::cli {
+
+void add_train_commands(CLI::App& app);    // train, eval, sample   (cmd_train.cpp)
+void add_goodput_command(CLI::App& app);   // goodput               (cmd_goodput.cpp)
+void add_merge_command(CLI::App& app);     // merge                 (cmd_merge.cpp)
+
+}  // namespace deloco::cli
