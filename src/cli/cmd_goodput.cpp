@@ -1,0 +1,249 @@
+// `deloco goodput`: the chip-scale chaos simulator. Parses flags and config, runs deloco::run_goodput and writes
+// the terminal table, the --summary JSON, an optional CSV and an optional PNG plot (through gnuplot).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "common.h"
+#include "deloco/fs.h"
+#include "deloco/goodput.h"
+
+namespace deloco::cli {
+namespace {
+
+struct GoodputOptions {
+  CommonOptions common;
+  std::vector<std::string> flag_values;  // one per goodput_key_docs() entry; empty = not given
+  std::string csv_path;
+  std::string plot_path;
+};
+
+std::string chips_label(int64_t c) {
+  std::ostringstream o;
+  if (c >= 1000000 && c % 100000 == 0) o << c / 1000000.0 << "M";
+  else if (c >= 1000 && c % 1000 == 0) o << c / 1000 << "k";
+  else o << c;
+  return o.str();
+}
+
+std::string series_label(const GoodputRow& r) {
+  if (r.scheme == "dp") return "DP";
+  if (r.scheme == "elastic_dp") return "elastic DP";
+  return "DiLoCo M=" + std::to_string(r.learners);
+}
+
+std::string cell(double mean, double ci) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(3) << mean << "±" << std::setprecision(3) << ci;
+  return o.str();
+}
+
+// One table: rows = chip counts, columns = scheme series.
+void print_pivot(std::ostream& out, const std::vector<GoodputRow>& rows, bool goodput) {
+  std::vector<std::string> series;
+  std::vector<int64_t> chips;
+  for (const auto& r : rows) {
+    const std::string s = series_label(r);
+    if (std::find(series.begin(), series.end(), s) == series.end()) series.push_back(s);
+    if (std::find(chips.begin(), chips.end(), r.chips) == chips.end()) chips.push_back(r.chips);
+  }
+  const int w = 14;
+  out << (goodput ? "goodput" : "uptime ") << " (mean±95% CI over seeds)\n";
+  out << std::left << std::setw(8) << "chips" << std::setw(8) << "slices";
+  for (const auto& s : series) out << std::setw(w) << s;
+  out << "\n";
+  for (int64_t c : chips) {
+    int64_t slices = 0;
+    for (const auto& r : rows)
+      if (r.chips == c) slices = r.slices;
+    out << std::setw(8) << chips_label(c) << std::setw(8) << slices;
+    for (const auto& s : series) {
+      std::string text = "-";
+      for (const auto& r : rows)
+        if (r.chips == c && series_label(r) == s)
+          text = goodput ? cell(r.goodput, r.goodput_ci95) : cell(r.uptime, r.uptime_ci95);
+      // "±" is two bytes in UTF-8 but one column on screen.
+      out << text << std::string(static_cast<size_t>(std::max<int>(1, w - static_cast<int>(text.size()) + 1)), ' ');
+    }
+    out << "\n";
+  }
+}
+
+nlohmann::json row_json(const GoodputRow& r) {
+  return {{"scheme", r.scheme},           {"chips", r.chips},
+          {"slices", r.slices},           {"spare_slices", r.spare_slices},
+          {"learners", r.learners},       {"quorum", r.quorum},
+          {"goodput", r.goodput},         {"goodput_ci95", r.goodput_ci95},
+          {"uptime", r.uptime},           {"uptime_ci95", r.uptime_ci95},
+          {"failures_per_run", r.failures}, {"seeds", r.seeds}};
+}
+
+std::string csv_text(const std::vector<GoodputRow>& rows) {
+  std::ostringstream o;
+  o << "scheme,chips,slices,spare_slices,learners,quorum,goodput,goodput_ci95,uptime,uptime_ci95,failures_per_run,seeds\n";
+  o << std::setprecision(6);
+  for (const auto& r : rows)
+    o << r.scheme << "," << r.chips << "," << r.slices << "," << r.spare_slices << "," << r.learners << ","
+      << r.quorum << "," << r.goodput << "," << r.goodput_ci95 << "," << r.uptime << "," << r.uptime_ci95 << ","
+      << r.failures << "," << r.seeds << "\n";
+  return o.str();
+}
+
+// Creates the folder that will hold `path`, so --csv out/x.csv works in a fresh tree.
+void make_parent(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  if (ec) throw std::runtime_error("cannot create the folder '" + parent.string() + "': " + ec.message());
+}
+
+bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Writes STEM.dat and STEM.gp beside the PNG and runs gnuplot when it is installed.
+void write_plot(const std::string& png, const std::vector<GoodputRow>& rows, const GoodputParams& p) {
+  std::string stem = png;
+  if (stem.size() > 4 && stem.compare(stem.size() - 4, 4, ".png") == 0) stem.resize(stem.size() - 4);
+  const std::string dat = stem + ".dat", gp = stem + ".gp";
+  std::vector<std::string> series;
+  for (const auto& r : rows)
+    if (std::find(series.begin(), series.end(), series_label(r)) == series.end()) series.push_back(series_label(r));
+  std::ostringstream d;
+  d << std::setprecision(6);
+  for (size_t i = 0; i < series.size(); ++i) {
+    d << "# " << series[i] << "\n# chips goodput goodput_ci95 uptime uptime_ci95\n";
+    for (const auto& r : rows)
+      if (series_label(r) == series[i])
+        d << r.chips << " " << r.goodput << " " << r.goodput_ci95 << " " << r.uptime << " " << r.uptime_ci95 << "\n";
+    d << "\n\n";
+  }
+  make_parent(dat);
+  write_file_atomic(dat, d.str());
+  auto base = [](const std::string& path) {
+    const auto slash = path.find_last_of('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+  };
+  std::ostringstream g;
+  g << "# gnuplot script written by `deloco goodput`; run `gnuplot " << base(gp) << "` in this folder.\n"
+    << "set terminal pngcairo size 900,560 enhanced font 'Sans,11'\n"
+    << "set output '" << base(png) << "'\n"
+    << "set title 'Goodput under chip failures (chip MTBI " << p.mtbi_chip_years << " y, " << p.slice_chips
+    << "-chip slices, " << p.days << " days, " << p.seeds << " seeds)'\n"
+    << "set xlabel 'chips'\nset ylabel 'goodput (useful / allocated chip-time)'\n"
+    << "set logscale x 2\nset yrange [0:1.02]\nset grid\nset key outside right\n";
+  int64_t cmin = p.chips.front(), cmax = p.chips.front();
+  g << "set xtics (";
+  for (size_t i = 0; i < p.chips.size(); ++i) {
+    g << (i ? ", " : "") << "'" << chips_label(p.chips[i]) << "' " << p.chips[i];
+    cmin = std::min(cmin, p.chips[i]);
+    cmax = std::max(cmax, p.chips[i]);
+  }
+  g << ")\nset xrange [" << cmin / 1.25 << ":" << cmax * 1.25 << "]\nplot \\\n";
+  for (size_t i = 0; i < series.size(); ++i)
+    g << "  '" << base(dat) << "' index " << i << " using 1:2:3 with yerrorlines lw 2" << (series[i] == "elastic DP" ? " dt 2" : "") << " title '"
+      << series[i] << "'"
+      << (i + 1 < series.size() ? ", \\\n" : "\n");
+  write_file_atomic(gp, g.str());
+  if (!have_gnuplot()) {
+    std::cerr << "goodput: gnuplot is not installed, so no PNG was drawn; wrote " << dat << " and " << gp
+              << " (install it with `apt-get install gnuplot-nox`, then run `gnuplot " << base(gp) << "` in that folder)\n";
+    return;
+  }
+  std::string dir = ".";
+  const auto slash = gp.find_last_of('/');
+  if (slash != std::string::npos) dir = gp.substr(0, slash);
+  const std::string cmd = "cd " + shell_quote(dir) + " && gnuplot " + shell_quote(base(gp));
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("gnuplot failed to draw " + png + " from " + gp);
+  std::cerr << "plot written to " << png << " (data " << dat << ", script " << gp << ")\n";
+}
+
+void run(GoodputOptions& o) {
+  GoodputParams p;
+  ConfigSchema schema;
+  bind_goodput_config(schema, p);
+  // Precedence: config file, then the per-key flags, then --set.
+  if (!o.common.config_path.empty()) schema.load_file(o.common.config_path);
+  const auto& docs = goodput_key_docs();
+  for (size_t i = 0; i < docs.size(); ++i) {
+    if (o.flag_values[i].empty()) continue;
+    try {
+      schema.apply_override(docs[i].key + "=" + o.flag_values[i]);
+    } catch (const ConfigError& e) {
+      std::string flag = docs[i].key.substr(8);
+      for (auto& c : flag) if (c == '_') c = '-';
+      std::string msg = e.what();
+      if (msg.rfind("--set: ", 0) == 0) msg = msg.substr(7);
+      throw ConfigError("--" + flag + " '" + o.flag_values[i] + "': " + msg);
+    }
+  }
+  for (const auto& s : o.common.sets) schema.apply_override(s);
+  schema.validate();
+  validate_goodput(p);
+
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<GoodputRow> rows = run_goodput(p);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::cout << "deloco goodput: chip MTBI " << p.mtbi_chip_years << " y, " << p.slice_chips << "-chip slices, repair "
+            << p.repair_hours << " h (" << p.repair_dist << "), restart " << p.restart_minutes << " min, reconfig "
+            << p.downscale_seconds << "/" << p.upscale_seconds << " s, quorum " << p.quorum << ", spares "
+            << p.spare_fraction << ", " << p.days << " days x " << p.seeds << " seeds\n\n";
+  print_pivot(std::cout, rows, true);
+  std::cout << "\n";
+  print_pivot(std::cout, rows, false);
+  std::cout << "\n" << rows.size() * static_cast<size_t>(p.seeds) << " runs in " << std::fixed << std::setprecision(2)
+            << wall << " s\n";
+
+  if (!o.csv_path.empty()) {
+    make_parent(o.csv_path);
+    write_file_atomic(o.csv_path, csv_text(rows));
+    std::cerr << "csv written to " << o.csv_path << "\n";
+  }
+  if (!o.plot_path.empty()) write_plot(o.plot_path, rows, p);
+
+  nlohmann::json summary;
+  summary["command"] = "goodput";
+  summary["config"] = schema.to_json();
+  summary["rows"] = nlohmann::json::array();
+  for (const auto& r : rows) summary["rows"].push_back(row_json(r));
+  summary["wall_seconds"] = wall;
+  write_summary(o.common, summary);
+}
+
+}  // namespace
+
+void add_goodput_command(CLI::App& app) {
+  auto opts = std::make_shared<GoodputOptions>();
+  CLI::App* sub = app.add_subcommand(
+      "goodput",
+      "chip-scale chaos simulator: goodput and uptime of DP, elastic DP and Decoupled DiLoCo under chip failures "
+      "(every goodput.* config key is also a flag; see docs/goodput.md)");
+  add_common_options(sub, &opts->common);
+  sub->add_option("--csv", opts->csv_path, "write the result rows as CSV to FILE");
+  sub->add_option("--plot", opts->plot_path,
+                  "draw goodput against chip count to FILE.png with gnuplot (FILE.dat and FILE.gp are kept beside it)");
+  const auto& docs = goodput_key_docs();
+  opts->flag_values.resize(docs.size());
+  for (size_t i = 0; i < docs.size(); ++i) {
+    std::string flag = docs[i].key.substr(8);  // drop "goodput."
+    for (auto& c : flag) if (c == '_') c = '-';
+    sub->add_option("--" + flag, opts->flag_values[i], docs[i].help + " [" + docs[i].key + "]");
+  }
+  sub->callback([opts]() { run(*opts); });
+}
+
+}  // namespace deloco::cli

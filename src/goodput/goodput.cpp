@@ -1,0 +1,533 @@
+// The chip-scale goodput simulator (see include/deloco/goodput.h for the model and the contract).
+#include "deloco/goodput.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <limits>
+#include <queue>
+#include <sstream>
+#include <thread>
+
+#include "deloco/config.h"
+
+namespace deloco {
+namespace {
+
+constexpr double kHoursPerYear = 8766.0;  // 365.25 days
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr int64_t kMaxChips = 100000000;
+constexpr int64_t kMaxSlices = 1000000;
+constexpr int64_t kMaxLearners = 1024;
+constexpr double kMaxExpectedFailures = 2e8;
+
+// ---- portable random numbers: splitmix64 seeding, xoshiro256**, own distributions ------------------------
+uint64_t splitmix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) {
+    uint64_t sm = seed;
+    for (auto& w : s_) w = splitmix64(&sm);
+  }
+  uint64_t next() {
+    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+    const uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return result;
+  }
+  // Uniform in the open interval (0, 1).
+  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }
+  // Uniform integer in [0, n), n > 0 (multiply-shift; the bias is below 2^-40 for n < 2^24).
+  int64_t below(int64_t n) {
+    return static_cast<int64_t>((static_cast<unsigned __int128>(next()) * static_cast<uint64_t>(n)) >> 64);
+  }
+  double exponential(double mean) { return -mean * std::log(uniform()); }
+  // Standard normal by the Box–Muller transform (one value per call; the second is discarded for simplicity).
+  double normal() {
+    const double u1 = uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  uint64_t s_[4];
+};
+
+uint64_t run_seed(int64_t base, int64_t index) {
+  uint64_t st = static_cast<uint64_t>(base) * 0xD1B54A32D192ED03ULL + static_cast<uint64_t>(index);
+  splitmix64(&st);
+  return splitmix64(&st);
+}
+
+// ---- straggler efficiency ------------------------------------------------------------------------------
+// E[max of k standard normals] for k = 0..kmax, by the trapezoid rule on x·k·φ(x)·Φ(x)^(k-1) over [-9, 9],
+// advancing Φ^(k-1) incrementally so the whole table costs kmax × grid multiplications.
+std::vector<double> expected_max_table(int64_t kmax) {
+  constexpr double lo = -9.0, hi = 9.0, h = 0.01;
+  const int n = static_cast<int>((hi - lo) / h) + 1;
+  std::vector<double> xs(n), w(n), cdf(n), pw(n, 1.0);
+  for (int j = 0; j < n; ++j) {
+    const double x = lo + h * j;
+    const double pdf = std::exp(-0.5 * x * x) * 0.3989422804014327;
+    xs[j] = x;
+    w[j] = x * pdf * h * ((j == 0 || j == n - 1) ? 0.5 : 1.0);
+    cdf[j] = 0.5 * std::erfc(-x * 0.7071067811865476);
+  }
+  std::vector<double> table(static_cast<size_t>(std::max<int64_t>(kmax, 1)) + 1, 0.0);
+  for (int64_t k = 1; k <= kmax; ++k) {
+    double sum = 0;
+    for (int j = 0; j < n; ++j) {
+      sum += w[j] * pw[j];
+      pw[j] *= cdf[j];
+    }
+    table[k] = k <= 1 ? 0.0 : static_cast<double>(k) * sum;
+  }
+  return table;
+}
+
+std::vector<double> efficiency_table(int64_t kmax, double cv) {
+  std::vector<double> eff(static_cast<size_t>(std::max<int64_t>(kmax, 1)) + 1, 1.0);
+  if (cv <= 0) return eff;
+  const std::vector<double> em = expected_max_table(kmax);
+  for (int64_t k = 2; k <= kmax; ++k) eff[k] = 1.0 / (1.0 + cv * em[k]);
+  return eff;
+}
+
+// ---- one run -------------------------------------------------------------------------------------------
+struct Group {
+  int64_t positions = 0;  // slice positions this group is sized for
+  int64_t healthy = 0;    // healthy slices it holds
+  double busy_until = 0;  // end of the current restart / reconfiguration
+};
+
+int64_t quorum_for(const GoodputParams& p, int64_t m) {
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p.quorum * static_cast<double>(m) - 1e-9)));
+}
+
+int64_t spares_for(const GoodputParams& p, int64_t slices) {
+  return static_cast<int64_t>(std::ceil(p.spare_fraction * static_cast<double>(slices) - 1e-9));
+}
+
+RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, const std::vector<double>& eff) {
+  const bool elastic = spec.scheme != Scheme::kDataParallel;
+  const int64_t m = spec.scheme == Scheme::kDecoupledDiLoCo ? spec.learners : 1;
+  const int64_t quorum = spec.scheme == Scheme::kDecoupledDiLoCo ? quorum_for(p, m) : 1;
+  const int64_t slices = spec.chips / p.slice_chips;
+  const int64_t spares = spares_for(p, slices);
+  const double s_chips = static_cast<double>(p.slice_chips);
+  const double slice_rate = s_chips / (p.mtbi_chip_years * kHoursPerYear);  // failures per hour per slice
+  const double restart = p.restart_minutes / 60.0;
+  const double down = p.downscale_seconds / 3600.0;
+  const double up = p.upscale_seconds / 3600.0;
+  const double t0 = p.warmup_hours;
+  const double t_end = p.warmup_hours + p.days * 24.0;
+
+  // Repair-time sampler (hours).
+  const double mean_repair = p.repair_hours;
+  double ln_mu = 0, ln_sigma = 0;
+  int dist = 0;  // 0 exponential, 1 lognormal, 2 fixed
+  if (p.repair_dist == "lognormal") {
+    dist = 1;
+    ln_sigma = std::sqrt(std::log(1.0 + p.repair_cv * p.repair_cv));
+    ln_mu = std::log(mean_repair) - 0.5 * ln_sigma * ln_sigma;
+  } else if (p.repair_dist == "fixed") {
+    dist = 2;
+  }
+
+  Rng rng(seed);
+  auto draw_repair = [&]() {
+    if (dist == 0) return rng.exponential(mean_repair);
+    if (dist == 1) return std::exp(ln_mu + ln_sigma * rng.normal());
+    return mean_repair;
+  };
+
+  std::vector<Group> groups(static_cast<size_t>(m));
+  for (auto& g : groups) g.positions = g.healthy = slices / m;
+  int64_t pool = spares;              // idle healthy spare slices
+  int64_t healthy = slices + spares;  // all healthy slices
+  std::priority_queue<double, std::vector<double>, std::greater<double>> repairs;
+
+  auto draw_next_failure = [&](double now) {
+    return healthy > 0 ? now + rng.exponential(1.0 / (static_cast<double>(healthy) * slice_rate)) : kInf;
+  };
+
+  double t = 0, next_fail = draw_next_failure(0.0);
+  double useful = 0, up_time = 0;
+  int64_t failures = 0;
+
+  while (t < t_end) {
+    // State is constant until the next event: compute the rates of this interval.
+    double rate = 0;
+    int64_t running = 0;
+    double next_busy_end = kInf;
+    for (const auto& g : groups) {
+      if (g.busy_until > t) {
+        next_busy_end = std::min(next_busy_end, g.busy_until);
+        continue;
+      }
+      if (elastic ? g.healthy >= 1 : g.healthy == g.positions) {
+        ++running;
+        rate += static_cast<double>(g.healthy) * s_chips * eff[static_cast<size_t>(g.healthy)];
+      }
+    }
+    const double next_repair = repairs.empty() ? kInf : repairs.top();
+    const double t_next = std::min({next_fail, next_repair, next_busy_end, t_end});
+    const double a = std::max(t, t0), b = std::min(t_next, t_end);
+    if (b > a && running >= quorum) {
+      useful += rate * (b - a);
+      up_time += b - a;
+    }
+    t = t_next;
+    if (t >= t_end) break;
+
+    if (t == next_fail) {
+      if (t >= t0) ++failures;
+      int64_t r = rng.below(healthy);
+      --healthy;
+      if (r < pool) {
+        --pool;  // an idle spare failed
+      } else {
+        r -= pool;
+        size_t gi = 0;
+        while (r >= groups[gi].healthy) r -= groups[gi++].healthy;
+        Group& g = groups[gi];
+        --g.healthy;
+        if (pool > 0) {  // a spare takes the failed slice's place at once
+          --pool;
+          ++g.healthy;
+        }
+        if (elastic) {
+          g.busy_until = std::max(g.busy_until, t + down);
+        } else if (g.healthy == g.positions) {
+          g.busy_until = t + restart;  // whole again thanks to a spare: restart now
+        }
+      }
+      repairs.push(t + draw_repair());
+      next_fail = draw_next_failure(t);
+    } else if (t == next_repair) {
+      repairs.pop();
+      ++healthy;
+      // The repaired slice fills the group with the most vacant positions, else joins the spare pool.
+      Group* best = nullptr;
+      for (auto& g : groups)
+        if (g.healthy < g.positions && (!best || g.positions - g.healthy > best->positions - best->healthy))
+          best = &g;
+      if (!best) {
+        ++pool;
+      } else {
+        ++best->healthy;
+        if (elastic) best->busy_until = std::max(best->busy_until, t + up);
+        else if (best->healthy == best->positions) best->busy_until = t + restart;
+      }
+      next_fail = draw_next_failure(t);  // the healthy count changed; exponential gaps are memoryless
+    }
+    // Otherwise a restart or reconfiguration ended: the next iteration recomputes the rates.
+  }
+
+  RunResult res;
+  const double wall = t_end - t0;
+  res.goodput = useful / (static_cast<double>(slices + spares) * s_chips * wall);
+  res.uptime = up_time / wall;
+  res.failures = failures;
+  return res;
+}
+
+double t975(int64_t df) {
+  static const double table[] = {12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+                                 2.201,  2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+                                 2.080,  2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042};
+  if (df <= 0) return 0;
+  if (df <= 30) return table[df - 1];
+  return 1.96 + 2.4 / static_cast<double>(df);
+}
+
+void mean_ci(const std::vector<double>& v, double* mean, double* ci) {
+  const double n = static_cast<double>(v.size());
+  double s = 0;
+  for (double x : v) s += x;
+  *mean = s / n;
+  if (v.size() < 2) {
+    *ci = 0;
+    return;
+  }
+  double ss = 0;
+  for (double x : v) ss += (x - *mean) * (x - *mean);
+  *ci = t975(static_cast<int64_t>(v.size()) - 1) * std::sqrt(ss / (n - 1) / n);
+}
+
+std::string fmt(double x) {
+  std::ostringstream o;
+  o << x;
+  return o.str();
+}
+
+// Per-key range checks; "" when valid.
+std::string check_key(const GoodputParams& p, const std::string& key) {
+  auto finite_pos = [](double x) { return std::isfinite(x) && x > 0; };
+  auto finite_nonneg = [](double x) { return std::isfinite(x) && x >= 0; };
+  if (key == "chips") {
+    if (p.chips.empty()) return "needs at least one chip count";
+    for (int64_t c : p.chips) {
+      if (c <= 0) return "chip counts must be positive, got " + std::to_string(c);
+      if (c > kMaxChips) return "chip count " + std::to_string(c) + " is absurd (the limit is 1e8)";
+    }
+  } else if (key == "learners") {
+    if (p.learners.empty()) return "needs at least one learner count";
+    for (int64_t m : p.learners)
+      if (m <= 0 || m > kMaxLearners)
+        return "learner counts must be between 1 and " + std::to_string(kMaxLearners) + ", got " + std::to_string(m);
+  } else if (key == "slice_chips") {
+    if (p.slice_chips <= 0) return "must be positive, got " + std::to_string(p.slice_chips);
+    if (p.slice_chips > kMaxChips) return "is absurd (the limit is 1e8 chips)";
+  } else if (key == "mtbi_chip_years") {
+    if (!finite_pos(p.mtbi_chip_years)) return "must be a positive number of years, got " + fmt(p.mtbi_chip_years);
+  } else if (key == "repair_hours") {
+    if (!finite_pos(p.repair_hours) || p.repair_hours > 1e5)
+      return "must be a positive number of hours up to 1e5, got " + fmt(p.repair_hours);
+  } else if (key == "repair_dist") {
+    if (p.repair_dist != "exponential" && p.repair_dist != "lognormal" && p.repair_dist != "fixed")
+      return "must be exponential, lognormal or fixed, got '" + p.repair_dist + "'";
+  } else if (key == "repair_cv") {
+    if (!finite_pos(p.repair_cv) || p.repair_cv > 10) return "must be in (0, 10], got " + fmt(p.repair_cv);
+  } else if (key == "restart_minutes" || key == "downscale_seconds" || key == "upscale_seconds" ||
+             key == "warmup_hours") {
+    const double v = key == "restart_minutes" ? p.restart_minutes
+                     : key == "downscale_seconds" ? p.downscale_seconds
+                     : key == "upscale_seconds" ? p.upscale_seconds : p.warmup_hours;
+    const double limit = key == "restart_minutes" ? 1e5 : key == "warmup_hours" ? 87600 : 1e7;
+    if (!finite_nonneg(v) || v > limit) return "must be a time between 0 and " + fmt(limit) + ", got " + fmt(v);
+  } else if (key == "step_time_cv") {
+    if (!finite_nonneg(p.step_time_cv) || p.step_time_cv > 0.5) return "must be in [0, 0.5], got " + fmt(p.step_time_cv);
+  } else if (key == "quorum") {
+    if (!(p.quorum > 0 && p.quorum <= 1)) return "must be a fraction in (0, 1], got " + fmt(p.quorum);
+  } else if (key == "spare_fraction") {
+    if (!(p.spare_fraction >= 0 && p.spare_fraction <= 1)) return "must be in [0, 1], got " + fmt(p.spare_fraction);
+  } else if (key == "days") {
+    if (!finite_pos(p.days) || p.days > 3650) return "must be a positive number of days up to 3650, got " + fmt(p.days);
+  } else if (key == "seeds") {
+    if (p.seeds <= 0 || p.seeds > 1000) return "must be between 1 and 1000, got " + std::to_string(p.seeds);
+  } else if (key == "threads") {
+    if (p.threads < 0 || p.threads > 256) return "must be between 0 (all cores) and 256, got " + std::to_string(p.threads);
+  }
+  return "";
+}
+
+}  // namespace
+
+const std::vector<GoodputKeyDoc>& goodput_key_docs() {
+  static const std::vector<GoodputKeyDoc> docs = {
+      {"goodput.chips", "chip counts N to simulate (one table row each)",
+       "150k to 2.4M doubling: the scales at which synchronous training is claimed to break down"},
+      {"goodput.learners", "learner counts M for Decoupled DiLoCo",
+       "1 to 16 doubling: from one elastic job to learners small enough to rarely be reconfiguring"},
+      {"goodput.slice_chips", "chips per slice, the unit that fails, is repaired and is added or removed",
+       "625 chips is of the order of a model-parallel group (a multi-host TPU slice or a few GPU racks) and "
+       "makes every default chip count a whole number of slices divisible by 16 (150k = 240 slices)"},
+      {"goodput.mtbi_chip_years", "mean time between interruptions of one chip, in years",
+       "about one interruption per chip-year (hardware faults, host and network incidents, preemptions) is the "
+       "order reported for large accelerator fleets; the design document fixes it as the default"},
+      {"goodput.repair_hours", "mean time a failed slice is unavailable, in hours",
+       "one hour: automated drain, reboot or host swap takes tens of minutes; hardware replacement takes longer "
+       "but is rare, which the log-normal tail represents"},
+      {"goodput.repair_dist", "repair-time distribution: exponential, lognormal or fixed",
+       "log-normal: most repairs are quick, a few take many times the mean"},
+      {"goodput.repair_cv", "coefficient of variation of the log-normal repair time",
+       "1.0: a standard deviation equal to the mean, a moderately heavy tail"},
+      {"goodput.restart_minutes",
+       "DP without elasticity: time to restart the whole job once every slice is back (reload a checkpoint, "
+       "rebuild the collectives, recompute lost steps)",
+       "10 minutes: a checkpoint reload and job re-launch at scale takes minutes, plus half a checkpoint "
+       "interval of lost work"},
+      {"goodput.downscale_seconds", "elastic schemes: reconfiguration time to drop a failed slice (or swap in a spare)",
+       "30 s: rebuilding the communicators and re-sharding the data order without a restart"},
+      {"goodput.upscale_seconds", "elastic schemes: reconfiguration time to admit a repaired slice",
+       "30 s: the same work as a down-scale, plus copying the current parameters to the new slice, overlapped"},
+      {"goodput.step_time_cv", "coefficient of variation of per-step step time across slices (stragglers)",
+       "2%: typical jitter of a well-tuned step; a synchronous step waits for the slowest of its slices"},
+      {"goodput.quorum", "Decoupled DiLoCo: the syncer advances while at least ceil(quorum*M) learners run",
+       "one half: a majority-style quorum that tolerates half the learners being down"},
+      {"goodput.spare_fraction", "spare slices as a fraction of the job's slices (allocated, so they count in goodput)",
+       "0: compare the schemes on the same allocation; try 0.05 to see what spares buy"},
+      {"goodput.days", "simulated days measured per run", "30: a month-long pre-training run"},
+      {"goodput.warmup_hours", "simulated hours discarded before measuring (the job starts with every slice healthy)",
+       "12 h: many mean repair times, so the number of slices in repair has reached its steady state"},
+      {"goodput.seeds", "independent runs per row, for the confidence intervals",
+       "5: intervals of a few tenths of a percent at the default month; the default table stays under 10 s"},
+      {"goodput.seed", "base random seed", "1: any fixed value makes runs reproducible"},
+      {"goodput.threads", "worker threads (0 = all hardware threads); results do not depend on it",
+       "0: the runs are independent, so every core helps"},
+      {"goodput.dp", "include DP without elasticity", "true"},
+      {"goodput.elastic_dp", "include elastic DP", "true"},
+      {"goodput.diloco", "include Decoupled DiLoCo (one row per learner count)", "true"},
+  };
+  return docs;
+}
+
+void bind_goodput_config(ConfigSchema& schema, GoodputParams& p) {
+  auto help = [](const std::string& key) {
+    for (const auto& d : goodput_key_docs())
+      if (d.key == key) return d.help;
+    return std::string();
+  };
+  auto bind = [&](const std::string& name, ConfigSchema::Field f) {
+    const std::string key = "goodput." + name;
+    GoodputParams* pp = &p;
+    schema.bind(key, f, help(key), [pp, name]() { return check_key(*pp, name); });
+  };
+  bind("chips", &p.chips);
+  bind("learners", &p.learners);
+  bind("slice_chips", &p.slice_chips);
+  bind("mtbi_chip_years", &p.mtbi_chip_years);
+  bind("repair_hours", &p.repair_hours);
+  bind("repair_dist", &p.repair_dist);
+  bind("repair_cv", &p.repair_cv);
+  bind("restart_minutes", &p.restart_minutes);
+  bind("downscale_seconds", &p.downscale_seconds);
+  bind("upscale_seconds", &p.upscale_seconds);
+  bind("step_time_cv", &p.step_time_cv);
+  bind("quorum", &p.quorum);
+  bind("spare_fraction", &p.spare_fraction);
+  bind("days", &p.days);
+  bind("warmup_hours", &p.warmup_hours);
+  bind("seeds", &p.seeds);
+  bind("seed", &p.seed);
+  bind("threads", &p.threads);
+  bind("dp", &p.dp);
+  bind("elastic_dp", &p.elastic_dp);
+  bind("diloco", &p.diloco);
+}
+
+void validate_goodput(const GoodputParams& p) {
+  for (const auto& d : goodput_key_docs()) {
+    const std::string name = d.key.substr(8);
+    const std::string err = check_key(p, name);
+    if (!err.empty()) throw ConfigError("config key '" + d.key + "': " + err);
+  }
+  if (!p.dp && !p.elastic_dp && !p.diloco)
+    throw ConfigError("config keys goodput.dp, goodput.elastic_dp and goodput.diloco are all false: nothing to simulate");
+  for (int64_t c : p.chips) {
+    if (c % p.slice_chips != 0)
+      throw ConfigError("config key 'goodput.chips': " + std::to_string(c) + " chips is not a whole number of " +
+                        std::to_string(p.slice_chips) + "-chip slices (goodput.slice_chips)");
+    const int64_t slices = c / p.slice_chips;
+    if (slices + spares_for(p, slices) > kMaxSlices)
+      throw ConfigError("config key 'goodput.chips': " + std::to_string(c) + " chips make " + std::to_string(slices) +
+                        " slices (plus spares), over the limit of 1e6; use larger slices (goodput.slice_chips)");
+    if (p.diloco)
+      for (int64_t m : p.learners)
+        if (slices % m != 0)
+          throw ConfigError("config key 'goodput.learners': " + std::to_string(m) + " learners do not divide the " +
+                            std::to_string(slices) + " slices of " + std::to_string(c) + " chips");
+    const double expected = static_cast<double>(c) * (1.0 + p.spare_fraction) * (p.days * 24.0 + p.warmup_hours) /
+                            (p.mtbi_chip_years * kHoursPerYear);
+    if (expected > kMaxExpectedFailures)
+      throw ConfigError("goodput: " + std::to_string(c) + " chips over " + fmt(p.days) + " days with a " +
+                        fmt(p.mtbi_chip_years) + "-year MTBI means about " + fmt(expected) +
+                        " failures per run, over the limit of 2e8; shorten goodput.days or raise goodput.mtbi_chip_years");
+  }
+}
+
+const char* scheme_name(Scheme s) {
+  switch (s) {
+    case Scheme::kDataParallel: return "dp";
+    case Scheme::kElasticDP: return "elastic_dp";
+    default: return "diloco";
+  }
+}
+
+double expected_max_normal(int64_t k) {
+  if (k <= 1) return 0.0;
+  return expected_max_table(k)[static_cast<size_t>(k)];
+}
+
+double straggler_efficiency(int64_t k, double cv) {
+  if (k <= 1 || cv <= 0) return 1.0;
+  return 1.0 / (1.0 + cv * expected_max_normal(k));
+}
+
+RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t seed) {
+  GoodputParams q = p;
+  q.chips = {spec.chips};
+  if (spec.scheme == Scheme::kDecoupledDiLoCo) q.learners = {spec.learners};
+  validate_goodput(q);
+  const int64_t m = spec.scheme == Scheme::kDecoupledDiLoCo ? spec.learners : 1;
+  return simulate(p, spec, seed, efficiency_table(spec.chips / p.slice_chips / m, p.step_time_cv));
+}
+
+std::vector<GoodputRow> run_goodput(const GoodputParams& p) {
+  validate_goodput(p);
+  std::vector<RunSpec> specs;
+  for (int64_t c : p.chips) {
+    if (p.dp) specs.push_back({Scheme::kDataParallel, c, 1});
+    if (p.elastic_dp) specs.push_back({Scheme::kElasticDP, c, 1});
+    if (p.diloco)
+      for (int64_t m : p.learners) specs.push_back({Scheme::kDecoupledDiLoCo, c, m});
+  }
+  int64_t kmax = 1;
+  for (int64_t c : p.chips) kmax = std::max(kmax, c / p.slice_chips);
+  const std::vector<double> eff = efficiency_table(kmax, p.step_time_cv);
+
+  const size_t n_runs = specs.size() * static_cast<size_t>(p.seeds);
+  std::vector<RunResult> results(n_runs);
+  // Largest runs first so the threads finish together.
+  std::vector<size_t> order(n_runs);
+  for (size_t i = 0; i < n_runs; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return specs[a / p.seeds].chips > specs[b / p.seeds].chips;
+  });
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    for (;;) {
+      const size_t k = next.fetch_add(1);
+      if (k >= n_runs) return;
+      const size_t i = order[k];
+      const RunSpec& spec = specs[i / p.seeds];
+      results[i] = simulate(p, spec, run_seed(p.seed, static_cast<int64_t>(i % p.seeds)), eff);
+    }
+  };
+  size_t n_threads = p.threads > 0 ? static_cast<size_t>(p.threads) : std::max(1u, std::thread::hardware_concurrency());
+  n_threads = std::min(n_threads, n_runs);
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < n_threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+
+  std::vector<GoodputRow> rows;
+  for (size_t r = 0; r < specs.size(); ++r) {
+    const RunSpec& spec = specs[r];
+    GoodputRow row;
+    row.scheme = scheme_name(spec.scheme);
+    row.chips = spec.chips;
+    row.slices = spec.chips / p.slice_chips;
+    row.spare_slices = spares_for(p, row.slices);
+    row.learners = spec.scheme == Scheme::kDecoupledDiLoCo ? spec.learners : 1;
+    row.quorum = spec.scheme == Scheme::kDecoupledDiLoCo ? quorum_for(p, spec.learners) : 1;
+    row.seeds = p.seeds;
+    std::vector<double> g, u;
+    double f = 0;
+    for (int64_t s = 0; s < p.seeds; ++s) {
+      const RunResult& res = results[r * p.seeds + s];
+      g.push_back(res.goodput);
+      u.push_back(res.uptime);
+      f += static_cast<double>(res.failures);
+    }
+    mean_ci(g, &row.goodput, &row.goodput_ci95);
+    mean_ci(u, &row.uptime, &row.uptime_ci95);
+    row.failures = f / static_cast<double>(p.seeds);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+}  // namespace deloco
