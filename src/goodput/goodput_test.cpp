@@ -99,6 +99,21 @@ TEST(Goodput, SingleSliceAvailabilityMatchesClosedForm) {
   }
 }
 
+// With a restart r after each repair, a single-slice DP job runs only for the part of each healthy period X
+// ~ Exp(MTBF) beyond r: uptime = MTBF·exp(-r/MTBF) / (MTBF + MTTR).
+TEST(Goodput, SingleSliceRestartMatchesClosedForm) {
+  GoodputParams p = small_params();
+  p.chips = {100};
+  p.learners = {1};
+  p.elastic_dp = p.diloco = false;
+  p.repair_hours = 2.0;
+  set_slice_mtbf(&p, 10.0);
+  p.restart_minutes = 60;
+  p.days = 3650;
+  p.seeds = 3;
+  EXPECT_NEAR(run_goodput(p)[0].uptime, 10.0 * std::exp(-0.1) / 12.0, 0.012);  // 0.754
+}
+
 // P independent slices, each available A of the time: non-elastic DP runs only when all are up (A^P); elastic
 // DP with free reconfiguration runs while any is up (1 - (1-A)^P) and its goodput is the mean fraction up (A).
 TEST(Goodput, ManySlicesMatchClosedForm) {
@@ -116,6 +131,28 @@ TEST(Goodput, ManySlicesMatchClosedForm) {
   const auto& el = find_row(rows, "elastic_dp", 800);
   EXPECT_NEAR(el.uptime, 1.0 - std::pow(1.0 - a, 8), 1e-4);
   EXPECT_NEAR(el.goodput, a, 0.01);
+}
+
+// DiLoCo with one slice per learner and free reconfiguration: learner i is up with probability A independently,
+// so global training advances with the binomial probability P(up ≥ K), and useful work is E[up · 1{up ≥ K}].
+TEST(Goodput, DiLoCoQuorumMatchesBinomial) {
+  GoodputParams p = small_params();
+  p.chips = {400};
+  p.learners = {4};
+  p.dp = p.elastic_dp = false;
+  p.repair_hours = 1.0;
+  set_slice_mtbf(&p, 4.0);  // A = 0.8
+  p.days = 2000;
+  p.quorum = 0.75;          // K = 3
+  auto r = run_goodput(p)[0];
+  EXPECT_EQ(r.quorum, 3);
+  EXPECT_NEAR(r.uptime, 4 * 0.512 * 0.2 + 0.4096, 0.015);          // 0.8192
+  EXPECT_NEAR(r.goodput, (3 * 0.4096 + 4 * 0.4096) / 4.0, 0.015);  // 0.7168
+  p.quorum = 0.25;          // K = 1
+  r = run_goodput(p)[0];
+  EXPECT_EQ(r.quorum, 1);
+  EXPECT_NEAR(r.uptime, 1.0 - std::pow(0.2, 4), 0.002);
+  EXPECT_NEAR(r.goodput, 0.8, 0.015);
 }
 
 // Elastic DP with reconfiguration cost d and no repairs to speak of: it is idle for d after every failure and
