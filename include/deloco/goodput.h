@@ -28,8 +28,9 @@
 //    non-positive counts or times, learner counts that do not divide a chip count's slices, chip counts that are
 //    not whole slices, and absurd sizes (over 1e8 chips or 1e6 slices, 1024 learners, 1000 seeds, 10 years, or
 //    more than 2e8 expected failures in one run). run_goodput() and simulate_once() validate first.
-//  * Determinism: results depend only on the parameters and the seed (own xoshiro256** generator and own
-//    sampling; only <cmath> log/exp/sqrt are used), not on the thread count or the standard library.
+//  * Determinism: results depend only on the parameters and the seed, not on the thread count or the C++
+//    standard library (own xoshiro256** generator and own sampling; the only library calls are <cmath>'s log,
+//    exp, sqrt, cos and erfc, whose last-bit accuracy may differ between math libraries).
 //  * The core does no I/O and reads no clock. All functions are reentrant; run_goodput() may start `threads`
 //    worker threads and joins them before returning. Distinct calls may run concurrently.
 #pragma once
