@@ -1,0 +1,135 @@
+// deloco/merge.h — merging contributions Δ_1..Δ_T of one tensor into one (DESIGN.md §2.5), and merging a whole
+// model tensor by tensor.
+//
+// Contract
+//  * A Merger is a small immutable object with one verb, merge(). Make one by name with make_merger(); the
+//    names are merger_names(): mean, rda, iso_c, iso_c_fast, iso_cts, tsv, ties, dare.
+//  * merge() takes T ≥ 1 tensors of identical shape, dtype class (floating point) and device, and T weights
+//    (empty = uniform). Weights must be finite and ≥ 0 with a positive sum; they are normalised to sum 1, so
+//    every method returns a result on the scale of the weighted mean (merging T copies of Δ gives Δ for mean,
+//    rda, iso_c on an isotropic Δ, ties and — in expectation — dare).
+//  * The arithmetic runs in MergeOptions::compute_dtype (fp32 by default, fp64 on request) on the device of the
+//    inputs; the result has the dtype and device of deltas[0]. Inputs are never modified or retained.
+//  * Matrix methods (iso_c, iso_c_fast, iso_cts, tsv) view a tensor of rank ≥ 2 as the matrix
+//    shape[0] × (product of the other dims); a tensor of rank < 2 falls back to the weighted mean.
+//  * Rank-deficient inputs: singular values σ_i ≤ max(m,n)·eps(compute dtype)·σ_max count as zero. iso_c keeps
+//    the k numerically non-zero directions and gives each the mean of the k kept singular values (the nuclear norm
+//    is preserved); an all-zero matrix merges to zeros. No method returns NaN or Inf for finite inputs.
+//  * Determinism: for a given seed, tensor name and inputs the result is bit-identical run to run and
+//    independent of the number of worker threads (random methods seed one CPU generator per tensor from
+//    (seed, name)).
+//  * Errors throw MergeError naming the tensor and the problem: T = 0, shape/dtype/device mismatch, a
+//    non-finite value (naming the contribution), weights that do not match T or are negative/all zero, an
+//    unknown method name (listing the known ones), a bad option value.
+//  * Thread safety: a Merger's merge() may be called from many threads at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace deloco {
+
+class MergeError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct MergeOptions {
+  at::ScalarType compute_dtype = at::kFloat;  // kFloat or kDouble
+  uint64_t seed = 0;                          // for dare (and any other random method)
+  double ties_keep = 0.9;                     // ties: fraction of entries kept per contribution (top |x|)
+  double dare_drop = 0.1;                     // dare: drop probability p; kept entries are scaled 1/(1−p)
+  double iso_cts_common = 0.8;                // iso_cts: fraction of the rank given to the common subspace
+  int iso_fast_polish = 1;                    // iso_c_fast: Newton–Schulz clean-up steps after the Gram solve
+  // Throws MergeError when a value is out of range.
+  void validate() const;
+};
+
+// The contributions for one tensor.
+struct MergeInput {
+  std::string name;                // used in error messages and to derive the per-tensor random stream
+  std::vector<at::Tensor> deltas;  // Δ_1..Δ_T, same shape
+  std::vector<double> weights;     // w_1..w_T, or empty for uniform
+};
+
+class Merger {
+ public:
+  virtual ~Merger() = default;
+  virtual const char* name() const = 0;
+  // True when the method needs a matrix (and falls back to the weighted mean for rank < 2 tensors).
+  virtual bool needs_matrix() const { return false; }
+  // Validates the input, converts to the compute dtype, merges, converts back.
+  at::Tensor merge(const MergeInput& in) const;
+
+ protected:
+  // deltas: T tensors in the compute dtype (validated; rank ≥ 2 matrix methods receive 2-D views);
+  // w: normalised weights (sum 1). Returns a tensor of the deltas' shape in the compute dtype.
+  virtual at::Tensor compute(const std::vector<at::Tensor>& deltas, const std::vector<double>& w,
+                             uint64_t seed) const = 0;
+
+ private:
+  friend std::unique_ptr<Merger> make_merger(const std::string& name, const MergeOptions& opts);
+  at::ScalarType compute_dtype_ = at::kFloat;
+  uint64_t seed_ = 0;
+};
+
+// Throws MergeError for an unknown name (listing the known ones) or invalid options.
+std::unique_ptr<Merger> make_merger(const std::string& name, const MergeOptions& opts = MergeOptions());
+
+const std::vector<std::string>& merger_names();
+
+// ---- Per-parameter-group selection -------------------------------------------------------------------------
+// A rule "pattern=method" applies `method` to every tensor whose full name matches the glob `pattern`
+// ('*' any run of characters, '?' one character); the first matching rule wins, then `method`. Tensors of
+// rank < 2 use `vector_method` whenever the chosen method needs a matrix.
+struct MergeRule {
+  std::string pattern;
+  std::string method;
+};
+
+struct MergePlan {
+  std::string method = "mean";
+  std::vector<MergeRule> rules;
+  std::string vector_method = "mean";
+  MergeOptions options;
+
+  // Parses "pat=method,pat=method" (empty string = no rules). Throws MergeError on a malformed entry.
+  static std::vector<MergeRule> parse_rules(const std::string& text);
+  // Named plans: "diloco" (mean everywhere), "decoupled" (rda for matrices, mean for embeddings),
+  // "isoloco" (iso_c for every 2-D tensor including embeddings). Throws MergeError for other names.
+  static MergePlan preset(const std::string& name);
+};
+
+bool glob_match(const std::string& pattern, const std::string& text);
+
+// A resolved plan: one Merger per method name in use. Immutable; safe to share across threads.
+class MergeSelector {
+ public:
+  explicit MergeSelector(const MergePlan& plan);  // throws MergeError for an unknown method name
+  // The merger for a tensor called `name` of rank `dim`.
+  const Merger& select(const std::string& name, int64_t dim) const;
+
+ private:
+  MergePlan plan_;
+  std::map<std::string, std::unique_ptr<Merger>> mergers_;
+};
+
+// ---- Whole models ----------------------------------------------------------------------------------------
+// Merges every name in `names` with `threads` workers (≤ 0: hardware concurrency). `load(name)` returns the
+// contributions of one tensor (called from worker threads; must be thread-safe); `store(name, merged)`
+// receives each result (also from worker threads). At most `threads` tensors' contributions are alive at once,
+// so memory stays bounded by the caller's load(). The first exception from any worker stops the run and is
+// rethrown on the calling thread. Returns name → method used.
+std::map<std::string, std::string> merge_tensors(
+    const MergeSelector& selector, const std::vector<std::string>& names,
+    const std::function<MergeInput(const std::string&)>& load,
+    const std::function<void(const std::string&, const at::Tensor&)>& store, int threads);
+
+}  // namespace deloco

@@ -1,0 +1,33 @@
+// src/merge/methods.h — internal: one factory per merge method (each defined in its own file) and the small
+// linear-algebra helpers they share.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "deloco/merge.h"
+
+namespace deloco::merge_detail {
+
+std::unique_ptr<Merger> make_mean(const MergeOptions& o);
+std::unique_ptr<Merger> make_rda(const MergeOptions& o);
+std::unique_ptr<Merger> make_iso_c(const MergeOptions& o);
+std::unique_ptr<Merger> make_iso_c_fast(const MergeOptions& o);
+std::unique_ptr<Merger> make_iso_cts(const MergeOptions& o);
+std::unique_ptr<Merger> make_tsv(const MergeOptions& o);
+std::unique_ptr<Merger> make_ties(const MergeOptions& o);
+std::unique_ptr<Merger> make_dare(const MergeOptions& o);
+
+// Σ w_i x_i.
+at::Tensor weighted_sum(const std::vector<at::Tensor>& xs, const std::vector<double>& w);
+// Relative threshold below which a singular value counts as zero: max(m,n)·eps(dtype of m).
+double rank_tolerance(const at::Tensor& matrix);
+// Number of singular values (sorted descending) above rank_tolerance·S[0]; 0 for an all-zero matrix.
+int64_t numerical_rank(const at::Tensor& S, const at::Tensor& matrix);
+// The orthogonal factor P·Qᵀ of A = P D Qᵀ (columns made orthonormal while staying as close to A as possible);
+// columns in A's numerical null space are dropped.
+at::Tensor orthogonalize_columns(const at::Tensor& A);
+
+}  // namespace deloco::merge_detail
