@@ -3,7 +3,7 @@
 // the T contributions: each contributes its top ⌊(r − k_c)/T⌋ singular directions after its component in the
 // common subspace has been projected out. The concatenated left and right bases are orthogonalised (polar
 // factor) and every direction gets the mean singular value of M, as in iso_c. Zero-weight contributions add no
-// directions. An all-zero M merges to zeros.
+// directions and take no share of the rank. An all-zero M merges to zeros.
 #include <algorithm>
 
 #include <torch/torch.h>
@@ -28,7 +28,8 @@ class IsoCts final : public Merger {
     const int64_t r = std::min(M.size(0), M.size(1));
     const int64_t kc = std::clamp<int64_t>(static_cast<int64_t>(common_ * static_cast<double>(r)), 1, k);
     const int64_t T = static_cast<int64_t>(d.size());
-    const int64_t per_task = (r - kc) / T;
+    const int64_t contributing = std::count_if(w.begin(), w.end(), [](double x) { return x > 0; });
+    const int64_t per_task = (r - kc) / contributing;
     at::Tensor Uc = U.narrow(1, 0, kc);
     std::vector<at::Tensor> us{Uc}, vs{Vh.narrow(0, 0, kc).t()};
     if (per_task > 0) {

@@ -1,4 +1,5 @@
-// tsv: task-singular-vector merging. Each contribution keeps its top ⌊r/T⌋ (at least 1) singular triplets, its
+// tsv: task-singular-vector merging. Each contribution with a positive weight keeps its top ⌊r/T⌋ (at least 1;
+// T counts the contributions with positive weight) singular triplets, its
 // singular values scaled by its weight; the concatenated left and right singular vectors are orthogonalised
 // (polar factor, removing the interference between tasks) and recombined with the scaled singular values:
 // result = U⊥ diag(w·S) V⊥ᵀ. With T = 1 and full rank this is the identity.
@@ -19,8 +20,9 @@ class Tsv final : public Merger {
  protected:
   at::Tensor compute(const std::vector<at::Tensor>& d, const std::vector<double>& w, uint64_t) const override {
     const int64_t T = static_cast<int64_t>(d.size());
+    const int64_t contributing = std::count_if(w.begin(), w.end(), [](double x) { return x > 0; });
     const int64_t r = std::min(d[0].size(0), d[0].size(1));
-    const int64_t per_task = std::max<int64_t>(1, r / T);
+    const int64_t per_task = std::max<int64_t>(1, r / contributing);
     std::vector<at::Tensor> us, ss, vs;
     for (int64_t i = 0; i < T; ++i) {
       if (w[i] <= 0) continue;

@@ -1,0 +1,281 @@
+// Properties of the merge methods that must hold whatever the implementation: identities, invariants,
+// hand-checkable examples, determinism, bad input.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deloco/merge.h"
+#include "merge/test_util.h"
+
+namespace deloco {
+namespace {
+
+using test::rel_err;
+
+std::vector<at::Tensor> randn_list(int T, std::vector<int64_t> shape, uint64_t seed,
+                                   at::ScalarType dt = at::kFloat) {
+  auto gen = at::detail::createCPUGenerator(seed);
+  std::vector<at::Tensor> v;
+  for (int i = 0; i < T; ++i) v.push_back(at::randn(shape, gen, at::TensorOptions().dtype(dt)));
+  return v;
+}
+
+at::Tensor merge(const std::string& method, std::vector<at::Tensor> d, std::vector<double> w = {},
+                 MergeOptions o = {}) {
+  return make_merger(method, o)->merge({"t", std::move(d), std::move(w)});
+}
+
+TEST(MergeBasics, MeanOfOneIsIdentity) {
+  auto d = randn_list(1, {7, 5}, 1);
+  EXPECT_TRUE(at::equal(merge("mean", d), d[0]));
+  EXPECT_LT(rel_err(merge("rda", d), d[0]), 1e-6);
+  EXPECT_LT(rel_err(merge("tsv", d), d[0]), 1e-5);  // full rank, T = 1: all triplets kept
+  MergeOptions keep_all;
+  keep_all.ties_keep = 1.0;
+  keep_all.dare_drop = 0.0;
+  EXPECT_LT(rel_err(merge("ties", d, {}, keep_all), d[0]), 1e-7);
+  EXPECT_LT(rel_err(merge("dare", d, {}, keep_all), d[0]), 1e-7);
+}
+
+TEST(MergeBasics, WeightsAreRespected) {
+  auto d = randn_list(2, {6, 4}, 2);
+  EXPECT_LT(rel_err(merge("mean", d, {3, 1}), 0.75 * d[0] + 0.25 * d[1]), 1e-6);
+  EXPECT_LT(rel_err(merge("mean", d, {2, 2}), merge("mean", d)), 1e-7);
+  // A zero weight removes a contribution entirely.
+  for (const char* m : {"mean", "rda", "iso_c", "iso_c_fast", "tsv", "iso_cts", "ties"}) {
+    at::Tensor only = merge(m, {d[0]});
+    EXPECT_LT(rel_err(merge(m, d, {1, 0}), only), 1e-5) << m;
+    EXPECT_GT(rel_err(merge(m, d, {1, 1}), only), 1e-2) << m;  // and a positive one does not
+  }
+}
+
+TEST(MergeBasics, SignEquivariance) {
+  auto d = randn_list(3, {8, 6}, 3);
+  std::vector<at::Tensor> neg;
+  for (auto& x : d) neg.push_back(-x);
+  for (const auto& m : merger_names()) {
+    at::Tensor a = merge(m, d, {1, 2, 3});
+    at::Tensor b = merge(m, neg, {1, 2, 3});
+    EXPECT_LT(rel_err(b, -a), 1e-5) << m;
+  }
+}
+
+TEST(MergeBasics, ResultKeepsDtypeShapeAndComputesInFp64OnRequest) {
+  auto d = randn_list(3, {4, 3, 2}, 4, at::kDouble);
+  MergeOptions o64;
+  o64.compute_dtype = at::kDouble;
+  for (const auto& m : merger_names()) {
+    at::Tensor r = merge(m, d, {}, o64);
+    EXPECT_EQ(r.scalar_type(), at::kDouble) << m;
+    EXPECT_EQ(r.sizes(), d[0].sizes()) << m;
+  }
+  std::vector<at::Tensor> bf;
+  for (auto& x : d) bf.push_back(x.to(at::kBFloat16));
+  EXPECT_EQ(merge("iso_c", bf).scalar_type(), at::kBFloat16);
+  // fp64 compute tracks the fp64 mean to round-off; fp32 compute does not.
+  at::Tensor exact = (d[0] + d[1] + d[2]) / 3;
+  EXPECT_LT(rel_err(merge("mean", d, {}, o64), exact), 1e-14);
+  std::vector<at::Tensor> d32;
+  for (auto& x : d) d32.push_back(x.to(at::kFloat).to(at::kDouble));
+  MergeOptions o32;
+  EXPECT_GT(rel_err(make_merger("mean", o32)->merge({"t", d32, {}}), (d32[0] + d32[1] + d32[2]) / 3), 0.0);
+}
+
+TEST(MergeIsoC, FlatSpectrumWithTheInputsSingularVectors) {
+  MergeOptions o;
+  o.compute_dtype = at::kDouble;
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{9, 5}, {4, 11}}) {
+    auto d = randn_list(3, shape, 5, at::kDouble);
+    at::Tensor M = (d[0] + d[1] + d[2]) / 3;
+    at::Tensor R = merge("iso_c", d, {}, o);
+    auto [U, S, Vh] = at::linalg_svd(M, false);
+    at::Tensor Sr = at::linalg_svdvals(R);
+    EXPECT_LT((Sr - S.mean()).abs().max().item<double>(), 1e-10);
+    // Same singular vectors: Uᵀ R V = mean(S)·I.
+    at::Tensor core = at::matmul(U.t(), at::matmul(R, Vh.t()));
+    EXPECT_LT(rel_err(core, S.mean() * at::eye(S.size(0), at::kDouble)), 1e-10);
+  }
+}
+
+TEST(MergeIsoC, FastVariantWithinToleranceOfExact) {
+  for (auto dt : {at::kFloat, at::kDouble}) {
+    MergeOptions o;
+    o.compute_dtype = dt;
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{64, 64}, {96, 32}, {20, 70}, {3, 2, 4}}) {
+      auto d = randn_list(4, shape, 6, dt);
+      const double err = rel_err(merge("iso_c_fast", d, {}, o), merge("iso_c", d, {}, o));
+      EXPECT_LT(err, dt == at::kFloat ? 1e-3 : 1e-9) << shape.size() << " dims";
+    }
+  }
+}
+
+TEST(MergeIsoC, RankDeficientAndZeroMatricesStayFinite) {
+  auto a = randn_list(2, {10, 2}, 7);
+  auto b = randn_list(2, {2, 8}, 8);
+  std::vector<at::Tensor> d{at::matmul(a[0], b[0]), at::matmul(a[0], b[1])};  // rank ≤ 2 mean
+  at::Tensor M = (d[0] + d[1]) / 2;
+  at::Tensor S = at::linalg_svdvals(M.to(at::kDouble));
+  for (const char* m : {"iso_c", "iso_c_fast"}) {
+    at::Tensor R = merge(m, d);
+    ASSERT_TRUE(at::isfinite(R).all().item<bool>()) << m;
+    at::Tensor Sr = at::linalg_svdvals(R.to(at::kDouble));
+    const double want = S.narrow(0, 0, 2).mean().item<double>();
+    EXPECT_NEAR(Sr[0].item<double>(), want, 1e-4 * want) << m;
+    EXPECT_NEAR(Sr[1].item<double>(), want, 1e-4 * want) << m;
+    EXPECT_LT(Sr[2].item<double>(), 1e-4 * want) << m;  // null directions stay null
+  }
+  std::vector<at::Tensor> zeros{at::zeros({6, 5}), at::zeros({6, 5})};
+  for (const auto& m : merger_names()) {
+    at::Tensor R = merge(m, zeros);
+    EXPECT_TRUE(at::isfinite(R).all().item<bool>()) << m;
+    EXPECT_EQ(R.abs().max().item<float>(), 0.0f) << m;
+  }
+}
+
+TEST(MergeRda, NormDoesNotDependOnTForOrthogonalInputs) {
+  at::Tensor Q = std::get<0>(at::linalg_qr(at::randn({32, 8}, at::TensorOptions().dtype(at::kDouble))));
+  MergeOptions o;
+  o.compute_dtype = at::kDouble;
+  for (int T : {1, 2, 4, 8}) {
+    std::vector<at::Tensor> d;
+    for (int i = 0; i < T; ++i) d.push_back(3.0 * Q.select(1, i));
+    EXPECT_NEAR(merge("rda", d, {}, o).norm().item<double>(), 3.0, 1e-12) << T;
+    EXPECT_NEAR(merge("mean", d, {}, o).norm().item<double>(), 3.0 / std::sqrt(T), 1e-12) << T;
+  }
+}
+
+TEST(MergeTies, HandCheckedExample) {
+  // keep 50 %: Δ1 → [3, 0, 0, 2], Δ2 → [-2, -4, 0, 0]; elected sign of the sum [1, -4, 0, 2] = [+, −, 0, +];
+  // disjoint mean: [3, −4, 0, 2].
+  MergeOptions o;
+  o.ties_keep = 0.5;
+  at::Tensor d1 = at::tensor({3.0f, -1.0f, 0.5f, 2.0f}), d2 = at::tensor({-2.0f, -4.0f, 1.0f, 0.1f});
+  EXPECT_TRUE(at::allclose(merge("ties", {d1, d2}, {}, o), at::tensor({3.0f, -4.0f, 0.0f, 2.0f})));
+  // Weighted: with weights 1 and 3 the elected signs are those of [-3, -12, 0, 2]; entry 0 follows Δ2.
+  EXPECT_TRUE(at::allclose(merge("ties", {d1, d2}, {1, 3}, o), at::tensor({-2.0f, -4.0f, 0.0f, 2.0f})));
+}
+
+TEST(MergeDare, DropsRescalesAndIsDeterministicPerSeed) {
+  MergeOptions o;
+  o.dare_drop = 0.5;
+  at::Tensor x = at::full({100, 100}, 3.0f);
+  auto m = make_merger("dare", o);
+  at::Tensor r = m->merge({"w", {x}, {}});
+  // Every entry is dropped (0) or kept and doubled (6); about half of each.
+  EXPECT_EQ(((r == 0).logical_or(r == 6)).all().item<bool>(), true);
+  const double kept = (r == 6).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(kept, 0.5, 0.03);
+  EXPECT_NEAR(r.mean().item<double>(), 3.0, 0.2);
+  EXPECT_TRUE(at::equal(r, m->merge({"w", {x}, {}})));       // same seed and name: same masks
+  EXPECT_FALSE(at::equal(r, m->merge({"w2", {x}, {}})));     // another tensor: another stream
+  o.seed = 1;
+  EXPECT_FALSE(at::equal(r, make_merger("dare", o)->merge({"w", {x}, {}})));  // another seed
+}
+
+TEST(MergeErrors, BadInputNamesTheProblem) {
+  auto m = make_merger("mean");
+  auto expect_error = [&](const MergeInput& in, const std::string& needle) {
+    try {
+      m->merge(in);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const MergeError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error({"blocks.0.w", {}, {}}, "blocks.0.w");
+  expect_error({"blocks.0.w", {}, {}}, "empty input list");
+  expect_error({"w1", {at::zeros({2, 3}), at::zeros({3, 2})}, {}}, "contribution 1 has shape");
+  expect_error({"w1", {at::zeros({2}), at::full({2}, NAN)}, {}}, "contribution 1 contains NaN");
+  expect_error({"w1", {at::zeros({2}), at::full({2}, INFINITY)}, {}}, "NaN or Inf");
+  expect_error({"w2", {at::zeros({2}), at::zeros({2})}, {1.0}}, "1 weights given for 2 contributions");
+  expect_error({"w2", {at::zeros({2}), at::zeros({2})}, {1.0, -1.0}}, "weight 1");
+  expect_error({"w2", {at::zeros({2}), at::zeros({2})}, {0.0, 0.0}}, "sum to zero");
+  expect_error({"w3", {at::zeros({2}, at::kLong)}, {}}, "not a floating-point");
+  try {
+    make_merger("average");
+    ADD_FAILURE();
+  } catch (const MergeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'average'"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("iso_c_fast"), std::string::npos);  // lists the known ones
+  }
+  MergeOptions bad;
+  bad.dare_drop = 1.0;
+  EXPECT_THROW(make_merger("dare", bad), MergeError);
+  bad = MergeOptions();
+  bad.compute_dtype = at::kHalf;
+  EXPECT_THROW(make_merger("mean", bad), MergeError);
+}
+
+TEST(MergePlan, GlobRulesAndVectorFallback) {
+  EXPECT_TRUE(glob_match("*embed*", "model.embed_tokens.weight"));
+  EXPECT_TRUE(glob_match("h.?.attn*", "h.3.attn.c_proj"));
+  EXPECT_FALSE(glob_match("h.?.attn*", "h.13.attn.c_proj"));
+  EXPECT_TRUE(glob_match("*", ""));
+  EXPECT_FALSE(glob_match("a*b", "acbd"));
+  auto rules = MergePlan::parse_rules("*wte*=mean, *.bias=ties");
+  ASSERT_EQ(rules.size(), 2u);
+  EXPECT_EQ(rules[1].pattern, " *.bias");  // taken literally
+  EXPECT_THROW(MergePlan::parse_rules("nomethod"), MergeError);
+  EXPECT_THROW(MergePlan::parse_rules("*=") , MergeError);
+
+  MergeSelector dec(MergePlan::preset("decoupled"));
+  EXPECT_STREQ(dec.select("h.0.mlp.w", 2).name(), "rda");
+  EXPECT_STREQ(dec.select("wte.weight", 2).name(), "mean");
+  MergeSelector iso(MergePlan::preset("isoloco"));
+  EXPECT_STREQ(iso.select("wte.weight", 2).name(), "iso_c");
+  EXPECT_STREQ(iso.select("ln_f.weight", 1).name(), "mean");  // 1-D falls back
+  MergePlan p;
+  p.method = "iso_c";
+  p.vector_method = "rda";
+  p.rules = {{"*.bias", "ties"}};
+  MergeSelector sel(p);
+  EXPECT_STREQ(sel.select("h.0.bias", 1).name(), "ties");  // element-wise method applies to vectors
+  EXPECT_STREQ(sel.select("ln.weight", 1).name(), "rda");
+  p.rules = {{"*", "median"}};
+  EXPECT_THROW(MergeSelector{p}, MergeError);
+  EXPECT_THROW(MergePlan::preset("nope"), MergeError);
+  // The merger itself also falls back on 1-D input.
+  auto d = randn_list(3, {5}, 9);
+  EXPECT_LT(rel_err(merge("iso_c", d), merge("mean", d)), 1e-7);
+}
+
+TEST(MergeTensors, ThreadsDoNotChangeResultsAndErrorsPropagate) {
+  std::map<std::string, std::vector<at::Tensor>> model;
+  for (int i = 0; i < 12; ++i)
+    model["p" + std::to_string(i)] = randn_list(3, {i % 3 == 0 ? 7 : 12, 9}, 100 + i);
+  model["bias"] = randn_list(3, {9}, 99);
+  std::vector<std::string> names;
+  for (auto& kv : model) names.push_back(kv.first);
+  MergePlan plan;
+  plan.method = "iso_c_fast";
+  plan.rules = {{"p1*", "dare"}};
+  MergeSelector sel(plan);
+  auto run = [&](int threads) {
+    std::mutex mu;
+    std::map<std::string, at::Tensor> out;
+    auto used = merge_tensors(
+        sel, names, [&](const std::string& n) { return MergeInput{n, model.at(n), {}}; },
+        [&](const std::string& n, const at::Tensor& t) {
+          std::lock_guard<std::mutex> l(mu);
+          out[n] = t;
+        },
+        threads);
+    EXPECT_EQ(used.at("bias"), "mean");
+    EXPECT_EQ(used.at("p10"), "dare");
+    EXPECT_EQ(used.at("p2"), "iso_c_fast");
+    return out;
+  };
+  auto a = run(1), b = run(4);
+  ASSERT_EQ(a.size(), names.size());
+  for (auto& n : names) EXPECT_TRUE(at::equal(a.at(n), b.at(n))) << n;
+
+  model["p5"][1] = at::zeros({5, 5});
+  try {
+    run(3);
+    ADD_FAILURE();
+  } catch (const MergeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'p5'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deloco
