@@ -1,0 +1,45 @@
+// deloco/adamw.h — the inner optimizer: AdamW with state addressable by parameter name.
+//
+// Update per parameter (identical to torch.optim.AdamW with amsgrad=False):
+//   p *= 1 - lr*wd (matrices and embeddings only; biases and norm gains are not decayed)
+//   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// State (m, v per parameter, and the step count t) is exported as name -> tensor so checkpoints can store it in
+// safetensors and a learner can reset it per fragment. Parameters without a gradient are skipped.
+// Not thread-safe; tensors may live on any device.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "deloco/model.h"
+
+namespace deloco {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+class AdamW {
+ public:
+  AdamW(NamedTensors params, AdamWOptions opts);
+  void step(double lr);
+  void zero_grad();
+  int64_t steps() const { return t_; }
+  // "exp_avg/<name>", "exp_avg_sq/<name>" and "step" (a 0-d int64 tensor).
+  std::map<std::string, torch::Tensor> state() const;
+  // Restores state(); throws std::runtime_error naming the tensor on a missing entry or a shape mismatch.
+  void load_state(const std::map<std::string, torch::Tensor>& state);
+
+ private:
+  NamedTensors params_;
+  AdamWOptions opts_;
+  std::vector<torch::Tensor> m_, v_;
+  std::vector<bool> decay_;
+  int64_t t_ = 0;
+};
+
+// Learning rate at `step` (0-based): linear warm-up over `warmup` steps to `peak`, then cosine decay to
+// `min_ratio * peak` at `total` steps.
+double lr_at(int64_t step, int64_t total, int64_t warmup, double peak, double min_ratio);
+
+}  // namespace deloco

@@ -1,0 +1,97 @@
+// deloco/train.h — one learner's inner loop: sample a batch from its shard, forward, backward, clip, AdamW.
+//
+// The Trainer owns a model replica and its optimizer and knows nothing of files, clocks or terminals: drivers
+// (`deloco train`, later the simulator and the learner process) call train_step()/evaluate() and decide when to
+// checkpoint. Everything it computes is a function of the config and the step counter, so a Trainer restored
+// from a checkpoint continues bit-exactly where the saved one stopped (same device and thread count).
+// Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/adamw.h"
+#include "deloco/checkpoint.h"
+#include "deloco/data.h"
+#include "deloco/model.h"
+
+namespace deloco {
+
+class ConfigSchema;
+
+struct TrainConfig {
+  int64_t steps = 3000;           // total inner steps (sets the LR schedule)
+  int64_t batch_size = 16;
+  double lr = 2e-3;               // peak learning rate
+  double min_lr_ratio = 0.1;      // cosine decays to min_lr_ratio * lr
+  int64_t warmup_steps = 100;
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95;
+  double grad_clip = 1.0;         // max global gradient norm (0 disables)
+  int64_t eval_every = 250;       // steps between validation evaluations (0: only at the end)
+  int64_t eval_tokens = 131072;   // validation tokens per evaluation
+  int64_t log_every = 10;         // steps between progress records
+  int64_t checkpoint_every = 1000;  // steps between checkpoints (0: only at the end)
+  int64_t keep_checkpoints = 3;   // newest checkpoints kept in a run folder (0: keep all)
+  int64_t seed = 1337;
+  int64_t threads = 0;            // intra-op threads (0: one per core)
+  int64_t learner_id = 0;         // which data shard this learner reads
+  int64_t num_learners = 1;       // how many shards the training stream is cut into
+  std::string out_dir;            // run folder ("" : runs/<config name>-<time>)
+  std::string device = "cpu";     // torch device string: cpu, cuda, cuda:1, ...
+};
+
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  // Binds every key of the model, data and train sections.
+  void bind(ConfigSchema& schema);
+};
+
+struct EvalResult {
+  double loss = 0;       // mean cross-entropy, nats per byte
+  double bpb = 0;        // bits per byte = loss / ln 2
+  int64_t tokens = 0;    // validation tokens scored
+};
+
+class Trainer {
+ public:
+  Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus);
+
+  // One inner step on this learner's batch for the current step; returns its training loss.
+  double train_step();
+  EvalResult evaluate();
+
+  int64_t step() const { return step_; }
+  int64_t tokens_seen() const { return step_ * cfg_.train.batch_size * cfg_.model.block_size; }
+  double current_lr() const;
+  GPT& model() { return model_; }
+  NamedTensors& parameters() { return params_; }
+  AdamW& optimizer() { return *opt_; }
+  const RunConfig& config() const { return cfg_; }
+  const std::string& fingerprint() const { return fingerprint_; }
+
+  // Manifest fields describing this trainer's position (step, tokens, data position, seed, fingerprint).
+  nlohmann::json position() const;
+  TensorFile optimizer_file() const;
+  // Restores parameters, optimizer state and step from a checkpoint written for the same model shape.
+  void restore(const Checkpoint& ck);
+
+ private:
+  RunConfig cfg_;
+  std::shared_ptr<const Corpus> corpus_;
+  torch::Device device_;
+  GPT model_{nullptr};
+  NamedTensors params_;
+  std::unique_ptr<AdamW> opt_;
+  ShardSampler sampler_;
+  torch::Tensor val_windows_;
+  std::string fingerprint_;
+  int64_t step_ = 0;
+};
+
+}  // namespace deloco

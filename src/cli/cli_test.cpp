@@ -1,0 +1,213 @@
+// End-to-end tests of the `deloco` executable: real processes, real files, the real corpus (data/sotu, fetched
+// by scripts/setup.sh). CTest passes DELOCO_BINARY and DELOCO_SOURCE_DIR.
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "deloco/checkpoint.h"
+#include "deloco/fs.h"
+#include "deloco/model.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+
+struct Result {
+  int code;
+  std::string out;
+};
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+const std::string kSrc = env_or("DELOCO_SOURCE_DIR", ".");
+const std::string kBin = env_or("DELOCO_BINARY", "./deloco");
+
+Result run(const std::string& args) {
+  std::string cmd = "OMP_WAIT_POLICY=PASSIVE " + kBin + " " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("deloco_cli_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    ASSERT_TRUE(fs::exists(kSrc + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string tiny(const std::string& out, int steps = 20) {
+    return "--config " + kSrc + "/configs/tiny.toml --set data.path=" + kSrc + "/data/sotu --set train.out_dir=" +
+           (dir_ / out).string() + " --set train.steps=" + std::to_string(steps) +
+           " --set train.threads=1 --set train.log_every=1 --set train.eval_every=10 --set train.checkpoint_every=10";
+  }
+  std::vector<nlohmann::json> records(const std::string& run, const std::string& kind) {
+    std::vector<nlohmann::json> out;
+    std::ifstream in(dir_ / run / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j["kind"] == kind) out.push_back(j);
+    }
+    return out;
+  }
+  fs::path dir_;
+};
+
+TEST_F(Cli, TrainWritesCheckpointMetricsAndSummary) {
+  auto r = run("train " + tiny("a") + " --summary " + (dir_ / "s.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto s = nlohmann::json::parse(read_file((dir_ / "s.json").string()));
+  for (const char* key : {"final_val_loss", "val_bpb", "tokens", "wall_seconds", "outer_steps", "uptime", "goodput",
+                          "bytes_sent", "contributions_merged", "contributions_rejected"})
+    EXPECT_TRUE(s.contains(key)) << key;
+  EXPECT_LT(s["final_val_loss"].get<double>(), std::log(256.0));
+  EXPECT_EQ(s["tokens"].get<int64_t>(), 20 * 8 * 32);
+  EXPECT_TRUE(fs::exists(dir_ / "a" / "checkpoints" / "step_00000020" / "model.safetensors"));
+  EXPECT_EQ(records("a", "eval").size(), 2u);
+  EXPECT_EQ(records("a", "train").size(), 20u);
+  auto ev = run("eval --checkpoint " + (dir_ / "a").string());
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  EXPECT_NE(ev.out.find("bits/byte"), std::string::npos);
+  auto sm = run("sample --checkpoint " + (dir_ / "a").string() + " --prompt 'The ' --tokens 40 --seed 3");
+  ASSERT_EQ(sm.code, 0) << sm.out;
+  EXPECT_EQ(sm.out.rfind("The ", 0), 0u) << sm.out;
+  EXPECT_GE(sm.out.size(), 44u);
+}
+
+TEST_F(Cli, StopAndResumeGiveTheSameLossesAsAnUnbrokenRun) {
+  ASSERT_EQ(run("train " + tiny("straight")).code, 0);
+  auto first = run("train " + tiny("broken") + " --stop-at-step 10");
+  ASSERT_EQ(first.code, 0) << first.out;
+  EXPECT_EQ(records("broken", "train").size(), 10u);
+  auto second = run("train --resume " + (dir_ / "broken").string());
+  ASSERT_EQ(second.code, 0) << second.out;
+  auto a = records("straight", "train"), b = records("broken", "train");
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << "step " << i + 1;
+  auto ea = records("straight", "eval"), eb = records("broken", "eval");
+  EXPECT_EQ(ea.back()["val_loss"].get<double>(), eb.back()["val_loss"].get<double>());
+}
+
+TEST_F(Cli, CheckpointLoadsInPyTorchWithTheSameOutputs) {
+  ASSERT_EQ(run("train " + tiny("a", 10)).code, 0);
+  const std::string ck = (dir_ / "a" / "checkpoints" / "step_00000010").string();
+  const std::string text = "Fellow citizens of the Senate";
+  FILE* p = ::popen(("/usr/bin/python3 " + kSrc + "/tests/python/checkpoint_loss.py " + ck + " '" + text + "' 2>&1").c_str(), "r");
+  char buf[4096] = {0};
+  std::string py;
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) py.append(buf, n);
+  ASSERT_EQ(::pclose(p), 0) << py;
+  auto c = read_checkpoint(ck, false);
+  ModelConfig mc;
+  const auto& m = c.manifest["config"]["model"];
+  mc.block_size = m["block_size"];
+  mc.n_layer = m["n_layer"];
+  mc.n_head = m["n_head"];
+  mc.n_embd = m["n_embd"];
+  mc.tie_embeddings = m["tie_embeddings"];
+  GPT model(mc, 0);
+  load_parameters(named_parameters(*model), c.model, ck);
+  std::vector<int64_t> toks(text.begin(), text.end());
+  auto t = torch::tensor(toks, torch::kLong).view({1, -1});
+  torch::NoGradGuard g;
+  const int64_t T = t.size(1) - 1;
+  double mine = model->loss(t.narrow(1, 0, T), t.narrow(1, 1, T)).item<double>();
+  EXPECT_NEAR(std::stod(py), mine, 1e-5) << py;
+}
+
+TEST_F(Cli, BadConfigsAreRejectedWithTheirNames) {
+  std::ofstream(dir_ / "bad.toml") << "[train]\nstepz = 10\n";
+  auto r = run("train --config " + (dir_ / "bad.toml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("bad.toml"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train.stepz"), std::string::npos) << r.out;
+  std::ofstream(dir_ / "type.toml") << "[model]\nn_layer = \"four\"\n";
+  r = run("train --config " + (dir_ / "type.toml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("model.n_layer"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("integer"), std::string::npos) << r.out;
+  std::ofstream(dir_ / "syntax.toml") << "[model\nn_layer = 2\n";
+  r = run("train --config " + (dir_ / "syntax.toml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("not valid TOML"), std::string::npos) << r.out;
+  r = run("train " + tiny("x") + " --set train.nope=1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("train.nope"), std::string::npos) << r.out;
+  r = run("train " + tiny("x") + " --set data.path=" + (dir_ / "no_such_corpus").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("no_such_corpus"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("does not exist"), std::string::npos) << r.out;
+  r = run("train --config " + (dir_ / "missing.toml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("missing.toml"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "x"));
+}
+
+TEST_F(Cli, ExistingRunIsNeverOverwritten) {
+  fs::create_directories(dir_ / "taken");
+  std::ofstream(dir_ / "taken" / "precious.txt") << "keep me";
+  auto r = run("train " + tiny("taken"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("already exists"), std::string::npos) << r.out;
+  EXPECT_EQ(read_file((dir_ / "taken" / "precious.txt").string()), "keep me");
+  EXPECT_FALSE(fs::exists(dir_ / "taken" / "metrics.jsonl"));
+}
+
+TEST_F(Cli, CorruptTruncatedOrMismatchedCheckpointsAreRejected) {
+  ASSERT_EQ(run("train " + tiny("a", 10)).code, 0);
+  const fs::path ck = dir_ / "a" / "checkpoints" / "step_00000010";
+  const std::string model_file = (ck / "model.safetensors").string();
+  const std::string good = read_file(model_file);
+
+  auto shape = run("eval --checkpoint " + ck.string() + " --set model.n_embd=64");
+  EXPECT_EQ(shape.code, 1);
+  EXPECT_NE(shape.out.find("wte.weight"), std::string::npos) << shape.out;
+  EXPECT_NE(shape.out.find("shape"), std::string::npos) << shape.out;
+
+  std::string flipped = good;
+  flipped[flipped.size() / 2] ^= 0x40;
+  write_file_atomic(model_file, flipped);
+  auto corrupt = run("eval --checkpoint " + ck.string());
+  EXPECT_EQ(corrupt.code, 1);
+  EXPECT_NE(corrupt.out.find("model.safetensors"), std::string::npos) << corrupt.out;
+  EXPECT_NE(corrupt.out.find("corrupt"), std::string::npos) << corrupt.out;
+
+  write_file_atomic(model_file, good.substr(0, good.size() - 100));
+  auto truncated = run("eval --checkpoint " + ck.string());
+  EXPECT_EQ(truncated.code, 1);
+  EXPECT_NE(truncated.out.find("truncated"), std::string::npos) << truncated.out;
+
+  auto missing = run("eval --checkpoint " + (dir_ / "nothing").string());
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("does not exist"), std::string::npos) << missing.out;
+
+  // Resuming from the damaged checkpoint fails and leaves the run as it was.
+  auto before = read_file((dir_ / "a" / "metrics.jsonl").string());
+  auto resume = run("train --resume " + ck.string() + " --set train.steps=20");
+  EXPECT_EQ(resume.code, 1);
+  EXPECT_EQ(read_file((dir_ / "a" / "metrics.jsonl").string()), before);
+}
+
+}  // namespace
+}  // namespace deloco

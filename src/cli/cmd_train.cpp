@@ -1,0 +1,341 @@
+// `deloco train`, `deloco eval`, `deloco sample`: the single-learner baseline and its tools.
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include "common.h"
+#include "commands.h"
+#include "deloco/checkpoint.h"
+#include "deloco/config.h"
+#include "deloco/fs.h"
+#include "deloco/train.h"
+
+namespace deloco::cli {
+namespace fs = std::filesystem;
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string human_duration(double s) {
+  std::ostringstream o;
+  int64_t total = static_cast<int64_t>(s + 0.5);
+  if (total >= 3600) o << total / 3600 << "h";
+  if (total >= 60) o << (total % 3600) / 60 << "m";
+  o << total % 60 << "s";
+  return o.str();
+}
+
+std::string timestamp() {
+  std::time_t now = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&now));
+  return buf;
+}
+
+void configure_threads(const TrainConfig& t) {
+  int n = t.threads > 0 ? static_cast<int>(t.threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(n);
+}
+
+std::shared_ptr<const Corpus> load_corpus(const DataConfig& d) { return std::make_shared<const Corpus>(Corpus::load(d)); }
+
+std::string checkpoint_name(int64_t step) {
+  std::ostringstream o;
+  o << "step_" << std::setw(8) << std::setfill('0') << step;
+  return o.str();
+}
+
+// Writes a checkpoint of `tr` into run folder `run`, points "latest" at it and prunes old ones.
+std::string save_run_checkpoint(Trainer& tr, const ConfigSchema& schema, const std::string& run, int64_t keep) {
+  const std::string name = checkpoint_name(tr.step());
+  const fs::path dir = fs::path(run) / "checkpoints" / name;
+  nlohmann::json manifest = tr.position();
+  manifest["config"] = schema.to_json();
+  manifest["kind"] = "train";
+  TensorFile opt = tr.optimizer_file();
+  write_checkpoint(dir.string(), manifest, parameters_to_file(tr.parameters()), &opt);
+  write_file_atomic((fs::path(run) / "latest").string(), name + "\n");
+  if (keep > 0) {
+    std::vector<fs::path> all;
+    for (const auto& e : fs::directory_iterator(fs::path(run) / "checkpoints"))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) all.push_back(e.path());
+    std::sort(all.begin(), all.end());
+    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i]);
+  }
+  return dir.string();
+}
+
+class Progress {
+ public:
+  explicit Progress(int64_t total) : total_(total), tty_(::isatty(STDERR_FILENO)) {}
+  void update(int64_t step, double loss, double tok_per_s, double lr, double eta_s) {
+    std::ostringstream o;
+    o << "step " << step << "/" << total_ << " | loss " << std::fixed << std::setprecision(4) << loss << " | "
+      << std::setprecision(0) << tok_per_s << " tok/s | lr " << std::scientific << std::setprecision(2) << lr
+      << " | ETA " << human_duration(eta_s);
+    if (tty_) std::cerr << "\r" << o.str() << "\033[K" << std::flush;
+    else std::cerr << o.str() << "\n";
+  }
+  void line(const std::string& s) {
+    if (tty_) std::cerr << "\r\033[K";
+    std::cerr << s << "\n";
+  }
+
+ private:
+  int64_t total_;
+  bool tty_;
+};
+
+struct TrainArgs {
+  CommonOptions common;
+  std::string resume;
+  int64_t stop_at_step = 0;
+};
+
+void run_train(const TrainArgs& args) {
+  RunConfig cfg;
+  ConfigSchema schema;
+  cfg.bind(schema);
+  std::string run_dir;
+  Checkpoint resume_ck;
+  if (!args.resume.empty()) {
+    if (!args.common.config_path.empty())
+      throw ConfigError("--resume takes its config from the checkpoint; change keys with --set instead of --config");
+    resume_ck = read_checkpoint(args.resume, /*with_optimizer=*/true);
+    if (!resume_ck.manifest.contains("config")) throw CheckpointError("checkpoint '" + resume_ck.dir + "' has no config");
+    schema.from_json(resume_ck.manifest["config"], resume_ck.dir + "/manifest.json");
+    cfg.train.out_dir.clear();  // continue in the checkpoint's own run folder unless --set names another
+    const std::string ck_run = fs::path(resume_ck.dir).parent_path().parent_path().string();
+    apply_config(schema, args.common);
+    run_dir = cfg.train.out_dir.empty() ? ck_run : cfg.train.out_dir;
+  } else {
+    apply_config(schema, args.common);
+    run_dir = cfg.train.out_dir;
+    if (run_dir.empty()) {
+      std::string stem = args.common.config_path.empty() ? "default" : fs::path(args.common.config_path).stem().string();
+      run_dir = "runs/" + stem + "-" + timestamp();
+    }
+    if (fs::exists(run_dir) && !fs::is_empty(run_dir))
+      throw ConfigError("run folder '" + run_dir + "' already exists and is not empty; resume it with --resume " + run_dir +
+                        " or choose another with --set train.out_dir=DIR");
+  }
+  cfg.train.out_dir = run_dir;
+  configure_threads(cfg.train);
+
+  auto corpus = load_corpus(cfg.data);
+  Trainer tr(cfg, corpus);
+  if (!args.resume.empty()) tr.restore(resume_ck);
+  if (tr.step() >= cfg.train.steps)
+    throw ConfigError("the run is already at step " + std::to_string(tr.step()) + " of train.steps=" +
+                      std::to_string(cfg.train.steps) + "; raise train.steps with --set to continue");
+  fs::create_directories(run_dir);
+  if (args.resume.empty()) write_file_atomic((fs::path(run_dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
+  std::ofstream metrics((fs::path(run_dir) / "metrics.jsonl").string(), std::ios::app);
+  if (!metrics) throw IoError("cannot open '" + run_dir + "/metrics.jsonl' for writing");
+
+  const int64_t n_params = cfg.model.num_params();
+  std::cerr << "deloco train: " << n_params << " parameters, " << corpus->train().size() << " training bytes, "
+            << corpus->val().size() << " validation bytes (unigram entropy " << std::fixed << std::setprecision(3)
+            << corpus->unigram_entropy_bits() << " bits/byte), " << torch::get_num_threads() << " threads, device "
+            << cfg.train.device << "\n"
+            << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
+            << "\n";
+
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  const int64_t end_step = args.stop_at_step > 0 ? std::min(args.stop_at_step, cfg.train.steps) : cfg.train.steps;
+  const int64_t tokens_per_step = cfg.train.batch_size * cfg.model.block_size;
+  Progress progress(cfg.train.steps);
+  const auto t_start = Clock::now();
+  double train_seconds = 0;          // time inside train_step, excluding the first few warm-up steps
+  int64_t timed_steps = 0;
+  const int64_t start_step = tr.step();
+  EvalResult last_eval;
+  bool have_eval = false;
+  std::string last_ckpt;
+  double loss_ema = 0;
+  auto do_eval = [&] {
+    auto t0 = Clock::now();
+    last_eval = tr.evaluate();
+    have_eval = true;
+    nlohmann::json rec = {{"kind", "eval"}, {"step", tr.step()}, {"tokens", tr.tokens_seen()}, {"val_loss", last_eval.loss},
+                          {"val_bpb", last_eval.bpb}, {"elapsed_s", seconds_since(t_start)}, {"eval_s", seconds_since(t0)}};
+    metrics << rec.dump() << "\n" << std::flush;
+    std::ostringstream o;
+    o << "eval @ step " << tr.step() << ": val loss " << std::fixed << std::setprecision(4) << last_eval.loss << ", "
+      << std::setprecision(3) << last_eval.bpb << " bits/byte";
+    progress.line(o.str());
+  };
+
+  while (tr.step() < end_step && !g_stop) {
+    auto t0 = Clock::now();
+    const double lr = tr.current_lr();
+    const double loss = tr.train_step();
+    if (!std::isfinite(loss))
+      throw std::runtime_error("training loss became " + std::to_string(loss) + " at step " + std::to_string(tr.step()) +
+                               "; lower train.lr (the last checkpoint in " + run_dir + " is intact)");
+    const double dt = seconds_since(t0);
+    if (tr.step() - start_step > 3) {
+      train_seconds += dt;
+      ++timed_steps;
+    }
+    loss_ema = (tr.step() - start_step == 1) ? loss : 0.9 * loss_ema + 0.1 * loss;
+    const double tps = timed_steps > 0 ? timed_steps * tokens_per_step / train_seconds : tokens_per_step / dt;
+    if (tr.step() % cfg.train.log_every == 0 || tr.step() == end_step) {
+      metrics << nlohmann::json{{"kind", "train"}, {"step", tr.step()}, {"tokens", tr.tokens_seen()}, {"loss", loss},
+                                {"lr", lr}, {"tokens_per_s", tps}, {"elapsed_s", seconds_since(t_start)}}
+                     .dump()
+              << "\n";
+      progress.update(tr.step(), loss_ema, tps, lr, (cfg.train.steps - tr.step()) * tokens_per_step / std::max(tps, 1e-9));
+    }
+    if (cfg.train.eval_every > 0 && tr.step() % cfg.train.eval_every == 0 && tr.step() != cfg.train.steps) do_eval();
+    if (cfg.train.checkpoint_every > 0 && tr.step() % cfg.train.checkpoint_every == 0 && tr.step() != end_step)
+      last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
+  }
+  if (g_stop) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
+  if (tr.step() == cfg.train.steps || !have_eval) do_eval();
+  if (tr.step() > start_step || last_ckpt.empty()) last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
+  const double wall = seconds_since(t_start);
+  const double tps = timed_steps > 0 ? timed_steps * tokens_per_step / train_seconds : 0.0;
+
+  nlohmann::json summary = {
+      {"command", "train"},
+      {"final_val_loss", last_eval.loss},
+      {"val_bpb", last_eval.bpb},
+      {"tokens", tr.tokens_seen()},
+      {"steps", tr.step()},
+      {"wall_seconds", wall},
+      {"tokens_per_s", tps},
+      {"outer_steps", 0},
+      {"uptime", 1.0},
+      {"goodput", 1.0},
+      {"bytes_sent", 0},
+      {"contributions_merged", 0},
+      {"contributions_rejected", 0},
+      {"params", n_params},
+      {"threads", torch::get_num_threads()},
+      {"unigram_entropy_bits", corpus->unigram_entropy_bits()},
+      {"run_dir", run_dir},
+      {"checkpoint", last_ckpt},
+      {"interrupted", static_cast<bool>(g_stop)},
+  };
+  write_file_atomic((fs::path(run_dir) / "summary.json").string(), summary.dump(2) + "\n");
+  write_summary(args.common, summary);
+  std::cout << "checkpoint: " << last_ckpt << "\nsummary:    " << (fs::path(run_dir) / "summary.json").string()
+            << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << " nats/byte, " << std::setprecision(3)
+            << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << human_duration(wall)
+            << " (unigram entropy " << corpus->unigram_entropy_bits() << " bits/byte)\n";
+  if (g_stop) std::exit(130);
+}
+
+// Builds a model from a checkpoint's config (plus --set overrides) and loads its parameters.
+struct Loaded {
+  RunConfig cfg;
+  std::unique_ptr<Trainer> trainer;
+  Checkpoint ck;
+};
+Loaded load_for_inference(const std::string& path, const CommonOptions& common) {
+  Loaded l;
+  ConfigSchema schema;
+  l.cfg.bind(schema);
+  l.ck = read_checkpoint(path, /*with_optimizer=*/false);
+  if (!l.ck.manifest.contains("config")) throw CheckpointError("checkpoint '" + l.ck.dir + "' has no config");
+  schema.from_json(l.ck.manifest["config"], l.ck.dir + "/manifest.json");
+  apply_config(schema, common);
+  configure_threads(l.cfg.train);
+  l.trainer = std::make_unique<Trainer>(l.cfg, load_corpus(l.cfg.data));
+  l.trainer->restore(l.ck);
+  return l;
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app) {
+  auto train_args = std::make_shared<TrainArgs>();
+  CLI::App* train = app.add_subcommand("train", "train one learner alone (the data-parallel baseline), with checkpoints");
+  add_common_options(train, &train_args->common);
+  train->add_option("--resume", train_args->resume, "continue a run folder or checkpoint exactly where it stopped");
+  train->add_option("--stop-at-step", train_args->stop_at_step,
+                    "checkpoint and stop at this step without changing the schedule (resume later)");
+  train->callback([train_args] { run_train(*train_args); });
+
+  auto eval_args = std::make_shared<std::pair<CommonOptions, std::string>>();
+  CLI::App* ev = app.add_subcommand("eval", "validation loss and bits per byte of a checkpoint");
+  add_common_options(ev, &eval_args->first, /*with_config=*/false);
+  ev->add_option("--checkpoint", eval_args->second, "checkpoint folder or run folder")->required();
+  ev->callback([eval_args] {
+    auto l = load_for_inference(eval_args->second, eval_args->first);
+    auto r = l.trainer->evaluate();
+    std::cout << "checkpoint " << l.ck.dir << " (step " << l.trainer->step() << "): val loss " << std::fixed
+              << std::setprecision(4) << r.loss << " nats/byte, " << std::setprecision(3) << r.bpb << " bits/byte over "
+              << r.tokens << " tokens\n";
+    write_summary(eval_args->first, {{"command", "eval"}, {"checkpoint", l.ck.dir}, {"step", l.trainer->step()},
+                                     {"final_val_loss", r.loss}, {"val_bpb", r.bpb}, {"tokens", r.tokens}});
+  });
+
+  struct SampleArgs {
+    CommonOptions common;
+    std::string checkpoint, prompt = "\n";
+    int64_t tokens = 300, top_k = 40, seed = 0;
+    double temperature = 0.8;
+  };
+  auto sa = std::make_shared<SampleArgs>();
+  CLI::App* sample = app.add_subcommand("sample", "generate text from a checkpoint");
+  add_common_options(sample, &sa->common, /*with_config=*/false);
+  sample->add_option("--checkpoint", sa->checkpoint, "checkpoint folder or run folder")->required();
+  sample->add_option("--prompt", sa->prompt, "text to continue");
+  sample->add_option("--tokens", sa->tokens, "bytes to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--temperature", sa->temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--top-k", sa->top_k, "sample among the k most likely bytes (0: all)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--seed", sa->seed, "sampling seed");
+  sample->callback([sa] {
+    auto l = load_for_inference(sa->checkpoint, sa->common);
+    auto& model = l.trainer->model();
+    model->eval();
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(static_cast<uint64_t>(sa->seed));
+    const auto dev = l.trainer->parameters().front().second.device();
+    std::vector<int64_t> ctx;
+    for (unsigned char c : sa->prompt) ctx.push_back(c);
+    if (ctx.empty()) ctx.push_back('\n');
+    std::string out;
+    for (int64_t i = 0; i < sa->tokens; ++i) {
+      const int64_t T = std::min<int64_t>(static_cast<int64_t>(ctx.size()), l.cfg.model.block_size);
+      auto idx = torch::tensor(std::vector<int64_t>(ctx.end() - T, ctx.end()), torch::kLong).view({1, T}).to(dev);
+      auto logits = model->forward(idx).select(1, T - 1).squeeze(0).to(torch::kFloat);
+      int64_t next;
+      if (sa->temperature == 0) {
+        next = logits.argmax().item<int64_t>();
+      } else {
+        logits = logits / sa->temperature;
+        if (sa->top_k > 0 && sa->top_k < logits.size(0)) {
+          auto kth = std::get<0>(logits.topk(sa->top_k)).min();
+          logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+        }
+        next = torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>();
+      }
+      ctx.push_back(next);
+      out.push_back(static_cast<char>(next));
+    }
+    std::cout << sa->prompt << out << "\n";
+    write_summary(sa->common, {{"command", "sample"}, {"checkpoint", l.ck.dir}, {"prompt", sa->prompt},
+                               {"bytes", static_cast<int64_t>(out.size())}});
+  });
+}
+
+}  // namespace deloco::cli

@@ -1,0 +1,143 @@
+#include "deloco/train.h"
+
+#include <cmath>
+
+#include <torch/torch.h>
+
+#include "deloco/config.h"
+
+namespace deloco {
+namespace {
+std::string positive(int64_t v) { return v > 0 ? "" : "must be positive"; }
+std::string non_negative(int64_t v) { return v >= 0 ? "" : "must not be negative"; }
+}  // namespace
+
+void RunConfig::bind(ConfigSchema& s) {
+  model.bind(s);
+  data.bind(s);
+  TrainConfig& t = train;
+  s.bind("train.steps", &t.steps, "total inner steps", [&t] { return positive(t.steps); });
+  s.bind("train.batch_size", &t.batch_size, "sequences per step", [&t] { return positive(t.batch_size); });
+  s.bind("train.lr", &t.lr, "peak learning rate", [&t] { return t.lr > 0 ? "" : "must be positive"; });
+  s.bind("train.min_lr_ratio", &t.min_lr_ratio, "final LR as a fraction of the peak",
+         [&t] { return (t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1) ? "" : "must be in [0, 1]"; });
+  s.bind("train.warmup_steps", &t.warmup_steps, "linear warm-up steps", [&t] { return non_negative(t.warmup_steps); });
+  s.bind("train.weight_decay", &t.weight_decay, "AdamW weight decay (matrices and embeddings)",
+         [&t] { return t.weight_decay >= 0 ? "" : "must not be negative"; });
+  s.bind("train.beta1", &t.beta1, "AdamW beta1", [&t] { return (t.beta1 >= 0 && t.beta1 < 1) ? "" : "must be in [0, 1)"; });
+  s.bind("train.beta2", &t.beta2, "AdamW beta2", [&t] { return (t.beta2 >= 0 && t.beta2 < 1) ? "" : "must be in [0, 1)"; });
+  s.bind("train.grad_clip", &t.grad_clip, "max gradient norm (0 disables)",
+         [&t] { return t.grad_clip >= 0 ? "" : "must not be negative"; });
+  s.bind("train.eval_every", &t.eval_every, "steps between evaluations (0: at the end only)",
+         [&t] { return non_negative(t.eval_every); });
+  s.bind("train.eval_tokens", &t.eval_tokens, "validation tokens per evaluation", [&t] { return positive(t.eval_tokens); });
+  s.bind("train.log_every", &t.log_every, "steps between progress records", [&t] { return positive(t.log_every); });
+  s.bind("train.checkpoint_every", &t.checkpoint_every, "steps between checkpoints (0: at the end only)",
+         [&t] { return non_negative(t.checkpoint_every); });
+  s.bind("train.keep_checkpoints", &t.keep_checkpoints, "checkpoints kept per run (0: all)",
+         [&t] { return non_negative(t.keep_checkpoints); });
+  s.bind("train.seed", &t.seed, "seed for initialisation and data order");
+  s.bind("train.threads", &t.threads, "intra-op threads (0: one per core)", [&t] { return non_negative(t.threads); });
+  s.bind("train.learner_id", &t.learner_id, "data shard of this learner", [&t] {
+    return (t.learner_id >= 0 && t.learner_id < t.num_learners) ? "" : "must be in [0, train.num_learners)";
+  });
+  s.bind("train.num_learners", &t.num_learners, "number of data shards", [&t] { return positive(t.num_learners); });
+  s.bind("train.out_dir", &t.out_dir, "run folder (empty: runs/<config>-<time>)");
+  s.bind("train.device", &t.device, "torch device: cpu, cuda, cuda:N", [&t] {
+    try {
+      torch::Device d(t.device);
+      (void)d;
+      return std::string();
+    } catch (const std::exception&) {
+      return "'" + t.device + "' is not a device (try cpu or cuda)";
+    }
+  });
+}
+
+Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
+    : cfg_(cfg),
+      corpus_(std::move(corpus)),
+      device_(cfg.train.device),
+      sampler_(corpus_->train(), cfg.train.learner_id, cfg.train.num_learners, cfg.model.block_size,
+               static_cast<uint64_t>(cfg.train.seed)) {
+  model_ = GPT(cfg.model, static_cast<uint64_t>(cfg.train.seed));
+  model_->to(device_);
+  params_ = named_parameters(*model_);
+  fingerprint_ = model_fingerprint(params_);
+  AdamWOptions o;
+  o.beta1 = cfg.train.beta1;
+  o.beta2 = cfg.train.beta2;
+  o.weight_decay = cfg.train.weight_decay;
+  opt_ = std::make_unique<AdamW>(params_, o);
+  val_windows_ = evaluation_windows(corpus_->val(), cfg.model.block_size, cfg.train.eval_tokens).to(device_);
+}
+
+double Trainer::current_lr() const {
+  const auto& t = cfg_.train;
+  return lr_at(step_, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
+}
+
+double Trainer::train_step() {
+  model_->train();
+  auto batch = sampler_.batch(step_, cfg_.train.batch_size).to(device_);
+  const int64_t T = cfg_.model.block_size;
+  auto loss = model_->loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
+  opt_->zero_grad();
+  loss.backward();
+  if (cfg_.train.grad_clip > 0) {
+    std::vector<torch::Tensor> ps;
+    for (auto& [n, p] : params_) ps.push_back(p);
+    torch::nn::utils::clip_grad_norm_(ps, cfg_.train.grad_clip);
+  }
+  opt_->step(current_lr());
+  ++step_;
+  return loss.item<double>();
+}
+
+EvalResult Trainer::evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->eval();
+  const int64_t T = cfg_.model.block_size, N = val_windows_.size(0), B = cfg_.train.batch_size;
+  double total = 0;
+  for (int64_t i = 0; i < N; i += B) {
+    auto w = val_windows_.narrow(0, i, std::min(B, N - i));
+    total += model_->loss(w.narrow(1, 0, T), w.narrow(1, 1, T)).item<double>() * static_cast<double>(w.size(0));
+  }
+  model_->train();
+  EvalResult r;
+  r.loss = total / static_cast<double>(N);
+  r.bpb = r.loss / std::log(2.0);
+  r.tokens = N * T;
+  return r;
+}
+
+nlohmann::json Trainer::position() const {
+  return {{"step", step_},
+          {"tokens_seen", tokens_seen()},
+          {"data_position", {{"step", step_}, {"learner_id", cfg_.train.learner_id}, {"num_learners", cfg_.train.num_learners}}},
+          {"rng", {{"seed", cfg_.train.seed}, {"sampler", "splitmix64(seed, learner, step)"}}},
+          {"model_fingerprint", fingerprint_}};
+}
+
+TensorFile Trainer::optimizer_file() const {
+  TensorFile f;
+  for (auto& [k, v] : opt_->state()) f.tensors[k] = v.detach().to(torch::kCPU).clone();
+  return f;
+}
+
+void Trainer::restore(const Checkpoint& ck) {
+  const std::string fp = ck.manifest.value("model_fingerprint", "");
+  load_parameters(params_, ck.model, ck.dir + "/model.safetensors");
+  if (!fp.empty() && fp != fingerprint_)
+    throw CheckpointError("checkpoint '" + ck.dir + "' was written for another model (fingerprint " + fp + ", this model " + fingerprint_ + ")");
+  if (!ck.optimizer.tensors.empty()) {
+    try {
+      opt_->load_state(ck.optimizer.tensors);
+    } catch (const std::runtime_error& e) {
+      throw CheckpointError("'" + ck.dir + "/optimizer.safetensors': " + e.what());
+    }
+  }
+  step_ = ck.manifest.value("step", int64_t{0});
+}
+
+}  // namespace deloco

@@ -1,0 +1,173 @@
+#include <cmath>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deloco/checkpoint.h"
+#include "deloco/config.h"
+#include "deloco/train.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+
+std::shared_ptr<const Corpus> small_corpus() {
+  std::vector<std::string> docs;
+  for (int i = 0; i < 40; ++i) {
+    std::string d;
+    for (int k = 0; k < 60; ++k) d += "the quick brown fox " + std::to_string(i * k) + " jumps over the lazy dog. ";
+    docs.push_back(d);
+  }
+  return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.05));
+}
+
+RunConfig tiny_run() {
+  RunConfig c;
+  c.model.block_size = 16;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.n_embd = 32;
+  c.train.batch_size = 4;
+  c.train.steps = 12;
+  c.train.warmup_steps = 3;
+  c.train.lr = 3e-3;
+  c.train.eval_tokens = 512;
+  return c;
+}
+
+TEST(Train, LrScheduleWarmsUpThenDecaysToTheFloor) {
+  EXPECT_DOUBLE_EQ(lr_at(0, 100, 10, 1.0, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(lr_at(9, 100, 10, 1.0, 0.1), 1.0);
+  EXPECT_DOUBLE_EQ(lr_at(10, 100, 10, 1.0, 0.1), 1.0);
+  EXPECT_NEAR(lr_at(55, 100, 10, 1.0, 0.1), 0.55, 1e-12);
+  EXPECT_NEAR(lr_at(100, 100, 10, 1.0, 0.1), 0.1, 1e-12);
+  for (int s = 11; s < 100; ++s) EXPECT_LE(lr_at(s, 100, 10, 1.0, 0.1), lr_at(s - 1, 100, 10, 1.0, 0.1));
+}
+
+TEST(Train, AdamWMatchesTorch) {
+  torch::manual_seed(0);
+  auto w = torch::randn({5, 4}), b = torch::randn({4});
+  auto w2 = w.clone(), b2 = b.clone();
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  b2.set_requires_grad(true);
+  AdamWOptions o;
+  AdamW mine({{"w", w}, {"b", b}}, o);
+  // torch applies decay to every tensor of a group: give the bias its own group without decay.
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{w2}, std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+  groups.emplace_back(std::vector<torch::Tensor>{b2}, std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+  torch::optim::AdamW ref(groups, torch::optim::AdamWOptions(0.01));
+  auto x = torch::randn({3, 5});
+  for (int i = 0; i < 5; ++i) {
+    mine.zero_grad();
+    ref.zero_grad();
+    (x.matmul(w) + b).pow(2).sum().backward();
+    (x.matmul(w2) + b2).pow(2).sum().backward();
+    mine.step(0.01);
+    ref.step();
+  }
+  EXPECT_TRUE(torch::allclose(w, w2, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(b, b2, 1e-6, 1e-7));
+  EXPECT_EQ(mine.steps(), 5);
+}
+
+TEST(Train, StepsLowerTheValidationLoss) {
+  auto corpus = small_corpus();
+  auto cfg = tiny_run();
+  cfg.train.steps = 60;
+  Trainer tr(cfg, corpus);
+  auto before = tr.evaluate();
+  EXPECT_NEAR(before.loss, std::log(256.0), 0.2);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(std::isfinite(tr.train_step()));
+  auto after = tr.evaluate();
+  EXPECT_LT(after.loss, before.loss - 1.0);
+  EXPECT_NEAR(after.bpb, after.loss / std::log(2.0), 1e-12);
+  EXPECT_EQ(tr.tokens_seen(), 60 * 4 * 16);
+}
+
+TEST(Train, ResumeFromCheckpointGivesIdenticalLosses) {
+  torch::set_num_threads(1);
+  auto corpus = small_corpus();
+  auto cfg = tiny_run();
+  Trainer straight(cfg, corpus);
+  std::vector<double> want;
+  for (int i = 0; i < 12; ++i) want.push_back(straight.train_step());
+
+  auto dir = fs::temp_directory_path() / ("deloco_resume_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  {
+    Trainer first(cfg, corpus);
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(first.train_step(), want[i]);
+    nlohmann::json m = first.position();
+    auto opt = first.optimizer_file();
+    write_checkpoint((dir / "ck").string(), m, parameters_to_file(first.parameters()), &opt);
+  }
+  Trainer second(cfg, corpus);  // fresh weights, then restored
+  second.restore(read_checkpoint((dir / "ck").string(), true));
+  EXPECT_EQ(second.step(), 6);
+  for (int i = 6; i < 12; ++i) EXPECT_EQ(second.train_step(), want[i]) << "step " << i;
+  auto pa = straight.parameters(), pb = second.parameters();
+  for (size_t i = 0; i < pa.size(); ++i) EXPECT_TRUE(pa[i].second.equal(pb[i].second)) << pa[i].first;
+  fs::remove_all(dir);
+}
+
+TEST(Train, CheckpointRoundTripIsBitExactAndRefusesOverwrite) {
+  auto corpus = small_corpus();
+  auto cfg = tiny_run();
+  Trainer tr(cfg, corpus);
+  tr.train_step();
+  auto dir = fs::temp_directory_path() / ("deloco_ck_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  auto opt = tr.optimizer_file();
+  write_checkpoint((dir / "a").string(), tr.position(), parameters_to_file(tr.parameters()), &opt);
+  auto ck = read_checkpoint((dir / "a").string(), true);
+  for (auto& [name, p] : tr.parameters()) EXPECT_TRUE(ck.model.tensors.at(name).equal(p)) << name;
+  for (auto& [name, t] : tr.optimizer().state()) EXPECT_TRUE(ck.optimizer.tensors.at(name).equal(t)) << name;
+  EXPECT_THROW(write_checkpoint((dir / "a").string(), tr.position(), parameters_to_file(tr.parameters()), &opt),
+               CheckpointError);
+  // No temporary folder is left behind.
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir)) { (void)e; ++entries; }
+  EXPECT_EQ(entries, 1);
+  fs::remove_all(dir);
+}
+
+TEST(Train, RestoreRejectsAnotherModelShape) {
+  auto corpus = small_corpus();
+  auto cfg = tiny_run();
+  Trainer tr(cfg, corpus);
+  auto dir = fs::temp_directory_path() / ("deloco_shape_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  write_checkpoint(dir.string(), tr.position(), parameters_to_file(tr.parameters()), nullptr);
+  auto other = cfg;
+  other.model.n_embd = 48;
+  Trainer wrong(other, corpus);
+  try {
+    wrong.restore(read_checkpoint(dir.string(), true));
+    FAIL() << "restored a checkpoint of another shape";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("wte.weight"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Train, ConfigRejectsBadValues) {
+  RunConfig cfg;
+  ConfigSchema s;
+  cfg.bind(s);
+  EXPECT_THROW(s.load_string("[train]\nstepz = 3\n", "x.toml"), ConfigError);
+  EXPECT_THROW(s.load_string("[train]\nsteps = \"many\"\n", "x.toml"), ConfigError);
+  s.apply_override("model.n_head=3");
+  EXPECT_THROW(s.validate(), ConfigError);  // 3 does not divide 256
+  s.apply_override("model.n_head=4");
+  s.apply_override("train.device=tpu");
+  EXPECT_THROW(s.validate(), ConfigError);
+}
+
+}  // namespace
+}  // namespace deloco
