@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "deloco 0.1.0");
   deloco::cli::add_train_commands(app);
   deloco::cli::add_goodput_command(app);
+  deloco::cli::add_merge_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

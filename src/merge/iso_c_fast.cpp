@@ -30,7 +30,11 @@ class IsoCFast final : public Merger {
     const bool wide = M.size(0) < M.size(1);
     at::Tensor X = wide ? M.t() : M;
     at::Tensor A = at::matmul(X.t(), X);
-    at::Tensor V = std::get<1>(at::linalg_eigh(A));
+    // libtorch ≤ 1.13 sizes the fp32 eigh workspace through a float and under-allocates it once 2n² exceeds
+    // 2^24 ("linalg.eigh: Argument 8 has illegal value"); solve those sizes in fp64.
+    const bool widen = A.scalar_type() == at::kFloat && A.size(0) > 2800;
+    at::Tensor V = std::get<1>(at::linalg_eigh(widen ? A.to(at::kDouble) : A));
+    if (widen) V = V.to(at::kFloat);
     at::Tensor B = at::matmul(X, V);
     at::Tensor s = at::linalg_vector_norm(B, 2, {0}, false, c10::nullopt);
     const double smax = s.max().item<double>();
