@@ -87,8 +87,9 @@ const std::vector<std::string>& merger_names();
 
 // ---- Per-parameter-group selection -------------------------------------------------------------------------
 // A rule "pattern=method" applies `method` to every tensor whose full name matches the glob `pattern`
-// ('*' any run of characters, '?' one character); the first matching rule wins, then `method`. Tensors of
-// rank < 2 use `vector_method` whenever the chosen method needs a matrix.
+// ('*' any run of characters, '?' one character); the first matching rule wins. A tensor no rule matches uses
+// `method` when it has rank ≥ 2 and `vector_method` (default: the weighted mean) when it is a vector or scalar
+// (norm gains, biases). A matrix method chosen by a rule for a vector falls back to the weighted mean.
 struct MergeRule {
   std::string pattern;
   std::string method;

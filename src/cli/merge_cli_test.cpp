@@ -112,7 +112,6 @@ TEST_F(MergeCli, BadInputFailsWithAClearMessage) {
   nan.tensors["b"] = at::full({4}, NAN);
   save_safetensors(path("nan"), nan);
   expect_fail("--method mean" + base + " --inputs " + path("nan"), "tensor 'b' in " + path("nan") + " contains NaN");
-  expect_fail("--method mean" + base + " --inputs " + path("nope"), "cannot open");
   EXPECT_FALSE(fs::exists(path("bad")));  // nothing written on failure
 }
 

@@ -220,6 +220,7 @@ TEST(MergePlan, GlobRulesAndVectorFallback) {
   MergeSelector dec(MergePlan::preset("decoupled"));
   EXPECT_STREQ(dec.select("h.0.mlp.w", 2).name(), "rda");
   EXPECT_STREQ(dec.select("wte.weight", 2).name(), "mean");
+  EXPECT_STREQ(dec.select("h.0.ln_1.bias", 1).name(), "mean");  // vectors: weighted mean by default
   MergeSelector iso(MergePlan::preset("isoloco"));
   EXPECT_STREQ(iso.select("wte.weight", 2).name(), "iso_c");
   EXPECT_STREQ(iso.select("ln_f.weight", 1).name(), "mean");  // 1-D falls back

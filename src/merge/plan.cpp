@@ -73,15 +73,10 @@ MergeSelector::MergeSelector(const MergePlan& plan) : plan_(plan) {
 }
 
 const Merger& MergeSelector::select(const std::string& name, int64_t dim) const {
-  const std::string* method = &plan_.method;
   for (const auto& r : plan_.rules)
-    if (glob_match(r.pattern, name)) {
-      method = &r.method;
-      break;
-    }
-  const Merger& m = *mergers_.at(*method);
-  if (dim < 2 && m.needs_matrix()) return *mergers_.at(plan_.vector_method);
-  return m;
+    if (glob_match(r.pattern, name)) return *mergers_.at(r.method);  // explicit choice (matrix methods still
+                                                                      // fall back to the mean on vectors)
+  return *mergers_.at(dim < 2 ? plan_.vector_method : plan_.method);
 }
 
 }  // namespace deloco
