@@ -8,8 +8,8 @@
 //    (empty = uniform). Weights must be finite and ≥ 0 with a positive sum; they are normalised to sum 1, so
 //    every method returns a result on the scale of the weighted mean (merging T copies of Δ gives Δ for mean,
 //    rda, iso_c on an isotropic Δ, ties and — in expectation — dare).
-//  * The arithmetic runs in MergeOptions::compute_dtype (fp32 by default, fp64 on request) on the device of the
-//    inputs; the result has the dtype and device of deltas[0]. Inputs are never modified or retained.
+//  * The arithmetic runs in MergeOptions::compute_dtype (fp32 by default, fp64 on request; fp64 inputs always
+//    in fp64) on the device of the inputs; the result has the dtype and device of deltas[0]. Inputs are never modified or retained.
 //  * Matrix methods (iso_c, iso_c_fast, iso_cts, tsv) view a tensor of rank ≥ 2 as the matrix
 //    shape[0] × (product of the other dims); a tensor of rank < 2 falls back to the weighted mean.
 //  * Rank-deficient inputs: singular values σ_i ≤ max(m,n)·eps(compute dtype)·σ_max count as zero. iso_c keeps
