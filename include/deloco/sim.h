@@ -1,0 +1,103 @@
+// deloco/sim.h — the deterministic discrete-event simulator behind `deloco sim` (DESIGN.md §1, driver 1).
+//
+// M learners, each a real Trainer (own model replica, own data shard, AdamW), and one Syncer (deloco/sync.h) live
+// in one process. Time is virtual: an event queue ordered by (time, sequence number) drives everything, so a run
+// is a pure function of (config, seed): the same inputs give bit-identical metrics and parameters (same build,
+// same thread count). Step times are base × speed factor × straggler factor × jitter (seeded per learner);
+// a transfer takes latency + bytes / bandwidth. A chaos schedule injects learner failures (Poisson with a mean
+// time between failures, or listed times), downtime and rejoin (the rejoining learner receives the current global
+// parameters), stragglers and syncer pauses.
+//
+// Definitions reported in the summary:
+//  * uptime  = 1 − (virtual time during which global training is stalled) / (total virtual time); it is stalled
+//              while some fragment holds contributions but fewer than the quorum, while the syncer is paused with
+//              contributions waiting, or while no learner is up.
+//  * goodput = (virtual time learners spent in completed inner steps) / (M × total virtual time).
+//  * outer_steps = number of fragment merges (P per full model sync).
+// Errors: inconsistent configs throw ConfigError/SyncError from validate() before any model is built.
+// Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/outer.h"
+#include "deloco/sync.h"
+#include "deloco/train.h"
+
+namespace deloco {
+
+class ConfigSchema;
+
+struct SimOptions {
+  double step_time = 1.0;              // seconds per inner step of a speed-1 learner
+  std::vector<double> speed_factors;   // per learner multiplier of the step time (missing: 1)
+  double slow_fraction = 0.0;          // the last ⌊fraction·M⌋ learners are slow ...
+  double slow_factor = 1.0;            // ... by this factor (applied on top of speed_factors)
+  double jitter = 0.0;                 // relative standard deviation of each step time
+  double latency = 0.0;                // seconds per message
+  double bandwidth = 0.0;              // bytes per second per learner link (0: infinite)
+  double merge_time = 0.0;             // seconds the syncer spends merging one fragment
+  double eval_interval = 0.0;          // virtual seconds between evaluations of the global model (0: end only)
+  double max_time = 0.0;               // stop at this virtual time (0: when every learner finished train.steps)
+  int64_t log_every = 10;              // learner-loss records every this many inner steps
+  int64_t seed = 1;                    // jitter and chaos randomness
+  std::string out_dir;                 // run folder of `deloco sim` ("" : runs/<config>-<time>)
+  // Chaos.
+  double mtbf = 0.0;                   // mean virtual time between failures of one learner (0: none)
+  std::vector<double> fail_times;      // listed failures: at fail_times[i] learner fail_learners[i] fails
+  std::vector<int64_t> fail_learners;
+  double downtime = 0.0;               // seconds a failed learner stays down before rejoining
+  std::vector<double> straggler_times;  // at straggler_times[i] learner straggler_learners[i] slows down
+  std::vector<int64_t> straggler_learners;
+  double straggler_duration = 0.0;
+  double straggler_factor = 1.0;
+  std::vector<double> pause_times;     // the syncer pauses at these times ...
+  double pause_duration = 0.0;         // ... for this long
+};
+
+struct SimConfig {
+  SyncOptions sync;
+  SimOptions sim;
+  std::string merge_preset = "diloco";  // diloco | decoupled | isoloco (deloco/merge.h)
+  std::string merge_method;             // "" : the preset's; else one method for every tensor
+  OuterOptions outer;                   // defaults: nesterov, η 0.7, μ 0.9
+  void bind(ConfigSchema& schema);      // sync.*, sim.*, merge.preset, merge.method, outer.*
+  MergePlan merge_plan() const;
+  // Cross-checks with the run config; throws ConfigError naming the key.
+  void validate(const RunConfig& run) const;
+};
+
+// Summary fields (DESIGN.md §4) plus simulator specifics.
+struct SimResult {
+  nlohmann::json summary;
+};
+
+class Simulator {
+ public:
+  // Builds M trainers (train.learner_id = m, train.num_learners = M) and the syncer from learner 0's initial
+  // parameters. Throws on inconsistent configs.
+  Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr<const Corpus> corpus);
+  ~Simulator();
+
+  // Runs to the end. `record` receives every metrics record (JSON objects with "kind" and "t").
+  SimResult run(const std::function<void(const nlohmann::json&)>& record = nullptr);
+
+  // Called right after a rejoining learner installed the global parameters (tests use it).
+  std::function<void(int64_t learner, NamedTensors& local, const std::vector<std::pair<std::string, at::Tensor>>& global)>
+      on_rejoin;
+
+  const std::vector<std::pair<std::string, at::Tensor>>& global() const;
+  Trainer& learner(int64_t m);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deloco

@@ -1,0 +1,204 @@
+// deloco/sync.h — the algorithm core of DiLoCo / Streaming DiLoCo / Decoupled DiLoCo (DESIGN.md §1–2), written
+// once and driven by the simulator (virtual clock) and later by the real runtime (wall clock).
+//
+// Contract
+//  * No I/O and no clock: every method that depends on time takes `now` (seconds, any monotone origin) as an
+//    argument. Given the same calls in the same order, results are bit-identical.
+//  * Fragments: plan_fragments() packs tensors into P fragments of near-equal bytes (largest tensor first into
+//    the lightest fragment); fragment p is due on a learner after local step t when t mod H == offset_p.
+//  * Quorum and grace: decide_round() is a pure function of (now, round state, options, grace window). A round
+//    merges once it holds K contributions and either every connected learner has contributed, the grace window
+//    (adaptive, §2.4) has passed since the quorum, or grace is off.
+//  * Syncer: holds the global parameters Θ (its own copies), one round per fragment, the outer optimizer and the
+//    merge selector. Contributions are checked on arrival (shape, finite, norm bound) and rejected with a counted
+//    reason; accepted ones wait in their fragment's round (a newer one from the same learner replaces an older).
+//    merge() computes Δ_m = anchor − θ_m, token or uniform weights, merges, applies the outer step and returns
+//    the new Θ_p for broadcast.
+//  * Errors: bad options throw SyncError with a sentence naming the key. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "deloco/merge.h"
+#include "deloco/outer.h"
+
+namespace deloco {
+
+class ConfigSchema;
+
+class SyncError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct SyncOptions {
+  int64_t learners = 4;             // M
+  int64_t quorum = 4;               // K: minimum contributions per merge (1 ≤ K ≤ M)
+  int64_t fragments = 1;            // P
+  int64_t sync_every = 50;          // H: inner steps between two sends of one fragment
+  int64_t overlap = 0;              // τ: inner steps between sending a fragment and applying the answer (< H)
+  bool wait_for_answer = true;      // a learner blocks at send+τ until the answer came (sync/streaming); false:
+                                    // never waits, applies answers whenever they arrive (Decoupled DiLoCo)
+  bool grace = false;               // adaptive grace window after the quorum
+  double grace_gamma = 0.8;         // γ
+  double grace_cap = 60.0;          // hard cap on the grace window (seconds)
+  double ema = 0.9;                 // decay of the moving averages ξ_step, ξ_quorum, ξ_sync
+  std::string weighting = "token";  // token | uniform
+  std::string delta_anchor = "global";  // global (Θ_p now) | base (Θ_p the learner last received)
+  double alpha = 0.0;               // learner apply: θ ← (1−α)·Θ + α·θ (0 = overwrite)
+  double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
+
+  // Throws SyncError naming the first inconsistent key.
+  void validate() const;
+  // Binds every key under "sync." (check lambdas run at ConfigSchema::validate()).
+  void bind(ConfigSchema& schema);
+};
+
+// ---- Fragments ------------------------------------------------------------------------------------------
+struct Fragment {
+  int64_t id = 0;
+  std::vector<std::string> names;  // in model order
+  int64_t bytes = 0;
+  int64_t offset = 0;              // due after local step t when t mod H == offset
+};
+
+// tensors: (name, bytes) in model order. Throws SyncError when P < 1, P > tensors or H < 1.
+std::vector<Fragment> plan_fragments(const std::vector<std::pair<std::string, int64_t>>& tensors, int64_t P,
+                                     int64_t H);
+inline bool fragment_due(const Fragment& f, int64_t step, int64_t H) { return step > 0 && step % H == f.offset; }
+
+// ---- Weights, moving averages, grace window, quorum -------------------------------------------------------
+// token: c_tokens · (c_tokens / c_steps) (0 when c_steps == 0); uniform: 1. Throws SyncError for other modes.
+double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps);
+
+struct Ema {
+  double value = 0;
+  bool seeded = false;
+  void add(double x, double decay) {
+    value = seeded ? decay * value + (1 - decay) * x : x;
+    seeded = true;
+  }
+};
+
+struct GraceStats {
+  Ema step, quorum, sync;  // ξ_step, ξ_quorum, ξ_sync
+};
+
+// ξ_grace = min(cap, max(0, γ · (τ·ξ_step − (ξ_quorum + ξ_sync)))); 0 when grace is off.
+double grace_window(const GraceStats& s, const SyncOptions& o);
+
+// What a fragment's round knows when deciding.
+struct RoundState {
+  int64_t arrivals = 0;         // accepted contributions waiting
+  int64_t connected = 0;        // learners currently connected
+  int64_t connected_arrived = 0;  // of those, how many have a contribution waiting
+  double first_arrival = 0;     // time of the first waiting contribution
+  double quorum_time = -1;      // time the K-th arrival came (< 0: not yet)
+  int64_t retired = 0;          // learners that finished training and will never send again
+};
+
+// The quorum actually required: min(K, M − retired) — finished learners cannot hold the others back.
+int64_t effective_quorum(const RoundState& s, const SyncOptions& o);
+
+struct RoundDecision {
+  enum Kind { kWait, kWaitUntil, kMerge } kind = kWait;
+  double until = 0;  // for kWaitUntil: call again at this time
+};
+
+RoundDecision decide_round(double now, const RoundState& s, const SyncOptions& o, double grace);
+
+// ---- Learner side ---------------------------------------------------------------------------------------
+// θ ← (1−α)·Θ + α·θ in place (α = 0: copy).
+void apply_global(at::Tensor& local, const at::Tensor& global, double alpha);
+
+// ---- The syncer -----------------------------------------------------------------------------------------
+struct Contribution {
+  int64_t learner = 0;
+  int64_t fragment = 0;
+  std::vector<at::Tensor> tensors;  // θ_{m,p}, in the fragment's name order (owned by the contribution)
+  int64_t c_steps = 0, c_tokens = 0;
+  double step_time = 0;             // learner's mean inner-step time since its last send (for ξ_step)
+};
+
+struct MergeOutcome {
+  int64_t fragment = 0;
+  int64_t version = 0;                   // fragment version after this merge (1, 2, ...)
+  std::vector<int64_t> learners;         // whose contributions were merged
+  std::vector<double> weights;           // normalised weights used
+  double delta_norm = 0;                 // ‖merged Δ‖ over the fragment
+};
+
+class Syncer {
+ public:
+  // `global` is copied (cloned). Throws SyncError/MergeError/OuterError for bad options.
+  Syncer(const SyncOptions& opts, std::vector<Fragment> fragments,
+         const std::vector<std::pair<std::string, at::Tensor>>& global, const MergePlan& plan,
+         const OuterOptions& outer);
+
+  const std::vector<Fragment>& fragments() const { return fragments_; }
+  const SyncOptions& options() const { return opts_; }
+
+  // Connection state of a learner (affects "every connected learner has contributed").
+  void set_connected(int64_t learner, bool connected);
+  // `learner` finished its training and will not contribute again.
+  void retire(int64_t learner);
+  // True while some fragment holds contributions but fewer than the effective quorum (global training stalls).
+  bool stalled() const;
+  double quorum_time(int64_t fragment) const { return rounds_.at(fragment).quorum_time; }
+  // Records that `learner` now holds Θ_p of `fragment` (needed for delta_anchor = base).
+  void note_sent(int64_t learner, int64_t fragment);
+
+  // A contribution arrives. Returns "" when accepted, else the rejection reason (also counted).
+  std::string receive(double now, Contribution c);
+  // The decision for fragment p at time `now`.
+  RoundDecision decide(double now, int64_t fragment) const;
+  // Merges whatever fragment p holds (≥ 1 contribution), applies the outer step. Throws SyncError when empty.
+  MergeOutcome merge(double now, int64_t fragment);
+  // Feeds ξ_sync (merge + broadcast time) observed by the driver.
+  void observe_sync(double seconds) { stats_.sync.add(seconds, opts_.ema); }
+
+  int64_t pending(int64_t fragment) const { return static_cast<int64_t>(rounds_.at(fragment).waiting.size()); }
+  double grace() const { return grace_window(stats_, opts_); }
+  const GraceStats& stats() const { return stats_; }
+  int64_t version(int64_t fragment) const { return rounds_.at(fragment).version; }
+  // Current global tensors of a fragment (views into the syncer's state; clone before mutating).
+  std::vector<at::Tensor> fragment_tensors(int64_t fragment) const;
+  const std::vector<std::pair<std::string, at::Tensor>>& global() const { return global_; }
+  const std::map<std::string, int64_t>& rejected() const { return rejected_; }
+  int64_t merged_contributions() const { return merged_; }
+  int64_t rejected_contributions() const;
+
+ private:
+  struct Round {
+    std::map<int64_t, Contribution> waiting;  // by learner
+    double first_arrival = 0;
+    double quorum_time = -1;
+    int64_t version = 0;
+  };
+  RoundState round_state(int64_t fragment) const;
+  std::string check(const Contribution& c) const;
+  at::Tensor& global_tensor(const std::string& name);
+
+  SyncOptions opts_;
+  std::vector<Fragment> fragments_;
+  std::vector<std::pair<std::string, at::Tensor>> global_;
+  std::map<std::string, size_t> index_;
+  std::vector<Round> rounds_;
+  std::vector<bool> connected_;
+  std::vector<bool> retired_;
+  std::map<std::pair<int64_t, int64_t>, std::vector<at::Tensor>> base_;  // (learner, fragment) → Θ_p sent
+  MergeSelector selector_;
+  std::unique_ptr<OuterOptimizer> outer_;
+  GraceStats stats_;
+  std::map<std::string, int64_t> rejected_;
+  int64_t merged_ = 0;
+};
+
+}  // namespace deloco

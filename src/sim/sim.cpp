@@ -1,0 +1,628 @@
+// The virtual-clock driver: learners, network, chaos schedule and the event loop around the Syncer.
+//
+// Data flow per learner, read top to bottom in on_step_done(): train one step → bump counters → for every
+// fragment due, clone θ_p and send it (arrives after latency + bytes/bandwidth) → at the next step boundary
+// apply answers that came, block if an answer is needed (wait_for_answer and send step + τ reached), else start
+// the next step. The syncer side is on_arrive() → Syncer::receive → try_merge() → Syncer::merge → broadcast.
+#include "deloco/sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <queue>
+#include <random>
+
+#include <torch/torch.h>
+
+#include "deloco/config.h"
+
+namespace deloco {
+
+void SimConfig::bind(ConfigSchema& s) {
+  sync.bind(s);
+  auto nonneg = [](double* v, const char* key) {
+    return [v, key] { return *v >= 0 ? std::string() : std::string(key) + " must be ≥ 0"; };
+  };
+  s.bind("sim.step_time", &sim.step_time, "seconds per inner step of a speed-1 learner",
+         [this] { return sim.step_time > 0 ? "" : "sim.step_time must be > 0"; });
+  s.bind("sim.speed_factors", &sim.speed_factors, "per-learner step-time multipliers", [this] {
+    for (double f : sim.speed_factors)
+      if (!(f > 0)) return std::string("sim.speed_factors must all be > 0");
+    return std::string();
+  });
+  s.bind("sim.slow_fraction", &sim.slow_fraction, "fraction of learners that are slow",
+         [this] { return sim.slow_fraction >= 0 && sim.slow_fraction <= 1 ? "" : "sim.slow_fraction must be in [0, 1]"; });
+  s.bind("sim.slow_factor", &sim.slow_factor, "step-time factor of slow learners",
+         [this] { return sim.slow_factor > 0 ? "" : "sim.slow_factor must be > 0"; });
+  s.bind("sim.jitter", &sim.jitter, "relative std of step times", nonneg(&sim.jitter, "sim.jitter"));
+  s.bind("sim.latency", &sim.latency, "seconds per message", nonneg(&sim.latency, "sim.latency"));
+  s.bind("sim.bandwidth", &sim.bandwidth, "bytes/s per learner link (0: infinite)",
+         nonneg(&sim.bandwidth, "sim.bandwidth"));
+  s.bind("sim.merge_time", &sim.merge_time, "seconds per fragment merge", nonneg(&sim.merge_time, "sim.merge_time"));
+  s.bind("sim.eval_interval", &sim.eval_interval, "virtual seconds between evaluations (0: end only)",
+         nonneg(&sim.eval_interval, "sim.eval_interval"));
+  s.bind("sim.max_time", &sim.max_time, "stop at this virtual time (0: none)", nonneg(&sim.max_time, "sim.max_time"));
+  s.bind("sim.log_every", &sim.log_every, "learner-loss records every N steps",
+         [this] { return sim.log_every >= 1 ? "" : "sim.log_every must be ≥ 1"; });
+  s.bind("sim.seed", &sim.seed, "seed of jitter and chaos");
+  s.bind("sim.out_dir", &sim.out_dir, "run folder");
+  s.bind("sim.mtbf", &sim.mtbf, "mean virtual seconds between failures per learner (0: none)",
+         nonneg(&sim.mtbf, "sim.mtbf"));
+  s.bind("sim.fail_times", &sim.fail_times, "listed failure times");
+  s.bind("sim.fail_learners", &sim.fail_learners, "learner of each listed failure");
+  s.bind("sim.downtime", &sim.downtime, "seconds down before rejoining", nonneg(&sim.downtime, "sim.downtime"));
+  s.bind("sim.straggler_times", &sim.straggler_times, "straggler start times");
+  s.bind("sim.straggler_learners", &sim.straggler_learners, "learner of each straggler episode");
+  s.bind("sim.straggler_duration", &sim.straggler_duration, "seconds of each straggler episode",
+         nonneg(&sim.straggler_duration, "sim.straggler_duration"));
+  s.bind("sim.straggler_factor", &sim.straggler_factor, "step-time factor while straggling",
+         [this] { return sim.straggler_factor > 0 ? "" : "sim.straggler_factor must be > 0"; });
+  s.bind("sim.pause_times", &sim.pause_times, "syncer pause start times");
+  s.bind("sim.pause_duration", &sim.pause_duration, "seconds of each syncer pause",
+         nonneg(&sim.pause_duration, "sim.pause_duration"));
+  s.bind("merge.preset", &merge_preset, "diloco | decoupled | isoloco");
+  s.bind("merge.method", &merge_method, "one merge method for every tensor (\"\": the preset's)");
+  s.bind("outer.kind", &outer.kind, "sgd | nesterov");
+  s.bind("outer.lr", &outer.lr, "outer learning rate eta");
+  s.bind("outer.momentum", &outer.momentum, "outer momentum mu");
+}
+
+MergePlan SimConfig::merge_plan() const {
+  MergePlan p = MergePlan::preset(merge_preset);
+  if (!merge_method.empty()) {
+    p.method = merge_method;
+    p.rules.clear();
+  }
+  return p;
+}
+
+void SimConfig::validate(const RunConfig& run) const {
+  try {
+    sync.validate();
+    outer.validate();
+    MergeSelector sel(merge_plan());
+  } catch (const std::exception& e) {
+    throw ConfigError(e.what());
+  }
+  const auto M = sync.learners;
+  if (sim.fail_times.size() != sim.fail_learners.size())
+    throw ConfigError("sim.fail_times and sim.fail_learners must have the same length");
+  if (sim.straggler_times.size() != sim.straggler_learners.size())
+    throw ConfigError("sim.straggler_times and sim.straggler_learners must have the same length");
+  for (auto m : sim.fail_learners)
+    if (m < 0 || m >= M) throw ConfigError("sim.fail_learners names learner " + std::to_string(m) + " of " + std::to_string(M));
+  for (auto m : sim.straggler_learners)
+    if (m < 0 || m >= M)
+      throw ConfigError("sim.straggler_learners names learner " + std::to_string(m) + " of " + std::to_string(M));
+  for (double t : sim.fail_times)
+    if (!(t >= 0)) throw ConfigError("sim.fail_times must be ≥ 0");
+  if (static_cast<int64_t>(sim.speed_factors.size()) > M)
+    throw ConfigError("sim.speed_factors has more entries than sync.learners");
+  if (run.train.steps < sync.sync_every)
+    throw ConfigError("train.steps=" + std::to_string(run.train.steps) + " is less than sync.sync_every=" +
+                      std::to_string(sync.sync_every) + ": no outer step would ever happen");
+}
+
+namespace {
+
+enum EventKind { kStepDone, kArrive, kTimer, kAnswer, kFail, kRejoin, kRestore, kStragglerOn, kStragglerOff,
+                 kPauseOn, kPauseOff, kEval };
+
+struct Snapshot {  // tensors in flight (shared by every receiver of one broadcast)
+  int64_t fragment = -1;        // -1: the whole model
+  int64_t version = 0;
+  std::vector<at::Tensor> tensors;
+};
+
+struct Event {
+  double t = 0;
+  uint64_t seq = 0;
+  EventKind kind = kStepDone;
+  int64_t learner = -1, fragment = -1, epoch = 0;
+  std::shared_ptr<Contribution> contribution;
+  std::shared_ptr<const Snapshot> snapshot;
+};
+struct Later {
+  bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
+};
+
+struct Learner {
+  std::unique_ptr<Trainer> trainer;
+  std::map<std::string, at::Tensor> by_name;
+  std::mt19937_64 rng, chaos_rng;
+  double speed = 1.0, straggle = 1.0;
+  bool up = true, done = false, waiting = false, stepping = false;
+  int64_t epoch = 0;
+  std::vector<int64_t> c_steps, c_tokens;
+  std::vector<int64_t> outstanding;   // step at which fragment p was sent and not answered (−1: none)
+  std::vector<std::shared_ptr<const Snapshot>> answers;  // answers received, applied at the next boundary
+  double step_started = 0, step_duration = 0, wait_started = 0;
+  double steps_time_since_send = 0;
+  int64_t steps_since_send = 0;
+  double useful = 0, waited = 0, lost = 0;
+};
+
+}  // namespace
+
+struct Simulator::Impl {
+  RunConfig run;
+  SimConfig cfg;
+  std::shared_ptr<const Corpus> corpus;
+  std::vector<Learner> learners;
+  std::unique_ptr<Trainer> evaluator;
+  std::unique_ptr<Syncer> syncer;
+  std::vector<int64_t> frag_bytes;
+  int64_t model_bytes = 0;
+  std::priority_queue<Event, std::vector<Event>, Later> queue;
+  uint64_t seq = 0;
+  double now = 0, stalled_time = 0;
+  bool paused = false;
+  std::vector<std::shared_ptr<Contribution>> deferred;  // arrivals during a syncer pause
+  std::function<void(const nlohmann::json&)> record;
+  Simulator* self = nullptr;
+  int64_t inflight = 0;  // contributions on the network
+  int64_t merges = 0, bytes_up = 0, bytes_down = 0, failures = 0;
+  double last_merge_t = 0;
+  EvalResult last_eval;
+  double initial_val_loss = 0;
+
+  void push(Event e) {
+    e.seq = seq++;
+    queue.push(std::move(e));
+  }
+  void emit(nlohmann::json j) {
+    j["t"] = now;
+    if (record) record(j);
+  }
+  double transfer(int64_t bytes) const {
+    return cfg.sim.latency + (cfg.sim.bandwidth > 0 ? static_cast<double>(bytes) / cfg.sim.bandwidth : 0.0);
+  }
+  int64_t total_tokens() const {
+    int64_t n = 0;
+    for (const auto& l : learners) n += l.trainer->tokens_seen();
+    return n;
+  }
+
+  void start_step(int64_t m) {
+    Learner& L = learners[m];
+    std::normal_distribution<double> n01(0.0, 1.0);
+    double j = cfg.sim.jitter > 0 ? std::max(0.1, 1.0 + cfg.sim.jitter * n01(L.rng)) : 1.0;
+    L.step_duration = cfg.sim.step_time * L.speed * L.straggle * j;
+    L.step_started = now;
+    L.stepping = true;
+    Event e;
+    e.t = now + L.step_duration;
+    e.kind = kStepDone;
+    e.learner = m;
+    e.epoch = L.epoch;
+    push(e);
+  }
+
+  // At a step boundary: apply answers, then block, finish, or start the next step.
+  void boundary(int64_t m) {
+    Learner& L = learners[m];
+    const auto& frags = syncer->fragments();
+    for (auto& a : L.answers) {
+      if (!a) continue;
+      const auto& f = frags[a->fragment];
+      for (size_t i = 0; i < f.names.size(); ++i) apply_global(L.by_name.at(f.names[i]), a->tensors[i], cfg.sync.alpha);
+      L.c_steps[a->fragment] = 0;
+      L.c_tokens[a->fragment] = 0;
+      L.outstanding[a->fragment] = -1;
+      a.reset();
+    }
+    const int64_t step = L.trainer->step();
+    if (cfg.sync.wait_for_answer) {
+      for (size_t p = 0; p < L.outstanding.size(); ++p) {
+        const int64_t sent = L.outstanding[p];
+        if (sent >= 0 && (step >= sent + cfg.sync.overlap || step >= run.train.steps)) {
+          if (!L.waiting) L.wait_started = now;
+          L.waiting = true;
+          return;
+        }
+      }
+    }
+    if (L.waiting) L.waited += now - L.wait_started;
+    L.waiting = false;
+    if (step >= run.train.steps) {
+      if (!L.done) {
+        L.done = true;
+        syncer->retire(m);
+        emit({{"kind", "learner_done"}, {"learner", m}, {"step", step}});
+        for (int64_t p = 0; p < static_cast<int64_t>(frags.size()); ++p) try_merge(p);
+      }
+      return;
+    }
+    start_step(m);
+  }
+
+  void on_step_done(const Event& e) {
+    Learner& L = learners[e.learner];
+    if (e.epoch != L.epoch || !L.up) return;
+    L.stepping = false;
+    const double loss = L.trainer->train_step();
+    const int64_t step = L.trainer->step();
+    const int64_t tokens = run.train.batch_size * run.model.block_size;
+    L.useful += L.step_duration;
+    L.steps_time_since_send += L.step_duration;
+    ++L.steps_since_send;
+    for (size_t p = 0; p < L.c_steps.size(); ++p) {
+      ++L.c_steps[p];
+      L.c_tokens[p] += tokens;
+    }
+    if (step % cfg.sim.log_every == 0 || step == run.train.steps)
+      emit({{"kind", "learner"}, {"learner", e.learner}, {"step", step}, {"loss", loss}});
+    for (const auto& f : syncer->fragments()) {
+      if (!fragment_due(f, step, cfg.sync.sync_every)) continue;
+      auto c = std::make_shared<Contribution>();
+      c->learner = e.learner;
+      c->fragment = f.id;
+      for (const auto& n : f.names) c->tensors.push_back(L.by_name.at(n).detach().clone());
+      c->c_steps = L.c_steps[f.id];
+      c->c_tokens = L.c_tokens[f.id];
+      c->step_time = L.steps_since_send > 0 ? L.steps_time_since_send / L.steps_since_send : 0;
+      L.outstanding[f.id] = step;
+      bytes_up += frag_bytes[f.id];
+      ++inflight;
+      Event a;
+      a.t = now + transfer(frag_bytes[f.id]);
+      a.kind = kArrive;
+      a.contribution = c;
+      push(a);
+    }
+    L.steps_time_since_send = 0;
+    L.steps_since_send = 0;
+    boundary(e.learner);
+  }
+
+  void on_arrive(std::shared_ptr<Contribution> c, bool from_network = true) {
+    if (from_network) --inflight;
+    if (paused) {
+      deferred.push_back(std::move(c));
+      return;
+    }
+    const int64_t m = c->learner, p = c->fragment;
+    const std::string why = syncer->receive(now, std::move(*c));
+    if (!why.empty()) emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", why}});
+    try_merge(p);
+  }
+
+  void try_merge(int64_t p) {
+    if (paused) return;
+    RoundDecision d = syncer->decide(now, p);
+    if (d.kind == RoundDecision::kWaitUntil) {
+      Event e;
+      e.t = d.until;
+      e.kind = kTimer;
+      e.fragment = p;
+      push(e);
+      return;
+    }
+    if (d.kind != RoundDecision::kMerge) return;
+    const double qt = syncer->quorum_time(p);
+    const double grace = syncer->grace();
+    MergeOutcome out = syncer->merge(now, p);
+    ++merges;
+    last_merge_t = now;
+    auto snap = std::make_shared<Snapshot>();
+    snap->fragment = p;
+    snap->version = out.version;
+    for (const auto& t : syncer->fragment_tensors(p)) snap->tensors.push_back(t.clone());
+    const double leave = now + cfg.sim.merge_time;
+    for (int64_t m = 0; m < static_cast<int64_t>(learners.size()); ++m) {
+      Learner& L = learners[m];
+      if (!L.up || L.done) continue;
+      Event a;
+      a.t = leave + transfer(frag_bytes[p]);
+      a.kind = kAnswer;
+      a.learner = m;
+      a.fragment = p;
+      a.epoch = L.epoch;
+      a.snapshot = snap;
+      push(a);
+      syncer->note_sent(m, p);
+      bytes_down += frag_bytes[p];
+    }
+    syncer->observe_sync(cfg.sim.merge_time + transfer(frag_bytes[p]));
+    emit({{"kind", "merge"}, {"fragment", p}, {"version", out.version}, {"quorum", out.learners.size()},
+          {"learners", out.learners}, {"weights", out.weights}, {"grace", grace},
+          {"grace_wait", qt >= 0 ? now - qt : 0.0}, {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}});
+  }
+
+  void on_answer(const Event& e) {
+    Learner& L = learners[e.learner];
+    if (e.epoch != L.epoch || !L.up) return;
+    L.answers.push_back(e.snapshot);
+    if (L.waiting) boundary(e.learner);
+  }
+
+  void schedule_failure(int64_t m) {
+    if (cfg.sim.mtbf <= 0) return;
+    Learner& L = learners[m];
+    std::exponential_distribution<double> ex(1.0 / cfg.sim.mtbf);
+    Event f;
+    f.t = now + ex(L.chaos_rng);
+    f.kind = kFail;
+    f.learner = m;
+    f.epoch = L.epoch;
+    f.fragment = 1;  // marks a Poisson failure (reschedules itself after rejoin)
+    push(f);
+  }
+
+  void on_fail(const Event& e) {
+    Learner& L = learners[e.learner];
+    if (e.fragment == 1 && e.epoch != L.epoch) return;  // a Poisson failure from before the last failure
+    if (!L.up || L.done) return;
+    ++failures;
+    if (L.stepping) L.lost += now - L.step_started;
+    if (L.waiting) L.waited += now - L.wait_started;
+    L.up = false;
+    L.stepping = L.waiting = false;
+    ++L.epoch;
+    L.answers.clear();
+    syncer->set_connected(e.learner, false);
+    emit({{"kind", "fail"}, {"learner", e.learner}, {"step", L.trainer->step()}});
+    Event r;
+    r.t = now + cfg.sim.downtime;
+    r.kind = kRejoin;
+    r.learner = e.learner;
+    push(r);
+  }
+
+  void on_rejoin(const Event& e) {
+    // The learner is back and asks for the global model; it arrives after one full-model transfer and holds
+    // the newest Θ at that moment (merges during the transfer are included).
+    bytes_down += model_bytes;
+    Event r;
+    r.t = now + transfer(model_bytes);
+    r.kind = kRestore;
+    r.learner = e.learner;
+    push(r);
+  }
+
+  void on_restore(const Event& e) {
+    Learner& L = learners[e.learner];
+    const auto& g = syncer->global();
+    for (size_t i = 0; i < g.size(); ++i) apply_global(L.by_name.at(g[i].first), g[i].second, 0.0);
+    for (int64_t p = 0; p < static_cast<int64_t>(syncer->fragments().size()); ++p) syncer->note_sent(e.learner, p);
+    std::fill(L.c_steps.begin(), L.c_steps.end(), 0);
+    std::fill(L.c_tokens.begin(), L.c_tokens.end(), 0);
+    std::fill(L.outstanding.begin(), L.outstanding.end(), -1);
+    L.steps_since_send = 0;
+    L.steps_time_since_send = 0;
+    L.up = true;
+    syncer->set_connected(e.learner, true);
+    emit({{"kind", "rejoin"}, {"learner", e.learner}, {"step", L.trainer->step()}});
+    if (self->on_rejoin) self->on_rejoin(e.learner, L.trainer->parameters(), g);
+    schedule_failure(e.learner);
+    boundary(e.learner);
+  }
+
+  void evaluate_global(const char* kind) {
+    auto& params = evaluator->parameters();
+    const auto& g = syncer->global();
+    for (size_t i = 0; i < g.size(); ++i) apply_global(params[i].second, g[i].second, 0.0);
+    last_eval = evaluator->evaluate();
+    emit({{"kind", kind}, {"val_loss", last_eval.loss}, {"val_bpb", last_eval.bpb}, {"tokens", total_tokens()},
+          {"outer_steps", merges}});
+  }
+
+  bool all_done() const {
+    for (const auto& l : learners)
+      if (!l.done) return false;
+    return true;
+  }
+  bool finished() const { return all_done() && inflight == 0 && deferred.empty(); }
+  bool is_stalled() const {
+    if (all_done()) return false;
+    bool any_up = false;
+    for (const auto& l : learners) any_up = any_up || (l.up && !l.done);
+    if (!any_up) return true;
+    if (paused) {
+      if (!deferred.empty()) return true;
+      for (size_t p = 0; p < syncer->fragments().size(); ++p)
+        if (syncer->pending(static_cast<int64_t>(p)) > 0) return true;
+    }
+    return syncer->stalled();
+  }
+};
+
+Simulator::Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr<const Corpus> corpus)
+    : impl_(std::make_unique<Impl>()) {
+  cfg.validate(run);
+  Impl& I = *impl_;
+  I.run = run;
+  I.cfg = cfg;
+  I.corpus = corpus;
+  I.self = this;
+  const int64_t M = cfg.sync.learners;
+  for (int64_t m = 0; m < M; ++m) {
+    RunConfig rc = run;
+    rc.train.learner_id = m;
+    rc.train.num_learners = M;
+    Learner L;
+    L.trainer = std::make_unique<Trainer>(rc, corpus);
+    for (auto& [n, t] : L.trainer->parameters()) L.by_name[n] = t;
+    L.rng.seed(static_cast<uint64_t>(cfg.sim.seed) * 1000003u + static_cast<uint64_t>(m) * 2u);
+    L.chaos_rng.seed(static_cast<uint64_t>(cfg.sim.seed) * 1000003u + static_cast<uint64_t>(m) * 2u + 1u);
+    L.speed = m < static_cast<int64_t>(cfg.sim.speed_factors.size()) ? cfg.sim.speed_factors[m] : 1.0;
+    const int64_t n_slow = static_cast<int64_t>(std::floor(cfg.sim.slow_fraction * static_cast<double>(M) + 1e-9));
+    if (m >= M - n_slow) L.speed *= cfg.sim.slow_factor;
+    I.learners.push_back(std::move(L));
+  }
+  RunConfig rc = run;
+  rc.train.learner_id = 0;
+  rc.train.num_learners = 1;
+  I.evaluator = std::make_unique<Trainer>(rc, corpus);
+  // Every learner starts from learner 0's initial parameters (identical anyway: same seed).
+  auto& p0 = I.learners[0].trainer->parameters();
+  for (int64_t m = 1; m < M; ++m) {
+    auto& pm = I.learners[m].trainer->parameters();
+    for (size_t i = 0; i < p0.size(); ++i) apply_global(pm[i].second, p0[i].second, 0.0);
+  }
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  std::vector<std::pair<std::string, at::Tensor>> global;
+  for (auto& [n, t] : p0) {
+    sizes.emplace_back(n, t.numel() * static_cast<int64_t>(t.element_size()));
+    global.emplace_back(n, t);
+    I.model_bytes += sizes.back().second;
+  }
+  std::vector<Fragment> frags;
+  try {
+    frags = plan_fragments(sizes, cfg.sync.fragments, cfg.sync.sync_every);
+  } catch (const SyncError& e) {
+    throw ConfigError(e.what());
+  }
+  for (const auto& f : frags) I.frag_bytes.push_back(f.bytes);
+  I.syncer = std::make_unique<Syncer>(cfg.sync, frags, global, cfg.merge_plan(), cfg.outer);
+  for (int64_t m = 0; m < M; ++m) {
+    Learner& L = I.learners[m];
+    L.c_steps.assign(frags.size(), 0);
+    L.c_tokens.assign(frags.size(), 0);
+    L.outstanding.assign(frags.size(), -1);
+    for (size_t p = 0; p < frags.size(); ++p) I.syncer->note_sent(m, static_cast<int64_t>(p));
+  }
+}
+
+Simulator::~Simulator() = default;
+
+const std::vector<std::pair<std::string, at::Tensor>>& Simulator::global() const { return impl_->syncer->global(); }
+Trainer& Simulator::learner(int64_t m) { return *impl_->learners.at(static_cast<size_t>(m)).trainer; }
+
+SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& record) {
+  Impl& I = *impl_;
+  I.record = record;
+  const auto& S = I.cfg.sim;
+  const int64_t M = static_cast<int64_t>(I.learners.size());
+  I.evaluate_global("eval");
+  I.initial_val_loss = I.last_eval.loss;
+  for (size_t i = 0; i < S.fail_times.size(); ++i) {
+    Event f;
+    f.t = S.fail_times[i];
+    f.kind = kFail;
+    f.learner = S.fail_learners[i];
+    I.push(f);
+  }
+  for (size_t i = 0; i < S.straggler_times.size(); ++i) {
+    Event on;
+    on.t = S.straggler_times[i];
+    on.kind = kStragglerOn;
+    on.learner = S.straggler_learners[i];
+    I.push(on);
+    on.t += S.straggler_duration;
+    on.kind = kStragglerOff;
+    I.push(on);
+  }
+  for (double t : S.pause_times) {
+    Event p;
+    p.t = t;
+    p.kind = kPauseOn;
+    I.push(p);
+    p.t = t + S.pause_duration;
+    p.kind = kPauseOff;
+    I.push(p);
+  }
+  if (S.eval_interval > 0) {
+    Event ev;
+    ev.t = S.eval_interval;
+    ev.kind = kEval;
+    I.push(ev);
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    I.schedule_failure(m);
+    I.start_step(m);
+  }
+  bool hit_max = false;
+  while (!I.queue.empty() && !I.finished()) {
+    Event e = I.queue.top();
+    if (S.max_time > 0 && e.t > S.max_time) {
+      if (I.is_stalled()) I.stalled_time += S.max_time - I.now;
+      I.now = S.max_time;
+      hit_max = true;
+      break;
+    }
+    I.queue.pop();
+    if (I.is_stalled()) I.stalled_time += e.t - I.now;
+    I.now = e.t;
+    switch (e.kind) {
+      case kStepDone: I.on_step_done(e); break;
+      case kArrive: I.on_arrive(e.contribution); break;
+      case kTimer: I.try_merge(e.fragment); break;
+      case kAnswer: I.on_answer(e); break;
+      case kFail: I.on_fail(e); break;
+      case kRejoin: I.on_rejoin(e); break;
+      case kRestore: I.on_restore(e); break;
+      case kStragglerOn: I.learners[e.learner].straggle = S.straggler_factor; break;
+      case kStragglerOff: I.learners[e.learner].straggle = 1.0; break;
+      case kPauseOn:
+        I.paused = true;
+        I.emit({{"kind", "syncer_pause"}});
+        break;
+      case kPauseOff: {
+        I.paused = false;
+        I.emit({{"kind", "syncer_resume"}});
+        auto pending = std::move(I.deferred);
+        I.deferred.clear();
+        for (auto& c : pending) I.on_arrive(c, false);
+        for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p) I.try_merge(p);
+        break;
+      }
+      case kEval: {
+        I.evaluate_global("eval");
+        Event ev;
+        ev.t = I.now + S.eval_interval;
+        ev.kind = kEval;
+        I.push(ev);
+        break;
+      }
+    }
+  }
+  // Contributions still waiting (sent with the last steps) are merged before the final evaluation.
+  if (!hit_max) {
+    for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p)
+      if (I.syncer->pending(p) > 0) {
+        I.syncer->merge(I.now, p);
+        ++I.merges;
+      }
+  }
+  I.evaluate_global("final_eval");
+  const double T = I.now;
+  double useful = 0, waited = 0, lost = 0;
+  int64_t steps = 0;
+  nlohmann::json per_learner = nlohmann::json::array();
+  for (const auto& L : I.learners) {
+    useful += L.useful;
+    waited += L.waited;
+    lost += L.lost;
+    steps += L.trainer->step();
+    per_learner.push_back({{"steps", L.trainer->step()}, {"useful_s", L.useful}, {"waited_s", L.waited},
+                           {"lost_s", L.lost}, {"speed", L.speed}});
+  }
+  SimResult r;
+  r.summary = {
+      {"command", "sim"},
+      {"final_val_loss", I.last_eval.loss},
+      {"val_bpb", I.last_eval.bpb},
+      {"initial_val_loss", I.initial_val_loss},
+      {"tokens", I.total_tokens()},
+      {"inner_steps", steps},
+      {"virtual_seconds", T},
+      {"outer_steps", I.merges},
+      {"uptime", T > 0 ? 1.0 - I.stalled_time / T : 1.0},
+      {"goodput", T > 0 ? useful / (static_cast<double>(M) * T) : 0.0},
+      {"stalled_seconds", I.stalled_time},
+      {"waited_seconds", waited},
+      {"lost_seconds", lost},
+      {"failures", I.failures},
+      {"bytes_sent", I.bytes_up + I.bytes_down},
+      {"bytes_up", I.bytes_up},
+      {"bytes_down", I.bytes_down},
+      {"contributions_merged", I.syncer->merged_contributions()},
+      {"contributions_rejected", I.syncer->rejected_contributions()},
+      {"rejected_by_reason", I.syncer->rejected()},
+      {"reached_max_time", hit_max},
+      {"learners", per_learner},
+  };
+  return r;
+}
+
+}  // namespace deloco

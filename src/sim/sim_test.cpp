@@ -1,0 +1,196 @@
+// Tests of the virtual-clock simulator: DiLoCo reduces to plain training, rejoin, determinism, failures.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deloco/config.h"
+#include "deloco/sim.h"
+
+namespace deloco {
+namespace {
+
+std::shared_ptr<const Corpus> sim_corpus() {
+  static std::shared_ptr<const Corpus> c = [] {
+    std::vector<std::string> docs;
+    for (int i = 0; i < 40; ++i) {
+      std::string d;
+      for (int k = 0; k < 60; ++k) d += "the quick brown fox " + std::to_string(i * k) + " jumps over the lazy dog. ";
+      docs.push_back(d);
+    }
+    return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.05));
+  }();
+  return c;
+}
+
+RunConfig sim_run(int64_t steps) {
+  torch::set_num_threads(1);
+  RunConfig c;
+  c.model.block_size = 16;
+  c.model.n_layer = 1;
+  c.model.n_head = 2;
+  c.model.n_embd = 32;
+  c.train.batch_size = 4;
+  c.train.steps = steps;
+  c.train.warmup_steps = 2;
+  c.train.lr = 3e-3;
+  c.train.eval_tokens = 512;
+  return c;
+}
+
+double max_diff(const NamedTensors& a, const std::vector<std::pair<std::string, at::Tensor>>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, (a[i].second - b[i].second).abs().max().item<double>());
+  return d;
+}
+
+TEST(SimDiLoCo, OneLearnerEveryStepSgdOneEqualsPlainTraining) {
+  RunConfig run = sim_run(6);
+  SimConfig cfg;
+  cfg.sync.learners = 1;
+  cfg.sync.quorum = 1;
+  cfg.sync.sync_every = 1;
+  cfg.outer = OuterOptions{"sgd", 1.0, 0.0};
+  Simulator sim(run, cfg, sim_corpus());
+  auto res = sim.run();
+  Trainer plain(run, sim_corpus());
+  for (int i = 0; i < 6; ++i) plain.train_step();
+  EXPECT_EQ(res.summary["outer_steps"].get<int64_t>(), 6);
+  EXPECT_LT(max_diff(plain.parameters(), sim.global()), 1e-5);
+  EXPECT_LT(max_diff(sim.learner(0).parameters(), sim.global()), 1e-12);
+  EXPECT_DOUBLE_EQ(res.summary["uptime"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(res.summary["goodput"].get<double>(), 1.0);
+
+  // The comparison can fail: a different outer learning rate gives a different model.
+  cfg.outer.lr = 0.5;
+  Simulator other(run, cfg, sim_corpus());
+  other.run();
+  EXPECT_GT(max_diff(plain.parameters(), other.global()), 1e-4);
+}
+
+SimConfig decoupled(int64_t M) {
+  SimConfig cfg;
+  cfg.sync.learners = M;
+  cfg.sync.quorum = 1;
+  cfg.sync.sync_every = 4;
+  cfg.sync.overlap = 2;
+  cfg.sync.fragments = 2;
+  cfg.sync.wait_for_answer = false;
+  cfg.sync.grace = true;
+  cfg.merge_preset = "decoupled";
+  cfg.sim.jitter = 0.1;
+  cfg.sim.latency = 0.05;
+  cfg.sim.merge_time = 0.05;
+  return cfg;
+}
+
+TEST(SimChaos, RejoiningLearnerReceivesTheCurrentGlobalModel) {
+  RunConfig run = sim_run(16);
+  SimConfig cfg = decoupled(2);
+  cfg.sim.fail_times = {6.5};
+  cfg.sim.fail_learners = {1};
+  cfg.sim.downtime = 3.0;
+  Simulator sim(run, cfg, sim_corpus());
+  Trainer fresh(run, sim_corpus());
+  int calls = 0;
+  sim.on_rejoin = [&](int64_t m, NamedTensors& local, const std::vector<std::pair<std::string, at::Tensor>>& global) {
+    ++calls;
+    EXPECT_EQ(m, 1);
+    EXPECT_EQ(max_diff(local, global), 0.0);
+    EXPECT_EQ(max_diff(local, sim.global()), 0.0);  // the newest Θ
+    EXPECT_GT(max_diff(fresh.parameters(), global), 1e-4);  // and Θ has moved since the start
+  };
+  auto res = sim.run();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(res.summary["failures"].get<int64_t>(), 1);
+  EXPECT_GT(res.summary["lost_seconds"].get<double>(), 0.0);
+  EXPECT_EQ(sim.learner(1).step(), 16);
+}
+
+TEST(SimDeterminism, SameSeedSameBits) {
+  RunConfig run = sim_run(12);
+  SimConfig cfg = decoupled(3);
+  cfg.sim.mtbf = 6.0;
+  cfg.sim.downtime = 2.0;
+  std::vector<std::string> logs[2];
+  std::vector<at::Tensor> finals[2];
+  nlohmann::json sums[2];
+  for (int k = 0; k < 2; ++k) {
+    Simulator sim(run, cfg, sim_corpus());
+    sums[k] = sim.run([&](const nlohmann::json& j) { logs[k].push_back(j.dump()); }).summary;
+    for (const auto& [n, t] : sim.global()) finals[k].push_back(t.clone());
+  }
+  EXPECT_EQ(sums[0].dump(), sums[1].dump());
+  EXPECT_EQ(logs[0], logs[1]);
+  ASSERT_EQ(finals[0].size(), finals[1].size());
+  for (size_t i = 0; i < finals[0].size(); ++i) EXPECT_TRUE(torch::equal(finals[0][i], finals[1][i]));
+  // A different chaos seed changes the run (so the comparison above can fail).
+  cfg.sim.seed = 2;
+  Simulator other(run, cfg, sim_corpus());
+  EXPECT_NE(other.run().summary.dump(), sums[0].dump());
+}
+
+TEST(SimDecoupled, FailuresKeepUptimeOneAndLossFalls) {
+  RunConfig run = sim_run(40);
+  SimConfig cfg = decoupled(3);
+  cfg.sim.mtbf = 10.0;  // a failure every 2-3 outer rounds per learner on average
+  cfg.sim.downtime = 2.0;
+  Simulator sim(run, cfg, sim_corpus());
+  auto s = sim.run().summary;
+  EXPECT_GT(s["failures"].get<int64_t>(), 0);
+  EXPECT_DOUBLE_EQ(s["uptime"].get<double>(), 1.0);
+  EXPECT_LT(s["final_val_loss"].get<double>(), s["initial_val_loss"].get<double>() - 0.3);
+  EXPECT_LT(s["goodput"].get<double>(), 1.0);
+  EXPECT_GT(s["contributions_merged"].get<int64_t>(), 0);
+}
+
+TEST(SimDiLoCo, SynchronousDiLoCoStallsOnAFailure) {
+  RunConfig run = sim_run(12);
+  SimConfig cfg;
+  cfg.sync.learners = 2;
+  cfg.sync.quorum = 2;
+  cfg.sync.sync_every = 4;
+  cfg.sim.fail_times = {2.5};
+  cfg.sim.fail_learners = {0};
+  cfg.sim.downtime = 10.0;
+  Simulator sim(run, cfg, sim_corpus());
+  auto s = sim.run().summary;
+  EXPECT_LT(s["uptime"].get<double>(), 0.8);
+  EXPECT_GT(s["waited_seconds"].get<double>(), 5.0);
+}
+
+TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
+  RunConfig run = sim_run(10);
+  auto expect_error = [&](SimConfig cfg, const std::string& needle) {
+    try {
+      Simulator sim(run, cfg, sim_corpus());
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  SimConfig c;
+  c.sync.learners = 2;
+  c.sync.quorum = 3;
+  c.sync.sync_every = 5;
+  expect_error(c, "sync.quorum");
+  c.sync.quorum = 2;
+  c.sync.overlap = 5;
+  expect_error(c, "sync.overlap");
+  c.sync.overlap = 0;
+  c.sync.fragments = 1000;
+  expect_error(c, "number of parameter tensors");
+  c.sync.fragments = 1;
+  c.sim.fail_times = {1.0};
+  expect_error(c, "sim.fail_learners");
+  c.sim.fail_times.clear();
+  c.outer.lr = -1;
+  expect_error(c, "lr");
+  // Negative rates are caught by the config schema's checks.
+  SimConfig d;
+  ConfigSchema schema;
+  d.bind(schema);
+  schema.apply_override("sim.bandwidth=-5");
+  EXPECT_THROW(schema.validate(), ConfigError);
+}
+
+}  // namespace
+}  // namespace deloco

@@ -1,0 +1,239 @@
+// Tests of the pure algorithm core: fragments, weights, grace window, quorum decisions, the syncer's merge.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "deloco/sync.h"
+
+namespace deloco {
+namespace {
+
+TEST(SyncFragments, CoverEveryTensorOnceAndBalance) {
+  std::vector<std::pair<std::string, int64_t>> t = {{"a", 100}, {"b", 60}, {"c", 50}, {"d", 40}, {"e", 10}, {"f", 10}};
+  auto frags = plan_fragments(t, 3, 30);
+  ASSERT_EQ(frags.size(), 3u);
+  std::multiset<std::string> seen;
+  int64_t total = 0, mx = 0, mn = 1 << 30;
+  for (const auto& f : frags) {
+    for (const auto& n : f.names) seen.insert(n);
+    total += f.bytes;
+    mx = std::max(mx, f.bytes);
+    mn = std::min(mn, f.bytes);
+  }
+  EXPECT_EQ(seen.size(), t.size());
+  for (const auto& [n, b] : t) EXPECT_EQ(seen.count(n), 1u) << n;
+  EXPECT_EQ(total, 270);
+  // Greedy LPT: a=100 | b=60,e,f? -> {a},{b,d? ...}; the spread is at most the largest tensor.
+  EXPECT_LE(mx - mn, 100);
+  EXPECT_EQ(frags[0].bytes, 100);  // the largest tensor alone
+  EXPECT_EQ(frags[1].bytes + frags[2].bytes, 170);
+  EXPECT_LE(std::abs(frags[1].bytes - frags[2].bytes), 10);
+  // Staggered offsets over H.
+  EXPECT_EQ(frags[0].offset, 0);
+  EXPECT_EQ(frags[1].offset, 10);
+  EXPECT_EQ(frags[2].offset, 20);
+  EXPECT_TRUE(fragment_due(frags[1], 40, 30));
+  EXPECT_FALSE(fragment_due(frags[1], 41, 30));
+  EXPECT_FALSE(fragment_due(frags[0], 0, 30));
+}
+
+TEST(SyncFragments, BalancedOnEqualTensorsAndErrors) {
+  std::vector<std::pair<std::string, int64_t>> t;
+  for (int i = 0; i < 8; ++i) t.push_back({"w" + std::to_string(i), 64});
+  auto frags = plan_fragments(t, 4, 8);
+  for (const auto& f : frags) EXPECT_EQ(f.bytes, 128);
+  EXPECT_THROW(plan_fragments(t, 9, 8), SyncError);
+  EXPECT_THROW(plan_fragments(t, 0, 8), SyncError);
+  EXPECT_THROW(plan_fragments(t, 2, 0), SyncError);
+}
+
+TEST(SyncWeights, TokenAndUniform) {
+  EXPECT_DOUBLE_EQ(contribution_weight("uniform", 100, 3), 1.0);
+  EXPECT_DOUBLE_EQ(contribution_weight("token", 1000, 10), 1000.0 * 100.0);
+  // Twice the steps at the same batch: twice the weight; same tokens in more steps (smaller batches): less.
+  EXPECT_DOUBLE_EQ(contribution_weight("token", 2000, 20) / contribution_weight("token", 1000, 10), 2.0);
+  EXPECT_LT(contribution_weight("token", 1000, 20), contribution_weight("token", 1000, 10));
+  EXPECT_DOUBLE_EQ(contribution_weight("token", 0, 0), 0.0);
+  EXPECT_THROW(contribution_weight("bogus", 1, 1), SyncError);
+}
+
+TEST(SyncOptionsCheck, RejectsInconsistentValues) {
+  SyncOptions o;
+  o.learners = 4;
+  o.quorum = 5;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.quorum = 2;
+  o.sync_every = 10;
+  o.overlap = 10;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.overlap = 3;
+  o.grace_cap = -1;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.grace_cap = 5;
+  EXPECT_NO_THROW(o.validate());
+}
+
+TEST(SyncGrace, WindowFromMovingAverages) {
+  SyncOptions o;
+  o.grace = true;
+  o.overlap = 10;
+  o.grace_gamma = 0.8;
+  o.grace_cap = 100;
+  GraceStats s;
+  s.step.add(1.0, 0.9);    // ξ_step = 1
+  s.quorum.add(2.0, 0.9);  // ξ_quorum = 2
+  s.sync.add(3.0, 0.9);    // ξ_sync = 3
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.8 * (10 - 5));
+  o.grace_cap = 1.5;
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 1.5);
+  s.sync.add(30.0, 0.0);  // slack negative -> no grace
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
+  o.grace = false;
+  s.sync.add(0.0, 0.0);
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
+  Ema e;
+  e.add(10, 0.5);
+  e.add(20, 0.5);
+  EXPECT_DOUBLE_EQ(e.value, 15.0);
+}
+
+TEST(SyncQuorum, DecisionsOnHandMadeSequences) {
+  SyncOptions o;
+  o.learners = 4;
+  o.quorum = 2;
+  RoundState s;
+  s.connected = 4;
+  // One arrival, K = 2: wait.
+  s.arrivals = s.connected_arrived = 1;
+  EXPECT_EQ(decide_round(5.0, s, o, 0.0).kind, RoundDecision::kWait);
+  // Quorum reached, no grace: merge now.
+  s.arrivals = s.connected_arrived = 2;
+  s.quorum_time = 6.0;
+  EXPECT_EQ(decide_round(6.0, s, o, 0.0).kind, RoundDecision::kMerge);
+  // With grace 3 s: wait until 9, then merge.
+  o.grace = true;
+  auto d = decide_round(6.0, s, o, 3.0);
+  EXPECT_EQ(d.kind, RoundDecision::kWaitUntil);
+  EXPECT_DOUBLE_EQ(d.until, 9.0);
+  EXPECT_EQ(decide_round(8.999, s, o, 3.0).kind, RoundDecision::kWaitUntil);
+  EXPECT_EQ(decide_round(9.0, s, o, 3.0).kind, RoundDecision::kMerge);
+  // Everyone connected already arrived: no reason to wait out the grace.
+  s.arrivals = s.connected_arrived = 4;
+  EXPECT_EQ(decide_round(7.0, s, o, 3.0).kind, RoundDecision::kMerge);
+  // K = M with a learner disconnected: the three connected arrived, but the quorum of 4 is not met -> stall.
+  o.quorum = 4;
+  s.connected = 3;
+  s.arrivals = s.connected_arrived = 3;
+  EXPECT_EQ(decide_round(100.0, s, o, 0.0).kind, RoundDecision::kWait);
+  // ... unless the missing learner retired (finished training): the quorum shrinks to min(K, M − retired).
+  s.retired = 1;
+  EXPECT_EQ(effective_quorum(s, o), 3);
+  EXPECT_EQ(decide_round(100.0, s, o, 0.0).kind, RoundDecision::kMerge);
+  s.retired = 4;
+  s.arrivals = s.connected_arrived = 0;
+  EXPECT_EQ(decide_round(100.0, s, o, 0.0).kind, RoundDecision::kWait);  // nothing to merge
+  // K = 1: a single arrival merges at once without grace.
+  o.quorum = 1;
+  o.grace = false;
+  s = RoundState{};
+  s.connected = 4;
+  s.arrivals = s.connected_arrived = 1;
+  s.quorum_time = 1.0;
+  EXPECT_EQ(decide_round(1.0, s, o, 0.0).kind, RoundDecision::kMerge);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> toy_global() {
+  return {{"w", torch::zeros({2, 2})}, {"b", torch::zeros({2})}};
+}
+
+Contribution contrib(int64_t m, float v, int64_t steps, int64_t tokens) {
+  Contribution c;
+  c.learner = m;
+  c.fragment = 0;
+  c.tensors = {torch::full({2, 2}, v), torch::full({2}, v)};
+  c.c_steps = steps;
+  c.c_tokens = tokens;
+  c.step_time = 1.0;
+  return c;
+}
+
+TEST(SyncSyncer, TokenWeightedMeanWithSgdOne) {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 2;
+  auto g = toy_global();
+  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
+  OuterOptions outer{"sgd", 1.0, 0.0};
+  Syncer s(o, plan_fragments(sizes, 1, 10), g, MergePlan::preset("diloco"), outer);
+  EXPECT_EQ(s.receive(0.0, contrib(0, 1.0f, 10, 100)), "");
+  EXPECT_EQ(s.decide(0.0, 0).kind, RoundDecision::kWait);
+  EXPECT_EQ(s.receive(1.0, contrib(2, 4.0f, 20, 200)), "");  // twice the tokens at the same rate: weight ×2
+  EXPECT_EQ(s.decide(1.0, 0).kind, RoundDecision::kMerge);
+  auto out = s.merge(1.0, 0);
+  ASSERT_EQ(out.learners, (std::vector<int64_t>{0, 2}));
+  EXPECT_NEAR(out.weights[0], 1.0 / 3, 1e-12);
+  EXPECT_NEAR(out.weights[1], 2.0 / 3, 1e-12);
+  // Θ ← Θ − (Θ − Σ w θ) = Σ w θ = 1/3 + 8/3 = 3.
+  EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), 3.0f, 1e-6);
+  EXPECT_NEAR(s.global()[1].second[1].item<float>(), 3.0f, 1e-6);
+  EXPECT_EQ(s.version(0), 1);
+  EXPECT_EQ(s.pending(0), 0);
+  EXPECT_EQ(s.merged_contributions(), 2);
+  EXPECT_THROW(s.merge(2.0, 0), SyncError);
+}
+
+TEST(SyncSyncer, RejectsBadContributions) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  o.max_delta_norm = 10.0;
+  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
+  Syncer s(o, plan_fragments(sizes, 1, 10), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  auto nan = contrib(0, 1.0f, 1, 1);
+  nan.tensors[0][0][1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(s.receive(0, nan), "non_finite");
+  auto shape = contrib(0, 1.0f, 1, 1);
+  shape.tensors[1] = torch::zeros({3});
+  EXPECT_EQ(s.receive(0, shape), "wrong_shape");
+  auto big = contrib(1, 100.0f, 1, 1);
+  EXPECT_EQ(s.receive(0, big), "norm_bound");
+  auto few = contrib(1, 1.0f, 1, 1);
+  few.tensors.pop_back();
+  EXPECT_EQ(s.receive(0, few), "wrong_tensor_count");
+  EXPECT_EQ(s.rejected_contributions(), 4);
+  EXPECT_EQ(s.pending(0), 0);
+  EXPECT_EQ(s.decide(0, 0).kind, RoundDecision::kWait);
+  // Θ untouched.
+  EXPECT_EQ(s.global()[0].second.abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(s.receive(0, contrib(1, 1.0f, 1, 1)), "");
+  EXPECT_EQ(s.pending(0), 1);
+}
+
+TEST(SyncSyncer, BaseAnchorUsesWhatTheLearnerLastReceived) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  o.delta_anchor = "base";
+  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
+  Syncer s(o, plan_fragments(sizes, 1, 10), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.note_sent(0, 0);  // learner 0 holds Θ = 0
+  s.note_sent(1, 0);
+  s.receive(0, contrib(1, 2.0f, 1, 1));
+  s.merge(0, 0);      // Θ = 2
+  // Learner 0 moved from its base 0 to 1: Δ = 0 − 1 = −1, so Θ ← 2 + 1 = 3 (with the global anchor it would be 1).
+  s.receive(1, contrib(0, 1.0f, 1, 1));
+  s.merge(1, 0);
+  EXPECT_NEAR(s.global()[0].second[1][1].item<float>(), 3.0f, 1e-6);
+}
+
+TEST(SyncApply, OverwriteAndMix) {
+  auto local = torch::full({3}, 2.0f);
+  apply_global(local, torch::full({3}, 4.0f), 0.25);
+  EXPECT_NEAR(local[0].item<float>(), 0.25f * 2 + 0.75f * 4, 1e-6);
+  apply_global(local, torch::full({3}, 7.0f), 0.0);
+  EXPECT_EQ(local[2].item<float>(), 7.0f);
+}
+
+}  // namespace
+}  // namespace deloco
