@@ -10,5 +10,6 @@ namespace deloco::cli {
 void add_train_commands(CLI::App& app);    // train, eval, sample   (cmd_train.cpp)
 void add_goodput_command(CLI::App& app);   // goodput               (cmd_goodput.cpp)
 void add_merge_command(CLI::App& app);     // merge                 (cmd_merge.cpp)
+void add_sim_command(CLI::App& app);       // sim                   (cmd_sim.cpp)
 
 }  // namespace deloco::cli
