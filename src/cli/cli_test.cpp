@@ -93,6 +93,16 @@ TEST_F(Cli, TrainWritesCheckpointMetricsAndSummary) {
   EXPECT_GE(sm.out.size(), 44u);
 }
 
+TEST_F(Cli, DefaultConfigRuns) {
+  auto r = run("train --config " + kSrc + "/configs/small.toml --set data.path=" + kSrc + "/data/sotu --set train.out_dir=" +
+               (dir_ / "small").string() + " --set train.steps=2 --set train.eval_tokens=2048 --summary " +
+               (dir_ / "s.json").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto s = nlohmann::json::parse(read_file((dir_ / "s.json").string()));
+  EXPECT_EQ(s["params"].get<int64_t>(), 1853568);
+  EXPECT_NE(r.out.find("unigram entropy"), std::string::npos);
+}
+
 TEST_F(Cli, StopAndResumeGiveTheSameLossesAsAnUnbrokenRun) {
   ASSERT_EQ(run("train " + tiny("straight")).code, 0);
   auto first = run("train " + tiny("broken") + " --stop-at-step 10");
