@@ -155,6 +155,7 @@ struct Simulator::Impl {
   std::priority_queue<Event, std::vector<Event>, Later> queue;
   uint64_t seq = 0;
   double now = 0, stalled_time = 0;
+  double first_done_t = -1, stalled_at_first_done = 0;  // uptime while all M learners still train
   bool paused = false;
   std::vector<std::shared_ptr<Contribution>> deferred;  // arrivals during a syncer pause
   std::function<void(const nlohmann::json&)> record;
@@ -226,6 +227,10 @@ struct Simulator::Impl {
     if (step >= run.train.steps) {
       if (!L.done) {
         L.done = true;
+        if (first_done_t < 0) {
+          first_done_t = now;
+          stalled_at_first_done = stalled_time;
+        }
         syncer->retire(m);
         emit({{"kind", "learner_done"}, {"learner", m}, {"step", step}});
         for (int64_t p = 0; p < static_cast<int64_t>(frags.size()); ++p) try_merge(p);
@@ -609,6 +614,8 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"outer_steps", I.merges},
       {"uptime", T > 0 ? 1.0 - I.stalled_time / T : 1.0},
       {"goodput", T > 0 ? useful / (static_cast<double>(M) * T) : 0.0},
+      {"uptime_until_first_done",
+       I.first_done_t > 0 ? 1.0 - I.stalled_at_first_done / I.first_done_t : (T > 0 ? 1.0 - I.stalled_time / T : 1.0)},
       {"stalled_seconds", I.stalled_time},
       {"waited_seconds", waited},
       {"lost_seconds", lost},
