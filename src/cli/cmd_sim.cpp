@@ -24,13 +24,6 @@ struct SimArgs {
   CommonOptions common;
 };
 
-std::string sim_timestamp() {
-  std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&now));
-  return buf;
-}
-
 void run_sim(const SimArgs& args) {
   RunConfig run;
   SimConfig cfg;
@@ -40,16 +33,9 @@ void run_sim(const SimArgs& args) {
   apply_config(schema, args.common);
   cfg.validate(run);  // fail fast, before the corpus or any model is built
 
-  std::string dir = cfg.sim.out_dir;
-  if (dir.empty()) {
-    std::string stem = args.common.config_path.empty() ? "sim" : fs::path(args.common.config_path).stem().string();
-    dir = "runs/" + stem + "-" + sim_timestamp();
-  }
-  if (fs::exists(dir) && !fs::is_empty(dir))
-    throw ConfigError("run folder '" + dir + "' already exists and is not empty; choose another with --set sim.out_dir=DIR");
-  const int n = run.train.threads > 0 ? static_cast<int>(run.train.threads)
-                                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(n);
+  const std::string dir =
+      new_run_dir(cfg.sim.out_dir, args.common, "sim", "choose another with --set sim.out_dir=DIR");
+  configure_threads(run.train.threads);
 
   auto corpus = std::make_shared<const Corpus>(Corpus::load(run.data));
   Simulator sim(run, cfg, corpus);

@@ -40,18 +40,6 @@ std::string human_duration(double s) {
   return o.str();
 }
 
-std::string timestamp() {
-  std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y%m%d-%H%M%S", std::localtime(&now));
-  return buf;
-}
-
-void configure_threads(const TrainConfig& t) {
-  int n = t.threads > 0 ? static_cast<int>(t.threads) : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(n);
-}
-
 std::shared_ptr<const Corpus> load_corpus(const DataConfig& d) { return std::make_shared<const Corpus>(Corpus::load(d)); }
 
 std::string checkpoint_name(int64_t step) {
@@ -125,17 +113,12 @@ void run_train(const TrainArgs& args) {
     run_dir = cfg.train.out_dir.empty() ? ck_run : cfg.train.out_dir;
   } else {
     apply_config(schema, args.common);
-    run_dir = cfg.train.out_dir;
-    if (run_dir.empty()) {
-      std::string stem = args.common.config_path.empty() ? "default" : fs::path(args.common.config_path).stem().string();
-      run_dir = "runs/" + stem + "-" + timestamp();
-    }
-    if (fs::exists(run_dir) && !fs::is_empty(run_dir))
-      throw ConfigError("run folder '" + run_dir + "' already exists and is not empty; resume it with --resume " + run_dir +
-                        " or choose another with --set train.out_dir=DIR");
+    run_dir = new_run_dir(cfg.train.out_dir, args.common, "default",
+                          "resume it with --resume " + (cfg.train.out_dir.empty() ? std::string("DIR") : cfg.train.out_dir) +
+                              " or choose another with --set train.out_dir=DIR");
   }
   cfg.train.out_dir = run_dir;
-  configure_threads(cfg.train);
+  configure_threads(cfg.train.threads);
 
   auto corpus = load_corpus(cfg.data);
   Trainer tr(cfg, corpus);
@@ -257,7 +240,7 @@ Loaded load_for_inference(const std::string& path, const CommonOptions& common) 
   if (!l.ck.manifest.contains("config")) throw CheckpointError("checkpoint '" + l.ck.dir + "' has no config");
   schema.from_json(l.ck.manifest["config"], l.ck.dir + "/manifest.json");
   apply_config(schema, common);
-  configure_threads(l.cfg.train);
+  configure_threads(l.cfg.train.threads);
   l.trainer = std::make_unique<Trainer>(l.cfg, load_corpus(l.cfg.data));
   l.trainer->restore(l.ck);
   return l;

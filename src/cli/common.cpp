@@ -1,6 +1,12 @@
 #include "common.h"
 
+#include <algorithm>
+#include <ctime>
+#include <filesystem>
 #include <iostream>
+#include <thread>
+
+#include <ATen/Parallel.h>
 
 #include <nlohmann/json.hpp>
 
@@ -18,6 +24,27 @@ void apply_config(ConfigSchema& schema, const CommonOptions& opts) {
   if (!opts.config_path.empty()) schema.load_file(opts.config_path);
   for (const auto& s : opts.sets) schema.apply_override(s);
   schema.validate();
+}
+
+std::string new_run_dir(const std::string& configured, const CommonOptions& opts, const std::string& fallback_stem,
+                        const std::string& hint) {
+  namespace fs = std::filesystem;
+  std::string dir = configured;
+  if (dir.empty()) {
+    std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+    const std::string stem = opts.config_path.empty() ? fallback_stem : fs::path(opts.config_path).stem().string();
+    dir = "runs/" + stem + "-" + stamp;
+  }
+  if (fs::exists(dir) && !fs::is_empty(dir))
+    throw ConfigError("run folder '" + dir + "' already exists and is not empty; " + hint);
+  return dir;
+}
+
+void configure_threads(int64_t threads) {
+  at::set_num_threads(threads > 0 ? static_cast<int>(threads)
+                                  : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 void write_summary(const CommonOptions& opts, const nlohmann::json& summary) {
