@@ -1,0 +1,40 @@
+// deloco/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8 and int4).
+//
+// Layouts (little-endian; n elements; blocks of kQuantBlock = 64 consecutive elements, the last one may be short):
+//   kFp32  n × 4 bytes (IEEE binary32, exact)
+//   kBf16  n × 2 bytes: the upper 16 bits of binary32 after round-to-nearest-even (relative error ≤ 2^-9)
+//   kInt8  ceil(n/64) fp32 scales, then n int8 values q in [-127, 127]; x ≈ q · scale, scale = max|x| / 127
+//   kInt4  ceil(n/64) fp32 scales, then ceil(n/2) bytes; element 2i in the low nibble of byte i, 2i+1 in the high
+//          nibble; a nibble stores q + 8 with q in [-7, 7]; scale = max|x| / 7; an odd tail's high nibble is 0
+// For int8/int4 every element is within half a quantization step (scale / 2) of its input.
+//
+// Contract
+//  * encode_floats() rejects non-finite input (and finite values that overflow bf16) with a WireError naming the
+//    index and value. decode_floats() rejects a payload whose size does not match the encoding and n, a negative
+//    or non-finite scale, and any non-finite decoded value (index named), so garbage never reaches a merge.
+//  * Output buffers are the caller's; sizes are those of encoded_bytes() (wire.h). Pure and reentrant.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "deloco/wire.h"
+
+namespace deloco {
+
+constexpr size_t kQuantBlock = 64;
+
+// Writes encoded_bytes(e, n) bytes to `out`. e must be a float encoding (not kRaw).
+void encode_floats_into(const float* x, size_t n, Encoding e, char* out);
+std::string encode_floats(const float* x, size_t n, Encoding e);
+
+// Reads n elements from a payload of `bytes` bytes into out[0..n).
+void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n, float* out);
+std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n);
+
+// Error feedback (learner side): y = x + residual; returns encode(y); residual <- y - decode(encode(y)).
+// `residual` holds n floats (start at zero); it is left untouched if encoding throws.
+std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, Encoding e);
+
+}  // namespace deloco

@@ -1,0 +1,128 @@
+// deloco/wire.h — the wire protocol between learners and the syncer (DESIGN.md §2.7, issue 5 point 2).
+//
+// The one place for the message schema. Every message is one frame: a fixed 72-byte header followed by a payload.
+// All integers are little-endian and written byte by byte (never a memcpy of a struct), so the layout does not
+// depend on the compiler, padding or host byte order. docs/wire.md has the byte table.
+//
+//   off size field           off size field
+//    0   4  magic "DLCW"      24   8  round
+//    4   2  version (u16)     32   8  c_steps   (inner steps behind this contribution)
+//    6   1  kind (u8)         40   8  c_tokens  (tokens behind this contribution)
+//    7   1  encoding (u8)     48   8  element_count
+//    8   4  learner_id (u32)  56   8  payload_bytes
+//   12   4  fragment_id (u32) 64   8  checksum: FNV-1a-64 of the payload bytes
+//   16   8  model fingerprint (u64; shown as 16 lowercase hex chars)
+//
+// Payload encodings (include/deloco/quantize.h has the float codecs):
+//   kRaw  opaque bytes (JSON, a reason text); element_count == payload_bytes
+//   kFp32 4 bytes per element; kBf16 2 bytes per element (round to nearest even)
+//   kInt8 / kInt4: ceil(n/64) fp32 block scales, then n int8 values / ceil(n/2) bytes of packed int4 values
+// Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk, fragment_push
+// and fragment_broadcast carry a float encoding (kFp32, kBf16, kInt8, kInt4).
+//
+// Contract
+//  * decode_header() / decode_message() validate everything before trusting it, in this order: frame length ≥
+//    header, magic, version (a stale or newer version is an error naming both), known kind, known encoding, the
+//    kind's allowed encodings, element_count ≤ limits.max_elements, payload_bytes ≤ limits.max_payload_bytes,
+//    payload_bytes == encoded_bytes(encoding, element_count), frame length == header + payload_bytes, checksum.
+//    Nothing is allocated from a size read off the wire; sizes are compared against the limits first.
+//  * Errors: every failure throws deloco::WireError (a std::runtime_error) whose message names the field and the
+//    values seen. Peers should count and log these, never crash on them.
+//  * Ownership: DecodedMessage::payload points into the caller's buffer (zero copy); it is valid only while that
+//    buffer is. encode_message() returns a new owning string; encode_header() lets a transport send the header
+//    and a caller-owned payload as two frames without copying the payload.
+//  * Threads: all functions are pure and reentrant; no global state.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace deloco {
+
+class WireError : public std::runtime_error {
+ public:
+  explicit WireError(const std::string& what) : std::runtime_error(what) {}
+};
+
+constexpr uint32_t kWireMagic = 0x57434C44u;  // bytes "DLCW" when written little-endian
+constexpr uint16_t kWireVersion = 1;
+constexpr size_t kWireHeaderBytes = 72;
+
+enum class MessageKind : uint8_t {
+  kHello = 1,              // learner -> syncer: join request; payload JSON (id, fingerprint, key, restart count)
+  kWelcome = 2,            // syncer -> learner: global state description (round, chunks, state hash); JSON
+  kStateChunk = 3,         // syncer -> learner: one chunk of the global parameters (fragment_id = chunk index)
+  kFragmentPush = 4,       // learner -> syncer: outer gradient of one fragment
+  kFragmentBroadcast = 5,  // syncer -> learner: merged global fragment
+  kHeartbeat = 6,          // either way: liveness; payload may be empty
+  kLeave = 7,              // learner -> syncer: clean goodbye
+  kReject = 8,             // syncer -> learner: refusal; payload is the reason text
+};
+constexpr uint8_t kMaxMessageKind = 8;
+
+enum class Encoding : uint8_t { kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4 };
+constexpr uint8_t kMaxEncoding = 4;
+
+struct MessageHeader {
+  MessageKind kind = MessageKind::kHeartbeat;
+  Encoding encoding = Encoding::kRaw;
+  uint16_t version = kWireVersion;  // encode_message always writes kWireVersion; decode reports what it read
+  uint32_t learner_id = 0;
+  uint32_t fragment_id = 0;
+  uint64_t fingerprint = 0;  // model fingerprint: hash of parameter names, shapes and dtypes
+  uint64_t round = 0;
+  uint64_t c_steps = 0;
+  uint64_t c_tokens = 0;
+  uint64_t element_count = 0;
+  uint64_t payload_bytes = 0;  // filled in by encode_message / encode_header from the payload
+  uint64_t checksum = 0;       // filled in by encode_message / encode_header from the payload
+};
+
+struct WireLimits {
+  uint64_t max_payload_bytes = uint64_t{1} << 30;  // 1 GiB: hard bound on any payload read from the wire
+  uint64_t max_elements = uint64_t{1} << 28;       // 268M floats (1 GiB of fp32)
+};
+
+struct DecodedMessage {
+  MessageHeader header;
+  const char* payload = nullptr;  // view into the decoded buffer (zero copy)
+  size_t payload_size = 0;
+};
+
+// FNV-1a, 64-bit, over n bytes; `seed` lets a caller hash in pieces (pass the previous result).
+constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+uint64_t fnv1a64(const void* data, size_t n, uint64_t seed = kFnvOffset);
+
+// Bytes of a payload of n elements in encoding e (kRaw: n). Throws WireError on an unknown encoding or overflow.
+size_t encoded_bytes(Encoding e, uint64_t n);
+
+const char* kind_name(MessageKind k);      // "hello", ..., or "unknown"
+const char* encoding_name(Encoding e);     // "raw", "fp32", "bf16", "int8", "int4", or "unknown"
+Encoding parse_encoding(const std::string& name);  // inverse of encoding_name for the float encodings; throws
+
+std::string fingerprint_hex(uint64_t fp);                // 16 lowercase hex chars
+uint64_t parse_fingerprint_hex(const std::string& hex);  // exactly 16 hex chars; throws WireError
+
+// Header bytes for `h` with payload_bytes = payload_size and checksum over the payload; validates the header the
+// same way decode does (with default limits unless given). Send it followed by the payload bytes.
+std::array<char, kWireHeaderBytes> encode_header(const MessageHeader& h, const void* payload, size_t payload_size,
+                                                 const WireLimits& limits = {});
+// One owning frame: encode_header(...) followed by the payload.
+std::string encode_message(const MessageHeader& h, const void* payload, size_t payload_size,
+                           const WireLimits& limits = {});
+inline std::string encode_message(const MessageHeader& h, const std::string& payload,
+                                  const WireLimits& limits = {}) {
+  return encode_message(h, payload.data(), payload.size(), limits);
+}
+
+// Parses and validates the first kWireHeaderBytes of `data` (everything but the frame length and the checksum).
+MessageHeader decode_header(const void* data, size_t n, const WireLimits& limits = {});
+// Validates a whole frame (header + payload, nothing after it) and returns a view of it.
+DecodedMessage decode_message(const void* data, size_t n, const WireLimits& limits = {});
+// Validates a payload received separately from its header (two-frame sends): size and checksum.
+void verify_payload(const MessageHeader& h, const void* payload, size_t payload_size);
+
+}  // namespace deloco

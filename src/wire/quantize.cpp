@@ -1,0 +1,165 @@
+// Float payload codecs: fp32, bf16 (round to nearest even), block-scaled int8 and int4 (contract in quantize.h).
+#include "deloco/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace deloco {
+namespace {
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+void put_u32(char* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+uint32_t get_u32(const unsigned char* p) {
+  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+}
+
+std::string show(float v) {
+  std::ostringstream s;
+  s.precision(9);
+  s << v;
+  return s.str();
+}
+
+void check_finite(const float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) throw WireError("quantize: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
+}
+
+void require_float_encoding(Encoding e) {
+  if (e == Encoding::kRaw || static_cast<uint8_t>(e) > kMaxEncoding)
+    throw WireError(std::string("quantize: encoding ") + encoding_name(e) + " (" +
+                    std::to_string(static_cast<int>(e)) + ") is not a float encoding");
+}
+
+// Block scales for int8 (qmax 127) or int4 (qmax 7), written before the values.
+void encode_blocks(const float* x, size_t n, int qmax, bool nibbles, char* out) {
+  const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  unsigned char* vals = reinterpret_cast<unsigned char*>(out + 4 * blocks);
+  if (nibbles) std::memset(vals, 0, (n + 1) / 2);
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
+    float amax = 0.f;
+    for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const float scale = amax / static_cast<float>(qmax);
+    put_u32(out + 4 * b, float_bits(scale));
+    for (size_t i = lo; i < hi; ++i) {
+      // x/scale rather than x*inv keeps the rounding within half a step of the exact quotient.
+      float q = scale > 0.f ? std::nearbyint(x[i] / scale) : 0.f;
+      q = std::min(std::max(q, -static_cast<float>(qmax)), static_cast<float>(qmax));
+      const int qi = static_cast<int>(q);
+      if (!nibbles) {
+        vals[i] = static_cast<unsigned char>(static_cast<int8_t>(qi));
+      } else {
+        const unsigned nib = static_cast<unsigned>(qi + 8) & 0xf;
+        vals[i / 2] |= static_cast<unsigned char>((i % 2 == 0) ? nib : (nib << 4));
+      }
+    }
+  }
+}
+
+void decode_blocks(const unsigned char* in, size_t n, bool nibbles, float* out) {
+  const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const unsigned char* vals = in + 4 * blocks;
+  for (size_t b = 0; b < blocks; ++b) {
+    const float scale = bits_float(get_u32(in + 4 * b));
+    if (!std::isfinite(scale) || scale < 0.f)
+      throw WireError("quantize: block " + std::to_string(b) + " has an invalid scale " + show(scale));
+    const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
+    for (size_t i = lo; i < hi; ++i) {
+      int q;
+      if (!nibbles) q = static_cast<int8_t>(vals[i]);
+      else q = static_cast<int>((i % 2 == 0) ? (vals[i / 2] & 0xf) : (vals[i / 2] >> 4)) - 8;
+      out[i] = static_cast<float>(q) * scale;
+    }
+  }
+}
+
+}  // namespace
+
+void encode_floats_into(const float* x, size_t n, Encoding e, char* out) {
+  require_float_encoding(e);
+  check_finite(x, n);
+  switch (e) {
+    case Encoding::kFp32:
+      for (size_t i = 0; i < n; ++i) put_u32(out + 4 * i, float_bits(x[i]));
+      break;
+    case Encoding::kBf16:
+      for (size_t i = 0; i < n; ++i) {
+        const uint32_t u = float_bits(x[i]);
+        const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest, ties to even
+        if ((r & 0x7f80u) == 0x7f80u)
+          throw WireError("quantize: value at index " + std::to_string(i) + " (" + show(x[i]) + ") overflows bf16");
+        out[2 * i] = static_cast<char>(r & 0xff);
+        out[2 * i + 1] = static_cast<char>((r >> 8) & 0xff);
+      }
+      break;
+    case Encoding::kInt8: encode_blocks(x, n, 127, false, out); break;
+    case Encoding::kInt4: encode_blocks(x, n, 7, true, out); break;
+    default: break;  // unreachable: require_float_encoding
+  }
+}
+
+std::string encode_floats(const float* x, size_t n, Encoding e) {
+  require_float_encoding(e);
+  std::string out(encoded_bytes(e, n), '\0');
+  encode_floats_into(x, n, e, out.data());
+  return out;
+}
+
+void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n, float* out) {
+  require_float_encoding(e);
+  const size_t want = encoded_bytes(e, n);
+  if (bytes != want)
+    throw WireError("quantize: payload of " + std::to_string(bytes) + " bytes for " + std::to_string(n) +
+                    " elements in " + encoding_name(e) + " (expected " + std::to_string(want) + ")");
+  const unsigned char* p = static_cast<const unsigned char*>(payload);
+  switch (e) {
+    case Encoding::kFp32:
+      for (size_t i = 0; i < n; ++i) out[i] = bits_float(get_u32(p + 4 * i));
+      break;
+    case Encoding::kBf16:
+      for (size_t i = 0; i < n; ++i) out[i] = bits_float((uint32_t{p[2 * i]} | (uint32_t{p[2 * i + 1]} << 8)) << 16);
+      break;
+    case Encoding::kInt8: decode_blocks(p, n, false, out); break;
+    case Encoding::kInt4: decode_blocks(p, n, true, out); break;
+    default: break;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(out[i]))
+      throw WireError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(out[i]));
+}
+
+std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
+  require_float_encoding(e);
+  const size_t want = encoded_bytes(e, n);  // checks n against the payload before allocating n floats
+  if (bytes != want)
+    throw WireError("quantize: payload of " + std::to_string(bytes) + " bytes for " + std::to_string(n) +
+                    " elements in " + encoding_name(e) + " (expected " + std::to_string(want) + ")");
+  std::vector<float> out(n);
+  decode_floats_into(payload, bytes, e, n, out.data());
+  return out;
+}
+
+std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, Encoding e) {
+  std::vector<float> y(n);
+  for (size_t i = 0; i < n; ++i) y[i] = x[i] + residual[i];
+  std::string enc = encode_floats(y.data(), n, e);
+  std::vector<float> back = decode_floats(enc.data(), enc.size(), e, n);
+  for (size_t i = 0; i < n; ++i) residual[i] = y[i] - back[i];
+  return enc;
+}
+
+}  // namespace deloco

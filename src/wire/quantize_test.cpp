@@ -1,0 +1,177 @@
+// Tests for the float payload codecs: error bounds of each encoding, error feedback, and bad input.
+#include "deloco/quantize.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+namespace deloco {
+namespace {
+
+std::vector<float> random_values(size_t n, uint32_t seed, float spread = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, spread);
+  std::vector<float> x(n);
+  for (auto& v : x) v = g(rng);
+  // Blocks of very different magnitudes, so per-block scales matter.
+  for (size_t i = 0; i < n; ++i) x[i] *= std::pow(10.f, static_cast<float>((i / kQuantBlock) % 5) - 2.f);
+  return x;
+}
+
+std::vector<float> round_trip(const std::vector<float>& x, Encoding e) {
+  const std::string enc = encode_floats(x.data(), x.size(), e);
+  EXPECT_EQ(enc.size(), encoded_bytes(e, x.size()));
+  return decode_floats(enc.data(), enc.size(), e, x.size());
+}
+
+float block_step(const std::vector<float>& x, size_t i, int qmax) {
+  const size_t lo = i / kQuantBlock * kQuantBlock, hi = std::min(x.size(), lo + kQuantBlock);
+  float amax = 0;
+  for (size_t j = lo; j < hi; ++j) amax = std::max(amax, std::fabs(x[j]));
+  return amax / static_cast<float>(qmax);
+}
+
+TEST(Quantize, Fp32IsExact) {
+  std::vector<float> x = random_values(1000, 1);
+  x.push_back(std::numeric_limits<float>::max());
+  x.push_back(std::numeric_limits<float>::denorm_min());
+  x.push_back(-0.f);
+  const std::vector<float> y = round_trip(x, Encoding::kFp32);
+  ASSERT_EQ(y.size(), x.size());
+  EXPECT_EQ(std::memcmp(x.data(), y.data(), 4 * x.size()), 0);
+}
+
+TEST(Quantize, Bf16WithinHalfAnUlpAndRoundsToNearestEven) {
+  const std::vector<float> x = random_values(5000, 2);
+  const std::vector<float> y = round_trip(x, Encoding::kBf16);
+  for (size_t i = 0; i < x.size(); ++i)
+    ASSERT_LE(std::fabs(y[i] - x[i]), std::ldexp(std::fabs(x[i]), -8)) << "index " << i;  // 2^-9 in fact
+  // Ties: 1 + 2^-8 lies halfway between bf16 1 and 1 + 2^-7; even mantissa wins (1). 1 + 3·2^-8 goes up.
+  const std::vector<float> ties = {1.f + std::ldexp(1.f, -8), 1.f + 3 * std::ldexp(1.f, -8), 1.f + std::ldexp(1.f, -9)};
+  const std::vector<float> r = round_trip(ties, Encoding::kBf16);
+  EXPECT_EQ(r[0], 1.f);
+  EXPECT_EQ(r[1], 1.f + std::ldexp(1.f, -6));
+  EXPECT_EQ(r[2], 1.f);
+  // Values that round past the largest bf16 are refused rather than sent as infinity.
+  const float big = std::numeric_limits<float>::max();
+  EXPECT_THROW(encode_floats(&big, 1, Encoding::kBf16), WireError);
+}
+
+TEST(Quantize, Int8AndInt4WithinHalfAStepOfEachBlock) {
+  for (size_t n : {size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{1001}}) {
+    const std::vector<float> x = random_values(n, 3 + static_cast<uint32_t>(n));
+    for (auto [e, qmax] : {std::pair{Encoding::kInt8, 127}, std::pair{Encoding::kInt4, 7}}) {
+      const std::vector<float> y = round_trip(x, e);
+      ASSERT_EQ(y.size(), n);
+      for (size_t i = 0; i < n; ++i) {
+        const float step = block_step(x, i, qmax);
+        ASSERT_LE(std::fabs(y[i] - x[i]), 0.5f * step * (1 + 1e-5f)) << encoding_name(e) << " n=" << n << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(Quantize, Int4UsesTheFullRangeAndZeroBlocksStayZero) {
+  std::vector<float> x(130, 0.f);
+  for (size_t i = 64; i < 128; ++i) x[i] = static_cast<float>(static_cast<int>(i % 15) - 7);  // -7..7 exactly
+  x[129] = 3.f;                                                                             // odd tail block
+  const std::vector<float> y = round_trip(x, Encoding::kInt4);
+  for (size_t i = 0; i < 64; ++i) EXPECT_EQ(y[i], 0.f);
+  for (size_t i = 64; i < 128; ++i) EXPECT_EQ(y[i], x[i]) << i;  // scale = 1 exactly
+  EXPECT_EQ(y[129], 3.f);
+  EXPECT_EQ(y[128], 0.f);
+}
+
+TEST(Quantize, ErrorFeedbackTracksTheCumulativeSum) {
+  // cumsum(x) - cumsum(dequant) equals the final residual, which stays within one quantization step (int8/int4:
+  // of the block; bf16: 2^-8 relative). Plain quantization (no feedback) drifts by several steps.
+  const size_t n = 256;
+  for (Encoding e : {Encoding::kBf16, Encoding::kInt8, Encoding::kInt4}) {
+    std::vector<float> residual(n, 0.f);
+    std::vector<double> sum_in(n, 0.0), sum_out(n, 0.0), sum_plain(n, 0.0), prev_drift(n, 0.0);
+    double worst = 0.0, worst_plain = 0.0;  // in units of one step
+    for (int round = 0; round < 300; ++round) {
+      std::vector<float> x = random_values(n, 100 + round, 0.01f);
+      for (size_t i = 0; i < n; i += 7) x[i] += 0.2f * block_step(x, i, 7);  // a bias plain rounding loses
+      const std::string enc = quantize_with_error_feedback(x.data(), residual.data(), n, e);
+      const std::vector<float> y = decode_floats(enc.data(), enc.size(), e, n);
+      const std::vector<float> p = round_trip(x, e);
+      for (size_t i = 0; i < n; ++i) {
+        sum_in[i] += x[i];
+        sum_out[i] += y[i];
+        sum_plain[i] += p[i];
+        const double drift = std::fabs(sum_in[i] - sum_out[i]);
+        const double step = e == Encoding::kBf16 ? std::ldexp(std::fabs(x[i]) + prev_drift[i], -8)
+                                                 : block_step(x, i, e == Encoding::kInt4 ? 7 : 127);
+        const double slack = 1e-4 * std::fabs(x[i]) + 1e-12;  // float rounding of x + residual over the rounds
+        ASSERT_LE(drift, 1.01 * step + slack) << encoding_name(e) << " round " << round << " i=" << i;
+        prev_drift[i] = drift;
+        if (e != Encoding::kBf16) {
+          worst = std::max(worst, drift / step);
+          worst_plain = std::max(worst_plain, std::fabs(sum_in[i] - sum_plain[i]) / step);
+        }
+      }
+    }
+    if (e != Encoding::kBf16) {
+      EXPECT_LE(worst, 1.01) << encoding_name(e);
+      EXPECT_GT(worst_plain, 3.0) << encoding_name(e) << ": plain quantization should drift by several steps";
+    }
+  }
+}
+
+TEST(Quantize, NonFiniteInputIsRejectedWithItsIndex) {
+  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4}) {
+    std::vector<float> x(100, 1.f);
+    x[42] = std::numeric_limits<float>::quiet_NaN();
+    try {
+      encode_floats(x.data(), x.size(), e);
+      FAIL() << "NaN accepted by " << encoding_name(e);
+    } catch (const WireError& err) {
+      EXPECT_NE(std::string(err.what()).find("index 42"), std::string::npos) << err.what();
+    }
+    x[42] = -std::numeric_limits<float>::infinity();
+    EXPECT_THROW(encode_floats(x.data(), x.size(), e), WireError);
+    std::vector<float> residual(100, 0.f);
+    EXPECT_THROW(quantize_with_error_feedback(x.data(), residual.data(), x.size(), e), WireError);
+    for (float r : residual) ASSERT_EQ(r, 0.f);  // untouched on failure
+  }
+  const float one = 1.f;
+  EXPECT_THROW(encode_floats(&one, 1, Encoding::kRaw), WireError);
+}
+
+TEST(Quantize, DecodeRejectsBadPayloads) {
+  const std::vector<float> x = random_values(100, 7);
+  std::string enc = encode_floats(x.data(), x.size(), Encoding::kInt8);
+  // Wrong size for the element count.
+  EXPECT_THROW(decode_floats(enc.data(), enc.size() - 1, Encoding::kInt8, 100), WireError);
+  EXPECT_THROW(decode_floats(enc.data(), enc.size(), Encoding::kInt8, 101), WireError);
+  // A huge element count is caught by the size check before any allocation.
+  EXPECT_THROW(decode_floats(enc.data(), enc.size(), Encoding::kFp32, size_t{1} << 60), WireError);
+  // A NaN or negative block scale (a peer with a valid checksum can still send one).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), neg = -1.f;
+  std::string bad = enc;
+  std::memcpy(bad.data() + 4, &nan, 4);  // block 1's scale (host order is little-endian on our targets)
+  EXPECT_THROW(decode_floats(bad.data(), bad.size(), Encoding::kInt8, 100), WireError);
+  std::memcpy(bad.data() + 4, &neg, 4);
+  EXPECT_THROW(decode_floats(bad.data(), bad.size(), Encoding::kInt8, 100), WireError);
+  // fp32 and bf16 payloads holding a NaN: named by index.
+  std::string f32 = encode_floats(x.data(), x.size(), Encoding::kFp32);
+  std::memcpy(f32.data() + 4 * 17, &nan, 4);
+  try {
+    decode_floats(f32.data(), f32.size(), Encoding::kFp32, 100);
+    FAIL() << "NaN payload decoded";
+  } catch (const WireError& err) {
+    EXPECT_NE(std::string(err.what()).find("index 17"), std::string::npos) << err.what();
+  }
+  std::string b16 = encode_floats(x.data(), x.size(), Encoding::kBf16);
+  b16[2 * 5] = static_cast<char>(0xc1);
+  b16[2 * 5 + 1] = static_cast<char>(0x7f);  // 0x7fc1: a bf16 NaN
+  EXPECT_THROW(decode_floats(b16.data(), b16.size(), Encoding::kBf16, 100), WireError);
+}
+
+}  // namespace
+}  // namespace deloco
