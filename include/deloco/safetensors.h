@@ -31,6 +31,11 @@ struct TensorFile {
   std::map<std::string, std::string> metadata;      // the "__metadata__" object
 };
 
+// The safetensors name of a dtype ("F32", "BF16", ...), or nullptr when the format cannot store it.
+const char* safetensors_dtype_name(at::ScalarType t);
+// Parses a safetensors dtype name; false when unknown.
+bool safetensors_dtype_from_name(const std::string& name, at::ScalarType* out);
+
 // Serialises to bytes (no I/O), e.g. for hashing or sending.
 std::string encode_safetensors(const TensorFile& file);
 // Parses bytes; `origin` names the source in errors.

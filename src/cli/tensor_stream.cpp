@@ -17,27 +17,12 @@
 namespace deloco::cli {
 namespace {
 
-struct Dtype {
-  const char* name;
-  at::ScalarType type;
-};
-const Dtype kDtypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16},
-    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-    {"U8", at::kByte},    {"BOOL", at::kBool},
-};
-
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw SafetensorsError(path + ": " + what);
 }
 
 }  // namespace
 
-const char* safetensors_dtype_name(at::ScalarType t) {
-  for (const auto& d : kDtypes)
-    if (d.type == t) return d.name;
-  return nullptr;
-}
 
 MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -78,13 +63,7 @@ MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
           e["data_offsets"].size() != 2)
         fail(path, "tensor '" + name + "': malformed header entry");
       TensorInfo info;
-      bool known = false;
-      for (const auto& d : kDtypes)
-        if (e["dtype"].get<std::string>() == d.name) {
-          info.dtype = d.type;
-          known = true;
-        }
-      if (!known) fail(path, "tensor '" + name + "': unsupported dtype " + e["dtype"].get<std::string>());
+      if (!safetensors_dtype_from_name(e["dtype"].get<std::string>(), &info.dtype)) fail(path, "tensor '" + name + "': unsupported dtype " + e["dtype"].get<std::string>());
       uint64_t elems = 1;
       for (const auto& s : e["shape"]) {
         if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0))

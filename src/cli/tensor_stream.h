@@ -62,6 +62,5 @@ class SafetensorsStreamWriter {
   bool committed_ = false;
 };
 
-const char* safetensors_dtype_name(at::ScalarType t);  // nullptr when not storable
 
 }  // namespace deloco::cli

@@ -22,21 +22,6 @@ const DtypeInfo kDtypes[] = {
     {"U8", at::kByte},    {"BOOL", at::kBool},
 };
 
-const char* dtype_name(at::ScalarType t) {
-  for (const auto& d : kDtypes)
-    if (d.type == t) return d.name;
-  return nullptr;
-}
-
-bool dtype_from_name(const std::string& s, at::ScalarType* out) {
-  for (const auto& d : kDtypes)
-    if (s == d.name) {
-      *out = d.type;
-      return true;
-    }
-  return false;
-}
-
 void put_u64_le(char* p, uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
 }
@@ -48,6 +33,21 @@ uint64_t get_u64_le(const char* p) {
 
 }  // namespace
 
+const char* safetensors_dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  return nullptr;
+}
+
+bool safetensors_dtype_from_name(const std::string& s, at::ScalarType* out) {
+  for (const auto& d : kDtypes)
+    if (s == d.name) {
+      *out = d.type;
+      return true;
+    }
+  return false;
+}
+
 std::string encode_safetensors(const TensorFile& file) {
   nlohmann::json header = nlohmann::json::object();
   if (!file.metadata.empty()) header["__metadata__"] = file.metadata;
@@ -55,7 +55,7 @@ std::string encode_safetensors(const TensorFile& file) {
   uint64_t offset = 0;
   for (const auto& [name, t] : file.tensors) {
     if (name == "__metadata__") throw SafetensorsError("tensor name '__metadata__' is reserved");
-    const char* dt = dtype_name(t.scalar_type());
+    const char* dt = safetensors_dtype_name(t.scalar_type());
     if (!dt) throw SafetensorsError("tensor '" + name + "' has a dtype safetensors cannot store");
     at::Tensor c = t.detach().to(torch::kCPU).contiguous();
     uint64_t nbytes = static_cast<uint64_t>(c.numel()) * c.element_size();
@@ -109,7 +109,7 @@ TensorFile decode_safetensors(const std::string& bytes, const std::string& origi
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       fail("tensor '" + name + "' lacks dtype, shape or data_offsets");
     at::ScalarType type;
-    if (!e["dtype"].is_string() || !dtype_from_name(e["dtype"].get<std::string>(), &type))
+    if (!e["dtype"].is_string() || !safetensors_dtype_from_name(e["dtype"].get<std::string>(), &type))
       fail("tensor '" + name + "' has an unsupported dtype " + e["dtype"].dump());
     if (!e["shape"].is_array()) fail("tensor '" + name + "' has a shape that is not a list");
     std::vector<int64_t> shape;
