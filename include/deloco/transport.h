@@ -75,7 +75,10 @@ struct TransportStats {
   uint64_t bytes_in = 0, bytes_out = 0;     // header + payload bytes
   uint64_t dropped_out = 0;                 // sends refused (unknown peer, not connected, queue full)
   uint64_t auth_denied = 0;                 // CURVE handshakes refused by the allow-list
-  uint64_t handshake_failures = 0;          // protocol errors on connect: random bytes, wrong mechanism, oversized frames
+  // Failed handshakes as libzmq reports them: wrong mechanism or server key, a malformed greeting, and allow-list
+  // refusals (so those count here and in auth_denied). Junk that does not even look like ZMTP 3 is refused too,
+  // but libzmq closes it without an event, so it is not always counted.
+  uint64_t handshake_failures = 0;
 };
 
 // A CURVE key pair, Z85 text (40 characters each).
@@ -141,8 +144,9 @@ std::shared_ptr<InprocHub> make_inproc_hub(int queue_limit = 10000);
 std::unique_ptr<ServerTransport> make_inproc_server(const std::shared_ptr<InprocHub>& hub);
 std::unique_ptr<ClientTransport> make_inproc_client(const std::shared_ptr<InprocHub>& hub, const std::string& identity);
 
-// Prometheus text exposition over HTTP/1.0: GET /metrics answers render(). Runs its own thread; binds
-// "host:port" (port 0: any free port, see port()). Throws TransportError when it cannot bind.
+// Prometheus text exposition over HTTP/1.0: GET /metrics (or /) answers render(), other paths 404. Runs its own
+// thread, which calls render(): it must be safe to call from there. Binds "host:port" ("*" or empty host: every
+// interface; port 0: any free port, see port()). Throws TransportError when the address is malformed or unusable.
 class MetricsServer {
  public:
   MetricsServer(const std::string& host_port, std::function<std::string()> render);

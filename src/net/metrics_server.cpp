@@ -72,8 +72,23 @@ struct MetricsServer::Impl {
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) continue;
       handle(fd);
-      ::close(fd);
+      close_gracefully(fd);
     }
+  }
+
+  // Closing with unread request bytes would make the kernel send a reset, which can destroy the response in
+  // flight; so say we are done, then read and discard what is left for a moment before closing.
+  void close_gracefully(int fd) {
+    ::shutdown(fd, SHUT_WR);
+    char buf[4096];
+    for (size_t drained = 0; drained < 64 * 1024;) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, kPollMs) <= 0) break;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      drained += static_cast<size_t>(n);
+    }
+    ::close(fd);
   }
 
   // Reads the request head (at most 8 KiB) and answers it.
