@@ -11,5 +11,6 @@ void add_train_commands(CLI::App& app);    // train, eval, sample   (cmd_train.c
 void add_goodput_command(CLI::App& app);   // goodput               (cmd_goodput.cpp)
 void add_merge_command(CLI::App& app);     // merge                 (cmd_merge.cpp)
 void add_sim_command(CLI::App& app);       // sim                   (cmd_sim.cpp)
+void add_keygen_command(CLI::App& app);    // keygen                (cmd_keygen.cpp)
 
 }  // namespace deloco::cli
