@@ -10,8 +10,9 @@
 //   * Children: each in its own process group (Ctrl-C reaches only the orchestrator, which forwards SIGINT/SIGTERM
 //     to every child, waits a bounded time, then SIGKILLs) and with PR_SET_PDEATHSIG so none outlives it.
 //     Learners run one intra-op thread each (one learner per core).
-//   * Failures: a child that exits non-zero without having been killed by chaos is restarted; three such failures
-//     of one process within 10 s stop the run with exit status 1 and that process's log tail.
+//   * Failures: a child that exits non-zero without having been killed by chaos is restarted after 1 s; three such
+//     failures of one process within 10 s (or five within 120 s: a slower crash loop) stop the run with exit
+//     status 1 and that process's log tail.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/ioctl.h>
@@ -450,9 +451,11 @@ class Orchestrator {
       }
       const double now = elapsed();
       p->failures.push_back(now);
-      while (!p->failures.empty() && now - p->failures.front() > 10.0) p->failures.pop_front();
-      if (p->failures.size() >= 3)
-        throw std::runtime_error(p->name + " failed 3 times within 10 s (last: " + p->last_exit + "); log " +
+      while (!p->failures.empty() && now - p->failures.front() > 120.0) p->failures.pop_front();
+      const auto recent = std::count_if(p->failures.begin(), p->failures.end(), [&](double t) { return now - t <= 10.0; });
+      if (recent >= 3 || p->failures.size() >= 5)
+        throw std::runtime_error(p->name + " failed " + (recent >= 3 ? "3 times within 10 s" : "5 times within 120 s") +
+                                 " (last: " + p->last_exit + "); log " +
                                  (dir_ / "logs" / (p->name + ".log")).string() + " ends with:\n" +
                                  tail_of((dir_ / "logs" / (p->name + ".log")).string(), 20));
       event(p->name + " exited unexpectedly (" + p->last_exit + "); restarting it in " +
