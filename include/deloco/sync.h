@@ -54,6 +54,7 @@ struct SyncOptions {
   std::string delta_anchor = "global";  // global (Θ_p now) | base (Θ_p the learner last received)
   double alpha = 0.0;               // learner apply: θ ← (1−α)·Θ + α·θ (0 = overwrite)
   double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
+  bool learners_auto_ok = false;    // not a key: drivers that resolve learners = 0 ("one per core") set it
 
   // Throws SyncError naming the first inconsistent key.
   void validate() const;
@@ -174,6 +175,14 @@ class Syncer {
   const std::map<std::string, int64_t>& rejected() const { return rejected_; }
   int64_t merged_contributions() const { return merged_; }
   int64_t rejected_contributions() const;
+
+  // Checkpoints. outer_state() is the outer optimizer's state (deloco/outer.h names); versions() the per-fragment
+  // versions. restore() replaces Θ (every name, same shapes), the outer state, the versions and the merged counter
+  // and drops waiting contributions; it throws SyncError naming the first mismatch and then changes nothing.
+  std::map<std::string, at::Tensor> outer_state() const { return outer_->state(); }
+  std::vector<int64_t> versions() const;
+  void restore(const std::map<std::string, at::Tensor>& global, const std::map<std::string, at::Tensor>& outer_state,
+               const std::vector<int64_t>& versions, int64_t merged);
 
  private:
   struct Round {

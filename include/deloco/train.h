@@ -80,6 +80,9 @@ class Trainer {
   TensorFile optimizer_file() const;
   // Restores parameters, optimizer state and step from a checkpoint written for the same model shape.
   void restore(const Checkpoint& ck);
+  // Continues at `step` (schedule and data position) with the current parameters and optimizer state; used by a
+  // learner process that restarts after a crash and learns its last step from the syncer.
+  void set_step(int64_t step) { step_ = step; }
 
  private:
   RunConfig cfg_;

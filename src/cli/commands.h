@@ -12,6 +12,7 @@ void add_goodput_command(CLI::App& app);   // goodput               (cmd_goodput
 void add_merge_command(CLI::App& app);     // merge                 (cmd_merge.cpp)
 void add_sim_command(CLI::App& app);       // sim                   (cmd_sim.cpp)
 void add_keygen_command(CLI::App& app);    // keygen                (cmd_keygen.cpp)
+void add_node_commands(CLI::App& app);     // syncer, learner       (cmd_node.cpp)
 void add_run_command(CLI::App& app);       // run                   (cmd_run.cpp)
 
 }  // namespace deloco::cli

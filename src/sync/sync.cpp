@@ -13,8 +13,9 @@ namespace deloco {
 
 void SyncOptions::validate() const {
   auto fail = [](const std::string& m) { throw SyncError("invalid sync options: " + m); };
-  if (learners < 1) fail("sync.learners must be ≥ 1 (got " + std::to_string(learners) + ")");
-  if (quorum < 1 || quorum > learners)
+  const bool auto_m = learners == 0 && learners_auto_ok;  // resolved later to one learner per core
+  if (learners < 1 && !auto_m) fail("sync.learners must be ≥ 1 (got " + std::to_string(learners) + ")");
+  if (quorum < 1 || (!auto_m && quorum > learners))
     fail("sync.quorum K must be in [1, sync.learners=" + std::to_string(learners) + "] (got " +
          std::to_string(quorum) + ")");
   if (fragments < 1) fail("sync.fragments must be ≥ 1 (got " + std::to_string(fragments) + ")");
@@ -182,6 +183,42 @@ std::vector<at::Tensor> Syncer::fragment_tensors(int64_t fragment) const {
   std::vector<at::Tensor> out;
   for (const auto& n : fragments_.at(static_cast<size_t>(fragment)).names) out.push_back(global_[index_.at(n)].second);
   return out;
+}
+
+std::vector<int64_t> Syncer::versions() const {
+  std::vector<int64_t> v;
+  for (const auto& r : rounds_) v.push_back(r.version);
+  return v;
+}
+
+void Syncer::restore(const std::map<std::string, at::Tensor>& global,
+                     const std::map<std::string, at::Tensor>& outer_state, const std::vector<int64_t>& versions,
+                     int64_t merged) {
+  if (versions.size() != rounds_.size())
+    throw SyncError("checkpoint has " + std::to_string(versions.size()) + " fragment versions, the syncer has " +
+                    std::to_string(rounds_.size()) + " fragments (sync.fragments changed?)");
+  if (global.size() != global_.size())
+    throw SyncError("checkpoint has " + std::to_string(global.size()) + " tensors, the model has " +
+                    std::to_string(global_.size()));
+  for (const auto& [name, t] : global_) {
+    auto it = global.find(name);
+    if (it == global.end()) throw SyncError("checkpoint lacks tensor '" + name + "'");
+    if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type())
+      throw SyncError("checkpoint tensor '" + name + "' has another shape or dtype than the model's");
+  }
+  try {
+    outer_->load_state(outer_state);
+  } catch (const OuterError& e) {
+    throw SyncError(std::string("checkpoint outer-optimizer state: ") + e.what());
+  }
+  torch::NoGradGuard ng;
+  for (auto& [name, t] : global_) t.copy_(global.at(name));
+  for (size_t i = 0; i < rounds_.size(); ++i) {
+    rounds_[i] = Round();
+    rounds_[i].version = versions[i];
+  }
+  base_.clear();
+  merged_ = merged;
 }
 
 int64_t Syncer::rejected_contributions() const {

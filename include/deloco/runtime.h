@@ -1,0 +1,161 @@
+// deloco/runtime.h — the distributed runtime: a syncer node and learner nodes on the wall clock, talking over a
+// transport (deloco/transport.h) in the wire format (deloco/wire.h), driving the same algorithm core as the
+// simulator (deloco/sync.h). Used by `deloco syncer`, `deloco learner` and `deloco run` (issue 5).
+//
+// Protocol (every message one wire frame; see docs/runtime.md for the sequence diagrams)
+//   learner → syncer  hello        JSON {learner, fingerprint, instance, step, want_state}; fingerprint also in header
+//   syncer → learner  welcome      JSON {round, versions[P], resume_step, chunks, chunk_elements, elements,
+//                                  state_hash, names, shapes}   (state_hash: FNV-1a-64 hex of the fp32 bytes)
+//   syncer → learner  state_chunk  fp32, fragment_id = chunk index, round = welcome.round   (only if want_state)
+//   learner → syncer  fragment_push    θ_p in net.encoding, c_steps/c_tokens in the header, round = version of Θ_p
+//                                      the learner last applied; JSON-free
+//   syncer → learner  fragment_broadcast Θ_p in net.broadcast_encoding, round = new version of fragment p
+//   either way        heartbeat    JSON {step, busy_seconds, tokens} from learners; empty from the syncer
+//   learner → syncer  leave        JSON {reason: "done" | "stop"}; "done" retires the learner (its quorum share)
+//   syncer → learner  reject       text: the reason (fingerprint mismatch, duplicate id, not joined, key/id mismatch …)
+// A learner that hears nothing from the syncer for net.dead_after seconds counts it as gone, keeps training, and
+// sends hello every net.heartbeat seconds until a welcome comes back (then it trains on without downloading).
+// The syncer counts a learner gone after net.dead_after seconds of silence (Syncer::set_connected(false)).
+//
+// Metrics records (JSON lines, one object per line, every record has "kind" and "t" = Unix time in seconds):
+//   learner node: {"kind":"learner","learner","step","loss","tokens","step_time"} every train.log_every steps
+//                 {"kind":"joined","learner","step","download_seconds","download_bytes","syncer_round"}
+//                 {"kind":"push","learner","fragment","step","bytes"}   {"kind":"apply","learner","fragment","version"}
+//                 {"kind":"syncer_lost","learner","step"}   {"kind":"rejected","learner","reason"}
+//                 {"kind":"learner_done","learner","step","tokens","wall_seconds","steps_per_second",
+//                  "comm_wait_seconds"}
+//   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port"}
+//                 {"kind":"join","learner","instance","restart","state_bytes"}  {"kind":"lost","learner"}
+//                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason"}
+//                 {"kind":"merge","fragment","version","quorum","learners","weights","grace","grace_wait",
+//                  "delta_norm","tokens","merges"}
+//                 {"kind":"eval","val_loss","val_bpb","tokens","merges"}
+//                 {"kind":"checkpoint","path","merges"}
+//                 {"kind":"status","alive","connected","stalled","uptime","merges","rejected","bytes_in",
+//                  "bytes_out"} once per second
+//                 {"kind":"done", ...summary}
+//
+// Contract
+//  * Nodes own their transport and run on the calling thread until done or until `stop` becomes true. The learner
+//    additionally runs one comms thread; inner steps never wait for the network (unless sync.wait_for_answer).
+//  * Bad input from peers never throws out of run(): it is rejected, logged (a "reject" record) and counted by
+//    reason in the summary and on the Prometheus endpoint; nothing it carries is ever merged.
+//  * Errors in the node's own setup (config, corpus, key files, a corrupt checkpoint on --resume) throw before
+//    any network activity with a message naming the key or file.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/merge.h"
+#include "deloco/outer.h"
+#include "deloco/sync.h"
+#include "deloco/train.h"
+#include "deloco/transport.h"
+
+namespace deloco {
+
+class ConfigSchema;
+
+struct NetOptions {
+  std::string address = "tcp://127.0.0.1:5555";  // syncer binds here, learners dial it (env DELOCO_SYNCER overrides)
+  bool plaintext = false;            // run without CURVE (must be explicit)
+  std::string secret_key;            // own .key file (env DELOCO_SECRET_KEY)
+  std::string server_key;            // learners: the syncer's .pub file (env DELOCO_SERVER_KEY)
+  std::string allow;                 // syncer: allow-list file or directory of .pub files (env DELOCO_ALLOW)
+  std::string encoding = "fp32";     // fragment_push payloads: fp32 | bf16 | int8 | int4
+  std::string broadcast_encoding = "fp32";  // fragment_broadcast payloads
+  bool error_feedback = true;        // learners carry the quantization residual to the next push (int8/int4/bf16)
+  double heartbeat = 0.5;            // seconds between heartbeats
+  double dead_after = 3.0;           // seconds of silence before a peer counts as gone
+  int64_t chunk_bytes = 1 << 20;     // global-state download chunk size
+  double join_timeout = 60.0;        // learner: seconds to wait for the first welcome before training alone;
+                                     // also how long a refused learner (duplicate id) keeps retrying
+  void bind(ConfigSchema& schema);
+  TransportOptions transport() const;
+};
+
+struct SyncerNodeOptions {
+  std::string out_dir;               // run folder: syncer.jsonl, checkpoints/, summary
+  int64_t checkpoint_every = 1;      // merges between checkpoints, written before the broadcast (0: only at the
+                                     // end); 1 means no merge a learner has seen is ever lost to a syncer crash
+  double eval_interval = 30.0;       // seconds between validation evaluations of Θ (0: only at the end)
+  std::string metrics = "127.0.0.1:0";  // Prometheus endpoint host:port ("" : off)
+  void bind(ConfigSchema& schema);   // syncer.*
+};
+
+struct LearnerNodeOptions {
+  double slowdown = 1.0;             // chaos: stretch every inner step to this multiple of its time (sleep)
+  void bind(ConfigSchema& schema);   // learner.*
+};
+
+struct ChaosOptions {                // used by `deloco run` only
+  bool enabled = false;
+  double kill_interval = 0.0;        // mean seconds between SIGKILLs of a random learner (0: none)
+  double stop_interval = 0.0;        // mean seconds between SIGSTOPs of a random learner (0: none)
+  double stop_seconds = 5.0;         // SIGCONT after this long
+  double restart_delay = 2.0;        // seconds before a killed process is started again
+  std::vector<double> syncer_kill_at;  // seconds after start at which the syncer is killed (then --resume)
+  int64_t slow_learner = -1;         // this learner runs learner.slowdown = slow_factor (-1: none)
+  double slow_factor = 2.0;
+  int64_t seed = 1;
+  void bind(ConfigSchema& schema);   // chaos.*
+};
+
+struct RuntimeConfig {
+  RunConfig run;                     // model.*, data.*, train.*
+  SyncOptions sync;                  // sync.*
+  std::string merge_preset = "decoupled";
+  std::string merge_method;
+  OuterOptions outer;                // outer.*
+  NetOptions net;
+  SyncerNodeOptions syncer;
+  LearnerNodeOptions learner;
+  ChaosOptions chaos;
+  void bind(ConfigSchema& schema);   // every section above
+  MergePlan merge_plan() const;
+  // sync.learners, or one per core when it is 0 (allowed in runtime configs only).
+  int64_t resolved_learners() const;
+  void validate() const;             // cross-checks; throws ConfigError naming the key
+};
+
+using RecordSink = std::function<void(const nlohmann::json&)>;
+
+class SyncerNode {
+ public:
+  // resume: continue from out_dir's latest syncer checkpoint (throws CheckpointError when none or corrupt).
+  SyncerNode(const RuntimeConfig& cfg, std::unique_ptr<ServerTransport> transport,
+             std::shared_ptr<const Corpus> corpus, bool resume, RecordSink record);
+  ~SyncerNode();
+  // Serves until every learner retired (then a final merge of what waits, a final evaluation and checkpoint) or
+  // until `stop`. Returns the summary (DESIGN.md §4 fields plus runtime specifics).
+  nlohmann::json run(const std::atomic<bool>& stop);
+  std::string prometheus() const;    // the metrics text (thread-safe)
+  const Syncer& core() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class LearnerNode {
+ public:
+  LearnerNode(const RuntimeConfig& cfg, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
+              std::shared_ptr<const Corpus> corpus, RecordSink record);
+  ~LearnerNode();
+  // Joins, trains train.steps inner steps (resuming at the step the syncer remembers for this id), leaves.
+  nlohmann::json run(const std::atomic<bool>& stop);
+  Trainer& trainer();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace deloco

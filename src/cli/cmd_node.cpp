@@ -1,0 +1,167 @@
+// `deloco syncer` and `deloco learner`: one process each, for a cluster of many machines (deloco/runtime.h).
+//
+// Addresses and keys come from the config, then the environment (DELOCO_SYNCER, DELOCO_BIND, DELOCO_SECRET_KEY,
+// DELOCO_SERVER_KEY, DELOCO_ALLOW, DELOCO_LEARNER_ID), then the command line, later winning. Both write JSON-lines
+// records into their run folder (appending, so a restarted process continues the same file) and stop cleanly on
+// SIGINT/SIGTERM.
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include "common.h"
+#include "commands.h"
+#include "deloco/config.h"
+#include "deloco/data.h"
+#include "deloco/fs.h"
+#include "deloco/runtime.h"
+
+namespace deloco::cli {
+namespace fs = std::filesystem;
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop.store(true); }
+void install_handlers() {
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+}
+
+void from_env(std::string* field, const char* var) {
+  if (const char* v = std::getenv(var); v != nullptr && *v != '\0') *field = v;
+}
+
+struct NodeArgs {
+  CommonOptions common;
+  std::string address;  // --bind / --connect
+  std::string out;
+  bool resume = false;
+  int64_t id = -1;
+};
+
+// Loads the config with environment fallbacks applied before --set (so --set still wins).
+RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
+  RuntimeConfig cfg;
+  cfg.bind(schema);
+  if (!a.common.config_path.empty()) schema.load_file(a.common.config_path);
+  from_env(&cfg.net.secret_key, "DELOCO_SECRET_KEY");
+  if (syncer) {
+    from_env(&cfg.net.address, "DELOCO_BIND");
+    from_env(&cfg.net.allow, "DELOCO_ALLOW");
+  } else {
+    from_env(&cfg.net.address, "DELOCO_SYNCER");
+    from_env(&cfg.net.server_key, "DELOCO_SERVER_KEY");
+  }
+  for (const auto& s : a.common.sets) schema.apply_override(s);
+  if (!a.address.empty()) cfg.net.address = a.address;
+  schema.validate();
+  cfg.validate();
+  return cfg;
+}
+
+// Appends records to a JSON-lines file, one flushed line each (a crash loses at most the line being written).
+class JsonlFile {
+ public:
+  explicit JsonlFile(const std::string& path) : out_(path, std::ios::app) {
+    if (!out_) throw IoError("cannot open '" + path + "' for appending");
+  }
+  void write(const nlohmann::json& j) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out_ << j.dump() << "\n";
+    out_.flush();
+  }
+
+ private:
+  std::mutex mu_;
+  std::ofstream out_;
+};
+
+void run_syncer(const NodeArgs& a) {
+  ConfigSchema schema;
+  RuntimeConfig cfg = load(a, schema, /*syncer=*/true);
+  std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
+  if (a.resume) {
+    if (dir.empty()) throw ConfigError("--resume needs the run folder: --out DIR or syncer.out_dir");
+  } else if (dir.empty()) {
+    dir = new_run_dir("", a.common, "syncer", "choose another with --out DIR");
+  } else if (fs::exists(fs::path(dir) / "latest")) {
+    throw ConfigError("run folder '" + dir + "' already holds syncer checkpoints; continue it with --resume or choose another --out");
+  }
+  cfg.syncer.out_dir = dir;
+  fs::create_directories(dir);
+  configure_threads(cfg.run.train.threads);
+  auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
+  JsonlFile log((fs::path(dir) / "syncer.jsonl").string());
+  auto transport = make_zmq_server(cfg.net.address, cfg.net.transport());
+  const std::string endpoint = transport->endpoint();
+  SyncerNode node(cfg, std::move(transport), corpus, a.resume, [&](const nlohmann::json& j) { log.write(j); });
+  if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
+  std::cerr << "deloco syncer: serving " << endpoint << (cfg.net.plaintext ? " in PLAINTEXT" : " (CURVE)") << ", "
+            << cfg.resolved_learners() << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
+            << (a.resume ? ", resumed" : "") << "; run folder " << dir << "\n";
+  install_handlers();
+  nlohmann::json s = node.run(g_stop);
+  std::cerr << "deloco syncer: " << s["outer_steps"] << " merges, " << s["contributions_merged"]
+            << " contributions merged, " << s["contributions_rejected"] << " rejected, val loss "
+            << s["final_val_loss"] << ", uptime " << s["uptime"] << "\n";
+  write_summary(a.common, s);
+}
+
+void run_learner(const NodeArgs& a) {
+  ConfigSchema schema;
+  RuntimeConfig cfg = load(a, schema, /*syncer=*/false);
+  int64_t id = a.id;
+  if (id < 0) {
+    const char* v = std::getenv("DELOCO_LEARNER_ID");
+    if (v == nullptr || *v == '\0') throw ConfigError("give the learner id with --id N or DELOCO_LEARNER_ID");
+    try {
+      size_t used = 0;
+      id = std::stoll(v, &used);
+      if (used != std::string(v).size()) throw std::invalid_argument(v);
+    } catch (const std::exception&) {
+      throw ConfigError(std::string("DELOCO_LEARNER_ID='") + v + "' is not an integer");
+    }
+  }
+  std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
+  if (dir.empty()) dir = "runs/learner-" + std::to_string(id);
+  fs::create_directories(dir);
+  configure_threads(cfg.run.train.threads);
+  auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
+  JsonlFile log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
+  auto transport = make_zmq_client(cfg.net.address, cfg.net.transport());
+  LearnerNode node(cfg, id, std::move(transport), corpus, [&](const nlohmann::json& j) { log.write(j); });
+  std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
+            << ", " << cfg.run.train.steps << " steps, push " << cfg.net.encoding << "\n";
+  install_handlers();
+  nlohmann::json s = node.run(g_stop);
+  std::cerr << "deloco learner " << id << ": step " << s["step"] << ", " << s["pushes"] << " pushes, "
+            << s["broadcasts"] << " merged fragments received\n";
+  write_summary(a.common, s);
+}
+
+}  // namespace
+
+void add_node_commands(CLI::App& app) {
+  auto sargs = std::make_shared<NodeArgs>();
+  auto* s = app.add_subcommand("syncer", "serve learners: merge their fragments (one process of a cluster)");
+  add_common_options(s, &sargs->common);
+  s->add_option("--bind", sargs->address, "endpoint to serve: tcp://host:port or ipc:///path (default net.address)");
+  s->add_option("--out", sargs->out, "run folder (default syncer.out_dir, else runs/<config>-<time>)");
+  s->add_flag("--resume", sargs->resume, "continue from the run folder's latest syncer checkpoint");
+  s->callback([sargs] { run_syncer(*sargs); });
+
+  auto largs = std::make_shared<NodeArgs>();
+  auto* l = app.add_subcommand("learner", "train one replica and talk to the syncer (one process of a cluster)");
+  add_common_options(l, &largs->common);
+  l->add_option("--connect", largs->address, "syncer endpoint (default DELOCO_SYNCER, else net.address)");
+  l->add_option("--id", largs->id, "learner id in [0, sync.learners) (default DELOCO_LEARNER_ID)");
+  l->add_option("--out", largs->out, "folder for learner-N.jsonl (default syncer.out_dir, else runs/learner-N)");
+  l->callback([largs] { run_learner(*largs); });
+}
+
+}  // namespace deloco::cli

@@ -1,0 +1,161 @@
+// JSON control bodies and flat-vector layouts (see protocol.h).
+#include "protocol.h"
+
+#include <cmath>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+namespace deloco::proto {
+namespace {
+
+nlohmann::json parse_object(const char* data, size_t n, const char* what) {
+  if (n > kMaxControlBytes)
+    throw WireError(std::string(what) + " body of " + std::to_string(n) + " bytes exceeds " +
+                    std::to_string(kMaxControlBytes));
+  nlohmann::json j = nlohmann::json::parse(data, data + n, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) throw WireError(std::string(what) + " body is not a JSON object");
+  return j;
+}
+
+int64_t get_int(const nlohmann::json& j, const char* key, const char* what, int64_t lo, int64_t hi) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer())
+    throw WireError(std::string(what) + " field '" + key + "' is missing or not an integer");
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi)
+    throw WireError(std::string(what) + " field '" + key + "' = " + std::to_string(v) + " is out of range");
+  return v;
+}
+
+double get_double(const nlohmann::json& j, const char* key, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) throw WireError(std::string(what) + " field '" + key + "' is missing or not a number");
+  const double v = it->get<double>();
+  if (!std::isfinite(v) || v < 0) throw WireError(std::string(what) + " field '" + key + "' must be finite and ≥ 0");
+  return v;
+}
+
+uint64_t get_hex(const nlohmann::json& j, const char* key, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) throw WireError(std::string(what) + " field '" + key + "' is missing or not a string");
+  return parse_fingerprint_hex(it->get<std::string>());
+}
+
+constexpr int64_t kMaxI = int64_t{1} << 53;
+
+}  // namespace
+
+std::string encode_hello(const Hello& h) {
+  return nlohmann::json{{"learner", h.learner}, {"instance", fingerprint_hex(h.instance)}, {"step", h.step},
+                        {"want_state", h.want_state}}
+      .dump();
+}
+
+Hello parse_hello(const char* data, size_t n) {
+  auto j = parse_object(data, n, "hello");
+  Hello h;
+  h.learner = get_int(j, "learner", "hello", 0, 1 << 20);
+  h.instance = get_hex(j, "instance", "hello");
+  h.step = get_int(j, "step", "hello", 0, kMaxI);
+  auto it = j.find("want_state");
+  if (it == j.end() || !it->is_boolean()) throw WireError("hello field 'want_state' is missing or not a boolean");
+  h.want_state = it->get<bool>();
+  return h;
+}
+
+std::string encode_welcome(const Welcome& w) {
+  return nlohmann::json{{"round", w.round},       {"versions", w.versions},
+                        {"resume_step", w.resume_step}, {"chunks", w.chunks},
+                        {"chunk_elements", w.chunk_elements}, {"elements", w.elements},
+                        {"state_hash", fingerprint_hex(w.state_hash)}}
+      .dump();
+}
+
+Welcome parse_welcome(const char* data, size_t n) {
+  auto j = parse_object(data, n, "welcome");
+  Welcome w;
+  w.round = static_cast<uint64_t>(get_int(j, "round", "welcome", 0, kMaxI));
+  auto it = j.find("versions");
+  if (it == j.end() || !it->is_array() || it->size() > 4096) throw WireError("welcome field 'versions' is missing or not a short array");
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) throw WireError("welcome field 'versions' holds a non-integer");
+    w.versions.push_back(v.get<int64_t>());
+  }
+  w.resume_step = get_int(j, "resume_step", "welcome", 0, kMaxI);
+  w.chunks = get_int(j, "chunks", "welcome", 0, 1 << 24);
+  w.chunk_elements = get_int(j, "chunk_elements", "welcome", 0, int64_t{1} << 28);
+  w.elements = get_int(j, "elements", "welcome", 0, int64_t{1} << 34);
+  w.state_hash = get_hex(j, "state_hash", "welcome");
+  if (w.chunks > 0 && (w.chunk_elements == 0 || (w.chunks - 1) * w.chunk_elements >= w.elements ||
+                       w.chunks * w.chunk_elements < w.elements))
+    throw WireError("welcome: chunks × chunk_elements does not cover elements");
+  return w;
+}
+
+std::string encode_beat(const Beat& b) {
+  return nlohmann::json{{"step", b.step}, {"tokens", b.tokens}, {"busy_seconds", b.busy_seconds},
+                        {"step_time", b.step_time}}
+      .dump();
+}
+
+Beat parse_beat(const char* data, size_t n) {
+  auto j = parse_object(data, n, "heartbeat");
+  Beat b;
+  b.step = get_int(j, "step", "heartbeat", 0, kMaxI);
+  b.tokens = get_int(j, "tokens", "heartbeat", 0, kMaxI);
+  b.busy_seconds = get_double(j, "busy_seconds", "heartbeat");
+  b.step_time = get_double(j, "step_time", "heartbeat");
+  return b;
+}
+
+std::string encode_leave(const std::string& reason) { return nlohmann::json{{"reason", reason}}.dump(); }
+
+std::string parse_leave(const char* data, size_t n) {
+  auto j = parse_object(data, n, "leave");
+  auto it = j.find("reason");
+  if (it == j.end() || !it->is_string()) throw WireError("leave field 'reason' is missing or not a string");
+  std::string r = it->get<std::string>();
+  if (r != "done" && r != "stop") throw WireError("leave reason must be done or stop (got '" + r.substr(0, 40) + "')");
+  return r;
+}
+
+Frame make_frame(const MessageHeader& h_in, Bytes payload, const WireLimits& limits) {
+  MessageHeader h = h_in;
+  if (h.encoding == Encoding::kRaw) h.element_count = payload.size();
+  auto head = encode_header(h, payload.data(), payload.size(), limits);
+  return Frame{Bytes::copy(head.data(), head.size()), std::move(payload)};
+}
+
+Layout make_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
+  Layout l;
+  l.names = names;
+  for (const auto& t : tensors) {
+    l.shapes.push_back(t.sizes().vec());
+    l.offsets.push_back(l.elements);
+    l.elements += t.numel();
+  }
+  return l;
+}
+
+void flatten_into(const std::vector<at::Tensor>& tensors, float* out) {
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    std::memcpy(out + off, c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
+    off += c.numel();
+  }
+}
+
+std::vector<at::Tensor> unflatten(const at::Tensor& flat, const Layout& layout) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < layout.shapes.size(); ++i) {
+    int64_t n = 1;
+    for (auto d : layout.shapes[i]) n *= d;
+    out.push_back(flat.narrow(0, layout.offsets[i], n).view(layout.shapes[i]));
+  }
+  return out;
+}
+
+}  // namespace deloco::proto

@@ -1,0 +1,81 @@
+// src/roles/protocol.h — the JSON bodies of the control messages (hello, welcome, heartbeat, leave) and the
+// helpers both roles use to build and check frames. The byte layout of every frame is deloco/wire.h; this file
+// adds what the kRaw payloads mean (the table at the top of deloco/runtime.h) and how a model is cut into the flat
+// fp32 vectors the float payloads carry.
+//
+// Contract: parse_* functions take untrusted bytes and throw WireError naming the field for anything missing,
+// of the wrong type or out of range; they never allocate more than the payload's size. Pure and reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "deloco/transport.h"
+#include "deloco/wire.h"
+
+namespace deloco::proto {
+
+constexpr size_t kMaxControlBytes = 64 * 1024;  // hello/welcome/heartbeat/leave/reject bodies
+
+struct Hello {
+  int64_t learner = 0;
+  uint64_t instance = 0;   // random per learner process: tells a restart from a duplicate
+  int64_t step = 0;        // the learner's inner step when it says hello
+  bool want_state = true;  // download the global parameters
+};
+std::string encode_hello(const Hello& h);
+Hello parse_hello(const char* data, size_t n);
+
+struct Welcome {
+  uint64_t round = 0;                // total merges so far (identifies the snapshot the chunks belong to)
+  std::vector<int64_t> versions;     // per fragment
+  int64_t resume_step = 0;           // the last step the syncer heard from this learner id (0: none)
+  int64_t chunks = 0;                // state_chunk messages that follow (0: no download)
+  int64_t chunk_elements = 0;
+  int64_t elements = 0;              // total fp32 elements of the model
+  uint64_t state_hash = 0;           // FNV-1a-64 of the elements' fp32 bytes
+};
+std::string encode_welcome(const Welcome& w);
+Welcome parse_welcome(const char* data, size_t n);
+
+struct Beat {
+  int64_t step = 0;
+  int64_t tokens = 0;
+  double busy_seconds = 0;  // seconds this learner process spent in completed inner steps
+  double step_time = 0;     // recent mean seconds per inner step
+};
+std::string encode_beat(const Beat& b);
+Beat parse_beat(const char* data, size_t n);
+
+// leave: "done" (finished train.steps; retires the learner) or "stop" (interrupted).
+std::string encode_leave(const std::string& reason);
+std::string parse_leave(const char* data, size_t n);
+
+// A frame ready for a transport: header + payload (shared, zero copy). For kRaw payloads element_count is set
+// to the payload size.
+struct Frame {
+  Bytes header;
+  Bytes payload;
+};
+Frame make_frame(const MessageHeader& h, Bytes payload, const WireLimits& limits);
+inline Frame make_frame(const MessageHeader& h, const std::string& payload, const WireLimits& limits) {
+  return make_frame(h, Bytes::from_string(payload), limits);
+}
+
+// How a list of tensors maps onto one flat fp32 vector (in the list's order).
+struct Layout {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;  // element offset of each tensor
+  int64_t elements = 0;
+};
+Layout make_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors);
+// Copies tensors (any device, float32) into out[0..elements).
+void flatten_into(const std::vector<at::Tensor>& tensors, float* out);
+// Views of a flat CPU float tensor of `layout.elements` elements, shaped like the layout.
+std::vector<at::Tensor> unflatten(const at::Tensor& flat, const Layout& layout);
+
+}  // namespace deloco::proto

@@ -1,0 +1,152 @@
+// Configuration of the distributed runtime: every key of `deloco syncer`, `deloco learner` and `deloco run`.
+#include <filesystem>
+#include <thread>
+
+#include "deloco/config.h"
+#include "deloco/runtime.h"
+#include "deloco/wire.h"
+
+namespace deloco {
+
+namespace {
+std::function<std::string()> positive(const double* v, const char* key) {
+  return [v, key] { return *v > 0 ? std::string() : std::string(key) + " must be > 0"; };
+}
+std::function<std::string()> nonneg(const double* v, const char* key) {
+  return [v, key] { return *v >= 0 ? std::string() : std::string(key) + " must be ≥ 0"; };
+}
+std::function<std::string()> float_encoding(const std::string* v, const char* key) {
+  return [v, key] {
+    try {
+      parse_encoding(*v);
+      return std::string();
+    } catch (const std::exception&) {
+      return std::string(key) + " must be fp32, bf16, int8 or int4 (got '" + *v + "')";
+    }
+  };
+}
+}  // namespace
+
+void NetOptions::bind(ConfigSchema& s) {
+  s.bind("net.address", &address, "syncer endpoint: tcp://host:port or ipc:///path (env DELOCO_SYNCER)", [this] {
+    return address.rfind("tcp://", 0) == 0 || address.rfind("ipc://", 0) == 0
+               ? std::string()
+               : "net.address must start with tcp:// or ipc:// (got '" + address + "')";
+  });
+  s.bind("net.plaintext", &plaintext, "run without CURVE authentication and encryption (must be explicit)");
+  s.bind("net.secret_key", &secret_key, "own .key file from `deloco keygen` (env DELOCO_SECRET_KEY)");
+  s.bind("net.server_key", &server_key, "learners: the syncer's .pub file (env DELOCO_SERVER_KEY)");
+  s.bind("net.allow", &allow, "syncer: allow-list file or folder of .pub files (env DELOCO_ALLOW)");
+  s.bind("net.encoding", &encoding, "fragment push encoding: fp32 | bf16 | int8 | int4",
+         float_encoding(&encoding, "net.encoding"));
+  s.bind("net.broadcast_encoding", &broadcast_encoding, "fragment broadcast encoding: fp32 | bf16 | int8 | int4",
+         float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
+  s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
+  s.bind("net.heartbeat", &heartbeat, "seconds between heartbeats", positive(&heartbeat, "net.heartbeat"));
+  s.bind("net.dead_after", &dead_after, "seconds of silence before a peer counts as gone", [this] {
+    return dead_after > heartbeat ? std::string() : std::string("net.dead_after must be > net.heartbeat");
+  });
+  s.bind("net.chunk_bytes", &chunk_bytes, "global-state download chunk size (bytes)", [this] {
+    return chunk_bytes >= 4096 && chunk_bytes <= (int64_t{1} << 28)
+               ? std::string()
+               : std::string("net.chunk_bytes must be in [4096, 2^28]");
+  });
+  s.bind("net.join_timeout", &join_timeout, "seconds a learner waits for its first welcome",
+         positive(&join_timeout, "net.join_timeout"));
+}
+
+TransportOptions NetOptions::transport() const {
+  TransportOptions t;
+  t.plaintext = plaintext;
+  t.secret_key_file = secret_key;
+  t.server_public_key_file = server_key;
+  t.allow = allow;
+  // The largest legal frame: a whole model's worth of fp32 elements plus the header.
+  return t;
+}
+
+void SyncerNodeOptions::bind(ConfigSchema& s) {
+  s.bind("syncer.out_dir", &out_dir, "run folder of the syncer (\"\" : runs/<config>-<time>)");
+  s.bind("syncer.checkpoint_every", &checkpoint_every, "merges between checkpoints (0: only at the end)",
+         [this] { return checkpoint_every >= 0 ? "" : "syncer.checkpoint_every must be ≥ 0"; });
+  s.bind("syncer.eval_interval", &eval_interval, "seconds between evaluations of the global model (0: end only)",
+         nonneg(&eval_interval, "syncer.eval_interval"));
+  s.bind("syncer.metrics", &metrics, "Prometheus endpoint host:port (\"\" : off; port 0: any free port)");
+}
+
+void LearnerNodeOptions::bind(ConfigSchema& s) {
+  s.bind("learner.slowdown", &slowdown, "stretch every inner step to this multiple of its time (chaos)",
+         [this] { return slowdown >= 1 ? "" : "learner.slowdown must be ≥ 1"; });
+}
+
+void ChaosOptions::bind(ConfigSchema& s) {
+  s.bind("chaos.enabled", &enabled, "deloco run: inject failures");
+  s.bind("chaos.kill_interval", &kill_interval, "mean seconds between SIGKILLs of a random learner (0: none)",
+         nonneg(&kill_interval, "chaos.kill_interval"));
+  s.bind("chaos.stop_interval", &stop_interval, "mean seconds between SIGSTOPs of a random learner (0: none)",
+         nonneg(&stop_interval, "chaos.stop_interval"));
+  s.bind("chaos.stop_seconds", &stop_seconds, "seconds a stopped learner stays stopped",
+         nonneg(&stop_seconds, "chaos.stop_seconds"));
+  s.bind("chaos.restart_delay", &restart_delay, "seconds before a killed process is restarted",
+         nonneg(&restart_delay, "chaos.restart_delay"));
+  s.bind("chaos.syncer_kill_at", &syncer_kill_at, "seconds after start at which the syncer is killed", [this] {
+    for (double t : syncer_kill_at)
+      if (!(t >= 0)) return std::string("chaos.syncer_kill_at times must be ≥ 0");
+    return std::string();
+  });
+  s.bind("chaos.slow_learner", &slow_learner, "learner slowed down by chaos.slow_factor (-1: none)");
+  s.bind("chaos.slow_factor", &slow_factor, "step-time factor of the slow learner",
+         [this] { return slow_factor >= 1 ? "" : "chaos.slow_factor must be ≥ 1"; });
+  s.bind("chaos.seed", &seed, "seed of the chaos schedule");
+}
+
+void RuntimeConfig::bind(ConfigSchema& s) {
+  sync.learners_auto_ok = true;  // `deloco run`: 0 = one learner per core
+  run.bind(s);
+  sync.bind(s);
+  s.bind("merge.preset", &merge_preset, "diloco | decoupled | isoloco");
+  s.bind("merge.method", &merge_method, "one merge method for every tensor (\"\": the preset's)");
+  s.bind("outer.kind", &outer.kind, "sgd | nesterov");
+  s.bind("outer.lr", &outer.lr, "outer learning rate eta");
+  s.bind("outer.momentum", &outer.momentum, "outer momentum mu");
+  net.bind(s);
+  syncer.bind(s);
+  learner.bind(s);
+  chaos.bind(s);
+}
+
+MergePlan RuntimeConfig::merge_plan() const {
+  MergePlan p = MergePlan::preset(merge_preset);
+  if (!merge_method.empty()) {
+    p.method = merge_method;
+    p.rules.clear();
+  }
+  return p;
+}
+
+int64_t RuntimeConfig::resolved_learners() const {
+  if (sync.learners > 0) return sync.learners;
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int64_t>(n) : 1;
+}
+
+void RuntimeConfig::validate() const {
+  try {
+    SyncOptions s = sync;
+    s.learners = resolved_learners();
+    s.learners_auto_ok = false;
+    s.validate();
+    outer.validate();
+    MergeSelector sel(merge_plan());
+  } catch (const std::exception& e) {
+    throw ConfigError(e.what());
+  }
+  if (run.train.steps < sync.sync_every)
+    throw ConfigError("train.steps=" + std::to_string(run.train.steps) + " is less than sync.sync_every=" +
+                      std::to_string(sync.sync_every) + ": no outer step would ever happen");
+  if (chaos.slow_learner >= resolved_learners())
+    throw ConfigError("chaos.slow_learner names learner " + std::to_string(chaos.slow_learner) + " of " +
+                      std::to_string(resolved_learners()));
+}
+
+}  // namespace deloco
