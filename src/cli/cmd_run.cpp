@@ -613,13 +613,14 @@ class Orchestrator {
       int64_t& k = open_join_[static_cast<size_t>(n)];
       if (k >= 0 && t >= kills_[static_cast<size_t>(k)].t_unix) {
         kills_[static_cast<size_t>(k)].rejoin = t - kills_[static_cast<size_t>(k)].t_unix;
-        event(name + " rejoined " + fixed(kills_[static_cast<size_t>(k)].rejoin, 1) + " s after its kill, at step " +
-              std::to_string(j.value("step", int64_t{0})));
+        event(name + " rejoined " + fixed(kills_[static_cast<size_t>(k)].rejoin, 1) + " s after its kill, resuming at step " +
+              std::to_string(std::max(j.value("step", int64_t{0}), j.value("resume_step", int64_t{0}))));
         k = -1;
       } else if (v.joins > 1) {
-        event(name + " rejoined at step " + std::to_string(j.value("step", int64_t{0})));
+        event(name + " rejoined at step " +
+              std::to_string(std::max(j.value("step", int64_t{0}), j.value("resume_step", int64_t{0}))));
       }
-      v.step = std::max(v.step, j.value("step", v.step));
+      v.step = std::max({v.step, j.value("step", v.step), j.value("resume_step", v.step)});
     } else if (kind == "push") {
       int64_t& k = open_push_[static_cast<size_t>(n)];
       if (k >= 0 && t >= kills_[static_cast<size_t>(k)].t_unix) {
