@@ -15,15 +15,16 @@ BIN=${DELOCO_BINARY:-./build/deloco}
 CFG=configs/demo.toml
 OUT=$(mktemp -d /tmp/deloco-overhead.XXXXXX)
 export OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-common=(--config "$CFG" --set train.steps="$STEPS" --set train.threads=1 --set train.eval_every=0
-        --set train.eval_tokens=4096 --set sync.learners="$M")
+# `deloco train` knows only the model, data and train sections: the same model from a stripped copy.
+awk '/^\[/ { keep = ($0 == "[model]" || $0 == "[data]" || $0 == "[train]") } keep' "$CFG" > "$OUT/train.toml"
+flags=(--set train.steps="$STEPS" --set train.threads=1 --set train.eval_every=0 --set train.eval_tokens=4096)
 tps_step=$(( $(grep -E '^batch_size' "$CFG" | grep -oE '[0-9]+' | head -1) * $(grep -E '^block_size' "$CFG" | grep -oE '[0-9]+' | head -1) ))
 echo "round variant tokens_per_s_per_learner" > "$OUT/results.txt"
 for r in $(seq 1 "$ROUNDS"); do
   # A: M trainers at once.
   pids=()
   for m in $(seq 0 $((M - 1))); do
-    "$BIN" train "${common[@]}" --set train.learner_id="$m" --set train.num_learners="$M" \
+    "$BIN" train --config "$OUT/train.toml" "${flags[@]}" --set train.learner_id="$m" --set train.num_learners="$M" \
       --set train.checkpoint_every=0 --set train.out_dir="$OUT/a$r-$m" --summary "$OUT/a$r-$m.json" \
       > "$OUT/a$r-$m.log" 2>&1 &
     pids+=($!)
@@ -32,7 +33,7 @@ for r in $(seq 1 "$ROUNDS"); do
   a=$(jq -s 'map(.tokens_per_s) | add / length' "$OUT"/a$r-*.json)
   echo "$r train $a" >> "$OUT/results.txt"
   # B: the runtime.
-  "$BIN" run "${common[@]}" --set chaos.enabled=false --set syncer.eval_interval=0 \
+  "$BIN" run --config "$CFG" "${flags[@]}" --set sync.learners="$M" --set chaos.enabled=false --set syncer.eval_interval=0 \
     --set syncer.out_dir="$OUT/b$r" --summary "$OUT/b$r.json" > "$OUT/b$r.log" 2>&1
   b=$(cat "$OUT"/b$r/learner-*.jsonl | jq -s --argjson t "$tps_step" \
       'map(select(.kind == "learner_done")) | map(.steps_per_second * $t) | add / length')
