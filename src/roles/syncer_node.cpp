@@ -74,6 +74,7 @@ struct SyncerNode::Impl {
   int64_t merges = 0, merges_at_ckpt = 0, evals = 0, grace_waits = 0;
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
+  std::map<std::string, std::pair<double, int64_t>> reject_log;  // reason → (window start, records logged)
   EvalResult last_eval_result;
   bool have_eval = false;
   bool resumed = false;
@@ -109,7 +110,15 @@ struct SyncerNode::Impl {
   void reject(const std::string& route, int64_t learner, int64_t fragment, const std::string& reason,
               const std::string& detail) {
     ++rejects[reason];
-    emit({{"kind", "reject"}, {"learner", learner}, {"fragment", fragment}, {"reason", reason}, {"detail", detail}});
+    // Log at most 20 records per reason and 10 s window, so a flood of garbage cannot fill the disk either; the
+    // counters (summary, Prometheus) stay exact.
+    auto& [window, logged] = reject_log[reason];
+    const double t = now();
+    if (t - window > 10.0) window = t, logged = 0;
+    if (++logged <= 20)
+      emit({{"kind", "reject"}, {"learner", learner}, {"fragment", fragment}, {"reason", reason}, {"detail", detail}});
+    else if (logged == 21)
+      emit({{"kind", "reject_suppressed"}, {"reason", reason}, {"detail", "more than 20 in 10 s; still counted"}});
     if (route.empty()) return;
     MessageHeader h;
     h.kind = MessageKind::kReject;
@@ -375,7 +384,13 @@ struct SyncerNode::Impl {
   }
 
   // ---- evaluation, checkpoints, status -----------------------------------------------------------------------
+  // Time the syncer spent not listening (an evaluation, a checkpoint) is not the learners' silence.
+  void excuse_peers(double busy_seconds) {
+    for (auto& p : peers) p.last_heard += busy_seconds;
+  }
+
   void evaluate(const char* kind) {
+    const double start = now();
     torch::NoGradGuard ng;
     auto& params = evaluator->parameters();
     const auto& g = core->global();
@@ -384,6 +399,7 @@ struct SyncerNode::Impl {
     have_eval = true;
     ++evals;
     last_eval = now();
+    excuse_peers(last_eval - start);
     emit({{"kind", kind}, {"val_loss", last_eval_result.loss}, {"val_bpb", last_eval_result.bpb},
           {"tokens", total_tokens()}, {"merges", merges}});
   }
@@ -406,6 +422,7 @@ struct SyncerNode::Impl {
   }
 
   void checkpoint() {
+    const double start = now();
     int64_t n_retired = 0;
     for (bool r : retired) n_retired += r ? 1 : 0;
     std::ostringstream name;  // sorts by merges, then by retirements
@@ -432,6 +449,7 @@ struct SyncerNode::Impl {
     for (size_t i = 0; i + 3 < all.size(); ++i) fs::remove_all(all[i]);
     merges_at_ckpt = merges;
     last_checkpoint = dir.string();
+    excuse_peers(now() - start);
     emit({{"kind", "checkpoint"}, {"path", dir.string()}, {"merges", merges}});
   }
 
