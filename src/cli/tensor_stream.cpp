@@ -42,50 +42,14 @@ MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
   if (p == MAP_FAILED) fail(path, std::string("mmap failed: ") + std::strerror(errno));
   base_ = static_cast<const char*>(p);
   try {
-    uint64_t n = 0;
-    for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(base_[i])) << (8 * i);
-    if (n > (100ull << 20) || n > size_ - 8) fail(path, "header length out of range");
-    data_start_ = 8 + n;
-    const uint64_t data_size = size_ - data_start_;
-    nlohmann::json h = nlohmann::json::parse(base_ + 8, base_ + 8 + n, nullptr, /*allow_exceptions=*/false);
-    if (!h.is_object()) fail(path, "header is not a JSON object");
-    for (auto it = h.begin(); it != h.end(); ++it) {
-      const std::string& name = it.key();
-      if (name == "__metadata__") {
-        if (!it->is_object()) fail(path, "__metadata__ is not an object");
-        for (auto m = it->begin(); m != it->end(); ++m)
-          if (m->is_string()) metadata_[m.key()] = m->get<std::string>();
-        continue;
-      }
-      const auto& e = *it;
-      if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets") ||
-          !e["dtype"].is_string() || !e["shape"].is_array() || !e["data_offsets"].is_array() ||
-          e["data_offsets"].size() != 2)
-        fail(path, "tensor '" + name + "': malformed header entry");
-      TensorInfo info;
-      if (!safetensors_dtype_from_name(e["dtype"].get<std::string>(), &info.dtype)) fail(path, "tensor '" + name + "': unsupported dtype " + e["dtype"].get<std::string>());
-      uint64_t elems = 1;
-      for (const auto& s : e["shape"]) {
-        if (!s.is_number_unsigned() && !(s.is_number_integer() && s.get<int64_t>() >= 0))
-          fail(path, "tensor '" + name + "': bad shape");
-        info.shape.push_back(s.get<int64_t>());
-        elems *= s.get<uint64_t>();
-      }
-      for (const auto& o : e["data_offsets"])
-        if (!o.is_number_unsigned()) fail(path, "tensor '" + name + "': bad data_offsets");
-      info.begin = e["data_offsets"][0].get<uint64_t>();
-      info.end = e["data_offsets"][1].get<uint64_t>();
-      if (info.begin > info.end || info.end > data_size)
-        fail(path, "tensor '" + name + "': data_offsets outside the file (truncated?)");
-      if (info.end - info.begin != elems * c10::elementSize(info.dtype))
-        fail(path, "tensor '" + name + "': byte size does not match its shape and dtype");
-      index_[name] = info;
-    }
-  } catch (const nlohmann::json::exception& e) {
-    ::munmap(const_cast<char*>(base_), size_);
-    fail(path, std::string("bad header: ") + e.what());
+    // The one header validator (src/io/safetensors_header.h) checks every field against the mapped file's size.
+    SafetensorsHeader h = parse_safetensors_header(base_, size_, path);
+    data_start_ = h.data_start;
+    index_ = std::move(h.tensors);
+    metadata_ = std::move(h.metadata);
   } catch (...) {
     ::munmap(const_cast<char*>(base_), size_);
+    base_ = nullptr;
     throw;
   }
 }

@@ -17,13 +17,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "io/safetensors_header.h"
+
 namespace deloco::cli {
 
-struct TensorInfo {
-  at::ScalarType dtype;
-  std::vector<int64_t> shape;
-  uint64_t begin = 0, end = 0;  // byte range inside the data section
-};
+using TensorInfo = SafetensorsEntry;  // dtype, shape, byte range inside the data section
 
 class MappedSafetensors {
  public:

@@ -1,4 +1,5 @@
 #include "deloco/safetensors.h"
+#include "safetensors_header.h"
 
 #include <cstring>
 
@@ -78,22 +79,22 @@ std::string encode_safetensors(const TensorFile& file) {
   return out;
 }
 
-TensorFile decode_safetensors(const std::string& bytes, const std::string& origin) {
+SafetensorsHeader parse_safetensors_header(const char* bytes, uint64_t size, const std::string& origin) {
   auto fail = [&](const std::string& what) { throw SafetensorsError("'" + origin + "' is not a valid safetensors file: " + what); };
-  if (bytes.size() < 8) fail("shorter than the 8-byte header length (truncated?)");
-  uint64_t n = get_u64_le(bytes.data());
+  if (size < 8) fail("shorter than the 8-byte header length (truncated?)");
+  uint64_t n = get_u64_le(bytes);
   if (n > kMaxHeaderBytes) fail("header length " + std::to_string(n) + " exceeds the 100 MiB bound");
-  if (n > bytes.size() - 8) fail("header length " + std::to_string(n) + " runs past the end of the file (truncated?)");
+  if (n > size - 8) fail("header length " + std::to_string(n) + " runs past the end of the file (truncated?)");
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(n));
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + n);
   } catch (const nlohmann::json::exception& e) {
     fail(std::string("header is not valid JSON (") + e.what() + ")");
   }
   if (!header.is_object()) fail("header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - n;
-  const char* data = bytes.data() + 8 + n;
-  TensorFile out;
+  SafetensorsHeader out;
+  out.data_start = 8 + n;
+  const uint64_t data_size = size - 8 - n;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;
   for (auto it = header.begin(); it != header.end(); ++it) {
     const std::string& name = it.key();
@@ -108,35 +109,48 @@ TensorFile decode_safetensors(const std::string& bytes, const std::string& origi
     const auto& e = *it;
     if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
       fail("tensor '" + name + "' lacks dtype, shape or data_offsets");
-    at::ScalarType type;
-    if (!e["dtype"].is_string() || !safetensors_dtype_from_name(e["dtype"].get<std::string>(), &type))
+    SafetensorsEntry entry;
+    if (!e["dtype"].is_string() || !safetensors_dtype_from_name(e["dtype"].get<std::string>(), &entry.dtype))
       fail("tensor '" + name + "' has an unsupported dtype " + e["dtype"].dump());
     if (!e["shape"].is_array()) fail("tensor '" + name + "' has a shape that is not a list");
-    std::vector<int64_t> shape;
     uint64_t numel = 1;
     for (const auto& d : e["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) fail("tensor '" + name + "' has a negative or non-integer dimension");
       uint64_t v = d.get<uint64_t>();
       if (v != 0 && numel > (1ull << 62) / v) fail("tensor '" + name + "' is absurdly large");
       numel *= v;
-      shape.push_back(static_cast<int64_t>(v));
+      entry.shape.push_back(static_cast<int64_t>(v));
     }
     const auto& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
       fail("tensor '" + name + "' has malformed data_offsets");
-    uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    if (b > en || en > data_size) fail("tensor '" + name + "' lies outside the data section (truncated file?)");
-    uint64_t elem = c10::elementSize(type);
-    if (en - b != numel * elem)
-      fail("tensor '" + name + "' has " + std::to_string(en - b) + " bytes but its shape needs " + std::to_string(numel * elem));
-    ranges.emplace_back(b, en);
-    at::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(type));
-    if (en > b) std::memcpy(t.data_ptr(), data + b, en - b);
-    out.tensors[name] = t;
+    entry.begin = off[0].get<uint64_t>();
+    entry.end = off[1].get<uint64_t>();
+    if (entry.begin > entry.end || entry.end > data_size)
+      fail("tensor '" + name + "' lies outside the data section (truncated file?)");
+    const uint64_t elem = c10::elementSize(entry.dtype);
+    if (entry.end - entry.begin != numel * elem)
+      fail("tensor '" + name + "' has " + std::to_string(entry.end - entry.begin) + " bytes but its shape needs " +
+           std::to_string(numel * elem));
+    ranges.emplace_back(entry.begin, entry.end);
+    out.tensors[name] = std::move(entry);
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second) fail("two tensors overlap in the data section");
+  return out;
+}
+
+TensorFile decode_safetensors(const std::string& bytes, const std::string& origin) {
+  const SafetensorsHeader h = parse_safetensors_header(bytes.data(), bytes.size(), origin);
+  const char* data = bytes.data() + h.data_start;
+  TensorFile out;
+  out.metadata = h.metadata;
+  for (const auto& [name, e] : h.tensors) {
+    at::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(e.dtype));
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    out.tensors[name] = t;
+  }
   return out;
 }
 
