@@ -22,11 +22,7 @@
 
 namespace deloco {
 
-namespace {
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-}  // namespace
+using proto::unix_now;
 
 struct LearnerNode::Impl {
   RuntimeConfig cfg;
@@ -503,25 +499,13 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::u
   std::random_device rd;
   I.instance = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::vector<std::pair<std::string, int64_t>> sizes;
-  std::vector<at::Tensor> all;
-  std::vector<std::string> names;
   const auto& params = I.trainer->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    sizes.emplace_back(params[i].first, params[i].second.numel() * static_cast<int64_t>(params[i].second.element_size()));
-    I.param_index[params[i].first] = i;
-    all.push_back(params[i].second);
-    names.push_back(params[i].first);
-  }
-  I.frags = plan_fragments(sizes, I.cfg.sync.fragments, I.cfg.sync.sync_every);
-  for (const auto& f : I.frags) {
-    std::vector<at::Tensor> ts;
-    for (const auto& n : f.names) ts.push_back(params[I.param_index.at(n)].second);
-    I.layouts.push_back(proto::make_layout(f.names, ts));
-  }
-  I.model_layout = proto::make_layout(names, all);
-  I.limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(I.model_layout.elements, 1 << 16));
-  I.limits.max_payload_bytes = I.limits.max_elements * 4 + 4096;
+  for (size_t i = 0; i < params.size(); ++i) I.param_index[params[i].first] = i;
+  proto::ModelPlan plan = proto::plan_model(params, I.cfg.sync.fragments, I.cfg.sync.sync_every);
+  I.frags = std::move(plan.fragments);
+  I.layouts = std::move(plan.fragment_layouts);
+  I.model_layout = std::move(plan.model);
+  I.limits = plan.limits;
   I.push_enc = parse_encoding(I.cfg.net.encoding);
   I.tx = std::move(transport);
 }

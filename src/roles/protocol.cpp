@@ -1,7 +1,9 @@
 // JSON control bodies and flat-vector layouts (see protocol.h).
 #include "protocol.h"
 
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -156,6 +158,34 @@ std::vector<at::Tensor> unflatten(const at::Tensor& flat, const Layout& layout) 
     out.push_back(flat.narrow(0, layout.offsets[i], n).view(layout.shapes[i]));
   }
   return out;
+}
+
+ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H) {
+  ModelPlan plan;
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  std::map<std::string, at::Tensor> by_name;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> all;
+  for (const auto& [n, t] : params) {
+    sizes.emplace_back(n, t.numel() * static_cast<int64_t>(t.element_size()));
+    by_name[n] = t;
+    names.push_back(n);
+    all.push_back(t);
+  }
+  plan.fragments = plan_fragments(sizes, P, H);
+  for (const auto& f : plan.fragments) {
+    std::vector<at::Tensor> ts;
+    for (const auto& n : f.names) ts.push_back(by_name.at(n));
+    plan.fragment_layouts.push_back(make_layout(f.names, ts));
+  }
+  plan.model = make_layout(names, all);
+  plan.limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(plan.model.elements, 1 << 16));
+  plan.limits.max_payload_bytes = plan.limits.max_elements * 4 + 4096;
+  return plan;
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace deloco::proto

@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 
@@ -77,5 +78,18 @@ Layout make_layout(const std::vector<std::string>& names, const std::vector<at::
 void flatten_into(const std::vector<at::Tensor>& tensors, float* out);
 // Views of a flat CPU float tensor of `layout.elements` elements, shaped like the layout.
 std::vector<at::Tensor> unflatten(const at::Tensor& flat, const Layout& layout);
+
+// How every node cuts the model, identically given the same config: the P fragments (plan_fragments), each
+// fragment's flat layout, the whole model's layout, and wire limits sized to the model.
+struct ModelPlan {
+  std::vector<Fragment> fragments;
+  std::vector<Layout> fragment_layouts;
+  Layout model;
+  WireLimits limits;
+};
+ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H);
+
+// Seconds since the Unix epoch: the "t" of every metrics record.
+double unix_now();
 
 }  // namespace deloco::proto

@@ -27,9 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+using proto::unix_now;
 
 struct Peer {
   std::string route;        // transport peer id ("" : no live connection)
@@ -57,7 +55,6 @@ struct SyncerNode::Impl {
   std::unique_ptr<Syncer> core;
   std::vector<proto::Layout> layouts;  // per fragment
   proto::Layout model_layout;
-  std::vector<std::string> model_names;
   uint64_t fingerprint = 0;
   WireLimits limits;
   Encoding broadcast_enc = Encoding::kFp32;
@@ -651,27 +648,13 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   rc.train.num_learners = I.M;
   I.evaluator = std::make_unique<Trainer>(rc, I.corpus);
   I.fingerprint = parse_fingerprint_hex(I.evaluator->fingerprint());
-  std::vector<std::pair<std::string, int64_t>> sizes;
   std::vector<std::pair<std::string, at::Tensor>> global;
-  std::map<std::string, at::Tensor> by_name;
-  for (const auto& [n, t] : I.evaluator->parameters()) {
-    sizes.emplace_back(n, t.numel() * static_cast<int64_t>(t.element_size()));
-    global.emplace_back(n, t.detach().to(torch::kCPU));
-    by_name[n] = global.back().second;
-    I.model_names.push_back(n);
-  }
-  auto frags = plan_fragments(sizes, I.cfg.sync.fragments, I.cfg.sync.sync_every);
-  I.core = std::make_unique<Syncer>(I.cfg.sync, frags, global, I.cfg.merge_plan(), I.cfg.outer);
-  for (const auto& f : I.core->fragments()) {
-    std::vector<at::Tensor> ts;
-    for (const auto& n : f.names) ts.push_back(by_name.at(n));
-    I.layouts.push_back(proto::make_layout(f.names, ts));
-  }
-  std::vector<at::Tensor> all;
-  for (const auto& [n, t] : global) all.push_back(t);
-  I.model_layout = proto::make_layout(I.model_names, all);
-  I.limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(I.model_layout.elements, 1 << 16));
-  I.limits.max_payload_bytes = I.limits.max_elements * 4 + 4096;
+  for (const auto& [n, t] : I.evaluator->parameters()) global.emplace_back(n, t.detach().to(torch::kCPU));
+  proto::ModelPlan plan = proto::plan_model(global, I.cfg.sync.fragments, I.cfg.sync.sync_every);
+  I.core = std::make_unique<Syncer>(I.cfg.sync, plan.fragments, global, I.cfg.merge_plan(), I.cfg.outer);
+  I.layouts = std::move(plan.fragment_layouts);
+  I.model_layout = std::move(plan.model);
+  I.limits = plan.limits;
   I.broadcast_enc = parse_encoding(I.cfg.net.broadcast_encoding);
   I.peers.resize(static_cast<size_t>(I.M));
   I.retired.assign(static_cast<size_t>(I.M), false);
