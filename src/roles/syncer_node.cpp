@@ -189,7 +189,7 @@ struct SyncerNode::Impl {
         case MessageKind::kHeartbeat: {
           if (env.payload.empty()) return;
           auto b = proto::parse_beat(env.payload.data(), env.payload.size());
-          P.step = b.step;
+          P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
           P.tokens = std::max(P.tokens, b.tokens);
           P.busy = b.busy_seconds;
           P.step_time = b.step_time;
