@@ -1,18 +1,21 @@
 // deloco/runtime.h — the distributed runtime: a syncer node and learner nodes on the wall clock, talking over a
 // transport (deloco/transport.h) in the wire format (deloco/wire.h), driving the same algorithm core as the
-// simulator (deloco/sync.h). Used by `deloco syncer`, `deloco learner` and `deloco run` (issue 5).
+// simulator (deloco/sync.h, deloco/learner.h). Used by `deloco syncer`, `deloco learner` and `deloco run`.
 //
 // Protocol (every message one wire frame; see docs/runtime.md for the sequence diagrams)
-//   learner → syncer  hello        JSON {learner, fingerprint, instance, step, want_state}; fingerprint also in header
+//   learner → syncer  hello        JSON {learner, instance, step, want_state}; the fingerprint is in the header
 //   syncer → learner  welcome      JSON {round, versions[P], resume_step, chunks, chunk_elements, elements,
-//                                  state_hash, names, shapes}   (state_hash: FNV-1a-64 hex of the fp32 bytes)
+//                                  state_hash}   (state_hash: FNV-1a-64 hex of the fp32 bytes)
 //   syncer → learner  state_chunk  fp32, fragment_id = chunk index, round = welcome.round   (only if want_state)
-//   learner → syncer  fragment_push    θ_p in net.encoding, c_steps/c_tokens in the header, round = version of Θ_p
-//                                      the learner last applied; JSON-free
+//   learner → syncer  fragment_push    the outer gradient Δ_p = Θ_p^v − θ_p in net.encoding (with error feedback),
+//                                      c_steps/c_tokens in the header, round = v, the version of Θ_p the learner
+//                                      holds (last applied or downloaded); JSON-free. A heartbeat carrying the
+//                                      push's step-time estimate goes right before it.
 //   syncer → learner  fragment_broadcast Θ_p in net.broadcast_encoding, round = new version of fragment p
 //   either way        heartbeat    JSON {step, busy_seconds, tokens} from learners; empty from the syncer
 //   learner → syncer  leave        JSON {reason: "done" | "stop"}; "done" retires the learner (its quorum share)
-//   syncer → learner  reject       text: the reason (fingerprint mismatch, duplicate id, not joined, key/id mismatch …)
+//   syncer → learner  reject       header round = the reason code (src/roles/protocol.h RejectReason), text
+//                                  "name: detail" (fingerprint mismatch, duplicate id, not joined, key/id mismatch …)
 // A learner that hears nothing from the syncer for net.dead_after seconds counts it as gone, keeps training, and
 // sends hello every net.heartbeat seconds until a welcome comes back (then it trains on without downloading).
 // The syncer counts a learner gone after net.dead_after seconds of silence (Syncer::set_connected(false)).
@@ -53,10 +56,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/merge.h"
-#include "deloco/outer.h"
-#include "deloco/sync.h"
+#include "deloco/algorithm.h"
 #include "deloco/train.h"
+#include "deloco/workload.h"
 #include "deloco/transport.h"
 
 namespace deloco {
@@ -69,9 +71,7 @@ struct NetOptions {
   std::string secret_key;            // own .key file (env DELOCO_SECRET_KEY)
   std::string server_key;            // learners: the syncer's .pub file (env DELOCO_SERVER_KEY)
   std::string allow;                 // syncer: allow-list file or directory of .pub files (env DELOCO_ALLOW)
-  std::string encoding = "fp32";     // fragment_push payloads: fp32 | bf16 | int8 | int4
-  std::string broadcast_encoding = "fp32";  // fragment_broadcast payloads
-  bool error_feedback = true;        // learners carry the quantization residual to the next push (int8/int4/bf16)
+  // net.encoding, net.broadcast_encoding and net.error_feedback are algorithm keys (deloco/algorithm.h).
   double heartbeat = 0.5;            // seconds between heartbeats
   double dead_after = 3.0;           // seconds of silence before a peer counts as gone
   int64_t chunk_bytes = 1 << 20;     // global-state download chunk size
@@ -92,6 +92,10 @@ struct SyncerNodeOptions {
 
 struct LearnerNodeOptions {
   double slowdown = 1.0;             // chaos: stretch every inner step to this multiple of its time (sleep)
+  std::string state_dir;             // learner-local state (inner-optimizer moments): <state_dir>/learner-N/
+                                     // ("" : none). A restarted learner resumes its AdamW moments from it.
+  int64_t state_every = 0;           // inner steps between learner-local state writes (0: max(100, sync.sync_every));
+                                     // it is also written when the learner stops
   void bind(ConfigSchema& schema);   // learner.*
 };
 
@@ -108,21 +112,17 @@ struct ChaosOptions {                // used by `deloco run` only
   void bind(ConfigSchema& schema);   // chaos.*
 };
 
-struct RuntimeConfig {
+// The algorithm (sync.*, merge.*, outer.*, codecs: deloco/algorithm.h, bound once there) plus the runtime's own keys.
+struct RuntimeConfig : AlgorithmConfig {
   RunConfig run;                     // model.*, data.*, train.*
-  SyncOptions sync;                  // sync.*
-  std::string merge_preset = "decoupled";
-  std::string merge_method;
-  OuterOptions outer;                // outer.*
   NetOptions net;
   SyncerNodeOptions syncer;
   LearnerNodeOptions learner;
   ChaosOptions chaos;
   void bind(ConfigSchema& schema);   // every section above
-  MergePlan merge_plan() const;
   // sync.learners, or one per core when it is 0 (allowed in runtime configs only).
   int64_t resolved_learners() const;
-  void validate() const;             // cross-checks; throws ConfigError naming the key
+  void validate() const;             // cross-checks (resolving the preset first); throws ConfigError naming the key
 };
 
 using RecordSink = std::function<void(const nlohmann::json&)>;
@@ -132,12 +132,14 @@ class SyncerNode {
   // resume: continue from out_dir's latest syncer checkpoint (throws CheckpointError when none or corrupt).
   SyncerNode(const RuntimeConfig& cfg, std::unique_ptr<ServerTransport> transport,
              std::shared_ptr<const Corpus> corpus, bool resume, RecordSink record);
+  // Any workload (deloco/workload.h): `evaluator` scores Θ and fixes the model every learner must match.
+  SyncerNode(const RuntimeConfig& cfg, std::unique_ptr<ServerTransport> transport,
+             std::unique_ptr<Workload> evaluator, bool resume, RecordSink record);
   ~SyncerNode();
   // Serves until every learner retired (then a final merge of what waits, a final evaluation and checkpoint) or
   // until `stop`. Returns the summary (DESIGN.md §4 fields plus runtime specifics).
   nlohmann::json run(const std::atomic<bool>& stop);
   std::string prometheus() const;    // the metrics text (thread-safe)
-  const Syncer& core() const;
 
  private:
   struct Impl;
@@ -148,10 +150,12 @@ class LearnerNode {
  public:
   LearnerNode(const RuntimeConfig& cfg, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
               std::shared_ptr<const Corpus> corpus, RecordSink record);
+  // Any workload (deloco/workload.h) as this learner's replica.
+  LearnerNode(const RuntimeConfig& cfg, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
+              std::unique_ptr<Workload> workload, RecordSink record);
   ~LearnerNode();
   // Joins, trains train.steps inner steps (resuming at the step the syncer remembers for this id), leaves.
   nlohmann::json run(const std::atomic<bool>& stop);
-  Trainer& trainer();
 
  private:
   struct Impl;

@@ -26,9 +26,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/outer.h"
-#include "deloco/sync.h"
+#include "deloco/algorithm.h"
 #include "deloco/train.h"
+#include "deloco/workload.h"
 
 namespace deloco {
 
@@ -61,15 +61,13 @@ struct SimOptions {
   double pause_duration = 0.0;         // ... for this long
 };
 
-struct SimConfig {
-  SyncOptions sync;
+// The algorithm (sync.*, merge.*, outer.*, the push and broadcast codecs: deloco/algorithm.h) plus the simulated
+// cluster (sim.*).
+struct SimConfig : AlgorithmConfig {
   SimOptions sim;
-  std::string merge_preset = "diloco";  // diloco | decoupled | isoloco (deloco/merge.h)
-  std::string merge_method;             // "" : the preset's; else one method for every tensor
-  OuterOptions outer;                   // defaults: nesterov, η 0.7, μ 0.9
-  void bind(ConfigSchema& schema);      // sync.*, sim.*, merge.preset, merge.method, outer.*
-  MergePlan merge_plan() const;
-  // Cross-checks with the run config; throws ConfigError naming the key.
+  void bind(ConfigSchema& schema);      // the algorithm's keys and sim.*
+  // Cross-checks with the run config (resolving the preset's outer optimizer first); throws ConfigError naming the
+  // key.
   void validate(const RunConfig& run) const;
 };
 
@@ -80,8 +78,11 @@ struct SimResult {
 
 class Simulator {
  public:
-  // Builds M trainers (train.learner_id = m, train.num_learners = M) and the syncer from learner 0's initial
-  // parameters. Throws on inconsistent configs.
+  // Builds M workloads with `workloads(m, M)` (every learner starts from learner 0's initial parameters) plus one
+  // evaluator `workloads(0, 1)`, and the syncer. `run` gives train.steps and the logging cadence. Throws on
+  // inconsistent configs.
+  Simulator(const RunConfig& run, const SimConfig& cfg, WorkloadFactory workloads);
+  // The built-in GPT on `corpus` (gpt_workloads).
   Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr<const Corpus> corpus);
   ~Simulator();
 
@@ -89,11 +90,13 @@ class Simulator {
   SimResult run(const std::function<void(const nlohmann::json&)>& record = nullptr);
 
   // Called right after a rejoining learner installed the global parameters (tests use it).
-  std::function<void(int64_t learner, NamedTensors& local, const std::vector<std::pair<std::string, at::Tensor>>& global)>
+  std::function<void(int64_t learner, std::vector<std::pair<std::string, at::Tensor>>& local,
+                     const std::vector<std::pair<std::string, at::Tensor>>& global)>
       on_rejoin;
 
   const std::vector<std::pair<std::string, at::Tensor>>& global() const;
-  Trainer& learner(int64_t m);
+  Workload& learner(int64_t m);
+  const Syncer& syncer() const;
 
  private:
   struct Impl;

@@ -12,8 +12,10 @@
 //  * Syncer: holds the global parameters Θ (its own copies), one round per fragment, the outer optimizer and the
 //    merge selector. Contributions are checked on arrival (shape, finite, norm bound) and rejected with a counted
 //    reason; accepted ones wait in their fragment's round (a newer one from the same learner replaces an older).
-//    merge() computes Δ_m = anchor − θ_m, token or uniform weights, merges, applies the outer step and returns
-//    the new Θ_p for broadcast.
+//    Learners send outer gradients Δ̂ = Θ_p^v − θ_m against the version v they hold; the syncer keeps the earlier
+//    versions still held by someone. merge() computes Δ_m = anchor − θ_m with θ_m = Θ_p^v − Δ̂ and the anchor the
+//    current Θ_p (delta_anchor = global: Δ_m = Δ̂ + Θ_p − Θ_p^v) or the held Θ_p^v (base: Δ_m = Δ̂), token or
+//    uniform weights, merges (random methods draw per outer step), applies the outer step and returns the new Θ_p.
 //  * Errors: bad options throw SyncError with a sentence naming the key. Not thread-safe.
 #pragma once
 
@@ -115,7 +117,7 @@ struct RoundDecision {
 
 RoundDecision decide_round(double now, const RoundState& s, const SyncOptions& o, double grace);
 
-// ---- Learner side ---------------------------------------------------------------------------------------
+// ---- Learner side (the rest is deloco/learner.h) ---------------------------------------------------------
 // θ ← (1−α)·Θ + α·θ in place (α = 0: copy).
 void apply_global(at::Tensor& local, const at::Tensor& global, double alpha);
 
@@ -123,9 +125,10 @@ void apply_global(at::Tensor& local, const at::Tensor& global, double alpha);
 struct Contribution {
   int64_t learner = 0;
   int64_t fragment = 0;
-  std::vector<at::Tensor> tensors;  // θ_{m,p}, in the fragment's name order (owned by the contribution)
+  std::vector<at::Tensor> deltas;   // Δ̂_{m,p} = Θ_p^v − θ_{m,p} as decoded from the wire, in the fragment's name order
+  int64_t base_version = 0;         // v: the version of Θ_p the learner held when it computed Δ̂
   int64_t c_steps = 0, c_tokens = 0;
-  double step_time = 0;             // learner's mean inner-step time since its last send (for ξ_step)
+  double step_time = 0;             // the learner's step-time estimate (deloco/learner.h), feeds ξ_step
 };
 
 struct MergeOutcome {
@@ -148,22 +151,28 @@ class Syncer {
 
   // Connection state of a learner (affects "every connected learner has contributed").
   void set_connected(int64_t learner, bool connected);
-  // `learner` finished its training and will not contribute again.
-  void retire(int64_t learner);
+  // `learner` finished its training and will not contribute again. A round that now holds the lowered quorum
+  // starts its grace window at `now`.
+  void retire(double now, int64_t learner);
   // True while some fragment holds contributions but fewer than the effective quorum (global training stalls).
   bool stalled() const;
   double quorum_time(int64_t fragment) const { return rounds_.at(fragment).quorum_time; }
-  // Records that `learner` now holds Θ_p of `fragment` (needed for delta_anchor = base).
-  void note_sent(int64_t learner, int64_t fragment);
+  // `learner` downloaded the current global state (it holds every fragment's current version).
+  void note_joined(int64_t learner);
 
-  // A contribution arrives. Returns "" when accepted, else the rejection reason (also counted).
+  // A contribution arrives. Returns "" when accepted, else the rejection reason (also counted): unknown_fragment,
+  // unknown_learner, wrong_tensor_count, wrong_shape, non_finite, norm_bound, future_base (a base version this
+  // syncer never produced).
   std::string receive(double now, Contribution c);
   // The decision for fragment p at time `now`.
   RoundDecision decide(double now, int64_t fragment) const;
   // Merges whatever fragment p holds (≥ 1 contribution), applies the outer step. Throws SyncError when empty.
-  MergeOutcome merge(double now, int64_t fragment);
-  // Feeds ξ_sync (merge + broadcast time) observed by the driver.
-  void observe_sync(double seconds) { stats_.sync.add(seconds, opts_.ema); }
+  MergeOutcome merge(int64_t fragment);
+  // Feeds ξ_sync: the time one synchronisation of a fragment costs besides the quorum wait — the upload of a
+  // contribution, the merge and the broadcast — as measured or modelled by the driver.
+  void observe_sync(double upload_seconds, double merge_seconds, double broadcast_seconds) {
+    stats_.sync.add(upload_seconds + merge_seconds + broadcast_seconds, opts_.ema);
+  }
 
   int64_t pending(int64_t fragment) const { return static_cast<int64_t>(rounds_.at(fragment).waiting.size()); }
   double grace() const { return grace_window(stats_, opts_); }
@@ -174,6 +183,8 @@ class Syncer {
   const std::vector<std::pair<std::string, at::Tensor>>& global() const { return global_; }
   const std::map<std::string, int64_t>& rejected() const { return rejected_; }
   int64_t merged_contributions() const { return merged_; }
+  // Contributions whose base version was no longer kept (e.g. after a restore): anchored at the current Θ_p.
+  int64_t stale_bases() const { return stale_bases_; }
   int64_t rejected_contributions() const;
 
   // Checkpoints. outer_state() is the outer optimizer's state (deloco/outer.h names); versions() the per-fragment
@@ -202,7 +213,12 @@ class Syncer {
   std::vector<Round> rounds_;
   std::vector<bool> connected_;
   std::vector<bool> retired_;
-  std::map<std::pair<int64_t, int64_t>, std::vector<at::Tensor>> base_;  // (learner, fragment) → Θ_p sent
+  // Earlier versions of each fragment that a learner may still hold: version → Θ_p^v. A version is dropped once no
+  // learner that may still contribute can hold it (floor_: the lowest version each learner may reference).
+  std::vector<std::map<int64_t, std::vector<at::Tensor>>> history_;
+  std::vector<std::vector<int64_t>> floor_;  // [learner][fragment]
+  void prune_history(int64_t fragment);
+  int64_t stale_bases_ = 0;
   MergeSelector selector_;
   std::unique_ptr<OuterOptimizer> outer_;
   GraceStats stats_;

@@ -17,6 +17,7 @@
 #include "deloco/checkpoint.h"
 #include "deloco/data.h"
 #include "deloco/model.h"
+#include "deloco/workload.h"
 
 namespace deloco {
 
@@ -40,6 +41,8 @@ struct TrainConfig {
   int64_t threads = 0;            // intra-op threads (0: one per core)
   int64_t learner_id = 0;         // which data shard this learner reads
   int64_t num_learners = 1;       // how many shards the training stream is cut into
+  std::vector<int64_t> learner_batch_sizes;  // per learner m: its batch size (missing or 0: batch_size); learners
+                                  // then differ in tokens per step, which token weighting rewards
   std::string out_dir;            // run folder ("" : runs/<config name>-<time>)
   std::string device = "cpu";     // torch device string: cpu, cuda, cuda:1, ...
 };
@@ -50,39 +53,43 @@ struct RunConfig {
   TrainConfig train;
   // Binds every key of the model, data and train sections.
   void bind(ConfigSchema& schema);
+  // This config for learner m of M: train.learner_id = m, train.num_learners = M, train.batch_size from
+  // train.learner_batch_sizes[m] when set.
+  RunConfig for_learner(int64_t m, int64_t M) const;
 };
 
-struct EvalResult {
-  double loss = 0;       // mean cross-entropy, nats per byte
-  double bpb = 0;        // bits per byte = loss / ln 2
-  int64_t tokens = 0;    // validation tokens scored
-};
+// The GPT workload factory (deloco/workload.h) of a run config over one corpus.
+WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus);
 
-class Trainer {
+// The built-in GPT as a Workload (deloco/workload.h).
+class Trainer : public Workload {
  public:
   Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus);
 
   // One inner step on this learner's batch for the current step; returns its training loss.
   double train_step();
-  EvalResult evaluate();
+  EvalResult evaluate() override;
 
-  int64_t step() const { return step_; }
+  // Workload
+  std::vector<std::pair<std::string, at::Tensor>>& parameters() override { return params_; }
+  StepResult inner_step() override;
+  int64_t step() const override { return step_; }
+  void set_step(int64_t step) override { step_ = step; }
+  std::map<std::string, at::Tensor> optimizer_state() const override;
+  void load_optimizer_state(const std::map<std::string, at::Tensor>& state) override;
+  std::string fingerprint() const override { return fingerprint_; }
+
   int64_t tokens_seen() const { return step_ * cfg_.train.batch_size * cfg_.model.block_size; }
   double current_lr() const;
   GPT& model() { return model_; }
-  NamedTensors& parameters() { return params_; }
   AdamW& optimizer() { return *opt_; }
   const RunConfig& config() const { return cfg_; }
-  const std::string& fingerprint() const { return fingerprint_; }
 
   // Manifest fields describing this trainer's position (step, tokens, data position, seed, fingerprint).
   nlohmann::json position() const;
   TensorFile optimizer_file() const;
   // Restores parameters, optimizer state and step from a checkpoint written for the same model shape.
   void restore(const Checkpoint& ck);
-  // Continues at `step` (schedule and data position) with the current parameters and optimizer state; used by a
-  // learner process that restarts after a crash and learns its last step from the syncer.
-  void set_step(int64_t step) { step_ = step; }
 
  private:
   RunConfig cfg_;

@@ -130,13 +130,14 @@ void run_learner(const NodeArgs& a) {
   std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
   if (dir.empty()) dir = "runs/learner-" + std::to_string(id);
   fs::create_directories(dir);
+  if (cfg.learner.state_dir.empty()) cfg.learner.state_dir = dir;  // AdamW moments survive a restart
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
   JsonlFile log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
   auto transport = make_zmq_client(cfg.net.address, cfg.net.transport());
   LearnerNode node(cfg, id, std::move(transport), corpus, [&](const nlohmann::json& j) { log.write(j); });
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
-            << ", " << cfg.run.train.steps << " steps, push " << cfg.net.encoding << "\n";
+            << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding << "\n";
   install_handlers();
   nlohmann::json s = node.run(g_stop);
   std::cerr << "deloco learner " << id << ": step " << s["step"] << ", " << s["pushes"] << " pushes, "

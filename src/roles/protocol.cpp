@@ -130,36 +130,6 @@ Frame make_frame(const MessageHeader& h_in, Bytes payload, const WireLimits& lim
   return Frame{Bytes::copy(head.data(), head.size()), std::move(payload)};
 }
 
-Layout make_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
-  Layout l;
-  l.names = names;
-  for (const auto& t : tensors) {
-    l.shapes.push_back(t.sizes().vec());
-    l.offsets.push_back(l.elements);
-    l.elements += t.numel();
-  }
-  return l;
-}
-
-void flatten_into(const std::vector<at::Tensor>& tensors, float* out) {
-  int64_t off = 0;
-  for (const auto& t : tensors) {
-    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    std::memcpy(out + off, c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
-    off += c.numel();
-  }
-}
-
-std::vector<at::Tensor> unflatten(const at::Tensor& flat, const Layout& layout) {
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < layout.shapes.size(); ++i) {
-    int64_t n = 1;
-    for (auto d : layout.shapes[i]) n *= d;
-    out.push_back(flat.narrow(0, layout.offsets[i], n).view(layout.shapes[i]));
-  }
-  return out;
-}
-
 ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H) {
   ModelPlan plan;
   std::vector<std::pair<std::string, int64_t>> sizes;
@@ -176,12 +146,50 @@ ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& para
   for (const auto& f : plan.fragments) {
     std::vector<at::Tensor> ts;
     for (const auto& n : f.names) ts.push_back(by_name.at(n));
-    plan.fragment_layouts.push_back(make_layout(f.names, ts));
+    plan.fragment_layouts.push_back(make_flat_layout(f.names, ts));
   }
-  plan.model = make_layout(names, all);
+  plan.model = make_flat_layout(names, all);
   plan.limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(plan.model.elements, 1 << 16));
   plan.limits.max_payload_bytes = plan.limits.max_elements * 4 + 4096;
   return plan;
+}
+
+const char* reject_reason_name(RejectReason r) {
+  switch (r) {
+    case RejectReason::kMalformedFrame: return "malformed_frame";
+    case RejectReason::kFingerprintMismatch: return "fingerprint_mismatch";
+    case RejectReason::kNotJoined: return "not_joined";
+    case RejectReason::kLearnerIdMismatch: return "learner_id_mismatch";
+    case RejectReason::kUnknownLearner: return "unknown_learner";
+    case RejectReason::kKeyIdMismatch: return "key_id_mismatch";
+    case RejectReason::kDuplicateId: return "duplicate_id";
+    case RejectReason::kUnexpectedKind: return "unexpected_kind";
+    case RejectReason::kUnknownFragment: return "unknown_fragment";
+    case RejectReason::kWrongShape: return "wrong_shape";
+    case RejectReason::kNonFinite: return "non_finite";
+    case RejectReason::kRefusedByCore: return "refused_by_core";
+    case RejectReason::kOther: break;
+  }
+  return "other";
+}
+
+RejectReason reject_reason_from_core(const std::string& why) {
+  if (why == "wrong_shape" || why == "wrong_tensor_count") return RejectReason::kWrongShape;
+  if (why == "non_finite") return RejectReason::kNonFinite;
+  if (why == "unknown_fragment") return RejectReason::kUnknownFragment;
+  if (why == "unknown_learner") return RejectReason::kUnknownLearner;
+  return RejectReason::kRefusedByCore;
+}
+
+RejectReason reject_reason_of(const MessageHeader& h) {
+  if (h.kind != MessageKind::kReject || h.round > static_cast<uint64_t>(RejectReason::kRefusedByCore))
+    return RejectReason::kOther;
+  return static_cast<RejectReason>(h.round);
+}
+
+bool reject_is_permanent(RejectReason r) {
+  return r == RejectReason::kFingerprintMismatch || r == RejectReason::kKeyIdMismatch ||
+         r == RejectReason::kUnknownLearner || r == RejectReason::kLearnerIdMismatch;
 }
 
 double unix_now() {

@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/learner.h"
 #include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
@@ -66,18 +67,8 @@ inline Frame make_frame(const MessageHeader& h, const std::string& payload, cons
   return make_frame(h, Bytes::from_string(payload), limits);
 }
 
-// How a list of tensors maps onto one flat fp32 vector (in the list's order).
-struct Layout {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<int64_t> offsets;  // element offset of each tensor
-  int64_t elements = 0;
-};
-Layout make_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors);
-// Copies tensors (any device, float32) into out[0..elements).
-void flatten_into(const std::vector<at::Tensor>& tensors, float* out);
-// Views of a flat CPU float tensor of `layout.elements` elements, shaped like the layout.
-std::vector<at::Tensor> unflatten(const at::Tensor& flat, const Layout& layout);
+// How a list of tensors maps onto one flat fp32 vector: deloco/learner.h (FlatLayout, flatten_into, unflatten).
+using Layout = FlatLayout;
 
 // How every node cuts the model, identically given the same config: the P fragments (plan_fragments), each
 // fragment's flat layout, the whole model's layout, and wire limits sized to the model.
@@ -88,6 +79,31 @@ struct ModelPlan {
   WireLimits limits;
 };
 ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H);
+
+// Why the syncer refused a message. A reject frame carries the code in its header's `round` field and a text
+// "name: detail" as its payload; learners act on the code, people read the text.
+enum class RejectReason : uint8_t {
+  kOther = 0,
+  kMalformedFrame = 1,
+  kFingerprintMismatch = 2,
+  kNotJoined = 3,
+  kLearnerIdMismatch = 4,
+  kUnknownLearner = 5,
+  kKeyIdMismatch = 6,
+  kDuplicateId = 7,
+  kUnexpectedKind = 8,
+  kUnknownFragment = 9,
+  kWrongShape = 10,
+  kNonFinite = 11,
+  kRefusedByCore = 12,  // the syncer core's own checks (deloco/sync.h): named in the text
+};
+const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)
+// The reason the core's rejection string maps to (wrong_shape, non_finite, unknown_fragment; else kRefusedByCore).
+RejectReason reject_reason_from_core(const std::string& why);
+// The code of a reject frame's header (kOther for an unknown value).
+RejectReason reject_reason_of(const MessageHeader& h);
+// Refusals that retrying cannot fix: the learner stops.
+bool reject_is_permanent(RejectReason r);
 
 // Seconds since the Unix epoch: the "t" of every metrics record.
 double unix_now();

@@ -65,7 +65,7 @@ TEST(Protocol, RefusesMalformedBodiesNamingTheField) {
 
 TEST(Protocol, LayoutFlattensAndUnflattensExactly) {
   std::vector<at::Tensor> ts{torch::randn({3, 4}), torch::randn({5}), torch::randn({2, 2, 2})};
-  Layout l = make_layout({"a", "b", "c"}, ts);
+  Layout l = make_flat_layout({"a", "b", "c"}, ts);
   EXPECT_EQ(l.elements, 12 + 5 + 8);
   at::Tensor flat = torch::empty({l.elements});
   flatten_into(ts, flat.data_ptr<float>());

@@ -15,16 +15,6 @@ std::function<std::string()> positive(const double* v, const char* key) {
 std::function<std::string()> nonneg(const double* v, const char* key) {
   return [v, key] { return *v >= 0 ? std::string() : std::string(key) + " must be ≥ 0"; };
 }
-std::function<std::string()> float_encoding(const std::string* v, const char* key) {
-  return [v, key] {
-    try {
-      parse_encoding(*v);
-      return std::string();
-    } catch (const std::exception&) {
-      return std::string(key) + " must be fp32, bf16, int8 or int4 (got '" + *v + "')";
-    }
-  };
-}
 }  // namespace
 
 void NetOptions::bind(ConfigSchema& s) {
@@ -37,11 +27,6 @@ void NetOptions::bind(ConfigSchema& s) {
   s.bind("net.secret_key", &secret_key, "own .key file from `deloco keygen` (env DELOCO_SECRET_KEY)");
   s.bind("net.server_key", &server_key, "learners: the syncer's .pub file (env DELOCO_SERVER_KEY)");
   s.bind("net.allow", &allow, "syncer: allow-list file or folder of .pub files (env DELOCO_ALLOW)");
-  s.bind("net.encoding", &encoding, "fragment push encoding: fp32 | bf16 | int8 | int4",
-         float_encoding(&encoding, "net.encoding"));
-  s.bind("net.broadcast_encoding", &broadcast_encoding, "fragment broadcast encoding: fp32 | bf16 | int8 | int4",
-         float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
-  s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
   s.bind("net.heartbeat", &heartbeat, "seconds between heartbeats", positive(&heartbeat, "net.heartbeat"));
   s.bind("net.dead_after", &dead_after, "seconds of silence before a peer counts as gone", [this] {
     return dead_after > heartbeat ? std::string() : std::string("net.dead_after must be > net.heartbeat");
@@ -77,6 +62,9 @@ void SyncerNodeOptions::bind(ConfigSchema& s) {
 void LearnerNodeOptions::bind(ConfigSchema& s) {
   s.bind("learner.slowdown", &slowdown, "stretch every inner step to this multiple of its time (chaos)",
          [this] { return slowdown >= 1 ? "" : "learner.slowdown must be ≥ 1"; });
+  s.bind("learner.state_dir", &state_dir, "folder of learner-local state (AdamW moments) for restarts (\"\": none)");
+  s.bind("learner.state_every", &state_every, "inner steps between learner-local state writes (0: max(100, sync.sync_every))",
+         [this] { return state_every >= 0 ? "" : "learner.state_every must be ≥ 0"; });
 }
 
 void ChaosOptions::bind(ConfigSchema& s) {
@@ -103,25 +91,11 @@ void ChaosOptions::bind(ConfigSchema& s) {
 void RuntimeConfig::bind(ConfigSchema& s) {
   sync.learners_auto_ok = true;  // `deloco run`: 0 = one learner per core
   run.bind(s);
-  sync.bind(s);
-  s.bind("merge.preset", &merge_preset, "diloco | decoupled | isoloco");
-  s.bind("merge.method", &merge_method, "one merge method for every tensor (\"\": the preset's)");
-  s.bind("outer.kind", &outer.kind, "sgd | nesterov");
-  s.bind("outer.lr", &outer.lr, "outer learning rate eta");
-  s.bind("outer.momentum", &outer.momentum, "outer momentum mu");
+  AlgorithmConfig::bind(s);
   net.bind(s);
   syncer.bind(s);
   learner.bind(s);
   chaos.bind(s);
-}
-
-MergePlan RuntimeConfig::merge_plan() const {
-  MergePlan p = MergePlan::preset(merge_preset);
-  if (!merge_method.empty()) {
-    p.method = merge_method;
-    p.rules.clear();
-  }
-  return p;
 }
 
 int64_t RuntimeConfig::resolved_learners() const {
@@ -131,16 +105,13 @@ int64_t RuntimeConfig::resolved_learners() const {
 }
 
 void RuntimeConfig::validate() const {
-  try {
-    SyncOptions s = sync;
-    s.learners = resolved_learners();
-    s.learners_auto_ok = false;
-    s.validate();
-    outer.validate();
-    MergeSelector sel(merge_plan());
-  } catch (const std::exception& e) {
-    throw ConfigError(e.what());
-  }
+  AlgorithmConfig algo = *this;
+  algo.sync.learners = resolved_learners();
+  algo.sync.learners_auto_ok = false;
+  algo.resolve();
+  algo.validate();
+  if (static_cast<int64_t>(run.train.learner_batch_sizes.size()) > resolved_learners())
+    throw ConfigError("train.learner_batch_sizes has more entries than sync.learners");
   if (run.train.steps < sync.sync_every)
     throw ConfigError("train.steps=" + std::to_string(run.train.steps) + " is less than sync.sync_every=" +
                       std::to_string(sync.sync_every) + ": no outer step would ever happen");

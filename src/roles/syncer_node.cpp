@@ -27,6 +27,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
+using proto::RejectReason;
 using proto::unix_now;
 
 struct Peer {
@@ -48,10 +49,9 @@ struct Peer {
 struct SyncerNode::Impl {
   RuntimeConfig cfg;
   std::unique_ptr<ServerTransport> tx;
-  std::shared_ptr<const Corpus> corpus;
   RecordSink record;
   int64_t M = 0;
-  std::unique_ptr<Trainer> evaluator;  // holds a model replica to evaluate Θ
+  std::unique_ptr<Workload> evaluator;  // holds a model replica to evaluate Θ
   std::unique_ptr<Syncer> core;
   std::vector<proto::Layout> layouts;  // per fragment
   proto::Layout model_layout;
@@ -104,8 +104,10 @@ struct SyncerNode::Impl {
   std::vector<bool> retired;
 
   // ---- rejections -------------------------------------------------------------------------------------------
-  void reject(const std::string& route, int64_t learner, int64_t fragment, const std::string& reason,
-              const std::string& detail) {
+  // `counter`: the name counted and logged ("" : the code's name; the core's own reasons are finer).
+  void reject(const std::string& route, int64_t learner, int64_t fragment, RejectReason code, const std::string& detail,
+              const std::string& counter = "") {
+    const std::string reason = counter.empty() ? proto::reject_reason_name(code) : counter;
     ++rejects[reason];
     // Log at most 20 records per reason and 10 s window, so a flood of garbage cannot fill the disk either; the
     // counters (summary, Prometheus) stay exact.
@@ -119,6 +121,7 @@ struct SyncerNode::Impl {
     if (route.empty()) return;
     MessageHeader h;
     h.kind = MessageKind::kReject;
+    h.round = static_cast<uint64_t>(code);
     h.learner_id = learner >= 0 ? static_cast<uint32_t>(learner) : 0;
     h.fingerprint = fingerprint;
     const std::string body = reason + ": " + detail.substr(0, 400);
@@ -137,7 +140,7 @@ struct SyncerNode::Impl {
     if (retired[m]) return;
     retired[m] = true;
     peers[m].alive = false;
-    core->retire(m);
+    core->retire(now(), m);
     emit({{"kind", "retired"}, {"learner", m}, {"how", how}});
     for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
     if (cfg.syncer.checkpoint_every > 0) checkpoint();
@@ -147,7 +150,7 @@ struct SyncerNode::Impl {
   void handle(const Envelope& env) {
     const double t = now();
     if (env.parts != 2) {
-      reject(env.peer, -1, -1, "malformed_frame", "message has " + std::to_string(env.parts) + " frames, not 2");
+      reject(env.peer, -1, -1, RejectReason::kMalformedFrame, "message has " + std::to_string(env.parts) + " frames, not 2");
       return;
     }
     MessageHeader h;
@@ -157,23 +160,23 @@ struct SyncerNode::Impl {
         throw WireError("header frame has " + std::to_string(env.header.size()) + " bytes");
       verify_payload(h, env.payload.data(), env.payload.size());
     } catch (const WireError& e) {
-      reject(env.peer, -1, -1, "malformed_frame", e.what());
+      reject(env.peer, -1, -1, RejectReason::kMalformedFrame, e.what());
       return;
     }
     if (h.fingerprint != fingerprint) {
-      reject(env.peer, h.learner_id, -1, "fingerprint_mismatch",
+      reject(env.peer, h.learner_id, -1, RejectReason::kFingerprintMismatch,
              "peer model " + fingerprint_hex(h.fingerprint) + " differs from the syncer's " + fingerprint_hex(fingerprint));
       return;
     }
     if (h.kind == MessageKind::kHello) return on_hello(env, h, t);
     auto it = route_to_id.find(env.peer);
     if (it == route_to_id.end()) {
-      reject(env.peer, h.learner_id, -1, "not_joined", "say hello first");
+      reject(env.peer, h.learner_id, -1, RejectReason::kNotJoined, "say hello first");
       return;
     }
     const int64_t m = it->second;
     if (static_cast<int64_t>(h.learner_id) != m) {
-      reject(env.peer, h.learner_id, -1, "learner_id_mismatch",
+      reject(env.peer, h.learner_id, -1, RejectReason::kLearnerIdMismatch,
              "connection joined as learner " + std::to_string(m) + " but sent id " + std::to_string(h.learner_id));
       return;
     }
@@ -209,11 +212,11 @@ struct SyncerNode::Impl {
           return;
         }
         default:
-          reject(env.peer, m, -1, "unexpected_kind", std::string("a learner may not send ") + kind_name(h.kind));
+          reject(env.peer, m, -1, RejectReason::kUnexpectedKind, std::string("a learner may not send ") + kind_name(h.kind));
           return;
       }
     } catch (const WireError& e) {
-      reject(env.peer, m, -1, "malformed_frame", e.what());
+      reject(env.peer, m, -1, RejectReason::kMalformedFrame, e.what());
     }
   }
 
@@ -222,20 +225,20 @@ struct SyncerNode::Impl {
     try {
       hello = proto::parse_hello(env.payload.data(), env.payload.size());
     } catch (const WireError& e) {
-      return reject(env.peer, h.learner_id, -1, "malformed_frame", e.what());
+      return reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
     }
     const int64_t m = hello.learner;
     if (m >= M || static_cast<int64_t>(h.learner_id) != m)
-      return reject(env.peer, m, -1, "unknown_learner",
+      return reject(env.peer, m, -1, RejectReason::kUnknownLearner,
                     "learner id " + std::to_string(m) + " is not in [0, " + std::to_string(M) + ")");
     // A key named "learner-N" in the allow-list may only speak for learner N.
     if (env.identity.rfind("learner-", 0) == 0 && env.identity != "learner-" + std::to_string(m))
-      return reject(env.peer, m, -1, "key_id_mismatch", "key '" + env.identity + "' may not join as learner " + std::to_string(m));
+      return reject(env.peer, m, -1, RejectReason::kKeyIdMismatch, "key '" + env.identity + "' may not join as learner " + std::to_string(m));
     Peer& P = peers[m];
     const bool other_live = P.alive && !P.route.empty() && P.route != env.peer &&
                             t - P.last_heard < 2 * cfg.net.heartbeat && P.instance != hello.instance;
     if (other_live)
-      return reject(env.peer, m, -1, "duplicate_id",
+      return reject(env.peer, m, -1, RejectReason::kDuplicateId,
                     "learner " + std::to_string(m) + " is held by a live connection (another process with this id?)");
     if (!P.route.empty() && P.route != env.peer) route_to_id.erase(P.route);
     const bool restart = P.joins > 0 && P.instance != hello.instance;
@@ -264,7 +267,7 @@ struct SyncerNode::Impl {
       auto flat = std::make_shared<std::vector<float>>(static_cast<size_t>(model_layout.elements));
       std::vector<at::Tensor> ts;
       for (const auto& [n, tensor] : core->global()) ts.push_back(tensor);
-      proto::flatten_into(ts, flat->data());
+      flatten_into(ts, flat->data());
       w.state_hash = fnv1a64(flat->data(), flat->size() * sizeof(float));
       w.chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
       w.chunks = (w.elements + w.chunk_elements - 1) / w.chunk_elements;
@@ -291,7 +294,7 @@ struct SyncerNode::Impl {
       auto cf = proto::make_frame(ch, chunk, limits);
       tx->send(env.peer, cf.header, cf.payload);
     }
-    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) core->note_sent(m, p);
+    if (hello.want_state) core->note_joined(m);  // it will hold every fragment's current version
     emit({{"kind", "join"}, {"learner", m}, {"instance", fingerprint_hex(hello.instance)}, {"restart", restart},
           {"step", P.step}, {"state_bytes", hello.want_state ? model_layout.elements * 4 : 0},
           {"identity", env.identity}});
@@ -303,30 +306,31 @@ struct SyncerNode::Impl {
   void on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t) {
     const int64_t p = h.fragment_id;
     if (p >= static_cast<int64_t>(layouts.size()))
-      return reject(env.peer, m, p, "unknown_fragment", "fragment " + std::to_string(p) + " of " + std::to_string(layouts.size()));
+      return reject(env.peer, m, p, RejectReason::kUnknownFragment, "fragment " + std::to_string(p) + " of " + std::to_string(layouts.size()));
     const proto::Layout& L = layouts[p];
     if (static_cast<int64_t>(h.element_count) != L.elements)
-      return reject(env.peer, m, p, "wrong_shape",
+      return reject(env.peer, m, p, RejectReason::kWrongShape,
                     "fragment " + std::to_string(p) + " has " + std::to_string(L.elements) + " elements, push has " +
                         std::to_string(h.element_count));
-    if (h.encoding == Encoding::kRaw) return reject(env.peer, m, p, "malformed_frame", "push must carry floats");
+    if (h.encoding == Encoding::kRaw) return reject(env.peer, m, p, RejectReason::kMalformedFrame, "push must carry floats");
     at::Tensor flat = torch::empty({L.elements}, torch::kFloat);
     try {
       decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(L.elements),
                          flat.data_ptr<float>());
     } catch (const WireError& e) {
       const std::string what = e.what();
-      return reject(env.peer, m, p, what.find("finite") != std::string::npos ? "non_finite" : "malformed_frame", what);
+      return reject(env.peer, m, p, what.find("finite") != std::string::npos ? RejectReason::kNonFinite : RejectReason::kMalformedFrame, what);
     }
     Contribution c;
     c.learner = m;
     c.fragment = p;
-    c.tensors = proto::unflatten(flat, L);
+    c.deltas = unflatten(flat, L);
+    c.base_version = static_cast<int64_t>(h.round);
     c.c_steps = static_cast<int64_t>(h.c_steps);
     c.c_tokens = static_cast<int64_t>(h.c_tokens);
     c.step_time = peers[m].step_time;
     const std::string why = core->receive(t, std::move(c));
-    if (!why.empty()) return reject(env.peer, m, p, why, "refused by the syncer core");
+    if (!why.empty()) return reject(env.peer, m, p, proto::reject_reason_from_core(why), "refused by the syncer core: " + why, why);
     try_merge(p);
   }
 
@@ -345,7 +349,7 @@ struct SyncerNode::Impl {
     const double qt = core->quorum_time(p);
     const double grace = core->grace();
     const auto start = std::chrono::steady_clock::now();
-    MergeOutcome out = core->merge(t, p);
+    MergeOutcome out = core->merge(p);
     ++merges;
     last_merge_t = t;
     if (qt >= 0 && t - qt > 1e-3) {
@@ -354,10 +358,11 @@ struct SyncerNode::Impl {
     }
     // Durable before anyone sees it: with checkpoint_every = 1 no merge a learner received can be lost.
     if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) checkpoint();
+    const auto merged_at = std::chrono::steady_clock::now();
     // Broadcast Θ_p: encode once, share the payload with every live learner.
     const proto::Layout& L = layouts[p];
     std::vector<float> flat(static_cast<size_t>(L.elements));
-    proto::flatten_into(core->fragment_tensors(p), flat.data());
+    flatten_into(core->fragment_tensors(p), flat.data());
     MessageHeader bh;
     bh.kind = MessageKind::kFragmentBroadcast;
     bh.encoding = broadcast_enc;
@@ -371,9 +376,12 @@ struct SyncerNode::Impl {
       bh.learner_id = static_cast<uint32_t>(m);
       auto f = proto::make_frame(bh, payload, limits);
       send_to(m, f);
-      core->note_sent(m, p);
     }
-    core->observe_sync(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    // ξ_sync = upload + merge + broadcast. One side cannot observe a transfer's duration on the wire; the time to
+    // encode and hand the broadcast to the transport stands for each direction (the simulator models both).
+    const double broadcast_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
+    core->observe_sync(broadcast_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
     emit({{"kind", "merge"}, {"fragment", p}, {"version", out.version}, {"quorum", out.learners.size()},
           {"learners", out.learners}, {"weights", out.weights}, {"grace", grace},
           {"grace_wait", qt >= 0 ? t - qt : 0.0}, {"delta_norm", out.delta_norm}, {"tokens", total_tokens()},
@@ -485,12 +493,12 @@ struct SyncerNode::Impl {
         peers[m].joins = pj[m].at("joins").get<int64_t>();
         if (ret[m]) {
           retired[m] = true;
-          core->retire(m);
+          core->retire(now(), m);
         }
         // It had finished but the syncer died before its goodbye: it will not come back.
         if (!ret[m] && peers[m].step >= cfg.run.train.steps) {
           retired[m] = true;
-          core->retire(m);
+          core->retire(now(), m);
         }
       }
     } catch (const nlohmann::json::exception& e) {
@@ -634,19 +642,21 @@ struct SyncerNode::Impl {
 
 SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransport> transport,
                        std::shared_ptr<const Corpus> corpus, bool resume, RecordSink record)
+    : SyncerNode(cfg_in, std::move(transport), gpt_workloads(cfg_in.run, std::move(corpus))(0, 1), resume,
+                 std::move(record)) {}
+
+SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransport> transport,
+                       std::unique_ptr<Workload> evaluator, bool resume, RecordSink record)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.cfg = cfg_in;
+  I.cfg.resolve();
   I.cfg.validate();
   I.M = I.cfg.resolved_learners();
   I.cfg.sync.learners = I.M;
   I.cfg.sync.learners_auto_ok = false;
-  I.corpus = std::move(corpus);
   I.record = std::move(record);
-  RunConfig rc = I.cfg.run;
-  rc.train.learner_id = 0;
-  rc.train.num_learners = I.M;
-  I.evaluator = std::make_unique<Trainer>(rc, I.corpus);
+  I.evaluator = std::move(evaluator);
   I.fingerprint = parse_fingerprint_hex(I.evaluator->fingerprint());
   std::vector<std::pair<std::string, at::Tensor>> global;
   for (const auto& [n, t] : I.evaluator->parameters()) global.emplace_back(n, t.detach().to(torch::kCPU));
@@ -655,7 +665,7 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.layouts = std::move(plan.fragment_layouts);
   I.model_layout = std::move(plan.model);
   I.limits = plan.limits;
-  I.broadcast_enc = parse_encoding(I.cfg.net.broadcast_encoding);
+  I.broadcast_enc = I.cfg.answer_encoding();
   I.peers.resize(static_cast<size_t>(I.M));
   I.retired.assign(static_cast<size_t>(I.M), false);
   I.timers.assign(I.layouts.size(), -1.0);
@@ -669,8 +679,6 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
 }
 
 SyncerNode::~SyncerNode() = default;
-
-const Syncer& SyncerNode::core() const { return *impl_->core; }
 
 std::string SyncerNode::prometheus() const {
   std::lock_guard<std::mutex> lock(impl_->prom_mu);

@@ -1,9 +1,11 @@
 // The virtual-clock driver: learners, network, chaos schedule and the event loop around the Syncer.
 //
-// Data flow per learner, read top to bottom in on_step_done(): train one step → bump counters → for every
-// fragment due, clone θ_p and send it (arrives after latency + bytes/bandwidth) → at the next step boundary
-// apply answers that came, block if an answer is needed (wait_for_answer and send step + τ reached), else start
-// the next step. The syncer side is on_arrive() → Syncer::receive → try_merge() → Syncer::merge → broadcast.
+// Data flow per learner, read top to bottom in on_step_done(): one inner step of the workload → the learner core
+// (deloco/learner.h) bumps its counters and returns the pushes due, encoded exactly as on the wire → each arrives
+// after latency + bytes/bandwidth and is decoded as the syncer node decodes it → at the step boundary the core
+// applies the answers whose time has come and says whether to wait; else the next step starts. The syncer side is
+// on_arrive() → Syncer::receive → try_merge() → Syncer::merge → broadcast (encoded and decoded in the broadcast
+// codec). The simulator keeps no algorithm logic of its own: only events, time and accounting.
 #include "deloco/sim.h"
 
 #include <algorithm>
@@ -14,11 +16,13 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/learner.h"
+#include "deloco/quantize.h"
 
 namespace deloco {
 
 void SimConfig::bind(ConfigSchema& s) {
-  sync.bind(s);
+  AlgorithmConfig::bind(s);
   auto nonneg = [](double* v, const char* key) {
     return [v, key] { return *v >= 0 ? std::string() : std::string(key) + " must be ≥ 0"; };
   };
@@ -59,30 +63,12 @@ void SimConfig::bind(ConfigSchema& s) {
   s.bind("sim.pause_times", &sim.pause_times, "syncer pause start times");
   s.bind("sim.pause_duration", &sim.pause_duration, "seconds of each syncer pause",
          nonneg(&sim.pause_duration, "sim.pause_duration"));
-  s.bind("merge.preset", &merge_preset, "diloco | decoupled | isoloco");
-  s.bind("merge.method", &merge_method, "one merge method for every tensor (\"\": the preset's)");
-  s.bind("outer.kind", &outer.kind, "sgd | nesterov");
-  s.bind("outer.lr", &outer.lr, "outer learning rate eta");
-  s.bind("outer.momentum", &outer.momentum, "outer momentum mu");
-}
-
-MergePlan SimConfig::merge_plan() const {
-  MergePlan p = MergePlan::preset(merge_preset);
-  if (!merge_method.empty()) {
-    p.method = merge_method;
-    p.rules.clear();
-  }
-  return p;
 }
 
 void SimConfig::validate(const RunConfig& run) const {
-  try {
-    sync.validate();
-    outer.validate();
-    MergeSelector sel(merge_plan());
-  } catch (const std::exception& e) {
-    throw ConfigError(e.what());
-  }
+  AlgorithmConfig algo = *this;
+  algo.resolve();
+  algo.validate();
   const auto M = sync.learners;
   if (sim.fail_times.size() != sim.fail_learners.size())
     throw ConfigError("sim.fail_times and sim.fail_learners must have the same length");
@@ -97,6 +83,8 @@ void SimConfig::validate(const RunConfig& run) const {
     if (!(t >= 0)) throw ConfigError("sim.fail_times must be ≥ 0");
   if (static_cast<int64_t>(sim.speed_factors.size()) > M)
     throw ConfigError("sim.speed_factors has more entries than sync.learners");
+  if (static_cast<int64_t>(run.train.learner_batch_sizes.size()) > M)
+    throw ConfigError("train.learner_batch_sizes has more entries than sync.learners");
   if (run.train.steps < sync.sync_every)
     throw ConfigError("train.steps=" + std::to_string(run.train.steps) + " is less than sync.sync_every=" +
                       std::to_string(sync.sync_every) + ": no outer step would ever happen");
@@ -107,10 +95,10 @@ namespace {
 enum EventKind { kStepDone, kArrive, kTimer, kAnswer, kFail, kRejoin, kRestore, kStragglerOn, kStragglerOff,
                  kPauseOn, kPauseOff, kEval };
 
-struct Snapshot {  // tensors in flight (shared by every receiver of one broadcast)
-  int64_t fragment = -1;        // -1: the whole model
+struct Snapshot {  // a merged fragment in flight, decoded once and shared by every receiver of one broadcast
+  int64_t fragment = -1;
   int64_t version = 0;
-  std::vector<at::Tensor> tensors;
+  at::Tensor flat;
 };
 
 struct Event {
@@ -126,18 +114,13 @@ struct Later {
 };
 
 struct Learner {
-  std::unique_ptr<Trainer> trainer;
-  std::map<std::string, at::Tensor> by_name;
+  std::unique_ptr<Workload> work;
+  std::unique_ptr<LearnerCore> core;
   std::mt19937_64 rng, chaos_rng;
   double speed = 1.0, straggle = 1.0;
   bool up = true, done = false, waiting = false, stepping = false;
-  int64_t epoch = 0;
-  std::vector<int64_t> c_steps, c_tokens;
-  std::vector<int64_t> outstanding;   // step at which fragment p was sent and not answered (−1: none)
-  std::vector<std::shared_ptr<const Snapshot>> answers;  // answers received, applied at the next boundary
+  int64_t epoch = 0, tokens = 0;
   double step_started = 0, step_duration = 0, wait_started = 0;
-  double steps_time_since_send = 0;
-  int64_t steps_since_send = 0;
   double useful = 0, waited = 0, lost = 0;
 };
 
@@ -146,12 +129,12 @@ struct Learner {
 struct Simulator::Impl {
   RunConfig run;
   SimConfig cfg;
-  std::shared_ptr<const Corpus> corpus;
   std::vector<Learner> learners;
-  std::unique_ptr<Trainer> evaluator;
+  std::unique_ptr<Workload> evaluator;
   std::unique_ptr<Syncer> syncer;
-  std::vector<int64_t> frag_bytes;
-  int64_t model_bytes = 0;
+  std::vector<FlatLayout> layouts;
+  FlatLayout model_layout;
+  Encoding answer_enc = Encoding::kFp32;
   std::priority_queue<Event, std::vector<Event>, Later> queue;
   uint64_t seq = 0;
   double now = 0, stalled_time = 0;
@@ -162,7 +145,6 @@ struct Simulator::Impl {
   Simulator* self = nullptr;
   int64_t inflight = 0;  // contributions on the network
   int64_t merges = 0, bytes_up = 0, bytes_down = 0, failures = 0;
-  double last_merge_t = 0;
   EvalResult last_eval;
   double initial_val_loss = 0;
 
@@ -177,9 +159,13 @@ struct Simulator::Impl {
   double transfer(int64_t bytes) const {
     return cfg.sim.latency + (cfg.sim.bandwidth > 0 ? static_cast<double>(bytes) / cfg.sim.bandwidth : 0.0);
   }
+  static int64_t frame_bytes(int64_t payload) { return payload + static_cast<int64_t>(kWireHeaderBytes); }
+  int64_t fragment_frame_bytes(int64_t p, Encoding e) const {
+    return frame_bytes(static_cast<int64_t>(encoded_bytes(e, static_cast<uint64_t>(layouts[p].elements))));
+  }
   int64_t total_tokens() const {
     int64_t n = 0;
-    for (const auto& l : learners) n += l.trainer->tokens_seen();
+    for (const auto& l : learners) n += l.tokens;
     return n;
   }
 
@@ -198,29 +184,16 @@ struct Simulator::Impl {
     push(e);
   }
 
-  // At a step boundary: apply answers, then block, finish, or start the next step.
+  // At a step boundary: the core applies what is due and says whether to wait; else finish or train on.
   void boundary(int64_t m) {
     Learner& L = learners[m];
-    const auto& frags = syncer->fragments();
-    for (auto& a : L.answers) {
-      if (!a) continue;
-      const auto& f = frags[a->fragment];
-      for (size_t i = 0; i < f.names.size(); ++i) apply_global(L.by_name.at(f.names[i]), a->tensors[i], cfg.sync.alpha);
-      L.c_steps[a->fragment] = 0;
-      L.c_tokens[a->fragment] = 0;
-      L.outstanding[a->fragment] = -1;
-      a.reset();
-    }
-    const int64_t step = L.trainer->step();
-    if (cfg.sync.wait_for_answer) {
-      for (size_t p = 0; p < L.outstanding.size(); ++p) {
-        const int64_t sent = L.outstanding[p];
-        if (sent >= 0 && (step >= sent + cfg.sync.overlap || step >= run.train.steps)) {
-          if (!L.waiting) L.wait_started = now;
-          L.waiting = true;
-          return;
-        }
-      }
+    const int64_t step = L.work->step();
+    for (const auto& a : L.core->apply_due(step))
+      emit({{"kind", "apply"}, {"learner", m}, {"fragment", a.fragment}, {"version", a.version}, {"step", step}});
+    if (L.core->must_wait(step)) {
+      if (!L.waiting) L.wait_started = now;
+      L.waiting = true;
+      return;
     }
     if (L.waiting) L.waited += now - L.wait_started;
     L.waiting = false;
@@ -231,9 +204,9 @@ struct Simulator::Impl {
           first_done_t = now;
           stalled_at_first_done = stalled_time;
         }
-        syncer->retire(m);
+        syncer->retire(now, m);
         emit({{"kind", "learner_done"}, {"learner", m}, {"step", step}});
-        for (int64_t p = 0; p < static_cast<int64_t>(frags.size()); ++p) try_merge(p);
+        for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
       }
       return;
     }
@@ -244,40 +217,38 @@ struct Simulator::Impl {
     Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up) return;
     L.stepping = false;
-    const double loss = L.trainer->train_step();
-    const int64_t step = L.trainer->step();
-    const int64_t tokens = run.train.batch_size * run.model.block_size;
+    const StepResult r = L.work->inner_step();
+    const int64_t step = L.work->step();
+    L.tokens += r.tokens;
     L.useful += L.step_duration;
-    L.steps_time_since_send += L.step_duration;
-    ++L.steps_since_send;
-    for (size_t p = 0; p < L.c_steps.size(); ++p) {
-      ++L.c_steps[p];
-      L.c_tokens[p] += tokens;
-    }
     if (step % cfg.sim.log_every == 0 || step == run.train.steps)
-      emit({{"kind", "learner"}, {"learner", e.learner}, {"step", step}, {"loss", loss}});
-    for (const auto& f : syncer->fragments()) {
-      if (!fragment_due(f, step, cfg.sync.sync_every)) continue;
+      emit({{"kind", "learner"}, {"learner", e.learner}, {"step", step}, {"loss", r.loss}});
+    for (Push& push : L.core->after_step(step, r.tokens, L.step_duration)) {
+      // Decoded exactly as the syncer node decodes a fragment_push.
+      const FlatLayout& lay = layouts[push.fragment];
+      at::Tensor flat = torch::empty({lay.elements}, torch::kFloat);
+      decode_floats_into(push.payload.data(), push.payload.size(), push.encoding, static_cast<size_t>(lay.elements),
+                         flat.data_ptr<float>());
       auto c = std::make_shared<Contribution>();
       c->learner = e.learner;
-      c->fragment = f.id;
-      for (const auto& n : f.names) c->tensors.push_back(L.by_name.at(n).detach().clone());
-      c->c_steps = L.c_steps[f.id];
-      c->c_tokens = L.c_tokens[f.id];
-      c->step_time = L.steps_since_send > 0 ? L.steps_time_since_send / L.steps_since_send : 0;
-      L.outstanding[f.id] = step;
-      bytes_up += frag_bytes[f.id];
+      c->fragment = push.fragment;
+      c->deltas = unflatten(flat, lay);
+      c->base_version = push.base_version;
+      c->c_steps = push.c_steps;
+      c->c_tokens = push.c_tokens;
+      c->step_time = push.step_time;
+      const int64_t bytes = frame_bytes(static_cast<int64_t>(push.payload.size()));
+      bytes_up += bytes;
       ++inflight;
       Event a;
-      a.t = now + transfer(frag_bytes[f.id]);
+      a.t = now + transfer(bytes);
       a.kind = kArrive;
       a.contribution = c;
-      push(a);
+      push_event(a);
     }
-    L.steps_time_since_send = 0;
-    L.steps_since_send = 0;
     boundary(e.learner);
   }
+  void push_event(Event e) { push(std::move(e)); }
 
   void on_arrive(std::shared_ptr<Contribution> c, bool from_network = true) {
     if (from_network) --inflight;
@@ -305,29 +276,35 @@ struct Simulator::Impl {
     if (d.kind != RoundDecision::kMerge) return;
     const double qt = syncer->quorum_time(p);
     const double grace = syncer->grace();
-    MergeOutcome out = syncer->merge(now, p);
+    MergeOutcome out = syncer->merge(p);
     ++merges;
-    last_merge_t = now;
+    // The broadcast payload, encoded and decoded as the learner node receives it.
     auto snap = std::make_shared<Snapshot>();
     snap->fragment = p;
     snap->version = out.version;
-    for (const auto& t : syncer->fragment_tensors(p)) snap->tensors.push_back(t.clone());
+    snap->flat = torch::empty({layouts[p].elements}, torch::kFloat);
+    flatten_into(syncer->fragment_tensors(p), snap->flat.data_ptr<float>());
+    if (answer_enc != Encoding::kFp32) {
+      const std::string wire = encode_floats(snap->flat.data_ptr<float>(), static_cast<size_t>(layouts[p].elements), answer_enc);
+      decode_floats_into(wire.data(), wire.size(), answer_enc, static_cast<size_t>(layouts[p].elements),
+                         snap->flat.data_ptr<float>());
+    }
+    const int64_t down = fragment_frame_bytes(p, answer_enc);
     const double leave = now + cfg.sim.merge_time;
     for (int64_t m = 0; m < static_cast<int64_t>(learners.size()); ++m) {
       Learner& L = learners[m];
       if (!L.up || L.done) continue;
       Event a;
-      a.t = leave + transfer(frag_bytes[p]);
+      a.t = leave + transfer(down);
       a.kind = kAnswer;
       a.learner = m;
       a.fragment = p;
       a.epoch = L.epoch;
       a.snapshot = snap;
       push(a);
-      syncer->note_sent(m, p);
-      bytes_down += frag_bytes[p];
+      bytes_down += down;
     }
-    syncer->observe_sync(cfg.sim.merge_time + transfer(frag_bytes[p]));
+    syncer->observe_sync(transfer(fragment_frame_bytes(p, cfg.push_encoding())), cfg.sim.merge_time, transfer(down));
     emit({{"kind", "merge"}, {"fragment", p}, {"version", out.version}, {"quorum", out.learners.size()},
           {"learners", out.learners}, {"weights", out.weights}, {"grace", grace},
           {"grace_wait", qt >= 0 ? now - qt : 0.0}, {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}});
@@ -336,7 +313,7 @@ struct Simulator::Impl {
   void on_answer(const Event& e) {
     Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up) return;
-    L.answers.push_back(e.snapshot);
+    L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat);
     if (L.waiting) boundary(e.learner);
   }
 
@@ -363,9 +340,9 @@ struct Simulator::Impl {
     L.up = false;
     L.stepping = L.waiting = false;
     ++L.epoch;
-    L.answers.clear();
+    L.core->forget_in_flight();
     syncer->set_connected(e.learner, false);
-    emit({{"kind", "fail"}, {"learner", e.learner}, {"step", L.trainer->step()}});
+    emit({{"kind", "fail"}, {"learner", e.learner}, {"step", L.work->step()}});
     Event r;
     r.t = now + cfg.sim.downtime;
     r.kind = kRejoin;
@@ -374,38 +351,42 @@ struct Simulator::Impl {
   }
 
   void on_rejoin(const Event& e) {
-    // The learner is back and asks for the global model; it arrives after one full-model transfer and holds
-    // the newest Θ at that moment (merges during the transfer are included).
-    bytes_down += model_bytes;
+    // The learner is back and asks for the global model; it arrives after one full-model transfer (fp32 chunks,
+    // as the syncer node sends them) and holds the newest Θ at that moment (merges during the transfer included).
+    const int64_t bytes = frame_bytes(model_layout.elements * 4);
+    bytes_down += bytes;
     Event r;
-    r.t = now + transfer(model_bytes);
+    r.t = now + transfer(bytes);
     r.kind = kRestore;
     r.learner = e.learner;
     push(r);
   }
 
+  at::Tensor global_flat() const {
+    at::Tensor flat = torch::empty({model_layout.elements}, torch::kFloat);
+    std::vector<at::Tensor> ts;
+    for (const auto& [n, t] : syncer->global()) ts.push_back(t);
+    flatten_into(ts, flat.data_ptr<float>());
+    return flat;
+  }
+
   void on_restore(const Event& e) {
     Learner& L = learners[e.learner];
-    const auto& g = syncer->global();
-    for (size_t i = 0; i < g.size(); ++i) apply_global(L.by_name.at(g[i].first), g[i].second, 0.0);
-    for (int64_t p = 0; p < static_cast<int64_t>(syncer->fragments().size()); ++p) syncer->note_sent(e.learner, p);
-    std::fill(L.c_steps.begin(), L.c_steps.end(), 0);
-    std::fill(L.c_tokens.begin(), L.c_tokens.end(), 0);
-    std::fill(L.outstanding.begin(), L.outstanding.end(), -1);
-    L.steps_since_send = 0;
-    L.steps_time_since_send = 0;
+    L.core->install(global_flat(), syncer->versions());
+    syncer->note_joined(e.learner);
     L.up = true;
     syncer->set_connected(e.learner, true);
-    emit({{"kind", "rejoin"}, {"learner", e.learner}, {"step", L.trainer->step()}});
-    if (self->on_rejoin) self->on_rejoin(e.learner, L.trainer->parameters(), g);
+    emit({{"kind", "rejoin"}, {"learner", e.learner}, {"step", L.work->step()}});
+    if (self->on_rejoin) self->on_rejoin(e.learner, L.work->parameters(), syncer->global());
     schedule_failure(e.learner);
     boundary(e.learner);
   }
 
   void evaluate_global(const char* kind) {
+    torch::NoGradGuard ng;
     auto& params = evaluator->parameters();
     const auto& g = syncer->global();
-    for (size_t i = 0; i < g.size(); ++i) apply_global(params[i].second, g[i].second, 0.0);
+    for (size_t i = 0; i < g.size(); ++i) params[i].second.copy_(g[i].second);
     last_eval = evaluator->evaluate();
     emit({{"kind", kind}, {"val_loss", last_eval.loss}, {"val_bpb", last_eval.bpb}, {"tokens", total_tokens()},
           {"outer_steps", merges}});
@@ -424,7 +405,7 @@ struct Simulator::Impl {
     if (!any_up) return true;
     if (paused) {
       if (!deferred.empty()) return true;
-      for (size_t p = 0; p < syncer->fragments().size(); ++p)
+      for (size_t p = 0; p < layouts.size(); ++p)
         if (syncer->pending(static_cast<int64_t>(p)) > 0) return true;
     }
     return syncer->stalled();
@@ -432,21 +413,22 @@ struct Simulator::Impl {
 };
 
 Simulator::Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr<const Corpus> corpus)
+    : Simulator(run, cfg, gpt_workloads(run, std::move(corpus))) {}
+
+Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFactory workloads)
     : impl_(std::make_unique<Impl>()) {
+  SimConfig cfg = cfg_in;
+  cfg.resolve();
   cfg.validate(run);
   Impl& I = *impl_;
   I.run = run;
   I.cfg = cfg;
-  I.corpus = corpus;
   I.self = this;
+  I.answer_enc = cfg.answer_encoding();
   const int64_t M = cfg.sync.learners;
   for (int64_t m = 0; m < M; ++m) {
-    RunConfig rc = run;
-    rc.train.learner_id = m;
-    rc.train.num_learners = M;
     Learner L;
-    L.trainer = std::make_unique<Trainer>(rc, corpus);
-    for (auto& [n, t] : L.trainer->parameters()) L.by_name[n] = t;
+    L.work = workloads(m, M);
     L.rng.seed(static_cast<uint64_t>(cfg.sim.seed) * 1000003u + static_cast<uint64_t>(m) * 2u);
     L.chaos_rng.seed(static_cast<uint64_t>(cfg.sim.seed) * 1000003u + static_cast<uint64_t>(m) * 2u + 1u);
     L.speed = m < static_cast<int64_t>(cfg.sim.speed_factors.size()) ? cfg.sim.speed_factors[m] : 1.0;
@@ -454,22 +436,21 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr
     if (m >= M - n_slow) L.speed *= cfg.sim.slow_factor;
     I.learners.push_back(std::move(L));
   }
-  RunConfig rc = run;
-  rc.train.learner_id = 0;
-  rc.train.num_learners = 1;
-  I.evaluator = std::make_unique<Trainer>(rc, corpus);
+  I.evaluator = workloads(0, 1);
   // Every learner starts from learner 0's initial parameters (identical anyway: same seed).
-  auto& p0 = I.learners[0].trainer->parameters();
-  for (int64_t m = 1; m < M; ++m) {
-    auto& pm = I.learners[m].trainer->parameters();
-    for (size_t i = 0; i < p0.size(); ++i) apply_global(pm[i].second, p0[i].second, 0.0);
+  auto& p0 = I.learners[0].work->parameters();
+  {
+    torch::NoGradGuard ng;
+    for (int64_t m = 1; m < M; ++m) {
+      auto& pm = I.learners[m].work->parameters();
+      for (size_t i = 0; i < p0.size(); ++i) pm[i].second.copy_(p0[i].second);
+    }
   }
   std::vector<std::pair<std::string, int64_t>> sizes;
   std::vector<std::pair<std::string, at::Tensor>> global;
   for (auto& [n, t] : p0) {
     sizes.emplace_back(n, t.numel() * static_cast<int64_t>(t.element_size()));
     global.emplace_back(n, t);
-    I.model_bytes += sizes.back().second;
   }
   std::vector<Fragment> frags;
   try {
@@ -477,21 +458,22 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr
   } catch (const SyncError& e) {
     throw ConfigError(e.what());
   }
-  for (const auto& f : frags) I.frag_bytes.push_back(f.bytes);
   I.syncer = std::make_unique<Syncer>(cfg.sync, frags, global, cfg.merge_plan(), cfg.outer);
   for (int64_t m = 0; m < M; ++m) {
     Learner& L = I.learners[m];
-    L.c_steps.assign(frags.size(), 0);
-    L.c_tokens.assign(frags.size(), 0);
-    L.outstanding.assign(frags.size(), -1);
-    for (size_t p = 0; p < frags.size(); ++p) I.syncer->note_sent(m, static_cast<int64_t>(p));
+    L.core = std::make_unique<LearnerCore>(cfg.sync, frags, L.work->parameters(), run.train.steps, cfg.push_encoding(),
+                                           cfg.error_feedback);
+    I.syncer->note_joined(m);
   }
+  for (int64_t p = 0; p < static_cast<int64_t>(frags.size()); ++p) I.layouts.push_back(I.learners[0].core->layout(p));
+  I.model_layout = I.learners[0].core->model_layout();
 }
 
 Simulator::~Simulator() = default;
 
 const std::vector<std::pair<std::string, at::Tensor>>& Simulator::global() const { return impl_->syncer->global(); }
-Trainer& Simulator::learner(int64_t m) { return *impl_->learners.at(static_cast<size_t>(m)).trainer; }
+Workload& Simulator::learner(int64_t m) { return *impl_->learners.at(static_cast<size_t>(m)).work; }
+const Syncer& Simulator::syncer() const { return *impl_->syncer; }
 
 SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& record) {
   Impl& I = *impl_;
@@ -585,7 +567,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
   if (!hit_max) {
     for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p)
       if (I.syncer->pending(p) > 0) {
-        I.syncer->merge(I.now, p);
+        I.syncer->merge(p);
         ++I.merges;
       }
   }
@@ -598,9 +580,9 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     useful += L.useful;
     waited += L.waited;
     lost += L.lost;
-    steps += L.trainer->step();
-    per_learner.push_back({{"steps", L.trainer->step()}, {"useful_s", L.useful}, {"waited_s", L.waited},
-                           {"lost_s", L.lost}, {"speed", L.speed}});
+    steps += L.work->step();
+    per_learner.push_back({{"steps", L.work->step()}, {"tokens", L.tokens}, {"useful_s", L.useful},
+                           {"waited_s", L.waited}, {"lost_s", L.lost}, {"speed", L.speed}});
   }
   SimResult r;
   r.summary = {
@@ -626,6 +608,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"contributions_merged", I.syncer->merged_contributions()},
       {"contributions_rejected", I.syncer->rejected_contributions()},
       {"rejected_by_reason", I.syncer->rejected()},
+      {"stale_bases", I.syncer->stale_bases()},
       {"reached_max_time", hit_max},
       {"learners", per_learner},
   };

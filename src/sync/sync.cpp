@@ -151,13 +151,25 @@ Syncer::Syncer(const SyncOptions& opts, std::vector<Fragment> fragments,
     for (const auto& n : f.names)
       if (!index_.count(n)) throw SyncError("fragment " + std::to_string(f.id) + " names unknown tensor '" + n + "'");
   rounds_.resize(fragments_.size());
+  history_.resize(fragments_.size());
   connected_.assign(static_cast<size_t>(opts_.learners), true);
   retired_.assign(static_cast<size_t>(opts_.learners), false);
+  floor_.assign(static_cast<size_t>(opts_.learners), std::vector<int64_t>(fragments_.size(), 0));
 }
 
-void Syncer::retire(int64_t learner) {
+void Syncer::retire(double now, int64_t learner) {
   retired_.at(static_cast<size_t>(learner)) = true;
   connected_.at(static_cast<size_t>(learner)) = false;
+  for (size_t f = 0; f < rounds_.size(); ++f) {
+    Round& r = rounds_[f];
+    // The lowered quorum is reached now: the grace window starts now, as after a K-th arrival.
+    if (r.quorum_time < 0 && !r.waiting.empty() &&
+        static_cast<int64_t>(r.waiting.size()) >= effective_quorum(round_state(static_cast<int64_t>(f)), opts_)) {
+      r.quorum_time = now;
+      stats_.quorum.add(now - r.first_arrival, opts_.ema);
+    }
+    prune_history(static_cast<int64_t>(f));
+  }
 }
 
 bool Syncer::stalled() const {
@@ -170,11 +182,25 @@ bool Syncer::stalled() const {
 
 void Syncer::set_connected(int64_t learner, bool c) { connected_.at(static_cast<size_t>(learner)) = c; }
 
-void Syncer::note_sent(int64_t learner, int64_t fragment) {
-  if (opts_.delta_anchor != "base") return;
-  std::vector<at::Tensor> copy;
-  for (const auto& t : fragment_tensors(fragment)) copy.push_back(t.clone());
-  base_[{learner, fragment}] = std::move(copy);
+void Syncer::note_joined(int64_t learner) {
+  auto& fl = floor_.at(static_cast<size_t>(learner));
+  for (size_t f = 0; f < rounds_.size(); ++f) {
+    fl[f] = rounds_[f].version;
+    prune_history(static_cast<int64_t>(f));
+  }
+}
+
+void Syncer::prune_history(int64_t fragment) {
+  auto& h = history_.at(static_cast<size_t>(fragment));
+  if (h.empty()) return;
+  int64_t lowest = rounds_[static_cast<size_t>(fragment)].version;
+  for (size_t m = 0; m < floor_.size(); ++m)
+    if (!retired_[m]) lowest = std::min(lowest, floor_[m][static_cast<size_t>(fragment)]);
+  h.erase(h.begin(), h.lower_bound(lowest));
+  // A learner that went silent without retiring pins its version; bound the memory (its next contribution, if
+  // any, is then anchored at the current Θ_p and counted in stale_bases()).
+  const size_t cap = 2 * floor_.size() + 8;
+  while (h.size() > cap) h.erase(h.begin());
 }
 
 at::Tensor& Syncer::global_tensor(const std::string& name) { return global_[index_.at(name)].second; }
@@ -217,7 +243,9 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
     rounds_[i] = Round();
     rounds_[i].version = versions[i];
   }
-  base_.clear();
+  for (auto& h : history_) h.clear();
+  for (auto& fl : floor_)
+    for (size_t i = 0; i < fl.size(); ++i) fl[i] = versions[i];
   merged_ = merged;
 }
 
@@ -231,14 +259,15 @@ std::string Syncer::check(const Contribution& c) const {
   if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return "unknown_fragment";
   if (c.learner < 0 || c.learner >= opts_.learners) return "unknown_learner";
   const Fragment& f = fragments_[static_cast<size_t>(c.fragment)];
-  if (c.tensors.size() != f.names.size()) return "wrong_tensor_count";
+  if (c.deltas.size() != f.names.size()) return "wrong_tensor_count";
+  if (c.base_version < 0 || c.base_version > rounds_[static_cast<size_t>(c.fragment)].version) return "future_base";
   double sq = 0;
   for (size_t i = 0; i < f.names.size(); ++i) {
     const at::Tensor& g = global_[index_.at(f.names[i])].second;
-    const at::Tensor& t = c.tensors[i];
+    const at::Tensor& t = c.deltas[i];
     if (!t.defined() || t.sizes() != g.sizes()) return "wrong_shape";
     if (!torch::isfinite(t).all().item<bool>()) return "non_finite";
-    if (opts_.max_delta_norm > 0) sq += (g - t).to(torch::kDouble).pow(2).sum().item<double>();
+    if (opts_.max_delta_norm > 0) sq += t.to(torch::kDouble).pow(2).sum().item<double>();
   }
   if (opts_.max_delta_norm > 0 && std::sqrt(sq) > opts_.max_delta_norm) return "norm_bound";
   return "";
@@ -254,6 +283,8 @@ std::string Syncer::receive(double now, Contribution c) {
   Round& r = rounds_[static_cast<size_t>(c.fragment)];
   if (r.waiting.empty()) r.first_arrival = now;
   const int64_t learner = c.learner, fragment = c.fragment;
+  auto& fl = floor_[static_cast<size_t>(learner)][static_cast<size_t>(fragment)];
+  fl = std::max(fl, c.base_version);  // it will never again reference an older version of this fragment
   r.waiting[learner] = std::move(c);
   if (r.quorum_time < 0 && static_cast<int64_t>(r.waiting.size()) >= effective_quorum(round_state(fragment), opts_)) {
     r.quorum_time = now;
@@ -281,7 +312,7 @@ RoundDecision Syncer::decide(double now, int64_t fragment) const {
   return decide_round(now, round_state(fragment), opts_, grace());
 }
 
-MergeOutcome Syncer::merge(double /*now*/, int64_t fragment) {
+MergeOutcome Syncer::merge(int64_t fragment) {
   Round& r = rounds_.at(static_cast<size_t>(fragment));
   if (r.waiting.empty()) throw SyncError("merge of fragment " + std::to_string(fragment) + " with no contributions");
   const Fragment& f = fragments_[static_cast<size_t>(fragment)];
@@ -297,6 +328,11 @@ MergeOutcome Syncer::merge(double /*now*/, int64_t fragment) {
   for (double& x : w) x /= wsum;
   out.weights = w;
   torch::NoGradGuard ng;
+  auto& hist = history_[static_cast<size_t>(fragment)];
+  // The version being replaced stays available while some learner may still hold it.
+  std::vector<at::Tensor> before;
+  if (opts_.delta_anchor != "base")
+    for (const auto& n : f.names) before.push_back(global_tensor(n).clone());
   double sq = 0;
   for (size_t i = 0; i < f.names.size(); ++i) {
     const std::string& name = f.names[i];
@@ -305,12 +341,18 @@ MergeOutcome Syncer::merge(double /*now*/, int64_t fragment) {
     in.name = name;
     in.weights = w;
     for (const auto& [m, c] : r.waiting) {
-      const at::Tensor* anchor = &theta;
-      if (opts_.delta_anchor == "base") {
-        auto it = base_.find({m, fragment});
-        if (it != base_.end()) anchor = &it->second[i];
+      // θ_m = Θ^v − Δ̂. Anchor base: Δ_m = Θ^v − θ_m = Δ̂. Anchor global: Δ_m = Θ − θ_m = Δ̂ + (Θ − Θ^v).
+      if (opts_.delta_anchor == "base" || c.base_version == r.version) {
+        in.deltas.push_back(c.deltas[i]);
+        continue;
       }
-      in.deltas.push_back(*anchor - c.tensors[i]);
+      auto it = hist.find(c.base_version);
+      if (it == hist.end()) {
+        if (i == 0) ++stale_bases_;
+        in.deltas.push_back(c.deltas[i]);
+      } else {
+        in.deltas.push_back(c.deltas[i] + (theta - it->second[i]));
+      }
     }
     at::Tensor merged = selector_.select(name, theta.dim()).merge(in);
     sq += merged.to(torch::kDouble).pow(2).sum().item<double>();
@@ -320,7 +362,9 @@ MergeOutcome Syncer::merge(double /*now*/, int64_t fragment) {
   merged_ += static_cast<int64_t>(r.waiting.size());
   r.waiting.clear();
   r.quorum_time = -1;
+  if (!before.empty()) hist[r.version] = std::move(before);
   out.version = ++r.version;
+  prune_history(fragment);
   return out;
 }
 

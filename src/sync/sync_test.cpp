@@ -147,40 +147,46 @@ std::vector<std::pair<std::string, at::Tensor>> toy_global() {
   return {{"w", torch::zeros({2, 2})}, {"b", torch::zeros({2})}};
 }
 
-Contribution contrib(int64_t m, float v, int64_t steps, int64_t tokens) {
+// A contribution whose outer gradient is `delta` everywhere, taken against version `base` of Θ.
+Contribution contrib(int64_t m, float delta, int64_t steps, int64_t tokens, int64_t base = 0) {
   Contribution c;
   c.learner = m;
   c.fragment = 0;
-  c.tensors = {torch::full({2, 2}, v), torch::full({2}, v)};
+  c.deltas = {torch::full({2, 2}, delta), torch::full({2}, delta)};
+  c.base_version = base;
   c.c_steps = steps;
   c.c_tokens = tokens;
   c.step_time = 1.0;
   return c;
 }
 
+std::vector<Fragment> one_fragment() {
+  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
+  return plan_fragments(sizes, 1, 10);
+}
+
 TEST(SyncSyncer, TokenWeightedMeanWithSgdOne) {
   SyncOptions o;
   o.learners = 3;
   o.quorum = 2;
-  auto g = toy_global();
-  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
   OuterOptions outer{"sgd", 1.0, 0.0};
-  Syncer s(o, plan_fragments(sizes, 1, 10), g, MergePlan::preset("diloco"), outer);
-  EXPECT_EQ(s.receive(0.0, contrib(0, 1.0f, 10, 100)), "");
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), outer);
+  // Learners at θ = 1 and θ = 4 from Θ = 0: outer gradients −1 and −4.
+  EXPECT_EQ(s.receive(0.0, contrib(0, -1.0f, 10, 100)), "");
   EXPECT_EQ(s.decide(0.0, 0).kind, RoundDecision::kWait);
-  EXPECT_EQ(s.receive(1.0, contrib(2, 4.0f, 20, 200)), "");  // twice the tokens at the same rate: weight ×2
+  EXPECT_EQ(s.receive(1.0, contrib(2, -4.0f, 20, 200)), "");  // twice the tokens at the same rate: weight ×2
   EXPECT_EQ(s.decide(1.0, 0).kind, RoundDecision::kMerge);
-  auto out = s.merge(1.0, 0);
+  auto out = s.merge(0);
   ASSERT_EQ(out.learners, (std::vector<int64_t>{0, 2}));
   EXPECT_NEAR(out.weights[0], 1.0 / 3, 1e-12);
   EXPECT_NEAR(out.weights[1], 2.0 / 3, 1e-12);
-  // Θ ← Θ − (Θ − Σ w θ) = Σ w θ = 1/3 + 8/3 = 3.
+  // Θ ← Θ − Σ w Δ = 1/3 + 8/3 = 3.
   EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), 3.0f, 1e-6);
   EXPECT_NEAR(s.global()[1].second[1].item<float>(), 3.0f, 1e-6);
   EXPECT_EQ(s.version(0), 1);
   EXPECT_EQ(s.pending(0), 0);
   EXPECT_EQ(s.merged_contributions(), 2);
-  EXPECT_THROW(s.merge(2.0, 0), SyncError);
+  EXPECT_THROW(s.merge(0), SyncError);
 }
 
 TEST(SyncSyncer, RejectsBadContributions) {
@@ -188,20 +194,20 @@ TEST(SyncSyncer, RejectsBadContributions) {
   o.learners = 2;
   o.quorum = 1;
   o.max_delta_norm = 10.0;
-  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
-  Syncer s(o, plan_fragments(sizes, 1, 10), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
   auto nan = contrib(0, 1.0f, 1, 1);
-  nan.tensors[0][0][1] = std::numeric_limits<float>::quiet_NaN();
+  nan.deltas[0][0][1] = std::numeric_limits<float>::quiet_NaN();
   EXPECT_EQ(s.receive(0, nan), "non_finite");
   auto shape = contrib(0, 1.0f, 1, 1);
-  shape.tensors[1] = torch::zeros({3});
+  shape.deltas[1] = torch::zeros({3});
   EXPECT_EQ(s.receive(0, shape), "wrong_shape");
   auto big = contrib(1, 100.0f, 1, 1);
   EXPECT_EQ(s.receive(0, big), "norm_bound");
   auto few = contrib(1, 1.0f, 1, 1);
-  few.tensors.pop_back();
+  few.deltas.pop_back();
   EXPECT_EQ(s.receive(0, few), "wrong_tensor_count");
-  EXPECT_EQ(s.rejected_contributions(), 4);
+  EXPECT_EQ(s.receive(0, contrib(1, 1.0f, 1, 1, /*base=*/3)), "future_base");  // a version never produced
+  EXPECT_EQ(s.rejected_contributions(), 5);
   EXPECT_EQ(s.pending(0), 0);
   EXPECT_EQ(s.decide(0, 0).kind, RoundDecision::kWait);
   // Θ untouched.
@@ -210,21 +216,85 @@ TEST(SyncSyncer, RejectsBadContributions) {
   EXPECT_EQ(s.pending(0), 1);
 }
 
-TEST(SyncSyncer, BaseAnchorUsesWhatTheLearnerLastReceived) {
+// Learner 1 moves Θ from 0 to 2 (version 1). Learner 0 still holds version 0 and trained to θ = 1, so it pushes
+// Δ̂ = Θ^0 − θ = −1 against version 0. Anchor base: Δ = Δ̂ = −1 → Θ = 3. Anchor global: Δ = Θ − θ = 2 − 1 = 1 → Θ = 1.
+float anchored(const std::string& anchor) {
   SyncOptions o;
   o.learners = 2;
   o.quorum = 1;
-  o.delta_anchor = "base";
-  std::vector<std::pair<std::string, int64_t>> sizes = {{"w", 16}, {"b", 8}};
-  Syncer s(o, plan_fragments(sizes, 1, 10), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  s.note_sent(0, 0);  // learner 0 holds Θ = 0
-  s.note_sent(1, 0);
-  s.receive(0, contrib(1, 2.0f, 1, 1));
-  s.merge(0, 0);      // Θ = 2
-  // Learner 0 moved from its base 0 to 1: Δ = 0 − 1 = −1, so Θ ← 2 + 1 = 3 (with the global anchor it would be 1).
-  s.receive(1, contrib(0, 1.0f, 1, 1));
-  s.merge(1, 0);
-  EXPECT_NEAR(s.global()[0].second[1][1].item<float>(), 3.0f, 1e-6);
+  o.delta_anchor = anchor;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.note_joined(0);
+  s.note_joined(1);
+  EXPECT_EQ(s.receive(0, contrib(1, -2.0f, 1, 1, 0)), "");
+  s.merge(0);  // Θ = 2
+  EXPECT_EQ(s.receive(1, contrib(0, -1.0f, 1, 1, 0)), "");
+  s.merge(0);
+  EXPECT_EQ(s.stale_bases(), 0);
+  return s.global()[0].second[1][1].item<float>();
+}
+
+TEST(SyncSyncer, BaseAnchorUsesTheVersionTheLearnerHeld) {
+  EXPECT_NEAR(anchored("base"), 3.0f, 1e-6);
+  EXPECT_NEAR(anchored("global"), 1.0f, 1e-6);
+}
+
+TEST(SyncSyncer, OldVersionsAreKeptOnlyWhileALearnerMayHoldThem) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.note_joined(0);
+  s.note_joined(1);
+  for (int v = 0; v < 3; ++v) {  // learner 1 pushes against each new version; learner 0 stays at version 0
+    ASSERT_EQ(s.receive(0, contrib(1, -1.0f, 1, 1, v)), "");
+    s.merge(0);
+  }
+  // Θ = 3. Learner 0 (θ = 1 from version 0: Δ̂ = −1) is anchored correctly at the current Θ: Δ = 3 − 1 = 2 → Θ = 1.
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 0)), "");
+  s.merge(0);
+  EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), 1.0f, 1e-6);
+  EXPECT_EQ(s.stale_bases(), 0);
+  // Both push against version 4: no learner can hold an older version any more, so versions 0..3 are dropped and
+  // a (confused or hostile) push against version 0 is anchored at the current Θ and counted.
+  ASSERT_EQ(s.receive(0, contrib(0, 0.0f, 1, 1, 4)), "");
+  ASSERT_EQ(s.receive(0, contrib(1, 0.0f, 1, 1, 4)), "");
+  s.merge(0);
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 0)), "");
+  s.merge(0);
+  EXPECT_EQ(s.stale_bases(), 1);
+}
+
+TEST(SyncSyncer, AQuorumLoweredByARetirementStillGetsItsGraceWindow) {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 3;
+  o.overlap = 5;
+  o.sync_every = 10;
+  o.grace = true;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  ASSERT_EQ(s.receive(0.0, contrib(0, -1.0f, 1, 1)), "");
+  ASSERT_EQ(s.receive(0.0, contrib(2, -1.0f, 1, 1)), "");
+  EXPECT_EQ(s.decide(0.5, 0).kind, RoundDecision::kWait);  // 2 of 3
+  s.retire(1.0, 2);  // learner 2 finished: the quorum is now 2, reached at t = 1; learner 1 may still come
+  // ξ_step = 1, ξ_quorum = 1 (first arrival 0 → quorum 1), ξ_sync = 0: grace = 0.8 · (5·1 − 1) = 3.2.
+  EXPECT_NEAR(s.grace(), 3.2, 1e-12);
+  auto d = s.decide(1.0, 0);
+  ASSERT_EQ(d.kind, RoundDecision::kWaitUntil);
+  EXPECT_NEAR(d.until, 4.2, 1e-12);
+  EXPECT_EQ(s.decide(4.2, 0).kind, RoundDecision::kMerge);
+}
+
+TEST(SyncSyncer, SyncTimeIncludesTheUpload) {
+  SyncOptions o;
+  o.learners = 1;
+  o.quorum = 1;
+  o.ema = 0.5;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.observe_sync(1.0, 0.5, 2.0);
+  EXPECT_DOUBLE_EQ(s.stats().sync.value, 3.5);
+  s.observe_sync(0.0, 0.5, 0.0);
+  EXPECT_DOUBLE_EQ(s.stats().sync.value, 0.5 * 3.5 + 0.5 * 0.5);
 }
 
 TEST(SyncApply, OverwriteAndMix) {

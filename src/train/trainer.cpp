@@ -42,6 +42,11 @@ void RunConfig::bind(ConfigSchema& s) {
     return (t.learner_id >= 0 && t.learner_id < t.num_learners) ? "" : "must be in [0, train.num_learners)";
   });
   s.bind("train.num_learners", &t.num_learners, "number of data shards", [&t] { return positive(t.num_learners); });
+  s.bind("train.learner_batch_sizes", &t.learner_batch_sizes, "per-learner batch sizes (0 or missing: batch_size)", [&t] {
+    for (auto b : t.learner_batch_sizes)
+      if (b < 0) return std::string("entries must be >= 0");
+    return std::string();
+  });
   s.bind("train.out_dir", &t.out_dir, "run folder (empty: runs/<config>-<time>)");
   s.bind("train.device", &t.device, "torch device: cpu, cuda, cuda:N", [&t] {
     try {
@@ -52,6 +57,21 @@ void RunConfig::bind(ConfigSchema& s) {
       return "'" + t.device + "' is not a device (try cpu or cuda)";
     }
   });
+}
+
+RunConfig RunConfig::for_learner(int64_t m, int64_t M) const {
+  RunConfig rc = *this;
+  rc.train.learner_id = m;
+  rc.train.num_learners = M;
+  if (m >= 0 && m < static_cast<int64_t>(train.learner_batch_sizes.size()) && train.learner_batch_sizes[m] > 0)
+    rc.train.batch_size = train.learner_batch_sizes[m];
+  return rc;
+}
+
+WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus) {
+  return [cfg, corpus](int64_t m, int64_t M) -> std::unique_ptr<Workload> {
+    return std::make_unique<Trainer>(cfg.for_learner(m, M), corpus);
+  };
 }
 
 Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
@@ -93,6 +113,21 @@ double Trainer::train_step() {
   ++step_;
   return loss.item<double>();
 }
+
+StepResult Trainer::inner_step() {
+  StepResult r;
+  r.tokens = cfg_.train.batch_size * cfg_.model.block_size;
+  r.loss = train_step();
+  return r;
+}
+
+std::map<std::string, at::Tensor> Trainer::optimizer_state() const {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [k, v] : opt_->state()) out[k] = v.detach().to(torch::kCPU).clone();
+  return out;
+}
+
+void Trainer::load_optimizer_state(const std::map<std::string, at::Tensor>& state) { opt_->load_state(state); }
 
 EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;

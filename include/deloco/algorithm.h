@@ -1,0 +1,70 @@
+// deloco/algorithm.h — the one algorithm configuration every driver shares: sync.* (deloco/sync.h), merge.*
+// (deloco/merge.h) and outer.* (deloco/outer.h), with one bind, one validation and one table of presets.
+//
+// A preset names a merge plan and an outer optimizer with the rates its paper uses. The preset's outer kind, η and
+// μ apply unless the config names them (outer.kind, outer.lr, outer.momentum); they are filled in by resolve(),
+// which ConfigSchema::validate() runs through the merge.preset key, so the config a run records holds the values
+// it used. The default preset is "diloco" (mean merge, Nesterov η 0.7, μ 0.9), matching the synchronous defaults
+// of SyncOptions.
+//
+//   preset      merge plan                                   outer       η     μ    source
+//   diloco      mean                                         nesterov    0.7   0.9  DiLoCo
+//   decoupled   rda for matrices, mean for embeddings        nesterov    0.7   0.9  Decoupled DiLoCo
+//   isoloco     iso_c for every 2-D tensor                   nesterov    1.8   0.8  IsoLoCo
+//   iso_c_sgd   iso_c                                        sgd         2.1   0    IsoLoCo (Iso-C, plain SGD)
+//   iso_cts     iso_cts                                      nesterov    3.1   0.8  IsoLoCo's rate for Iso-CTS
+//   tsv         tsv                                          nesterov    0.6   0.8  IsoLoCo's rate for TSV
+//   ties        ties                                         nesterov    0.7   0.8  IsoLoCo's rate for TIES
+//   dare        dare                                         nesterov    1.5   0.8  IsoLoCo's rate for DARE
+// (μ 0.8 for the last four is IsoLoCo's momentum; the paper's tables give their rates, not a separate μ.)
+//
+// Errors: validate() throws ConfigError naming the key. Not thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "deloco/merge.h"
+#include "deloco/outer.h"
+#include "deloco/sync.h"
+#include "deloco/wire.h"
+
+namespace deloco {
+
+class ConfigSchema;
+
+struct AlgorithmPreset {
+  std::string name;
+  MergePlan plan;
+  OuterOptions outer;
+};
+// Throws ConfigError for an unknown name, listing the known ones.
+const AlgorithmPreset& algorithm_preset(const std::string& name);
+const std::vector<AlgorithmPreset>& algorithm_presets();
+
+struct AlgorithmConfig {
+  SyncOptions sync;
+  std::string merge_preset = "diloco";
+  std::string merge_method;    // "" : the preset's plan; else this method for every tensor (vectors: the mean)
+  OuterOptions outer = unresolved_outer();  // kind "" and NaN rates until resolve()
+  // The codecs are part of the algorithm (they change what is merged), so both drivers apply them.
+  std::string encoding = "fp32";            // net.encoding: pushes (outer gradients): fp32 | bf16 | int8 | int4
+  std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners
+  bool error_feedback = true;               // net.error_feedback: carry the push quantization residual
+
+  // Binds sync.*, merge.preset, merge.method, outer.kind, outer.lr, outer.momentum, net.encoding,
+  // net.broadcast_encoding, net.error_feedback.
+  void bind(ConfigSchema& schema);
+  // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
+  // unknown preset.
+  void resolve();
+  // Throws ConfigError naming the first bad key (also an unresolved outer optimizer).
+  void validate() const;
+  MergePlan merge_plan() const;
+  Encoding push_encoding() const { return parse_encoding(encoding); }
+  Encoding answer_encoding() const { return parse_encoding(broadcast_encoding); }
+
+  static OuterOptions unresolved_outer();
+};
+
+}  // namespace deloco

@@ -1,0 +1,134 @@
+// deloco/learner.h — the learner half of the algorithm core (DESIGN.md §1–2), written once and driven by the
+// simulator (virtual clock) and by the learner process (wall clock). deloco/sync.h is the syncer half.
+//
+// What a learner does between inner steps, and nothing else:
+//  * counters c_steps[p], c_tokens[p] per fragment p, bumped after every inner step, reset when an answer for p is
+//    applied (or a global state installed);
+//  * which fragments are due after step t (t mod H == offset_p), and the push for each: the outer gradient
+//    Δ_p = Θ_p^v − θ_p against the version v of Θ_p this learner holds (the last one it applied or downloaded),
+//    quantized in the wire encoding with error feedback (the residual of one push is added to the next);
+//  * the answer rule: an answer (merged Θ_p, version v) is applied at the first step boundary at or after
+//    max(arrival, send + τ): θ_p ← (1 − α)·Θ_p + α·θ_p. Applying it clears the outstanding send of p;
+//  * the wait rule: with wait_for_answer, the learner may not start its next step while a fragment it sent has no
+//    answer and send + τ (or the end of training) is reached;
+//  * the step-time estimate: the mean duration of the inner steps since the previous push (carried by the push).
+//
+// Contract
+//  * No I/O, no clock, no threads: durations come in as arguments. The same calls in the same order give
+//    bit-identical parameters and pushes, whichever driver makes them.
+//  * The core binds the model's parameter tensors (handles sharing storage with the model, any device, float32)
+//    and updates them in place when it applies or installs; the caller must not reorder or reallocate them.
+//  * Answers and installed states are flat fp32 CPU tensors in the fragment's FlatLayout. Versions only go up: an
+//    answer older than (or equal to) what the learner holds is ignored.
+//  * Errors: a wrong-sized answer or state throws SyncError; nothing is changed then. Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "deloco/sync.h"
+#include "deloco/wire.h"
+
+namespace deloco {
+
+// How a list of tensors maps onto one flat fp32 vector (in the list's order).
+struct FlatLayout {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;  // element offset of each tensor
+  int64_t elements = 0;
+};
+FlatLayout make_flat_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors);
+// Copies tensors (any device, float32) into out[0..elements).
+void flatten_into(const std::vector<at::Tensor>& tensors, float* out);
+// Views of a flat CPU float tensor of `layout.elements` elements, shaped like the layout.
+std::vector<at::Tensor> unflatten(const at::Tensor& flat, const FlatLayout& layout);
+
+// One fragment push, ready for the wire (the simulator decodes it exactly as the syncer node does).
+struct Push {
+  int64_t fragment = 0;
+  int64_t base_version = 0;   // version of Θ_p the outer gradient is taken against (wire header `round`)
+  int64_t c_steps = 0, c_tokens = 0;
+  int64_t step = 0;           // the inner step after which it was sent
+  double step_time = 0;       // mean seconds per inner step since the previous push
+  Encoding encoding = Encoding::kFp32;
+  int64_t elements = 0;
+  std::string payload;        // Δ_p encoded in `encoding` (wire.h payload layout)
+};
+
+struct Applied {
+  int64_t fragment = 0;
+  int64_t version = 0;
+};
+
+class LearnerCore {
+ public:
+  // params: the model's named parameters (bound, see above). fragments: plan_fragments() over them. The learner
+  // starts holding version 0 of every fragment = the current parameters (every node initialises identically).
+  LearnerCore(const SyncOptions& opts, std::vector<Fragment> fragments,
+              std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
+              Encoding push_encoding = Encoding::kFp32, bool error_feedback = true);
+
+  const std::vector<Fragment>& fragments() const { return fragments_; }
+  const FlatLayout& layout(int64_t fragment) const { return layouts_.at(static_cast<size_t>(fragment)); }
+  const FlatLayout& model_layout() const { return model_layout_; }
+
+  // After inner step `step` (the new step count) trained `tokens` tokens in `seconds`: bumps the counters and
+  // returns the pushes due now (their fragments become outstanding).
+  std::vector<Push> after_step(int64_t step, int64_t tokens, double seconds);
+  // The merged Θ_p of version `version` arrived (flat fp32 CPU, the fragment's layout). Kept until it is due;
+  // a newer answer replaces an older one not yet applied.
+  void receive(int64_t fragment, int64_t version, at::Tensor flat);
+  // At the boundary before inner step `step` + 1: applies every received answer whose time has come.
+  std::vector<Applied> apply_due(int64_t step);
+  // With wait_for_answer: the fragments whose answer the learner must have before it trains on (empty: go on).
+  std::vector<int64_t> waiting_for(int64_t step) const;
+  bool must_wait(int64_t step) const { return !waiting_for(step).empty(); }
+  // A whole global state (join or rejoin): flat fp32 CPU over model_layout() and the per-fragment versions.
+  // Overwrites every parameter, holds these versions, resets counters, outstanding sends, answers not yet applied,
+  // the error-feedback residuals and the step-time estimate.
+  void install(const at::Tensor& flat_model, const std::vector<int64_t>& versions);
+  // Forgets outstanding sends and answers not yet applied (the link to the syncer was lost; they will not come).
+  void forget_in_flight();
+
+  int64_t version(int64_t fragment) const { return held_version_.at(static_cast<size_t>(fragment)); }
+  const std::vector<int64_t>& versions() const { return held_version_; }
+  int64_t c_steps(int64_t fragment) const { return c_steps_.at(static_cast<size_t>(fragment)); }
+  int64_t c_tokens(int64_t fragment) const { return c_tokens_.at(static_cast<size_t>(fragment)); }
+  int64_t outstanding(int64_t fragment) const { return sent_at_.at(static_cast<size_t>(fragment)); }
+  // The step-time estimate of the latest push (before the first push: the running mean so far).
+  double step_time() const;
+
+ private:
+  bool answer_due(size_t p, int64_t step) const;
+  void apply(size_t p, int64_t version, const at::Tensor& flat);
+
+  SyncOptions opts_;
+  std::vector<Fragment> fragments_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<std::vector<size_t>> index_;  // per fragment: parameter indices in layout order
+  std::vector<FlatLayout> layouts_;
+  FlatLayout model_layout_;
+  int64_t total_steps_ = 0;
+  Encoding encoding_ = Encoding::kFp32;
+  bool error_feedback_ = true;
+
+  std::vector<int64_t> c_steps_, c_tokens_, sent_at_, held_version_;
+  std::vector<at::Tensor> held_;                 // per fragment: flat Θ_p^v as applied/installed
+  std::vector<std::vector<float>> residual_;     // error feedback per fragment
+  struct Answer {
+    int64_t version = 0;
+    at::Tensor flat;
+  };
+  std::vector<std::optional<Answer>> pending_;
+  double acc_time_ = 0;
+  int64_t acc_steps_ = 0;
+  double last_step_time_ = -1;
+};
+
+}  // namespace deloco

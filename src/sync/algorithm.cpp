@@ -1,0 +1,143 @@
+// The shared algorithm configuration and the table of presets (deloco/algorithm.h).
+#include "deloco/algorithm.h"
+
+#include <cmath>
+#include <limits>
+
+#include "deloco/config.h"
+
+namespace deloco {
+
+namespace {
+AlgorithmPreset make(const std::string& name, MergePlan plan, const std::string& kind, double lr, double mu) {
+  AlgorithmPreset p;
+  p.name = name;
+  p.plan = std::move(plan);
+  p.outer.kind = kind;
+  p.outer.lr = lr;
+  p.outer.momentum = mu;
+  return p;
+}
+MergePlan method_plan(const std::string& method) {
+  MergePlan p;
+  p.method = method;
+  return p;
+}
+}  // namespace
+
+const std::vector<AlgorithmPreset>& algorithm_presets() {
+  static const std::vector<AlgorithmPreset> table = {
+      make("diloco", MergePlan::preset("diloco"), "nesterov", 0.7, 0.9),
+      make("decoupled", MergePlan::preset("decoupled"), "nesterov", 0.7, 0.9),
+      make("isoloco", MergePlan::preset("isoloco"), "nesterov", 1.8, 0.8),
+      make("iso_c_sgd", method_plan("iso_c"), "sgd", 2.1, 0.0),
+      make("iso_cts", method_plan("iso_cts"), "nesterov", 3.1, 0.8),
+      make("tsv", method_plan("tsv"), "nesterov", 0.6, 0.8),
+      make("ties", method_plan("ties"), "nesterov", 0.7, 0.8),
+      make("dare", method_plan("dare"), "nesterov", 1.5, 0.8),
+  };
+  return table;
+}
+
+const AlgorithmPreset& algorithm_preset(const std::string& name) {
+  std::string known;
+  for (const auto& p : algorithm_presets()) {
+    if (p.name == name) return p;
+    known += (known.empty() ? "" : ", ") + p.name;
+  }
+  throw ConfigError("merge.preset '" + name + "' is not a preset (known: " + known + ")");
+}
+
+OuterOptions AlgorithmConfig::unresolved_outer() {
+  OuterOptions o;
+  o.kind = "";
+  o.lr = std::numeric_limits<double>::quiet_NaN();
+  o.momentum = std::numeric_limits<double>::quiet_NaN();
+  return o;
+}
+
+void AlgorithmConfig::resolve() {
+  const AlgorithmPreset& p = algorithm_preset(merge_preset);
+  if (outer.kind.empty()) outer.kind = p.outer.kind;
+  if (std::isnan(outer.lr)) outer.lr = p.outer.lr;
+  if (std::isnan(outer.momentum)) outer.momentum = p.outer.momentum;
+}
+
+void AlgorithmConfig::bind(ConfigSchema& s) {
+  sync.bind(s);
+  // The check of merge.preset resolves the outer optimizer first, so the checks of outer.* see final values.
+  s.bind("merge.preset", &merge_preset, "diloco | decoupled | isoloco | iso_c_sgd | iso_cts | tsv | ties | dare", [this] {
+    try {
+      resolve();
+      return std::string();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+  });
+  s.bind("merge.method", &merge_method, "one merge method for every tensor (\"\": the preset's plan)", [this] {
+    if (merge_method.empty()) return std::string();
+    try {
+      make_merger(merge_method);
+      return std::string();
+    } catch (const MergeError& e) {
+      return "merge.method: " + std::string(e.what());
+    }
+  });
+  auto outer_check = [this] {
+    if (outer.kind.empty() || std::isnan(outer.lr) || std::isnan(outer.momentum)) return std::string();
+    try {
+      outer.validate();
+      return std::string();
+    } catch (const OuterError& e) {
+      return "outer: " + std::string(e.what());
+    }
+  };
+  s.bind("outer.kind", &outer.kind, "sgd | nesterov (default: the preset's)", outer_check);
+  s.bind("outer.lr", &outer.lr, "outer learning rate eta (default: the preset's)");
+  s.bind("outer.momentum", &outer.momentum, "outer momentum mu (default: the preset's)");
+  auto float_encoding = [](const std::string* v, const char* key) {
+    return [v, key] {
+      try {
+        parse_encoding(*v);
+        return std::string();
+      } catch (const std::exception&) {
+        return std::string(key) + " must be fp32, bf16, int8 or int4 (got '" + *v + "')";
+      }
+    };
+  };
+  s.bind("net.encoding", &encoding, "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4",
+         float_encoding(&encoding, "net.encoding"));
+  s.bind("net.broadcast_encoding", &broadcast_encoding, "merged fragment encoding: fp32 | bf16 | int8 | int4",
+         float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
+  s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
+}
+
+void AlgorithmConfig::validate() const {
+  try {
+    sync.validate();
+  } catch (const SyncError& e) {
+    throw ConfigError(e.what());
+  }
+  algorithm_preset(merge_preset);
+  if (outer.kind.empty() || std::isnan(outer.lr) || std::isnan(outer.momentum))
+    throw ConfigError("outer optimizer not resolved: call AlgorithmConfig::resolve() (or validate the schema) first");
+  try {
+    outer.validate();
+    MergeSelector sel(merge_plan());
+    push_encoding();
+    answer_encoding();
+  } catch (const std::exception& e) {
+    throw ConfigError(e.what());
+  }
+}
+
+MergePlan AlgorithmConfig::merge_plan() const {
+  MergePlan p = algorithm_preset(merge_preset).plan;
+  if (!merge_method.empty()) {
+    p.method = merge_method;
+    p.rules.clear();
+  }
+  return p;
+}
+
+}  // namespace deloco

@@ -1,0 +1,222 @@
+// The learner half of the algorithm core (deloco/learner.h): counters, due fragments, pushes of the outer gradient
+// with error feedback, the τ answer rule, the wait rule, apply-and-reset, the step-time estimate.
+#include "deloco/learner.h"
+
+#include <cstring>
+#include <map>
+
+#include <torch/torch.h>
+
+#include "deloco/quantize.h"
+
+namespace deloco {
+
+FlatLayout make_flat_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
+  FlatLayout l;
+  l.names = names;
+  for (const auto& t : tensors) {
+    l.shapes.push_back(t.sizes().vec());
+    l.offsets.push_back(l.elements);
+    l.elements += t.numel();
+  }
+  return l;
+}
+
+void flatten_into(const std::vector<at::Tensor>& tensors, float* out) {
+  int64_t off = 0;
+  for (const auto& t : tensors) {
+    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
+    std::memcpy(out + off, c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
+    off += c.numel();
+  }
+}
+
+std::vector<at::Tensor> unflatten(const at::Tensor& flat, const FlatLayout& layout) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < layout.shapes.size(); ++i) {
+    int64_t n = 1;
+    for (auto d : layout.shapes[i]) n *= d;
+    out.push_back(flat.narrow(0, layout.offsets[i], n).view(layout.shapes[i]));
+  }
+  return out;
+}
+
+LearnerCore::LearnerCore(const SyncOptions& opts, std::vector<Fragment> fragments,
+                         std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
+                         Encoding push_encoding, bool error_feedback)
+    : opts_(opts),
+      fragments_(std::move(fragments)),
+      params_(std::move(params)),
+      total_steps_(total_steps),
+      encoding_(push_encoding),
+      error_feedback_(error_feedback) {
+  if (encoding_ == Encoding::kRaw) throw SyncError("the push encoding must be a float encoding");
+  std::map<std::string, size_t> by_name;
+  std::vector<std::string> names;
+  std::vector<at::Tensor> all;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    by_name[params_[i].first] = i;
+    names.push_back(params_[i].first);
+    all.push_back(params_[i].second);
+  }
+  model_layout_ = make_flat_layout(names, all);
+  const size_t P = fragments_.size();
+  for (const auto& f : fragments_) {
+    std::vector<size_t> idx;
+    std::vector<at::Tensor> ts;
+    for (const auto& n : f.names) {
+      auto it = by_name.find(n);
+      if (it == by_name.end()) throw SyncError("fragment " + std::to_string(f.id) + " names unknown tensor '" + n + "'");
+      idx.push_back(it->second);
+      ts.push_back(params_[it->second].second);
+    }
+    index_.push_back(std::move(idx));
+    layouts_.push_back(make_flat_layout(f.names, ts));
+  }
+  c_steps_.assign(P, 0);
+  c_tokens_.assign(P, 0);
+  sent_at_.assign(P, -1);
+  held_version_.assign(P, 0);
+  pending_.assign(P, std::nullopt);
+  residual_.resize(P);
+  held_.resize(P);
+  for (size_t p = 0; p < P; ++p) {
+    held_[p] = torch::empty({layouts_[p].elements}, torch::kFloat);
+    std::vector<at::Tensor> ts;
+    for (size_t i : index_[p]) ts.push_back(params_[i].second);
+    flatten_into(ts, held_[p].data_ptr<float>());
+  }
+}
+
+std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double seconds) {
+  acc_time_ += seconds;
+  ++acc_steps_;
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    ++c_steps_[p];
+    c_tokens_[p] += tokens;
+  }
+  std::vector<Push> out;
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    if (!fragment_due(fragments_[p], step, opts_.sync_every)) continue;
+    if (out.empty()) {  // the estimate that goes with this step's pushes
+      last_step_time_ = acc_time_ / static_cast<double>(acc_steps_);
+      acc_time_ = 0;
+      acc_steps_ = 0;
+    }
+    Push push;
+    push.fragment = static_cast<int64_t>(p);
+    push.base_version = held_version_[p];
+    push.c_steps = c_steps_[p];
+    push.c_tokens = c_tokens_[p];
+    push.step = step;
+    push.step_time = last_step_time_;
+    push.encoding = encoding_;
+    push.elements = layouts_[p].elements;
+    // Δ_p = Θ_p^v − θ_p, the outer gradient against the held version.
+    std::vector<float> delta(static_cast<size_t>(layouts_[p].elements));
+    std::vector<at::Tensor> ts;
+    for (size_t i : index_[p]) ts.push_back(params_[i].second);
+    flatten_into(ts, delta.data());
+    const float* held = held_[p].data_ptr<float>();
+    for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
+    if (error_feedback_ && encoding_ != Encoding::kFp32) {
+      if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
+      push.payload = quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), encoding_);
+    } else {
+      push.payload = encode_floats(delta.data(), delta.size(), encoding_);
+    }
+    sent_at_[p] = step;
+    out.push_back(std::move(push));
+  }
+  return out;
+}
+
+void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat) {
+  const size_t p = static_cast<size_t>(fragment);
+  if (fragment < 0 || p >= fragments_.size()) throw SyncError("answer for unknown fragment " + std::to_string(fragment));
+  if (flat.numel() != layouts_[p].elements || flat.scalar_type() != at::kFloat || !flat.device().is_cpu())
+    throw SyncError("answer for fragment " + std::to_string(fragment) + " has " + std::to_string(flat.numel()) +
+                    " elements, the fragment " + std::to_string(layouts_[p].elements) + " (flat fp32 CPU expected)");
+  if (version <= held_version_[p]) return;
+  if (pending_[p] && pending_[p]->version >= version) return;
+  pending_[p] = Answer{version, flat.contiguous()};
+}
+
+bool LearnerCore::answer_due(size_t p, int64_t step) const {
+  const int64_t sent = sent_at_[p];
+  return sent < 0 || step >= sent + opts_.overlap || step >= total_steps_;
+}
+
+void LearnerCore::apply(size_t p, int64_t version, const at::Tensor& flat) {
+  torch::NoGradGuard ng;
+  auto views = unflatten(flat, layouts_[p]);
+  for (size_t i = 0; i < index_[p].size(); ++i) {
+    at::Tensor& local = params_[index_[p][i]].second;
+    apply_global(local, views[i].to(local.device()), opts_.alpha);
+  }
+  held_[p] = flat;
+  held_version_[p] = version;
+  c_steps_[p] = 0;
+  c_tokens_[p] = 0;
+  sent_at_[p] = -1;
+}
+
+std::vector<Applied> LearnerCore::apply_due(int64_t step) {
+  std::vector<Applied> done;
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    if (!pending_[p] || !answer_due(p, step)) continue;
+    Answer a = std::move(*pending_[p]);
+    pending_[p].reset();
+    apply(p, a.version, a.flat);
+    done.push_back({static_cast<int64_t>(p), a.version});
+  }
+  return done;
+}
+
+std::vector<int64_t> LearnerCore::waiting_for(int64_t step) const {
+  std::vector<int64_t> w;
+  if (!opts_.wait_for_answer) return w;
+  for (size_t p = 0; p < fragments_.size(); ++p)
+    if (sent_at_[p] >= 0 && answer_due(p, step) && !pending_[p]) w.push_back(static_cast<int64_t>(p));
+  return w;
+}
+
+void LearnerCore::install(const at::Tensor& flat_model, const std::vector<int64_t>& versions) {
+  if (flat_model.numel() != model_layout_.elements || flat_model.scalar_type() != at::kFloat)
+    throw SyncError("global state has " + std::to_string(flat_model.numel()) + " elements, the model " +
+                    std::to_string(model_layout_.elements));
+  if (versions.size() != fragments_.size())
+    throw SyncError("global state lists " + std::to_string(versions.size()) + " fragment versions, the learner has " +
+                    std::to_string(fragments_.size()) + " fragments");
+  torch::NoGradGuard ng;
+  const at::Tensor cpu = flat_model.to(torch::kCPU).contiguous();
+  auto views = unflatten(cpu, model_layout_);
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].second.copy_(views[i]);
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    std::vector<at::Tensor> ts;
+    for (size_t i : index_[p]) ts.push_back(views[i]);
+    held_[p] = torch::empty({layouts_[p].elements}, torch::kFloat);
+    flatten_into(ts, held_[p].data_ptr<float>());
+    held_version_[p] = versions[p];
+    c_steps_[p] = c_tokens_[p] = 0;
+    residual_[p].clear();
+  }
+  forget_in_flight();
+  acc_time_ = 0;
+  acc_steps_ = 0;
+  last_step_time_ = -1;
+}
+
+void LearnerCore::forget_in_flight() {
+  for (size_t p = 0; p < fragments_.size(); ++p) {
+    sent_at_[p] = -1;
+    pending_[p].reset();
+  }
+}
+
+double LearnerCore::step_time() const {
+  if (last_step_time_ >= 0) return last_step_time_;
+  return acc_steps_ > 0 ? acc_time_ / static_cast<double>(acc_steps_) : 0.0;
+}
+
+}  // namespace deloco

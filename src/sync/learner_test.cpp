@@ -1,0 +1,231 @@
+// Tests of the learner half of the core (deloco/learner.h), written from the rules in DESIGN.md §1–2 and the
+// issue: pushes are Θ^v − θ, the τ answer rule, the wait rule, apply-and-reset, the step-time estimate.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deloco/learner.h"
+#include "deloco/quantize.h"
+
+namespace deloco {
+namespace {
+
+struct Toy {
+  std::vector<std::pair<std::string, at::Tensor>> params{{"w", torch::zeros({2, 3})}, {"b", torch::zeros({4})}};
+  std::vector<Fragment> frags;
+  explicit Toy(int64_t P, int64_t H) {
+    frags = plan_fragments({{"w", 24}, {"b", 16}}, P, H);
+  }
+  // Simulates an inner step: every parameter moves by +1.
+  void train() {
+    torch::NoGradGuard ng;
+    for (auto& [n, t] : params) t.add_(1.0);
+  }
+};
+
+SyncOptions opts(int64_t H, int64_t tau, bool wait) {
+  SyncOptions o;
+  o.learners = 1;
+  o.quorum = 1;
+  o.sync_every = H;
+  o.overlap = tau;
+  o.wait_for_answer = wait;
+  return o;
+}
+
+at::Tensor answer(const LearnerCore& c, int64_t p, float v) { return torch::full({c.layout(p).elements}, v); }
+
+std::vector<float> decode(const Push& p) {
+  return decode_floats(p.payload.data(), p.payload.size(), p.encoding, static_cast<size_t>(p.elements));
+}
+
+TEST(LearnerCore, PushesTheOuterGradientAgainstTheHeldVersion) {
+  Toy toy(1, 2);
+  LearnerCore core(opts(2, 0, false), toy.frags, toy.params, 100);
+  toy.train();
+  EXPECT_TRUE(core.after_step(1, 10, 1.0).empty());
+  toy.train();
+  auto pushes = core.after_step(2, 10, 1.0);
+  ASSERT_EQ(pushes.size(), 1u);
+  EXPECT_EQ(pushes[0].base_version, 0);
+  EXPECT_EQ(pushes[0].c_steps, 2);
+  EXPECT_EQ(pushes[0].c_tokens, 20);
+  for (float x : decode(pushes[0])) EXPECT_EQ(x, -2.0f);  // Θ^0 = 0, θ = 2
+  // The answer Θ = 5 (version 1) is applied; the next push is taken against it.
+  core.receive(0, 1, answer(core, 0, 5.0f));
+  auto applied = core.apply_due(2);
+  ASSERT_EQ(applied.size(), 1u);
+  EXPECT_EQ(applied[0].version, 1);
+  EXPECT_EQ(toy.params[0].second[1][2].item<float>(), 5.0f);
+  EXPECT_EQ(core.c_steps(0), 0);
+  toy.train();
+  core.after_step(3, 7, 1.0);
+  toy.train();
+  pushes = core.after_step(4, 7, 1.0);
+  ASSERT_EQ(pushes.size(), 1u);
+  EXPECT_EQ(pushes[0].base_version, 1);
+  EXPECT_EQ(pushes[0].c_tokens, 14);
+  for (float x : decode(pushes[0])) EXPECT_EQ(x, -2.0f);  // 5 − 7
+}
+
+// The hang of issue 10: with τ > 0 and waiting, an answer that came within τ steps was applied but the send stayed
+// outstanding, so the learner waited for a second answer that never came.
+TEST(LearnerCore, AnAnswerWithinTauIsAppliedAtSendPlusTauAndClearsTheWait) {
+  Toy toy(1, 4);
+  LearnerCore core(opts(4, 2, true), toy.frags, toy.params, 100);
+  for (int64_t s = 1; s <= 4; ++s) {
+    toy.train();
+    core.after_step(s, 1, 1.0);
+  }
+  EXPECT_EQ(core.outstanding(0), 4);
+  EXPECT_FALSE(core.must_wait(4));  // τ = 2: two more steps before the answer is needed
+  toy.train();
+  core.after_step(5, 1, 1.0);
+  core.receive(0, 1, answer(core, 0, 9.0f));  // arrives at step 5, before send + τ = 6
+  EXPECT_TRUE(core.apply_due(5).empty());     // held until step 6
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 5.0f);
+  EXPECT_FALSE(core.must_wait(5));
+  toy.train();
+  core.after_step(6, 1, 1.0);
+  EXPECT_EQ(core.apply_due(6).size(), 1u);
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 9.0f);
+  EXPECT_EQ(core.outstanding(0), -1);
+  EXPECT_FALSE(core.must_wait(6));
+  EXPECT_FALSE(core.must_wait(7));
+  // The next send at step 8 is waited for at step 10, and only then.
+  for (int64_t s = 7; s <= 9; ++s) {
+    toy.train();
+    core.after_step(s, 1, 1.0);
+    EXPECT_FALSE(core.must_wait(s));
+  }
+  toy.train();
+  core.after_step(10, 1, 1.0);
+  EXPECT_EQ(core.waiting_for(10), std::vector<int64_t>{0});
+  core.receive(0, 2, answer(core, 0, 1.0f));
+  EXPECT_FALSE(core.must_wait(10));
+  EXPECT_EQ(core.apply_due(10).size(), 1u);
+}
+
+TEST(LearnerCore, WithoutWaitingALateAnswerIsAppliedOnArrivalAndAnEarlyOneAtSendPlusTau) {
+  Toy toy(1, 4);
+  LearnerCore core(opts(4, 3, false), toy.frags, toy.params, 100);
+  for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
+  for (int64_t s = 5; s <= 8; ++s) {
+    EXPECT_FALSE(core.must_wait(s));  // never waits
+    core.after_step(s, 1, 1.0);
+  }
+  // Late: sent at 8 (the one at 4 was never answered), the answer arrives at step 11 = 8 + τ: applied at once.
+  for (int64_t s = 9; s <= 11; ++s) core.after_step(s, 1, 1.0);
+  core.receive(0, 1, answer(core, 0, 2.0f));
+  EXPECT_EQ(core.apply_due(11).size(), 1u);
+  // Early: sent at 12, the answer arrives at 13 and is applied at 15.
+  core.after_step(12, 1, 1.0);
+  core.after_step(13, 1, 1.0);
+  core.receive(0, 2, answer(core, 0, 3.0f));
+  EXPECT_TRUE(core.apply_due(13).empty());
+  core.after_step(14, 1, 1.0);
+  EXPECT_TRUE(core.apply_due(14).empty());
+  core.after_step(15, 1, 1.0);
+  EXPECT_EQ(core.apply_due(15).size(), 1u);
+  EXPECT_EQ(core.version(0), 2);
+}
+
+TEST(LearnerCore, AtTheEndOfTrainingAWaitingLearnerWaitsForItsLastAnswer) {
+  Toy toy(1, 4);
+  LearnerCore core(opts(4, 3, true), toy.frags, toy.params, /*total_steps=*/4);
+  for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
+  EXPECT_TRUE(core.must_wait(4));  // step 4 is the last: send + τ is never reached
+  core.receive(0, 1, answer(core, 0, 0.0f));
+  EXPECT_EQ(core.apply_due(4).size(), 1u);
+  EXPECT_FALSE(core.must_wait(4));
+}
+
+TEST(LearnerCore, OlderAnswersAreIgnoredAndAlphaMixes) {
+  Toy toy(1, 2);
+  SyncOptions o = opts(2, 0, false);
+  o.alpha = 0.25;
+  LearnerCore core(o, toy.frags, toy.params, 100);
+  toy.train();  // θ = 1
+  core.receive(0, 3, answer(core, 0, 5.0f));
+  core.receive(0, 2, answer(core, 0, 100.0f));  // older than what is pending: ignored
+  EXPECT_EQ(core.apply_due(1).size(), 1u);
+  EXPECT_FLOAT_EQ(toy.params[0].second[0][0].item<float>(), 0.75f * 5.0f + 0.25f * 1.0f);
+  core.receive(0, 3, answer(core, 0, 100.0f));  // not newer than held
+  EXPECT_TRUE(core.apply_due(1).empty());
+  EXPECT_THROW(core.receive(0, 4, torch::zeros({3})), SyncError);
+}
+
+TEST(LearnerCore, FragmentsAreDueStaggeredAndCountedSeparately) {
+  Toy toy(2, 4);
+  LearnerCore core(opts(4, 0, false), toy.frags, toy.params, 100);
+  std::vector<std::pair<int64_t, int64_t>> sent;  // (step, fragment)
+  for (int64_t s = 1; s <= 8; ++s)
+    for (const auto& p : core.after_step(s, 3, 1.0)) sent.emplace_back(s, p.fragment);
+  // offsets 0 and 2 (H/P apart): fragment 1 at steps 2 and 6, fragment 0 at 4 and 8.
+  std::vector<std::pair<int64_t, int64_t>> want = {{2, 1}, {4, 0}, {6, 1}, {8, 0}};
+  EXPECT_EQ(sent, want);
+  EXPECT_EQ(core.c_steps(0), 8);
+  core.receive(1, 1, answer(core, 1, 0.0f));
+  core.apply_due(8);
+  EXPECT_EQ(core.c_steps(1), 0);
+  EXPECT_EQ(core.c_steps(0), 8);
+  EXPECT_EQ(core.c_tokens(0), 24);
+}
+
+TEST(LearnerCore, StepTimeIsTheMeanSinceThePreviousPush) {
+  Toy toy(1, 3);
+  LearnerCore core(opts(3, 0, false), toy.frags, toy.params, 100);
+  core.after_step(1, 1, 1.0);
+  core.after_step(2, 1, 2.0);
+  EXPECT_DOUBLE_EQ(core.step_time(), 1.5);  // running mean before the first push
+  auto p = core.after_step(3, 1, 6.0);
+  ASSERT_EQ(p.size(), 1u);
+  EXPECT_DOUBLE_EQ(p[0].step_time, 3.0);
+  core.after_step(4, 1, 10.0);
+  core.after_step(5, 1, 10.0);
+  p = core.after_step(6, 1, 1.0);
+  EXPECT_DOUBLE_EQ(p[0].step_time, 7.0);
+}
+
+TEST(LearnerCore, Int4PushesWithErrorFeedbackTrackTheTrueOuterGradients) {
+  Toy toy(1, 1);
+  LearnerCore core(opts(1, 0, false), toy.frags, toy.params, 100, Encoding::kInt4, /*error_feedback=*/true);
+  torch::manual_seed(3);
+  // θ drifts randomly; the learner never receives an answer, so every push is against Θ^0 = 0: Δ_s = −θ_s.
+  std::vector<double> true_sum(10, 0.0), sent_sum(10, 0.0);
+  for (int64_t s = 1; s <= 50; ++s) {
+    {
+      torch::NoGradGuard ng;
+      toy.params[0].second.add_(torch::randn({2, 3}) * 0.1);
+      toy.params[1].second.add_(torch::randn({4}) * 0.1);
+    }
+    auto pushes = core.after_step(s, 1, 1.0);
+    ASSERT_EQ(pushes.size(), 1u);
+    auto got = decode(pushes[0]);
+    auto flat = torch::cat({toy.params[0].second.flatten(), toy.params[1].second.flatten()});
+    for (int i = 0; i < 10; ++i) {
+      true_sum[i] += -flat[i].item<double>();
+      sent_sum[i] += got[i];
+    }
+  }
+  // With error feedback the running sums differ by at most the last residual (half an int4 step).
+  for (int i = 0; i < 10; ++i) EXPECT_NEAR(sent_sum[i], true_sum[i], 0.2) << i;
+}
+
+TEST(LearnerCore, InstallResetsEverything) {
+  Toy toy(1, 2);
+  LearnerCore core(opts(2, 1, true), toy.frags, toy.params, 100);
+  core.after_step(1, 1, 1.0);
+  core.after_step(2, 1, 1.0);
+  core.after_step(3, 1, 1.0);
+  EXPECT_TRUE(core.must_wait(3));
+  core.install(torch::full({10}, 4.0f), {7});
+  EXPECT_FALSE(core.must_wait(3));
+  EXPECT_EQ(core.version(0), 7);
+  EXPECT_EQ(core.c_steps(0), 0);
+  EXPECT_EQ(toy.params[0].second[1][1].item<float>(), 4.0f);
+  EXPECT_THROW(core.install(torch::zeros({9}), {7}), SyncError);
+  EXPECT_THROW(core.install(torch::zeros({10}), {7, 8}), SyncError);
+}
+
+}  // namespace
+}  // namespace deloco
