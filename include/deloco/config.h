@@ -19,12 +19,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
 // Thrown for every user-facing configuration problem. what() is a complete sentence for the terminal.
-class ConfigError : public std::runtime_error {
+class ConfigError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 class ConfigSchema {

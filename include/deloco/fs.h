@@ -9,11 +9,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class IoError : public std::runtime_error {
+class IoError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 std::string read_file(const std::string& path);
