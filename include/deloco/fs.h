@@ -23,7 +23,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 // Renames directory `from` to `to` atomically (to must not exist) and fsyncs the parent.
 void rename_dir_atomic(const std::string& from, const std::string& to);
 void fsync_dir(const std::string& dir);
-// 64-bit FNV-1a hash of a byte range, written as 16 hex digits (used for integrity checks, not security).
+// fnv1a64() of deloco/wire.h over a byte range, written as 16 lowercase hex digits (integrity checks, not security).
 std::string fnv1a64_hex(const void* data, size_t n);
 
 }  // namespace deloco

@@ -44,6 +44,7 @@
 
 #include "common.h"
 #include "commands.h"
+#include "deloco/clock.h"
 #include "deloco/config.h"
 #include "deloco/fs.h"
 #include "deloco/runtime.h"
@@ -61,19 +62,6 @@ namespace {
 volatile sig_atomic_t g_signal = 0;  // the first SIGINT/SIGTERM the orchestrator received
 void on_signal(int sig) {
   if (g_signal == 0) g_signal = sig;
-}
-
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-std::string fmt_duration(double s) {
-  const int64_t t = static_cast<int64_t>(std::max(0.0, s));
-  std::ostringstream o;
-  if (t >= 3600) o << t / 3600 << "h" << std::setw(2) << std::setfill('0') << (t % 3600) / 60 << "m";
-  else if (t >= 60) o << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else o << t << "s";
-  return o.str();
 }
 
 std::string fixed(double v, int digits) {
@@ -657,7 +645,7 @@ class Orchestrator {
   std::vector<std::string> status_lines() const {
     const SyncerView& s = syncer_view_;
     std::ostringstream h;
-    h << "[" << std::setw(6) << fmt_duration(elapsed()) << "] syncer "
+    h << "[" << std::setw(6) << format_duration(elapsed()) << "] syncer "
       << (syncer_.done ? "done" : syncer_.pid == 0 ? (stopping_ ? "stopped" : "DOWN") : "up") << " | merges " << s.merges;
     if (s.quorum >= 0) h << " (last quorum " << s.quorum << ")";
     h << " | val " << fixed(s.val_loss, 4) << " nats, " << fixed(s.val_bpb, 3) << " bpb | uptime "
@@ -703,7 +691,7 @@ class Orchestrator {
   void event(const std::string& what) {
     const bool redraw = tty_ && drawn_lines_ > 0;
     clear_status();
-    std::cerr << "[" << std::setw(6) << fmt_duration(elapsed()) << "] " << what << "\n";
+    std::cerr << "[" << std::setw(6) << format_duration(elapsed()) << "] " << what << "\n";
     if (redraw) draw_status();
   }
 
@@ -831,7 +819,7 @@ void print_report(const json& s, const std::string& summary_file) {
     if (!s.contains(k) || !s[k].is_object()) return std::string("n/a");
     return "median " + fixed(s[k]["median"].get<double>(), 1) + " s, max " + fixed(s[k]["max"].get<double>(), 1) + " s";
   };
-  std::cout << "deloco run: " << fmt_duration(num("wall_seconds")) << ", " << count("learners")
+  std::cout << "deloco run: " << format_duration(num("wall_seconds")) << ", " << count("learners")
             << " learners: final val loss " << fixed(num("final_val_loss"), 4) << " nats/byte, "
             << fixed(num("val_bpb"), 3) << " bits/byte; " << count("outer_steps") << " fragment merges, "
             << count("contributions_merged") << " contributions merged, " << count("contributions_rejected")

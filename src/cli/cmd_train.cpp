@@ -18,6 +18,7 @@
 #include "commands.h"
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/clock.h"
 #include "deloco/fs.h"
 #include "deloco/train.h"
 
@@ -30,15 +31,6 @@ void on_signal(int) { g_stop = 1; }
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::string human_duration(double s) {
-  std::ostringstream o;
-  int64_t total = static_cast<int64_t>(s + 0.5);
-  if (total >= 3600) o << total / 3600 << "h";
-  if (total >= 60) o << (total % 3600) / 60 << "m";
-  o << total % 60 << "s";
-  return o.str();
-}
 
 std::shared_ptr<const Corpus> load_corpus(const DataConfig& d) { return std::make_shared<const Corpus>(Corpus::load(d)); }
 
@@ -75,7 +67,7 @@ class Progress {
     std::ostringstream o;
     o << "step " << step << "/" << total_ << " | loss " << std::fixed << std::setprecision(4) << loss << " | "
       << std::setprecision(0) << tok_per_s << " tok/s | lr " << std::scientific << std::setprecision(2) << lr
-      << " | ETA " << human_duration(eta_s);
+      << " | ETA " << format_duration(eta_s);
     if (tty_) std::cerr << "\r" << o.str() << "\033[K" << std::flush;
     else std::cerr << o.str() << "\n";
   }
@@ -221,7 +213,7 @@ void run_train(const TrainArgs& args) {
   write_summary(args.common, summary);
   std::cout << "checkpoint: " << last_ckpt << "\nsummary:    " << (fs::path(run_dir) / "summary.json").string()
             << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << " nats/byte, " << std::setprecision(3)
-            << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << human_duration(wall)
+            << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << format_duration(wall)
             << " (unigram entropy " << corpus->unigram_entropy_bits() << " bits/byte)\n";
   if (g_stop) std::exit(130);
 }

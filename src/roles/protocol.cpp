@@ -184,8 +184,4 @@ ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& para
   return plan;
 }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace deloco::proto

@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/clock.h"
 #include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
@@ -89,7 +90,7 @@ struct ModelPlan {
 };
 ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H);
 
-// Seconds since the Unix epoch: the "t" of every metrics record.
-double unix_now();
+// Seconds since the Unix epoch: the "t" of every metrics record (deloco/clock.h).
+using ::deloco::unix_now;
 
 }  // namespace deloco::proto
