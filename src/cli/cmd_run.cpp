@@ -48,6 +48,7 @@
 #include "deloco/config.h"
 #include "deloco/fs.h"
 #include "deloco/runtime.h"
+#include "deloco/stop_signals.h"
 #include "deloco/transport.h"
 
 extern char** environ;
@@ -58,11 +59,6 @@ using nlohmann::json;
 namespace {
 
 // ---- small helpers -------------------------------------------------------------------------------------------
-
-volatile sig_atomic_t g_signal = 0;  // the first SIGINT/SIGTERM the orchestrator received
-void on_signal(int sig) {
-  if (g_signal == 0) g_signal = sig;
-}
 
 std::string fixed(double v, int digits) {
   if (!std::isfinite(v)) return "-";
@@ -297,13 +293,13 @@ class Orchestrator {
   }
 
   json run() {
-    install_signal_handlers();
+    const StopSignals& stop = install_stop_signals();
     t0_ = std::chrono::steady_clock::now();
     start(syncer_);
     for (auto& p : learners_) start(p);
     schedule_chaos();
     std::string fatal;
-    while (g_signal == 0) {
+    while (!stop.requested.load()) {
       try {
         reap();
         if (finished()) break;
@@ -325,12 +321,12 @@ class Orchestrator {
       }
       ::usleep(100 * 1000);
     }
-    const int sig = g_signal;
+    const int sig = stop.first.load();
     stopping_ = true;
     shutdown(sig != 0 ? sig : SIGTERM);
     poll_records();
     draw_status();  // the final state stays on screen
-    restore_signal_handlers();
+    restore_stop_signals();
     if (!fatal.empty()) throw std::runtime_error(fatal);
     json summary = make_summary();
     if (sig != 0) summary["interrupted"] = strsignal(sig);
@@ -764,20 +760,6 @@ class Orchestrator {
     return s;
   }
 
-  void install_signal_handlers() {
-    g_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  void restore_signal_handlers() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
-
   const RuntimeConfig& cfg_;
   const CommonOptions& common_;
   const int64_t M_;
@@ -808,7 +790,6 @@ class Orchestrator {
   double learners_done_at_ = 0;
   bool forced_syncer_stop_ = false;
   bool stopping_ = false;  // the run is over: processes not running are "stopped", not DOWN
-  struct sigaction old_int_ {}, old_term_ {};
 };
 
 // The short final report on stdout.

@@ -2,7 +2,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -20,14 +19,12 @@
 #include "deloco/config.h"
 #include "deloco/clock.h"
 #include "deloco/fs.h"
+#include "deloco/stop_signals.h"
 #include "deloco/train.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;
 namespace {
-
-volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -131,8 +128,7 @@ void run_train(const TrainArgs& args) {
             << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
             << "\n";
 
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  const StopSignals& stop = install_stop_signals();
   const int64_t end_step = args.stop_at_step > 0 ? std::min(args.stop_at_step, cfg.train.steps) : cfg.train.steps;
   const int64_t tokens_per_step = cfg.train.batch_size * cfg.model.block_size;
   Progress progress(cfg.train.steps);
@@ -157,7 +153,7 @@ void run_train(const TrainArgs& args) {
     progress.line(o.str());
   };
 
-  while (tr.step() < end_step && !g_stop) {
+  while (tr.step() < end_step && !stop.requested) {
     auto t0 = Clock::now();
     const double lr = tr.current_lr();
     const double loss = tr.train_step();
@@ -182,7 +178,7 @@ void run_train(const TrainArgs& args) {
     if (cfg.train.checkpoint_every > 0 && tr.step() % cfg.train.checkpoint_every == 0 && tr.step() != end_step)
       last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
   }
-  if (g_stop) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
+  if (stop.requested) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
   if (tr.step() == cfg.train.steps || !have_eval) do_eval();
   if (tr.step() > start_step || last_ckpt.empty()) last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
   const double wall = seconds_since(t_start);
@@ -207,7 +203,7 @@ void run_train(const TrainArgs& args) {
       {"unigram_entropy_bits", corpus->unigram_entropy_bits()},
       {"run_dir", run_dir},
       {"checkpoint", last_ckpt},
-      {"interrupted", static_cast<bool>(g_stop)},
+      {"interrupted", stop.requested.load()},
   };
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), summary.dump(2) + "\n");
   write_summary(args.common, summary);
@@ -215,7 +211,7 @@ void run_train(const TrainArgs& args) {
             << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << " nats/byte, " << std::setprecision(3)
             << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << format_duration(wall)
             << " (unigram entropy " << corpus->unigram_entropy_bits() << " bits/byte)\n";
-  if (g_stop) std::exit(130);
+  if (stop.requested) std::exit(130);
 }
 
 // Builds a model from a checkpoint's config (plus --set overrides) and loads its parameters.
