@@ -19,6 +19,7 @@
 #include "deloco/config.h"
 #include "deloco/clock.h"
 #include "deloco/fs.h"
+#include "deloco/model.h"
 #include "deloco/stop_signals.h"
 #include "deloco/train.h"
 
@@ -262,47 +263,20 @@ void add_train_commands(CLI::App& app) {
   struct SampleArgs {
     CommonOptions common;
     std::string checkpoint, prompt = "\n";
-    int64_t tokens = 300, top_k = 40, seed = 0;
-    double temperature = 0.8;
+    SampleOptions opts;
   };
   auto sa = std::make_shared<SampleArgs>();
   CLI::App* sample = app.add_subcommand("sample", "generate text from a checkpoint");
   add_common_options(sample, &sa->common, /*with_config=*/false);
   sample->add_option("--checkpoint", sa->checkpoint, "checkpoint folder or run folder")->required();
   sample->add_option("--prompt", sa->prompt, "text to continue");
-  sample->add_option("--tokens", sa->tokens, "bytes to generate")->check(CLI::PositiveNumber);
-  sample->add_option("--temperature", sa->temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-  sample->add_option("--top-k", sa->top_k, "sample among the k most likely bytes (0: all)")->check(CLI::NonNegativeNumber);
-  sample->add_option("--seed", sa->seed, "sampling seed");
+  sample->add_option("--tokens", sa->opts.tokens, "bytes to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--temperature", sa->opts.temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--top-k", sa->opts.top_k, "sample among the k most likely bytes (0: all)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--seed", sa->opts.seed, "sampling seed");
   sample->callback([sa] {
     auto l = load_for_inference(sa->checkpoint, sa->common);
-    auto& model = l.trainer->model();
-    model->eval();
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(static_cast<uint64_t>(sa->seed));
-    const auto dev = l.trainer->parameters().front().second.device();
-    std::vector<int64_t> ctx;
-    for (unsigned char c : sa->prompt) ctx.push_back(c);
-    if (ctx.empty()) ctx.push_back('\n');
-    std::string out;
-    for (int64_t i = 0; i < sa->tokens; ++i) {
-      const int64_t T = std::min<int64_t>(static_cast<int64_t>(ctx.size()), l.cfg.model.block_size);
-      auto idx = torch::tensor(std::vector<int64_t>(ctx.end() - T, ctx.end()), torch::kLong).view({1, T}).to(dev);
-      auto logits = model->forward(idx).select(1, T - 1).squeeze(0).to(torch::kFloat);
-      int64_t next;
-      if (sa->temperature == 0) {
-        next = logits.argmax().item<int64_t>();
-      } else {
-        logits = logits / sa->temperature;
-        if (sa->top_k > 0 && sa->top_k < logits.size(0)) {
-          auto kth = std::get<0>(logits.topk(sa->top_k)).min();
-          logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-        }
-        next = torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>();
-      }
-      ctx.push_back(next);
-      out.push_back(static_cast<char>(next));
-    }
+    const std::string out = sample_text(l.trainer->model(), sa->prompt, sa->opts);
     std::cout << sa->prompt << out << "\n";
     write_summary(sa->common, {{"command", "sample"}, {"checkpoint", l.ck.dir}, {"prompt", sa->prompt},
                                {"bytes", static_cast<int64_t>(out.size())}});
