@@ -20,14 +20,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deloco/error.h"
 #include "deloco/model.h"
 #include "deloco/safetensors.h"
 
 namespace deloco {
 
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct Checkpoint {

@@ -19,12 +19,14 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
 // Thrown for every user-facing configuration problem. what() is a complete sentence for the terminal.
-class ConfigError : public std::runtime_error {
+class ConfigError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 class ConfigSchema {
@@ -32,7 +34,7 @@ class ConfigSchema {
   using Field = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
                              std::vector<double>*>;
 
-  // Binds `key` ("section.name") to `field`. `help` is shown by `describe()`. A key may be bound once.
+  // Binds `key` ("section.name") to `field`. `help` documents the key beside its binding. A key may be bound once.
   // `check`, when given, validates the final value and returns an error message ("" when valid).
   void bind(const std::string& key, Field field, std::string help,
             std::function<std::string()> check = nullptr);
@@ -52,8 +54,6 @@ class ConfigSchema {
   nlohmann::json to_json() const;
   // Loads values from JSON produced by to_json(); unknown keys throw (used when resuming a checkpoint).
   void from_json(const nlohmann::json& j, const std::string& origin);
-  // One line per key: "key = value  # help".
-  std::string describe() const;
 
  private:
   struct Entry {

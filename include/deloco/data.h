@@ -23,13 +23,15 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
 class ConfigSchema;
 
-class DataError : public std::runtime_error {
+class DataError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct DataConfig {

@@ -9,11 +9,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class IoError : public std::runtime_error {
+class IoError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 std::string read_file(const std::string& path);
@@ -21,7 +23,7 @@ void write_file_atomic(const std::string& path, const std::string& bytes);
 // Renames directory `from` to `to` atomically (to must not exist) and fsyncs the parent.
 void rename_dir_atomic(const std::string& from, const std::string& to);
 void fsync_dir(const std::string& dir);
-// 64-bit FNV-1a hash of a byte range, written as 16 hex digits (used for integrity checks, not security).
+// fnv1a64() of deloco/wire.h over a byte range, written as 16 lowercase hex digits (integrity checks, not security).
 std::string fnv1a64_hex(const void* data, size_t n);
 
 }  // namespace deloco

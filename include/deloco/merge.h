@@ -34,11 +34,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class MergeError : public std::runtime_error {
+class MergeError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct MergeOptions {

@@ -23,11 +23,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class OuterError : public std::runtime_error {
+class OuterError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct OuterOptions {

@@ -19,11 +19,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class SafetensorsError : public std::runtime_error {
+class SafetensorsError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct TensorFile {

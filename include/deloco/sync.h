@@ -28,6 +28,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "deloco/error.h"
 #include "deloco/merge.h"
 #include "deloco/outer.h"
 
@@ -35,9 +36,9 @@ namespace deloco {
 
 class ConfigSchema;
 
-class SyncError : public std::runtime_error {
+class SyncError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 struct SyncOptions {

@@ -35,11 +35,13 @@
 #include <string>
 #include <vector>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class TransportError : public std::runtime_error {
+class TransportError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 // An immutable, shared byte buffer (a view plus whatever keeps the bytes alive). Cheap to copy.

@@ -40,11 +40,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "deloco/error.h"
+
 namespace deloco {
 
-class WireError : public std::runtime_error {
+class WireError : public Error {
  public:
-  explicit WireError(const std::string& what) : std::runtime_error(what) {}
+  explicit WireError(const std::string& what) : Error(what) {}
 };
 
 constexpr uint32_t kWireMagic = 0x57434C44u;  // bytes "DLCW" when written little-endian

@@ -4,8 +4,6 @@
 // DELOCO_SERVER_KEY, DELOCO_ALLOW, DELOCO_LEARNER_ID), then the command line, later winning. Both write JSON-lines
 // records into their run folder (appending, so a restarted process continues the same file) and stop cleanly on
 // SIGINT/SIGTERM.
-#include <atomic>
-#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,17 +18,11 @@
 #include "deloco/data.h"
 #include "deloco/fs.h"
 #include "deloco/runtime.h"
+#include "deloco/stop_signals.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;
 namespace {
-
-std::atomic<bool> g_stop{false};
-void on_signal(int) { g_stop.store(true); }
-void install_handlers() {
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
-}
 
 void from_env(std::string* field, const char* var) {
   if (const char* v = std::getenv(var); v != nullptr && *v != '\0') *field = v;
@@ -104,8 +96,7 @@ void run_syncer(const NodeArgs& a) {
   std::cerr << "deloco syncer: serving " << endpoint << (cfg.net.plaintext ? " in PLAINTEXT" : " (CURVE)") << ", "
             << cfg.resolved_learners() << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
             << (a.resume ? ", resumed" : "") << "; run folder " << dir << "\n";
-  install_handlers();
-  nlohmann::json s = node.run(g_stop);
+  nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco syncer: " << s["outer_steps"] << " merges, " << s["contributions_merged"]
             << " contributions merged, " << s["contributions_rejected"] << " rejected, val loss "
             << s["final_val_loss"] << ", uptime " << s["uptime"] << "\n";
@@ -138,8 +129,7 @@ void run_learner(const NodeArgs& a) {
   LearnerNode node(cfg, id, std::move(transport), corpus, [&](const nlohmann::json& j) { log.write(j); });
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding << "\n";
-  install_handlers();
-  nlohmann::json s = node.run(g_stop);
+  nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco learner " << id << ": step " << s["step"] << ", " << s["pushes"] << " pushes, "
             << s["broadcasts"] << " merged fragments received\n";
   write_summary(a.common, s);

@@ -2,7 +2,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -18,27 +17,18 @@
 #include "commands.h"
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/clock.h"
 #include "deloco/fs.h"
+#include "deloco/model.h"
+#include "deloco/stop_signals.h"
 #include "deloco/train.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;
 namespace {
 
-volatile std::sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
-
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-std::string human_duration(double s) {
-  std::ostringstream o;
-  int64_t total = static_cast<int64_t>(s + 0.5);
-  if (total >= 3600) o << total / 3600 << "h";
-  if (total >= 60) o << (total % 3600) / 60 << "m";
-  o << total % 60 << "s";
-  return o.str();
-}
 
 std::shared_ptr<const Corpus> load_corpus(const DataConfig& d) { return std::make_shared<const Corpus>(Corpus::load(d)); }
 
@@ -75,7 +65,7 @@ class Progress {
     std::ostringstream o;
     o << "step " << step << "/" << total_ << " | loss " << std::fixed << std::setprecision(4) << loss << " | "
       << std::setprecision(0) << tok_per_s << " tok/s | lr " << std::scientific << std::setprecision(2) << lr
-      << " | ETA " << human_duration(eta_s);
+      << " | ETA " << format_duration(eta_s);
     if (tty_) std::cerr << "\r" << o.str() << "\033[K" << std::flush;
     else std::cerr << o.str() << "\n";
   }
@@ -139,8 +129,7 @@ void run_train(const TrainArgs& args) {
             << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
             << "\n";
 
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  const StopSignals& stop = install_stop_signals();
   const int64_t end_step = args.stop_at_step > 0 ? std::min(args.stop_at_step, cfg.train.steps) : cfg.train.steps;
   const int64_t tokens_per_step = cfg.train.batch_size * cfg.model.block_size;
   Progress progress(cfg.train.steps);
@@ -165,7 +154,7 @@ void run_train(const TrainArgs& args) {
     progress.line(o.str());
   };
 
-  while (tr.step() < end_step && !g_stop) {
+  while (tr.step() < end_step && !stop.requested) {
     auto t0 = Clock::now();
     const double lr = tr.current_lr();
     const double loss = tr.train_step();
@@ -190,7 +179,7 @@ void run_train(const TrainArgs& args) {
     if (cfg.train.checkpoint_every > 0 && tr.step() % cfg.train.checkpoint_every == 0 && tr.step() != end_step)
       last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
   }
-  if (g_stop) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
+  if (stop.requested) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
   if (tr.step() == cfg.train.steps || !have_eval) do_eval();
   if (tr.step() > start_step || last_ckpt.empty()) last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
   const double wall = seconds_since(t_start);
@@ -215,15 +204,15 @@ void run_train(const TrainArgs& args) {
       {"unigram_entropy_bits", corpus->unigram_entropy_bits()},
       {"run_dir", run_dir},
       {"checkpoint", last_ckpt},
-      {"interrupted", static_cast<bool>(g_stop)},
+      {"interrupted", stop.requested.load()},
   };
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), summary.dump(2) + "\n");
   write_summary(args.common, summary);
   std::cout << "checkpoint: " << last_ckpt << "\nsummary:    " << (fs::path(run_dir) / "summary.json").string()
             << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << " nats/byte, " << std::setprecision(3)
-            << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << human_duration(wall)
+            << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << format_duration(wall)
             << " (unigram entropy " << corpus->unigram_entropy_bits() << " bits/byte)\n";
-  if (g_stop) std::exit(130);
+  if (stop.requested) std::exit(130);
 }
 
 // Builds a model from a checkpoint's config (plus --set overrides) and loads its parameters.
@@ -274,47 +263,20 @@ void add_train_commands(CLI::App& app) {
   struct SampleArgs {
     CommonOptions common;
     std::string checkpoint, prompt = "\n";
-    int64_t tokens = 300, top_k = 40, seed = 0;
-    double temperature = 0.8;
+    SampleOptions opts;
   };
   auto sa = std::make_shared<SampleArgs>();
   CLI::App* sample = app.add_subcommand("sample", "generate text from a checkpoint");
   add_common_options(sample, &sa->common, /*with_config=*/false);
   sample->add_option("--checkpoint", sa->checkpoint, "checkpoint folder or run folder")->required();
   sample->add_option("--prompt", sa->prompt, "text to continue");
-  sample->add_option("--tokens", sa->tokens, "bytes to generate")->check(CLI::PositiveNumber);
-  sample->add_option("--temperature", sa->temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-  sample->add_option("--top-k", sa->top_k, "sample among the k most likely bytes (0: all)")->check(CLI::NonNegativeNumber);
-  sample->add_option("--seed", sa->seed, "sampling seed");
+  sample->add_option("--tokens", sa->opts.tokens, "bytes to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--temperature", sa->opts.temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--top-k", sa->opts.top_k, "sample among the k most likely bytes (0: all)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--seed", sa->opts.seed, "sampling seed");
   sample->callback([sa] {
     auto l = load_for_inference(sa->checkpoint, sa->common);
-    auto& model = l.trainer->model();
-    model->eval();
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(static_cast<uint64_t>(sa->seed));
-    const auto dev = l.trainer->parameters().front().second.device();
-    std::vector<int64_t> ctx;
-    for (unsigned char c : sa->prompt) ctx.push_back(c);
-    if (ctx.empty()) ctx.push_back('\n');
-    std::string out;
-    for (int64_t i = 0; i < sa->tokens; ++i) {
-      const int64_t T = std::min<int64_t>(static_cast<int64_t>(ctx.size()), l.cfg.model.block_size);
-      auto idx = torch::tensor(std::vector<int64_t>(ctx.end() - T, ctx.end()), torch::kLong).view({1, T}).to(dev);
-      auto logits = model->forward(idx).select(1, T - 1).squeeze(0).to(torch::kFloat);
-      int64_t next;
-      if (sa->temperature == 0) {
-        next = logits.argmax().item<int64_t>();
-      } else {
-        logits = logits / sa->temperature;
-        if (sa->top_k > 0 && sa->top_k < logits.size(0)) {
-          auto kth = std::get<0>(logits.topk(sa->top_k)).min();
-          logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
-        }
-        next = torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>();
-      }
-      ctx.push_back(next);
-      out.push_back(static_cast<char>(next));
-    }
+    const std::string out = sample_text(l.trainer->model(), sa->prompt, sa->opts);
     std::cout << sa->prompt << out << "\n";
     write_summary(sa->common, {{"command", "sample"}, {"checkpoint", l.ck.dir}, {"prompt", sa->prompt},
                                {"bytes", static_cast<int64_t>(out.size())}});

@@ -1,48 +1,30 @@
 // End-to-end tests of `deloco run`: the orchestrator starts a real syncer and real learner processes of the
 // `deloco` executable over ZeroMQ (ipc), in plaintext and with CURVE, with and without chaos. CTest passes
 // DELOCO_BINARY and DELOCO_SOURCE_DIR; the corpus (data/sotu) comes from scripts/setup.sh.
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "deloco/fs.h"
+#include "support/proc.h"
 
 namespace deloco {
 namespace {
 namespace fs = std::filesystem;
 
-struct Result {
-  int code;
-  std::string out;
-};
+const std::string kSrc = test::source_dir();
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v ? v : fallback;
-}
-
-const std::string kSrc = env_or("DELOCO_SOURCE_DIR", ".");
-const std::string kBin = env_or("DELOCO_BINARY", "./deloco");
-
-// Runs `deloco ARGS` to completion (SIGTERM after `limit_s` seconds, which `deloco run` forwards to its children).
-Result run(const std::string& args, int limit_s = 120) {
-  const std::string cmd =
-      "OMP_WAIT_POLICY=PASSIVE timeout -s TERM " + std::to_string(limit_s) + " " + kBin + " " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  Result r{-1, ""};
-  if (p == nullptr) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+// Runs `deloco ARGS` (split at spaces) to completion (SIGTERM after `limit_s` seconds, which `deloco run`
+// forwards to its children); its stdout and stderr go to `log`.
+test::Finished run(const std::string& args, const fs::path& log, int limit_s = 120) {
+  std::vector<std::string> argv;
+  std::istringstream words(args);
+  for (std::string w; words >> w;) argv.push_back(w);
+  return test::run_to_end(argv, log.string(), limit_s);
 }
 
 class RunCli : public ::testing::Test {
@@ -81,7 +63,7 @@ void expect_trained(const nlohmann::json& s) {
 }
 
 TEST_F(RunCli, PlaintextRunFinishesAndMerges) {
-  auto r = run("run " + tiny(60, true));
+  auto r = run("run " + tiny(60, true), dir_ / "out.log");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto s = summary();
   expect_trained(s);
@@ -96,7 +78,7 @@ TEST_F(RunCli, PlaintextRunFinishesAndMerges) {
 }
 
 TEST_F(RunCli, CurveRunFinishesWithGeneratedKeys) {
-  auto r = run("run " + tiny(60, false));
+  auto r = run("run " + tiny(60, false), dir_ / "out.log");
   ASSERT_EQ(r.code, 0) << r.out;
   expect_trained(summary());
   const fs::path keys = dir_ / "run" / "keys";
@@ -110,7 +92,8 @@ TEST_F(RunCli, CurveRunFinishesWithGeneratedKeys) {
 TEST_F(RunCli, ChaosKillsALearnerAndTheRunStillFinishes) {
   // ~1500 tiny steps take each learner several seconds; a kill every 2 s on average hits at least one of them.
   auto r = run("run " + tiny(1500, true) +
-               " --set chaos.enabled=true --set chaos.kill_interval=2 --set chaos.restart_delay=0.5 --set chaos.seed=3");
+                   " --set chaos.enabled=true --set chaos.kill_interval=2 --set chaos.restart_delay=0.5 --set chaos.seed=3",
+               dir_ / "out.log");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto s = summary();
   expect_trained(s);
@@ -122,7 +105,7 @@ TEST_F(RunCli, ChaosKillsALearnerAndTheRunStillFinishes) {
 TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
   auto r = run("run " + tiny(1500, true) +
                " --set chaos.enabled=true --set chaos.syncer_kill_at=4 --set chaos.restart_delay=0.5"
-               " --set syncer.checkpoint_every=2");
+               " --set syncer.checkpoint_every=2", dir_ / "out.log");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto s = summary();
   expect_trained(s);
@@ -131,7 +114,7 @@ TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
 }
 
 TEST_F(RunCli, UnknownChaosKeyIsAConfigError) {
-  auto r = run("run " + tiny(60, true) + " --set chaos.kill_every=3");
+  auto r = run("run " + tiny(60, true) + " --set chaos.kill_every=3", dir_ / "out.log");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find("chaos.kill_every"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "run")) << "nothing is created for a bad config";
@@ -139,7 +122,8 @@ TEST_F(RunCli, UnknownChaosKeyIsAConfigError) {
 
 TEST_F(RunCli, ProcessFailingRepeatedlyStopsTheRunWithItsLog) {
   // A corpus path that does not exist: every child fails at start-up, again and again.
-  auto r = run("run " + tiny(60, true) + " --set data.path=" + (dir_ / "no-such-corpus").string());
+  auto r = run("run " + tiny(60, true) + " --set data.path=" + (dir_ / "no-such-corpus").string(),
+               dir_ / "out.log");
   EXPECT_EQ(r.code, 1) << r.out;
   EXPECT_NE(r.out.find(" times within "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("no-such-corpus"), std::string::npos) << r.out;

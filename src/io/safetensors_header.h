@@ -1,5 +1,5 @@
 // src/io/safetensors_header.h — the one validator of safetensors headers, shared by the in-memory reader
-// (safetensors.cpp) and the streaming mmap reader of `deloco merge` (src/cli/tensor_stream.cpp).
+// (safetensors.cpp) and the streaming mmap reader of checkpoint merging (src/io/tensor_stream.cpp).
 //
 // Contract: parse_safetensors_header() reads the 8-byte length and the JSON header of a file image of `size`
 // bytes and checks every field before trusting it: the length bound (100 MiB) and that it fits the file, JSON

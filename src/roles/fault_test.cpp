@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,8 +26,7 @@
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "protocol.h"
-
-extern char** environ;
+#include "support/proc.h"
 
 namespace deloco {
 namespace {
@@ -40,77 +38,8 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v ? v : fallback;
 }
 const std::string kSrc = env_or("DELOCO_SOURCE_DIR", ".");
-const std::string kBin = env_or("DELOCO_BINARY", "./deloco");
-
-// A child process running the deloco binary, output to a log file.
-class Proc {
- public:
-  Proc(std::vector<std::string> args, const std::string& log, std::vector<std::string> env = {}) : log_(log) {
-    std::vector<std::string> argv{kBin};
-    argv.insert(argv.end(), args.begin(), args.end());
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(a.data());
-    cargv.push_back(nullptr);
-    std::vector<std::string> envs{"OMP_WAIT_POLICY=PASSIVE", "OMP_NUM_THREADS=1", "OPENBLAS_NUM_THREADS=1"};
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "OMP_", 4) != 0 && std::strncmp(*e, "OPENBLAS_", 9) != 0) envs.push_back(*e);
-    for (auto& e : env) envs.push_back(e);
-    std::vector<char*> cenv;
-    for (auto& e : envs) cenv.push_back(e.data());
-    cenv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    if (posix_spawn(&pid_, kBin.c_str(), &fa, nullptr, cargv.data(), cenv.data()) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~Proc() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-  pid_t pid() const { return pid_; }
-  void signal(int sig) { ::kill(pid_, sig); }
-  // Exit code (or 128 + signal) once the process ended within `seconds`; -1 when still running.
-  int wait(double seconds) {
-    const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
-    while (!exited_) {
-      int st = 0;
-      pid_t r = ::waitpid(pid_, &st, WNOHANG);
-      if (r == pid_) {
-        exited_ = true;
-        code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        break;
-      }
-      if (clk::now() > deadline) return -1;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return code_;
-  }
-  void kill9() {
-    signal(SIGKILL);
-    wait(10);
-  }
-  std::string log() const {
-    std::ifstream in(log_);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-  }
-  long rss_kib() const {
-    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
-    std::string line;
-    while (std::getline(in, line))
-      if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-    return -1;
-  }
-
- private:
-  std::string log_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int code_ = -1;
-};
+// A child process running the deloco binary (DELOCO_BINARY), output to a log file.
+using test::Proc;
 
 std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
   std::vector<nlohmann::json> out;

@@ -192,8 +192,4 @@ bool reject_is_permanent(RejectReason r) {
          r == RejectReason::kUnknownLearner || r == RejectReason::kLearnerIdMismatch;
 }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace deloco::proto

@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "deloco/learner.h"
+#include "deloco/clock.h"
 #include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
@@ -105,7 +106,7 @@ RejectReason reject_reason_of(const MessageHeader& h);
 // Refusals that retrying cannot fix: the learner stops.
 bool reject_is_permanent(RejectReason r);
 
-// Seconds since the Unix epoch: the "t" of every metrics record.
-double unix_now();
+// Seconds since the Unix epoch: the "t" of every metrics record (deloco/clock.h).
+using ::deloco::unix_now;
 
 }  // namespace deloco::proto

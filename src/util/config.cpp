@@ -262,20 +262,4 @@ void ConfigSchema::from_json(const nlohmann::json& j, const std::string& origin)
   for (const auto& [e, v] : staged) store(e->field, v);
 }
 
-std::string ConfigSchema::describe() const {
-  std::ostringstream out;
-  for (const auto& e : entries_) {
-    out << e.key << " = ";
-    std::visit(
-        [&](auto* ptr) {
-          nlohmann::json v = *ptr;
-          out << v.dump();
-        },
-        e.field);
-    if (!e.help.empty()) out << "  # " << e.help;
-    out << "\n";
-  }
-  return out.str();
-}
-
 }  // namespace deloco

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "deloco/wire.h"
+
 namespace deloco {
 namespace {
 std::string errno_text() { return std::strerror(errno); }
@@ -71,16 +73,8 @@ void rename_dir_atomic(const std::string& from, const std::string& to) {
 }
 
 std::string fnv1a64_hex(const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ULL;
-  // Process 8 bytes per round on four interleaved lanes would be faster; byte-wise is ~1 GB/s, enough for
-  // checkpoints of this size.
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
-  }
   char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(fnv1a64(data, n)));
   return buf;
 }
 

@@ -1,4 +1,4 @@
-#include "tensor_stream.h"
+#include "io/tensor_stream.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,7 +14,7 @@
 #include "deloco/fs.h"
 #include "deloco/safetensors.h"
 
-namespace deloco::cli {
+namespace deloco {
 namespace {
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
@@ -128,4 +128,4 @@ void SafetensorsStreamWriter::commit() {
   fsync_dir(slash == std::string::npos ? "." : path_.substr(0, slash == 0 ? 1 : slash));
 }
 
-}  // namespace deloco::cli
+}  // namespace deloco

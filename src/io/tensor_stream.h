@@ -1,5 +1,5 @@
-// src/cli/tensor_stream.h — streaming access to safetensors files for `deloco merge`, so a merge holds only the
-// tensors in flight instead of whole models.
+// src/io/tensor_stream.h — streaming access to safetensors files for checkpoint merging (merge_checkpoints(),
+// `deloco merge`), so a merge holds only the tensors in flight instead of whole models.
 //
 //  * MappedSafetensors maps a file read-only and validates its header up front (header length, JSON, known
 //    dtypes, shapes matching the byte ranges, ranges inside the file); errors throw SafetensorsError naming the
@@ -19,7 +19,7 @@
 
 #include "io/safetensors_header.h"
 
-namespace deloco::cli {
+namespace deloco {
 
 using TensorInfo = SafetensorsEntry;  // dtype, shape, byte range inside the data section
 
@@ -61,4 +61,4 @@ class SafetensorsStreamWriter {
 };
 
 
-}  // namespace deloco::cli
+}  // namespace deloco

@@ -1,0 +1,144 @@
+// Checkpoint (task-vector) merging: memory-mapped inputs, per-tensor merge_tensors(), streamed output and a
+// manifest (contract in include/deloco/checkpoint_merge.h).
+#include "deloco/checkpoint_merge.h"
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include <torch/torch.h>
+
+#include "deloco/fs.h"
+#include "deloco/merge.h"
+#include "io/tensor_stream.h"
+
+namespace deloco {
+namespace {
+
+// A checkpoint folder stands for its model.safetensors.
+std::string resolve(const std::string& p) {
+  struct stat st;
+  if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return p + "/model.safetensors";
+  return p;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+
+}  // namespace
+
+nlohmann::json merge_checkpoints(const CheckpointMergeOptions& a) {
+  if (a.inputs.empty()) throw MergeError("--inputs: at least one input file is required");
+  if (!a.weights.empty() && a.weights.size() != a.inputs.size())
+    throw MergeError("--weights: " + std::to_string(a.weights.size()) + " weights given for " +
+                     std::to_string(a.inputs.size()) + " inputs");
+  if (!std::isfinite(a.alpha)) throw MergeError("--alpha must be finite");
+  if (a.dtype != "fp32" && a.dtype != "fp64") throw MergeError("--dtype must be fp32 or fp64, not '" + a.dtype + "'");
+
+  MergePlan plan;
+  const bool preset = a.method == "diloco" || a.method == "decoupled" || a.method == "isoloco";
+  if (preset) plan = MergePlan::preset(a.method);
+  else plan.method = a.method;
+  for (auto& r : MergePlan::parse_rules(a.rules)) plan.rules.insert(plan.rules.begin(), r);  // user rules first
+  plan.vector_method = a.vector_method;
+  plan.options.compute_dtype = a.dtype == "fp64" ? at::kDouble : at::kFloat;
+  plan.options.seed = static_cast<uint64_t>(a.seed);
+  plan.options.ties_keep = a.ties_keep;
+  plan.options.dare_drop = a.dare_drop;
+  plan.options.iso_cts_common = a.iso_cts_common;
+  plan.options.iso_fast_polish = static_cast<int>(a.iso_fast_polish);
+  MergeSelector selector(plan);  // validates method names and options before any I/O
+
+  const auto t0 = std::chrono::steady_clock::now();
+  MappedSafetensors base(resolve(a.base));
+  std::vector<std::unique_ptr<MappedSafetensors>> inputs;
+  for (const auto& p : a.inputs) inputs.push_back(std::make_unique<MappedSafetensors>(resolve(p)));
+
+  // Every input must hold exactly the base's tensors with the same shapes.
+  std::vector<std::string> merge_names, copy_names;
+  for (const auto& [name, info] : base.index()) {
+    for (const auto& in : inputs) {
+      auto it = in->index().find(name);
+      if (it == in->index().end())
+        throw MergeError("tensor '" + name + "' is in the base but missing from " + in->path());
+      if (it->second.shape != info.shape)
+        throw MergeError("tensor '" + name + "' has shape " + shape_str(it->second.shape) + " in " + in->path() +
+                         " but " + shape_str(info.shape) + " in the base");
+      if (at::isFloatingType(info.dtype) != at::isFloatingType(it->second.dtype) ||
+          (!at::isFloatingType(info.dtype) && it->second.dtype != info.dtype))
+        throw MergeError("tensor '" + name + "' has a different dtype in " + in->path());
+    }
+    (at::isFloatingType(info.dtype) ? merge_names : copy_names).push_back(name);
+  }
+  for (const auto& in : inputs)
+    for (const auto& [name, info] : in->index())
+      if (!base.index().count(name))
+        throw MergeError("tensor '" + name + "' is in " + in->path() + " but not in the base");
+
+  const at::ScalarType ct = plan.options.compute_dtype;
+  auto check_finite = [](const at::Tensor& t, const std::string& name, const std::string& file) {
+    if (!at::isfinite(t).all().item<bool>())
+      throw MergeError("tensor '" + name + "' in " + file + " contains NaN or Inf");
+  };
+  std::map<std::string, std::string> meta{{"format", "deloco-merge"}, {"method", a.method}};
+  SafetensorsStreamWriter writer(a.out, base.index(), meta);
+  auto load = [&](const std::string& name) {
+    at::Tensor b = base.tensor(name).to(ct);
+    check_finite(b, name, base.path());
+    MergeInput in{name, {}, a.weights};
+    for (const auto& f : inputs) {
+      at::Tensor x = f->tensor(name).to(ct);
+      check_finite(x, name, f->path());
+      in.deltas.push_back(x.sub_(b));
+    }
+    return in;
+  };
+  auto store = [&](const std::string& name, const at::Tensor& merged) {
+    at::Tensor b = base.tensor(name);
+    at::Tensor out = b.to(ct).add_(merged.to(ct), a.alpha).to(b.scalar_type());
+    writer.write(name, out);
+  };
+  auto used = merge_tensors(selector, merge_names, load, store, static_cast<int>(a.threads));
+  for (const auto& name : copy_names) writer.write(name, base.tensor(name));
+  writer.commit();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  std::map<std::string, int> counts;
+  for (const auto& kv : used) ++counts[kv.second];
+  nlohmann::json inputs_json = nlohmann::json::array();
+  for (const auto& f : inputs) inputs_json.push_back({{"path", f->path()}, {"bytes", f->file_size()}});
+  nlohmann::json rules = nlohmann::json::array();
+  for (const auto& r : plan.rules) rules.push_back({{"pattern", r.pattern}, {"method", r.method}});
+  nlohmann::json manifest = {
+      {"format", "deloco-merge"},
+      {"version", 1},
+      {"formula", "theta = theta_base + alpha * Merge(theta_i - theta_base)"},
+      {"method", a.method},
+      {"plan", {{"default", plan.method}, {"rules", rules}, {"vector_method", plan.vector_method}}},
+      {"alpha", a.alpha},
+      {"weights", a.weights},
+      {"compute_dtype", a.dtype},
+      {"seed", a.seed},
+      {"options",
+       {{"ties_keep", a.ties_keep}, {"dare_drop", a.dare_drop}, {"iso_cts_common", a.iso_cts_common},
+        {"iso_fast_polish", a.iso_fast_polish}}},
+      {"base", {{"path", base.path()}, {"bytes", base.file_size()}}},
+      {"inputs", inputs_json},
+      {"output", a.out},
+      {"tensors_merged", used.size()},
+      {"tensors_copied", copy_names},
+      {"methods_used", counts},
+      {"per_tensor", used},
+      {"wall_seconds", seconds},
+  };
+  write_file_atomic(a.out + ".manifest.json", manifest.dump(2) + "\n");
+  return manifest;
+}
+
+}  // namespace deloco

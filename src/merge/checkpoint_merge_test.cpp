@@ -1,0 +1,101 @@
+// merge_checkpoints() as a library call (the `deloco merge` process is tested in src/cli/merge_cli_test.cpp).
+#include "deloco/checkpoint_merge.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <type_traits>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "deloco/checkpoint.h"
+#include "deloco/data.h"
+#include "deloco/merge.h"
+#include "deloco/outer.h"
+#include "deloco/safetensors.h"
+#include "deloco/sync.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+
+// The torch-side error classes share deloco::Error (the torch-free ones: src/util/error_test.cpp).
+static_assert(std::is_base_of_v<Error, MergeError>);
+static_assert(std::is_base_of_v<Error, SafetensorsError>);
+static_assert(std::is_base_of_v<Error, CheckpointError>);
+static_assert(std::is_base_of_v<Error, DataError>);
+static_assert(std::is_base_of_v<Error, OuterError>);
+static_assert(std::is_base_of_v<Error, SyncError>);
+
+class CheckpointMerge : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ("checkpoint_merge_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    base_.tensors = {{"w", at::randn({6, 4})}, {"b", at::randn({4})}, {"steps", at::arange(3)}};
+    for (int i = 0; i < 2; ++i) {
+      TensorFile f = base_;
+      f.tensors["w"] = base_.tensors["w"] + at::randn({6, 4});
+      f.tensors["b"] = base_.tensors["b"] + at::randn({4});
+      save_safetensors(path("in" + std::to_string(i)), f);
+      inputs_.push_back(f);
+    }
+    save_safetensors(path("base"), base_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& stem) const { return (dir_ / (stem + ".safetensors")).string(); }
+  CheckpointMergeOptions options() const {
+    CheckpointMergeOptions o;
+    o.base = path("base");
+    o.inputs = {path("in0"), path("in1")};
+    o.out = path("out");
+    o.threads = 2;
+    return o;
+  }
+  fs::path dir_;
+  TensorFile base_;
+  std::vector<TensorFile> inputs_;
+};
+
+TEST_F(CheckpointMerge, MeanOfTaskVectorsScaledByAlphaWithManifest) {
+  CheckpointMergeOptions o = options();
+  o.alpha = 0.5;
+  const nlohmann::json m = merge_checkpoints(o);
+  const TensorFile out = load_safetensors(o.out);
+  for (const char* name : {"w", "b"}) {
+    const at::Tensor b = base_.tensors.at(name);
+    const at::Tensor want =
+        b + 0.5 * ((inputs_[0].tensors.at(name) - b) + (inputs_[1].tensors.at(name) - b)) / 2;
+    EXPECT_TRUE(at::allclose(out.tensors.at(name), want, 1e-5, 1e-6)) << name;
+  }
+  EXPECT_TRUE(out.tensors.at("steps").equal(base_.tensors.at("steps")));
+  EXPECT_EQ(m["tensors_merged"].get<int64_t>(), 2);
+  EXPECT_EQ(m["tensors_copied"], nlohmann::json::array({"steps"}));
+  EXPECT_EQ(m["alpha"].get<double>(), 0.5);
+  EXPECT_TRUE(fs::exists(o.out + ".manifest.json"));
+}
+
+TEST_F(CheckpointMerge, RefusesBadSettingsAndMismatchedInputsWithoutWritingOutput) {
+  CheckpointMergeOptions o = options();
+  o.weights = {1.0};
+  EXPECT_THROW(merge_checkpoints(o), MergeError);
+  o = options();
+  o.method = "no_such_method";
+  EXPECT_THROW(merge_checkpoints(o), MergeError);
+  TensorFile extra = inputs_[1];
+  extra.tensors["extra"] = at::zeros({2});
+  save_safetensors(path("in1"), extra);
+  o = options();
+  try {
+    merge_checkpoints(o);
+    ADD_FAILURE() << "an input with an extra tensor was merged";
+  } catch (const MergeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'extra'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(o.out));
+}
+
+}  // namespace
+}  // namespace deloco

@@ -1,0 +1,42 @@
+// Text generation from a GPT (contract in include/deloco/model.h).
+#include <limits>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "deloco/model.h"
+
+namespace deloco {
+
+std::string sample_text(GPT& model, const std::string& prompt, const SampleOptions& opts) {
+  model->eval();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(static_cast<uint64_t>(opts.seed));
+  const auto dev = model->parameters().front().device();
+  const int64_t block_size = model->config().block_size;
+  std::vector<int64_t> ctx;
+  for (unsigned char c : prompt) ctx.push_back(c);
+  if (ctx.empty()) ctx.push_back('\n');
+  std::string out;
+  for (int64_t i = 0; i < opts.tokens; ++i) {
+    const int64_t T = std::min<int64_t>(static_cast<int64_t>(ctx.size()), block_size);
+    auto idx = torch::tensor(std::vector<int64_t>(ctx.end() - T, ctx.end()), torch::kLong).view({1, T}).to(dev);
+    auto logits = model->forward(idx).select(1, T - 1).squeeze(0).to(torch::kFloat);
+    int64_t next;
+    if (opts.temperature == 0) {
+      next = logits.argmax().item<int64_t>();
+    } else {
+      logits = logits / opts.temperature;
+      if (opts.top_k > 0 && opts.top_k < logits.size(0)) {
+        auto kth = std::get<0>(logits.topk(opts.top_k)).min();
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = torch::multinomial(torch::softmax(logits, 0), 1).item<int64_t>();
+    }
+    ctx.push_back(next);
+    out.push_back(static_cast<char>(next));
+  }
+  return out;
+}
+
+}  // namespace deloco

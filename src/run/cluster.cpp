@@ -1,0 +1,348 @@
+// `deloco run` as a library call (contract in cluster.h).
+#include "run/cluster.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+#include <tuple>
+
+#include "deloco/clock.h"
+#include "deloco/transport.h"
+
+namespace deloco::run {
+namespace fs = std::filesystem;
+using nlohmann::json;
+namespace {
+
+// A free TCP port on 127.0.0.1 (the kernel's choice; released again before the syncer binds it).
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(std::string("cannot create a socket: ") + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error(std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Where the syncer binds and the learners dial. See cluster.h.
+std::pair<std::string, std::string> choose_endpoints(const NetOptions& net, const fs::path& dir) {
+  if (net.address != NetOptions{}.address) {
+    std::string dial = net.address;
+    for (const char* any : {"tcp://*:", "tcp://0.0.0.0:"})
+      if (dial.rfind(any, 0) == 0) dial = "tcp://127.0.0.1:" + dial.substr(std::strlen(any));
+    return {net.address, dial};
+  }
+  const std::string sock = (fs::absolute(dir) / "syncer.sock").lexically_normal().string();
+  if (sock.size() < 100) return {"ipc://" + sock, "ipc://" + sock};  // sun_path holds 107 bytes
+  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(free_loopback_port());
+  return {tcp, tcp};
+}
+
+void add_set(std::vector<std::string>& args, const std::string& kv) { args.insert(args.end(), {"--set", kv}); }
+
+}  // namespace
+
+LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, fs::path dir)
+    : cfg_(cfg),
+      children_(std::move(children)),
+      M_(learners),
+      dir_(std::move(dir)),
+      tty_(::isatty(STDERR_FILENO) == 1),
+      chaos_(cfg.chaos),
+      rejoins_(learners),
+      view_(std::cerr, tty_, [this] { return status(); }, [this] { return elapsed(); }),
+      records_(learners, &rejoins_, [this](const std::string& e) { view_.event(e); }),
+      syncer_tail_((dir_ / "syncer.jsonl").string()) {
+  syncer_.name = "syncer";
+  for (int64_t n = 0; n < M_; ++n) {
+    Child c;
+    c.name = "learner-" + std::to_string(n);
+    c.learner = n;
+    learners_.push_back(c);
+    tailers_.emplace_back((dir_ / ("learner-" + std::to_string(n) + ".jsonl")).string());
+  }
+}
+
+void LocalCluster::prepare() {
+  fs::create_directories(dir_ / "logs");
+  std::tie(bind_addr_, dial_addr_) = choose_endpoints(cfg_.net, dir_);
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  base_args_ = {ec ? std::string("deloco") : self.string()};  // argv[0] only; exec always uses /proc/self/exe
+  if (!children_.config_path.empty()) base_args_.insert(base_args_.end(), {"--config", children_.config_path});
+  for (const auto& s : children_.sets) base_args_.insert(base_args_.end(), {"--set", s});
+  add_set(base_args_, "sync.learners=" + std::to_string(M_));
+  if (!cfg_.net.plaintext) make_keys();
+}
+
+json LocalCluster::run(const StopSignals& stop) {
+  t0_ = std::chrono::steady_clock::now();
+  start(syncer_);
+  for (auto& c : learners_) start(c);
+  std::string fatal;
+  while (!stop.requested.load()) {
+    try {
+      reap();
+      if (finished()) break;
+      restarts_and_continues();
+      if (cfg_.chaos.enabled) chaos();
+    } catch (const std::exception& e) {  // a process failing too often, or one that cannot be started
+      fatal = e.what();
+      break;
+    }
+    poll_records();
+    if (elapsed() >= next_status_) {
+      view_.draw();
+      next_status_ = elapsed() + (tty_ ? 2.0 : 5.0);
+    }
+    if (all_learners_done() && syncer_.pid != 0 && elapsed() - learners_done_at_ > kSyncerGrace) {
+      view_.event("the syncer did not exit " + fixed(kSyncerGrace, 0) + " s after the last learner finished: stopping it");
+      forced_syncer_stop_ = true;
+      break;
+    }
+    ::usleep(100 * 1000);
+  }
+  const int sig = stop.first.load();
+  stopping_ = true;
+  const auto everyone = all();
+  if (std::any_of(everyone.begin(), everyone.end(), [](const Child* c) { return c->pid != 0; })) view_.clear();
+  stop_children(everyone, sig != 0 ? sig : SIGTERM, kStopWait, std::cerr);
+  poll_records();
+  view_.draw();  // the final state stays on screen
+  if (!fatal.empty()) throw std::runtime_error(fatal);
+  json summary = make_summary();
+  if (sig != 0) summary["interrupted"] = strsignal(sig);
+  return summary;
+}
+
+double LocalCluster::elapsed() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+void LocalCluster::make_keys() {
+  const fs::path keys = dir_ / "keys";
+  fs::create_directories(keys / "allow");
+  write_keypair((keys / "syncer").string(), generate_keypair());
+  for (int64_t n = 0; n < M_; ++n) {
+    const std::string stem = "learner-" + std::to_string(n);
+    write_keypair((keys / stem).string(), generate_keypair());
+    fs::copy_file(keys / (stem + ".pub"), keys / "allow" / (stem + ".pub"));
+  }
+}
+
+std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
+  std::vector<std::string> a = base_args_;
+  const fs::path keys = dir_ / "keys";
+  if (c.learner < 0) {
+    a.insert(a.begin() + 1, "syncer");
+    a.insert(a.end(), {"--bind", bind_addr_, "--out", dir_.string(), "--summary",
+                       (dir_ / "syncer-summary.json").string()});
+    add_set(a, "train.threads=1");
+    if (!cfg_.net.plaintext) {
+      add_set(a, "net.secret_key=" + (keys / "syncer.key").string());
+      add_set(a, "net.allow=" + (keys / "allow").string());
+    }
+    if (c.starts > 0 && has_checkpoint()) a.push_back("--resume");
+  } else {
+    a.insert(a.begin() + 1, "learner");
+    a.insert(a.end(), {"--id", std::to_string(c.learner), "--connect", dial_addr_, "--out", dir_.string()});
+    add_set(a, "train.threads=1");
+    if (cfg_.chaos.enabled && c.learner == cfg_.chaos.slow_learner)
+      add_set(a, "learner.slowdown=" + fixed(cfg_.chaos.slow_factor, 6));
+    if (!cfg_.net.plaintext) {
+      add_set(a, "net.secret_key=" + (keys / (c.name + ".key")).string());
+      add_set(a, "net.server_key=" + (keys / "syncer.pub").string());
+    }
+  }
+  return a;
+}
+
+// Whether the syncer has a checkpoint to --resume from (`deloco syncer` marks it with RUN/latest).
+bool LocalCluster::has_checkpoint() const {
+  std::error_code ec;
+  return fs::exists(dir_ / "latest", ec);
+}
+
+void LocalCluster::start(Child& c) {
+  const std::string log = (dir_ / "logs" / (c.name + ".log")).string();
+  const auto argv = argv_of(c);
+  {
+    std::ofstream l(log, std::ios::app);
+    l << "=== deloco run: start #" << c.starts + 1 << " at +" << fixed(elapsed(), 1) << " s:";
+    for (size_t i = 1; i < argv.size(); ++i) l << " " << argv[i];
+    l << "\n";
+  }
+  // One thread per process: M learners, one per core, and a syncer that mostly waits.
+  c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log);
+  c.stopped = false;
+  c.chaos_killed = false;
+  c.restart_at = -1;
+  c.cont_at = -1;
+  if (c.starts > 0) view_.event((c.learner < 0 ? std::string("restarted the syncer") : "restarted " + c.name) +
+                                (c.learner < 0 && argv.back() == "--resume" ? " with --resume" : ""));
+  ++c.starts;
+}
+
+// Collects exited children and decides what happens next. Throws runtime_error for a crash loop.
+void LocalCluster::reap() {
+  for (Child* c : all()) {
+    if (!collect_exit(*c)) continue;
+    if (c->done) {
+      if (c->learner >= 0 && all_learners_done()) learners_done_at_ = elapsed();
+      if (c->learner < 0 && !all_learners_done())
+        view_.event("the syncer exited 0 while learners still train; waiting for them");
+      continue;
+    }
+    if (c->chaos_killed) {
+      c->restart_at = elapsed() + cfg_.chaos.restart_delay;
+      continue;
+    }
+    const double now = elapsed();
+    const std::string loop = record_failure(*c, now);
+    const std::string log = (dir_ / "logs" / (c->name + ".log")).string();
+    if (!loop.empty())
+      throw std::runtime_error(c->name + " failed " + loop + " (last: " + c->last_exit + "); log " + log +
+                               " ends with:\n" + tail_of(log, 20));
+    view_.event(c->name + " exited unexpectedly (" + c->last_exit + "); restarting it in " +
+                fixed(kFailureRestartDelay, 1) + " s");
+    c->restart_at = now + kFailureRestartDelay;
+  }
+}
+
+bool LocalCluster::all_learners_done() const {
+  return std::all_of(learners_.begin(), learners_.end(), [](const Child& c) { return c.done; });
+}
+
+bool LocalCluster::any_learner_finished() const {
+  for (size_t n = 0; n < learners_.size(); ++n)
+    if (learners_[n].done || records_.learners()[n].finished) return true;
+  return false;
+}
+
+bool LocalCluster::finished() const { return syncer_.done && all_learners_done(); }
+
+std::vector<Child*> LocalCluster::all() {
+  std::vector<Child*> v{&syncer_};
+  for (auto& c : learners_) v.push_back(&c);
+  return v;
+}
+
+void LocalCluster::restarts_and_continues() {
+  const double now = elapsed();
+  for (Child* c : all()) {
+    if (c->pid == 0 && !c->done && c->restart_at >= 0 && now >= c->restart_at) start(*c);
+    if (c->pid != 0 && c->stopped && now >= c->cont_at) {
+      ::kill(c->pid, SIGCONT);
+      c->stopped = false;
+      view_.event("chaos: SIGCONT " + c->name);
+    }
+  }
+}
+
+// A random learner that runs, is not stopped and is not about to finish (nullptr: none).
+Child* LocalCluster::pick_learner() {
+  std::vector<Child*> candidates;
+  for (size_t n = 0; n < learners_.size(); ++n) {
+    Child& c = learners_[n];
+    const LearnerView& v = records_.learners()[n];
+    if (c.pid == 0 || c.stopped || c.done || v.finished ||
+        !chaos_may_hit(v.step, cfg_.run.train.steps, cfg_.sync.sync_every))
+      continue;
+    candidates.push_back(&c);
+  }
+  if (candidates.empty()) return nullptr;
+  return candidates[chaos_.pick(candidates.size())];
+}
+
+void LocalCluster::chaos() {
+  if (syncer_.done) return;  // the end: nobody would be there to rejoin
+  const double now = elapsed();
+  if (chaos_.learner_kill_due(now)) {
+    if (Child* c = pick_learner()) {
+      ::kill(c->pid, SIGKILL);
+      c->chaos_killed = true;
+      ++learner_kills_;
+      rejoins_.killed(c->learner, unix_now());
+      view_.event("chaos: SIGKILL " + c->name + " (restart in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
+    }
+  }
+  if (chaos_.learner_stop_due(now)) {
+    if (Child* c = pick_learner()) {
+      ::kill(c->pid, SIGSTOP);
+      c->stopped = true;
+      c->cont_at = now + cfg_.chaos.stop_seconds;
+      ++learner_stops_;
+      view_.event("chaos: SIGSTOP " + c->name + " for " + fixed(cfg_.chaos.stop_seconds, 1) + " s");
+    }
+  }
+  double at = 0;
+  while (chaos_.next_syncer_kill(now, &at)) {
+    if (any_learner_finished()) {
+      view_.event("chaos: skipped the syncer kill at " + fixed(at, 0) + " s (a learner already finished)");
+    } else if (syncer_.pid == 0) {
+      view_.event("chaos: skipped the syncer kill at " + fixed(at, 0) + " s (the syncer is down)");
+    } else {
+      ::kill(syncer_.pid, SIGKILL);
+      syncer_.chaos_killed = true;
+      ++syncer_kills_;
+      view_.event("chaos: SIGKILL the syncer (restart with --resume in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
+    }
+  }
+}
+
+void LocalCluster::poll_records() {
+  syncer_tail_.poll([&](const std::string& line) { records_.on_line(line, -1); });
+  for (size_t n = 0; n < tailers_.size(); ++n)
+    tailers_[n].poll([&](const std::string& line) { records_.on_line(line, static_cast<int64_t>(n)); });
+}
+
+std::vector<std::string> LocalCluster::status() const {
+  StatusInput in;
+  in.elapsed = elapsed();
+  in.stopping = stopping_;
+  in.steps = cfg_.run.train.steps;
+  in.slow_learner = cfg_.chaos.enabled ? cfg_.chaos.slow_learner : -1;
+  in.syncer = records_.syncer();
+  in.syncer_state = ProcessState{syncer_.pid != 0, syncer_.stopped, syncer_.done};
+  in.learners = records_.learners();
+  for (const Child& c : learners_) in.learner_states.push_back(ProcessState{c.pid != 0, c.stopped, c.done});
+  return status_lines(in);
+}
+
+json LocalCluster::make_summary() {
+  json s = read_syncer_summary((dir_ / "syncer-summary.json").string());
+  s["wall_seconds"] = elapsed();
+  s["learners"] = M_;
+  s["run_dir"] = dir_.string();
+  s["endpoint"] = bind_addr_;
+  s["plaintext"] = cfg_.net.plaintext;
+  s["learner_kills"] = learner_kills_;
+  s["learner_stops"] = learner_stops_;
+  s["syncer_kills"] = syncer_kills_;
+  s["rejoin_seconds"] = rejoins_.rejoin_seconds();
+  s["recontribute_seconds"] = rejoins_.recontribute_seconds();
+  json restarts = json::object();
+  for (Child* c : all()) restarts[c->name] = std::max(0, c->starts - 1);
+  s["restarts"] = restarts;
+  if (forced_syncer_stop_) s["syncer_forced_stop"] = true;
+  return s;
+}
+
+}  // namespace deloco::run

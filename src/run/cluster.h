@@ -1,0 +1,102 @@
+// src/run/cluster.h — `deloco run` as a library call (DESIGN.md §1, §4): one `deloco syncer` and M `deloco learner`
+// child processes of this same executable on this machine, over the real transport, with a live view, chaos
+// (chaos.h), restarts (supervisor.h) and a summary (summary.h).
+//
+//   * Run folder (`dir`): config.json (written by the caller), keys/ (CURVE, unless net.plaintext), logs/<process>.log
+//     (stdout+stderr of every incarnation), syncer.jsonl, learner-N.jsonl, checkpoints/, syncer-summary.json (the
+//     syncer's own); run() returns the syncer's fields plus wall time, chaos counts and rejoin times.
+//   * Endpoint: ipc://DIR/syncer.sock, unless the config names another net.address than the default (then that
+//     address is used as is, with a wildcard host dialled as 127.0.0.1), or the socket path is too long for ipc
+//     (then a free tcp port on 127.0.0.1).
+//   * Children: each in its own process group, stopped with the signal that stopped the run (SIGTERM when the run
+//     ended by itself), waited for up to 20 s, then SIGKILLed. Every child runs one intra-op thread (learners: one
+//     per core) and gets the run's --config and --set arguments plus sync.learners=M and its own endpoint, keys
+//     and id.
+//   * Failures: a child that exits non-zero without having been killed by chaos is restarted after 1 s; a crash
+//     loop (supervisor.h) ends run() with std::runtime_error carrying that process's log tail. A syncer still up
+//     120 s after the last learner finished is stopped (summary: "syncer_forced_stop").
+//   * Thread: run() blocks the calling thread; the object is not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/runtime.h"
+#include "deloco/stop_signals.h"
+#include "run/chaos.h"
+#include "run/live_view.h"
+#include "run/summary.h"
+#include "run/supervisor.h"
+
+namespace deloco::run {
+
+// How the children get their configuration: the same --config file and --set overrides as the run.
+struct ChildConfig {
+  std::string config_path;        // "" : none
+  std::vector<std::string> sets;  // "section.key=value"
+};
+
+class LocalCluster {
+ public:
+  // `cfg` must outlive the object; `learners` = M ≥ 1.
+  LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, std::filesystem::path dir);
+  LocalCluster(const LocalCluster&) = delete;  // callbacks hold `this`
+  LocalCluster& operator=(const LocalCluster&) = delete;
+  // Creates logs/ (and keys/ unless plaintext), chooses the endpoint and the children's arguments.
+  void prepare();
+  // Runs until every process finished, `stop` is requested (its first signal is forwarded to the children and
+  // reported as "interrupted": strsignal) or a crash loop (throws). Returns the summary.
+  nlohmann::json run(const StopSignals& stop);
+
+ private:
+  double elapsed() const;
+  void make_keys();
+  std::vector<std::string> argv_of(const Child& c) const;
+  bool has_checkpoint() const;
+  void start(Child& c);
+  void reap();
+  bool all_learners_done() const;
+  bool any_learner_finished() const;
+  bool finished() const;
+  std::vector<Child*> all();
+  void restarts_and_continues();
+  void chaos();
+  Child* pick_learner();
+  void poll_records();
+  std::vector<std::string> status() const;
+  nlohmann::json make_summary();
+
+  static constexpr double kSyncerGrace = 120.0;        // seconds the syncer may take after the last learner
+  static constexpr double kStopWait = 20.0;            // seconds children get to exit after SIGINT/SIGTERM
+  static constexpr double kFailureRestartDelay = 1.0;  // seconds before a crashed process is started again
+
+  const RuntimeConfig& cfg_;
+  const ChildConfig children_;
+  const int64_t M_;
+  const std::filesystem::path dir_;
+  const bool tty_;  // stderr is a terminal
+  std::string bind_addr_, dial_addr_;
+  std::vector<std::string> base_args_;
+  Child syncer_;
+  std::vector<Child> learners_;
+  std::chrono::steady_clock::time_point t0_;
+  ChaosSchedule chaos_;
+  int64_t learner_kills_ = 0, learner_stops_ = 0, syncer_kills_ = 0;
+  RejoinLog rejoins_;
+  LiveView view_;
+  RunRecords records_;
+  Tailer syncer_tail_;
+  std::vector<Tailer> tailers_;
+  double next_status_ = 2.0;
+  double learners_done_at_ = 0;
+  bool forced_syncer_stop_ = false;
+  bool stopping_ = false;  // the run is over: processes not running are "stopped", not DOWN
+};
+
+}  // namespace deloco::run

@@ -1,0 +1,200 @@
+// The live view of `deloco run` (contract in live_view.h).
+#include "run/live_view.h"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/clock.h"
+
+namespace deloco::run {
+using nlohmann::json;
+
+std::string fixed(double v, int digits) {
+  if (!std::isfinite(v)) return "-";
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << v;
+  return o.str();
+}
+
+void Tailer::poll(const std::function<void(const std::string&)>& on_line) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::pread(fd, buf, sizeof(buf), offset_);
+    if (n <= 0) break;
+    offset_ += n;
+    partial_.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  size_t start = 0, nl;
+  while ((nl = partial_.find('\n', start)) != std::string::npos) {
+    on_line(partial_.substr(start, nl - start));
+    start = nl + 1;
+  }
+  partial_.erase(0, start);
+}
+
+int64_t next_milestone(int64_t m) {
+  for (int64_t base = 10;; base *= 10)
+    for (int64_t k : {1, 2, 5})
+      if (k * base > m) return k * base;
+}
+
+RunRecords::RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event)
+    : rejoins_(rejoins), event_(std::move(event)), learners_(static_cast<size_t>(learners)) {}
+
+void RunRecords::on_line(const std::string& line, int64_t learner) {
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return;
+  try {
+    if (learner < 0) on_syncer_record(j);
+    else on_learner_record(j, learner);
+  } catch (const json::exception&) {
+    // A record with an unexpected field type: the live view ignores it.
+  }
+}
+
+void RunRecords::on_syncer_record(const json& j) {
+  const std::string kind = j["kind"];
+  SyncerView& s = syncer_;
+  if (kind == "started") {
+    ++s.starts;
+    if (j.value("resumed", false))
+      event_("syncer resumed at " + std::to_string(j.value("merges", int64_t{0})) + " merges");
+  } else if (kind == "merge") {
+    s.merges = j.value("merges", s.merges + 1);
+    s.quorum = j.value("quorum", s.quorum);
+    if (s.merges >= next_milestone_) {
+      event_(std::to_string(s.merges) + " merges");
+      next_milestone_ = next_milestone(s.merges);
+    }
+  } else if (kind == "eval") {
+    s.val_loss = j.value("val_loss", NAN);
+    s.val_bpb = j.value("val_bpb", NAN);
+    event_("eval: val loss " + fixed(s.val_loss, 4) + " nats/byte, " + fixed(s.val_bpb, 3) + " bits/byte after " +
+           std::to_string(j.value("merges", s.merges)) + " merges");
+  } else if (kind == "status") {
+    s.uptime = j.value("uptime", s.uptime);
+    s.rejected = j.value("rejected", s.rejected);
+  }
+}
+
+void RunRecords::on_learner_record(const json& j, int64_t n) {
+  const std::string kind = j["kind"];
+  LearnerView& v = learners_[static_cast<size_t>(n)];
+  const double t = j.value("t", unix_now());
+  const std::string name = "learner-" + std::to_string(n);
+  if (kind == "learner") {
+    v.step = j.value("step", v.step);
+    v.loss = j.value("loss", v.loss);
+  } else if (kind == "joined") {
+    ++v.joins;
+    const int64_t resumed_at = std::max(j.value("step", int64_t{0}), j.value("resume_step", int64_t{0}));
+    const double rejoin = rejoins_->joined(n, t);
+    if (rejoin >= 0)
+      event_(name + " rejoined " + fixed(rejoin, 1) + " s after its kill, resuming at step " + std::to_string(resumed_at));
+    else if (v.joins > 1)
+      event_(name + " rejoined at step " + std::to_string(resumed_at));
+    v.step = std::max({v.step, j.value("step", v.step), j.value("resume_step", v.step)});
+  } else if (kind == "push") {
+    rejoins_->pushed(n, t);
+  } else if (kind == "learner_done") {
+    v.finished = true;
+    v.step = j.value("step", v.step);
+    event_(name + " finished " + std::to_string(v.step) + " steps");
+  } else if (kind == "syncer_lost") {
+    event_(name + " lost the syncer at step " + std::to_string(j.value("step", int64_t{0})));
+  } else if (kind == "rejected") {
+    event_(name + " was rejected: " + j.value("reason", std::string("?")));
+  }
+}
+
+namespace {
+
+std::string learner_cell(const StatusInput& in, size_t n) {
+  const ProcessState& p = in.learner_states[n];
+  const LearnerView& v = in.learners[n];
+  std::string state;
+  if (p.done) state = "done";
+  else if (!p.running) state = in.stopping ? "stopped" : "DOWN";
+  else if (p.sigstopped) state = "STOPPED";
+  std::ostringstream o;
+  o << "L" << n;
+  if (v.step >= 0) o << " " << v.step << "/" << in.steps << " " << fixed(v.loss, 3);
+  else if (state.empty()) o << " starting";
+  if (!state.empty()) o << " " << state;
+  if (static_cast<int64_t>(n) == in.slow_learner) o << " SLOW";
+  return o.str();
+}
+
+}  // namespace
+
+std::vector<std::string> status_lines(const StatusInput& in) {
+  const SyncerView& s = in.syncer;
+  const ProcessState& sp = in.syncer_state;
+  std::ostringstream h;
+  h << "[" << std::setw(6) << format_duration(in.elapsed) << "] syncer "
+    << (sp.done ? "done" : !sp.running ? (in.stopping ? "stopped" : "DOWN") : "up") << " | merges " << s.merges;
+  if (s.quorum >= 0) h << " (last quorum " << s.quorum << ")";
+  h << " | val " << fixed(s.val_loss, 4) << " nats, " << fixed(s.val_bpb, 3) << " bpb | uptime "
+    << (std::isfinite(s.uptime) ? fixed(100 * s.uptime, 0) + "%" : "-") << " | rejects " << s.rejected;
+  std::vector<std::string> lines{h.str()};
+  const size_t per_line = 4;
+  const size_t m = in.learner_states.size();
+  for (size_t n = 0; n < m; n += per_line) {
+    std::string l = "  ";
+    for (size_t i = n; i < std::min(m, n + per_line); ++i) l += (i > n ? " | " : "") + learner_cell(in, i);
+    lines.push_back(l);
+  }
+  return lines;
+}
+
+LiveView::LiveView(std::ostream& out, bool tty, std::function<std::vector<std::string>()> status,
+                   std::function<double()> elapsed)
+    : out_(out), tty_(tty), status_(std::move(status)), elapsed_(std::move(elapsed)) {}
+
+namespace {
+size_t terminal_width() {
+  winsize w{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 10) return w.ws_col;
+  return 200;
+}
+}  // namespace
+
+void LiveView::clear() {
+  if (tty_ && drawn_lines_ > 0) out_ << "\033[" << drawn_lines_ << "A\r\033[J";
+  drawn_lines_ = 0;
+}
+
+void LiveView::draw() {
+  const auto lines = status_();
+  if (!tty_) {  // one plain line per update
+    std::string all = lines[0];
+    for (size_t i = 1; i < lines.size(); ++i) all += " |" + lines[i].substr(1);
+    out_ << all << "\n";
+    return;
+  }
+  clear();
+  const size_t width = terminal_width() - 1;
+  for (const auto& l : lines) out_ << (l.size() > width ? l.substr(0, width) : l) << "\n";
+  drawn_lines_ = lines.size();
+  out_.flush();
+}
+
+void LiveView::event(const std::string& what) {
+  const bool redraw = tty_ && drawn_lines_ > 0;
+  clear();
+  out_ << "[" << std::setw(6) << format_duration(elapsed_()) << "] " << what << "\n";
+  if (redraw) draw();
+}
+
+}  // namespace deloco::run

@@ -1,0 +1,127 @@
+// src/run/live_view.h — what `deloco run` shows while it runs: it tails the JSON-lines records of the syncer and
+// the learners (deloco/runtime.h lists them), keeps the latest state of each, turns notable records into event
+// lines, and draws a status block (in a terminal: redrawn in place; otherwise one plain line per update).
+//
+// Contract: records are untrusted text: a line that is not a JSON object with a string "kind", or has a field of an
+// unexpected type, is ignored. Formatting functions are pure. Not thread-safe: one supervising thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "run/summary.h"
+
+namespace deloco::run {
+
+// `v` with `digits` decimals, or "-" when not finite.
+std::string fixed(double v, int digits);
+
+// Reads the complete new lines of a file that another process appends to (it may not exist yet).
+class Tailer {
+ public:
+  explicit Tailer(std::string path) : path_(std::move(path)) {}
+  // Calls on_line for every complete line appended since the last call; keeps an incomplete last line.
+  void poll(const std::function<void(const std::string&)>& on_line);
+
+ private:
+  std::string path_;
+  off_t offset_ = 0;
+  std::string partial_;  // an incomplete last line, kept until its newline arrives
+};
+
+struct LearnerView {
+  int64_t step = -1;
+  double loss = NAN;
+  bool finished = false;  // a learner_done record was seen
+  int joins = 0;
+};
+
+struct SyncerView {
+  int64_t merges = 0;
+  int64_t quorum = -1;
+  double val_loss = NAN, val_bpb = NAN;
+  double uptime = NAN;
+  int64_t rejected = 0;
+  int starts = 0;
+};
+
+// The state of the run as its records tell it. `event` receives one line per notable record (a resumed syncer,
+// merge milestones 10, 20, 50, 100, ..., evaluations, learners rejoining, finishing, losing the syncer, rejected);
+// joined and push records of learners killed by chaos close their entries in `rejoins`.
+class RunRecords {
+ public:
+  RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event);
+  // One line of syncer.jsonl (learner < 0) or of learner-N.jsonl (learner = N).
+  void on_line(const std::string& line, int64_t learner);
+  const SyncerView& syncer() const { return syncer_; }
+  const std::vector<LearnerView>& learners() const { return learners_; }
+
+ private:
+  void on_syncer_record(const nlohmann::json& j);
+  void on_learner_record(const nlohmann::json& j, int64_t n);
+
+  RejoinLog* rejoins_;
+  std::function<void(const std::string&)> event_;
+  SyncerView syncer_;
+  std::vector<LearnerView> learners_;
+  int64_t next_milestone_ = 10;
+};
+
+// The next merge-count milestone after `m`: 10, 20, 50, 100, 200, 500, ...
+int64_t next_milestone(int64_t m);
+
+// How a process looks from outside.
+struct ProcessState {
+  bool running = false;     // a process is alive (maybe SIGSTOPped)
+  bool sigstopped = false;  // SIGSTOPped by chaos
+  bool done = false;        // exited 0
+};
+
+struct StatusInput {
+  double elapsed = 0;                // seconds since the run started
+  bool stopping = false;             // the run is over: a process not running is "stopped", not "DOWN"
+  int64_t steps = 0;                 // train.steps
+  int64_t slow_learner = -1;         // marked SLOW (-1: none)
+  SyncerView syncer;
+  ProcessState syncer_state;
+  std::vector<LearnerView> learners;
+  std::vector<ProcessState> learner_states;
+};
+
+// The status block: a syncer line, then the learners four to a line, e.g.
+//   [ 1m58s] syncer up | merges 251 (last quorum 1) | val 1.5006 nats, 2.165 bpb | uptime 95% | rejects 0
+//     L0 1500/1500 1.380 done | L1 starting
+std::vector<std::string> status_lines(const StatusInput& in);
+
+// Writes event lines and the status block to `out` (stderr in `deloco run`).
+class LiveView {
+ public:
+  // status: the current block; elapsed: seconds since the run started (for event time stamps).
+  LiveView(std::ostream& out, bool tty, std::function<std::vector<std::string>()> status,
+           std::function<double()> elapsed);
+  // tty: erases the previous block and draws the current one, clipped to the terminal width; otherwise writes
+  // it as one line (the block's lines joined by " |").
+  void draw();
+  // tty: erases the block (before other output).
+  void clear();
+  // "[ 1m58s] what"; in a terminal the block is redrawn below it.
+  void event(const std::string& what);
+
+ private:
+  std::ostream& out_;
+  bool tty_;
+  std::function<std::vector<std::string>()> status_;
+  std::function<double()> elapsed_;
+  size_t drawn_lines_ = 0;
+};
+
+}  // namespace deloco::run

@@ -1,0 +1,117 @@
+#include "run/live_view.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+namespace deloco::run {
+namespace {
+
+StatusInput two_learners() {
+  StatusInput in;
+  in.elapsed = 118.7;
+  in.steps = 1500;
+  in.syncer.merges = 251;
+  in.syncer.quorum = 1;
+  in.syncer.val_loss = 1.50061;
+  in.syncer.val_bpb = 2.16496;
+  in.syncer.uptime = 0.9512;
+  in.syncer_state.running = true;
+  in.learners.resize(2);
+  in.learners[0].step = 1500;
+  in.learners[0].loss = 1.38;
+  in.learner_states.resize(2);
+  in.learner_states[0].done = true;
+  in.learner_states[1].running = true;
+  return in;
+}
+
+TEST(LiveView, StatusLines) {
+  const auto lines = status_lines(two_learners());
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "[ 1m58s] syncer up | merges 251 (last quorum 1) | val 1.5006 nats, 2.165 bpb | uptime 95% | rejects 0");
+  EXPECT_EQ(lines[1], "  L0 1500/1500 1.380 done | L1 starting");
+}
+
+TEST(LiveView, ProcessStatesAndFourLearnersALine) {
+  StatusInput in = two_learners();
+  in.syncer_state.running = false;
+  in.syncer.quorum = -1;
+  in.syncer.uptime = NAN;
+  in.learners.resize(5);
+  in.learner_states.resize(5);
+  in.learner_states[1].sigstopped = true;
+  in.slow_learner = 4;
+  auto lines = status_lines(in);
+  EXPECT_EQ(lines[0], "[ 1m58s] syncer DOWN | merges 251 | val 1.5006 nats, 2.165 bpb | uptime - | rejects 0");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[1], "  L0 1500/1500 1.380 done | L1 STOPPED | L2 DOWN | L3 DOWN");
+  EXPECT_EQ(lines[2], "  L4 DOWN SLOW");
+  in.stopping = true;
+  lines = status_lines(in);
+  EXPECT_NE(lines[0].find("syncer stopped |"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines[2], "  L4 stopped SLOW");
+}
+
+TEST(LiveView, PlainOutputIsOneLinePerUpdateAndEventsAreStamped) {
+  std::ostringstream out;
+  LiveView view(out, /*tty=*/false, [] { return status_lines(two_learners()); }, [] { return 61.0; });
+  view.event("learner-1 rejoined at step 40");
+  view.draw();
+  EXPECT_EQ(out.str(),
+            "[ 1m01s] learner-1 rejoined at step 40\n"
+            "[ 1m58s] syncer up | merges 251 (last quorum 1) | val 1.5006 nats, 2.165 bpb | uptime 95% | rejects 0 | "
+            "L0 1500/1500 1.380 done | L1 starting\n");
+}
+
+TEST(LiveView, RecordsUpdateTheViewAndRaiseEvents) {
+  std::vector<std::string> events;
+  RejoinLog rejoins(2);
+  RunRecords r(2, &rejoins, [&](const std::string& e) { events.push_back(e); });
+  r.on_line(R"({"kind":"started","resumed":false})", -1);
+  for (int m = 1; m <= 10; ++m) r.on_line(R"({"kind":"merge","merges":)" + std::to_string(m) + R"(,"quorum":2})", -1);
+  r.on_line(R"({"kind":"learner","t":100,"step":50,"loss":2.5})", 1);
+  rejoins.killed(1, 100.5);
+  r.on_line(R"({"kind":"joined","t":103.0,"step":0,"resume_step":50})", 1);
+  r.on_line(R"({"kind":"push","t":104.0})", 1);
+  r.on_line(R"({"kind":"learner","step":"not a number"})", 0);  // ignored
+  r.on_line("not json", 0);                                       // ignored
+  r.on_line(R"({"kind":"learner_done","step":60})", 0);
+  EXPECT_EQ(r.syncer().merges, 10);
+  EXPECT_EQ(r.syncer().quorum, 2);
+  EXPECT_EQ(r.syncer().starts, 1);
+  EXPECT_EQ(r.learners()[1].step, 50);
+  EXPECT_EQ(r.learners()[1].loss, 2.5);
+  EXPECT_TRUE(r.learners()[0].finished);
+  EXPECT_EQ(events, (std::vector<std::string>{"10 merges", "learner-1 rejoined 2.5 s after its kill, resuming at step 50",
+                                              "learner-0 finished 60 steps"}));
+  EXPECT_DOUBLE_EQ(rejoins.rejoin_seconds()["median"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(rejoins.recontribute_seconds()["max"].get<double>(), 3.5);
+  EXPECT_EQ(next_milestone(10), 20);
+  EXPECT_EQ(next_milestone(20), 50);
+  EXPECT_EQ(next_milestone(50), 100);
+}
+
+TEST(LiveView, TailerReturnsOnlyCompleteLines) {
+  const auto path = std::filesystem::temp_directory_path() / ("deloco_tailer_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  Tailer t(path.string());
+  std::vector<std::string> got;
+  auto collect = [&](const std::string& l) { got.push_back(l); };
+  t.poll(collect);  // no file yet
+  std::ofstream(path, std::ios::app) << "one\ntw";
+  t.poll(collect);
+  EXPECT_EQ(got, (std::vector<std::string>{"one"}));
+  std::ofstream(path, std::ios::app) << "o\nthree\n";
+  t.poll(collect);
+  EXPECT_EQ(got, (std::vector<std::string>{"one", "two", "three"}));
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace deloco::run

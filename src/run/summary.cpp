@@ -1,0 +1,98 @@
+// Results of `deloco run` (contract in summary.h).
+#include "run/summary.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "deloco/clock.h"
+#include "deloco/fs.h"
+#include "run/live_view.h"
+
+namespace deloco::run {
+
+nlohmann::json median_max(std::vector<double> v) {
+  if (v.empty()) return nullptr;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  const double med = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return nlohmann::json{{"median", med}, {"max", v.back()}, {"count", n}};
+}
+
+RejoinLog::RejoinLog(int64_t learners)
+    : open_join_(static_cast<size_t>(learners), -1), open_push_(static_cast<size_t>(learners), -1) {}
+
+void RejoinLog::killed(int64_t learner, double t_unix) {
+  const size_t n = static_cast<size_t>(learner);
+  open_join_[n] = open_push_[n] = static_cast<int64_t>(kills_.size());
+  kills_.push_back(Kill{learner, t_unix});
+}
+
+double RejoinLog::joined(int64_t learner, double t) {
+  int64_t& k = open_join_[static_cast<size_t>(learner)];
+  if (k < 0 || t < kills_[static_cast<size_t>(k)].t_unix) return -1;
+  Kill& kill = kills_[static_cast<size_t>(k)];
+  kill.rejoin = t - kill.t_unix;
+  k = -1;
+  return kill.rejoin;
+}
+
+void RejoinLog::pushed(int64_t learner, double t) {
+  int64_t& k = open_push_[static_cast<size_t>(learner)];
+  if (k < 0 || t < kills_[static_cast<size_t>(k)].t_unix) return;
+  kills_[static_cast<size_t>(k)].recontribute = t - kills_[static_cast<size_t>(k)].t_unix;
+  k = -1;
+}
+
+nlohmann::json RejoinLog::rejoin_seconds() const {
+  std::vector<double> v;
+  for (const Kill& k : kills_)
+    if (k.rejoin >= 0) v.push_back(k.rejoin);
+  return median_max(v);
+}
+
+nlohmann::json RejoinLog::recontribute_seconds() const {
+  std::vector<double> v;
+  for (const Kill& k : kills_)
+    if (k.recontribute >= 0) v.push_back(k.recontribute);
+  return median_max(v);
+}
+
+nlohmann::json read_syncer_summary(const std::string& path) {
+  nlohmann::json s = nlohmann::json::object();
+  if (!std::filesystem::exists(path)) {
+    s["syncer_summary_missing"] = true;
+    return s;
+  }
+  try {
+    s = nlohmann::json::parse(read_file(path));
+  } catch (const std::exception& e) {
+    std::cerr << "deloco run: warning: cannot read " << path << ": " << e.what() << "\n";
+  }
+  if (!s.is_object()) s = nlohmann::json::object();
+  return s;
+}
+
+std::string final_report(const nlohmann::json& s, const std::string& summary_file) {
+  auto num = [&](const char* k) { return s.contains(k) && s[k].is_number() ? s[k].get<double>() : NAN; };
+  auto count = [&](const char* k) { return s.contains(k) && s[k].is_number() ? std::to_string(s[k].get<int64_t>()) : "-"; };
+  auto med_max = [&](const char* k) {
+    if (!s.contains(k) || !s[k].is_object()) return std::string("n/a");
+    return "median " + fixed(s[k]["median"].get<double>(), 1) + " s, max " + fixed(s[k]["max"].get<double>(), 1) + " s";
+  };
+  std::ostringstream o;
+  o << "deloco run: " << format_duration(num("wall_seconds")) << ", " << count("learners")
+    << " learners: final val loss " << fixed(num("final_val_loss"), 4) << " nats/byte, "
+    << fixed(num("val_bpb"), 3) << " bits/byte; " << count("outer_steps") << " fragment merges, "
+    << count("contributions_merged") << " contributions merged, " << count("contributions_rejected")
+    << " rejected; uptime " << fixed(num("uptime"), 3) << ", goodput " << fixed(num("goodput"), 3) << "\n";
+  o << "chaos: " << count("learner_kills") << " learner kills (rejoin " << med_max("rejoin_seconds")
+    << "; contributing again " << med_max("recontribute_seconds") << "), " << count("learner_stops")
+    << " stops, " << count("syncer_kills") << " syncer kills\n";
+  o << "summary: " << summary_file << "\n";
+  return o.str();
+}
+
+}  // namespace deloco::run

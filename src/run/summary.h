@@ -1,0 +1,49 @@
+// src/run/summary.h — the results of `deloco run`: how long learners killed by chaos took to come back, the
+// summary.json fields the supervisor adds to the syncer's own summary, and the short report on stdout.
+//
+// Contract: pure bookkeeping and formatting, no I/O except read_syncer_summary(). Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace deloco::run {
+
+// {"median", "max", "count"} of `v`, or null when empty.
+nlohmann::json median_max(std::vector<double> v);
+
+// Every learner SIGKILLed by chaos, and how long it took to join again (its next "joined" record) and to
+// contribute again (its next "push" record). Times are Unix seconds from the records.
+class RejoinLog {
+ public:
+  explicit RejoinLog(int64_t learners);
+  void killed(int64_t learner, double t_unix);
+  // A "joined" record of `learner` at t: closes its open kill when t is not before it and returns the seconds
+  // since that kill; -1 when no kill was open (a first join, or a restart after a crash).
+  double joined(int64_t learner, double t);
+  // A "push" record of `learner` at t: closes its open kill for the re-contribution time.
+  void pushed(int64_t learner, double t);
+  nlohmann::json rejoin_seconds() const;        // median_max of the closed rejoin times
+  nlohmann::json recontribute_seconds() const;  // median_max of the closed re-contribution times
+
+ private:
+  struct Kill {
+    int64_t learner;
+    double t_unix;
+    double rejoin = -1, recontribute = -1;
+  };
+  std::vector<Kill> kills_;
+  std::vector<int64_t> open_join_, open_push_;  // per learner: index into kills_ awaiting a joined / push record
+};
+
+// The syncer's own summary file as a JSON object; {} with a warning on stderr when unreadable or not an object,
+// {"syncer_summary_missing": true} when absent.
+nlohmann::json read_syncer_summary(const std::string& path);
+
+// The short final report: results, chaos counts with rejoin times, and where `summary_file` is.
+std::string final_report(const nlohmann::json& summary, const std::string& summary_file);
+
+}  // namespace deloco::run

@@ -1,0 +1,143 @@
+// Child processes of `deloco run` (contract in supervisor.h).
+#include "run/supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <stdexcept>
+
+#include "deloco/fs.h"
+
+extern char** environ;
+
+namespace deloco::run {
+
+std::vector<std::string> child_environment(const std::vector<std::string>& extra) {
+  static const char* kDrop[] = {"DELOCO_SYNCER", "DELOCO_BIND", "DELOCO_SECRET_KEY", "DELOCO_SERVER_KEY", "DELOCO_ALLOW",
+                                "DELOCO_LEARNER_ID"};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const std::string name = kv.substr(0, kv.find('='));
+    bool drop = std::find(std::begin(kDrop), std::end(kDrop), name) != std::end(kDrop);
+    for (const auto& x : extra) drop = drop || x.substr(0, x.find('=')) == name;
+    if (!drop) env.push_back(kv);
+  }
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
+  std::vector<char*> av, ev;
+  for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+  av.push_back(nullptr);
+  for (const auto& e : env) ev.push_back(const_cast<char*>(e.c_str()));
+  ev.push_back(nullptr);
+  const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw IoError("cannot open log file '" + log + "': " + std::strerror(errno));
+  const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(fd);
+    if (null_fd >= 0) ::close(null_fd);
+    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+  }
+  if (pid == 0) {  // child: async-signal-safe calls only
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve("/proc/self/exe", av.data(), ev.data());
+    static const char msg[] = "deloco run: exec of /proc/self/exe failed\n";
+    (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also from the parent, so signals to the group work at once
+  ::close(fd);
+  if (null_fd >= 0) ::close(null_fd);
+  return pid;
+}
+
+bool collect_exit(Child& c) {
+  if (c.pid == 0) return false;
+  int status = 0;
+  if (::waitpid(c.pid, &status, WNOHANG) != c.pid) return false;
+  c.pid = 0;
+  c.stopped = false;
+  c.last_exit = WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                  : std::string("signal ") + strsignal(WTERMSIG(status));
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) c.done = true;
+  return true;
+}
+
+std::string record_failure(Child& c, double now) {
+  c.failures.push_back(now);
+  while (!c.failures.empty() && now - c.failures.front() > 120.0) c.failures.pop_front();
+  const auto recent = std::count_if(c.failures.begin(), c.failures.end(), [&](double t) { return now - t <= 10.0; });
+  if (recent >= 3) return "3 times within 10 s";
+  if (c.failures.size() >= 5) return "5 times within 120 s";
+  return "";
+}
+
+std::string tail_of(const std::string& path, size_t lines) {
+  std::ifstream in(path);
+  std::deque<std::string> last;
+  std::string line;
+  while (std::getline(in, line)) {
+    last.push_back(line);
+    if (last.size() > lines) last.pop_front();
+  }
+  std::string out;
+  for (const auto& l : last) out += "    " + l + "\n";
+  return out;
+}
+
+void stop_children(const std::vector<Child*>& children, int sig, double wait_seconds, std::ostream& log) {
+  std::vector<Child*> running;
+  for (Child* c : children)
+    if (c->pid != 0) running.push_back(c);
+  if (running.empty()) return;
+  log << "deloco run: sending " << strsignal(sig) << " to " << running.size() << " process(es) and waiting up to "
+      << static_cast<int64_t>(wait_seconds + 0.5) << " s\n";
+  for (Child* c : running) {
+    ::kill(c->pid, sig);
+    if (c->stopped) ::kill(c->pid, SIGCONT);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_seconds);
+  while (std::chrono::steady_clock::now() < deadline) {
+    bool any = false;
+    for (Child* c : running) {
+      if (c->pid == 0) continue;
+      int status = 0;
+      if (::waitpid(c->pid, &status, WNOHANG) == c->pid) c->pid = 0;
+      else any = true;
+    }
+    if (!any) return;
+    ::usleep(50 * 1000);
+  }
+  for (Child* c : running) {
+    if (c->pid == 0) continue;
+    log << "deloco run: " << c->name << " did not stop in time: SIGKILL\n";
+    ::kill(c->pid, SIGKILL);
+    ::waitpid(c->pid, nullptr, 0);
+    c->pid = 0;
+  }
+}
+
+}  // namespace deloco::run

@@ -1,0 +1,62 @@
+// src/run/supervisor.h — the child processes of `deloco run`: starting this same executable as a child, collecting
+// its exit, telling a crash loop from a single crash, and stopping every child at the end.
+//
+// Contract
+//  * spawn_self() starts /proc/self/exe in its own process group (Ctrl-C at the terminal reaches only the
+//    supervisor, which forwards it), with PR_SET_PDEATHSIG = SIGKILL so no child outlives the supervisor, stdin
+//    from /dev/null and stdout+stderr appended to a log file. Throws IoError when the log cannot be opened and
+//    std::runtime_error when fork fails.
+//  * Children are tracked in Child records owned by the caller; the functions here only update the record they
+//    are given. Not thread-safe: one supervising thread.
+//  * The crash-loop policy (record_failure): three unexpected exits of one process within 10 s, or five within
+//    120 s (a slower loop), end the run.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace deloco::run {
+
+// One supervised process: the syncer or learner N, across its incarnations.
+struct Child {
+  std::string name;             // "syncer" | "learner-N"
+  int64_t learner = -1;         // -1: the syncer
+  pid_t pid = 0;                // 0 while not running
+  bool stopped = false;         // SIGSTOPped by chaos
+  bool done = false;            // exited 0
+  bool chaos_killed = false;    // the running incarnation was SIGKILLed by chaos
+  double restart_at = -1;       // seconds since start at which to start it again (-1: none due)
+  double cont_at = -1;          // seconds since start at which to SIGCONT it
+  int starts = 0;
+  std::deque<double> failures;  // times of recent unexpected exits
+  std::string last_exit;        // "exit status 3", "signal Segmentation fault"
+};
+
+// The environment of a child: ours without the DELOCO_* address/key/id fallbacks (the command line says
+// everything), plus `extra` ("NAME=value", replacing any variable of that name).
+std::vector<std::string> child_environment(const std::vector<std::string>& extra);
+
+// Starts /proc/self/exe with `argv` (argv[0] is only a name) and `env` as described above; returns its pid.
+pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log);
+
+// If `c` is running and has exited, reaps it: pid = 0, stopped = false, last_exit set, done = true when it exited
+// with status 0. Returns whether it exited. Never blocks.
+bool collect_exit(Child& c);
+
+// Records an unexpected exit of `c` at `now` (seconds) in c.failures. Returns "" while within the policy above,
+// else what was exceeded: "3 times within 10 s" or "5 times within 120 s".
+std::string record_failure(Child& c, double now);
+
+// The last `lines` lines of a text file, each indented by four spaces ("" when unreadable).
+std::string tail_of(const std::string& path, size_t lines);
+
+// Sends `sig` to every running child in `children` (and SIGCONT to a SIGSTOPped one), waits up to `wait_seconds`
+// for them to exit, then SIGKILLs and reaps the rest. Says what it does on `log`. Leaves every pid at 0.
+void stop_children(const std::vector<Child*>& children, int sig, double wait_seconds, std::ostream& log);
+
+}  // namespace deloco::run
