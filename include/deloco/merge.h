@@ -15,9 +15,9 @@
 //  * Rank-deficient inputs: singular values σ_i ≤ max(m,n)·eps(compute dtype)·σ_max count as zero. iso_c keeps
 //    the k numerically non-zero directions and gives each the mean of the k kept singular values (the nuclear norm
 //    is preserved); an all-zero matrix merges to zeros. No method returns NaN or Inf for finite inputs.
-//  * Determinism: for a given seed, tensor name and inputs the result is bit-identical run to run and
+//  * Determinism: for a given seed, tensor name, round and inputs the result is bit-identical run to run and
 //    independent of the number of worker threads (random methods seed one CPU generator per tensor from
-//    (seed, name)).
+//    (seed, name, round), so every outer step draws fresh masks).
 //  * Errors throw MergeError naming the tensor and the problem: T = 0, shape/dtype/device mismatch, a
 //    non-finite value (naming the contribution), weights that do not match T or are negative/all zero, an
 //    unknown method name (listing the known ones), a bad option value.
@@ -57,6 +57,9 @@ struct MergeInput {
   std::string name;                // used in error messages and to derive the per-tensor random stream
   std::vector<at::Tensor> deltas;  // Δ_1..Δ_T, same shape
   std::vector<double> weights;     // w_1..w_T, or empty for uniform
+  // The outer step / fragment version this merge belongs to; random methods (dare) mix it into their stream so
+  // every outer step draws fresh masks. Deterministic given (seed, name, round). Deterministic methods ignore it.
+  uint64_t round = 0;
 };
 
 class Merger {

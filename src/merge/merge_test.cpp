@@ -171,6 +171,27 @@ TEST(MergeDare, DropsRescalesAndIsDeterministicPerSeed) {
   EXPECT_FALSE(at::equal(r, make_merger("dare", o)->merge({"w", {x}, {}})));  // another seed
 }
 
+TEST(MergeDare, FreshMasksEveryRound) {
+  // Single contribution, p = 0.1: the syncer passes the outer step as MergeInput::round.
+  at::Tensor x = at::full({64, 64}, 1.0f);
+  auto m = make_merger("dare");
+  auto at_round = [&](uint64_t round) {
+    MergeInput in{"blocks.0.w", {x}, {}};
+    in.round = round;
+    return m->merge(in);
+  };
+  at::Tensor r1 = at_round(1), r2 = at_round(2);
+  EXPECT_FALSE(at::equal(r1 == 0, r2 == 0));  // different masks
+  EXPECT_TRUE(at::equal(r1, at_round(1)));    // same (seed, name, round): bit-identical
+  EXPECT_TRUE(at::equal(at_round(0), m->merge({"blocks.0.w", {x}, {}})));  // round defaults to 0
+  // Over 50 rounds every entry is kept at least once (P(an entry is never kept) = 0.1^50).
+  at::Tensor ever = at::zeros({64, 64}, at::kBool);
+  for (uint64_t round = 1; round <= 50; ++round) ever.logical_or_(at_round(round) != 0);
+  EXPECT_TRUE(ever.all().item<bool>());
+  // The kept fraction stays ≈ 0.9 per round (the round changes the stream, not the distribution).
+  EXPECT_NEAR((r2 != 0).to(at::kDouble).mean().item<double>(), 0.9, 0.02);
+}
+
 TEST(MergeErrors, BadInputNamesTheProblem) {
   auto m = make_merger("mean");
   auto expect_error = [&](const MergeInput& in, const std::string& needle) {
