@@ -1,5 +1,7 @@
 // Properties of the merge methods that must hold whatever the implementation: identities, invariants,
 // hand-checkable examples, determinism, bad input.
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -108,26 +110,72 @@ TEST(MergeIsoC, FastVariantWithinToleranceOfExact) {
   }
 }
 
+TEST(MergeIsoC, MeanIsOverTheFullThinRank) {
+  // M = diag(3, 1) in a 3×2 matrix: r = 2, σ̄ = 2, result 2·[e1 e2].
+  at::Tensor M = at::zeros({3, 2}, at::kDouble);
+  M[0][0] = 3.0;
+  M[1][1] = 1.0;
+  at::Tensor want = at::zeros({3, 2}, at::kDouble);
+  want[0][0] = 2.0;
+  want[1][1] = 2.0;
+  for (const char* m : {"iso_c", "iso_c_fast"}) EXPECT_LT(rel_err(merge(m, {M}), want), 1e-6) << m;
+  // Rank-deficient diag(4, 0): the zero counts in the mean (σ̄ = 2, not 4). iso_c also gives the null
+  // direction σ̄, along the SVD's completion u₂v₂ᵀ (u₂ any unit vector of span(e2, e3): not unique), so check
+  // the range part and the spectrum.
+  at::Tensor D = at::zeros({3, 2}, at::kDouble);
+  D[0][0] = 4.0;
+  at::Tensor R = merge("iso_c", {D});
+  EXPECT_NEAR(R[0][0].item<double>(), 2.0, 1e-12);
+  EXPECT_NEAR(R[0][1].item<double>(), 0.0, 1e-12);
+  EXPECT_NEAR(R[1][0].item<double>(), 0.0, 1e-12);
+  EXPECT_NEAR(R[2][0].item<double>(), 0.0, 1e-12);
+  at::Tensor S = at::linalg_svdvals(R);
+  EXPECT_NEAR(S[0].item<double>(), 2.0, 1e-12);
+  EXPECT_NEAR(S[1].item<double>(), 2.0, 1e-12);
+  // iso_c_fast: same σ̄ on the range, null direction left at zero.
+  at::Tensor F = merge("iso_c_fast", {D});
+  at::Tensor range = at::zeros({3, 2}, at::kDouble);
+  range[0][0] = 2.0;
+  EXPECT_LT(rel_err(F, range), 1e-12);
+  // The option restores the thresholded variant: mean over the kept σ, null space stays null.
+  MergeOptions thr;
+  thr.iso_rank_threshold = 1e-6;
+  at::Tensor kept = at::zeros({3, 2}, at::kDouble);
+  kept[0][0] = 4.0;
+  for (const char* m : {"iso_c", "iso_c_fast"}) EXPECT_LT(rel_err(merge(m, {D}, {}, thr), kept), 1e-12) << m;
+}
+
 TEST(MergeIsoC, RankDeficientAndZeroMatricesStayFinite) {
   auto a = randn_list(2, {10, 2}, 7);
   auto b = randn_list(2, {2, 8}, 8);
-  std::vector<at::Tensor> d{at::matmul(a[0], b[0]), at::matmul(a[0], b[1])};  // rank ≤ 2 mean
+  std::vector<at::Tensor> d{at::matmul(a[0], b[0]), at::matmul(a[0], b[1])};  // rank ≤ 2 mean, r = 8
   at::Tensor M = (d[0] + d[1]) / 2;
-  at::Tensor S = at::linalg_svdvals(M.to(at::kDouble));
-  for (const char* m : {"iso_c", "iso_c_fast"}) {
-    at::Tensor R = merge(m, d);
-    ASSERT_TRUE(at::isfinite(R).all().item<bool>()) << m;
-    at::Tensor Sr = at::linalg_svdvals(R.to(at::kDouble));
-    const double want = S.narrow(0, 0, 2).mean().item<double>();
-    EXPECT_NEAR(Sr[0].item<double>(), want, 1e-4 * want) << m;
-    EXPECT_NEAR(Sr[1].item<double>(), want, 1e-4 * want) << m;
-    EXPECT_LT(Sr[2].item<double>(), 1e-4 * want) << m;  // null directions stay null
-  }
+  auto [U, S, Vh] = at::linalg_svd(M.to(at::kDouble), false);
+  const double sbar = S.sum().item<double>() / 8;  // the papers' mean over the full thin rank
+  at::Tensor Uk = U.narrow(1, 0, 2), Vk = Vh.narrow(0, 0, 2).t();
+  at::Tensor range = sbar * at::matmul(Uk, Vk.t());
+  at::Tensor R = merge("iso_c", d);
+  ASSERT_TRUE(at::isfinite(R).all().item<bool>());
+  at::Tensor Rd = R.to(at::kDouble);
+  EXPECT_LT(rel_err(at::matmul(Uk, at::matmul(Uk.t(), at::matmul(Rd, at::matmul(Vk, Vk.t())))), range), 1e-5);
+  at::Tensor Sr = at::linalg_svdvals(Rd);
+  EXPECT_LT((Sr - sbar).abs().max().item<double>(), 1e-5 * sbar);  // all 8 directions get σ̄
+  at::Tensor F = merge("iso_c_fast", d);
+  ASSERT_TRUE(at::isfinite(F).all().item<bool>());
+  EXPECT_LT(rel_err(F, range), 1e-5);                                // range part of iso_c, null space null
+  EXPECT_NEAR(rel_err(F, R), std::sqrt(6.0 / 8.0), 1e-4);           // documented gap to iso_c
+  MergeOptions thr;
+  thr.iso_rank_threshold = 1e-4;
+  at::Tensor kept = S.narrow(0, 0, 2).mean() * at::matmul(Uk, Vk.t());  // mean over the 2 kept
+  for (const char* m : {"iso_c", "iso_c_fast"}) EXPECT_LT(rel_err(merge(m, d, {}, thr), kept), 1e-5) << m;
+
   std::vector<at::Tensor> zeros{at::zeros({6, 5}), at::zeros({6, 5})};
-  for (const auto& m : merger_names()) {
-    at::Tensor R = merge(m, zeros);
-    EXPECT_TRUE(at::isfinite(R).all().item<bool>()) << m;
-    EXPECT_EQ(R.abs().max().item<float>(), 0.0f) << m;
+  for (const MergeOptions& o : {MergeOptions(), thr}) {
+    for (const auto& m : merger_names()) {
+      at::Tensor Z = merge(m, zeros, {}, o);
+      EXPECT_TRUE(at::isfinite(Z).all().item<bool>()) << m;
+      EXPECT_EQ(Z.abs().max().item<float>(), 0.0f) << m;
+    }
   }
 }
 
@@ -224,6 +272,16 @@ TEST(MergeErrors, BadInputNamesTheProblem) {
   bad = MergeOptions();
   bad.compute_dtype = at::kHalf;
   EXPECT_THROW(make_merger("mean", bad), MergeError);
+  for (double t : {-1e-3, 1.0, double(NAN), double(INFINITY)}) {
+    bad = MergeOptions();
+    bad.iso_rank_threshold = t;
+    try {
+      make_merger("iso_c", bad);
+      ADD_FAILURE() << t;
+    } catch (const MergeError& e) {
+      EXPECT_NE(std::string(e.what()).find("iso_rank_threshold"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(MergePlan, GlobRulesAndVectorFallback) {

@@ -50,6 +50,8 @@ void MergeOptions::validate() const {
   if (!(dare_drop >= 0.0 && dare_drop < 1.0)) throw MergeError("dare_drop must be in [0, 1)");
   if (!(iso_cts_common > 0.0 && iso_cts_common <= 1.0)) throw MergeError("iso_cts_common must be in (0, 1]");
   if (iso_fast_polish < 0 || iso_fast_polish > 10) throw MergeError("iso_fast_polish must be in [0, 10]");
+  if (!(iso_rank_threshold >= 0.0 && iso_rank_threshold < 1.0))  // also rejects NaN and Inf
+    throw MergeError("iso_rank_threshold must be finite and in [0, 1) (0 = off)");
 }
 
 at::Tensor Merger::merge(const MergeInput& in) const {
