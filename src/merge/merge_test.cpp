@@ -179,6 +179,29 @@ TEST(MergeIsoC, RankDeficientAndZeroMatricesStayFinite) {
   }
 }
 
+TEST(MergeIsoCts, SingleContributionIsIsoC) {
+  // T = 1: k = ⌊0.8·r⌋, s = r − k; the residual's top s directions complete M's basis, every σ is M's.
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{12, 7}, {5, 9}}) {
+    auto d = randn_list(1, shape, 11, at::kDouble);
+    EXPECT_LT(rel_err(merge("iso_cts", d), merge("iso_c", d)), 1e-10);
+  }
+}
+
+TEST(MergeIsoCts, CommonRankMakesTheRestDivisibleByT) {
+  // r = 10, T = 4, c = 0.8: admissible k (T | r − k, k ≥ 1) are 10, 6, 2; 6 and 10 are both 2 from ⌊8⌋ and the
+  // tie goes to the larger common subspace, so k = r and the result is iso_c of the mean.
+  auto d = randn_list(4, {10, 10}, 12, at::kDouble);
+  EXPECT_LT(rel_err(merge("iso_cts", d), merge("iso_c", d)), 1e-10);
+  // c = 0.6: ⌊6⌋ is admissible, s = 1, task-specific directions enter and the result differs from iso_c.
+  MergeOptions o;
+  o.iso_cts_common = 0.6;
+  at::Tensor R = merge("iso_cts", d, {}, o);
+  EXPECT_GT(rel_err(R, merge("iso_c", d)), 1e-2);
+  // Whatever k, the spectrum is flat: r copies of σ̄.
+  at::Tensor S = at::linalg_svdvals(R);
+  EXPECT_LT((S - S.mean()).abs().max().item<double>(), 1e-10 * S.mean().item<double>());
+}
+
 TEST(MergeRda, NormDoesNotDependOnTForOrthogonalInputs) {
   at::Tensor Q = std::get<0>(at::linalg_qr(at::randn({32, 8}, at::TensorOptions().dtype(at::kDouble))));
   MergeOptions o;
