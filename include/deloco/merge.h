@@ -17,10 +17,12 @@
 //    null directions of M then also get σ̄, along the orthonormal completion the SVD routine returns (not
 //    unique; deterministic for one build). iso_c_fast cannot reproduce that completion: it returns σ̄·U_k V_kᵀ
 //    on the k directions it resolves (σ_i > max(m,n)·eps·σ_max) and leaves M's null space null, so on a
-//    rank-deficient M it differs from iso_c by exactly that completion. MergeOptions::iso_rank_threshold > 0
-//    switches both to the thresholded variant (drop σ_i ≤ threshold·σ_max, mean over the kept ones, null space
-//    stays null), where they agree. An all-zero matrix merges to zeros. No method returns NaN or Inf for finite
-//    inputs.
+//    rank-deficient M it differs from iso_c by exactly that completion (relative error √((r − k)/r); a full-rank
+//    M's directions below that limit are lost the same way). MergeOptions::iso_rank_threshold > 0 switches both
+//    to the thresholded variant (drop σ_i ≤ threshold·σ_max, mean over the kept ones, null space stays null),
+//    where they agree. iso_cts follows Iso-CTS: every direction gets the mean of the concatenated common and
+//    task-specific singular values, the common rank k makes (r − k) divisible by T (src/merge/iso_cts.cpp).
+//    An all-zero matrix merges to zeros. No method returns NaN or Inf for finite inputs.
 //  * Determinism: for a given seed, tensor name, round and inputs the result is bit-identical run to run and
 //    independent of the number of worker threads (random methods seed one CPU generator per tensor from
 //    (seed, name, round), so every outer step draws fresh masks).
