@@ -12,12 +12,20 @@
 //    in fp64) on the device of the inputs; the result has the dtype and device of deltas[0]. Inputs are never modified or retained.
 //  * Matrix methods (iso_c, iso_c_fast, iso_cts, tsv) view a tensor of rank ≥ 2 as the matrix
 //    shape[0] × (product of the other dims); a tensor of rank < 2 falls back to the weighted mean.
-//  * Rank-deficient inputs: singular values σ_i ≤ max(m,n)·eps(compute dtype)·σ_max count as zero. iso_c keeps
-//    the k numerically non-zero directions and gives each the mean of the k kept singular values (the nuclear norm
-//    is preserved); an all-zero matrix merges to zeros. No method returns NaN or Inf for finite inputs.
-//  * Determinism: for a given seed, tensor name and inputs the result is bit-identical run to run and
+//  * Iso methods follow the papers (Marczak et al. 2025; IsoLoCo): iso_c gives every one of the r = min(m,n)
+//    thin singular directions of M the mean σ̄ = (1/r)·Σ_{i≤r} σ_i, zeros included. Rank-deficient inputs: the
+//    null directions of M then also get σ̄, along the orthonormal completion the SVD routine returns (not
+//    unique; deterministic for one build). iso_c_fast cannot reproduce that completion: it returns σ̄·U_k V_kᵀ
+//    on the k directions it resolves (σ_i > max(m,n)·eps·σ_max) and leaves M's null space null, so on a
+//    rank-deficient M it differs from iso_c by exactly that completion (relative error √((r − k)/r); a full-rank
+//    M's directions below that limit are lost the same way). MergeOptions::iso_rank_threshold > 0 switches both
+//    to the thresholded variant (drop σ_i ≤ threshold·σ_max, mean over the kept ones, null space stays null),
+//    where they agree. iso_cts follows Iso-CTS: every direction gets the mean of the concatenated common and
+//    task-specific singular values, the common rank k makes (r − k) divisible by T (src/merge/iso_cts.cpp).
+//    An all-zero matrix merges to zeros. No method returns NaN or Inf for finite inputs.
+//  * Determinism: for a given seed, tensor name, round and inputs the result is bit-identical run to run and
 //    independent of the number of worker threads (random methods seed one CPU generator per tensor from
-//    (seed, name)).
+//    (seed, name, round), so every outer step draws fresh masks).
 //  * Errors throw MergeError naming the tensor and the problem: T = 0, shape/dtype/device mismatch, a
 //    non-finite value (naming the contribution), weights that do not match T or are negative/all zero, an
 //    unknown method name (listing the known ones), a bad option value.
@@ -50,6 +58,10 @@ struct MergeOptions {
   double dare_drop = 0.1;                     // dare: drop probability p; kept entries are scaled 1/(1−p)
   double iso_cts_common = 0.8;                // iso_cts: fraction of the rank given to the common subspace
   int iso_fast_polish = 1;                    // iso_c_fast: Newton–Schulz clean-up steps after the Gram solve
+  // iso_c, iso_c_fast: 0 = off, the papers' definition (mean over all r = min(m,n) singular values, every
+  // direction kept). In (0, 1): singular values ≤ iso_rank_threshold·σ_max are dropped with their directions
+  // and the mean is taken over the rest (nuclear norm preserved, null space stays null). iso_cts ignores it.
+  double iso_rank_threshold = 0.0;
   // Throws MergeError when a value is out of range.
   void validate() const;
 };
@@ -59,6 +71,9 @@ struct MergeInput {
   std::string name;                // used in error messages and to derive the per-tensor random stream
   std::vector<at::Tensor> deltas;  // Δ_1..Δ_T, same shape
   std::vector<double> weights;     // w_1..w_T, or empty for uniform
+  // The outer step / fragment version this merge belongs to; random methods (dare) mix it into their stream so
+  // every outer step draws fresh masks. Deterministic given (seed, name, round). Deterministic methods ignore it.
+  uint64_t round = 0;
 };
 
 class Merger {

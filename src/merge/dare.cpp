@@ -1,7 +1,8 @@
 // dare: drop and rescale. Every entry of every contribution is dropped independently with probability p
 // (dare_drop) and the survivors are scaled by 1/(1−p), so each contribution is unchanged in expectation; then
-// the weighted mean. The masks come from one CPU generator per tensor seeded by (seed, tensor name) and are
-// drawn contribution by contribution, so results do not depend on the device or on the thread count.
+// the weighted mean. The masks come from one CPU generator per tensor seeded by (seed, tensor name, round) —
+// MergeInput::round is the outer step, so every outer step draws fresh masks and no entry is starved of updates
+// — and are drawn contribution by contribution, so results do not depend on the device or on the thread count.
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 

@@ -1,7 +1,11 @@
-// iso_c: isotropic merging. M = Σ w_i Δ_i = U S Vᵀ (thin SVD); the result keeps the singular vectors and gives
-// every direction the mean singular value: mean(S)·U Vᵀ. Directions whose singular value is numerically zero
-// (≤ max(m,n)·eps·σ_max) are dropped and the mean is taken over the k kept ones, so the nuclear norm of M is
-// preserved and rank-deficient or all-zero matrices give finite results (zero for all-zero).
+// iso_c: isotropic merging (Marczak et al. 2025, "No Task Left Behind", Iso-C; IsoLoCo). M = Σ w_i Δ_i = U S Vᵀ
+// (thin SVD, r = min(m,n)); the result keeps the singular vectors and flattens the spectrum to its mean:
+//     σ̄ = (1/r)·Σ_{i=1..r} σ_i,   result = σ̄ · U Vᵀ   (all r thin directions, as in the papers).
+// Rank-deficient M: its zero singular values count in the mean and its null directions get σ̄ along the
+// orthonormal completion returned by the SVD routine (not unique; deterministic for one build). All-zero M:
+// σ̄ = 0, so the result is exactly zero.
+// Option iso_rank_threshold = τ > 0: singular values σ_i ≤ τ·σ_max are dropped with their directions and the
+// mean is taken over the k kept ones (nuclear norm preserved, null space stays null; zero matrix → zeros).
 #include <torch/torch.h>
 
 #include "merge/methods.h"
@@ -11,6 +15,7 @@ namespace {
 
 class IsoC final : public Merger {
  public:
+  explicit IsoC(double threshold) : threshold_(threshold) {}
   const char* name() const override { return "iso_c"; }
   bool needs_matrix() const override { return true; }
 
@@ -18,15 +23,19 @@ class IsoC final : public Merger {
   at::Tensor compute(const std::vector<at::Tensor>& d, const std::vector<double>& w, uint64_t) const override {
     at::Tensor M = weighted_sum(d, w);
     auto [U, S, Vh] = at::linalg_svd(M, /*full_matrices=*/false);
-    const int64_t k = numerical_rank(S, M);
+    if (threshold_ <= 0) return at::matmul(U, Vh).mul_(S.mean());
+    const double smax = S[0].item<double>();
+    const int64_t k = smax > 0 ? (S > threshold_ * smax).sum().item<int64_t>() : 0;
     if (k == 0) return at::zeros_like(M);
-    at::Tensor mean_s = S.narrow(0, 0, k).mean();
-    return at::matmul(U.narrow(1, 0, k), Vh.narrow(0, 0, k)).mul_(mean_s);
+    return at::matmul(U.narrow(1, 0, k), Vh.narrow(0, 0, k)).mul_(S.narrow(0, 0, k).mean());
   }
+
+ private:
+  double threshold_;
 };
 
 }  // namespace
 
-std::unique_ptr<Merger> make_iso_c(const MergeOptions&) { return std::make_unique<IsoC>(); }
+std::unique_ptr<Merger> make_iso_c(const MergeOptions& o) { return std::make_unique<IsoC>(o.iso_rank_threshold); }
 
 }  // namespace deloco::merge_detail

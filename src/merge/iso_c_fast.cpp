@@ -1,11 +1,20 @@
-// iso_c_fast: the iso_c target mean(S)·U Vᵀ without an SVD.
+// iso_c_fast: the iso_c target σ̄·U Vᵀ, σ̄ = (1/r)·Σ_{i≤r} σ_i (r = min(m,n)), without an SVD.
 //
 // For a tall view X (m ≥ n; a wide matrix is transposed) the polar factor is O = X (XᵀX)^{-1/2}. We take the
 // eigendecomposition of the small Gram matrix XᵀX = V Λ Vᵀ, form B = X V (whose columns are u_i σ_i) and use
 // the column norms of B as the singular values — they are accurate where √λ_i is not (λ_i below eps·λ_max).
-// Then O = B diag(1/σ_i) Vᵀ, with 1/σ_i := 0 for numerically-zero σ_i (same rule as iso_c). A few cubic
-// Newton–Schulz steps O ← O(3I − OᵀO)/2 clean up the remaining loss of orthogonality; they keep zero
-// directions at zero. Finally the scale is the exact identity mean(S) = ⟨O, X⟩_F / ‖O‖²_F (‖O‖²_F = rank).
+// Then O = B diag(1/σ_i) Vᵀ, with 1/σ_i := 0 for σ_i ≤ max(m,n)·eps·σ_max (below that the Gram method cannot
+// resolve a direction). A few cubic Newton–Schulz steps O ← O(3I − OᵀO)/2 clean up the remaining loss of
+// orthogonality; they keep zero directions at zero. Finally the scale is the exact identity
+// σ̄ = ⟨O, X⟩_F / r (for the exact polar factor ⟨U Vᵀ, U S Vᵀ⟩_F = Σ σ_i).
+//
+// Rank-deficient X: the polar factor is not unique there. iso_c fills the null directions with σ̄ along the
+// SVD routine's orthonormal completion; this method leaves them at zero and returns σ̄·U_k V_kᵀ on the k
+// resolved directions — the same σ̄ (the dropped σ_i are ≤ the resolution limit) and the same component on
+// M's range, so its relative error against iso_c is √((r − k)/r) plus round-off. A full-rank matrix whose
+// smallest singular values fall below the resolution limit loses those directions the same way.
+// With iso_rank_threshold = τ > 0 the cut-off is τ·σ_max and the scale is ⟨O, X⟩_F / ‖O‖²_F (the mean over
+// the kept directions), i.e. iso_c's thresholded variant, which it then matches.
 //
 // Cost: one Gram product, one symmetric eigendecomposition of size min(m,n), two (plus two per polish step)
 // matrix products — against a full SVD for iso_c. Accuracy is limited by the squared condition number of the
@@ -20,7 +29,7 @@ namespace {
 
 class IsoCFast final : public Merger {
  public:
-  explicit IsoCFast(int polish) : polish_(polish) {}
+  IsoCFast(int polish, double threshold) : polish_(polish), threshold_(threshold) {}
   const char* name() const override { return "iso_c_fast"; }
   bool needs_matrix() const override { return true; }
 
@@ -39,7 +48,8 @@ class IsoCFast final : public Merger {
     at::Tensor s = at::linalg_vector_norm(B, 2, {0}, false, c10::nullopt);
     const double smax = s.max().item<double>();
     if (!(smax > 0)) return at::zeros_like(M);
-    at::Tensor keep = s > smax * rank_tolerance(X);
+    const double cut = threshold_ > 0 ? threshold_ : rank_tolerance(X);
+    at::Tensor keep = s > smax * cut;
     at::Tensor inv = at::where(keep, s.reciprocal(), at::zeros_like(s));
     at::Tensor O = at::matmul(B.mul_(inv), V.t());
     for (int i = 0; i < polish_; ++i) {
@@ -47,20 +57,22 @@ class IsoCFast final : public Merger {
       G.diagonal().add_(1.5);
       O = at::matmul(O, G);
     }
-    const double oo = O.square().sum().item<double>();
-    if (!(oo > 0)) return at::zeros_like(M);
-    O.mul_(O.mul(X).sum().item<double>() / oo);
+    // The paper's mean over all r singular values, or (threshold on) the mean over the kept ones.
+    const double denom = threshold_ > 0 ? O.square().sum().item<double>() : static_cast<double>(X.size(1));
+    if (!(denom > 0)) return at::zeros_like(M);
+    O.mul_(O.mul(X).sum().item<double>() / denom);
     return wide ? O.t().contiguous() : O;
   }
 
  private:
   int polish_;
+  double threshold_;
 };
 
 }  // namespace
 
 std::unique_ptr<Merger> make_iso_c_fast(const MergeOptions& o) {
-  return std::make_unique<IsoCFast>(o.iso_fast_polish);
+  return std::make_unique<IsoCFast>(o.iso_fast_polish, o.iso_rank_threshold);
 }
 
 }  // namespace deloco::merge_detail

@@ -1,5 +1,7 @@
 // Properties of the merge methods that must hold whatever the implementation: identities, invariants,
 // hand-checkable examples, determinism, bad input.
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -108,27 +110,96 @@ TEST(MergeIsoC, FastVariantWithinToleranceOfExact) {
   }
 }
 
+TEST(MergeIsoC, MeanIsOverTheFullThinRank) {
+  // M = diag(3, 1) in a 3×2 matrix: r = 2, σ̄ = 2, result 2·[e1 e2].
+  at::Tensor M = at::zeros({3, 2}, at::kDouble);
+  M[0][0] = 3.0;
+  M[1][1] = 1.0;
+  at::Tensor want = at::zeros({3, 2}, at::kDouble);
+  want[0][0] = 2.0;
+  want[1][1] = 2.0;
+  for (const char* m : {"iso_c", "iso_c_fast"}) EXPECT_LT(rel_err(merge(m, {M}), want), 1e-6) << m;
+  // Rank-deficient diag(4, 0): the zero counts in the mean (σ̄ = 2, not 4). iso_c also gives the null
+  // direction σ̄, along the SVD's completion u₂v₂ᵀ (u₂ any unit vector of span(e2, e3): not unique), so check
+  // the range part and the spectrum.
+  at::Tensor D = at::zeros({3, 2}, at::kDouble);
+  D[0][0] = 4.0;
+  at::Tensor R = merge("iso_c", {D});
+  EXPECT_NEAR(R[0][0].item<double>(), 2.0, 1e-12);
+  EXPECT_NEAR(R[0][1].item<double>(), 0.0, 1e-12);
+  EXPECT_NEAR(R[1][0].item<double>(), 0.0, 1e-12);
+  EXPECT_NEAR(R[2][0].item<double>(), 0.0, 1e-12);
+  at::Tensor S = at::linalg_svdvals(R);
+  EXPECT_NEAR(S[0].item<double>(), 2.0, 1e-12);
+  EXPECT_NEAR(S[1].item<double>(), 2.0, 1e-12);
+  // iso_c_fast: same σ̄ on the range, null direction left at zero.
+  at::Tensor F = merge("iso_c_fast", {D});
+  at::Tensor range = at::zeros({3, 2}, at::kDouble);
+  range[0][0] = 2.0;
+  EXPECT_LT(rel_err(F, range), 1e-12);
+  // The option restores the thresholded variant: mean over the kept σ, null space stays null.
+  MergeOptions thr;
+  thr.iso_rank_threshold = 1e-6;
+  at::Tensor kept = at::zeros({3, 2}, at::kDouble);
+  kept[0][0] = 4.0;
+  for (const char* m : {"iso_c", "iso_c_fast"}) EXPECT_LT(rel_err(merge(m, {D}, {}, thr), kept), 1e-12) << m;
+}
+
 TEST(MergeIsoC, RankDeficientAndZeroMatricesStayFinite) {
   auto a = randn_list(2, {10, 2}, 7);
   auto b = randn_list(2, {2, 8}, 8);
-  std::vector<at::Tensor> d{at::matmul(a[0], b[0]), at::matmul(a[0], b[1])};  // rank ≤ 2 mean
+  std::vector<at::Tensor> d{at::matmul(a[0], b[0]), at::matmul(a[0], b[1])};  // rank ≤ 2 mean, r = 8
   at::Tensor M = (d[0] + d[1]) / 2;
-  at::Tensor S = at::linalg_svdvals(M.to(at::kDouble));
-  for (const char* m : {"iso_c", "iso_c_fast"}) {
-    at::Tensor R = merge(m, d);
-    ASSERT_TRUE(at::isfinite(R).all().item<bool>()) << m;
-    at::Tensor Sr = at::linalg_svdvals(R.to(at::kDouble));
-    const double want = S.narrow(0, 0, 2).mean().item<double>();
-    EXPECT_NEAR(Sr[0].item<double>(), want, 1e-4 * want) << m;
-    EXPECT_NEAR(Sr[1].item<double>(), want, 1e-4 * want) << m;
-    EXPECT_LT(Sr[2].item<double>(), 1e-4 * want) << m;  // null directions stay null
-  }
+  auto [U, S, Vh] = at::linalg_svd(M.to(at::kDouble), false);
+  const double sbar = S.sum().item<double>() / 8;  // the papers' mean over the full thin rank
+  at::Tensor Uk = U.narrow(1, 0, 2), Vk = Vh.narrow(0, 0, 2).t();
+  at::Tensor range = sbar * at::matmul(Uk, Vk.t());
+  at::Tensor R = merge("iso_c", d);
+  ASSERT_TRUE(at::isfinite(R).all().item<bool>());
+  at::Tensor Rd = R.to(at::kDouble);
+  EXPECT_LT(rel_err(at::matmul(Uk, at::matmul(Uk.t(), at::matmul(Rd, at::matmul(Vk, Vk.t())))), range), 1e-5);
+  at::Tensor Sr = at::linalg_svdvals(Rd);
+  EXPECT_LT((Sr - sbar).abs().max().item<double>(), 1e-5 * sbar);  // all 8 directions get σ̄
+  at::Tensor F = merge("iso_c_fast", d);
+  ASSERT_TRUE(at::isfinite(F).all().item<bool>());
+  EXPECT_LT(rel_err(F, range), 1e-5);                                // range part of iso_c, null space null
+  EXPECT_NEAR(rel_err(F, R), std::sqrt(6.0 / 8.0), 1e-4);           // documented gap to iso_c
+  MergeOptions thr;
+  thr.iso_rank_threshold = 1e-4;
+  at::Tensor kept = S.narrow(0, 0, 2).mean() * at::matmul(Uk, Vk.t());  // mean over the 2 kept
+  for (const char* m : {"iso_c", "iso_c_fast"}) EXPECT_LT(rel_err(merge(m, d, {}, thr), kept), 1e-5) << m;
+
   std::vector<at::Tensor> zeros{at::zeros({6, 5}), at::zeros({6, 5})};
-  for (const auto& m : merger_names()) {
-    at::Tensor R = merge(m, zeros);
-    EXPECT_TRUE(at::isfinite(R).all().item<bool>()) << m;
-    EXPECT_EQ(R.abs().max().item<float>(), 0.0f) << m;
+  for (const MergeOptions& o : {MergeOptions(), thr}) {
+    for (const auto& m : merger_names()) {
+      at::Tensor Z = merge(m, zeros, {}, o);
+      EXPECT_TRUE(at::isfinite(Z).all().item<bool>()) << m;
+      EXPECT_EQ(Z.abs().max().item<float>(), 0.0f) << m;
+    }
   }
+}
+
+TEST(MergeIsoCts, SingleContributionIsIsoC) {
+  // T = 1: k = ⌊0.8·r⌋, s = r − k; the residual's top s directions complete M's basis, every σ is M's.
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{12, 7}, {5, 9}}) {
+    auto d = randn_list(1, shape, 11, at::kDouble);
+    EXPECT_LT(rel_err(merge("iso_cts", d), merge("iso_c", d)), 1e-10);
+  }
+}
+
+TEST(MergeIsoCts, CommonRankMakesTheRestDivisibleByT) {
+  // r = 10, T = 4, c = 0.8: admissible k (T | r − k, k ≥ 1) are 10, 6, 2; 6 and 10 are both 2 from ⌊8⌋ and the
+  // tie goes to the larger common subspace, so k = r and the result is iso_c of the mean.
+  auto d = randn_list(4, {10, 10}, 12, at::kDouble);
+  EXPECT_LT(rel_err(merge("iso_cts", d), merge("iso_c", d)), 1e-10);
+  // c = 0.6: ⌊6⌋ is admissible, s = 1, task-specific directions enter and the result differs from iso_c.
+  MergeOptions o;
+  o.iso_cts_common = 0.6;
+  at::Tensor R = merge("iso_cts", d, {}, o);
+  EXPECT_GT(rel_err(R, merge("iso_c", d)), 1e-2);
+  // Whatever k, the spectrum is flat: r copies of σ̄.
+  at::Tensor S = at::linalg_svdvals(R);
+  EXPECT_LT((S - S.mean()).abs().max().item<double>(), 1e-10 * S.mean().item<double>());
 }
 
 TEST(MergeRda, NormDoesNotDependOnTForOrthogonalInputs) {
@@ -171,6 +242,27 @@ TEST(MergeDare, DropsRescalesAndIsDeterministicPerSeed) {
   EXPECT_FALSE(at::equal(r, make_merger("dare", o)->merge({"w", {x}, {}})));  // another seed
 }
 
+TEST(MergeDare, FreshMasksEveryRound) {
+  // Single contribution, p = 0.1: the syncer passes the outer step as MergeInput::round.
+  at::Tensor x = at::full({64, 64}, 1.0f);
+  auto m = make_merger("dare");
+  auto at_round = [&](uint64_t round) {
+    MergeInput in{"blocks.0.w", {x}, {}};
+    in.round = round;
+    return m->merge(in);
+  };
+  at::Tensor r1 = at_round(1), r2 = at_round(2);
+  EXPECT_FALSE(at::equal(r1 == 0, r2 == 0));  // different masks
+  EXPECT_TRUE(at::equal(r1, at_round(1)));    // same (seed, name, round): bit-identical
+  EXPECT_TRUE(at::equal(at_round(0), m->merge({"blocks.0.w", {x}, {}})));  // round defaults to 0
+  // Over 50 rounds every entry is kept at least once (P(an entry is never kept) = 0.1^50).
+  at::Tensor ever = at::zeros({64, 64}, at::kBool);
+  for (uint64_t round = 1; round <= 50; ++round) ever.logical_or_(at_round(round) != 0);
+  EXPECT_TRUE(ever.all().item<bool>());
+  // The kept fraction stays ≈ 0.9 per round (the round changes the stream, not the distribution).
+  EXPECT_NEAR((r2 != 0).to(at::kDouble).mean().item<double>(), 0.9, 0.02);
+}
+
 TEST(MergeErrors, BadInputNamesTheProblem) {
   auto m = make_merger("mean");
   auto expect_error = [&](const MergeInput& in, const std::string& needle) {
@@ -203,6 +295,16 @@ TEST(MergeErrors, BadInputNamesTheProblem) {
   bad = MergeOptions();
   bad.compute_dtype = at::kHalf;
   EXPECT_THROW(make_merger("mean", bad), MergeError);
+  for (double t : {-1e-3, 1.0, double(NAN), double(INFINITY)}) {
+    bad = MergeOptions();
+    bad.iso_rank_threshold = t;
+    try {
+      make_merger("iso_c", bad);
+      ADD_FAILURE() << t;
+    } catch (const MergeError& e) {
+      EXPECT_NE(std::string(e.what()).find("iso_rank_threshold"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(MergePlan, GlobRulesAndVectorFallback) {

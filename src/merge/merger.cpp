@@ -24,14 +24,21 @@ const Entry kMethods[] = {
 
 std::string where(const MergeInput& in) { return "tensor '" + in.name + "'"; }
 
-// Per-tensor seed: 64-bit FNV-1a of the name mixed with the user seed (splitmix64 finaliser).
-uint64_t tensor_seed(uint64_t seed, const std::string& name) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  uint64_t z = h + 0x9e3779b97f4a7c15ull * (seed + 1);
+uint64_t splitmix64_finalize(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+
+// Per-tensor, per-round seed: 64-bit FNV-1a of the name mixed with the user seed (splitmix64 finaliser), then,
+// for round ≠ 0, the round mixed in by one more finaliser step. Round 0 gives the streams of versions without
+// rounds. For fixed (seed, name) distinct non-zero rounds give distinct seeds (each step is a bijection).
+uint64_t tensor_seed(uint64_t seed, const std::string& name, uint64_t round) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  uint64_t z = splitmix64_finalize(h + 0x9e3779b97f4a7c15ull * (seed + 1));
+  if (round != 0) z = splitmix64_finalize(z + 0x9e3779b97f4a7c15ull * round);
+  return z;
 }
 
 }  // namespace
@@ -43,6 +50,8 @@ void MergeOptions::validate() const {
   if (!(dare_drop >= 0.0 && dare_drop < 1.0)) throw MergeError("dare_drop must be in [0, 1)");
   if (!(iso_cts_common > 0.0 && iso_cts_common <= 1.0)) throw MergeError("iso_cts_common must be in (0, 1]");
   if (iso_fast_polish < 0 || iso_fast_polish > 10) throw MergeError("iso_fast_polish must be in [0, 10]");
+  if (!(iso_rank_threshold >= 0.0 && iso_rank_threshold < 1.0))  // also rejects NaN and Inf
+    throw MergeError("iso_rank_threshold must be finite and in [0, 1) (0 = off)");
 }
 
 at::Tensor Merger::merge(const MergeInput& in) const {
@@ -96,7 +105,7 @@ at::Tensor Merger::merge(const MergeInput& in) const {
   if (needs_matrix() && first.dim() < 2)
     out = merge_detail::weighted_sum(xs, w);
   else
-    out = compute(xs, w, tensor_seed(seed_, in.name));
+    out = compute(xs, w, tensor_seed(seed_, in.name, in.round));
   if (!at::isfinite(out).all().item<bool>())
     throw MergeError(where(in) + ": method " + name() + " produced a non-finite value (please report)");
   return out.reshape(first.sizes()).to(first.scalar_type());
