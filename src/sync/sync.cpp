@@ -340,6 +340,7 @@ MergeOutcome Syncer::merge(int64_t fragment) {
     MergeInput in;
     in.name = name;
     in.weights = w;
+    in.round = static_cast<uint64_t>(r.version + 1);  // random methods (dare) draw fresh masks every outer step
     for (const auto& [m, c] : r.waiting) {
       // θ_m = Θ^v − Δ̂. Anchor base: Δ_m = Θ^v − θ_m = Δ̂. Anchor global: Δ_m = Θ − θ_m = Δ̂ + (Θ − Θ^v).
       if (opts_.delta_anchor == "base" || c.base_version == r.version) {

@@ -297,6 +297,32 @@ TEST(SyncSyncer, SyncTimeIncludesTheUpload) {
   EXPECT_DOUBLE_EQ(s.stats().sync.value, 0.5 * 3.5 + 0.5 * 0.5);
 }
 
+// With single-contribution merges, a DARE mask that depended only on the tensor name left the same ~10% of every
+// tensor without any outer update, forever. Each outer step now draws its own mask.
+TEST(SyncSyncer, DareDrawsANewMaskEveryOuterStep) {
+  SyncOptions o;
+  o.learners = 1;
+  o.quorum = 1;
+  std::vector<std::pair<std::string, at::Tensor>> g = {{"w", torch::zeros({64, 64})}};
+  MergePlan plan;
+  plan.method = "dare";
+  Syncer s(o, plan_fragments({{"w", 64 * 64 * 4}}, 1, 10), g, plan, OuterOptions{"sgd", 1.0, 0.0});
+  at::Tensor never = torch::ones({64, 64}, torch::kBool);
+  for (int v = 0; v < 30; ++v) {
+    Contribution c;
+    c.learner = 0;
+    c.deltas = {torch::full({64, 64}, -1.0f)};
+    c.base_version = v;
+    c.c_steps = c.c_tokens = 1;
+    ASSERT_EQ(s.receive(0, std::move(c)), "");
+    const at::Tensor before = s.global()[0].second.clone();
+    s.merge(0);
+    never &= s.global()[0].second.eq(before);
+  }
+  // p = 0.1: an element is dropped in all 30 steps with probability 1e-30.
+  EXPECT_EQ(never.sum().item<int64_t>(), 0);
+}
+
 TEST(SyncApply, OverwriteAndMix) {
   auto local = torch::full({3}, 2.0f);
   apply_global(local, torch::full({3}, 4.0f), 0.25);
