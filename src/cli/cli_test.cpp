@@ -221,3 +221,42 @@ TEST_F(Cli, CorruptTruncatedOrMismatchedCheckpointsAreRejected) {
 
 }  // namespace
 }  // namespace deloco
+
+namespace deloco {
+namespace {
+
+// A preset sets its outer rates unless the config names them, and the summary records what was used.
+TEST(CliPresets, IsolocoAloneYieldsItsOuterRatesInTheSummary) {
+  const fs::path dir = fs::temp_directory_path() / ("deloco_cli_preset_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string base = "sim --config " + kSrc + "/configs/tiny.toml --set data.path=" + kSrc +
+                           "/data/sotu --set train.steps=20 --set sync.learners=2 --set sync.quorum=1"
+                           " --set sync.sync_every=10 --set train.eval_tokens=512 --set train.threads=1";
+  auto r = run(base + " --set merge.preset=isoloco --set sim.out_dir=" + (dir / "a").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto s = nlohmann::json::parse(std::ifstream(dir / "a" / "summary.json"));
+  EXPECT_DOUBLE_EQ(s["config"]["outer"]["lr"].get<double>(), 1.8);
+  EXPECT_DOUBLE_EQ(s["config"]["outer"]["momentum"].get<double>(), 0.8);
+  EXPECT_EQ(s["config"]["outer"]["kind"].get<std::string>(), "nesterov");
+  // A rate the config names wins over the preset's.
+  r = run(base + " --set merge.preset=isoloco --set outer.lr=0.5 --set sim.out_dir=" + (dir / "b").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  s = nlohmann::json::parse(std::ifstream(dir / "b" / "summary.json"));
+  EXPECT_DOUBLE_EQ(s["config"]["outer"]["lr"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(s["config"]["outer"]["momentum"].get<double>(), 0.8);
+  // No preset named: diloco's.
+  r = run(base + " --set sim.out_dir=" + (dir / "c").string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  s = nlohmann::json::parse(std::ifstream(dir / "c" / "summary.json"));
+  EXPECT_EQ(s["config"]["merge"]["preset"].get<std::string>(), "diloco");
+  EXPECT_DOUBLE_EQ(s["config"]["outer"]["lr"].get<double>(), 0.7);
+  // An unknown preset names itself and the known ones.
+  r = run(base + " --set merge.preset=sparkle --set sim.out_dir=" + (dir / "d").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("sparkle"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iso_cts"), std::string::npos) << r.out;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco

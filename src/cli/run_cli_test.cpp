@@ -113,6 +113,19 @@ TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
   EXPECT_NE(r.out.find("restarted the syncer with --resume"), std::string::npos) << r.out;
 }
 
+// The hang of issue 10 with real processes: τ = 5 with waiting and a quorum of both learners. Each answer that
+// comes within τ steps is applied at send + τ and clears the wait; the run finishes with every merge holding both.
+TEST_F(RunCli, StreamingWithWaitingFinishes) {
+  auto r = run("run " + tiny(200, true) +
+               " --set sync.overlap=5 --set sync.wait_for_answer=true --set sync.quorum=2 --set sync.grace=false",
+               dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  expect_trained(s);
+  EXPECT_GE(s["outer_steps"].get<int64_t>(), 1);
+  EXPECT_EQ(s["contributions_merged"].get<int64_t>(), 2 * s["outer_steps"].get<int64_t>()) << s.dump();
+}
+
 TEST_F(RunCli, UnknownChaosKeyIsAConfigError) {
   auto r = run("run " + tiny(60, true) + " --set chaos.kill_every=3", dir_ / "out.log");
   EXPECT_EQ(r.code, 1) << r.out;

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/runtime.h"
 #include "deloco/sim.h"
 
 namespace deloco {
@@ -190,6 +191,52 @@ TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
   d.bind(schema);
   schema.apply_override("sim.bandwidth=-5");
   EXPECT_THROW(schema.validate(), ConfigError);
+}
+
+// The runtime's hang of issue 10 under the simulator: τ = 5 with waiting and K = 2 of 2. Every answer that comes
+// within τ steps clears its send; the run reaches train.steps with every fragment merged at each of its sends.
+TEST(SimStreaming, TauWithWaitingFinishesWithEveryRoundMerged) {
+  RunConfig run = sim_run(60);
+  SimConfig cfg;
+  cfg.sync.learners = 2;
+  cfg.sync.quorum = 2;
+  cfg.sync.fragments = 2;
+  cfg.sync.sync_every = 10;
+  cfg.sync.overlap = 5;
+  cfg.sync.wait_for_answer = true;
+  cfg.sim.latency = 0.3;  // answers take 2 × 0.3 s + merge: they arrive within τ steps
+  cfg.sim.merge_time = 0.1;
+  cfg.sim.speed_factors = {1.0, 1.5};
+  Simulator sim(run, cfg, sim_corpus());
+  int64_t merges = 0, both = 0;
+  auto res = sim.run([&](const nlohmann::json& j) {
+    if (j["kind"] != "merge") return;
+    ++merges;
+    both += j["quorum"].get<int64_t>() == 2 ? 1 : 0;
+  });
+  EXPECT_EQ(sim.learner(0).step(), 60);
+  EXPECT_EQ(sim.learner(1).step(), 60);
+  EXPECT_EQ(merges, 12);  // 60 / 10 sends of each of 2 fragments
+  EXPECT_EQ(both, 12);
+  EXPECT_GT(res.summary["waited_seconds"].get<double>(), 0.0);  // the fast learner waited for the slow one
+}
+
+// `deloco sim` and `deloco run` bind the same algorithm keys with the same defaults (one AlgorithmConfig).
+TEST(SimConfigCheck, SimAndRunShareTheAlgorithmDefaults) {
+  SimConfig sim;
+  RuntimeConfig rt;
+  RunConfig run;
+  ConfigSchema a, b;
+  run.bind(a);
+  sim.bind(a);
+  rt.bind(b);
+  a.validate();
+  b.validate();
+  const auto ja = a.to_json(), jb = b.to_json();
+  for (const char* section : {"sync", "merge", "outer"}) EXPECT_EQ(ja[section], jb[section]) << section;
+  for (const char* key : {"encoding", "broadcast_encoding", "error_feedback"}) EXPECT_EQ(ja["net"][key], jb["net"][key]);
+  EXPECT_EQ(ja["merge"]["preset"], "diloco");
+  EXPECT_EQ(ja["outer"]["lr"], 0.7);
 }
 
 }  // namespace
