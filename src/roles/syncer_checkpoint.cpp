@@ -1,0 +1,120 @@
+// The syncer's checkpoints (src/roles/syncer_node_impl.h): Θ, the outer optimizer state, fragment versions and
+// the counters, written atomically; restore_from() for --resume.
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "deloco/checkpoint.h"
+#include "deloco/fs.h"
+#include "syncer_node_impl.h"
+
+namespace deloco {
+namespace fs = std::filesystem;
+using proto::unix_now;
+
+nlohmann::json SyncerNode::Impl::counters() const {
+  nlohmann::json peers_j = nlohmann::json::array();
+  for (const auto& p : peers)
+    peers_j.push_back({{"step", p.step}, {"tokens", p.tokens}, {"busy", p.busy}, {"busy_done", p.busy_done},
+                       {"instance", fingerprint_hex(p.instance)}, {"joins", p.joins}});
+  std::vector<bool> ret(retired.begin(), retired.end());
+  return {{"merges", merges},
+          {"elapsed", elapsed()},
+          {"stalled", prior_stalled + stalled},
+          {"unix_time", unix_now()},
+          {"rejects", rejects},
+          {"peers", peers_j},
+          {"retired", ret},
+          {"grace_waits", grace_waits},
+          {"grace_wait_total", grace_wait_total}};
+}
+
+void SyncerNode::Impl::checkpoint() {
+  const double start = now();
+  int64_t n_retired = 0;
+  for (bool r : retired) n_retired += r ? 1 : 0;
+  std::ostringstream name;  // sorts by merges, then by retirements
+  name << "merges_" << std::setw(8) << std::setfill('0') << merges << "-r" << std::setw(4) << n_retired;
+  const fs::path dir = fs::path(cfg.syncer.out_dir) / "checkpoints" / name.str();
+  if (fs::exists(dir)) return;  // already written at this merge count (e.g. final == periodic)
+  nlohmann::json manifest;
+  manifest["kind"] = "syncer";
+  manifest["fingerprint"] = fingerprint_hex(fingerprint);
+  manifest["versions"] = core->versions();
+  manifest["contributions_merged"] = core->merged_contributions();
+  manifest["counters"] = counters();
+  manifest["step"] = merges;
+  TensorFile model, opt;
+  for (const auto& [n, t] : core->global()) model.tensors[n] = t.detach().to(torch::kCPU).clone();
+  for (const auto& [n, t] : core->outer_state()) opt.tensors[n] = t.detach().to(torch::kCPU).clone();
+  write_checkpoint(dir.string(), manifest, model, &opt);
+  write_file_atomic((fs::path(cfg.syncer.out_dir) / "latest").string(), name.str() + "\n");
+  // Keep the three newest.
+  std::vector<fs::path> all;
+  for (const auto& e : fs::directory_iterator(fs::path(cfg.syncer.out_dir) / "checkpoints"))
+    if (e.is_directory() && e.path().filename().string().rfind("merges_", 0) == 0) all.push_back(e.path());
+  std::sort(all.begin(), all.end());
+  for (size_t i = 0; i + 3 < all.size(); ++i) fs::remove_all(all[i]);
+  merges_at_ckpt = merges;
+  last_checkpoint = dir.string();
+  excuse_peers(now() - start);
+  emit({{"kind", "checkpoint"}, {"path", dir.string()}, {"merges", merges}});
+}
+
+void SyncerNode::Impl::restore_from(const std::string& out_dir) {
+  Checkpoint ck = read_checkpoint(out_dir, /*with_optimizer=*/true);
+  const auto& man = ck.manifest;
+  if (man.value("kind", std::string()) != "syncer")
+    throw CheckpointError("'" + ck.dir + "' is not a syncer checkpoint (kind '" + man.value("kind", std::string()) + "')");
+  if (man.value("fingerprint", std::string()) != fingerprint_hex(fingerprint))
+    throw CheckpointError("'" + ck.dir + "' holds a model with fingerprint " + man.value("fingerprint", std::string()) +
+                          ", this config builds " + fingerprint_hex(fingerprint));
+  try {
+    core->restore(ck.model.tensors, ck.optimizer.tensors, man.at("versions").get<std::vector<int64_t>>(),
+                  man.at("contributions_merged").get<int64_t>());
+    const auto& c = man.at("counters");
+    merges = merges_at_ckpt = c.at("merges").get<int64_t>();
+    prior_elapsed = c.at("elapsed").get<double>();
+    // The syncer was down from (at the latest) the checkpoint until now: counted as stalled (conservative).
+    const double down = std::max(0.0, unix_now() - c.at("unix_time").get<double>());
+    prior_elapsed += down;
+    prior_stalled = c.at("stalled").get<double>() + down;
+    rejects = c.at("rejects").get<std::map<std::string, int64_t>>();
+    grace_waits = c.value("grace_waits", int64_t{0});
+    grace_wait_total = c.value("grace_wait_total", 0.0);
+    const auto& pj = c.at("peers");
+    const auto ret = c.at("retired").get<std::vector<bool>>();
+    if (static_cast<int64_t>(pj.size()) != M || static_cast<int64_t>(ret.size()) != M)
+      throw CheckpointError("'" + ck.dir + "' was written for " + std::to_string(pj.size()) + " learners, not " +
+                            std::to_string(M));
+    for (int64_t m = 0; m < M; ++m) {
+      peers[m].step = pj[m].at("step").get<int64_t>();
+      peers[m].tokens = pj[m].at("tokens").get<int64_t>();
+      peers[m].busy = pj[m].at("busy").get<double>();
+      peers[m].busy_done = pj[m].at("busy_done").get<double>();
+      peers[m].instance = parse_fingerprint_hex(pj[m].at("instance").get<std::string>());
+      peers[m].joins = pj[m].at("joins").get<int64_t>();
+      if (ret[m]) {
+        retired[m] = true;
+        core->retire(now(), m);
+      }
+      // It had finished but the syncer died before its goodbye: it will not come back.
+      if (!ret[m] && peers[m].step >= cfg.run.train.steps) {
+        retired[m] = true;
+        core->retire(now(), m);
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw CheckpointError("'" + ck.dir + "/manifest.json' is missing syncer fields: " + e.what());
+  } catch (const SyncError& e) {
+    throw CheckpointError("'" + ck.dir + "': " + e.what());
+  }
+  resumed = true;
+  first_join = 0;  // a resumed cluster was already running: its clock continues at once
+  last_checkpoint = ck.dir;
+}
+
+}  // namespace deloco

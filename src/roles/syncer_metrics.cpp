@@ -1,0 +1,76 @@
+// The syncer's Prometheus text and summary (src/roles/syncer_node_impl.h).
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "deloco/checkpoint.h"
+#include "deloco/fs.h"
+#include "syncer_node_impl.h"
+
+namespace deloco {
+namespace fs = std::filesystem;
+using proto::unix_now;
+
+void SyncerNode::Impl::update_prometheus() {
+  const auto st = tx->stats();
+  std::ostringstream o;
+  auto metric = [&](const char* name, const char* type, const char* help, double v) {
+    o << "# HELP deloco_" << name << " " << help << "\n# TYPE deloco_" << name << " " << type << "\ndeloco_"
+      << name << " " << v << "\n";
+  };
+  metric("learners_alive", "gauge", "Learners currently connected.", static_cast<double>(alive_count()));
+  metric("learners", "gauge", "Configured learners (M).", static_cast<double>(M));
+  metric("quorum", "gauge", "Configured minimum quorum (K).", static_cast<double>(cfg.sync.quorum));
+  metric("merges_total", "counter", "Fragment merges (outer steps).", static_cast<double>(merges));
+  metric("contributions_merged_total", "counter", "Contributions merged.",
+         static_cast<double>(core->merged_contributions()));
+  metric("grace_waits_total", "counter", "Merges that waited in the grace window.", static_cast<double>(grace_waits));
+  metric("grace_wait_seconds_total", "counter", "Seconds spent in grace windows.", grace_wait_total);
+  metric("bytes_in_total", "counter", "Bytes received.", static_cast<double>(st.bytes_in));
+  metric("bytes_out_total", "counter", "Bytes sent.", static_cast<double>(st.bytes_out));
+  metric("auth_denied_total", "counter", "Connections refused by the CURVE allow-list.", static_cast<double>(st.auth_denied));
+  metric("global_step", "gauge", "Largest inner step reported by a learner.", [&] {
+    int64_t s = 0;
+    for (const auto& p : peers) s = std::max(s, p.step);
+    return static_cast<double>(s);
+  }());
+  metric("tokens_total", "counter", "Tokens trained by all learners.", static_cast<double>(total_tokens()));
+  metric("uptime_ratio", "gauge", "Fraction of wall time in which global training was not stalled.", uptime());
+  if (have_eval) metric("validation_loss", "gauge", "Validation loss of the global model (nats/byte).", last_eval_result.loss);
+  o << "# HELP deloco_rejects_total Messages rejected, by reason.\n# TYPE deloco_rejects_total counter\n";
+  for (const auto& [k, v] : rejects) o << "deloco_rejects_total{reason=\"" << k << "\"} " << v << "\n";
+  std::lock_guard<std::mutex> lock(prom_mu);
+  prom_text = o.str();
+}
+
+nlohmann::json SyncerNode::Impl::summary(double wall) const {
+  const auto st = tx->stats();
+  int64_t tokens = total_tokens();
+  nlohmann::json s{{"final_val_loss", have_eval ? last_eval_result.loss : std::nan("")},
+                   {"val_bpb", have_eval ? last_eval_result.bpb : std::nan("")},
+                   {"tokens", tokens},
+                   {"wall_seconds", wall},
+                   {"outer_steps", merges},
+                   {"uptime", uptime()},
+                   {"goodput", goodput()},
+                   {"bytes_sent", st.bytes_out},
+                   {"bytes_received", st.bytes_in},
+                   {"contributions_merged", core->merged_contributions()},
+                   {"contributions_rejected", total_rejects()},
+                   {"rejects", rejects},
+                   {"grace_waits", grace_waits},
+                   {"auth_denied", st.auth_denied},
+                   {"handshake_failures", st.handshake_failures},
+                   {"resumed", resumed},
+                   {"learners", M},
+                   {"checkpoint", last_checkpoint}};
+  nlohmann::json joins = nlohmann::json::array();
+  for (const auto& p : peers) joins.push_back(p.joins);
+  s["joins"] = joins;
+  return s;
+}
+
+}  // namespace deloco

@@ -1,0 +1,162 @@
+// src/roles/syncer_node_impl.h — the syncer process's state, shared by its three files:
+//   syncer_node.cpp        messages (hello, push, heartbeat, leave), merging and broadcasting, housekeeping, run()
+//   syncer_checkpoint.cpp  atomic checkpoints of Θ, the outer state and the counters; --resume
+//   syncer_metrics.cpp     the Prometheus text and the summary
+// Private to src/roles; everything runs on the syncer's one thread (the Prometheus text is guarded by prom_mu).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/runtime.h"
+#include "protocol.h"
+
+namespace deloco {
+
+namespace syncer_detail {
+
+struct Peer {
+  std::string route;        // transport peer id ("" : no live connection)
+  std::string identity;     // CURVE allow-list name
+  uint64_t instance = 0;
+  bool alive = false;
+  double last_heard = -1e9;
+  double last_beat_sent = -1e9;
+  int64_t step = 0, tokens = 0;
+  double busy = 0;          // busy seconds of the current instance
+  double busy_done = 0;     // busy seconds of earlier instances
+  double step_time = 0;
+  int64_t joins = 0;
+};
+
+}  // namespace syncer_detail
+
+struct SyncerNode::Impl {
+  RuntimeConfig cfg;
+  std::unique_ptr<ServerTransport> tx;
+  RecordSink record;
+  int64_t M = 0;
+  std::unique_ptr<Workload> evaluator;  // holds a model replica to evaluate Θ
+  std::unique_ptr<Syncer> core;
+  std::vector<proto::Layout> layouts;  // per fragment
+  proto::Layout model_layout;
+  uint64_t fingerprint = 0;
+  WireLimits limits;
+  Encoding broadcast_enc = Encoding::kFp32;
+  std::vector<syncer_detail::Peer> peers;
+  std::map<std::string, int64_t> route_to_id;
+  std::vector<double> timers;  // per fragment: call decide again at this time (< 0: none)
+  std::unique_ptr<MetricsServer> metrics;
+
+  // Clock and accounting.
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  double prior_elapsed = 0, prior_stalled = 0;  // from earlier incarnations (resume)
+  double first_join = -1;  // steady time of the first hello (or of the resume): the uptime clock's origin
+  double stalled = 0, last_account = 0, last_status = -1e9, last_eval = 0, last_merge_t = -1;
+  int64_t merges = 0, merges_at_ckpt = 0, evals = 0, grace_waits = 0;
+  double grace_wait_total = 0;
+  std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
+  std::map<std::string, std::pair<double, int64_t>> reject_log;  // reason → (window start, records logged)
+  EvalResult last_eval_result;
+  bool have_eval = false;
+  bool resumed = false;
+  std::string last_checkpoint;
+
+  // Prometheus snapshot.
+  mutable std::mutex prom_mu;
+  std::string prom_text;
+
+  double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  void emit(nlohmann::json j) {
+    j["t"] = unix_now();
+    if (record) record(j);
+  }
+  int64_t alive_count() const {
+    int64_t n = 0;
+    for (const auto& p : peers) n += p.alive ? 1 : 0;
+    return n;
+  }
+  int64_t total_tokens() const {
+    int64_t n = 0;
+    for (const auto& p : peers) n += p.tokens;
+    return n;
+  }
+  bool all_retired() const {
+    for (int64_t m = 0; m < M; ++m)
+      if (!retired[m]) return false;
+    return true;
+  }
+  std::vector<bool> retired;
+
+  // ---- rejections -------------------------------------------------------------------------------------------
+  // `counter`: the name counted and logged ("" : the code's name; the core's own reasons are finer).
+  void reject(const std::string& route, int64_t learner, int64_t fragment, proto::RejectReason code, const std::string& detail,
+              const std::string& counter = "");
+
+
+  void send_to(int64_t m, const proto::Frame& f) {
+    if (!peers[m].alive || peers[m].route.empty()) return;
+    tx->send(peers[m].route, f.header, f.payload);
+  }
+
+  // A learner finished: it no longer counts towards the quorum. Checkpointed at once, so a resumed syncer does
+  // not wait for a learner that will never come back.
+  void retire(int64_t m, const char* how);
+
+  // ---- messages -------------------------------------------------------------------------------------------
+  void handle(const Envelope& env);
+
+  void on_hello(const Envelope& env, const MessageHeader& h, double t);
+
+  // Bytes does not expose its owner; keep the shared buffer alive through a copy of the Bytes itself.
+  static std::shared_ptr<const void> owner_of(const Bytes& b) { return std::make_shared<Bytes>(b); }
+
+  void on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t);
+
+  // ---- merging --------------------------------------------------------------------------------------------
+  // force: merge whatever waits regardless of the quorum (at the end, when nobody can send again).
+  void try_merge(int64_t p, bool force = false);
+
+  // ---- evaluation, checkpoints, status -----------------------------------------------------------------------
+  // Time the syncer spent not listening (an evaluation, a checkpoint) is not the learners' silence.
+  void excuse_peers(double busy_seconds) {
+    for (auto& p : peers) p.last_heard += busy_seconds;
+  }
+
+  void evaluate(const char* kind);
+
+  nlohmann::json counters() const;
+
+  void checkpoint();
+
+  void restore_from(const std::string& out_dir);
+
+  double elapsed() const { return prior_elapsed + (first_join >= 0 ? now() - first_join : 0.0); }
+  double uptime() const {
+    const double el = elapsed();
+    return el > 0 ? 1.0 - (prior_stalled + stalled) / el : 1.0;
+  }
+  double goodput() const;
+
+  void housekeeping();
+
+  int64_t total_rejects() const {
+    int64_t n = 0;
+    for (const auto& [k, v] : rejects) n += v;
+    return n;
+  }
+
+  double next_wakeup() const;
+
+  void update_prometheus();
+
+  nlohmann::json summary(double wall) const;
+};
+
+}  // namespace deloco
