@@ -1,4 +1,4 @@
-// Fault tests of the distributed runtime with real processes over the real transport (issue 5, "Bad input and
+// Fault tests of the distributed runtime with real processes over the real transport ("Bad input and
 // faults"): `deloco syncer` and `deloco learner` are started from DELOCO_BINARY, killed with real signals, and
 // attacked from this test process with raw ZeroMQ and TCP peers. Every wait polls a file or socket with a deadline.
 #include <arpa/inet.h>
