@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include "deloco/merge.h"
+#include "deloco/wire.h"
 #include "merge/methods.h"
 
 namespace deloco {
@@ -34,8 +35,7 @@ uint64_t splitmix64_finalize(uint64_t z) {
 // for round ≠ 0, the round mixed in by one more finaliser step. Round 0 gives the streams of versions without
 // rounds. For fixed (seed, name) distinct non-zero rounds give distinct seeds (each step is a bijection).
 uint64_t tensor_seed(uint64_t seed, const std::string& name, uint64_t round) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  const uint64_t h = fnv1a64(name.data(), name.size());
   uint64_t z = splitmix64_finalize(h + 0x9e3779b97f4a7c15ull * (seed + 1));
   if (round != 0) z = splitmix64_finalize(z + 0x9e3779b97f4a7c15ull * round);
   return z;
