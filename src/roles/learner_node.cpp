@@ -316,8 +316,8 @@ struct LearnerNode::Impl {
   }
 
   // ================================ main thread ================================
-  // Hands a downloaded state and received answers to the core; applies what is due. Returns seconds spent.
-  void take_received() {
+  // Hands a downloaded state and received answers to the core. Returns true when a state was installed.
+  bool take_received() {
     std::optional<State> st;
     std::map<int64_t, Answer> answers;
     {
@@ -327,6 +327,7 @@ struct LearnerNode::Impl {
     }
     if (st) core->install(st->flat, st->welcome.versions);
     for (auto& [p, a] : answers) core->receive(p, a.version, a.flat);
+    return st.has_value();
   }
 
   void publish_versions() {
@@ -420,11 +421,12 @@ struct LearnerNode::Impl {
         std::lock_guard<std::mutex> lock(mu);
         if (!fatal.empty()) throw std::runtime_error(fatal);
       }
-      take_received();
+      const bool installed = take_received();
       const int64_t step = work->step();
-      for (const auto& a : core->apply_due(step))
+      const std::vector<Applied> applied = core->apply_due(step);
+      for (const auto& a : applied)
         emit({{"kind", "apply"}, {"fragment", a.fragment}, {"version", a.version}, {"step", step}});
-      publish_versions();
+      if (installed || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
       comm_seconds += secs(c0, clk::now());
       // Synchronous / streaming DiLoCo: the core says which answers must come first. Wait only while joined: the
       // answer of a syncer that went away will not come (the learner trains on and joins again).

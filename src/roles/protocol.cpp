@@ -1,7 +1,6 @@
 // JSON control bodies and flat-vector layouts (see protocol.h).
 #include "protocol.h"
 
-#include <chrono>
 #include <cmath>
 #include <map>
 #include <cstring>

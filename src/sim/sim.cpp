@@ -223,32 +223,31 @@ struct Simulator::Impl {
     L.useful += L.step_duration;
     if (step % cfg.sim.log_every == 0 || step == run.train.steps)
       emit({{"kind", "learner"}, {"learner", e.learner}, {"step", step}, {"loss", r.loss}});
-    for (Push& push : L.core->after_step(step, r.tokens, L.step_duration)) {
+    for (Push& out : L.core->after_step(step, r.tokens, L.step_duration)) {
       // Decoded exactly as the syncer node decodes a fragment_push.
-      const FlatLayout& lay = layouts[push.fragment];
+      const FlatLayout& lay = layouts[out.fragment];
       at::Tensor flat = torch::empty({lay.elements}, torch::kFloat);
-      decode_floats_into(push.payload.data(), push.payload.size(), push.encoding, static_cast<size_t>(lay.elements),
+      decode_floats_into(out.payload.data(), out.payload.size(), out.encoding, static_cast<size_t>(lay.elements),
                          flat.data_ptr<float>());
       auto c = std::make_shared<Contribution>();
       c->learner = e.learner;
-      c->fragment = push.fragment;
+      c->fragment = out.fragment;
       c->deltas = unflatten(flat, lay);
-      c->base_version = push.base_version;
-      c->c_steps = push.c_steps;
-      c->c_tokens = push.c_tokens;
-      c->step_time = push.step_time;
-      const int64_t bytes = frame_bytes(static_cast<int64_t>(push.payload.size()));
+      c->base_version = out.base_version;
+      c->c_steps = out.c_steps;
+      c->c_tokens = out.c_tokens;
+      c->step_time = out.step_time;
+      const int64_t bytes = frame_bytes(static_cast<int64_t>(out.payload.size()));
       bytes_up += bytes;
       ++inflight;
       Event a;
       a.t = now + transfer(bytes);
       a.kind = kArrive;
       a.contribution = c;
-      push_event(a);
+      push(a);
     }
     boundary(e.learner);
   }
-  void push_event(Event e) { push(std::move(e)); }
 
   void on_arrive(std::shared_ptr<Contribution> c, bool from_network = true) {
     if (from_network) --inflight;
