@@ -4,7 +4,7 @@
 // Each learner m minimises ‖w − A_m‖² + ‖b − c_m‖² by plain gradient descent (its "inner steps"), so alone it would
 // go to its own target; the merged global model must go to the average target (Ā, c̄), the minimiser of the sum.
 // The program drives both halves of deloco's core exactly as deloco's own drivers do:
-//   learner: LearnerCore::after_step → pushes (int8 outer gradients with error feedback) → decoded for the syncer
+//   learner: LearnerCore::after_step → pushes (int8 outer gradients with error feedback) → decode_push for the syncer
 //   syncer:  Syncer::receive → decide → merge (quorum K = 3 of 3, the "diloco" preset: mean + Nesterov)
 //   back:    the merged fragment → LearnerCore::receive → apply_due at the next boundary
 // Build it in-tree (target example_toy_cluster) or against an installed deloco (examples/CMakeLists.txt:
@@ -18,7 +18,6 @@
 
 #include "deloco/algorithm.h"
 #include "deloco/learner.h"
-#include "deloco/quantize.h"
 #include "deloco/sync.h"
 
 using deloco::AlgorithmConfig;
@@ -79,17 +78,7 @@ int main() {
       for (const deloco::Push& p : L.core->after_step(step, /*tokens=*/100, /*seconds=*/1.0)) {
         // What a syncer node does with a fragment_push: decode the payload, hand it to the core.
         const auto& layout = L.core->layout(p.fragment);
-        at::Tensor flat = torch::empty({layout.elements});
-        deloco::decode_floats_into(p.payload.data(), p.payload.size(), p.encoding,
-                                   static_cast<size_t>(layout.elements), flat.data_ptr<float>());
-        deloco::Contribution c;
-        c.learner = m;
-        c.fragment = p.fragment;
-        c.deltas = deloco::unflatten(flat, layout);
-        c.base_version = p.base_version;
-        c.c_steps = p.c_steps;
-        c.c_tokens = p.c_tokens;
-        c.step_time = p.step_time;
+        deloco::Contribution c = deloco::decode_push(m, p, layout);
         const std::string why = syncer.receive(t, std::move(c));
         if (!why.empty()) std::printf("rejected: %s\n", why.c_str());
         if (syncer.decide(t, p.fragment).kind != deloco::RoundDecision::kMerge) continue;

@@ -61,6 +61,16 @@ struct Push {
   std::string payload;        // Δ_p encoded in `encoding` (wire.h payload layout)
 };
 
+// What the syncer makes of a fragment push: the payload (`bytes` bytes in `encoding`, the fragment's layout)
+// decoded into the contribution's outer gradients, plus the header's fields. The one decoder of pushes, used by the
+// syncer node and the simulator alike. Throws WireError for a payload that does not match the layout or holds a
+// non-finite value (the message names which).
+Contribution decode_push(int64_t learner, int64_t fragment, const FlatLayout& layout, Encoding encoding,
+                         const void* payload, size_t bytes, int64_t base_version, int64_t c_steps, int64_t c_tokens,
+                         double step_time);
+// The same for a Push the caller holds (the simulator, embedding programs).
+Contribution decode_push(int64_t learner, const Push& push, const FlatLayout& layout);
+
 struct Applied {
   int64_t fragment = 0;
   int64_t version = 0;

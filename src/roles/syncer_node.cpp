@@ -227,22 +227,14 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
                   "fragment " + std::to_string(p) + " has " + std::to_string(L.elements) + " elements, push has " +
                       std::to_string(h.element_count));
   if (h.encoding == Encoding::kRaw) return reject(env.peer, m, p, RejectReason::kMalformedFrame, "push must carry floats");
-  at::Tensor flat = torch::empty({L.elements}, torch::kFloat);
+  Contribution c;
   try {
-    decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(L.elements),
-                       flat.data_ptr<float>());
+    c = decode_push(m, p, L, h.encoding, env.payload.data(), env.payload.size(), static_cast<int64_t>(h.round),
+                    static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time);
   } catch (const WireError& e) {
     const std::string what = e.what();
     return reject(env.peer, m, p, what.find("finite") != std::string::npos ? RejectReason::kNonFinite : RejectReason::kMalformedFrame, what);
   }
-  Contribution c;
-  c.learner = m;
-  c.fragment = p;
-  c.deltas = unflatten(flat, L);
-  c.base_version = static_cast<int64_t>(h.round);
-  c.c_steps = static_cast<int64_t>(h.c_steps);
-  c.c_tokens = static_cast<int64_t>(h.c_tokens);
-  c.step_time = peers[m].step_time;
   const std::string why = core->receive(t, std::move(c));
   if (!why.empty()) return reject(env.peer, m, p, proto::reject_reason_from_core(why), "refused by the syncer core: " + why, why);
   try_merge(p);

@@ -225,18 +225,7 @@ struct Simulator::Impl {
       emit({{"kind", "learner"}, {"learner", e.learner}, {"step", step}, {"loss", r.loss}});
     for (Push& out : L.core->after_step(step, r.tokens, L.step_duration)) {
       // Decoded exactly as the syncer node decodes a fragment_push.
-      const FlatLayout& lay = layouts[out.fragment];
-      at::Tensor flat = torch::empty({lay.elements}, torch::kFloat);
-      decode_floats_into(out.payload.data(), out.payload.size(), out.encoding, static_cast<size_t>(lay.elements),
-                         flat.data_ptr<float>());
-      auto c = std::make_shared<Contribution>();
-      c->learner = e.learner;
-      c->fragment = out.fragment;
-      c->deltas = unflatten(flat, lay);
-      c->base_version = out.base_version;
-      c->c_steps = out.c_steps;
-      c->c_tokens = out.c_tokens;
-      c->step_time = out.step_time;
+      auto c = std::make_shared<Contribution>(decode_push(e.learner, out, layouts[out.fragment]));
       const int64_t bytes = frame_bytes(static_cast<int64_t>(out.payload.size()));
       bytes_up += bytes;
       ++inflight;

@@ -41,6 +41,27 @@ std::vector<at::Tensor> unflatten(const at::Tensor& flat, const FlatLayout& layo
   return out;
 }
 
+Contribution decode_push(int64_t learner, int64_t fragment, const FlatLayout& layout, Encoding encoding,
+                         const void* payload, size_t bytes, int64_t base_version, int64_t c_steps, int64_t c_tokens,
+                         double step_time) {
+  at::Tensor flat = torch::empty({layout.elements}, torch::kFloat);
+  decode_floats_into(payload, bytes, encoding, static_cast<size_t>(layout.elements), flat.data_ptr<float>());
+  Contribution c;
+  c.learner = learner;
+  c.fragment = fragment;
+  c.deltas = unflatten(flat, layout);
+  c.base_version = base_version;
+  c.c_steps = c_steps;
+  c.c_tokens = c_tokens;
+  c.step_time = step_time;
+  return c;
+}
+
+Contribution decode_push(int64_t learner, const Push& p, const FlatLayout& layout) {
+  return decode_push(learner, p.fragment, layout, p.encoding, p.payload.data(), p.payload.size(), p.base_version,
+                     p.c_steps, p.c_tokens, p.step_time);
+}
+
 LearnerCore::LearnerCore(const SyncOptions& opts, std::vector<Fragment> fragments,
                          std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
                          Encoding push_encoding, bool error_feedback)
