@@ -204,6 +204,8 @@ class Syncer {
     int64_t version = 0;
   };
   RoundState round_state(int64_t fragment) const;
+  // Records the time fragment p's round first holds the effective quorum (it opens the grace window, feeds ξ_quorum).
+  void mark_quorum(double now, int64_t fragment);
   std::string check(const Contribution& c) const;
   at::Tensor& global_tensor(const std::string& name);
 

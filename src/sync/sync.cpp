@@ -161,13 +161,8 @@ void Syncer::retire(double now, int64_t learner) {
   retired_.at(static_cast<size_t>(learner)) = true;
   connected_.at(static_cast<size_t>(learner)) = false;
   for (size_t f = 0; f < rounds_.size(); ++f) {
-    Round& r = rounds_[f];
-    // The lowered quorum is reached now: the grace window starts now, as after a K-th arrival.
-    if (r.quorum_time < 0 && !r.waiting.empty() &&
-        static_cast<int64_t>(r.waiting.size()) >= effective_quorum(round_state(static_cast<int64_t>(f)), opts_)) {
-      r.quorum_time = now;
-      stats_.quorum.add(now - r.first_arrival, opts_.ema);
-    }
+    // A lowered quorum reached now starts its grace window now, as after a K-th arrival.
+    mark_quorum(now, static_cast<int64_t>(f));
     prune_history(static_cast<int64_t>(f));
   }
 }
@@ -286,11 +281,16 @@ std::string Syncer::receive(double now, Contribution c) {
   auto& fl = floor_[static_cast<size_t>(learner)][static_cast<size_t>(fragment)];
   fl = std::max(fl, c.base_version);  // it will never again reference an older version of this fragment
   r.waiting[learner] = std::move(c);
-  if (r.quorum_time < 0 && static_cast<int64_t>(r.waiting.size()) >= effective_quorum(round_state(fragment), opts_)) {
-    r.quorum_time = now;
-    stats_.quorum.add(now - r.first_arrival, opts_.ema);
-  }
+  mark_quorum(now, fragment);
   return "";
+}
+
+void Syncer::mark_quorum(double now, int64_t fragment) {
+  Round& r = rounds_.at(static_cast<size_t>(fragment));
+  if (r.quorum_time >= 0 || r.waiting.empty()) return;
+  if (static_cast<int64_t>(r.waiting.size()) < effective_quorum(round_state(fragment), opts_)) return;
+  r.quorum_time = now;
+  stats_.quorum.add(now - r.first_arrival, opts_.ema);
 }
 
 RoundState Syncer::round_state(int64_t fragment) const {
