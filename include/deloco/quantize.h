@@ -9,7 +9,8 @@
 // For int8/int4 every element is within half a quantization step (scale / 2) of its input.
 //
 // Contract
-//  * encode_floats() rejects non-finite input (and finite values that overflow bf16) with a WireError naming the
+//  * encode_floats() rejects non-finite input (and finite values that overflow bf16, or an int8/int4 block whose
+//    max|x| is so close to FLT_MAX that q · scale would overflow) with a WireError naming the
 //    index and value. decode_floats() rejects a payload whose size does not match the encoding and n, a negative
 //    or non-finite scale, and any non-finite decoded value (index named), so garbage never reaches a merge.
 //  * Output buffers are the caller's; sizes are those of encoded_bytes() (wire.h). Pure and reentrant.

@@ -54,6 +54,11 @@ void encode_blocks(const float* x, size_t n, int qmax, bool nibbles, char* out) 
     float amax = 0.f;
     for (size_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
     const float scale = amax / static_cast<float>(qmax);
+    // Decoding computes q × scale in float: for |x| within a rounding of FLT_MAX that product overflows to inf,
+    // so such a block cannot be represented (found by fuzz/fuzz_codecs).
+    if (!std::isfinite(scale * static_cast<float>(qmax)))
+      throw WireError("quantize: block " + std::to_string(b) + " has |x| up to " + show(amax) + ", too large for " +
+                      (nibbles ? "int4" : "int8") + " (its decoded values would overflow)");
     put_u32(out + 4 * b, float_bits(scale));
     for (size_t i = lo; i < hi; ++i) {
       // x/scale rather than x*inv keeps the rounding within half a step of the exact quotient.

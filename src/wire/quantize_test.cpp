@@ -173,5 +173,38 @@ TEST(Quantize, DecodeRejectsBadPayloads) {
   EXPECT_THROW(decode_floats(b16.data(), b16.size(), Encoding::kBf16, 100), WireError);
 }
 
+// Found by fuzz/fuzz_codecs: a block whose max |x| is within a rounding of FLT_MAX encoded "fine" but decoded to
+// inf (q · scale overflows), so a learner's own push was refused by the syncer as non-finite. The encoder refuses it.
+TEST(Quantize, BlockNearFloatMaxIsRefusedAtEncodeNotAtDecode) {
+  std::vector<float> x(10, 1.0f);
+  x[3] = -std::numeric_limits<float>::max();
+  try {
+    encode_floats(x.data(), x.size(), Encoding::kInt8);
+    FAIL() << "int8 encoded a block it cannot decode";
+  } catch (const WireError& err) {
+    EXPECT_NE(std::string(err.what()).find("block 0"), std::string::npos) << err.what();
+  }
+  // The invariant for both block codecs: whatever encodes also decodes (7 · (FLT_MAX / 7) happens not to overflow).
+  for (float big : {std::numeric_limits<float>::max(), std::nextafter(std::numeric_limits<float>::max(), 0.f)}) {
+    x[3] = big;
+    for (Encoding e : {Encoding::kInt8, Encoding::kInt4}) {
+      std::string enc;
+      try {
+        enc = encode_floats(x.data(), x.size(), e);
+      } catch (const WireError&) {
+        continue;
+      }
+      EXPECT_NO_THROW(decode_floats(enc.data(), enc.size(), e, x.size())) << encoding_name(e);
+    }
+  }
+  // Still representable a little further from the edge: decodes back finite and within half a step.
+  x[3] = -std::numeric_limits<float>::max() / 2;
+  for (Encoding e : {Encoding::kInt8, Encoding::kInt4}) {
+    const std::string enc = encode_floats(x.data(), x.size(), e);
+    const std::vector<float> y = decode_floats(enc.data(), enc.size(), e, x.size());
+    EXPECT_TRUE(std::isfinite(y[3]));
+  }
+}
+
 }  // namespace
 }  // namespace deloco

@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets into fuzz/corpus/<target>/ (run once; the files are committed).
+
+Seeds are written from the format descriptions (docs/wire.md, include/deloco/wire.h, the safetensors and
+manifest formats), not by the code under test, so they are independent of it."""
+import json, os, struct
+
+here = os.path.dirname(os.path.abspath(__file__))
+
+def fnv1a64(b):
+    h = 0xcbf29ce484222325
+    for c in b:
+        h ^= c
+        h = (h * 0x100000001b3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+def frame(kind, enc, payload, elements, learner=0, frag=0, fp=0x1234, rnd=0, steps=0, tokens=0, version=1):
+    head = b"DLCW" + struct.pack("<HBBIIQQQQQQQ", version, kind, enc, learner, frag, fp, rnd, steps, tokens,
+                                 elements, len(payload), fnv1a64(payload))
+    assert len(head) == 72
+    return head + payload
+
+def write(target, name, data):
+    d = os.path.join(here, "corpus", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+# --- wire: a mode byte (0: the target fixes the checksum) then a frame --------------------------------------------
+floats = struct.pack("<8f", 0.5, -1.25, 3.0, 0.0, 1e-3, -7.5, 2.0, 0.125)
+hello = json.dumps({"learner": 1, "fingerprint": "0000000000001234", "instance": "00000000000000ab",
+                    "restarts": 0, "want_state": True}).encode()
+seeds = {
+    "hello": frame(1, 0, hello, len(hello)),
+    "heartbeat": frame(6, 0, b"", 0),
+    "leave": frame(7, 0, b"done", 4),
+    "reject": frame(8, 0, b"stale base", 10),
+    "push_fp32": frame(4, 1, floats, 8, learner=1, frag=2, rnd=5, steps=10, tokens=640),
+    "push_bf16": frame(4, 2, bytes(16), 8, frag=1),
+    "push_int8": frame(4, 3, struct.pack("<f", 0.05) + bytes([1, 2, 255, 128, 0, 7, 9, 127]), 8),
+    "push_int4": frame(4, 4, struct.pack("<f", 0.5) + bytes([0x12, 0x7f, 0x88, 0x01]), 8),
+    "broadcast_fp32": frame(5, 1, floats, 8, rnd=3),
+    "state_chunk": frame(3, 1, floats[:16], 4),
+    "welcome": frame(2, 0, b'{"round":1,"chunks":2}', 22),
+}
+for name, f in seeds.items():
+    write("fuzz_wire", name, b"\x00" + f)
+write("fuzz_wire", "bad_checksum", b"\x01" + seeds["push_fp32"])
+write("fuzz_wire", "short", b"\x00DLCW\x01\x00")
+
+# --- codecs: encoding byte, u16 element count, payload ---------------------------------------------------------------
+write("fuzz_codecs", "fp32", bytes([0]) + struct.pack("<H", 8) + floats)
+write("fuzz_codecs", "bf16", bytes([1]) + struct.pack("<H", 8) + bytes(range(16)))
+write("fuzz_codecs", "int8", bytes([2]) + struct.pack("<H", 8) + struct.pack("<f", 0.1) + bytes(range(8)))
+write("fuzz_codecs", "int4", bytes([3]) + struct.pack("<H", 8) + struct.pack("<f", 0.1) + bytes(range(4)))
+write("fuzz_codecs", "int8_nan_scale", bytes([2]) + struct.pack("<H", 2) + struct.pack("<f", float("nan")) + b"\x01\x02")
+write("fuzz_codecs", "many", bytes([2]) + struct.pack("<H", 130) + struct.pack("<3f", 1, 2, 3) + bytes(130))
+
+# --- config: TOML plus --set lines -------------------------------------------------------------------------------------
+write("fuzz_config", "basic", b'[a]\nint = 4\nreal = 1.5\nflag = true\ntext = "hi"\n[b]\nints = [1, 2, 3]\nreals = [0.5]\n')
+write("fuzz_config", "overrides", b'[a]\nint = 1\n--set a.real=2.5\n--set b.ints=4,5\n--set a.flag=false\n')
+write("fuzz_config", "goodput", b'[goodput]\nchips = [1000, 2000]\n')
+write("fuzz_config", "bad_type", b'[a]\nint = 1.5\n')
+write("fuzz_config", "unknown", b'[a]\nnope = 1\n')
+write("fuzz_config", "inf", b'[a]\nreal = inf\n--set a.real=nan\n')
+
+# --- safetensors header: a whole file image ----------------------------------------------------------------------------
+def safetensors(header, data):
+    h = json.dumps(header).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+write("fuzz_safetensors", "two", safetensors({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                              "b": {"dtype": "BF16", "shape": [1, 2], "data_offsets": [8, 12]},
+                                              "__metadata__": {"k": "v"}}, bytes(12)))
+write("fuzz_safetensors", "overflow", safetensors({"a": {"dtype": "F32", "shape": [2**62], "data_offsets": [0, 0]}}, b""))
+write("fuzz_safetensors", "empty", safetensors({}, b""))
+
+# --- checkpoint manifest (JSON text) -------------------------------------------------------------------------------------
+man = {"format": "deloco-checkpoint", "version": 1, "step": 10, "kind": "syncer",
+       "files": {"model.safetensors": {"bytes": 100, "fnv1a64": "0123456789abcdef"}}}
+write("fuzz_manifest", "v1", json.dumps(man).encode())
+man2 = dict(man)
+man2["version"] = 2
+man2["files"] = {"model.safetensors": {"bytes": 100, "hash": "blake2b-256:" + "00" * 32},
+                 "optimizer.safetensors": {"bytes": 5, "hash": "blake2b-256:" + "11" * 32}}
+write("fuzz_manifest", "v2", json.dumps(man2).encode())
+write("fuzz_manifest", "junk", b'{"format": 3, "files": [1, 2]}')
