@@ -415,7 +415,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   const auto start = std::chrono::steady_clock::now();
   I.emit({{"kind", "started"}, {"resumed", I.resumed}, {"merges", I.merges}, {"endpoint", I.tx->endpoint()},
           {"metrics_port", I.metrics ? I.metrics->port() : 0}, {"learners", I.M},
-          {"fingerprint", fingerprint_hex(I.fingerprint)}});
+          {"fingerprint", fingerprint_hex(I.fingerprint)}, {"versions", I.core->versions()}});
   while (!stop.load() && !I.all_retired()) {
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Chaos soak: a `deloco run` attacked from outside, then checked for what must never happen.
+#
+#   bench/chaos_soak.sh [--kills N] [--interval S] [--stops N] [--out DIR] [--binary PATH] [-- --set key=value ...]
+#
+# Starts `deloco run` (configs/demo.toml, its own chaos off, two learners) and, from outside it, SIGKILLs a random
+# process of the cluster (the syncer included: at least every third victim is the syncer) about every S seconds
+# (default 10, jittered ±50%) until N kills (default 50) were done, and SIGSTOPs a random process for 1-6 s
+# (then SIGCONT) about every second interval (default N/2 stops). `deloco run` restarts what was killed (the syncer
+# with --resume). Kills are spaced so that no process is killed more than 4 times in 120 s or twice in 15 s: the
+# crash-loop policy of `deloco run` (3 exits in 10 s, or 5 in 120 s) would otherwise end the run on purpose. Then it lets the run finish and checks the invariants
+# (bench/chaos_soak_check.py):
+#   1. the run finishes (exit 0, every learner done);
+#   2. no merge a learner has seen is missing after a syncer's resume: the versions a resumed syncer starts from
+#      are ≥ every version any learner applied before the kill, and no learner ever reports the syncer behind;
+#   3. the merge count and the checkpointed model never go back (checkpoint records, `latest`, restored counts);
+#   4. no temporary files are left in the run folder;
+#   5. validation loss still falls (the last evaluation of the global model is below the first).
+# Prints a summary line per invariant and exits non-zero when any fails. Takes about N × S seconds plus the tail of
+# the run (≈ 9–12 min with the defaults on 2 cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+kills=50 interval=10 stops="" out="" bin=build/deloco
+extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kills) kills=$2; shift 2 ;;
+    --interval) interval=$2; shift 2 ;;
+    --stops) stops=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
+    --binary) bin=$2; shift 2 ;;
+    --) shift; extra=("$@"); break ;;
+    *) sed -n 2,20p "$0" >&2; exit 2 ;;
+  esac
+done
+stops=${stops:-$((kills / 2))}
+out=${out:-runs/soak-$(date +%Y%m%d-%H%M%S)}
+[ -x "$bin" ] || { echo "soak: no deloco binary at $bin (build first: scripts/setup.sh)" >&2; exit 2; }
+
+# Long enough to outlast the attack: ~0.25 s per inner step on 2 cores, restarts cost progress.
+steps=$(awk -v k="$kills" -v s="$interval" 'BEGIN { printf "%d", (k * s) / 0.22 + 600 }')
+export OMP_WAIT_POLICY=PASSIVE
+"$bin" run --config configs/demo.toml --set syncer.out_dir="$out" --set chaos.enabled=false --set sync.learners=2 \
+  --set train.steps="$steps" --set syncer.eval_interval=15 "${extra[@]}" >"$out.console.log" 2>&1 &
+run_pid=$!
+echo "soak: deloco run pid $run_pid, folder $out, $kills kills every ~${interval}s, $stops stops, $steps steps per learner"
+
+# The cluster's processes: children of the run, named by their role (syncer, or learner --id N).
+victims() { # prints "pid name" lines
+  for p in $(pgrep -P "$run_pid" 2>/dev/null); do
+    local cmd
+    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+      *" syncer "*) echo "$p syncer" ;;
+      *" learner "*) echo "$p learner-$(sed -n 's/.*--id \([0-9]*\).*/\1/p' <<<"$cmd")" ;;
+    esac
+  done
+}
+
+declare -A history  # name -> space-separated kill times
+can_kill() { # name now: at most 4 kills of one process within 120 s, and 2 within 15 s
+  local n=0 recent=0 t
+  for t in ${history[$1]:-}; do
+    if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 120) }'; then n=$((n + 1)); fi
+    if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 15) }'; then recent=$((recent + 1)); fi
+  done
+  [ "$n" -lt 4 ] && [ "$recent" -lt 2 ]
+}
+
+log="$out.soak.log"
+: >"$log"
+done_kills=0 done_stops=0 syncer_kills=0 start=$(date +%s.%N)
+sleep 20  # let the cluster start and merge a little first
+while [ "$done_kills" -lt "$kills" ] && kill -0 "$run_pid" 2>/dev/null; do
+  now=$(awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }')
+  mapfile -t procs < <(victims)
+  if [ "${#procs[@]}" -lt 3 ]; then sleep 0.5; continue; fi  # someone is restarting: wait for the full cluster
+  # Every third kill goes to the syncer; otherwise a random member.
+  if [ $((done_kills % 3)) -eq 0 ]; then pick=$(printf '%s\n' "${procs[@]}" | grep ' syncer$' | head -1)
+  else pick=${procs[$((RANDOM % ${#procs[@]}))]}; fi
+  [ -n "$pick" ] || { sleep 0.5; continue; }
+  pid=${pick%% *} name=${pick#* }
+  if ! can_kill "$name" "$now"; then sleep 1; continue; fi
+  kill -KILL "$pid" 2>/dev/null && {
+    done_kills=$((done_kills + 1)); history[$name]="${history[$name]:-} $now"
+    [ "$name" = syncer ] && syncer_kills=$((syncer_kills + 1))
+    echo "$now SIGKILL $name $pid" >>"$log"
+  }
+  # Sometimes a stop as well, of another process, for 1-6 s.
+  if [ "$done_stops" -lt "$stops" ] && [ $((RANDOM % 2)) -eq 0 ]; then
+    sleep 2
+    mapfile -t procs < <(victims)
+    if [ "${#procs[@]}" -gt 0 ]; then
+      pick=${procs[$((RANDOM % ${#procs[@]}))]}; spid=${pick%% *}
+      d=$((1 + RANDOM % 6))
+      if kill -STOP "$spid" 2>/dev/null; then
+        echo "$now SIGSTOP ${pick#* } $spid ${d}s" >>"$log"; done_stops=$((done_stops + 1))
+        sleep "$d"; kill -CONT "$spid" 2>/dev/null || true
+      fi
+    fi
+  fi
+  # Jittered gap: interval × [0.5, 1.5).
+  sleep "$(awk -v s="$interval" -v r="$RANDOM" 'BEGIN { printf "%.2f", s * (0.5 + r / 32768) }')"
+done
+echo "soak: $done_kills kills ($syncer_kills of the syncer), $done_stops stops; waiting for the run to finish"
+set +e
+wait "$run_pid"
+rc=$?
+set -e
+/usr/bin/python3 bench/chaos_soak_check.py "$out" --exit-code "$rc" --kills "$done_kills" --syncer-kills "$syncer_kills" \
+  --stops "$done_stops"
