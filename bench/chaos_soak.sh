@@ -8,7 +8,8 @@
 # (default 10, jittered ±50%) until N kills (default 50) were done, and SIGSTOPs a random process for 1-6 s
 # (then SIGCONT) about every second interval (default N/2 stops). `deloco run` restarts what was killed (the syncer
 # with --resume). Kills are spaced so that no process is killed more than 4 times in 120 s or twice in 15 s: the
-# crash-loop policy of `deloco run` (3 exits in 10 s, or 5 in 120 s) would otherwise end the run on purpose. Then it lets the run finish and checks the invariants
+# crash-loop policy of `deloco run` (3 exits in 10 s, or 5 in 120 s) would otherwise end the run on purpose.
+# Then it lets the run finish and checks the invariants
 # (bench/chaos_soak_check.py):
 #   1. the run finishes (exit 0, every learner done);
 #   2. no merge a learner has seen is missing after a syncer's resume: the versions a resumed syncer starts from
