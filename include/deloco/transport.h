@@ -11,13 +11,23 @@
 // (the Bytes keeps the ZeroMQ message alive).
 //
 // Contract
-//  * Bounds: a server refuses any frame larger than TransportOptions::max_frame_bytes (ZeroMQ drops the connection),
-//    keeps at most `queue_limit` messages per direction and peer, and a message with other than two frames is
-//    delivered with `parts` set so the caller can count it as malformed. Memory therefore stays bounded whatever a
-//    peer sends.
+//  * Bounds (what one peer can make a ZeroMQ server hold; docs/transport.md has the figures):
+//    - every frame is at most TransportOptions::max_frame_bytes. libzmq reads a frame's declared size before
+//      buffering it, and drops the connection at once when it is larger, before and after the handshake. Nodes
+//      size the bound to the model (deloco/runtime.h); the 1 GiB default is for library users only.
+//    - before authentication a connection holds at most one frame, for at most `handshake_timeout`: libzmq
+//      hands handshake frames to the CURVE mechanism one at a time and never queues them.
+//    - after authentication a peer can have `receive_limit` complete messages queued, plus the one message it is
+//      still sending. libzmq 4.3 delivers a multipart message only once its last frame arrived and has no option
+//      bounding the frame count, so that message is bounded only per frame: an authenticated peer can pin
+//      frames × max_frame_bytes with a message of many frames until it sends the last one or disconnects.
+//      The receive path keeps the first two frames of a message, closes the others as it reads them, and
+//      delivers the message with `parts` set so the caller counts it as malformed.
+//    - `queue_limit` messages are queued per peer for sending (senders share payload buffers by reference).
 //  * Security: with CURVE on, the server accepts a client only when the client's public key is in the allow-list;
 //    each accepted message carries the key's allow-list name in Envelope::identity. Refused handshakes and
-//    protocol errors (random bytes on the port) are counted in TransportStats, never delivered.
+//    protocol errors (random bytes on the port) are counted in TransportStats, never delivered. A secret key file
+//    readable or writable by group or others is refused (TransportError naming the file, its mode and the fix).
 //  * Liveness is not the transport's business: it never reports a peer dead. Roles use heartbeats (wire.h).
 //  * send() never blocks for long: when the peer is unknown, not connected or its queue is full it returns false
 //    and the message is dropped (counted).
@@ -78,9 +88,15 @@ struct TransportStats {
   uint64_t dropped_out = 0;                 // sends refused (unknown peer, not connected, queue full)
   uint64_t auth_denied = 0;                 // CURVE handshakes refused by the allow-list
   // Failed handshakes as libzmq reports them: wrong mechanism or server key, a malformed greeting, and allow-list
-  // refusals (so those count here and in auth_denied). Junk that does not even look like ZMTP 3 is refused too,
-  // but libzmq closes it without an event, so it is not always counted.
+  // refusals (so those count here and in auth_denied), and connections that did not finish their handshake
+  // within handshake_timeout. Junk that does not even look like ZMTP 3 is refused too, but libzmq closes it
+  // without an event, so it is not always counted.
   uint64_t handshake_failures = 0;
+  // Server: connections accepted, and connections closed for any reason: the peer left, a failed handshake, or
+  // libzmq dropping the peer for breaking a bound. A frame over max_frame_bytes (even in the handshake) closes
+  // the connection with no other event, so it shows only here.
+  uint64_t connections = 0;
+  uint64_t disconnects = 0;
 };
 
 // A CURVE key pair, Z85 text (40 characters each).
@@ -92,6 +108,8 @@ KeyPair generate_keypair();  // throws TransportError when ZeroMQ was built with
 // Key files: "<stem>.key" (mode 0600: public and secret) and "<stem>.pub" (public only). Format, one per line:
 //   public-key = "<z85>"      secret-key = "<z85>"      (the .pub file has only the first line)
 // write_keypair refuses to overwrite an existing file. read_* throw TransportError naming the file and the problem.
+// A file holding a secret key must not be accessible by group or others (mode & 077 == 0, as ssh demands): read_*
+// refuse it with a TransportError naming the file, its mode and the fix (chmod 600 <file>).
 void write_keypair(const std::string& stem, const KeyPair& kp);
 KeyPair read_secret_key_file(const std::string& path);   // a .key file
 std::string read_public_key_file(const std::string& path);  // a .pub or .key file: its public key
@@ -109,8 +127,14 @@ struct TransportOptions {
   std::string secret_key_file;          // own .key file (server and clients, CURVE only)
   std::string server_public_key_file;   // clients: the server's .pub file (CURVE only)
   std::string allow;                    // server: allow-list file or directory (CURVE only)
-  uint64_t max_frame_bytes = (uint64_t{1} << 30) + 4096;  // larger frames drop the connection
-  int queue_limit = 10000;              // messages queued per peer and direction (ZeroMQ high-water marks)
+  // Largest frame accepted (ZMQ_MAXMSGSIZE); a larger one drops the connection. Nodes size it to the model
+  // (deloco/runtime.h: node_transport_options); this default is only for library users who know nothing better.
+  uint64_t max_frame_bytes = (uint64_t{1} << 30) + 4096;
+  int queue_limit = 10000;              // messages queued per peer for sending (ZMQ_SNDHWM); clients: also received
+  int receive_limit = 0;                // server: complete messages queued per peer on receipt (ZMQ_RCVHWM; 0:
+                                        // queue_limit). A full queue stops reading from that peer (TCP back-pressure),
+                                        // it never drops messages; keep it small, it bounds what a peer can pin.
+  std::chrono::milliseconds handshake_timeout{5000};  // ZMTP + CURVE handshake deadline per connection (ZMQ_HANDSHAKE_IVL)
   std::chrono::milliseconds reconnect{100};  // clients: first reconnect interval (doubles up to 2 s)
 };
 
@@ -146,14 +170,39 @@ std::shared_ptr<InprocHub> make_inproc_hub(int queue_limit = 10000);
 std::unique_ptr<ServerTransport> make_inproc_server(const std::shared_ptr<InprocHub>& hub);
 std::unique_ptr<ClientTransport> make_inproc_client(const std::shared_ptr<InprocHub>& hub, const std::string& identity);
 
-// Prometheus text exposition over HTTP/1.0: GET /metrics (or /) answers render(), other paths 404. Runs its own
-// thread, which calls render(): it must be safe to call from there. Binds "host:port" ("*" or empty host: every
-// interface; port 0: any free port, see port()). Throws TransportError when the address is malformed or unusable.
+// Prometheus text exposition over HTTP (cpp-httplib, kept out of this header): GET /metrics (or /) answers
+// render() as text/plain; version=0.0.4, other paths 404, other methods 405; every response closes its connection.
+// Binds "host:port" ("*" or empty host: every interface; port 0: any free port, see port()). Throws TransportError
+// when the address is malformed or unusable.
+//  * Threads: a listener thread and a pool of kThreads workers. render() and route handlers run on the workers,
+//    possibly several at once: they must be safe to call from there, concurrently.
+//  * Bounds: a request must arrive whole within kRequestDeadline of its connection being accepted (time spent
+//    waiting for a worker counts; a client trickling bytes is cut off then, whatever its pace) and be at most
+//    kMaxRequestBytes; a response must be taken within kResponseDeadline. At most kQueue accepted connections
+//    wait for a worker; beyond that a connection is answered 503 and closed at once. The destructor returns
+//    promptly, cutting requests in progress.
 class MetricsServer {
  public:
+  static constexpr int kThreads = 4;
+  static constexpr int kQueue = 32;
+  static constexpr std::chrono::milliseconds kRequestDeadline{3000};
+  static constexpr std::chrono::milliseconds kResponseDeadline{5000};
+  static constexpr size_t kMaxRequestBytes = 64 * 1024;
+
+  struct Reply {
+    int status = 200;
+    std::string content_type = "text/plain";
+    std::string body;
+  };
+  // A GET route: `query` is the raw query string (after '?', not decoded; "" when none).
+  using Handler = std::function<Reply(const std::string& query)>;
+
   MetricsServer(const std::string& host_port, std::function<std::string()> render);
   ~MetricsServer();
   int port() const;
+  // Serves GET `path` (exact match, starting with '/') with `handler` from now on; replaces an earlier route of
+  // the same path, including / and /metrics. A handler that throws answers 500 with the exception's message.
+  void add_get(const std::string& path, Handler handler);
 
  private:
   struct Impl;

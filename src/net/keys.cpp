@@ -3,6 +3,7 @@
 // Key files are small text files so that people can read, copy and diff them:
 //   public-key = "<40 Z85 characters>"
 //   secret-key = "<40 Z85 characters>"      (only in the 0600 .key file)
+// A file holding a secret key is refused unless only its owner may access it (mode & 077 == 0), as ssh does.
 // Every error names the file and says what is wrong with it, because these files are written and moved by hand.
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -46,15 +48,53 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-std::string read_text_file(const std::string& path, const char* what) {
+struct FileText {
+  std::string text;
+  mode_t mode = 0;  // permission bits of the file that was read (fstat of the open descriptor: no race)
+};
+
+FileText read_text_file(const std::string& path, const char* what) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw TransportError(std::string(what) + " " + path + ": no such file");
   if (fs::is_directory(path, ec)) throw TransportError(std::string(what) + " " + path + ": is a directory, not a file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw TransportError(std::string(what) + " " + path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw TransportError(std::string(what) + " " + path + ": cannot open: " + std::strerror(errno));
+  FileText f;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0;
+  f.mode = st.st_mode & 07777;
+  char buf[4096];
+  while (ok) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = n == 0;
+      break;
+    }
+    if (f.text.size() > 1 << 20) {  // key files and allow-lists are a few kilobytes
+      ::close(fd);
+      throw TransportError(std::string(what) + " " + path + ": larger than 1 MiB; is this the right file?");
+    }
+    f.text.append(buf, static_cast<size_t>(n));
+  }
+  const int err = errno;
+  ::close(fd);
+  if (!ok) throw TransportError(std::string(what) + " " + path + ": cannot read: " + std::strerror(err));
+  return f;
+}
+
+std::string octal_mode(mode_t m) {
+  char out[8];
+  std::snprintf(out, sizeof out, "%04o", static_cast<unsigned>(m & 07777));
+  return out;
+}
+
+// Like ssh: a secret key that group or others may read or write is compromised or about to be; refuse to use it.
+void check_secret_mode(const std::string& path, mode_t mode) {
+  if ((mode & 077) == 0) return;
+  throw TransportError("key file " + path + " holds a secret key but has mode " + octal_mode(mode) +
+                       ", which lets group or others access it; refusing to use it. Restrict it with: chmod 600 " +
+                       path);
 }
 
 // Parses `name = "value"` lines (blank lines and lines starting with '#' are skipped) into the two known keys.
@@ -115,6 +155,14 @@ void write_new_file(const std::string& path, const std::string& text, mode_t mod
   }
 }
 
+// Reads and parses a key file; one that holds a secret key must have a private mode (whichever reader reads it).
+KeyFileFields read_key_file(const std::string& path) {
+  const FileText t = read_text_file(path, "key file");
+  KeyFileFields f = parse_key_file(path, t.text);
+  if (!f.secret_key.empty()) check_secret_mode(path, t.mode);
+  return f;
+}
+
 }  // namespace
 
 KeyPair generate_keypair() {
@@ -146,7 +194,7 @@ void write_keypair(const std::string& stem, const KeyPair& kp) {
 }
 
 KeyPair read_secret_key_file(const std::string& path) {
-  const KeyFileFields f = parse_key_file(path, read_text_file(path, "key file"));
+  const KeyFileFields f = read_key_file(path);
   if (f.secret_key.empty())
     throw TransportError("key file " + path + ": no secret-key entry (is this a .pub file? pass the .key file)");
   // Derive the public key from the secret one: a hand-edited file with mismatched halves would otherwise fail
@@ -160,7 +208,7 @@ KeyPair read_secret_key_file(const std::string& path) {
 }
 
 std::string read_public_key_file(const std::string& path) {
-  const KeyFileFields f = parse_key_file(path, read_text_file(path, "key file"));
+  const KeyFileFields f = read_key_file(path);
   if (f.public_key.empty()) throw TransportError("key file " + path + ": no public-key entry");
   return f.public_key;
 }
@@ -177,7 +225,7 @@ AllowList AllowList::load(const std::string& path) {
     std::sort(files.begin(), files.end());  // deterministic order for messages and tests
     for (const auto& f : files) list.entries.emplace_back(f.stem().string(), read_public_key_file(f.string()));
   } else {
-    std::istringstream lines(read_text_file(path, "allow-list"));
+    std::istringstream lines(read_text_file(path, "allow-list").text);
     std::string line;
     for (int n = 1; std::getline(lines, line); ++n) {
       const std::string t = trim(line);

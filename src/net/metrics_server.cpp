@@ -1,27 +1,54 @@
-// MetricsServer: a tiny HTTP/1.0 server for Prometheus scrapes (see deloco/transport.h). One thread, one
-// connection at a time: a scrape is a few kilobytes every few seconds, so nothing fancier is warranted. The
-// thread polls the listening socket with a short timeout so the destructor can stop it promptly.
+// MetricsServer: Prometheus scrapes (and later a few more GET routes) over HTTP, on cpp-httplib (see
+// deloco/transport.h for the contract).
+//
+// What httplib does: parsing the request line and headers, writing responses. What this file adds, because
+// httplib 0.11's server has only a per-read timeout (a client sending a byte now and then holds a worker forever)
+// and an unbounded job queue:
+//  * DeadlineStream: the stream httplib reads the request from and writes the response to. Every wait is a poll()
+//    bounded by one deadline for the whole request (kRequestDeadline) and one for the whole response
+//    (kResponseDeadline), and also ends when the server stops (a pipe that becomes readable). It reads at most
+//    kMaxRequestBytes. Only the worker that owns a connection ever touches its descriptor, so there is no
+//    watchdog acting on descriptors from another thread, and no descriptor-reuse race.
+//  * BoundedPool: kThreads workers and at most kQueue waiting connections. A connection beyond that is answered
+//    503 and closed right away on the listener thread.
+//  * The listening socket is ours (our binding rules and error messages); httplib's accept loop gets a dup() of it,
+//    which it closes itself when it returns. Stopping is shutdown() on our descriptor: the blocked accept() fails,
+//    the loop closes its dup and returns, and we close ours after joining the thread. httplib's stop() is never
+//    called, since it closes the descriptor from another thread while accept() may be about to use it.
+//  * Every request is answered by our pre-routing handler (exact paths, GET only), so httplib's regex routes,
+//    file handlers and body readers never run.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <httplib.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "deloco/transport.h"
 
 namespace deloco {
 namespace {
 
-constexpr size_t kMaxRequestBytes = 8192;
-constexpr int kPollMs = 100;            // how long the destructor may wait for the thread
-constexpr int kClientTimeoutMs = 2000;  // a silent client cannot hold the thread longer than this
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kDrainTime = std::chrono::milliseconds(500);  // reading what the client still sends after our reply
+constexpr auto kRetryListen = std::chrono::milliseconds(100);
 
 // "host:port" → (host, port); host "" or "*" means every interface. Throws naming the input.
 std::pair<std::string, int> split_host_port(const std::string& hp) {
@@ -41,98 +68,288 @@ std::pair<std::string, int> split_host_port(const std::string& hp) {
   return {host, port};
 }
 
-void send_all(int fd, const std::string& s) {
-  size_t done = 0;
-  while (done < s.size()) {
-    const ssize_t n = ::send(fd, s.data() + done, s.size() - done, MSG_NOSIGNAL);
+// Waits until `fd` is ready for `events`, the deadline passes or `stop_fd` becomes readable; true only when `fd`
+// is ready (or has an error or hang-up to report, which the next recv/send returns).
+bool wait_ready(int fd, short events, Clock::time_point deadline, int stop_fd) {
+  for (;;) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p[2] = {{fd, events, 0}, {stop_fd, POLLIN, 0}};
+    const int n = ::poll(p, 2, static_cast<int>(std::min<long long>(left, 1000 * 1000)));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the client went away; nothing to do about it
-    done += static_cast<size_t>(n);
+    if (n < 0 || (p[1].revents != 0)) return false;
+    if (p[0].revents != 0) return true;
   }
 }
 
-std::string response(const std::string& status, const std::string& content_type, const std::string& body) {
-  return "HTTP/1.0 " + status + "\r\nContent-Type: " + content_type + "\r\nContent-Length: " +
-         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+void ip_and_port(const sockaddr_storage& a, std::string& ip, int& port) {
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, buf, sizeof buf);
+    port = ntohs(in6->sin6_port);
+  } else if (a.ss_family == AF_INET) {
+    const auto* in4 = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &in4->sin_addr, buf, sizeof buf);
+    port = ntohs(in4->sin_port);
+  }
+  ip = buf;
 }
+
+// One connection's stream, with whole-request and whole-response deadlines (see the top of the file).
+class DeadlineStream final : public httplib::Stream {
+ public:
+  // `accepted`: when the listener accepted the connection; the request deadline counts from then, so time spent
+  // waiting for a worker counts too.
+  DeadlineStream(int fd, int stop_fd, Clock::time_point accepted)
+      : fd_(fd), stop_fd_(stop_fd), read_deadline_(accepted + MetricsServer::kRequestDeadline) {}
+  Clock::time_point read_deadline() const { return read_deadline_; }
+
+  bool is_readable() const override { return pos_ < len_ || wait_ready(fd_, POLLIN, read_deadline_, stop_fd_); }
+  bool is_writable() const override { return wait_ready(fd_, POLLOUT, write_deadline(), stop_fd_); }
+
+  ssize_t read(char* ptr, size_t size) override {
+    if (size == 0) return 0;
+    if (pos_ == len_) {
+      const size_t room = MetricsServer::kMaxRequestBytes - std::min(total_, MetricsServer::kMaxRequestBytes);
+      if (room == 0 || !wait_ready(fd_, POLLIN, read_deadline_, stop_fd_)) return -1;
+      ssize_t n;
+      do n = ::recv(fd_, buf_, std::min(sizeof buf_, room), 0);
+      while (n < 0 && errno == EINTR);
+      if (n <= 0) return n;  // 0: the client closed; <0: an error
+      pos_ = 0;
+      len_ = static_cast<size_t>(n);
+      total_ += len_;
+    }
+    const size_t k = std::min(size, len_ - pos_);
+    std::memcpy(ptr, buf_ + pos_, k);
+    pos_ += k;
+    return static_cast<ssize_t>(k);
+  }
+
+  // Writes all of `size` or fails (-1): httplib loops on short writes, and would spin on a 0.
+  ssize_t write(const char* ptr, size_t size) override {
+    size_t done = 0;
+    while (done < size) {
+      if (!wait_ready(fd_, POLLOUT, write_deadline(), stop_fd_)) return -1;
+      const ssize_t n = ::send(fd_, ptr + done, size - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (n <= 0) return -1;
+      done += static_cast<size_t>(n);
+    }
+    return static_cast<ssize_t>(done);
+  }
+
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    if (::getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) ip_and_port(a, ip, port);
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    sockaddr_storage a{};
+    socklen_t len = sizeof a;
+    if (::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) ip_and_port(a, ip, port);
+  }
+  // httplib 0.11 asks for the descriptor only to refuse ones that select() cannot watch (≥ FD_SETSIZE, answered
+  // 500). This stream polls and has no such limit, so it reports none, and a busy process with many descriptors
+  // still gets its scrapes.
+  socket_t socket() const override { return INVALID_SOCKET; }
+
+ private:
+  Clock::time_point write_deadline() const {
+    if (!write_started_) {
+      write_deadline_ = Clock::now() + MetricsServer::kResponseDeadline;
+      write_started_ = true;
+    }
+    return write_deadline_;
+  }
+
+  const int fd_, stop_fd_;
+  const Clock::time_point read_deadline_;
+  mutable Clock::time_point write_deadline_{};
+  mutable bool write_started_ = false;
+  char buf_[4096];
+  size_t pos_ = 0, len_ = 0, total_ = 0;
+};
+
+// Set on the listener thread while it runs a job itself because the queue is full: the job then refuses its
+// connection instead of serving it.
+thread_local bool t_refuse = false;
+// Set by a worker before it runs a job: when the job's connection was accepted (enqueued).
+thread_local Clock::time_point t_accepted;
+
+class BoundedPool final : public httplib::TaskQueue {
+ public:
+  BoundedPool(size_t threads, size_t queue) : queue_(queue) {
+    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~BoundedPool() override { shutdown(); }
+
+  void enqueue(std::function<void()> fn) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (jobs_.size() < queue_ && !stopping_) {
+        jobs_.push_back({std::move(fn), Clock::now()});
+        cv_.notify_one();
+        return;
+      }
+    }
+    t_refuse = true;  // every job closes its socket, so it must run; in refusal mode it does so at once
+    fn();
+    t_refuse = false;
+  }
+
+  // Runs the jobs still queued (they finish at once once the server stops: their streams see the stop pipe).
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_)
+      if (t.joinable()) t.join();
+  }
+
+ private:
+  void work() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, and nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      t_accepted = job.enqueued;
+      job.fn();
+    }
+  }
+
+  struct Job {
+    std::function<void()> fn;
+    Clock::time_point enqueued;
+  };
+  const size_t queue_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
 
 }  // namespace
 
 struct MetricsServer::Impl {
+  // httplib's server with our connection handling: one request per connection, on a DeadlineStream.
+  class Http final : public httplib::Server {
+   public:
+    explicit Http(Impl* owner) : owner_(owner) {
+      new_task_queue = [] { return new BoundedPool(kThreads, kQueue); };
+    }
+    void adopt(int listen_fd) { svr_sock_ = listen_fd; }
+
+   private:
+    bool process_and_close_socket(socket_t sock) override {
+      bool ok = false;
+      if (t_refuse) {
+        static const char busy[] =
+            "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+        ::send(sock, busy, sizeof busy - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ::shutdown(sock, SHUT_WR);
+        char buf[4096];  // what already arrived, read so that the close is less likely to reset the reply away
+        for (int i = 0; i < 16 && ::recv(sock, buf, sizeof buf, MSG_DONTWAIT) > 0; ++i) {
+        }
+      } else {
+        DeadlineStream stream(sock, owner_->stop_pipe[0], t_accepted);
+        bool closed = true;
+        try {
+          ok = process_request(stream, /*close_connection=*/true, closed, nullptr);
+        } catch (...) {
+          ok = false;  // httplib reports handler errors itself; anything else only costs this connection
+        }
+        owner_->drain(sock, stream.read_deadline());
+      }
+      ::close(sock);
+      return ok;
+    }
+
+    Impl* owner_;
+  };
+
   int listen_fd = -1;
   int port = 0;
-  std::function<std::string()> render;
-  std::atomic<bool> stop{false};
-  std::thread thread;
-
-  void serve() {
-    while (!stop.load()) {
-      pollfd p{listen_fd, POLLIN, 0};
-      if (::poll(&p, 1, kPollMs) <= 0) continue;
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      handle(fd);
-      close_gracefully(fd);
-    }
-  }
+  int stop_pipe[2] = {-1, -1};  // becomes readable when the server stops; every wait watches it
+  std::atomic<bool> stopping{false};
+  std::mutex routes_mu;
+  std::map<std::string, Handler> routes;
+  std::unique_ptr<Http> http;
+  std::thread listener;
 
   // Closing with unread request bytes would make the kernel send a reset, which can destroy the response in
-  // flight; so say we are done, then read and discard what is left for a moment before closing.
-  void close_gracefully(int fd) {
+  // flight; so say we are done, then read and discard what the client still sends, briefly (and not at all for a
+  // client past its request deadline: that one gets no more of a worker's time), before closing.
+  void drain(int fd, Clock::time_point request_deadline) const {
     ::shutdown(fd, SHUT_WR);
+    const auto until = std::min(Clock::now() + kDrainTime, request_deadline);
     char buf[4096];
     for (size_t drained = 0; drained < 64 * 1024;) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, kPollMs) <= 0) break;
-      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (!wait_ready(fd, POLLIN, until, stop_pipe[0])) break;
+      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (n <= 0) break;
       drained += static_cast<size_t>(n);
     }
-    ::close(fd);
   }
 
-  // Reads the request head (at most 8 KiB) and answers it.
-  void handle(int fd) {
-    std::string req;
-    char buf[2048];
-    while (req.size() < kMaxRequestBytes && req.find("\r\n\r\n") == std::string::npos &&
-           req.find("\n\n") == std::string::npos) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, kClientTimeoutMs) <= 0 || stop.load()) return;
-      const ssize_t n = ::recv(fd, buf, std::min(sizeof buf, kMaxRequestBytes - req.size()), 0);
-      if (n <= 0) break;
-      req.append(buf, static_cast<size_t>(n));
-    }
-    const std::string line = req.substr(0, req.find_first_of("\r\n"));
-    const size_t sp1 = line.find(' ');
-    const size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
-    if (sp1 == std::string::npos) {
-      send_all(fd, response("400 Bad Request", "text/plain", "bad request\n"));
-      return;
-    }
-    const std::string method = line.substr(0, sp1);
-    std::string path = line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
-    path = path.substr(0, path.find('?'));
-    if (method != "GET") {
-      send_all(fd, response("405 Method Not Allowed", "text/plain", "only GET is supported\n"));
-    } else if (path != "/metrics" && path != "/") {
-      send_all(fd, response("404 Not Found", "text/plain", "not found; metrics are at /metrics\n"));
+  void answer(const httplib::Request& req, httplib::Response& res) {
+    Reply reply;
+    if (req.method != "GET") {
+      reply = Reply{405, "text/plain", "only GET is supported\n"};
     } else {
-      std::string body;
-      try {
-        body = render();
-      } catch (const std::exception& e) {
-        send_all(fd, response("500 Internal Server Error", "text/plain", std::string(e.what()) + "\n"));
-        return;
+      Handler h;
+      {
+        std::lock_guard<std::mutex> lock(routes_mu);
+        auto it = routes.find(req.path);
+        if (it != routes.end()) h = it->second;
       }
-      send_all(fd, response("200 OK", "text/plain; version=0.0.4", body));
+      if (!h) {
+        reply = Reply{404, "text/plain", "not found; metrics are at /metrics\n"};
+      } else {
+        const size_t q = req.target.find('?');
+        try {
+          reply = h(q == std::string::npos ? std::string() : req.target.substr(q + 1));
+        } catch (const std::exception& e) {
+          reply = Reply{500, "text/plain", std::string(e.what()) + "\n"};
+        } catch (...) {
+          reply = Reply{500, "text/plain", "internal error\n"};
+        }
+      }
+    }
+    res.status = reply.status;
+    res.set_content(reply.body, reply.content_type.c_str());
+  }
+
+  // The listener thread: httplib's accept loop on a dup() of our socket. The loop returns when accept() fails:
+  // after stop (shutdown() of our descriptor), or on an error such as a connection aborted before it was accepted,
+  // which must not leave the endpoint deaf: then it listens again after a short pause.
+  void listen_loop() {
+    while (!stopping.load()) {
+      const int fd = ::fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+      if (fd >= 0) {
+        http->adopt(fd);
+        http->listen_after_bind();  // closes fd before it returns
+      }
+      if (stopping.load()) break;
+      pollfd p{stop_pipe[0], POLLIN, 0};
+      ::poll(&p, 1, static_cast<int>(kRetryListen.count()));
     }
   }
 };
 
 MetricsServer::MetricsServer(const std::string& host_port, std::function<std::string()> render)
     : impl_(std::make_unique<Impl>()) {
-  impl_->render = std::move(render);
+  Impl& I = *impl_;
   const auto [host, port] = split_host_port(host_port);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -143,34 +360,69 @@ MetricsServer::MetricsServer(const std::string& host_port, std::function<std::st
   const int gai = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), port_text.c_str(), &hints, &res);
   if (gai != 0) throw TransportError("metrics address '" + host_port + "': " + ::gai_strerror(gai));
   std::string why = "no usable address";
-  for (addrinfo* a = res; a != nullptr && impl_->listen_fd < 0; a = a->ai_next) {
+  for (addrinfo* a = res; a != nullptr && I.listen_fd < 0; a = a->ai_next) {
     const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);  // restart quickly after a crash
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 16) == 0) {
-      impl_->listen_fd = fd;
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
+      I.listen_fd = fd;
     } else {
       why = std::strerror(errno);
       ::close(fd);
     }
   }
   ::freeaddrinfo(res);
-  if (impl_->listen_fd < 0) throw TransportError("cannot serve metrics on " + host_port + ": " + why);
+  if (I.listen_fd < 0) throw TransportError("cannot serve metrics on " + host_port + ": " + why);
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
-  ::getsockname(impl_->listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  impl_->port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                                                  : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  impl_->thread = std::thread([impl = impl_.get()] { impl->serve(); });
+  ::getsockname(I.listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  std::string ignored;
+  ip_and_port(bound, ignored, I.port);
+  if (::pipe2(I.stop_pipe, O_CLOEXEC) != 0) {
+    const std::string err = std::strerror(errno);
+    ::close(I.listen_fd);
+    throw TransportError("cannot serve metrics on " + host_port + ": pipe: " + err);
+  }
+
+  auto metrics = [render = std::move(render)](const std::string&) {
+    return Reply{200, "text/plain; version=0.0.4", render()};
+  };
+  I.routes["/metrics"] = metrics;
+  I.routes["/"] = metrics;
+
+  // httplib's server constructor sets SIGPIPE to "ignore" for the whole process; every send here passes
+  // MSG_NOSIGNAL instead, so put back whatever the program had.
+  struct sigaction old_pipe {};
+  ::sigaction(SIGPIPE, nullptr, &old_pipe);
+  I.http = std::make_unique<Impl::Http>(&I);
+  ::sigaction(SIGPIPE, &old_pipe, nullptr);
+  I.http->set_pre_routing_handler([&I](const httplib::Request& req, httplib::Response& res) {
+    I.answer(req, res);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  I.listener = std::thread([&I] { I.listen_loop(); });
 }
 
 MetricsServer::~MetricsServer() {
-  impl_->stop = true;
-  if (impl_->thread.joinable()) impl_->thread.join();
-  ::close(impl_->listen_fd);
+  Impl& I = *impl_;
+  I.stopping = true;
+  const char wake = 1;
+  (void)!::write(I.stop_pipe[1], &wake, 1);  // every wait of every worker returns
+  ::shutdown(I.listen_fd, SHUT_RDWR);        // the blocked accept() fails: httplib's loop returns
+  if (I.listener.joinable()) I.listener.join();
+  ::close(I.listen_fd);
+  ::close(I.stop_pipe[0]);
+  ::close(I.stop_pipe[1]);
 }
 
 int MetricsServer::port() const { return impl_->port; }
+
+void MetricsServer::add_get(const std::string& path, Handler handler) {
+  if (path.empty() || path[0] != '/') throw TransportError("metrics route '" + path + "' must start with '/'");
+  if (!handler) throw TransportError("metrics route '" + path + "' has no handler");
+  std::lock_guard<std::mutex> lock(impl_->routes_mu);
+  impl_->routes[path] = std::move(handler);
+}
 
 }  // namespace deloco

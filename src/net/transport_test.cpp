@@ -12,7 +12,9 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -410,6 +412,181 @@ TEST(ZmqTransport, OversizedFrameIsDroppedAndTheServerKeepsServing) {
   EXPECT_FALSE(server->receive(&e, 200ms));
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Bounds on what one peer can make the server hold (issue 11, items 1 and 5).
+
+// A plain TCP connection to 127.0.0.1:port (-1 on failure).
+int tcp_connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A ZMTP 3.0 greeting asking for the CURVE mechanism (as a client), followed by the header of a long command
+// frame declaring `declared` bytes: what a peer without a key can send before any authentication.
+std::string curve_greeting_and_frame_header(uint64_t declared) {
+  std::string g(64, '\0');
+  g[0] = static_cast<char>(0xff);  // signature: 0xff, 8 bytes of padding, 0x7f
+  g[9] = 0x7f;
+  g[10] = 3;  // version 3.0
+  g[11] = 0;
+  std::memcpy(&g[12], "CURVE", 5);  // mechanism, NUL-padded to 20 bytes; as-server = 0; filler
+  g.push_back(0x06);                // flags: long frame, command
+  for (int i = 7; i >= 0; --i) g.push_back(static_cast<char>((declared >> (8 * i)) & 0xff));  // size, big-endian
+  return g;
+}
+
+// Writes up to `total` bytes of junk to `fd` until the peer closes or resets the connection; returns the bytes
+// written then, or -1 when it was still open after `within`.
+long long stream_until_closed(int fd, size_t total, std::chrono::milliseconds within) {
+  const std::string chunk(64 * 1024, 'j');
+  size_t sent = 0;
+  const auto end = Clock::now() + within;
+  while (Clock::now() < end) {
+    pollfd p{fd, static_cast<short>(POLLIN | (sent < total ? POLLOUT : 0)), 0};
+    if (::poll(&p, 1, 20) <= 0) continue;
+    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+      char buf[256];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);  // the server's greeting, then EOF or reset
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return static_cast<long long>(sent);
+    }
+    if ((p.revents & POLLOUT) && sent < total) {
+      const ssize_t n = ::send(fd, chunk.data(), std::min(chunk.size(), total - sent), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno != EAGAIN && errno != EINTR) return static_cast<long long>(sent);
+      if (n > 0) sent += static_cast<size_t>(n);
+    }
+  }
+  return -1;
+}
+
+TEST(ZmqBounds, HandshakeFrameDeclaredOverTheBoundDropsTheConnectionAtOnce) {
+  Keys k;
+  TransportOptions o = server_curve(k);
+  o.max_frame_bytes = 64 * 1024;
+  auto server = make_zmq_server("tcp://127.0.0.1:0", o);
+  const int port = port_of(server->endpoint());
+  // Three peers without keys, each declaring a 64 MiB handshake frame (far under the old 1 GiB bound) and
+  // streaming it: each is cut off right after the frame header, long before the frame could be complete.
+  const uint64_t declared = 64u << 20;
+  for (int i = 0; i < 3; ++i) {
+    const int fd = tcp_connect(port);
+    ASSERT_GE(fd, 0);
+    const std::string head = curve_greeting_and_frame_header(declared);
+    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+    const long long sent = stream_until_closed(fd, declared, 20s);
+    ::close(fd);
+    EXPECT_GE(sent, 0) << "connection " << i << " still open after 20 s";
+    EXPECT_LT(sent, static_cast<long long>(declared) / 2) << "connection " << i;
+  }
+  // libzmq drops such a peer without a handshake-failure event: it shows as a connection and a disconnect only.
+  int unexpected = 0;
+  ASSERT_TRUE(wait_for(*server, [&] { return server->stats().disconnects >= 3; }, &unexpected));
+  EXPECT_EQ(unexpected, 0);
+  const TransportStats st = server->stats();
+  EXPECT_GE(st.connections, 3u);
+  EXPECT_EQ(st.auth_denied, 0u);
+  EXPECT_EQ(st.messages_in, 0u);
+  // A legitimate client is still served.
+  auto alice = make_zmq_client(server->endpoint(), client_curve(k, k.alice_key));
+  Envelope e;
+  ASSERT_TRUE(deliver(*alice, *server, Bytes::from_string("h"), Bytes::from_string("still here"), &e));
+  EXPECT_EQ(e.identity, "alice");
+  EXPECT_EQ(e.payload.str(), "still here");
+}
+
+TEST(ZmqBounds, PartialHandshakeFrameIsReleasedAtTheHandshakeTimeout) {
+  Keys k;
+  TransportOptions o = server_curve(k);
+  o.max_frame_bytes = 64 * 1024;
+  o.handshake_timeout = 300ms;
+  auto server = make_zmq_server("tcp://127.0.0.1:0", o);
+  // Declares 32 KiB (within the bound), sends 1 KiB of it, then stalls: the server gives up on the handshake.
+  const int fd = tcp_connect(port_of(server->endpoint()));
+  ASSERT_GE(fd, 0);
+  const std::string head = curve_greeting_and_frame_header(32 * 1024) + std::string(1024, 'p');
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  EXPECT_EQ(stream_until_closed(fd, 0, 15s), 0) << "the stalled handshake was not dropped";
+  ::close(fd);
+  int unexpected = 0;
+  EXPECT_TRUE(wait_for(*server, [&] { return server->stats().handshake_failures >= 1; }, &unexpected));
+  EXPECT_EQ(unexpected, 0);
+  EXPECT_THROW(
+      [&] {
+        TransportOptions bad = server_curve(k);
+        bad.handshake_timeout = 0ms;
+        make_zmq_server("tcp://127.0.0.1:0", bad);
+      }(),
+      TransportError);
+}
+
+// An authenticated raw DEALER (alice's key) sending one multipart message.
+class RawCurveDealer {
+ public:
+  RawCurveDealer(const Keys& k, const std::string& endpoint) : ctx_(zmq_ctx_new()), s_(zmq_socket(ctx_, ZMQ_DEALER)) {
+    const KeyPair own = read_secret_key_file(k.alice_key);
+    const std::string server = read_public_key_file(k.server_pub);
+    const int zero = 0;
+    zmq_setsockopt(s_, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s_, ZMQ_CURVE_SERVERKEY, server.c_str(), 41);
+    zmq_setsockopt(s_, ZMQ_CURVE_PUBLICKEY, own.public_key.c_str(), 41);
+    zmq_setsockopt(s_, ZMQ_CURVE_SECRETKEY, own.secret_key.c_str(), 41);
+    zmq_connect(s_, endpoint.c_str());
+  }
+  ~RawCurveDealer() {
+    zmq_close(s_);
+    zmq_ctx_term(ctx_);
+  }
+  // Queued until the connection is up (no ZMQ_IMMEDIATE on this socket).
+  void send_frames(int frames, size_t bytes_each) {
+    const std::string f(bytes_each, 'f');
+    for (int i = 0; i < frames; ++i) zmq_send(s_, f.data(), f.size(), i + 1 < frames ? ZMQ_SNDMORE : 0);
+  }
+
+ private:
+  void* ctx_;
+  void* s_;
+};
+
+TEST(ZmqBounds, ManyFrameMessageWithFramesOverTheBoundDropsThePeer) {
+  Keys k;
+  TransportOptions o = server_curve(k);
+  o.max_frame_bytes = 64 * 1024;
+  auto server = make_zmq_server("tcp://127.0.0.1:0", o);
+  {
+    RawCurveDealer raw(k, server->endpoint());
+    raw.send_frames(24, 128 * 1024);  // 24 frames, each over the bound
+    int unexpected = 0;
+    ASSERT_TRUE(wait_for(*server, [&] { return server->stats().disconnects >= 1; }, &unexpected));
+    EXPECT_EQ(unexpected, 0);
+    EXPECT_EQ(server->stats().messages_in, 0u);
+  }
+  // Within the bound, a 24-frame message from an authenticated peer is delivered as malformed (parts = 24, the
+  // first two frames kept), and the transport goes on.
+  {
+    RawCurveDealer raw(k, server->endpoint());
+    raw.send_frames(24, 1024);
+    Envelope e;
+    ASSERT_TRUE(server->receive(&e, 10s));
+    EXPECT_EQ(e.parts, 24);
+    EXPECT_EQ(e.identity, "alice");
+    EXPECT_EQ(e.header.size(), 1024u);
+    EXPECT_EQ(e.payload.size(), 1024u);
+  }
+  auto alice = make_zmq_client(server->endpoint(), client_curve(k, k.alice_key));
+  Envelope e;
+  ASSERT_TRUE(deliver(*alice, *server, Bytes::from_string("h"), Bytes::from_string("fine"), &e));
+  EXPECT_EQ(e.parts, 2);
+  EXPECT_EQ(e.payload.str(), "fine");
+}
+
 TEST(ZmqTransport, ClientSendFailsWhileDisconnected) {
   // Nothing listens on this ipc path: with ZMQ_IMMEDIATE the message is refused rather than queued.
   TempDir d;
@@ -488,6 +665,36 @@ TEST(KeyFiles, RoundTripWithPrivateModeAndNoOverwrite) {
   EXPECT_FALSE(fs::exists(d / "lone.key"));
 }
 
+TEST(KeyFiles, SecretKeyAccessibleByGroupOrOthersIsRefused) {
+  TempDir d;
+  const KeyPair kp = generate_keypair();
+  write_keypair(d / "node", kp);
+  const std::string key = d / "node.key";
+  for (mode_t mode : {0644, 0640, 0604, 0620, 0602, 0660, 0666, 0700 | 0004}) {
+    ASSERT_EQ(::chmod(key.c_str(), mode), 0);
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
+    EXPECT_TRUE(expect_throw_containing([&] { read_secret_key_file(key); }, {key, octal, "chmod 600 " + key}))
+        << octal;
+    // Wherever a file with a secret key is read, also for its public half.
+    EXPECT_TRUE(expect_throw_containing([&] { read_public_key_file(key); }, {key, "chmod 600"})) << octal;
+  }
+  Keys k;
+  ASSERT_EQ(::chmod(k.server_key.c_str(), 0644), 0);
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_server("tcp://127.0.0.1:0", server_curve(k)); },
+                                      {k.server_key, "0644", "chmod 600"}));
+  ASSERT_EQ(::chmod(k.alice_key.c_str(), 0660), 0);
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_client("tcp://127.0.0.1:1", client_curve(k, k.alice_key)); },
+                                      {k.alice_key, "0660"}));
+  // Owner-only modes are fine, and public files may be world-readable.
+  for (mode_t mode : {0600, 0400, 0700}) {
+    ASSERT_EQ(::chmod(key.c_str(), mode), 0);
+    EXPECT_EQ(read_secret_key_file(key).secret_key, kp.secret_key);
+  }
+  ASSERT_EQ(::chmod((d / "node.pub").c_str(), 0666), 0);
+  EXPECT_EQ(read_public_key_file(d / "node.pub"), kp.public_key);
+}
+
 TEST(KeyFiles, MalformedFilesAreNamedWithTheProblem) {
   TempDir d;
   const KeyPair kp = generate_keypair();
@@ -506,6 +713,7 @@ TEST(KeyFiles, MalformedFilesAreNamedWithTheProblem) {
   const KeyPair other = generate_keypair();
   write_text(d / "mixed.key",
              "public-key = \"" + other.public_key + "\"\nsecret-key = \"" + kp.secret_key + "\"\n");
+  ::chmod((d / "mixed.key").c_str(), 0600);
   EXPECT_TRUE(expect_throw_containing([&] { read_secret_key_file(d / "mixed.key"); }, {"mixed.key", "belong"}));
   write_text(d / "bad-char.key", "public-key = \"" + std::string(39, 'a') + "~\"\n");
   EXPECT_TRUE(expect_throw_containing([&] { read_public_key_file(d / "bad-char.key"); }, {"bad-char.key", "Z85"}));
@@ -576,23 +784,162 @@ std::string http_get(int port, const std::string& request) {
 }
 
 TEST(MetricsServer, ServesTextAndRefusesOtherPaths) {
-  int calls = 0;
+  std::atomic<int> calls{0};
   MetricsServer m("127.0.0.1:0", [&] {
     ++calls;
     return std::string("deloco_up 1\n");
   });
   ASSERT_GT(m.port(), 0);
   const std::string r = http_get(m.port(), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-  EXPECT_EQ(r.rfind("HTTP/1.0 200 OK\r\n", 0), 0u) << r;
+  EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
   EXPECT_NE(r.find("Content-Type: text/plain; version=0.0.4\r\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("Content-Length: 12\r\n"), std::string::npos) << r;
+  EXPECT_NE(r.find("Connection: close\r\n"), std::string::npos) << r;
   EXPECT_EQ(r.substr(r.size() - 12), "deloco_up 1\n");
-  EXPECT_EQ(http_get(m.port(), "GET / HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 200", 0), 0u);
-  EXPECT_EQ(http_get(m.port(), "GET /secret HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 404", 0), 0u);
-  EXPECT_EQ(http_get(m.port(), "POST /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 405", 0), 0u);
-  // A huge request head is cut at 8 KiB and still answered (here: 404 for the junk path).
-  EXPECT_EQ(http_get(m.port(), "GET /" + std::string(20000, 'a') + " HTTP/1.0\r\n\r\n").rfind("HTTP/1.0 404", 0),
-            0u);
-  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(http_get(m.port(), "GET /?x=1 HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  const std::string nf = http_get(m.port(), "GET /secret HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(nf.rfind("HTTP/1.1 404", 0), 0u) << nf;
+  EXPECT_EQ(nf.substr(nf.size() - 35), "not found; metrics are at /metrics\n") << nf;
+  EXPECT_EQ(http_get(m.port(), "POST /metrics HTTP/1.0\r\nContent-Length: 5\r\n\r\nhello").rfind("HTTP/1.1 405", 0), 0u);
+  EXPECT_EQ(http_get(m.port(), "HEAD /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 405", 0), 0u);
+  EXPECT_EQ(http_get(m.port(), "garbage\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  // A request line over 8 KiB is refused (414), and one over MetricsServer::kMaxRequestBytes is cut unanswered.
+  EXPECT_EQ(http_get(m.port(), "GET /" + std::string(20000, 'a') + " HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 414", 0), 0u);
+  EXPECT_EQ(http_get(m.port(), "GET /" + std::string(MetricsServer::kMaxRequestBytes, 'a') + " HTTP/1.0\r\n\r\n"), "");
+  EXPECT_EQ(calls.load(), 2);
+}
+
+TEST(MetricsServer, ExtraGetRoutes) {
+  MetricsServer m("127.0.0.1:0", [] { return std::string("deloco_up 1\n"); });
+  std::string seen_query = "unset";
+  m.add_get("/api/status", [&](const std::string& query) {
+    seen_query = query;
+    return MetricsServer::Reply{200, "application/json", "{\"ok\":true}"};
+  });
+  m.add_get("/api/broken", [](const std::string&) -> MetricsServer::Reply { throw std::runtime_error("no data"); });
+  std::string r = http_get(m.port(), "GET /api/status?since=3&x=%20 HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 200", 0), 0u) << r;
+  EXPECT_NE(r.find("Content-Type: application/json\r\n"), std::string::npos) << r;
+  EXPECT_EQ(r.substr(r.size() - 11), "{\"ok\":true}");
+  EXPECT_EQ(seen_query, "since=3&x=%20");
+  r = http_get(m.port(), "GET /api/status HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(seen_query, "");
+  r = http_get(m.port(), "GET /api/broken HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 500", 0), 0u) << r;
+  EXPECT_EQ(r.substr(r.size() - 8), "no data\n");
+  EXPECT_EQ(http_get(m.port(), "GET /api HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 404", 0), 0u);  // exact paths only
+  EXPECT_EQ(http_get(m.port(), "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_THROW(m.add_get("api", [](const std::string&) { return MetricsServer::Reply{}; }), TransportError);
+}
+
+// A client that starts a request and then sends one byte now and then, always within any per-read timeout.
+class Slowloris {
+ public:
+  explicit Slowloris(int port) : fd_(tcp_connect(port)) {
+    if (fd_ < 0) return;
+    const std::string start = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+    ::send(fd_, start.data(), start.size(), MSG_NOSIGNAL);
+    started_ = Clock::now();
+    thread_ = std::thread([this] { trickle(); });
+  }
+  ~Slowloris() {
+    give_up_ = true;
+    if (thread_.joinable()) thread_.join();
+    if (fd_ >= 0) ::close(fd_);
+  }
+  bool connected() const { return fd_ >= 0; }
+  bool cut() const { return cut_.load(); }
+  // Waits until the server closed the connection (true) or `within` passed.
+  bool wait_cut(std::chrono::milliseconds within) {
+    for (auto end = Clock::now() + within; Clock::now() < end && !cut_;) std::this_thread::sleep_for(10ms);
+    return cut_;
+  }
+  std::chrono::milliseconds lived() const { return std::chrono::duration_cast<std::chrono::milliseconds>(lived_); }
+  const std::string& received() const { return received_; }
+
+ private:
+  void trickle() {
+    auto next = Clock::now();
+    while (!give_up_) {
+      if (Clock::now() >= next) {
+        if (::send(fd_, "a", 1, MSG_NOSIGNAL) != 1) break;  // a reset
+        next += 200ms;
+      }
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) {
+        char buf[512];
+        const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+        if (n <= 0) break;  // closed by the server
+        received_.append(buf, static_cast<size_t>(n));
+      }
+    }
+    if (!give_up_) {
+      lived_ = Clock::now() - started_;
+      char buf[512];  // what arrived before the close or reset (a failed send may be how we learnt of it)
+      for (ssize_t n; (n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT)) > 0;) received_.append(buf, static_cast<size_t>(n));
+      cut_ = true;
+    }
+  }
+
+  int fd_;
+  Clock::time_point started_;
+  Clock::duration lived_{};
+  std::string received_;
+  std::atomic<bool> give_up_{false}, cut_{false};
+  std::thread thread_;
+};
+
+TEST(MetricsServer, SlowlorisDoesNotDelayScrapesAndIsCutAtTheDeadline) {
+  MetricsServer m("127.0.0.1:0", [] { return std::string("deloco_up 1\n"); });
+  // The slow client connects first, so a server that takes connections one at a time would serve it first.
+  Slowloris slow(m.port());
+  ASSERT_TRUE(slow.connected());
+  for (int i = 0; i < 3; ++i) {
+    const std::string r = http_get(m.port(), "GET /metrics HTTP/1.0\r\n\r\n");
+    EXPECT_EQ(r.rfind("HTTP/1.1 200 OK", 0), 0u) << r;
+    EXPECT_FALSE(slow.cut()) << "scrape " << i << " was only answered after the slow client was dropped";
+  }
+  // The slow client, who never stops sending, is cut off at the request deadline, unanswered (a 400 at most).
+  ASSERT_TRUE(slow.wait_cut(MetricsServer::kRequestDeadline + 10s));
+  EXPECT_GE(slow.lived(), MetricsServer::kRequestDeadline - 100ms);
+  EXPECT_EQ(slow.received().find("200 OK"), std::string::npos) << slow.received();
+}
+
+TEST(MetricsServer, ConnectionsBeyondThePoolAreRefusedAndTheServerRecovers) {
+  MetricsServer m("127.0.0.1:0", [] { return std::string("deloco_up 1\n"); });
+  std::vector<std::unique_ptr<Slowloris>> slow;
+  for (int i = 0; i < MetricsServer::kThreads + MetricsServer::kQueue + 8; ++i) {
+    slow.push_back(std::make_unique<Slowloris>(m.port()));
+    ASSERT_TRUE(slow.back()->connected());
+  }
+  // The connections the pool cannot hold are answered 503 and closed at once (long before the deadline).
+  const std::string r = http_get(m.port(), "GET /metrics HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(r.rfind("HTTP/1.1 503", 0), 0u) << r;
+  int refused = 0, cut = 0;
+  for (auto end = Clock::now() + 2s; Clock::now() < end && refused == 0;) {
+    refused = cut = 0;
+    for (auto& s : slow)
+      if (s->cut()) {  // received() is complete once cut() holds
+        ++cut;
+        refused += s->received().rfind("HTTP/1.1 503", 0) == 0;
+      }
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_GE(refused, 1) << cut << " cut";
+  // Once the slow clients are cut off at the deadline, scrapes are served again.
+  for (auto& s : slow) EXPECT_TRUE(s->wait_cut(MetricsServer::kRequestDeadline + 10s));
+  EXPECT_EQ(http_get(m.port(), "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+}
+
+TEST(MetricsServer, DestructorCutsRequestsInProgress) {
+  auto m = std::make_unique<MetricsServer>("127.0.0.1:0", [] { return std::string("deloco_up 1\n"); });
+  Slowloris slow(m->port());
+  ASSERT_TRUE(slow.connected());
+  ASSERT_EQ(http_get(m->port(), "GET /metrics HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);  // it is being served
+  const auto start = Clock::now();
+  m.reset();
+  EXPECT_LT(Clock::now() - start, MetricsServer::kRequestDeadline);  // not waiting for the slow client's deadline
+  EXPECT_TRUE(slow.wait_cut(10s));
 }
 
 TEST(MetricsServer, AddressErrorsAreClear) {

@@ -4,6 +4,13 @@
 // front on the server side. Payloads are handed to ZeroMQ by reference (zmq_msg_init_data with a release
 // function that drops our reference from the I/O thread) and received frames are wrapped, not copied.
 //
+// Bounds (the figures are in deloco/transport.h and docs/transport.md): ZMQ_MAXMSGSIZE bounds every frame, also
+// during the handshake (libzmq checks the declared size before it buffers anything and drops the connection);
+// ZMQ_HANDSHAKE_IVL bounds how long an unauthenticated connection may hold its one partial frame; ZMQ_RCVHWM
+// bounds the complete messages queued per peer. Nothing in libzmq 4.3 bounds the frames of one multipart message,
+// which it buffers whole before delivering; try_receive() at least closes every frame past the ones it keeps as
+// soon as it reads it.
+//
 // Security: the server always enables ZAP (RFC 27) through a handler thread in its own context. With CURVE the
 // handler admits a client only if its public key is in the allow-list and names it (User-Id). In plaintext the
 // handler admits everyone; it is still installed because libzmq refuses ZMTP 1.0 peers whenever ZAP is on, and
@@ -19,6 +26,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -40,13 +48,14 @@ constexpr int kReconnectMaxMs = 2000;
 constexpr size_t kCopyBelow = 1024;
 constexpr int kHandshakeFailureEvents =
     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+constexpr int kMonitoredEvents = kHandshakeFailureEvents | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED;
 
 std::string zerr() { return zmq_strerror(zmq_errno()); }
 
 // Counters shared between the owner's thread and the server's auth thread; stats() may read them from anywhere.
 struct Counters {
   std::atomic<uint64_t> messages_in{0}, messages_out{0}, bytes_in{0}, bytes_out{0}, dropped_out{0}, auth_denied{0},
-      handshake_failures{0};
+      handshake_failures{0}, connections{0}, disconnects{0};
   TransportStats snapshot() const {
     TransportStats s;
     s.messages_in = messages_in.load();
@@ -56,6 +65,8 @@ struct Counters {
     s.dropped_out = dropped_out.load();
     s.auth_denied = auth_denied.load();
     s.handshake_failures = handshake_failures.load();
+    s.connections = connections.load();
+    s.disconnects = disconnects.load();
     return s;
   }
 };
@@ -161,21 +172,31 @@ bool send_copy(void* sock, const std::string& s, int flags) {
   return zmq_send(sock, s.data(), s.size(), flags | ZMQ_DONTWAIT) >= 0;
 }
 
-// Receives one whole multipart message if one is ready: keeps the first `keep` frames, counts all of them.
-// libzmq delivers multipart messages atomically, so once the first frame is here the rest are too.
+// Receives one whole multipart message if one is ready: keeps the first `keep` frames, counts all of them (the
+// count saturates at INT_MAX) and closes every other frame as soon as it is read, so a message of many frames
+// releases them one by one instead of being held. libzmq delivers multipart messages atomically, so once the
+// first frame is here the rest are too.
 bool try_receive(void* sock, size_t keep, std::vector<MsgPtr>* frames, int* total) {
   frames->clear();
   *total = 0;
+  zmq_msg_t extra;  // reused for the frames past `keep`
+  zmq_msg_init(&extra);
   for (bool more = true; more;) {
-    MsgPtr m = new_msg();
-    if (zmq_msg_recv(m.get(), sock, *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
-      if (*total == 0) return false;  // EAGAIN: nothing ready (or ETERM while shutting down)
-      break;                          // cannot happen mid-message short of shutdown; deliver what we have
+    const bool kept = frames->size() < keep;
+    MsgPtr m = kept ? new_msg() : nullptr;
+    zmq_msg_t* into = kept ? m.get() : &extra;
+    if (zmq_msg_recv(into, sock, *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+      if (*total == 0) {
+        zmq_msg_close(&extra);
+        return false;  // EAGAIN: nothing ready (or ETERM while shutting down)
+      }
+      break;  // cannot happen mid-message short of shutdown; deliver what we have
     }
-    more = zmq_msg_more(m.get()) != 0;
-    if (frames->size() < keep) frames->push_back(std::move(m));
-    ++*total;
+    more = zmq_msg_more(into) != 0;
+    if (kept) frames->push_back(std::move(m));
+    if (*total < std::numeric_limits<int>::max()) ++*total;
   }
+  zmq_msg_close(&extra);  // zmq_msg_recv released each earlier frame held here before reusing it
   return true;
 }
 
@@ -207,6 +228,19 @@ void check_ipc_free(const std::string& endpoint) {
   if (live) throw TransportError("cannot bind " + endpoint + ": address in use by a running server");
 }
 
+int64_t max_msg_size(const TransportOptions& o) {
+  if (o.max_frame_bytes == 0 || o.max_frame_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw TransportError("max_frame_bytes must be in [1, 2^63) (got " + std::to_string(o.max_frame_bytes) + ")");
+  return static_cast<int64_t>(o.max_frame_bytes);
+}
+
+int handshake_ms(const TransportOptions& o) {
+  if (o.handshake_timeout.count() <= 0 || o.handshake_timeout.count() > std::numeric_limits<int>::max())
+    throw TransportError("handshake_timeout must be positive (got " + std::to_string(o.handshake_timeout.count()) +
+                         " ms): without it an unauthenticated connection could hold a partial frame forever");
+  return static_cast<int>(o.handshake_timeout.count());
+}
+
 std::string curve_missing(const char* option, const char* what) {
   return std::string("CURVE is on and ") + option + " (" + what + ") is not set; set it (keys come from `deloco keygen`)"
          " or set net.plaintext = true explicitly to run without authentication and encryption";
@@ -230,14 +264,15 @@ class ZmqServer final : public ServerTransport {
     router_ = Socket(ctx_, ZMQ_ROUTER);
     router_.set_int(ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY");  // unknown peer: EHOSTUNREACH, not silence
     router_.set_int(ZMQ_SNDHWM, o.queue_limit, "ZMQ_SNDHWM");
-    router_.set_int(ZMQ_RCVHWM, o.queue_limit, "ZMQ_RCVHWM");
-    router_.set_int64(ZMQ_MAXMSGSIZE, static_cast<int64_t>(o.max_frame_bytes), "ZMQ_MAXMSGSIZE");
+    router_.set_int(ZMQ_RCVHWM, o.receive_limit > 0 ? o.receive_limit : o.queue_limit, "ZMQ_RCVHWM");
+    router_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
+    router_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
     router_.set_string(ZMQ_ZAP_DOMAIN, kZapDomain, "ZMQ_ZAP_DOMAIN");
     if (curve_) {
       router_.set_int(ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER");
       router_.set_z85(ZMQ_CURVE_SECRETKEY, own.secret_key, "ZMQ_CURVE_SECRETKEY");
     }
-    if (zmq_socket_monitor(router_.get(), kMonitorEndpoint, kHandshakeFailureEvents) != 0)
+    if (zmq_socket_monitor(router_.get(), kMonitorEndpoint, kMonitoredEvents) != 0)
       throw TransportError("cannot monitor the server socket: " + zerr());
     monitor_ = Socket(ctx_, ZMQ_PAIR);
     if (zmq_connect(monitor_.get(), kMonitorEndpoint) != 0)
@@ -364,6 +399,8 @@ class ZmqServer final : public ServerTransport {
       uint16_t event;
       std::memcpy(&event, ev[0].data(), sizeof event);
       if (event & kHandshakeFailureEvents) c_.handshake_failures++;
+      if (event == ZMQ_EVENT_ACCEPTED) c_.connections++;
+      if (event == ZMQ_EVENT_DISCONNECTED) c_.disconnects++;
     }
     return true;
   }
@@ -397,7 +434,8 @@ class ZmqClient final : public ClientTransport {
     dealer_.set_int(ZMQ_RECONNECT_IVL_MAX, kReconnectMaxMs, "ZMQ_RECONNECT_IVL_MAX");
     dealer_.set_int(ZMQ_SNDHWM, o.queue_limit, "ZMQ_SNDHWM");
     dealer_.set_int(ZMQ_RCVHWM, o.queue_limit, "ZMQ_RCVHWM");
-    dealer_.set_int64(ZMQ_MAXMSGSIZE, static_cast<int64_t>(o.max_frame_bytes), "ZMQ_MAXMSGSIZE");
+    dealer_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
+    dealer_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
     if (zmq_connect(dealer_.get(), endpoint.c_str()) != 0)
       throw TransportError("cannot connect to " + endpoint + ": " + zerr());
   }
