@@ -77,7 +77,9 @@ struct NetOptions {
   int64_t chunk_bytes = 1 << 20;     // global-state download chunk size
   double join_timeout = 60.0;        // learner: seconds to wait for the first welcome before training alone;
                                      // also how long a refused learner (duplicate id) keeps retrying
+  int64_t max_frame_bytes = 0;       // largest frame a node accepts (0: sized to the model, node_transport_options)
   void bind(ConfigSchema& schema);
+  // net.* as TransportOptions, without the model-sized bounds (node_transport_options adds them).
   TransportOptions transport() const;
 };
 
@@ -124,6 +126,25 @@ struct RuntimeConfig : AlgorithmConfig {
   int64_t resolved_learners() const;
   void validate() const;             // cross-checks (resolving the preset first); throws ConfigError naming the key
 };
+
+// ---- Transport bounds sized to the model ---------------------------------------------------------------------
+// What a peer can make a node hold is a few frames (deloco/transport.h, Bounds), so frames are bounded by what the
+// node legitimately receives for its model, not by the transport's generic 1 GiB.
+enum class NodeRole { kSyncer, kLearner };
+// The largest frame `role` legitimately receives, for a model of `model_elements` parameters whose largest
+// fragment has `fragment_elements`, plus 4 KiB of slack (the 72-byte header is a frame of its own):
+//   syncer:  a fragment push, the largest fragment in the costliest float encoding; or a control message
+//            (hello, heartbeat, leave: at most 64 KiB).
+//   learner: a state chunk or a fragment broadcast, never more than the whole model in the costliest float
+//            encoding (whatever net.chunk_bytes the syncer uses); or a control message.
+// Throws ConfigError when the size overflows.
+uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t model_elements);
+// TransportOptions of a node of `role` serving `model` under `cfg` (cut into fragments as the node will cut it):
+// net.* (NetOptions::transport), max_frame_bytes = legit_frame_bytes unless net.max_frame_bytes > 0 overrides it,
+// and on the syncer receive_limit = 4·P + 16 complete messages queued per learner (a learner has at most a hello,
+// a few heartbeats, and a push plus its heartbeat per fragment in flight; a full queue only slows that learner's
+// sending down, TCP back-pressure, it loses nothing).
+TransportOptions node_transport_options(const RuntimeConfig& cfg, Workload& model, NodeRole role);
 
 using RecordSink = std::function<void(const nlohmann::json&)>;
 

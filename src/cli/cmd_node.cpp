@@ -19,6 +19,7 @@
 #include "deloco/fs.h"
 #include "deloco/runtime.h"
 #include "deloco/stop_signals.h"
+#include "deloco/train.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;
@@ -89,13 +90,18 @@ void run_syncer(const NodeArgs& a) {
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
   JsonlFile log((fs::path(dir) / "syncer.jsonl").string());
-  auto transport = make_zmq_server(cfg.net.address, cfg.net.transport());
+  // The evaluator's model fixes the transport's frame bound (node_transport_options), so it is built first.
+  std::unique_ptr<Workload> evaluator = gpt_workloads(cfg.run, corpus)(0, 1);
+  const TransportOptions topts = node_transport_options(cfg, *evaluator, NodeRole::kSyncer);
+  auto transport = make_zmq_server(cfg.net.address, topts);
   const std::string endpoint = transport->endpoint();
-  SyncerNode node(cfg, std::move(transport), corpus, a.resume, [&](const nlohmann::json& j) { log.write(j); });
+  SyncerNode node(cfg, std::move(transport), std::move(evaluator), a.resume,
+                  [&](const nlohmann::json& j) { log.write(j); });
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
   std::cerr << "deloco syncer: serving " << endpoint << (cfg.net.plaintext ? " in PLAINTEXT" : " (CURVE)") << ", "
             << cfg.resolved_learners() << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
-            << (a.resume ? ", resumed" : "") << "; run folder " << dir << "\n";
+            << (a.resume ? ", resumed" : "") << ", max frame " << topts.max_frame_bytes << " bytes; run folder " << dir
+            << "\n";
   nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco syncer: " << s["outer_steps"] << " merges, " << s["contributions_merged"]
             << " contributions merged, " << s["contributions_rejected"] << " rejected, val loss "
@@ -125,8 +131,12 @@ void run_learner(const NodeArgs& a) {
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
   JsonlFile log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
-  auto transport = make_zmq_client(cfg.net.address, cfg.net.transport());
-  LearnerNode node(cfg, id, std::move(transport), corpus, [&](const nlohmann::json& j) { log.write(j); });
+  if (id < 0 || id >= cfg.resolved_learners())  // before building a replica for it
+    throw ConfigError("learner id " + std::to_string(id) + " is not in [0, sync.learners=" +
+                      std::to_string(cfg.resolved_learners()) + ")");
+  std::unique_ptr<Workload> replica = gpt_workloads(cfg.run, corpus)(id, cfg.resolved_learners());
+  auto transport = make_zmq_client(cfg.net.address, node_transport_options(cfg, *replica, NodeRole::kLearner));
+  LearnerNode node(cfg, id, std::move(transport), std::move(replica), [&](const nlohmann::json& j) { log.write(j); });
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding << "\n";
   nlohmann::json s = node.run(install_stop_signals().requested);

@@ -38,6 +38,12 @@ void NetOptions::bind(ConfigSchema& s) {
   });
   s.bind("net.join_timeout", &join_timeout, "seconds a learner waits for its first welcome",
          positive(&join_timeout, "net.join_timeout"));
+  s.bind("net.max_frame_bytes", &max_frame_bytes,
+         "largest frame a node accepts; a larger one drops the connection (0: sized to the model)", [this] {
+           return max_frame_bytes >= 0 && max_frame_bytes <= (int64_t{1} << 40)
+                      ? std::string()
+                      : std::string("net.max_frame_bytes must be in [0, 2^40] (0: sized to the model)");
+         });
 }
 
 TransportOptions NetOptions::transport() const {
@@ -46,7 +52,9 @@ TransportOptions NetOptions::transport() const {
   t.secret_key_file = secret_key;
   t.server_public_key_file = server_key;
   t.allow = allow;
-  // The largest legal frame: a whole model's worth of fp32 elements plus the header.
+  // max_frame_bytes: net.max_frame_bytes when set; otherwise node_transport_options (transport_options.cpp) sizes
+  // it to what the node's role receives for its model, and this generic default only stands when neither is used.
+  if (max_frame_bytes > 0) t.max_frame_bytes = static_cast<uint64_t>(max_frame_bytes);
   return t;
 }
 

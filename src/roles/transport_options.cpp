@@ -1,0 +1,52 @@
+// Transport bounds sized to the model (deloco/runtime.h: legit_frame_bytes, node_transport_options).
+#include <algorithm>
+#include <limits>
+
+#include "deloco/config.h"
+#include "deloco/runtime.h"
+#include "deloco/wire.h"
+#include "protocol.h"
+
+namespace deloco {
+namespace {
+
+constexpr uint64_t kSlackBytes = 4096;
+
+// The bytes of n elements in the costliest float encoding (fp32 for large n; int8's block scales make it larger
+// for a handful of elements).
+uint64_t costliest_float_bytes(int64_t n) {
+  uint64_t most = 0;
+  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4})
+    most = std::max<uint64_t>(most, encoded_bytes(e, static_cast<uint64_t>(n)));
+  return most;
+}
+
+}  // namespace
+
+uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t model_elements) {
+  if (fragment_elements < 0 || model_elements < fragment_elements)
+    throw ConfigError("legit_frame_bytes: fragment of " + std::to_string(fragment_elements) +
+                      " elements in a model of " + std::to_string(model_elements));
+  try {
+    const uint64_t floats = costliest_float_bytes(role == NodeRole::kSyncer ? fragment_elements : model_elements);
+    const uint64_t largest = std::max<uint64_t>(floats, proto::kMaxControlBytes);
+    if (largest > std::numeric_limits<uint64_t>::max() - kSlackBytes) throw WireError("overflow");
+    return largest + kSlackBytes;
+  } catch (const WireError&) {
+    throw ConfigError("a model of " + std::to_string(model_elements) + " elements is too large for the wire format");
+  }
+}
+
+TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& model, NodeRole role) {
+  RuntimeConfig cfg = cfg_in;
+  cfg.resolve();
+  const proto::ModelPlan plan = proto::plan_model(model.parameters(), cfg.sync.fragments, cfg.sync.sync_every);
+  int64_t largest = 0;
+  for (const auto& l : plan.fragment_layouts) largest = std::max(largest, l.elements);
+  TransportOptions t = cfg.net.transport();
+  if (cfg.net.max_frame_bytes <= 0) t.max_frame_bytes = legit_frame_bytes(role, largest, plan.model.elements);
+  if (role == NodeRole::kSyncer) t.receive_limit = static_cast<int>(4 * plan.fragments.size() + 16);
+  return t;
+}
+
+}  // namespace deloco
