@@ -81,6 +81,9 @@ using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 NamedTensors named_parameters(torch::nn::Module& model);
 // Hash of parameter names, shapes and dtypes: two models can exchange parameters iff fingerprints match.
 std::string model_fingerprint(const NamedTensors& params);
+// The same over FNV-1a's short basis (deloco/hash.h): the fingerprints deloco recorded before commit c2749d1, only
+// to recognise checkpoints of that time (fingerprint_matches of deloco/checkpoint.h).
+std::string model_fingerprint_short_basis(const NamedTensors& params);
 
 // ---- Text generation (src/model/sample.cpp) ----------------------------------------------------------------
 struct SampleOptions {

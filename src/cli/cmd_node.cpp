@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "commands.h"
+#include "deloco/checkpoint_store.h"
 #include "deloco/config.h"
 #include "deloco/data.h"
 #include "deloco/fs.h"
@@ -82,7 +83,7 @@ void run_syncer(const NodeArgs& a) {
     if (dir.empty()) throw ConfigError("--resume needs the run folder: --out DIR or syncer.out_dir");
   } else if (dir.empty()) {
     dir = new_run_dir("", a.common, "syncer", "choose another with --out DIR");
-  } else if (fs::exists(fs::path(dir) / "latest")) {
+  } else if (fs::exists(fs::path(dir) / "latest") || has_committed_checkpoint(dir)) {
     throw ConfigError("run folder '" + dir + "' already holds syncer checkpoints; continue it with --resume or choose another --out");
   }
   cfg.syncer.out_dir = dir;

@@ -38,24 +38,16 @@ std::string checkpoint_name(int64_t step) {
   return o.str();
 }
 
-// Writes a checkpoint of `tr` into run folder `run`, points "latest" at it and prunes old ones.
-std::string save_run_checkpoint(Trainer& tr, const ConfigSchema& schema, const std::string& run, int64_t keep) {
-  const std::string name = checkpoint_name(tr.step());
-  const fs::path dir = fs::path(run) / "checkpoints" / name;
+// Commits a checkpoint of `tr` into run folder `run` (deloco/checkpoint_store.h: recovery, commit by rename,
+// "latest", pruning to the newest `keep`); a run resumed from an older checkpoint that reaches a step it already
+// checkpointed gets a new folder, never a refusal or a skip.
+std::string save_train_checkpoint(Trainer& tr, const ConfigSchema& schema, const std::string& run, int64_t keep) {
   nlohmann::json manifest = tr.position();
   manifest["config"] = schema.to_json();
   manifest["kind"] = "train";
   TensorFile opt = tr.optimizer_file();
-  write_checkpoint(dir.string(), manifest, parameters_to_file(tr.parameters()), &opt);
-  write_file_atomic((fs::path(run) / "latest").string(), name + "\n");
-  if (keep > 0) {
-    std::vector<fs::path> all;
-    for (const auto& e : fs::directory_iterator(fs::path(run) / "checkpoints"))
-      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) all.push_back(e.path());
-    std::sort(all.begin(), all.end());
-    for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove_all(all[i]);
-  }
-  return dir.string();
+  return save_run_checkpoint(run, checkpoint_name(tr.step()), manifest, parameters_to_file(tr.parameters()), &opt, keep)
+      .dir;
 }
 
 class Progress {
@@ -94,6 +86,11 @@ void run_train(const TrainArgs& args) {
   if (!args.resume.empty()) {
     if (!args.common.config_path.empty())
       throw ConfigError("--resume takes its config from the checkpoint; change keys with --set instead of --config");
+    // A run folder is about to be written again: clear what a crash left (uncommitted temporaries, a stale
+    // "latest") first. Its newest committed checkpoint is found by scanning, whatever "latest" says.
+    std::error_code ec;
+    if (!fs::exists(fs::path(args.resume) / "manifest.json", ec) && fs::is_directory(fs::path(args.resume) / "checkpoints", ec))
+      recover_run_folder(args.resume);
     resume_ck = read_checkpoint(args.resume, /*with_optimizer=*/true);
     if (!resume_ck.manifest.contains("config")) throw CheckpointError("checkpoint '" + resume_ck.dir + "' has no config");
     schema.from_json(resume_ck.manifest["config"], resume_ck.dir + "/manifest.json");
@@ -117,6 +114,7 @@ void run_train(const TrainArgs& args) {
     throw ConfigError("the run is already at step " + std::to_string(tr.step()) + " of train.steps=" +
                       std::to_string(cfg.train.steps) + "; raise train.steps with --set to continue");
   fs::create_directories(run_dir);
+  if (!args.resume.empty()) recover_run_folder(run_dir);
   if (args.resume.empty()) write_file_atomic((fs::path(run_dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
   std::ofstream metrics((fs::path(run_dir) / "metrics.jsonl").string(), std::ios::app);
   if (!metrics) throw IoError("cannot open '" + run_dir + "/metrics.jsonl' for writing");
@@ -177,11 +175,11 @@ void run_train(const TrainArgs& args) {
     }
     if (cfg.train.eval_every > 0 && tr.step() % cfg.train.eval_every == 0 && tr.step() != cfg.train.steps) do_eval();
     if (cfg.train.checkpoint_every > 0 && tr.step() % cfg.train.checkpoint_every == 0 && tr.step() != end_step)
-      last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
+      last_ckpt = save_train_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
   }
   if (stop.requested) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
   if (tr.step() == cfg.train.steps || !have_eval) do_eval();
-  if (tr.step() > start_step || last_ckpt.empty()) last_ckpt = save_run_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
+  if (tr.step() > start_step || last_ckpt.empty()) last_ckpt = save_train_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
   const double wall = seconds_since(t_start);
   const double tps = timed_steps > 0 ? timed_steps * tokens_per_step / train_seconds : 0.0;
 

@@ -5,6 +5,7 @@
 
 #include "deloco/fs.h"
 #include "deloco/safetensors.h"
+#include "io/tensor_stream.h"
 
 namespace deloco {
 namespace {
@@ -64,6 +65,57 @@ TEST(Safetensors, RejectsTruncationAndCorruption) {
   s[pos + 1] = '5';
   EXPECT_NE(error_of(s).find("'x'"), std::string::npos);
   EXPECT_EQ(error_of(bytes), "");
+}
+
+// A file image with this JSON header and `data_bytes` zero bytes of data.
+std::string crafted(const std::string& header, size_t data_bytes = 0) {
+  std::string h = header;
+  while (h.size() % 8) h.push_back(' ');
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((static_cast<uint64_t>(h.size()) >> (8 * i)) & 0xff);
+  return out + h + std::string(data_bytes, '\0');
+}
+
+// Issue 11 item 11: element count × element size wrapped modulo 2^64, so shape [2^62] F32 (2^64 bytes ≡ 0) with
+// an empty byte range passed validation and reached libtorch. Now every size is checked arithmetic.
+TEST(Safetensors, SizesThatOverflowAreRefusedNamingTheFile) {
+  const std::string two62 = std::to_string(uint64_t{1} << 62), two63 = std::to_string(uint64_t{1} << 63);
+  for (const std::string& header : std::vector<std::string>{
+           R"({"x":{"dtype":"F32","shape":[)" + two62 + R"(],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"F64","shape":[)" + two62 + R"(,4],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"I16","shape":[4294967296,4294967296],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"U8","shape":[)" + two63 + R"(],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"U8","shape":[0,)" + two62 + "," + two62 + R"(],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"F32","shape":[-1],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":"F32","shape":[2.5],"data_offsets":[0,0]}})",
+           R"({"x":{"dtype":)" + std::string(5000, '[') + std::string(5000, ']') + R"(,"shape":[1],"data_offsets":[0,4]}})",
+       }) {
+    const std::string e = error_of(crafted(header, 8));
+    EXPECT_NE(e.find("'bad.safetensors' is not a valid safetensors file"), std::string::npos)
+        << header.substr(0, 120) << " → " << e;
+    EXPECT_LT(e.size(), 400u) << "the error echoes the input: " << e.substr(0, 200);
+  }
+  EXPECT_NE(error_of(crafted(R"({"x":{"dtype":"F32","shape":[)" + two62 + R"(],"data_offsets":[0,0]}})")).find("overflows"),
+            std::string::npos);
+  // Still fine: an empty tensor, and a real one.
+  EXPECT_EQ(error_of(crafted(R"({"x":{"dtype":"F32","shape":[0,1000000],"data_offsets":[0,0]}})")), "");
+  EXPECT_EQ(error_of(crafted(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8)), "");
+
+  // The same through the files: load_safetensors and the streaming reader of `deloco merge`.
+  const auto path = (std::filesystem::temp_directory_path() / ("deloco_st_big_" + std::to_string(::getpid()) + ".safetensors")).string();
+  write_file_atomic(path, crafted(R"({"x":{"dtype":"F32","shape":[)" + two62 + R"(],"data_offsets":[0,0]}})"));
+  for (int reader = 0; reader < 2; ++reader) {
+    try {
+      if (reader == 0) load_safetensors(path);
+      else MappedSafetensors m(path);
+      ADD_FAILURE() << "reader " << reader << " accepted a [2^62] F32 tensor of 0 bytes";
+    } catch (const SafetensorsError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overflows"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove(path);
 }
 
 TEST(Safetensors, FileRoundTripAndMissingFile) {

@@ -13,6 +13,7 @@
 
 #include "deloco/fs.h"
 #include "deloco/safetensors.h"
+#include "util/checked.h"
 
 namespace deloco {
 namespace {
@@ -78,10 +79,13 @@ SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path,
     const char* dt = safetensors_dtype_name(info.dtype);
     if (!dt) throw SafetensorsError(path + ": tensor '" + name + "' has a dtype safetensors cannot store");
     uint64_t bytes = c10::elementSize(info.dtype);
-    for (int64_t s : info.shape) bytes *= static_cast<uint64_t>(s);
+    for (int64_t s : info.shape)
+      if (s < 0 || !checked_mul(bytes, static_cast<uint64_t>(s), &bytes))
+        throw SafetensorsError(path + ": tensor '" + name + "' has a negative or overflowing shape");
     info.begin = off;
-    info.end = off + bytes;
-    off += bytes;
+    if (!checked_add(off, bytes, &off) || off > static_cast<uint64_t>(INT64_MAX) / 2)
+      throw SafetensorsError(path + ": the tensors' total size overflows");
+    info.end = off;
     h[name] = {{"dtype", dt}, {"shape", info.shape}, {"data_offsets", {info.begin, info.end}}};
   }
   std::string header = h.dump();

@@ -116,15 +116,26 @@ NamedTensors named_parameters(torch::nn::Module& model) {
   return out;
 }
 
-std::string model_fingerprint(const NamedTensors& params) {
+namespace {
+std::string fingerprint_text(const NamedTensors& params) {
   std::ostringstream s;
   for (const auto& [name, t] : params) {
     s << name << ':' << c10::toString(t.scalar_type()) << ':';
     for (auto d : t.sizes()) s << d << ',';
     s << ';';
   }
-  std::string text = s.str();
+  return s.str();
+}
+}  // namespace
+
+std::string model_fingerprint(const NamedTensors& params) {
+  const std::string text = fingerprint_text(params);
   return fnv1a64_hex(text.data(), text.size());
+}
+
+std::string model_fingerprint_short_basis(const NamedTensors& params) {
+  const std::string text = fingerprint_text(params);
+  return fnv1a64_short_basis_hex(text.data(), text.size());
 }
 
 }  // namespace deloco

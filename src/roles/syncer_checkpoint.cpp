@@ -36,10 +36,8 @@ void SyncerNode::Impl::checkpoint() {
   const double start = now();
   int64_t n_retired = 0;
   for (bool r : retired) n_retired += r ? 1 : 0;
-  std::ostringstream name;  // sorts by merges, then by retirements
+  std::ostringstream name;  // merges, then retirements; commit order is the manifest's sequence
   name << "merges_" << std::setw(8) << std::setfill('0') << merges << "-r" << std::setw(4) << n_retired;
-  const fs::path dir = fs::path(cfg.syncer.out_dir) / "checkpoints" / name.str();
-  if (fs::exists(dir)) return;  // already written at this merge count (e.g. final == periodic)
   nlohmann::json manifest;
   manifest["kind"] = "syncer";
   manifest["fingerprint"] = fingerprint_hex(fingerprint);
@@ -50,14 +48,10 @@ void SyncerNode::Impl::checkpoint() {
   TensorFile model, opt;
   for (const auto& [n, t] : core->global()) model.tensors[n] = t.detach().to(torch::kCPU).clone();
   for (const auto& [n, t] : core->outer_state()) opt.tensors[n] = t.detach().to(torch::kCPU).clone();
-  write_checkpoint(dir.string(), manifest, model, &opt);
-  write_file_atomic((fs::path(cfg.syncer.out_dir) / "latest").string(), name.str() + "\n");
-  // Keep the three newest.
-  std::vector<fs::path> all;
-  for (const auto& e : fs::directory_iterator(fs::path(cfg.syncer.out_dir) / "checkpoints"))
-    if (e.is_directory() && e.path().filename().string().rfind("merges_", 0) == 0) all.push_back(e.path());
-  std::sort(all.begin(), all.end());
-  for (size_t i = 0; i + 3 < all.size(); ++i) fs::remove_all(all[i]);
+  // Recovery, commit by rename, "latest", keep the three newest (deloco/checkpoint_store.h). A checkpoint at a
+  // merge count already written (the final one after a periodic one, or after a resume) is a new folder, not a
+  // skip: it holds newer counters, and a skipped checkpoint once lost a broadcast merge.
+  const fs::path dir = save_run_checkpoint(cfg.syncer.out_dir, name.str(), manifest, model, &opt, /*keep=*/3).dir;
   merges_at_ckpt = merges;
   last_checkpoint = dir.string();
   excuse_peers(now() - start);
@@ -65,11 +59,16 @@ void SyncerNode::Impl::checkpoint() {
 }
 
 void SyncerNode::Impl::restore_from(const std::string& out_dir) {
+  // Clear what a crash left (uncommitted temporaries, a stale "latest"), then take the newest committed
+  // checkpoint, found by scanning checkpoints/ (deloco/checkpoint_store.h).
+  if (!recover_run_folder(out_dir))
+    throw CheckpointError("run folder '" + out_dir + "' holds no committed syncer checkpoint to resume from");
   Checkpoint ck = read_checkpoint(out_dir, /*with_optimizer=*/true);
   const auto& man = ck.manifest;
   if (man.value("kind", std::string()) != "syncer")
     throw CheckpointError("'" + ck.dir + "' is not a syncer checkpoint (kind '" + man.value("kind", std::string()) + "')");
-  if (man.value("fingerprint", std::string()) != fingerprint_hex(fingerprint))
+  if (!fingerprint_matches(ck, man.value("fingerprint", std::string()), fingerprint_hex(fingerprint),
+                          evaluator->parameters()))
     throw CheckpointError("'" + ck.dir + "' holds a model with fingerprint " + man.value("fingerprint", std::string()) +
                           ", this config builds " + fingerprint_hex(fingerprint));
   try {

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "deloco/checkpoint_store.h"
 #include "deloco/clock.h"
 #include "deloco/transport.h"
 
@@ -174,11 +175,9 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
   return a;
 }
 
-// Whether the syncer has a checkpoint to --resume from (`deloco syncer` marks it with RUN/latest).
-bool LocalCluster::has_checkpoint() const {
-  std::error_code ec;
-  return fs::exists(dir_ / "latest", ec);
-}
+// Whether the syncer has a checkpoint to --resume from: a committed folder in RUN/checkpoints (RUN/latest is only
+// a hint, missing when the syncer died between its first commit and writing it).
+bool LocalCluster::has_checkpoint() const { return has_committed_checkpoint(dir_.string()); }
 
 void LocalCluster::start(Child& c) {
   const std::string log = (dir_ / "logs" / (c.name + ".log")).string();

@@ -1,7 +1,6 @@
 #include "deloco/checkpoint.h"
 
 #include <filesystem>
-#include <unistd.h>
 
 #include <torch/torch.h>
 
@@ -9,47 +8,38 @@
 
 namespace deloco {
 namespace fs = std::filesystem;
+namespace {
+
+CheckpointFiles encode_files(const TensorFile& model, const TensorFile* optimizer) {
+  CheckpointFiles files;
+  files.emplace_back("model.safetensors", encode_safetensors(model));
+  if (optimizer) files.emplace_back("optimizer.safetensors", encode_safetensors(*optimizer));
+  return files;
+}
+
+}  // namespace
 
 void write_checkpoint(const std::string& dir, nlohmann::json manifest, const TensorFile& model,
-                      const TensorFile* optimizer) {
-  if (fs::exists(dir)) throw CheckpointError("checkpoint '" + dir + "' already exists; refusing to overwrite it");
-  const fs::path target(dir);
-  fs::create_directories(target.parent_path());
-  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
-  try {
-    nlohmann::json files = nlohmann::json::object();
-    auto put = [&](const std::string& name, const TensorFile& tf) {
-      std::string bytes = encode_safetensors(tf);
-      write_file_atomic((tmp / name).string(), bytes);
-      files[name] = {{"bytes", bytes.size()}, {"fnv1a64", fnv1a64_hex(bytes.data(), bytes.size())}};
-    };
-    put("model.safetensors", model);
-    if (optimizer) put("optimizer.safetensors", *optimizer);
-    manifest["format"] = kCheckpointFormat;
-    manifest["version"] = kCheckpointVersion;
-    manifest["files"] = files;
-    write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
-    fsync_dir(tmp.string());
-    rename_dir_atomic(tmp.string(), dir);
-  } catch (...) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+                      const TensorFile* optimizer, FileOps& ops) {
+  write_checkpoint_folder(dir, manifest, encode_files(model, optimizer), /*sequence=*/0, ops);
+}
+
+CommittedCheckpoint save_run_checkpoint(const std::string& run, const std::string& base_name,
+                                        const nlohmann::json& manifest, const TensorFile& model,
+                                        const TensorFile* optimizer, int64_t keep, FileOps& ops) {
+  return commit_run_checkpoint(run, base_name, manifest, encode_files(model, optimizer), keep, ops);
 }
 
 std::string resolve_checkpoint(const std::string& path) {
-  if (fs::exists(fs::path(path) / "manifest.json")) return path;
-  const fs::path latest = fs::path(path) / "latest";
-  if (fs::exists(latest)) {
-    std::string name = read_file(latest.string());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    return (fs::path(path) / "checkpoints" / name).string();
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "manifest.json", ec)) return path;
+  if (fs::is_directory(fs::path(path) / "checkpoints", ec) || fs::exists(fs::path(path) / "latest", ec)) {
+    auto newest = newest_checkpoint(path);
+    if (!newest) throw CheckpointError("run folder '" + path + "' holds no committed checkpoint");
+    return newest->dir;
   }
-  if (!fs::exists(path)) throw CheckpointError("checkpoint '" + path + "' does not exist");
-  throw CheckpointError("'" + path + "' is neither a checkpoint folder (no manifest.json) nor a run folder (no 'latest')");
+  if (!fs::exists(path, ec)) throw CheckpointError("checkpoint '" + path + "' does not exist");
+  throw CheckpointError("'" + path + "' is neither a checkpoint folder (no manifest.json) nor a run folder (no checkpoints/)");
 }
 
 Checkpoint read_checkpoint(const std::string& path, bool with_optimizer) {
@@ -57,39 +47,35 @@ Checkpoint read_checkpoint(const std::string& path, bool with_optimizer) {
   ck.dir = resolve_checkpoint(path);
   const fs::path dir(ck.dir);
   const std::string manifest_path = (dir / "manifest.json").string();
+  std::string text;
   try {
-    ck.manifest = nlohmann::json::parse(read_file(manifest_path));
-  } catch (const nlohmann::json::exception& e) {
-    throw CheckpointError("checkpoint manifest '" + manifest_path + "' is not valid JSON: " + e.what());
+    text = read_file(manifest_path);
   } catch (const IoError& e) {
     throw CheckpointError(std::string("checkpoint manifest cannot be read: ") + e.what());
   }
-  if (!ck.manifest.is_object() || ck.manifest.value("format", "") != kCheckpointFormat)
-    throw CheckpointError("'" + manifest_path + "' is not a deloco checkpoint manifest");
-  if (ck.manifest.value("version", 0) > kCheckpointVersion)
-    throw CheckpointError("'" + manifest_path + "' has version " + ck.manifest["version"].dump() +
-                          ", newer than this deloco understands (" + std::to_string(kCheckpointVersion) + ")");
+  CheckpointManifest m = parse_checkpoint_manifest(text, manifest_path);
   auto load = [&](const std::string& name) {
     const std::string file = (dir / name).string();
-    if (!ck.manifest.contains("files") || !ck.manifest["files"].contains(name))
-      throw CheckpointError("manifest '" + manifest_path + "' does not list '" + name + "'");
-    const auto& meta = ck.manifest["files"][name];
     std::string bytes;
     try {
       bytes = read_file(file);
     } catch (const IoError& e) {
       throw CheckpointError(e.what());
     }
-    if (bytes.size() != meta.value("bytes", uint64_t{0}))
-      throw CheckpointError("checkpoint file '" + file + "' has " + std::to_string(bytes.size()) + " bytes, the manifest says " +
-                            meta["bytes"].dump() + " (truncated or replaced)");
-    if (fnv1a64_hex(bytes.data(), bytes.size()) != meta.value("fnv1a64", ""))
-      throw CheckpointError("checkpoint file '" + file + "' is corrupt: its hash does not match the manifest");
+    verify_checkpoint_file(m.files.at(name), bytes, file);
     return decode_safetensors(bytes, file);
   };
-  ck.model = load("model.safetensors");
-  if (with_optimizer && ck.manifest["files"].contains("optimizer.safetensors")) ck.optimizer = load("optimizer.safetensors");
+  ck.model = load("model.safetensors");  // parse_checkpoint_manifest requires it to be listed
+  if (with_optimizer && m.files.count("optimizer.safetensors")) ck.optimizer = load("optimizer.safetensors");
+  ck.version = m.version;
+  ck.manifest = std::move(m.json);
   return ck;
+}
+
+bool fingerprint_matches(const Checkpoint& ck, const std::string& recorded, const std::string& fingerprint,
+                         const NamedTensors& params) {
+  if (recorded == fingerprint) return true;
+  return ck.version == 1 && recorded == model_fingerprint_short_basis(params);
 }
 
 void load_parameters(const NamedTensors& params, const TensorFile& file, const std::string& origin) {

@@ -163,7 +163,7 @@ TensorFile Trainer::optimizer_file() const {
 void Trainer::restore(const Checkpoint& ck) {
   const std::string fp = ck.manifest.value("model_fingerprint", "");
   load_parameters(params_, ck.model, ck.dir + "/model.safetensors");
-  if (!fp.empty() && fp != fingerprint_)
+  if (!fp.empty() && !fingerprint_matches(ck, fp, fingerprint_, params_))
     throw CheckpointError("checkpoint '" + ck.dir + "' was written for another model (fingerprint " + fp + ", this model " + fingerprint_ + ")");
   if (!ck.optimizer.tensors.empty()) {
     try {

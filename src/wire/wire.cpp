@@ -1,5 +1,6 @@
 // The message codec: fixed little-endian header, validation before trust (contract in include/deloco/wire.h).
 #include "deloco/wire.h"
+#include "util/checked.h"
 
 #include <cstring>
 #include <limits>
@@ -210,9 +211,9 @@ void verify_payload(const MessageHeader& h, const void* payload, size_t payload_
 DecodedMessage decode_message(const void* data, size_t n, const WireLimits& limits) {
   DecodedMessage m;
   m.header = decode_header(data, n, limits);
-  // payload_bytes is already bounded by limits.max_payload_bytes, so this sum cannot overflow.
-  const uint64_t want = kWireHeaderBytes + m.header.payload_bytes;
-  if (n != want)
+  // payload_bytes is bounded by limits.max_payload_bytes, which a caller may set to anything: checked.
+  uint64_t want = 0;
+  if (!checked_add(kWireHeaderBytes, m.header.payload_bytes, &want) || n != want)
     throw WireError("wire: frame of " + std::to_string(n) + " bytes, header + payload_bytes is " + u64s(want) +
                     (n < want ? " (truncated)" : " (trailing bytes)"));
   m.payload = static_cast<const char*>(data) + kWireHeaderBytes;

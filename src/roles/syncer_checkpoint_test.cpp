@@ -1,0 +1,123 @@
+// The syncer's checkpoints through the real `deloco syncer` (issue 11 item 8): a resume takes the newest committed
+// checkpoint even when "latest" is stale, removes what a crash left, and a checkpoint at a merge count that is
+// already on disk is written as a new folder, never skipped.
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "deloco/checkpoint_store.h"
+#include "deloco/fs.h"
+#include "support/proc.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+using clk = std::chrono::steady_clock;
+
+std::string source_dir() {
+  const char* v = std::getenv("DELOCO_SOURCE_DIR");
+  return v ? v : ".";
+}
+
+std::vector<nlohmann::json> records(const fs::path& p, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
+  }
+  return out;
+}
+
+std::vector<std::string> flags(const std::string& src) {
+  return {"--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set", "train.steps=20",
+          "--set", "train.threads=1", "--set", "train.eval_tokens=2048", "--set", "sync.learners=2", "--set",
+          "sync.quorum=1", "--set", "sync.fragments=2", "--set", "sync.sync_every=5", "--set",
+          "merge.preset=decoupled", "--set", "syncer.eval_interval=0", "--set", "net.heartbeat=0.2", "--set",
+          "net.join_timeout=30", "--set", "net.plaintext=true"};
+}
+
+TEST(SyncerCheckpoints, ResumeTakesTheNewestCommittedCheckpointCleansUpAndNeverSkips) {
+  const std::string src = source_dir();
+  ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_ck_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const fs::path run = dir / "run";
+  auto syncer_args = [&](bool resume) {
+    auto a = flags(src);
+    a.insert(a.begin(), "syncer");
+    a.insert(a.end(), {"--out", run.string(), "--bind", "tcp://127.0.0.1:0"});
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+
+  // A short run to its end: periodic checkpoints, then the final one.
+  {
+    fs::create_directories(dir);
+    test::Proc syncer(syncer_args(false), (dir / "syncer.log").string());
+    std::string endpoint;
+    for (auto deadline = clk::now() + std::chrono::seconds(60); endpoint.empty() && clk::now() < deadline;) {
+      auto s = records(run / "syncer.jsonl", "started");
+      if (!s.empty()) endpoint = s[0]["endpoint"];
+      else if (syncer.wait(0) >= 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_FALSE(endpoint.empty()) << syncer.log();
+    std::vector<std::unique_ptr<test::Proc>> learners;
+    for (int m = 0; m < 2; ++m) {
+      auto a = flags(src);
+      a.insert(a.begin(), "learner");
+      a.insert(a.end(), {"--id", std::to_string(m), "--connect", endpoint, "--out", run.string()});
+      learners.push_back(std::make_unique<test::Proc>(a, (dir / ("l" + std::to_string(m) + ".log")).string()));
+    }
+    for (auto& l : learners) ASSERT_EQ(l->wait(180), 0) << l->log();
+    ASSERT_EQ(syncer.wait(60), 0) << syncer.log();
+  }
+  const auto before = list_checkpoints(run.string());
+  ASSERT_GE(before.size(), 2u);
+  const CommittedCheckpoint newest = before.back();
+  const auto newest_manifest = nlohmann::json::parse(read_file(newest.dir + "/manifest.json"));
+  const int64_t merges = newest_manifest["counters"]["merges"].get<int64_t>();
+  ASSERT_GT(merges, 0);
+
+  // What a SIGKILL between the commit rename and "latest" leaves, plus the debris of an interrupted write.
+  write_file_atomic((run / "latest").string(), before.front().name + "\n");
+  const fs::path debris = run / "checkpoints" / ".merges_99999999-r0000.tmp.999999999";
+  fs::create_directories(debris);
+  std::ofstream(debris / "model.safetensors") << "half a file";
+  std::ofstream(run / "latest.tmp.999999999") << "merges_99999999-r0000\n";
+
+  test::Proc resumed(syncer_args(true), (dir / "syncer2.log").string());
+  ASSERT_EQ(resumed.wait(120), 0) << resumed.log();  // every learner had retired: it checkpoints and ends
+  const auto started = records(run / "syncer.jsonl", "started");
+  ASSERT_EQ(started.size(), 2u);
+  EXPECT_TRUE(started[1]["resumed"].get<bool>());
+  EXPECT_EQ(started[1]["merges"].get<int64_t>(), merges) << "resumed from an older checkpoint than the newest";
+  EXPECT_FALSE(fs::exists(debris));
+  EXPECT_FALSE(fs::exists(run / "latest.tmp.999999999"));
+
+  // Its final checkpoint has the merge count and retirements of the newest one: a new folder, not a skip.
+  const auto after = newest_checkpoint(run.string());
+  ASSERT_TRUE(after.has_value());
+  // (The first run's final checkpoint already had one: the last retirement's checkpoint had its merge count.)
+  const std::string base_name = newest.name.substr(0, newest.name.find("-s"));
+  EXPECT_EQ(after->name, base_name + "-s" + std::to_string(newest.sequence + 1));
+  EXPECT_EQ(read_file((run / "latest").string()), after->name + "\n");
+  const auto ckpts = records(run / "syncer.jsonl", "checkpoint");
+  ASSERT_FALSE(ckpts.empty());
+  EXPECT_EQ(ckpts.back()["path"].get<std::string>(), after->dir);
+  EXPECT_EQ(list_checkpoints(run.string()).size(), 3u);  // keeps the three newest
+  for (const auto& e : fs::directory_iterator(run / "checkpoints"))
+    EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco
