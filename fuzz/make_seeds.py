@@ -82,7 +82,8 @@ man = {"format": "deloco-checkpoint", "version": 1, "step": 10, "kind": "syncer"
 write("fuzz_manifest", "v1", json.dumps(man).encode())
 man2 = dict(man)
 man2["version"] = 2
-man2["files"] = {"model.safetensors": {"bytes": 100, "hash": "blake2b-256:" + "00" * 32},
-                 "optimizer.safetensors": {"bytes": 5, "hash": "blake2b-256:" + "11" * 32}}
+man2["sequence"] = 7
+man2["files"] = {"model.safetensors": {"bytes": 100, "hash": "blake2b-256", "digest": "00" * 32},
+                 "optimizer.safetensors": {"bytes": 5, "hash": "blake2b-256", "digest": "11" * 32}}
 write("fuzz_manifest", "v2", json.dumps(man2).encode())
 write("fuzz_manifest", "junk", b'{"format": 3, "files": [1, 2]}')
