@@ -643,6 +643,9 @@ TEST_F(Faults, PoisonedPushNeverReachesACheckpoint) {
   for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "merge" && j["t"].get<double>() > started["t"].get<double>()) ++merges_after;
   EXPECT_GT(merges_after, 0u);
+  // The real learner's pushes were never refused for what they carried (not_joined after a restart is expected).
+  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+    if (j.value("kind", "") == "reject" && j["learner"] == 0) EXPECT_EQ(j["reason"], "not_joined") << j.dump();
 
   // 4. A checkpoint holding NaN (as an older build could write) is refused on resume, naming it and the tensor.
   Checkpoint ck = read_checkpoint(run_.string(), true);
