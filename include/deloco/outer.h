@@ -49,6 +49,11 @@ class OuterOptimizer {
 
   std::map<std::string, at::Tensor> state() const;
   void load_state(const std::map<std::string, at::Tensor>& state);
+  // The momentum buffer of one parameter (undefined when it has none yet), without a copy: step() never changes a
+  // buffer in place (it installs a new tensor), so the handle stays a snapshot and set_buffer(name, handle) puts
+  // the state back exactly (undefined: removes it). For callers that roll back a failed step (deloco/sync.h).
+  at::Tensor buffer(const std::string& name) const;
+  void set_buffer(const std::string& name, const at::Tensor& buffer);
 
  protected:
   // The rule proper: buffer is the momentum buffer (undefined on the first step; set it when momentum is used).

@@ -32,6 +32,9 @@
 //                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason"}
 //                 {"kind":"merge","fragment","version","quorum","learners","weights","grace","grace_wait",
 //                  "delta_norm","tokens","merges"}
+//                 {"kind":"merge_rolled_back","fragment","version","learners","reason","detail"} (a merge whose
+//                  result was not finite: nothing changed, its contributions rejected; deloco/sync.h)
+//                 {"kind":"broadcast_failed","fragment","version","detail"}
 //                 {"kind":"eval","val_loss","val_bpb","tokens","merges"}
 //                 {"kind":"checkpoint","path","merges"}
 //                 {"kind":"status","alive","connected","stalled","uptime","merges","rejected","bytes_in",

@@ -10,12 +10,21 @@
 //    merges once it holds K contributions and either every connected learner has contributed, the grace window
 //    (adaptive, §2.4) has passed since the quorum, or grace is off.
 //  * Syncer: holds the global parameters Θ (its own copies), one round per fragment, the outer optimizer and the
-//    merge selector. Contributions are checked on arrival (shape, finite, norm bound) and rejected with a counted
-//    reason; accepted ones wait in their fragment's round (a newer one from the same learner replaces an older).
+//    merge selector. Contributions are checked on arrival (receive(): shape, finite, the counters, the norm bounds)
+//    and rejected with a counted reason; accepted ones wait in their fragment's round (a newer one from the same
+//    learner replaces an older).
 //    Learners send outer gradients Δ̂ = Θ_p^v − θ_m against the version v they hold; the syncer keeps the earlier
 //    versions still held by someone. merge() computes Δ_m = anchor − θ_m with θ_m = Θ_p^v − Δ̂ and the anchor the
 //    current Θ_p (delta_anchor = global: Δ_m = Δ̂ + Θ_p − Θ_p^v) or the held Θ_p^v (base: Δ_m = Δ̂), token or
-//    uniform weights, merges (random methods draw per outer step), applies the outer step and returns the new Θ_p.
+//    uniform weights (capped by sync.max_share), merges (random methods draw per outer step), applies the outer
+//    step and returns the new Θ_p.
+//  * Trust: a learner is authenticated but not trusted. What it sends can be refused but can neither crash the
+//    syncer nor make Θ non-finite: (1) ‖Δ̂‖ is computed in double (no overflow for any float input) and bounded
+//    relative to the fragment (sync.max_delta_ratio) and to the median of the fragment's recent accepted norms
+//    (sync.max_delta_outlier), both on by default with margins honest runs never reach; (2) c_steps and c_tokens
+//    are checked against what the syncer can verify (receive()); (3) sync.max_share optionally caps one
+//    learner's share of a merge; (4) merge() is a transaction: a merge that fails or yields a non-finite Θ_p or
+//    outer state is rolled back exactly and its contributions rejected; (5) restore() refuses non-finite state.
 //  * Errors: bad options throw SyncError with a sentence naming the key. Not thread-safe.
 #pragma once
 
@@ -57,6 +66,16 @@ struct SyncOptions {
   std::string delta_anchor = "global";  // global (Θ_p now) | base (Θ_p the learner last received)
   double alpha = 0.0;               // learner apply: θ ← (1−α)·Θ + α·θ (0 = overwrite)
   double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
+  // Contribution bounds that are on by default (0 = off), see receive(). The defaults sit far above anything an
+  // honest learner sends (docs/runtime.md gives the measured figures).
+  double max_delta_ratio = 10.0;    // reject ‖Δ‖ > ratio · max(‖Θ_p‖, √n_p · kDeltaRmsFloor)  (reason norm_ratio)
+  double max_delta_outlier = 100.0; // reject ‖Δ‖ > outlier · median of the fragment's last delta_window accepted
+                                    // norms, once it has delta_warmup of them            (reason norm_outlier)
+  int64_t delta_window = 64;        // accepted norms per fragment the median is taken over
+  int64_t delta_warmup = 8;         // accepted norms needed before the outlier bound applies
+  double max_share = 1.0;           // cap on one contribution's normalised weight in a merge, in (0, 1] (1 = off);
+                                    // a merge of n contributions caps at max(max_share, 1/n), the excess goes
+                                    // to the others in proportion to their weights
   bool learners_auto_ok = false;    // not a key: drivers that resolve learners = 0 ("one per core") set it
 
   // Throws SyncError naming the first inconsistent key.
@@ -81,6 +100,10 @@ inline bool fragment_due(const Fragment& f, int64_t step, int64_t H) { return st
 // ---- Weights, moving averages, grace window, quorum -------------------------------------------------------
 // token: c_tokens · (c_tokens / c_steps) (0 when c_steps == 0); uniform: 1. Throws SyncError for other modes.
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps);
+// Normalised weights (summing to 1) capped at max(cap, 1/n) each: weights above the cap are set to it and the
+// excess is given to the uncapped ones in proportion to their weights, repeatedly, until none exceeds it (water
+// filling). cap ≥ 1 returns `w` unchanged; one weight stays 1.
+std::vector<double> cap_shares(std::vector<double> w, double cap);
 
 struct Ema {
   double value = 0;
@@ -123,6 +146,13 @@ RoundDecision decide_round(double now, const RoundState& s, const SyncOptions& o
 void apply_global(at::Tensor& local, const at::Tensor& global, double alpha);
 
 // ---- The syncer -----------------------------------------------------------------------------------------
+// The RMS a fragment's scale is never taken below by the sync.max_delta_ratio bound (a fragment of zero-initialised
+// biases, or an all-zero toy model, has ‖Θ_p‖ = 0).
+constexpr double kDeltaRmsFloor = 1.0;
+
+// The slack of the step check, in units of sync_every (see Syncer::receive).
+constexpr int64_t kStepSlackPeriods = 1;
+
 struct Contribution {
   int64_t learner = 0;
   int64_t fragment = 0;
@@ -130,14 +160,30 @@ struct Contribution {
   int64_t base_version = 0;         // v: the version of Θ_p the learner held when it computed Δ̂
   int64_t c_steps = 0, c_tokens = 0;
   double step_time = 0;             // the learner's step-time estimate (deloco/learner.h), feeds ξ_step
+  int64_t step = -1;                // the learner's inner step as the driver last heard it when this arrived (the
+                                    // node: the highest step of its heartbeats and hello; the simulator: the step
+                                    // the push was made at); −1: unknown. Feeds the step check (receive()).
+};
+
+// What the syncer may check one learner's counters against, from the run's configuration (drivers: one
+// learner_budget() in deloco/algorithm.h). 0 leaves that check off (embedding programs that set nothing).
+struct LearnerBudget {
+  int64_t tokens_per_step = 0;  // tokens one inner step of this learner consumes (its batch × context length)
+  int64_t total_steps = 0;      // inner steps of the whole run: no learner ever reports a later step
 };
 
 struct MergeOutcome {
   int64_t fragment = 0;
-  int64_t version = 0;                   // fragment version after this merge (1, 2, ...)
-  std::vector<int64_t> learners;         // whose contributions were merged
+  int64_t version = 0;                   // fragment version after this merge (1, 2, ...); unchanged when rolled back
+  std::vector<int64_t> learners;         // whose contributions were merged (or dropped, when rolled back)
   std::vector<double> weights;           // normalised weights used
   double delta_norm = 0;                 // ‖merged Δ‖ over the fragment
+  // "" : merged. Else the round was rolled back — Θ, the outer state, the version and the kept history are exactly
+  // as before the call — and its contributions dropped and counted under this reason: merge_non_finite (the new
+  // Θ_p or outer state, or a merged outer gradient, held NaN/Inf) or merge_failed (the merge method threw; `detail`).
+  std::string rejected;
+  std::string detail;
+  bool ok() const { return rejected.empty(); }
 };
 
 class Syncer {
@@ -161,13 +207,33 @@ class Syncer {
   // `learner` downloaded the current global state (it holds every fragment's current version).
   void note_joined(int64_t learner);
 
-  // A contribution arrives. Returns "" when accepted, else the rejection reason (also counted): unknown_fragment,
-  // unknown_learner, wrong_tensor_count, wrong_shape, non_finite, norm_bound, future_base (a base version this
-  // syncer never produced).
+  // What learner m's counters are checked against (see receive()); before this call only their signs are.
+  void set_budget(int64_t learner, const LearnerBudget& budget);
+
+  // A contribution arrives. Returns "" when accepted, else the rejection reason (also counted), checked in order:
+  //  * unknown_fragment, unknown_learner, wrong_tensor_count, future_base (a base version this syncer never
+  //    produced);
+  //  * counter_out_of_range — the counters claim more than the syncer can verify (rejected, never clamped):
+  //    c_steps < 0 or c_tokens < 0 (an unsigned wire value above 2^63); with a budget's tokens_per_step T > 0,
+  //    c_tokens > c_steps · T; with a budget's total_steps > 0, c_steps > total_steps or
+  //        c_steps > (s − s_since) + kStepSlackPeriods · H,   s = min(total_steps, max(highest step heard, c.step))
+  //    c_steps counts the learner's steps since it last applied (or installed) a version of the fragment, and a
+  //    learner applies a newer version only after its previous push. So s_since is s at m's previous accepted
+  //    contribution to this fragment if that one had another base version; else (same base: its counter ran on)
+  //    s at the accepted contribution before the first one with this base; 0 when none since the start or a
+  //    restore(). The slack covers a step heard a little after its push (less than H steps in both drivers).
+  //    A liar gains at most the slack per run of pushes on one base; its reported steps cannot pass total_steps;
+  //  * wrong_shape; non_finite (‖Δ̂‖, accumulated in double, is NaN or Inf);
+  //  * norm_bound: ‖Δ̂‖ > max_delta_norm (when > 0);
+  //  * norm_ratio: ‖Δ̂‖ > max_delta_ratio · max(‖Θ_p‖, √n_p · kDeltaRmsFloor) (when > 0; n_p elements);
+  //  * norm_outlier: ‖Δ̂‖ > max_delta_outlier · the median of the last delta_window accepted ‖Δ̂‖ of this fragment,
+  //    once delta_warmup of them were seen and that median is > 0 (when > 0).
   std::string receive(double now, Contribution c);
   // The decision for fragment p at time `now`.
   RoundDecision decide(double now, int64_t fragment) const;
-  // Merges whatever fragment p holds (≥ 1 contribution), applies the outer step. Throws SyncError when empty.
+  // Merges whatever fragment p holds (≥ 1 contribution), applies the outer step and checks that the new Θ_p and
+  // outer state are finite; on failure rolls everything back (MergeOutcome::rejected). Never throws for what the
+  // contributions hold; throws SyncError when the round is empty.
   MergeOutcome merge(int64_t fragment);
   // Feeds ξ_sync: the time one synchronisation of a fragment costs besides the quorum wait — the upload of a
   // contribution, the merge and the broadcast — as measured or modelled by the driver.
@@ -190,7 +256,8 @@ class Syncer {
 
   // Checkpoints. outer_state() is the outer optimizer's state (deloco/outer.h names); versions() the per-fragment
   // versions. restore() replaces Θ (every name, same shapes), the outer state, the versions and the merged counter
-  // and drops waiting contributions; it throws SyncError naming the first mismatch and then changes nothing.
+  // and drops waiting contributions and the counter and norm statistics; it throws SyncError naming the first
+  // mismatch or the first tensor holding NaN/Inf (a poisoned state is never resumed) and then changes nothing.
   std::map<std::string, at::Tensor> outer_state() const { return outer_->state(); }
   std::vector<int64_t> versions() const;
   void restore(const std::map<std::string, at::Tensor>& global, const std::map<std::string, at::Tensor>& outer_state,
@@ -206,8 +273,11 @@ class Syncer {
   RoundState round_state(int64_t fragment) const;
   // Records the time fragment p's round first holds the effective quorum (it opens the grace window, feeds ξ_quorum).
   void mark_quorum(double now, int64_t fragment);
-  std::string check(const Contribution& c) const;
+  std::string check(const Contribution& c, double* norm) const;
+  std::string check_counters(const Contribution& c) const;
   at::Tensor& global_tensor(const std::string& name);
+  // ‖Θ_p‖ (double), kept in theta_norm_ and refreshed whenever Θ_p changes.
+  double fragment_norm(int64_t fragment) const;
 
   SyncOptions opts_;
   std::vector<Fragment> fragments_;
@@ -227,6 +297,20 @@ class Syncer {
   GraceStats stats_;
   std::map<std::string, int64_t> rejected_;
   int64_t merged_ = 0;
+  // Contribution bounds: per fragment ‖Θ_p‖, its element count and the last delta_window accepted ‖Δ̂‖ (a ring).
+  std::vector<double> theta_norm_;
+  std::vector<int64_t> elements_;
+  std::vector<std::vector<double>> recent_norms_;
+  std::vector<size_t> recent_next_;
+  // Counter checks: per learner its budget and highest step heard; per [learner][fragment] its last accepted
+  // contribution: s then, its base version (−1: none) and s at the accepted contribution before its run of
+  // contributions with this base (the anchor of a counter that ran on).
+  struct LastAccepted {
+    int64_t step = 0, base = -1, anchor = 0;
+  };
+  std::vector<LearnerBudget> budgets_;
+  std::vector<int64_t> seen_step_;
+  std::vector<std::vector<LastAccepted>> last_;
 };
 
 }  // namespace deloco

@@ -76,6 +76,20 @@ void OuterOptimizer::load_state(const std::map<std::string, at::Tensor>& state) 
   buffers_ = std::move(next);
 }
 
+at::Tensor OuterOptimizer::buffer(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = buffers_.find(name);
+  return it == buffers_.end() ? at::Tensor() : it->second;
+}
+
+void OuterOptimizer::set_buffer(const std::string& name, const at::Tensor& buffer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (buffer.defined())
+    buffers_[name] = buffer;
+  else
+    buffers_.erase(name);
+}
+
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterOptions& opts) {
   opts.validate();
   if (opts.kind == "nesterov") return outer_detail::make_nesterov(opts);

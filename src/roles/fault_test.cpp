@@ -19,8 +19,10 @@
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <torch/torch.h>
 #include <zmq.hpp>
 
+#include "deloco/checkpoint.h"
 #include "deloco/fs.h"
 #include "deloco/model.h"
 #include "deloco/transport.h"
@@ -438,6 +440,225 @@ TEST_F(Faults, LearnerKilledMidTransferAndSyncerKilledAndResumed) {
   EXPECT_GE(rejoins, 1u);
   // The restarted learner 0 continued at the step the syncer remembered, not from 0.
   EXPECT_GE(s["joins"][0].get<int>(), 2);
+}
+
+// ---- Issue 11: what a learner's contribution can do to the merge ----------------------------------------------
+
+// A hand-made learner on a raw DEALER socket: hello, pushes with any counters and values, leave; reads the syncer's
+// reject frames.
+class RawLearner {
+ public:
+  RawLearner(zmq::context_t& ctx, const std::string& endpoint, int id, uint64_t fingerprint)
+      : sock_(ctx, zmq::socket_type::dealer), id_(id), fp_(fingerprint) {
+    sock_.set(zmq::sockopt::linger, 0);
+    sock_.set(zmq::sockopt::rcvtimeo, 100);
+    sock_.connect(endpoint);
+  }
+  void hello() {
+    proto::Hello h;
+    h.learner = id_;
+    h.instance = 4242;
+    h.want_state = false;
+    send(MessageKind::kHello, proto::encode_hello(h));
+  }
+  void leave() { send(MessageKind::kLeave, proto::encode_leave("done")); }
+  void push(int fragment, const std::vector<float>& values, uint64_t base, uint64_t c_steps, uint64_t c_tokens) {
+    MessageHeader h;
+    h.kind = MessageKind::kFragmentPush;
+    h.encoding = Encoding::kFp32;
+    h.fingerprint = fp_;
+    h.learner_id = static_cast<uint32_t>(id_);
+    h.fragment_id = static_cast<uint32_t>(fragment);
+    h.round = base;
+    h.c_steps = c_steps;
+    h.c_tokens = c_tokens;
+    h.element_count = values.size();
+    auto f = encode_message(h, values.data(), values.size() * 4);
+    sock_.send(zmq::buffer(f.substr(0, kWireHeaderBytes)), zmq::send_flags::sndmore);
+    sock_.send(zmq::buffer(f.substr(kWireHeaderBytes)), zmq::send_flags::none);
+  }
+  // The text of the next reject frame ("reason: detail"), skipping everything else; "" after `seconds`.
+  std::string next_reject(double seconds) {
+    const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
+    while (clk::now() < deadline) {
+      zmq::message_t h;
+      if (!sock_.recv(h)) continue;
+      std::string payload;
+      while (h.more()) {
+        zmq::message_t part;
+        if (!sock_.recv(part)) break;
+        payload = part.to_string();
+        if (!part.more()) break;
+      }
+      if (h.size() != kWireHeaderBytes) continue;
+      try {
+        if (decode_header(h.data(), h.size(), WireLimits{}).kind == MessageKind::kReject) return payload;
+      } catch (const WireError&) {
+      }
+    }
+    return "";
+  }
+
+ private:
+  void send(MessageKind kind, const std::string& body) {
+    MessageHeader h;
+    h.kind = kind;
+    h.fingerprint = fp_;
+    h.learner_id = static_cast<uint32_t>(id_);
+    auto f = control(h, body);
+    sock_.send(zmq::buffer(f.substr(0, kWireHeaderBytes)), zmq::send_flags::sndmore);
+    sock_.send(zmq::buffer(f.substr(kWireHeaderBytes)), zmq::send_flags::none);
+  }
+  zmq::socket_t sock_;
+  int id_;
+  uint64_t fp_;
+};
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Says hello as `l` once a second until the syncer logs its join at or after unix time `after` (a DEALER that
+// just lost its peer may still be reconnecting to a restarted syncer).
+bool join_by_hand(RawLearner& l, int id, const fs::path& syncer_log, double after, double seconds = 30) {
+  const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
+  while (clk::now() < deadline) {
+    l.hello();
+    if (!wait_record(syncer_log, "join", 1.0, [&](const nlohmann::json& j) {
+           return j["learner"] == id && j["t"].get<double>() >= after;
+         }).is_null())
+      return true;
+  }
+  return false;
+}
+
+// Issue 11 item 7: a learner that assigns itself the weight of the whole merge (c_tokens = 2^62, c_steps = 1) or
+// claims a million steps is refused (counter_out_of_range) and told so; its honest pushes still merge, and the
+// real learner trains on.
+TEST_F(Faults, SelfAssignedWeightIsRefused) {
+  run_ = dir_ / "run";
+  auto syncer = start_syncer(60, /*plaintext=*/true);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  Proc l0(learner_args(0, 60, true), (dir_ / "l0.log").string());
+  ASSERT_FALSE(wait_record(run_ / "learner-0.jsonl", "joined", 60).is_null()) << l0.log();
+  zmq::context_t ctx;
+  RawLearner l1(ctx, endpoint_, 1, tiny_fingerprint());
+  ASSERT_TRUE(join_by_hand(l1, 1, run_ / "syncer.jsonl", 0)) << syncer->log();
+  auto push_rec = wait_record(run_ / "learner-0.jsonl", "push", 60, [](const nlohmann::json& j) { return j["fragment"] == 0; });
+  ASSERT_FALSE(push_rec.is_null());
+  const std::vector<float> zeros((push_rec["bytes"].get<size_t>() - kWireHeaderBytes) / 4, 0.0f);
+  const uint64_t tokens_per_step = 8 * 32;  // tiny.toml: batch 8 × block 32
+  l1.push(0, zeros, 0, 1, uint64_t{1} << 62);
+  std::string why = l1.next_reject(20);
+  EXPECT_TRUE(starts_with(why, "counter_out_of_range")) << why;
+  l1.push(0, zeros, 0, 1000000, 1000000 * tokens_per_step);  // tokens consistent, steps impossible
+  why = l1.next_reject(20);
+  EXPECT_TRUE(starts_with(why, "counter_out_of_range")) << why;
+  l1.push(0, zeros, 0, 5, 5 * tokens_per_step);  // what an honest learner at step ≤ 5 + H may claim: merged
+  ASSERT_FALSE(wait_record(run_ / "syncer.jsonl", "merge", 20, [](const nlohmann::json& j) {
+                 return j["learners"] == nlohmann::json::array({1});
+               }).is_null());
+  l1.leave();
+  ASSERT_EQ(l0.wait(120), 0) << l0.log();
+  ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
+  auto s = summary();
+  EXPECT_EQ(s["rejects"].value("counter_out_of_range", 0), 2) << s["rejects"].dump();
+  EXPECT_GT(s["outer_steps"].get<int>(), 1);
+}
+
+// Every tensor of the checkpoint a run folder's `latest` names is finite.
+bool checkpoint_finite(const fs::path& run, std::string* bad) {
+  Checkpoint ck = read_checkpoint(run.string(), /*with_optimizer=*/true);
+  for (const auto* file : {&ck.model, &ck.optimizer})
+    for (const auto& [name, t] : file->tensors)
+      if (!torch::isfinite(t).all().item<bool>()) {
+        *bad = ck.dir + ": " + name;
+        return false;
+      }
+  return true;
+}
+
+// Issue 11 item 3: a learner pushes finite but enormous values (all 3e38). With the default bounds it is refused
+// (norm_ratio). With the bounds switched off it reaches the merge, whose Nesterov step overflows: the round is
+// rolled back (merge_non_finite, told to the pusher), nothing non-finite is checkpointed or broadcast, the real
+// learner keeps merging, and --resume works. A checkpoint holding NaN (from an older build) is refused on resume,
+// naming the checkpoint and the tensor.
+TEST_F(Faults, PoisonedPushNeverReachesACheckpoint) {
+  run_ = dir_ / "run";
+  // Slowed-down steps (about 0.1 s) keep the real learner training through three syncer lives (about 70 steps).
+  const std::vector<std::string> slow{"--set", "learner.slowdown=12", "--set", "merge.preset=diloco"};
+  const std::vector<std::string> bounds_off{"--set", "learner.slowdown=12", "--set", "merge.preset=diloco",
+                                            "--set", "sync.max_delta_ratio=0", "--set", "sync.max_delta_outlier=0"};
+  auto syncer = start_syncer(200, true, false, slow);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  auto la = learner_args(0, 200, true);
+  la.insert(la.end(), slow.begin(), slow.end());
+  Proc l0(la, (dir_ / "l0.log").string());
+  ASSERT_FALSE(wait_record(run_ / "learner-0.jsonl", "joined", 60).is_null()) << l0.log();
+  zmq::context_t ctx;
+  RawLearner l1(ctx, endpoint_, 1, tiny_fingerprint());
+  ASSERT_TRUE(join_by_hand(l1, 1, run_ / "syncer.jsonl", 0)) << syncer->log();
+  auto push_rec = wait_record(run_ / "learner-0.jsonl", "push", 60, [](const nlohmann::json& j) { return j["fragment"] == 0; });
+  ASSERT_FALSE(push_rec.is_null());
+  const std::vector<float> poison((push_rec["bytes"].get<size_t>() - kWireHeaderBytes) / 4, 3e38f);
+
+  // 1. Default bounds: refused on arrival.
+  l1.push(0, poison, 0, 5, 5 * 256);
+  std::string why = l1.next_reject(20);
+  EXPECT_TRUE(starts_with(why, "norm_ratio")) << why;
+  ASSERT_FALSE(wait_record(run_ / "syncer.jsonl", "checkpoint", 60, [](const nlohmann::json& j) { return j["merges"].get<int>() >= 3; }).is_null());
+  syncer->kill9();
+
+  // 2. Resumed with the bounds off: the poison reaches the merge, which is rolled back.
+  syncer = start_syncer(200, true, /*resume=*/true, bounds_off);
+  auto started = wait_record(run_ / "syncer.jsonl", "started", 10, [](const nlohmann::json& j) { return j["resumed"] == true; });
+  ASSERT_FALSE(started.is_null()) << syncer->log();
+  const double t_resumed = started["t"].get<double>();
+  ASSERT_TRUE(join_by_hand(l1, 1, run_ / "syncer.jsonl", t_resumed)) << syncer->log();
+  l1.push(0, poison, 0, 5, 5 * 256);
+  why = l1.next_reject(20);
+  EXPECT_TRUE(starts_with(why, "merge_non_finite")) << why;
+  auto rolled = wait_record(run_ / "syncer.jsonl", "merge_rolled_back", 20);
+  ASSERT_FALSE(rolled.is_null()) << syncer->log();
+  EXPECT_EQ(rolled["learners"], nlohmann::json::array({1}));
+  // The real learner keeps merging on the untouched model, and every checkpoint stays finite.
+  const int version_then = rolled["version"].get<int>();
+  ASSERT_FALSE(wait_record(run_ / "syncer.jsonl", "merge", 60, [&](const nlohmann::json& j) {
+                 return j["fragment"] == 0 && j["version"].get<int>() > version_then;
+               }).is_null()) << l0.log();
+  syncer->kill9();
+  std::string bad;
+  EXPECT_TRUE(checkpoint_finite(run_, &bad)) << bad;
+
+  // 3. Resumed again (default bounds): one honest push no longer crashes it; the run finishes.
+  syncer = start_syncer(200, true, /*resume=*/true, slow);
+  started = wait_record(run_ / "syncer.jsonl", "started", 10, [&](const nlohmann::json& j) {
+    return j["resumed"] == true && j["t"].get<double>() > t_resumed;
+  });
+  ASSERT_FALSE(started.is_null()) << syncer->log();
+  ASSERT_TRUE(join_by_hand(l1, 1, run_ / "syncer.jsonl", started["t"].get<double>())) << syncer->log();
+  l1.leave();
+  EXPECT_EQ(l0.wait(180), 0) << l0.log();
+  ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
+  EXPECT_TRUE(checkpoint_finite(run_, &bad)) << bad;
+  size_t merges_after = 0;
+  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+    if (j.value("kind", "") == "merge" && j["t"].get<double>() > started["t"].get<double>()) ++merges_after;
+  EXPECT_GT(merges_after, 0u);
+  // The real learner's pushes were never refused for what they carried (not_joined after a restart is expected).
+  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+    if (j.value("kind", "") == "reject" && j["learner"] == 0) EXPECT_EQ(j["reason"], "not_joined") << j.dump();
+
+  // 4. A checkpoint holding NaN (as an older build could write) is refused on resume, naming it and the tensor.
+  Checkpoint ck = read_checkpoint(run_.string(), true);
+  const std::string victim = ck.model.tensors.begin()->first;
+  ck.model.tensors[victim] = ck.model.tensors[victim].clone();
+  ck.model.tensors[victim].view(-1)[0] = std::nanf("");
+  const std::string name = "merges_99999999-r0002";
+  write_checkpoint((run_ / "checkpoints" / name).string(), ck.manifest, ck.model, &ck.optimizer);
+  write_file_atomic((run_ / "latest").string(), name + "\n");
+  auto refused = start_syncer(200, true, /*resume=*/true, slow);
+  EXPECT_EQ(refused->wait(60), 1) << refused->log();
+  EXPECT_NE(refused->log().find(name + "': checkpoint tensor '" + victim + "' holds NaN or Inf"), std::string::npos)
+      << refused->log();
 }
 
 }  // namespace

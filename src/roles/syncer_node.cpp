@@ -235,6 +235,7 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
     const std::string what = e.what();
     return reject(env.peer, m, p, what.find("finite") != std::string::npos ? RejectReason::kNonFinite : RejectReason::kMalformedFrame, what);
   }
+  c.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
   const std::string why = core->receive(t, std::move(c));
   if (!why.empty()) return reject(env.peer, m, p, proto::reject_reason_from_core(why), "refused by the syncer core: " + why, why);
   try_merge(p);
@@ -254,6 +255,16 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
   const double grace = core->grace();
   const auto start = std::chrono::steady_clock::now();
   MergeOutcome out = core->merge(p);
+  if (!out.ok()) {
+    // Rolled back by the core (Θ, momentum, version unchanged): nothing is checkpointed or broadcast, and each
+    // contributor is told why its push was dropped. The core counted them; so does the node's reject().
+    emit({{"kind", "merge_rolled_back"}, {"fragment", p}, {"version", out.version}, {"learners", out.learners},
+          {"reason", out.rejected}, {"detail", out.detail}});
+    for (int64_t m : out.learners)
+      reject(peers[m].alive ? peers[m].route : std::string(), m, p, RejectReason::kRefusedByCore,
+             "the merge of this round was rolled back: " + out.detail, out.rejected);
+    return;
+  }
   ++merges;
   last_merge_t = t;
   if (qt >= 0 && t - qt > 1e-3) {
@@ -274,8 +285,17 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
   bh.fingerprint = fingerprint;
   bh.round = static_cast<uint64_t>(out.version);
   bh.element_count = static_cast<uint64_t>(L.elements);
-  const Bytes payload = Bytes::from_string(encode_floats(flat.data(), flat.size(), broadcast_enc));
-  for (int64_t m = 0; m < M; ++m) {
+  Bytes payload;
+  bool encoded = true;
+  try {
+    payload = Bytes::from_string(encode_floats(flat.data(), flat.size(), broadcast_enc));
+  } catch (const WireError& e) {
+    // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
+    // malformed frame: say so, and let the learners catch up with the next merge or a state download.
+    encoded = false;
+    emit({{"kind", "broadcast_failed"}, {"fragment", p}, {"version", out.version}, {"detail", e.what()}});
+  }
+  for (int64_t m = 0; m < M && encoded; ++m) {
     if (!peers[m].alive || retired[m]) continue;
     bh.learner_id = static_cast<uint32_t>(m);
     auto f = proto::make_frame(bh, payload, limits);
@@ -387,6 +407,7 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   for (const auto& [n, t] : I.evaluator->parameters()) global.emplace_back(n, t.detach().to(torch::kCPU));
   proto::ModelPlan plan = proto::plan_model(global, I.cfg.sync.fragments, I.cfg.sync.sync_every);
   I.core = std::make_unique<Syncer>(I.cfg.sync, plan.fragments, global, I.cfg.merge_plan(), I.cfg.outer);
+  for (int64_t m = 0; m < I.M; ++m) I.core->set_budget(m, learner_budget(I.cfg.run, m, I.M));
   I.layouts = std::move(plan.fragment_layouts);
   I.model_layout = std::move(plan.model);
   I.limits = plan.limits;

@@ -226,6 +226,7 @@ struct Simulator::Impl {
     for (Push& out : L.core->after_step(step, r.tokens, L.step_duration)) {
       // Decoded exactly as the syncer node decodes a fragment_push.
       auto c = std::make_shared<Contribution>(decode_push(e.learner, out, layouts[out.fragment]));
+      c->step = out.step;  // what the syncer node hears in the heartbeat that precedes a push
       const int64_t bytes = frame_bytes(static_cast<int64_t>(out.payload.size()));
       bytes_up += bytes;
       ++inflight;
@@ -265,6 +266,11 @@ struct Simulator::Impl {
     const double qt = syncer->quorum_time(p);
     const double grace = syncer->grace();
     MergeOutcome out = syncer->merge(p);
+    if (!out.ok()) {  // rolled back: nothing changed, nothing to broadcast; its contributions were rejected
+      for (int64_t m : out.learners)
+        emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", out.rejected}, {"detail", out.detail}});
+      return;
+    }
     ++merges;
     // The broadcast payload, encoded and decoded as the learner node receives it.
     auto snap = std::make_shared<Snapshot>();
@@ -447,6 +453,7 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
     throw ConfigError(e.what());
   }
   I.syncer = std::make_unique<Syncer>(cfg.sync, frags, global, cfg.merge_plan(), cfg.outer);
+  for (int64_t m = 0; m < M; ++m) I.syncer->set_budget(m, learner_budget(run, m, M));
   for (int64_t m = 0; m < M; ++m) {
     Learner& L = I.learners[m];
     L.core = std::make_unique<LearnerCore>(cfg.sync, frags, L.work->parameters(), run.train.steps, cfg.push_encoding(),
@@ -554,10 +561,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
   // Contributions still waiting (sent with the last steps) are merged before the final evaluation.
   if (!hit_max) {
     for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p)
-      if (I.syncer->pending(p) > 0) {
-        I.syncer->merge(p);
-        ++I.merges;
-      }
+      if (I.syncer->pending(p) > 0 && I.syncer->merge(p).ok()) ++I.merges;
   }
   I.evaluate_global("final_eval");
   const double T = I.now;

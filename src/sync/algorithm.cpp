@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "deloco/config.h"
+#include "deloco/train.h"
 
 namespace deloco {
 
@@ -138,6 +139,13 @@ MergePlan AlgorithmConfig::merge_plan() const {
     p.rules.clear();
   }
   return p;
+}
+
+LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners) {
+  LearnerBudget b;
+  b.tokens_per_step = run.for_learner(learner, learners).train.batch_size * run.model.block_size;
+  b.total_steps = run.train.steps;
+  return b;
 }
 
 }  // namespace deloco

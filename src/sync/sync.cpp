@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include <torch/torch.h>
@@ -30,7 +31,16 @@ void SyncOptions::validate() const {
   if (delta_anchor != "global" && delta_anchor != "base")
     fail("sync.delta_anchor must be global or base (got '" + delta_anchor + "')");
   if (!(alpha >= 0 && alpha < 1)) fail("sync.alpha must be in [0, 1)");
-  if (!(max_delta_norm >= 0)) fail("sync.max_delta_norm must be ≥ 0");
+  if (!(max_delta_norm >= 0) || !std::isfinite(max_delta_norm)) fail("sync.max_delta_norm must be finite and ≥ 0");
+  if (!(max_delta_ratio >= 0) || !std::isfinite(max_delta_ratio))
+    fail("sync.max_delta_ratio must be finite and ≥ 0 (0 = off)");
+  if (!(max_delta_outlier >= 0) || !std::isfinite(max_delta_outlier))
+    fail("sync.max_delta_outlier must be finite and ≥ 0 (0 = off)");
+  if (delta_window < 1) fail("sync.delta_window must be ≥ 1 (got " + std::to_string(delta_window) + ")");
+  if (delta_warmup < 1 || delta_warmup > delta_window)
+    fail("sync.delta_warmup must be in [1, sync.delta_window=" + std::to_string(delta_window) + "] (got " +
+         std::to_string(delta_warmup) + ")");
+  if (!(max_share > 0 && max_share <= 1)) fail("sync.max_share must be in (0, 1] (1 = off)");
 }
 
 void SyncOptions::bind(ConfigSchema& s) {
@@ -56,6 +66,13 @@ void SyncOptions::bind(ConfigSchema& s) {
   s.bind("sync.delta_anchor", &delta_anchor, "global | base");
   s.bind("sync.alpha", &alpha, "learner apply: theta <- (1-alpha) Theta + alpha theta");
   s.bind("sync.max_delta_norm", &max_delta_norm, "reject contributions with a larger delta norm (0 = off)");
+  s.bind("sync.max_delta_ratio", &max_delta_ratio,
+         "reject a delta whose norm exceeds this multiple of the fragment's norm (0 = off)");
+  s.bind("sync.max_delta_outlier", &max_delta_outlier,
+         "reject a delta whose norm exceeds this multiple of the median of the fragment's recent ones (0 = off)");
+  s.bind("sync.delta_window", &delta_window, "accepted delta norms per fragment the outlier median is taken over");
+  s.bind("sync.delta_warmup", &delta_warmup, "accepted delta norms needed before the outlier bound applies");
+  s.bind("sync.max_share", &max_share, "cap on one contribution's share of a merge, in (0, 1] (1 = off)");
 }
 
 std::vector<Fragment> plan_fragments(const std::vector<std::pair<std::string, int64_t>>& tensors, int64_t P,
@@ -93,6 +110,31 @@ double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_
   if (c_steps <= 0) return 0.0;
   const double t = static_cast<double>(c_tokens);
   return t * (t / static_cast<double>(c_steps));
+}
+
+std::vector<double> cap_shares(std::vector<double> w, double cap) {
+  const size_t n = w.size();
+  if (n == 0 || cap >= 1) return w;
+  const double c = std::max(cap, 1.0 / static_cast<double>(n));
+  std::vector<bool> capped(n, false);
+  for (size_t round = 0; round < n; ++round) {
+    double excess = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (!capped[i] && w[i] > c) {
+        excess += w[i] - c;
+        w[i] = c;
+        capped[i] = true;
+      }
+    if (excess <= 0) break;
+    double free_sum = 0;
+    size_t free_n = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (!capped[i]) free_sum += w[i], ++free_n;
+    if (free_n == 0) break;  // every weight at the cap (n · c ≥ 1 leaves no excess but rounding)
+    for (size_t i = 0; i < n; ++i)
+      if (!capped[i]) w[i] += free_sum > 0 ? excess * (w[i] / free_sum) : excess / static_cast<double>(free_n);
+  }
+  return w;
 }
 
 double grace_window(const GraceStats& s, const SyncOptions& o) {
@@ -155,6 +197,37 @@ Syncer::Syncer(const SyncOptions& opts, std::vector<Fragment> fragments,
   connected_.assign(static_cast<size_t>(opts_.learners), true);
   retired_.assign(static_cast<size_t>(opts_.learners), false);
   floor_.assign(static_cast<size_t>(opts_.learners), std::vector<int64_t>(fragments_.size(), 0));
+  theta_norm_.assign(fragments_.size(), 0.0);
+  elements_.assign(fragments_.size(), 0);
+  for (size_t f = 0; f < fragments_.size(); ++f) {
+    for (const auto& n : fragments_[f].names) elements_[f] += global_tensor(n).numel();
+    theta_norm_[f] = fragment_norm(static_cast<int64_t>(f));
+  }
+  recent_norms_.assign(fragments_.size(), {});
+  recent_next_.assign(fragments_.size(), 0);
+  budgets_.assign(static_cast<size_t>(opts_.learners), LearnerBudget{});
+  seen_step_.assign(static_cast<size_t>(opts_.learners), 0);
+  last_.assign(static_cast<size_t>(opts_.learners), std::vector<LastAccepted>(fragments_.size()));
+}
+
+void Syncer::set_budget(int64_t learner, const LearnerBudget& budget) {
+  if (learner < 0 || learner >= opts_.learners)
+    throw SyncError("set_budget: learner " + std::to_string(learner) + " is not in [0, " +
+                    std::to_string(opts_.learners) + ")");
+  if (budget.tokens_per_step < 0 || budget.total_steps < 0)
+    throw SyncError("set_budget: learner " + std::to_string(learner) + ": negative tokens per step or total steps");
+  budgets_[static_cast<size_t>(learner)] = budget;
+}
+
+namespace {
+// Σ x² over a tensor in double: finite for every finite float input (3.4e38² ≈ 1.2e77), NaN/Inf for a NaN/Inf.
+double squared_norm(const at::Tensor& t) { return t.to(torch::kDouble).pow(2).sum().item<double>(); }
+}  // namespace
+
+double Syncer::fragment_norm(int64_t fragment) const {
+  double sq = 0;
+  for (const auto& n : fragments_.at(static_cast<size_t>(fragment)).names) sq += squared_norm(global_[index_.at(n)].second);
+  return std::sqrt(sq);
 }
 
 void Syncer::retire(double now, int64_t learner) {
@@ -227,6 +300,15 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
     if (it->second.sizes() != t.sizes() || it->second.scalar_type() != t.scalar_type())
       throw SyncError("checkpoint tensor '" + name + "' has another shape or dtype than the model's");
   }
+  // A non-finite global or outer state would be broadcast to every learner and break the next merge: refuse it.
+  for (const auto& [name, t] : global_)
+    if (!torch::isfinite(global.at(name)).all().item<bool>())
+      throw SyncError("checkpoint tensor '" + name + "' holds NaN or Inf values: refusing to resume from a poisoned "
+                      "model (resume from an earlier checkpoint, or start afresh)");
+  for (const auto& [key, t] : outer_state)
+    if (t.defined() && at::isFloatingType(t.scalar_type()) && !torch::isfinite(t).all().item<bool>())
+      throw SyncError("checkpoint outer-optimizer tensor '" + key + "' holds NaN or Inf values: refusing to resume "
+                      "from a poisoned state (resume from an earlier checkpoint, or start afresh)");
   try {
     outer_->load_state(outer_state);
   } catch (const OuterError& e) {
@@ -237,10 +319,15 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
   for (size_t i = 0; i < rounds_.size(); ++i) {
     rounds_[i] = Round();
     rounds_[i].version = versions[i];
+    theta_norm_[i] = fragment_norm(static_cast<int64_t>(i));
+    recent_norms_[i].clear();
+    recent_next_[i] = 0;
   }
   for (auto& h : history_) h.clear();
   for (auto& fl : floor_)
     for (size_t i = 0; i < fl.size(); ++i) fl[i] = versions[i];
+  std::fill(seen_step_.begin(), seen_step_.end(), 0);
+  for (auto& l : last_) std::fill(l.begin(), l.end(), LastAccepted{});
   merged_ = merged;
 }
 
@@ -250,35 +337,93 @@ int64_t Syncer::rejected_contributions() const {
   return n;
 }
 
-std::string Syncer::check(const Contribution& c) const {
+namespace {
+// The step the syncer credits learner m with when a contribution arrives (Syncer::receive's contract).
+int64_t credited_step(int64_t seen, int64_t reported, int64_t total) {
+  const int64_t s = std::max(seen, reported);
+  return total > 0 ? std::min(s, total) : s;
+}
+}  // namespace
+
+std::string Syncer::check_counters(const Contribution& c) const {
+  if (c.c_steps < 0 || c.c_tokens < 0) return "counter_out_of_range";
+  const LearnerBudget& b = budgets_[static_cast<size_t>(c.learner)];
+  if (b.tokens_per_step > 0) {
+    // c_tokens > c_steps · T, without overflowing the product.
+    const bool product_fits = c.c_steps <= std::numeric_limits<int64_t>::max() / b.tokens_per_step;
+    if (product_fits && c.c_tokens > c.c_steps * b.tokens_per_step) return "counter_out_of_range";
+  }
+  if (b.total_steps > 0) {
+    if (c.c_steps > b.total_steps) return "counter_out_of_range";  // more than the whole run (also keeps the sum small)
+    const int64_t s = credited_step(seen_step_[static_cast<size_t>(c.learner)], c.step, b.total_steps);
+    const LastAccepted& last = last_[static_cast<size_t>(c.learner)][static_cast<size_t>(c.fragment)];
+    const int64_t since = last.base == c.base_version ? last.anchor : last.step;
+    if (c.c_steps > (s - since) + kStepSlackPeriods * opts_.sync_every) return "counter_out_of_range";
+  }
+  return "";
+}
+
+std::string Syncer::check(const Contribution& c, double* norm) const {
   if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return "unknown_fragment";
   if (c.learner < 0 || c.learner >= opts_.learners) return "unknown_learner";
-  const Fragment& f = fragments_[static_cast<size_t>(c.fragment)];
+  const size_t p = static_cast<size_t>(c.fragment);
+  const Fragment& f = fragments_[p];
   if (c.deltas.size() != f.names.size()) return "wrong_tensor_count";
-  if (c.base_version < 0 || c.base_version > rounds_[static_cast<size_t>(c.fragment)].version) return "future_base";
-  double sq = 0;
+  if (c.base_version < 0 || c.base_version > rounds_[p].version) return "future_base";
+  const std::string counters = check_counters(c);
+  if (!counters.empty()) return counters;
   for (size_t i = 0; i < f.names.size(); ++i) {
-    const at::Tensor& g = global_[index_.at(f.names[i])].second;
     const at::Tensor& t = c.deltas[i];
-    if (!t.defined() || t.sizes() != g.sizes()) return "wrong_shape";
-    if (!torch::isfinite(t).all().item<bool>()) return "non_finite";
-    if (opts_.max_delta_norm > 0) sq += t.to(torch::kDouble).pow(2).sum().item<double>();
+    if (!t.defined() || t.sizes() != global_[index_.at(f.names[i])].second.sizes()) return "wrong_shape";
   }
-  if (opts_.max_delta_norm > 0 && std::sqrt(sq) > opts_.max_delta_norm) return "norm_bound";
+  double sq = 0;
+  for (const auto& t : c.deltas) sq += squared_norm(t);
+  const double n = std::sqrt(sq);
+  *norm = n;
+  if (!std::isfinite(n)) return "non_finite";
+  if (opts_.max_delta_norm > 0 && n > opts_.max_delta_norm) return "norm_bound";
+  if (opts_.max_delta_ratio > 0) {
+    const double scale = std::max(theta_norm_[p], std::sqrt(static_cast<double>(elements_[p])) * kDeltaRmsFloor);
+    if (n > opts_.max_delta_ratio * scale) return "norm_ratio";
+  }
+  const auto& recent = recent_norms_[p];
+  if (opts_.max_delta_outlier > 0 && static_cast<int64_t>(recent.size()) >= opts_.delta_warmup) {
+    std::vector<double> v(recent);
+    auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
+    std::nth_element(v.begin(), mid, v.end());
+    if (*mid > 0 && n > opts_.max_delta_outlier * *mid) return "norm_outlier";  // a zero median bounds nothing
+  }
   return "";
 }
 
 std::string Syncer::receive(double now, Contribution c) {
-  const std::string why = check(c);
+  double norm = 0;
+  const std::string why = check(c, &norm);
+  if (c.learner >= 0 && c.learner < opts_.learners) {  // the highest step heard, whatever became of the push
+    auto& seen = seen_step_[static_cast<size_t>(c.learner)];
+    seen = credited_step(seen, c.step, budgets_[static_cast<size_t>(c.learner)].total_steps);
+  }
   if (!why.empty()) {
     ++rejected_[why];
     return why;
   }
   if (c.step_time > 0) stats_.step.add(c.step_time, opts_.ema);
-  Round& r = rounds_[static_cast<size_t>(c.fragment)];
-  if (r.waiting.empty()) r.first_arrival = now;
   const int64_t learner = c.learner, fragment = c.fragment;
-  auto& fl = floor_[static_cast<size_t>(learner)][static_cast<size_t>(fragment)];
+  const size_t p = static_cast<size_t>(fragment);
+  LastAccepted& last = last_[static_cast<size_t>(learner)][p];
+  if (last.base != c.base_version) last.anchor = last.step;  // a new base: its counter started after that push
+  last.step = seen_step_[static_cast<size_t>(learner)];
+  last.base = c.base_version;
+  auto& recent = recent_norms_[p];
+  if (static_cast<int64_t>(recent.size()) < opts_.delta_window) {
+    recent.push_back(norm);
+  } else {
+    recent[recent_next_[p]] = norm;
+    recent_next_[p] = (recent_next_[p] + 1) % recent.size();
+  }
+  Round& r = rounds_[p];
+  if (r.waiting.empty()) r.first_arrival = now;
+  auto& fl = floor_[static_cast<size_t>(learner)][p];
   fl = std::max(fl, c.base_version);  // it will never again reference an older version of this fragment
   r.waiting[learner] = std::move(c);
   mark_quorum(now, fragment);
@@ -324,48 +469,82 @@ MergeOutcome Syncer::merge(int64_t fragment) {
     w.push_back(contribution_weight(opts_.weighting, c.c_tokens, c.c_steps));
   }
   double wsum = std::accumulate(w.begin(), w.end(), 0.0);
-  if (!(wsum > 0)) std::fill(w.begin(), w.end(), 1.0), wsum = static_cast<double>(w.size());
+  if (!(wsum > 0) || !std::isfinite(wsum)) std::fill(w.begin(), w.end(), 1.0), wsum = static_cast<double>(w.size());
   for (double& x : w) x /= wsum;
+  w = cap_shares(std::move(w), opts_.max_share);
   out.weights = w;
   torch::NoGradGuard ng;
   auto& hist = history_[static_cast<size_t>(fragment)];
-  // The version being replaced stays available while some learner may still hold it.
-  std::vector<at::Tensor> before;
-  if (opts_.delta_anchor != "base")
-    for (const auto& n : f.names) before.push_back(global_tensor(n).clone());
+  // Θ_p and the outer state before the step: the rollback point, and (anchor global) the version being replaced,
+  // which stays available while some learner may still hold it. The buffers are handles (never changed in place).
+  std::vector<at::Tensor> before, buffers;
+  for (const auto& n : f.names) {
+    before.push_back(global_tensor(n).clone());
+    buffers.push_back(outer_->buffer(n));
+  }
   double sq = 0;
-  for (size_t i = 0; i < f.names.size(); ++i) {
-    const std::string& name = f.names[i];
-    at::Tensor& theta = global_tensor(name);
-    MergeInput in;
-    in.name = name;
-    in.weights = w;
-    in.round = static_cast<uint64_t>(r.version + 1);  // random methods (dare) draw fresh masks every outer step
-    for (const auto& [m, c] : r.waiting) {
-      // θ_m = Θ^v − Δ̂. Anchor base: Δ_m = Θ^v − θ_m = Δ̂. Anchor global: Δ_m = Θ − θ_m = Δ̂ + (Θ − Θ^v).
-      if (opts_.delta_anchor == "base" || c.base_version == r.version) {
-        in.deltas.push_back(c.deltas[i]);
-        continue;
+  int64_t stale = 0;
+  try {
+    for (size_t i = 0; i < f.names.size() && out.rejected.empty(); ++i) {
+      const std::string& name = f.names[i];
+      at::Tensor& theta = global_tensor(name);
+      MergeInput in;
+      in.name = name;
+      in.weights = w;
+      in.round = static_cast<uint64_t>(r.version + 1);  // random methods (dare) draw fresh masks every outer step
+      for (const auto& [m, c] : r.waiting) {
+        // θ_m = Θ^v − Δ̂. Anchor base: Δ_m = Θ^v − θ_m = Δ̂. Anchor global: Δ_m = Θ − θ_m = Δ̂ + (Θ − Θ^v).
+        if (opts_.delta_anchor == "base" || c.base_version == r.version) {
+          in.deltas.push_back(c.deltas[i]);
+          continue;
+        }
+        auto it = hist.find(c.base_version);
+        if (it == hist.end()) {
+          if (i == 0) ++stale;
+          in.deltas.push_back(c.deltas[i]);
+        } else {
+          in.deltas.push_back(c.deltas[i] + (theta - it->second[i]));
+        }
       }
-      auto it = hist.find(c.base_version);
-      if (it == hist.end()) {
-        if (i == 0) ++stale_bases_;
-        in.deltas.push_back(c.deltas[i]);
-      } else {
-        in.deltas.push_back(c.deltas[i] + (theta - it->second[i]));
+      at::Tensor merged = selector_.select(name, theta.dim()).merge(in);
+      const double msq = merged.to(torch::kDouble).pow(2).sum().item<double>();
+      if (!std::isfinite(msq)) {
+        out.rejected = "merge_non_finite";
+        out.detail = "the merged outer gradient of '" + name + "' holds NaN or Inf";
+        break;
+      }
+      sq += msq;
+      outer_->step(name, theta, merged);
+      const at::Tensor buf = outer_->buffer(name);
+      if (!torch::isfinite(theta).all().item<bool>() || (buf.defined() && !torch::isfinite(buf).all().item<bool>())) {
+        out.rejected = "merge_non_finite";
+        out.detail = "the outer step made '" + name + "' (or its momentum) NaN or Inf";
       }
     }
-    at::Tensor merged = selector_.select(name, theta.dim()).merge(in);
-    sq += merged.to(torch::kDouble).pow(2).sum().item<double>();
-    outer_->step(name, theta, merged);
+  } catch (const std::exception& e) {  // a merge method or the outer step refused these inputs
+    out.rejected = "merge_failed";
+    out.detail = e.what();
   }
-  out.delta_norm = std::sqrt(sq);
-  merged_ += static_cast<int64_t>(r.waiting.size());
+  const int64_t n = static_cast<int64_t>(r.waiting.size());
   r.waiting.clear();
   r.quorum_time = -1;
-  if (!before.empty()) hist[r.version] = std::move(before);
+  if (!out.rejected.empty()) {
+    // Roll back: Θ_p and the momentum exactly as before; version, history, counters untouched.
+    for (size_t i = 0; i < f.names.size(); ++i) {
+      global_tensor(f.names[i]).copy_(before[i]);
+      outer_->set_buffer(f.names[i], buffers[i]);
+    }
+    rejected_[out.rejected] += n;
+    out.version = r.version;
+    return out;
+  }
+  out.delta_norm = std::sqrt(sq);
+  merged_ += n;
+  stale_bases_ += stale;
+  if (opts_.delta_anchor != "base") hist[r.version] = std::move(before);
   out.version = ++r.version;
   prune_history(fragment);
+  theta_norm_[static_cast<size_t>(fragment)] = fragment_norm(fragment);
   return out;
 }
 

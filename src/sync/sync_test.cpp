@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
 #include <set>
 
 #include "deloco/sync.h"
@@ -321,6 +323,265 @@ TEST(SyncSyncer, DareDrawsANewMaskEveryOuterStep) {
   }
   // p = 0.1: an element is dropped in all 30 steps with probability 1e-30.
   EXPECT_EQ(never.sum().item<int64_t>(), 0);
+}
+
+// ---- Issue 11: what a learner's contribution can do to the merge --------------------------------------------
+
+TEST(SyncOptionsCheck, ContributionBoundOptions) {
+  SyncOptions o;
+  EXPECT_GT(o.max_delta_ratio, 0);  // on by default
+  EXPECT_GT(o.max_delta_outlier, 0);
+  EXPECT_EQ(o.max_share, 1.0);      // off by default: token weights of honest learners are unchanged
+  EXPECT_NO_THROW(o.validate());
+  o.max_share = 0;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.max_share = 1.5;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.max_share = 0.5;
+  o.delta_warmup = o.delta_window + 1;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.delta_warmup = 1;
+  o.max_delta_ratio = std::numeric_limits<double>::infinity();
+  EXPECT_THROW(o.validate(), SyncError);
+  o.max_delta_ratio = -1;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.max_delta_ratio = 0;  // off
+  EXPECT_NO_THROW(o.validate());
+}
+
+TEST(SyncShares, CapRedistributesInProportion) {
+  auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    double sum = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_NEAR(a[i], b[i], 1e-12) << i;
+      sum += a[i];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-12);
+  };
+  near(cap_shares({0.9, 0.1}, 0.5), {0.5, 0.5});
+  near(cap_shares({0.7, 0.2, 0.1}, 0.5), {0.5, 0.2 + 0.2 * 2 / 3, 0.1 + 0.2 / 3});
+  // The redistribution pushes another weight over the cap: it is capped in turn.
+  near(cap_shares({0.6, 0.35, 0.05}, 0.4), {0.4, 0.4, 0.2});
+  // A cap below 1/n cannot hold: every weight becomes 1/n. One contribution keeps its whole weight.
+  near(cap_shares({0.97, 0.02, 0.01}, 0.1), {1.0 / 3, 1.0 / 3, 1.0 / 3});
+  near(cap_shares({1.0}, 0.25), {1.0});
+  // cap 1 (the default) leaves the weights bit-identical; weights under the cap are untouched.
+  const std::vector<double> w = {2.5e-33, 1.0 - 2.5e-33};
+  EXPECT_EQ(cap_shares(w, 1.0), w);
+  EXPECT_EQ(cap_shares({0.3, 0.3, 0.4}, 0.5), (std::vector<double>{0.3, 0.3, 0.4}));
+  EXPECT_TRUE(cap_shares({}, 0.5).empty());
+}
+
+// The 2^62 attack of issue 11 item 7: c_tokens = 2^62, c_steps = 1 would take the whole merge (weights
+// [2.5e-33, 1.0]). With the learners' budgets set (as both drivers do) it is refused; the honest learner merges.
+TEST(SyncCounters, SelfAssignedWeightIsRefused) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 2;
+  o.sync_every = 10;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  const int64_t T = 512;  // tokens per step (batch 8 × context 64)
+  s.set_budget(0, {T, 100});
+  s.set_budget(1, {T, 100});
+  auto honest = contrib(0, -1.0f, 10, 10 * T);
+  honest.step = 10;
+  EXPECT_EQ(s.receive(0, honest), "");
+  auto greedy = contrib(1, -4.0f, 1, int64_t{1} << 62);
+  greedy.step = 10;
+  EXPECT_EQ(s.receive(0, greedy), "counter_out_of_range");
+  // 2^63 + 1 on the wire reads as a negative int64: refused too, even without a budget.
+  auto wrapped = contrib(1, -4.0f, -5, 10);
+  EXPECT_EQ(s.receive(0, wrapped), "counter_out_of_range");
+  // Tokens exactly c_steps · T are fine; one more is not.
+  auto exact = contrib(1, -4.0f, 10, 10 * T + 1);
+  exact.step = 10;
+  EXPECT_EQ(s.receive(0, exact), "counter_out_of_range");
+  exact.c_tokens = 10 * T;
+  EXPECT_EQ(s.receive(0, exact), "");
+  auto out = s.merge(0);
+  ASSERT_TRUE(out.ok());
+  EXPECT_NEAR(out.weights[0], 0.5, 1e-12);
+  EXPECT_NEAR(out.weights[1], 0.5, 1e-12);
+  EXPECT_EQ(s.rejected().at("counter_out_of_range"), 3);
+}
+
+// c_steps against the steps the syncer heard of: since the last accepted contribution of that learner to that
+// fragment, plus the carried counter when it applied nothing since, plus H of slack.
+TEST(SyncCounters, StepsAreBoundedByTheReportedProgress) {
+  SyncOptions o;
+  o.learners = 1;
+  o.quorum = 1;
+  o.sync_every = 10;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.set_budget(0, {0, 1000});  // tokens unchecked, 1000 steps in all
+  auto push = [&](int64_t step, int64_t c_steps, int64_t base) {
+    auto c = contrib(0, -0.1f, c_steps, c_steps, base);
+    c.step = step;
+    return s.receive(0, c);
+  };
+  // First push at step 10: anything up to 10 + H is possible (it may have been heard late).
+  EXPECT_EQ(push(10, 21, 0), "counter_out_of_range");
+  EXPECT_EQ(push(10, 20, 0), "");
+  // A learner claiming the whole run in one push, or more than the run: refused.
+  EXPECT_EQ(push(10, 1000, 0), "counter_out_of_range");
+  EXPECT_EQ(push(10, 1001, 0), "counter_out_of_range");
+  // Nothing applied since (same base 0): its counter ran on since the start. At step 20: 20 − 0 + H = 30.
+  EXPECT_EQ(push(20, 31, 0), "counter_out_of_range");
+  EXPECT_EQ(push(20, 30, 0), "");
+  // Running on does not accumulate the slack: at step 30 still 30 − 0 + H.
+  EXPECT_EQ(push(30, 41, 0), "counter_out_of_range");
+  EXPECT_EQ(push(30, 40, 0), "");
+  s.merge(0);  // version 1
+  // It applied version 1 after that push, which reset its counter: at step 40, at most 40 − 30 + H.
+  EXPECT_EQ(push(40, 21, 1), "counter_out_of_range");
+  EXPECT_EQ(push(40, 10, 1), "");
+  EXPECT_EQ(push(50, 30, 1), "");  // ran on (base 1 again): 50 − 30 + H
+  EXPECT_EQ(push(50, 31, 1), "counter_out_of_range");
+  s.merge(0);  // version 2
+  // A step report beyond train.steps is credited as train.steps, no more: the liar's one big claim ...
+  EXPECT_EQ(push(1 << 30, 960, 2), "");  // 1000 − 50 + H
+  s.merge(0);  // version 3
+  // ... after which nothing is left but the slack.
+  EXPECT_EQ(push(1 << 30, 11, 3), "counter_out_of_range");
+  EXPECT_EQ(push(1 << 30, 10, 3), "");
+  EXPECT_EQ(s.rejected().at("counter_out_of_range"), 8);
+}
+
+// Issue 11 item 3: a push of finite but enormous values (all 3e38). Its norm is computed in double (finite), so
+// it is refused for its size, not as non-finite, and never reaches the outer step.
+TEST(SyncBounds, EnormousFiniteDeltaIsRefusedByTheRatioBound) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"nesterov", 0.7, 0.9});
+  EXPECT_EQ(s.receive(0, contrib(1, 3e38f, 1, 1)), "norm_ratio");
+  EXPECT_EQ(s.receive(0, contrib(1, -3e38f, 1, 1)), "norm_ratio");
+  // ‖Θ_p‖ = 0 here: the floor (RMS kDeltaRmsFloor) gives the scale, so ordinary contributions pass.
+  const double limit = o.max_delta_ratio * std::sqrt(6.0) * kDeltaRmsFloor;  // 6 elements
+  const float just_under = static_cast<float>(0.99 * limit / std::sqrt(6.0));
+  EXPECT_EQ(s.receive(0, contrib(1, just_under, 1, 1)), "");
+  EXPECT_EQ(s.receive(0, contrib(0, 1.02f * just_under / 0.99f, 1, 1)), "norm_ratio");
+  EXPECT_EQ(s.global()[0].second.abs().sum().item<float>(), 0.0f);
+  EXPECT_EQ(s.rejected().at("norm_ratio"), 3);
+}
+
+TEST(SyncBounds, OutlierBoundAfterWarmUp) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 2;
+  o.max_delta_ratio = 0;  // only the robust bound
+  o.max_delta_outlier = 100;
+  o.delta_warmup = 4;
+  o.delta_window = 8;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  // During the warm-up nothing is an outlier.
+  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), "");
+  EXPECT_EQ(s.receive(0, contrib(1, 500.0f, 1, 1)), "");  // median of 2 norms: no bound yet
+  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), "");
+  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), "");
+  // Norms seen: [√6, 500√6, √6, √6]: the median is √6 → the bound is 100·√6.
+  EXPECT_EQ(s.receive(0, contrib(1, 101.0f, 1, 1)), "norm_outlier");
+  EXPECT_EQ(s.receive(0, contrib(1, 99.0f, 1, 1)), "");
+  EXPECT_EQ(s.rejected().at("norm_outlier"), 1);
+}
+
+// A merge whose outer step overflows (Nesterov: u = g + μ·b ≈ 1.9 · 2.7e38 = inf) is rolled back exactly and its
+// contributions rejected as merge_non_finite; afterwards the syncer merges as if the poisoned round never happened.
+TEST(SyncMerge, NonFiniteResultIsRolledBackExactly) {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 1;
+  o.max_delta_ratio = 0;  // let the poison through the bounds to reach the merge
+  o.max_delta_outlier = 0;
+  const OuterOptions nesterov{"nesterov", 0.7, 0.9};
+  Syncer a(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), nesterov);
+  Syncer b(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), nesterov);
+  for (Syncer* s : {&a, &b}) {
+    for (int64_t m = 0; m < 3; ++m) s->note_joined(m);
+    ASSERT_EQ(s->receive(0, contrib(0, -1.0f, 10, 100)), "");
+    ASSERT_TRUE(s->merge(0).ok());  // version 1, momentum set, version 0 kept in the history (learner 1 holds it)
+  }
+  const at::Tensor theta = a.global()[0].second.clone();
+  const auto outer = a.outer_state();
+  // Learner 2's b is enormous (its w is ordinary) and it claims 3× the tokens: weights 0.1 / 0.9, so the merged
+  // outer gradient of b is finite (2.7e38) but the outer step overflows — after w was already stepped.
+  auto poison = contrib(2, -1.0f, 10, 300, 1);
+  poison.deltas[1] = torch::full({2}, 3e38f);
+  ASSERT_EQ(a.receive(0, poison), "");
+  ASSERT_EQ(a.receive(0, contrib(0, -1.0f, 10, 100, 1)), "");
+  auto bad = a.merge(0);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(bad.rejected, "merge_non_finite");
+  EXPECT_EQ(bad.learners, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(bad.version, 1);
+  EXPECT_EQ(a.version(0), 1);
+  EXPECT_EQ(a.pending(0), 0);
+  EXPECT_EQ(a.merged_contributions(), 1);
+  EXPECT_EQ(a.rejected().at("merge_non_finite"), 2);
+  EXPECT_TRUE(torch::equal(a.global()[0].second, theta));
+  for (const auto& [k, t] : outer) EXPECT_TRUE(torch::equal(a.outer_state().at(k), t)) << k;
+  EXPECT_EQ(a.outer_state().size(), outer.size());
+  // Learner 1 still holds version 0 (kept in the history): both syncers anchor it identically.
+  for (Syncer* s : {&a, &b}) {
+    ASSERT_EQ(s->receive(0, contrib(1, -2.0f, 10, 100, 0)), "");
+    ASSERT_TRUE(s->merge(0).ok());
+  }
+  EXPECT_EQ(a.stale_bases(), 0);
+  for (size_t i = 0; i < a.global().size(); ++i)
+    EXPECT_TRUE(torch::equal(a.global()[i].second, b.global()[i].second)) << a.global()[i].first;
+  EXPECT_EQ(a.versions(), b.versions());
+}
+
+// A checkpoint holding NaN/Inf is refused on restore, naming the tensor, and nothing changes.
+TEST(SyncRestore, RefusesNonFiniteState) {
+  SyncOptions o;
+  o.learners = 1;
+  o.quorum = 1;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"nesterov", 0.7, 0.9});
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1)), "");
+  ASSERT_TRUE(s.merge(0).ok());
+  std::map<std::string, at::Tensor> g;
+  for (const auto& [n, t] : s.global()) g[n] = t.clone();
+  const auto outer = s.outer_state();
+  const at::Tensor before = s.global()[1].second.clone();
+  auto poisoned = g;
+  poisoned["b"] = torch::full({2}, std::numeric_limits<float>::infinity());
+  try {
+    s.restore(poisoned, outer, {1}, 1);
+    FAIL() << "restored a non-finite model";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("NaN or Inf"), std::string::npos) << e.what();
+  }
+  auto bad_outer = outer;
+  bad_outer.begin()->second = torch::full_like(bad_outer.begin()->second, std::nanf(""));
+  try {
+    s.restore(g, bad_outer, {1}, 1);
+    FAIL() << "restored a non-finite outer state";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find(bad_outer.begin()->first), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(s.global()[1].second, before));
+  EXPECT_NO_THROW(s.restore(g, outer, {1}, 1));
+}
+
+TEST(SyncShares, MaxShareCapsAMergeAndLeavesSingleMergesAlone) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 2;
+  o.max_share = 0.6;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 10, 100)), "");
+  ASSERT_EQ(s.receive(0, contrib(1, -4.0f, 10, 300)), "");  // token weights 1 : 9 → 0.1, 0.9 → capped 0.4, 0.6
+  auto out = s.merge(0);
+  EXPECT_NEAR(out.weights[0], 0.4, 1e-12);
+  EXPECT_NEAR(out.weights[1], 0.6, 1e-12);
+  EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), 0.4f * 1 + 0.6f * 4, 1e-5);
+  o.quorum = 1;
+  Syncer one(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  ASSERT_EQ(one.receive(0, contrib(1, -4.0f, 10, 300)), "");
+  EXPECT_EQ(one.merge(0).weights, std::vector<double>{1.0});
 }
 
 TEST(SyncApply, OverwriteAndMix) {
