@@ -5,7 +5,9 @@
 //    the schema; the schema never allocates the fields and never copies them.
 //  * Loading a TOML file or applying an override writes straight into the bound field. Any key that is not
 //    bound, any value of the wrong type (an integer key given 1.5, a bool given "yes"), or a malformed override
-//    throws ConfigError whose message names the file (or "--set") and the key. A failed load leaves earlier
+//    throws ConfigError whose message names the file (or "--set") and the key. Numbers must be finite: inf, -inf
+//    and nan (TOML and strtod accept them) are refused for every number key and list, by the binder itself, so no
+//    key's own check has to remember it. A failed load leaves earlier
 //    fields as they were: values are parsed and checked first and written only when the whole file is valid.
 //  * Not thread-safe; configure once at start-up, then read the structs.
 #pragma once

@@ -9,10 +9,11 @@
 // For int8/int4 every element is within half a quantization step (scale / 2) of its input.
 //
 // Contract
-//  * encode_floats() rejects non-finite input (and finite values that overflow bf16, or an int8/int4 block whose
-//    max|x| is so close to FLT_MAX that q · scale would overflow) with a WireError naming the
-//    index and value. decode_floats() rejects a payload whose size does not match the encoding and n, a negative
-//    or non-finite scale, and any non-finite decoded value (index named), so garbage never reaches a merge.
+//  * encode_floats() rejects non-finite input (NonFiniteError), finite values that overflow bf16, and an int8/int4
+//    block whose max|x| is so close to FLT_MAX that q · scale would overflow (WireError), naming the index (block)
+//    and value. decode_floats() rejects a payload whose size does not match the encoding and n and a negative
+//    block scale (WireError: malformed), and a NaN/Inf block scale or any non-finite decoded value
+//    (NonFiniteError, index named), so garbage never reaches a merge and a receiver can tell the two apart.
 //  * Output buffers are the caller's; sizes are those of encoded_bytes() (wire.h). Pure and reentrant.
 #pragma once
 
@@ -25,6 +26,14 @@
 namespace deloco {
 
 constexpr size_t kQuantBlock = 64;
+
+// A well-formed float payload whose numbers are not finite: a NaN or ±Inf element (fp32, bf16), a NaN or ±Inf
+// block scale (int8, int4), or a finite scale times a value that overflows. The sender's numbers are bad, not its
+// framing (the syncer counts it as non_finite, not malformed_frame).
+class NonFiniteError : public WireError {
+ public:
+  using WireError::WireError;
+};
 
 // Writes encoded_bytes(e, n) bytes to `out`. e must be a float encoding (not kRaw).
 void encode_floats_into(const float* x, size_t n, Encoding e, char* out);

@@ -12,10 +12,16 @@
 //                                      holds (last applied or downloaded); JSON-free. A heartbeat carrying the
 //                                      push's step-time estimate goes right before it.
 //   syncer → learner  fragment_broadcast Θ_p in net.broadcast_encoding, round = new version of fragment p
-//   either way        heartbeat    JSON {step, busy_seconds, tokens} from learners; empty from the syncer
+//   either way        heartbeat    JSON {step, tokens, busy_seconds, step_time[, state_round]} from learners
+//                                  (state_round: the welcome round of the last state download it verified);
+//                                  empty from the syncer
 //   learner → syncer  leave        JSON {reason: "done" | "stop"}; "done" retires the learner (its quorum share)
 //   syncer → learner  reject       header round = the reason code (src/roles/protocol.h RejectReason), text
 //                                  "name: detail" (fingerprint mismatch, duplicate id, not joined, key/id mismatch …)
+// Identity (CURVE): a key is bound to the one learner id its allow-list name "learner-N" says; a key with another
+// name joins as no learner (reject unbound_key); a connection's learner id never changes. Plaintext has no identity.
+// State downloads come from one shared snapshot per set of fragment versions, at most one outstanding per learner
+// (syncer_node.cpp, on_hello, says exactly when one is outstanding).
 // A learner that hears nothing from the syncer for net.dead_after seconds counts it as gone, keeps training, and
 // sends hello every net.heartbeat seconds until a welcome comes back (then it trains on without downloading).
 // The syncer counts a learner gone after net.dead_after seconds of silence (Syncer::set_connected(false)).
@@ -29,7 +35,9 @@
 //                  "comm_wait_seconds"}
 //   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port"}
 //                 {"kind":"join","learner","instance","restart","state_bytes"}  {"kind":"lost","learner"}
-//                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason"}
+//                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason","detail"}
+//                 {"kind":"rejoin", ...join} a hello repeated on a joined connection (rate-limited like rejects)
+//                 {"kind":"state_request_dropped","learner"} (rate-limited)   {"kind":"<kind>_suppressed","reason"}
 //                 {"kind":"merge","fragment","version","quorum","learners","weights","grace","grace_wait",
 //                  "delta_norm","tokens","merges"}
 //                 {"kind":"merge_rolled_back","fragment","version","learners","reason","detail"} (a merge whose
@@ -45,7 +53,9 @@
 //  * Nodes own their transport and run on the calling thread until done or until `stop` becomes true. The learner
 //    additionally runs one comms thread; inner steps never wait for the network (unless sync.wait_for_answer).
 //  * Bad input from peers never throws out of run(): it is rejected, logged (a "reject" record) and counted by
-//    reason in the summary and on the Prometheus endpoint; nothing it carries is ever merged.
+//    reason in the summary and on the Prometheus endpoint; nothing it carries is ever merged. Any exception while
+//    the syncer handles one message is contained the same way (reason handler_error). Records never throw either:
+//    peer text in them is valid UTF-8 (clip_utf8), and a sink that throws costs that record only (record_errors).
 //  * Errors in the node's own setup (config, corpus, key files, a corrupt checkpoint on --resume) throw before
 //    any network activity with a message naming the key or file.
 #pragma once

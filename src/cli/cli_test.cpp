@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -217,6 +218,44 @@ TEST_F(Cli, CorruptTruncatedOrMismatchedCheckpointsAreRejected) {
   auto resume = run("train --resume " + ck.string() + " --set train.steps=20");
   EXPECT_EQ(resume.code, 1);
   EXPECT_EQ(read_file((dir_ / "a" / "metrics.jsonl").string()), before);
+}
+
+// Issue 11 item 13d: a checkpoint whose weights hold NaN evaluated to "val loss -nan" and exit 0. It is now refused,
+// naming the checkpoint and the first non-finite tensor, by eval and sample alike.
+TEST_F(Cli, EvalRefusesACheckpointWithNonFiniteWeights) {
+  ASSERT_EQ(run("train " + tiny("a", 10)).code, 0);
+  Checkpoint ck = read_checkpoint((dir_ / "a").string(), /*with_optimizer=*/false);
+  ASSERT_TRUE(ck.model.tensors.count("wte.weight"));
+  ck.model.tensors.at("wte.weight")[3][5] = std::nanf("");
+  ck.model.tensors.at("wte.weight")[7][1] = std::numeric_limits<float>::infinity();
+  const fs::path poisoned = dir_ / "poisoned";
+  write_checkpoint(poisoned.string(), ck.manifest, ck.model, nullptr);
+  for (const char* cmd : {"eval", "sample"}) {
+    auto r = run(std::string(cmd) + " --checkpoint " + poisoned.string());
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.out;
+    EXPECT_NE(r.out.find(poisoned.string()), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("'wte.weight'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("2 NaN/Inf"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("val loss"), std::string::npos) << r.out;
+  }
+  // The untouched checkpoint still evaluates.
+  auto good = run("eval --checkpoint " + (dir_ / "a").string());
+  EXPECT_EQ(good.code, 0) << good.out;
+}
+
+// Issue 11 item 13a: non-finite numbers are refused for every float key, naming the key, before anything runs.
+TEST_F(Cli, NonFiniteConfigNumbersAreRefusedNamingTheKey) {
+  for (const std::string set : {"train.lr=inf", "train.lr=nan", "net.dead_after=inf", "learner.slowdown=inf"}) {
+    const std::string key = set.substr(0, set.find('='));
+    const std::string cmd = key.rfind("train.", 0) == 0 ? "train " + tiny("x") : "syncer --config " + kSrc +
+                                                                                 "/configs/tiny.toml --set net.plaintext=true";
+    // A missing corpus: were the value accepted, the command would fail right after (not train or wait for peers).
+    auto r = run(cmd + " --set data.path=" + (dir_ / "no-corpus").string() + " --set " + set);
+    EXPECT_EQ(r.code, 1) << set << ": " << r.out;
+    EXPECT_NE(r.out.find("'" + key + "'"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("finite"), std::string::npos) << r.out;
+  }
+  EXPECT_FALSE(fs::exists(dir_ / "x" / "metrics.jsonl"));
 }
 
 }  // namespace

@@ -59,14 +59,17 @@ RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
 }
 
 // Appends records to a JSON-lines file, one flushed line each (a crash loses at most the line being written).
+// Records quote peers (reject details, key names): bytes that are not valid UTF-8 are written as U+FFFD instead of
+// making the dump throw, so no peer text can make a record fail.
 class JsonlFile {
  public:
   explicit JsonlFile(const std::string& path) : out_(path, std::ios::app) {
     if (!out_) throw IoError("cannot open '" + path + "' for appending");
   }
   void write(const nlohmann::json& j) {
+    const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::lock_guard<std::mutex> lock(mu_);
-    out_ << j.dump() << "\n";
+    out_ << line << "\n";
     out_.flush();
   }
 

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
@@ -213,6 +214,20 @@ void run_train(const TrainArgs& args) {
   if (stop.requested) std::exit(130);
 }
 
+// Parameters holding NaN or Inf make every loss and sample meaningless: refuse the checkpoint, naming it and the
+// first such tensor (by name) with its count of non-finite values.
+void require_finite_parameters(const Checkpoint& ck) {
+  for (const auto& [name, t] : ck.model.tensors) {
+    if (!t.is_floating_point()) continue;
+    const at::Tensor bad = torch::isfinite(t).logical_not();
+    const int64_t n = bad.sum().item<int64_t>();
+    if (n > 0)
+      throw CheckpointError("checkpoint '" + ck.dir + "' holds non-finite parameters: tensor '" + name + "' has " +
+                            std::to_string(n) + " NaN/Inf values of " + std::to_string(t.numel()) +
+                            " (the run diverged before this checkpoint; use an earlier one)");
+  }
+}
+
 // Builds a model from a checkpoint's config (plus --set overrides) and loads its parameters.
 struct Loaded {
   RunConfig cfg;
@@ -225,6 +240,7 @@ Loaded load_for_inference(const std::string& path, const CommonOptions& common) 
   l.cfg.bind(schema);
   l.ck = read_checkpoint(path, /*with_optimizer=*/false);
   if (!l.ck.manifest.contains("config")) throw CheckpointError("checkpoint '" + l.ck.dir + "' has no config");
+  require_finite_parameters(l.ck);
   schema.from_json(l.ck.manifest["config"], l.ck.dir + "/manifest.json");
   apply_config(schema, common);
   configure_threads(l.cfg.train.threads);
@@ -251,6 +267,9 @@ void add_train_commands(CLI::App& app) {
   ev->callback([eval_args] {
     auto l = load_for_inference(eval_args->second, eval_args->first);
     auto r = l.trainer->evaluate();
+    if (!std::isfinite(r.loss))
+      throw CheckpointError("evaluating checkpoint '" + l.ck.dir + "' gave a non-finite validation loss (" +
+                            std::to_string(r.loss) + ") although its parameters are finite");
     std::cout << "checkpoint " << l.ck.dir << " (step " << l.trainer->step() << "): val loss " << std::fixed
               << std::setprecision(4) << r.loss << " nats/byte, " << std::setprecision(3) << r.bpb << " bits/byte over "
               << r.tokens << " tokens\n";

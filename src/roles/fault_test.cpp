@@ -14,6 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iostream>
+#include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -25,6 +28,7 @@
 #include "deloco/checkpoint.h"
 #include "deloco/fs.h"
 #include "deloco/model.h"
+#include "deloco/quantize.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "protocol.h"
@@ -175,6 +179,79 @@ uint64_t tiny_fingerprint() {
   GPT g(mc, 1);
   auto p = named_parameters(*g);
   return parse_fingerprint_hex(model_fingerprint(p));
+}
+
+// How every node cuts the tiny model (configs/tiny.toml, P = 2, H = 5): the fragments' sizes for hand-made pushes.
+proto::ModelPlan tiny_plan() {
+  ModelConfig mc;
+  mc.block_size = 32;
+  mc.n_layer = 2;
+  mc.n_head = 2;
+  mc.n_embd = 48;
+  GPT g(mc, 1);
+  return proto::plan_model(named_parameters(*g), 2, 5);
+}
+
+// A learner made by hand over the real transport (CURVE when given key files): sends what it is told, reads what
+// comes back.
+struct RawLearner {
+  std::unique_ptr<ClientTransport> tx;
+  uint64_t fp = tiny_fingerprint();
+  RawLearner(const std::string& endpoint, const std::string& secret_key = "", const std::string& server_key = "") {
+    TransportOptions o;
+    o.plaintext = secret_key.empty();
+    o.secret_key_file = secret_key;
+    o.server_public_key_file = server_key;
+    tx = make_zmq_client(endpoint, o);
+  }
+  // Sends until the transport takes it (it refuses while not yet connected).
+  void send(MessageHeader h, const std::string& body) {
+    h.fingerprint = fp;
+    auto f = proto::make_frame(h, body, WireLimits{});
+    const auto deadline = clk::now() + std::chrono::seconds(20);
+    while (!tx->send(f.header, f.payload) && clk::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  void control(MessageKind k, uint32_t id, const std::string& body) {
+    MessageHeader h;
+    h.kind = k;
+    h.learner_id = id;
+    send(h, body);
+  }
+  void hello(uint32_t header_id, int64_t body_id, uint64_t instance, bool want_state,
+             const std::string& instance_text = "") {
+    proto::Hello h;
+    h.learner = body_id;
+    h.instance = instance;
+    h.want_state = want_state;
+    std::string body = proto::encode_hello(h);
+    if (!instance_text.empty()) {
+      auto j = nlohmann::json::parse(body);
+      j["instance"] = instance_text;
+      body = j.dump();
+    }
+    control(MessageKind::kHello, header_id, body);
+  }
+  void leave(uint32_t id, const std::string& reason) { control(MessageKind::kLeave, id, proto::encode_leave(reason)); }
+  // The next message of `kind` within `seconds`, as (header, payload); others are counted in `seen`.
+  std::optional<std::pair<MessageHeader, std::string>> next(MessageKind kind, double seconds) {
+    const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
+    while (clk::now() < deadline) {
+      Envelope env;
+      if (!tx->receive(&env, std::chrono::milliseconds(20))) continue;
+      const MessageHeader h = decode_header(env.header.data(), env.header.size());
+      ++seen[h.kind];
+      if (h.kind == kind) return std::make_pair(h, env.payload.str());
+    }
+    return std::nullopt;
+  }
+  std::map<MessageKind, int> seen;
+};
+
+// The value of a Prometheus counter or gauge (-1 when absent).
+double prom_value(const std::string& text, const std::string& name) {
+  const size_t at = text.find("\n" + name + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + name.size() + 2));
 }
 
 std::string http_get(int port, const std::string& path) {
@@ -442,13 +519,245 @@ TEST_F(Faults, LearnerKilledMidTransferAndSyncerKilledAndResumed) {
   EXPECT_GE(s["joins"][0].get<int>(), 2);
 }
 
+// Issue 11 items 2, 13b, 13c, and a connection's fixed id: a hand-made learner sends messages that used to kill the
+// syncer or were misreported. A leave whose reason's 40-byte quote split a UTF-8 character made the reject record
+// throw and the syncer exit without its final checkpoint. Now each is refused and counted, the syncer keeps
+// merging learner 0's contributions, and it ends with its final checkpoint and summary.
+TEST_F(Faults, PeerTextAndOddMessagesNeverEndTheSyncer) {
+  run_ = dir_ / "run";
+  auto syncer = start_syncer(60, /*plaintext=*/true);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  Proc l0(learner_args(0, 60, true), (dir_ / "l0.log").string());
+  ASSERT_FALSE(wait_record(run_ / "learner-0.jsonl", "joined", 60).is_null()) << l0.log();
+
+  RawLearner raw(endpoint_);
+  // 13b: header and body disagree on the id: the reject says so (it said "learner id 0 is not in [0, 2)").
+  raw.hello(/*header_id=*/1, /*body_id=*/0, 42, false);
+  auto r = raw.next(MessageKind::kReject, 20);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(proto::reject_reason_of(r->first), proto::RejectReason::kLearnerIdMismatch);
+  EXPECT_NE(r->second.find("header says learner 1 but its body says learner 0"), std::string::npos) << r->second;
+
+  raw.hello(1, 1, 42, false);
+  ASSERT_TRUE(raw.next(MessageKind::kWelcome, 20).has_value());
+  const double attack = unix_now();
+  // 2: leave reasons whose quote splits a 2-, 3- and 4-byte character at byte 40.
+  for (const std::string reason : {std::string(39, 'x') + "\xc3\xa9", std::string(38, 'x') + "\xe2\x82\xac",
+                                   std::string(37, 'x') + "\xf0\x9f\x98\x80"}) {
+    raw.leave(1, reason);
+    auto lr = raw.next(MessageKind::kReject, 20);
+    ASSERT_TRUE(lr.has_value()) << "no answer to a leave: the syncer died? " << syncer->log();
+    EXPECT_EQ(proto::reject_reason_of(lr->first), proto::RejectReason::kMalformedFrame) << lr->second;
+  }
+  // A hello whose instance is 600 bytes of two-byte characters (quoted in the error, cut to 400 bytes).
+  std::string wide;
+  for (int i = 0; i < 300; ++i) wide += "\xc3\xa9";
+  raw.hello(1, 1, 42, false, wide);
+  ASSERT_TRUE(raw.next(MessageKind::kReject, 20).has_value());
+  // 13c: an int8 push whose block scale is NaN is non_finite, not malformed_frame.
+  const proto::ModelPlan plan = tiny_plan();
+  const int64_t n0 = plan.fragment_layouts[0].elements;
+  std::vector<float> zeros(static_cast<size_t>(n0), 0.f);
+  std::string payload = encode_floats(zeros.data(), zeros.size(), Encoding::kInt8);
+  const float nan = std::nanf("");
+  std::memcpy(payload.data(), &nan, 4);  // block 0's scale
+  MessageHeader push;
+  push.kind = MessageKind::kFragmentPush;
+  push.encoding = Encoding::kInt8;
+  push.learner_id = 1;
+  push.fragment_id = 0;
+  push.element_count = static_cast<uint64_t>(n0);
+  push.c_steps = 5;
+  push.c_tokens = 1280;
+  raw.send(push, payload);
+  auto pr = raw.next(MessageKind::kReject, 20);
+  ASSERT_TRUE(pr.has_value());
+  EXPECT_EQ(proto::reject_reason_of(pr->first), proto::RejectReason::kNonFinite) << pr->second;
+  EXPECT_NE(pr->second.find("non-finite scale"), std::string::npos) << pr->second;
+  // A connection that joined as learner 1 may not become learner 0.
+  raw.hello(0, 0, 42, false);
+  auto ir = raw.next(MessageKind::kReject, 20);
+  ASSERT_TRUE(ir.has_value());
+  EXPECT_EQ(proto::reject_reason_of(ir->first), proto::RejectReason::kLearnerIdMismatch);
+  EXPECT_NE(ir->second.find("never changes"), std::string::npos) << ir->second;
+
+  // The syncer lives on and keeps merging learner 0's fragments.
+  EXPECT_LT(syncer->wait(0), 0) << syncer->log();
+  ASSERT_FALSE(wait_record(run_ / "syncer.jsonl", "merge", 60, [&](const nlohmann::json& j) {
+                 return j["t"].get<double>() > attack;
+               }).is_null()) << syncer->log();
+  raw.leave(1, "done");
+  ASSERT_EQ(l0.wait(120), 0) << l0.log();
+  ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
+  auto s = summary();
+  EXPECT_EQ(s["rejects"].value("malformed_frame", 0), 4) << s.dump();
+  EXPECT_GE(s["rejects"].value("learner_id_mismatch", 0), 2) << s.dump();
+  EXPECT_EQ(s["rejects"].value("non_finite", 0), 1) << s.dump();
+  EXPECT_EQ(s["rejects"].value("handler_error", 0), 0) << s.dump();
+  EXPECT_EQ(s["record_errors"].get<int>(), 0);
+  // It ended the normal way: its final state checkpointed (every merge), a final evaluation, its summary record.
+  auto recs = read_jsonl(run_ / "syncer.jsonl");
+  ASSERT_FALSE(recs.empty());
+  EXPECT_EQ(recs.back()["kind"], "done");
+  nlohmann::json last_checkpoint;
+  for (const auto& j : recs)
+    if (j["kind"] == "checkpoint") last_checkpoint = j;
+  ASSERT_FALSE(last_checkpoint.is_null());
+  EXPECT_EQ(last_checkpoint["merges"], s["outer_steps"]);
+  EXPECT_EQ(count_records(run_ / "syncer.jsonl", "final_eval"), 1u);
+  EXPECT_TRUE(fs::exists(run_ / "latest"));
+  // Every record (quotes of the peer included) is valid JSON: read_jsonl skips none.
+  std::ifstream in(run_ / "syncer.jsonl");
+  std::string line;
+  size_t lines = 0;
+  while (std::getline(in, line)) ++lines;
+  EXPECT_EQ(lines, recs.size());
+}
+
+// Issue 11 item 4: 6,000 hellos asking for the model from one authenticated learner (CURVE) used to queue a
+// full copy each. Now: one download while it is outstanding, every download cut from one snapshot per set of
+// versions, and a learner joining after the flood (a new process, like a restart after a crash) still gets the
+// state at once.
+TEST_F(Faults, HelloFloodGetsOneDownloadFromOneSnapshot) {
+  run_ = dir_ / "run";
+  make_keys();
+  auto syncer = start_syncer(60, /*plaintext=*/false);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  const std::string server_pub = (dir_ / "keys/syncer.pub").string();
+  auto wait_alive = [&](double want) {
+    const auto deadline = clk::now() + std::chrono::seconds(30);
+    while (clk::now() < deadline && prom_value(http_get(metrics_port_, "/metrics"), "deloco_learners_alive") != want)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return prom_value(http_get(metrics_port_, "/metrics"), "deloco_learners_alive") == want;
+  };
+  constexpr int kFlood = 6000;  // the issue's figure: 6,000 hellos added 1.37 GB before
+  {
+    RawLearner flood(endpoint_, (dir_ / "keys/learner-1.key").string(), server_pub);
+    const long rss0 = syncer->rss_kib();
+    for (int i = 0; i < kFlood; ++i) flood.hello(1, 1, 7, /*want_state=*/true);
+    const auto deadline = clk::now() + std::chrono::seconds(60);
+    while (clk::now() < deadline &&
+           prom_value(http_get(metrics_port_, "/metrics"), "deloco_state_requests_dropped_total") < kFlood - 1)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::string prom = http_get(metrics_port_, "/metrics");
+    // A figure for docs/reliability.md, not a test threshold.
+    std::cout << "hello flood: " << kFlood << " hellos, syncer RSS " << rss0 << " -> " << syncer->rss_kib() << " KiB\n";
+    EXPECT_EQ(prom_value(prom, "deloco_state_requests_dropped_total"), kFlood - 1) << prom;
+    EXPECT_EQ(prom_value(prom, "deloco_state_downloads_total"), 1) << prom;
+    EXPECT_EQ(prom_value(prom, "deloco_state_snapshots_total"), 1) << prom;
+    auto w = flood.next(MessageKind::kWelcome, 20);
+    ASSERT_TRUE(w.has_value());
+    const proto::Welcome wel = proto::parse_welcome(w->second.data(), w->second.size());
+    EXPECT_GT(wel.chunks, 0);
+    EXPECT_FALSE(flood.next(MessageKind::kWelcome, 1.0).has_value()) << "a second download for the flood";
+    EXPECT_EQ(flood.seen[MessageKind::kStateChunk], wel.chunks);
+  }
+  // Another connection with the same key and a new instance, once the flood's connection went quiet: a download
+  // again (the first is moot), from the same snapshot (nobody pushed, so the versions did not change).
+  ASSERT_TRUE(wait_alive(0));
+  {
+    RawLearner again(endpoint_, (dir_ / "keys/learner-1.key").string(), server_pub);
+    again.hello(1, 1, 8, true);
+    ASSERT_TRUE(again.next(MessageKind::kWelcome, 20).has_value());
+    std::string prom;
+    const auto deadline = clk::now() + std::chrono::seconds(20);  // the counters are published after the send
+    while (clk::now() < deadline && prom_value(prom = http_get(metrics_port_, "/metrics"), "deloco_state_downloads_total") < 2)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(prom_value(prom, "deloco_state_downloads_total"), 2) << prom;
+    EXPECT_EQ(prom_value(prom, "deloco_state_snapshots_total"), 1) << prom;
+  }
+  ASSERT_TRUE(wait_alive(0));
+  // The honest run: both learners download the state, train and finish.
+  Proc l0(learner_args(0, 60, false), (dir_ / "l0.log").string());
+  Proc l1(learner_args(1, 60, false), (dir_ / "l1.log").string());
+  EXPECT_EQ(l0.wait(120), 0) << l0.log();
+  EXPECT_EQ(l1.wait(120), 0) << l1.log();
+  ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
+  for (const char* f : {"learner-0.jsonl", "learner-1.jsonl"}) {
+    auto j = wait_record(run_ / f, "joined", 1, [](const nlohmann::json& r) { return r.value("download_bytes", 0) > 0; });
+    EXPECT_FALSE(j.is_null()) << f << " never downloaded the state";
+    EXPECT_EQ(count_records(run_ / f, "alone"), 0u) << f;
+  }
+  auto s = summary();
+  EXPECT_GE(s["state_requests_dropped"].get<int>(), kFlood - 1);  // + any hello a real learner repeated meanwhile
+  EXPECT_EQ(s["state_downloads"].get<int>(), 4) << s.dump();
+  EXPECT_LE(s["state_snapshots"].get<int>(), 3) << s.dump();
+  EXPECT_GT(s["outer_steps"].get<int>(), 0);
+}
+
+// Issue 11 item 6: an allow-listed key whose name is not learner-N joined as learner 0 and as learner 1 and ended
+// the run with two `leave done`. Every key is now bound to the one learner its name says; other names join as
+// nobody (unbound_key, naming the key), so their leaves retire nobody.
+TEST_F(Faults, CurveBindsEveryKeyToOneLearner) {
+  run_ = dir_ / "run";
+  make_keys();
+  write_keypair((dir_ / "keys/ops").string(), generate_keypair());
+  fs::copy_file(dir_ / "keys/ops.pub", dir_ / "keys/allow/ops.pub");
+  auto syncer = start_syncer(40, /*plaintext=*/false);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  const std::string server_pub = (dir_ / "keys/syncer.pub").string();
+  // A learner process with the unbound key stops at once, saying why.
+  Proc ops(learner_args(0, 40, false, (dir_ / "keys/ops.key").string(), (dir_ / "ops").string()),
+           (dir_ / "ops.log").string());
+  EXPECT_EQ(ops.wait(60), 1) << ops.log();
+  EXPECT_NE(ops.log().find("unbound_key"), std::string::npos) << ops.log();
+  EXPECT_NE(ops.log().find("'ops'"), std::string::npos) << ops.log();
+  {
+    // By hand: hello as 0 and as 1, then leave done for both, then a heartbeat: nobody joined, nobody retires.
+    RawLearner raw(endpoint_, (dir_ / "keys/ops.key").string(), server_pub);
+    for (uint32_t id : {0u, 1u}) {
+      raw.hello(id, id, 5, false);
+      auto r = raw.next(MessageKind::kReject, 20);
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(proto::reject_reason_of(r->first), proto::RejectReason::kUnboundKey) << r->second;
+      EXPECT_NE(r->second.find("'ops'"), std::string::npos) << r->second;
+    }
+    for (uint32_t id : {0u, 1u}) {
+      raw.leave(id, "done");
+      auto r = raw.next(MessageKind::kReject, 20);
+      ASSERT_TRUE(r.has_value());
+      EXPECT_EQ(proto::reject_reason_of(r->first), proto::RejectReason::kNotJoined) << r->second;
+    }
+    // learner-1's key may join as 1 only.
+    RawLearner one(endpoint_, (dir_ / "keys/learner-1.key").string(), server_pub);
+    one.hello(0, 0, 6, false);
+    auto r = one.next(MessageKind::kReject, 20);
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(proto::reject_reason_of(r->first), proto::RejectReason::kKeyIdMismatch) << r->second;
+    EXPECT_NE(r->second.find("may only join as learner 1"), std::string::npos) << r->second;
+  }
+  EXPECT_EQ(count_records(run_ / "syncer.jsonl", "retired"), 0u);
+  EXPECT_EQ(count_records(run_ / "syncer.jsonl", "join"), 0u);
+  // The real learners train to the end: the run was not ended by anyone else's goodbye.
+  Proc l0(learner_args(0, 40, false), (dir_ / "l0.log").string());
+  Proc l1(learner_args(1, 40, false), (dir_ / "l1.log").string());
+  EXPECT_EQ(l0.wait(120), 0) << l0.log();
+  EXPECT_EQ(l1.wait(120), 0) << l1.log();
+  ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
+  auto s = summary();
+  EXPECT_GE(s["rejects"].value("unbound_key", 0), 3) << s.dump();
+  EXPECT_GE(s["rejects"].value("key_id_mismatch", 0), 1) << s.dump();
+  size_t retired = 0;
+  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+    if (j.value("kind", "") == "retired") {
+      ++retired;
+      EXPECT_EQ(j["how"], "leave") << j.dump();
+    }
+  EXPECT_EQ(retired, 2u);
+  for (const char* f : {"learner-0.jsonl", "learner-1.jsonl"}) {
+    auto done = wait_record(run_ / f, "learner_done", 1);
+    ASSERT_FALSE(done.is_null()) << f;
+    EXPECT_EQ(done["step"].get<int>(), 40) << f;
+  }
+}
+
 // ---- Issue 11: what a learner's contribution can do to the merge ----------------------------------------------
 
 // A hand-made learner on a raw DEALER socket: hello, pushes with any counters and values, leave; reads the syncer's
 // reject frames.
-class RawLearner {
+class RawPusher {
  public:
-  RawLearner(zmq::context_t& ctx, const std::string& endpoint, int id, uint64_t fingerprint)
+  RawPusher(zmq::context_t& ctx, const std::string& endpoint, int id, uint64_t fingerprint)
       : sock_(ctx, zmq::socket_type::dealer), id_(id), fp_(fingerprint) {
     sock_.set(zmq::sockopt::linger, 0);
     sock_.set(zmq::sockopt::rcvtimeo, 100);
@@ -518,7 +827,7 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 
 // Says hello as `l` once a second until the syncer logs its join at or after unix time `after` (a DEALER that
 // just lost its peer may still be reconnecting to a restarted syncer).
-bool join_by_hand(RawLearner& l, int id, const fs::path& syncer_log, double after, double seconds = 30) {
+bool join_by_hand(RawPusher& l, int id, const fs::path& syncer_log, double after, double seconds = 30) {
   const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
   while (clk::now() < deadline) {
     l.hello();
@@ -540,7 +849,7 @@ TEST_F(Faults, SelfAssignedWeightIsRefused) {
   Proc l0(learner_args(0, 60, true), (dir_ / "l0.log").string());
   ASSERT_FALSE(wait_record(run_ / "learner-0.jsonl", "joined", 60).is_null()) << l0.log();
   zmq::context_t ctx;
-  RawLearner l1(ctx, endpoint_, 1, tiny_fingerprint());
+  RawPusher l1(ctx, endpoint_, 1, tiny_fingerprint());
   ASSERT_TRUE(join_by_hand(l1, 1, run_ / "syncer.jsonl", 0)) << syncer->log();
   auto push_rec = wait_record(run_ / "learner-0.jsonl", "push", 60, [](const nlohmann::json& j) { return j["fragment"] == 0; });
   ASSERT_FALSE(push_rec.is_null());
@@ -594,7 +903,7 @@ TEST_F(Faults, PoisonedPushNeverReachesACheckpoint) {
   Proc l0(la, (dir_ / "l0.log").string());
   ASSERT_FALSE(wait_record(run_ / "learner-0.jsonl", "joined", 60).is_null()) << l0.log();
   zmq::context_t ctx;
-  RawLearner l1(ctx, endpoint_, 1, tiny_fingerprint());
+  RawPusher l1(ctx, endpoint_, 1, tiny_fingerprint());
   ASSERT_TRUE(join_by_hand(l1, 1, run_ / "syncer.jsonl", 0)) << syncer->log();
   auto push_rec = wait_record(run_ / "learner-0.jsonl", "push", 60, [](const nlohmann::json& j) { return j["fragment"] == 0; });
   ASSERT_FALSE(push_rec.is_null());

@@ -23,6 +23,7 @@
 #include "deloco/learner.h"
 #include "deloco/quantize.h"
 #include "deloco/runtime.h"
+#include "deloco/text.h"
 #include "protocol.h"
 
 namespace deloco {
@@ -138,7 +139,8 @@ struct LearnerNode::Impl {
         std::lock_guard<std::mutex> lock(mu);
         joined = false;
         is_joined = false;
-        c.dl.reset();
+        // A download in progress is kept: its chunks may still be on the way, and the syncer sends no second copy
+        // while one is outstanding on this connection. The next welcome that carries chunks replaces it.
         cv.notify_all();
         emit({{"kind", "syncer_lost"}, {"step", b.step}, {"silent_seconds", t - c.last_heard}});
       }
@@ -279,6 +281,7 @@ struct LearnerNode::Impl {
     } else {
       state_ready = State{*c.dl, c.dl_flat};
       have_state = true;
+      beat.state_round = static_cast<int64_t>(c.dl->round);  // tells the syncer the download arrived
       emit({{"kind", "joined"}, {"step", beat.step}, {"syncer_round", c.dl->round},
             {"download_bytes", c.dl->elements * 4}, {"download_seconds", now() - c.hello_sent_at},
             {"resume_step", c.dl->resume_step}});
@@ -303,7 +306,7 @@ struct LearnerNode::Impl {
   }
 
   void on_reject(Comms& c, const MessageHeader& h, const Envelope& env) {
-    const std::string why = env.payload.str();
+    const std::string why = clip_utf8(std::string_view(env.payload.data(), env.payload.size()), 500);
     const RejectReason code = reject_reason_of(h);
     std::lock_guard<std::mutex> lock(mu);
     ++rejected;

@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "deloco/text.h"
+
 namespace deloco::proto {
 namespace {
 
@@ -96,9 +98,9 @@ Welcome parse_welcome(const char* data, size_t n) {
 }
 
 std::string encode_beat(const Beat& b) {
-  return nlohmann::json{{"step", b.step}, {"tokens", b.tokens}, {"busy_seconds", b.busy_seconds},
-                        {"step_time", b.step_time}}
-      .dump();
+  nlohmann::json j{{"step", b.step}, {"tokens", b.tokens}, {"busy_seconds", b.busy_seconds}, {"step_time", b.step_time}};
+  if (b.state_round >= 0) j["state_round"] = b.state_round;
+  return j.dump();
 }
 
 Beat parse_beat(const char* data, size_t n) {
@@ -108,6 +110,7 @@ Beat parse_beat(const char* data, size_t n) {
   b.tokens = get_int(j, "tokens", "heartbeat", 0, kMaxI);
   b.busy_seconds = get_double(j, "busy_seconds", "heartbeat");
   b.step_time = get_double(j, "step_time", "heartbeat");
+  if (j.contains("state_round")) b.state_round = get_int(j, "state_round", "heartbeat", 0, kMaxI);
   return b;
 }
 
@@ -118,7 +121,7 @@ std::string parse_leave(const char* data, size_t n) {
   auto it = j.find("reason");
   if (it == j.end() || !it->is_string()) throw WireError("leave field 'reason' is missing or not a string");
   std::string r = it->get<std::string>();
-  if (r != "done" && r != "stop") throw WireError("leave reason must be done or stop (got '" + r.substr(0, 40) + "')");
+  if (r != "done" && r != "stop") throw WireError("leave reason must be done or stop (got '" + clip_utf8(r, 40) + "')");
   return r;
 }
 
@@ -167,6 +170,8 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::kWrongShape: return "wrong_shape";
     case RejectReason::kNonFinite: return "non_finite";
     case RejectReason::kRefusedByCore: return "refused_by_core";
+    case RejectReason::kUnboundKey: return "unbound_key";
+    case RejectReason::kHandlerError: return "handler_error";
     case RejectReason::kOther: break;
   }
   return "other";
@@ -181,14 +186,28 @@ RejectReason reject_reason_from_core(const std::string& why) {
 }
 
 RejectReason reject_reason_of(const MessageHeader& h) {
-  if (h.kind != MessageKind::kReject || h.round > static_cast<uint64_t>(RejectReason::kRefusedByCore))
+  if (h.kind != MessageKind::kReject || h.round > static_cast<uint64_t>(kLastRejectReason))
     return RejectReason::kOther;
   return static_cast<RejectReason>(h.round);
 }
 
 bool reject_is_permanent(RejectReason r) {
   return r == RejectReason::kFingerprintMismatch || r == RejectReason::kKeyIdMismatch ||
-         r == RejectReason::kUnknownLearner || r == RejectReason::kLearnerIdMismatch;
+         r == RejectReason::kUnknownLearner || r == RejectReason::kLearnerIdMismatch ||
+         r == RejectReason::kUnboundKey;
+}
+
+std::optional<int64_t> learner_of_key_name(const std::string& name) {
+  static const std::string prefix = "learner-";
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() > 9 || (digits.size() > 1 && digits[0] == '0')) return std::nullopt;
+  int64_t n = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  return n;
 }
 
 }  // namespace deloco::proto

@@ -4,10 +4,12 @@
 // fp32 vectors the float payloads carry.
 //
 // Contract: parse_* functions take untrusted bytes and throw WireError naming the field for anything missing,
-// of the wrong type or out of range; they never allocate more than the payload's size. Pure and reentrant.
+// of the wrong type or out of range; they never allocate more than the payload's size, and any peer text they
+// quote in a message is cut with clip_utf8 (deloco/text.h), so the message is valid UTF-8. Pure and reentrant.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,11 +51,15 @@ struct Beat {
   int64_t tokens = 0;
   double busy_seconds = 0;  // seconds this learner process spent in completed inner steps
   double step_time = 0;     // recent mean seconds per inner step
+  // The welcome round of the last global-state download this learner process verified (-1: none yet). Optional on
+  // the wire (absent = -1): it tells the syncer the download it sent has arrived (see on_hello in syncer_node.cpp).
+  int64_t state_round = -1;
 };
 std::string encode_beat(const Beat& b);
 Beat parse_beat(const char* data, size_t n);
 
-// leave: "done" (finished train.steps; retires the learner) or "stop" (interrupted).
+// leave: "done" (finished train.steps; retires the learner) or "stop" (interrupted). Anything else throws
+// WireError quoting at most 40 bytes of it.
 std::string encode_leave(const std::string& reason);
 std::string parse_leave(const char* data, size_t n);
 
@@ -97,7 +103,10 @@ enum class RejectReason : uint8_t {
   kWrongShape = 10,
   kNonFinite = 11,
   kRefusedByCore = 12,  // the syncer core's own checks (deloco/sync.h): named in the text
+  kUnboundKey = 13,     // CURVE key whose allow-list name is not learner-N: it may not join as any learner
+  kHandlerError = 14,   // handling the message failed inside the syncer (counted and logged; the syncer carries on)
 };
+constexpr RejectReason kLastRejectReason = RejectReason::kHandlerError;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)
 // The reason the core's rejection string maps to (wrong_shape, non_finite, unknown_fragment; else kRefusedByCore).
 RejectReason reject_reason_from_core(const std::string& why);
@@ -105,6 +114,10 @@ RejectReason reject_reason_from_core(const std::string& why);
 RejectReason reject_reason_of(const MessageHeader& h);
 // Refusals that retrying cannot fix: the learner stops.
 bool reject_is_permanent(RejectReason r);
+
+// Identity binding (CURVE): the learner id an allow-list name stands for. "learner-N" with N a plain decimal
+// (no sign, no leading zero, at most 9 digits) binds the key to learner N; any other name binds it to none.
+std::optional<int64_t> learner_of_key_name(const std::string& name);
 
 // Seconds since the Unix epoch: the "t" of every metrics record (deloco/clock.h).
 using ::deloco::unix_now;

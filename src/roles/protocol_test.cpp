@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
+#include "deloco/text.h"
 #include "protocol.h"
 
 namespace deloco::proto {
@@ -61,6 +64,57 @@ TEST(Protocol, RefusesMalformedBodiesNamingTheField) {
   // chunks that do not cover the elements
   expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":2,"chunk_elements":10,"elements":50,"state_hash":"0000000000000001"})",
                "cover", parse_welcome);
+}
+
+// Issue 11 item 2: a leave reason whose 40-byte quote split a UTF-8 character made the syncer's reject record throw
+// when dumped. The quote is now cut at a character boundary: the error text is valid UTF-8 and dumps.
+TEST(Protocol, PeerTextQuotedInErrorsIsValidUtf8) {
+  for (const std::string reason : {std::string(39, 'x') + "\xc3\xa9", std::string(38, 'x') + "\xe2\x82\xac!",
+                                   std::string(100, 'a') + "\xf0\x9f\x98\x80"}) {
+    nlohmann::json body{{"reason", reason}};
+    const std::string s = body.dump();  // valid UTF-8: what a peer's JSON can carry
+    try {
+      parse_leave(s.data(), s.size());
+      ADD_FAILURE() << "accepted " << s;
+    } catch (const WireError& e) {
+      EXPECT_TRUE(is_valid_utf8(e.what())) << e.what();
+      EXPECT_NO_THROW((void)nlohmann::json(std::string(e.what())).dump());
+    }
+  }
+}
+
+TEST(Protocol, HeartbeatCarriesTheVerifiedStateRoundOptionally) {
+  Beat b{10, 2560, 1.5, 0.02};
+  auto s = encode_beat(b);
+  EXPECT_EQ(s.find("state_round"), std::string::npos);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).state_round, -1);
+  b.state_round = 7;
+  s = encode_beat(b);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).state_round, 7);
+  const std::string bad = R"({"step":1,"tokens":1,"busy_seconds":0,"step_time":0,"state_round":-3})";
+  EXPECT_THROW(parse_beat(bad.data(), bad.size()), WireError);
+}
+
+TEST(Protocol, KeyNamesBindToOneLearnerId) {
+  EXPECT_EQ(learner_of_key_name("learner-0"), 0);
+  EXPECT_EQ(learner_of_key_name("learner-17"), 17);
+  for (const char* other : {"learner-", "learner-01", "learner--1", "learner-+1", "learner-1x", "learner-1 ",
+                            "Learner-1", "ops", "trainer", "learner-1234567890", ""})
+    EXPECT_FALSE(learner_of_key_name(other).has_value()) << other;
+}
+
+TEST(Protocol, RejectCodesRoundTripAndUnboundKeysArePermanent) {
+  for (uint64_t c = 0; c <= static_cast<uint64_t>(kLastRejectReason); ++c) {
+    MessageHeader h;
+    h.kind = MessageKind::kReject;
+    h.round = c;
+    EXPECT_EQ(static_cast<uint64_t>(reject_reason_of(h)), c);
+    EXPECT_STRNE(reject_reason_name(static_cast<RejectReason>(c)), c == 0 ? "x" : "other");
+  }
+  EXPECT_STREQ(reject_reason_name(RejectReason::kUnboundKey), "unbound_key");
+  EXPECT_STREQ(reject_reason_name(RejectReason::kHandlerError), "handler_error");
+  EXPECT_TRUE(reject_is_permanent(RejectReason::kUnboundKey));
+  EXPECT_FALSE(reject_is_permanent(RejectReason::kHandlerError));
 }
 
 TEST(Protocol, LayoutFlattensAndUnflattensExactly) {

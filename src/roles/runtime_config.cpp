@@ -1,5 +1,6 @@
 // Configuration of the distributed runtime: every key of `deloco syncer`, `deloco learner` and `deloco run`.
 #include <filesystem>
+#include <sstream>
 #include <thread>
 
 #include "deloco/config.h"
@@ -9,11 +10,21 @@
 namespace deloco {
 
 namespace {
-std::function<std::string()> positive(const double* v, const char* key) {
-  return [v, key] { return *v > 0 ? std::string() : std::string(key) + " must be > 0"; };
+// Durations are bounded above too: a finite but enormous timeout disables what it guards as surely as inf would
+// (the binder already refuses non-finite numbers, deloco/config.h), and larger values overflow clock arithmetic.
+constexpr double kMaxSeconds = 1e6;  // ~11.6 days
+std::string fmt(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
 }
-std::function<std::string()> nonneg(const double* v, const char* key) {
-  return [v, key] { return *v >= 0 ? std::string() : std::string(key) + " must be ≥ 0"; };
+std::function<std::string()> seconds(const double* v, const char* key, bool zero_ok, double hi = kMaxSeconds) {
+  return [v, key, zero_ok, hi] {
+    const bool low_ok = zero_ok ? *v >= 0 : *v > 0;
+    return low_ok && *v <= hi ? std::string()
+                              : std::string(key) + " must be in " + (zero_ok ? "[0, " : "(0, ") + fmt(hi) +
+                                    "] seconds (got " + fmt(*v) + ")";
+  };
 }
 }  // namespace
 
@@ -27,9 +38,10 @@ void NetOptions::bind(ConfigSchema& s) {
   s.bind("net.secret_key", &secret_key, "own .key file from `deloco keygen` (env DELOCO_SECRET_KEY)");
   s.bind("net.server_key", &server_key, "learners: the syncer's .pub file (env DELOCO_SERVER_KEY)");
   s.bind("net.allow", &allow, "syncer: allow-list file or folder of .pub files (env DELOCO_ALLOW)");
-  s.bind("net.heartbeat", &heartbeat, "seconds between heartbeats", positive(&heartbeat, "net.heartbeat"));
+  s.bind("net.heartbeat", &heartbeat, "seconds between heartbeats", seconds(&heartbeat, "net.heartbeat", false, 60));
   s.bind("net.dead_after", &dead_after, "seconds of silence before a peer counts as gone", [this] {
-    return dead_after > heartbeat ? std::string() : std::string("net.dead_after must be > net.heartbeat");
+    if (!(dead_after > heartbeat)) return std::string("net.dead_after must be > net.heartbeat");
+    return seconds(&dead_after, "net.dead_after", false, 3600)();
   });
   s.bind("net.chunk_bytes", &chunk_bytes, "global-state download chunk size (bytes)", [this] {
     return chunk_bytes >= 4096 && chunk_bytes <= (int64_t{1} << 28)
@@ -37,7 +49,7 @@ void NetOptions::bind(ConfigSchema& s) {
                : std::string("net.chunk_bytes must be in [4096, 2^28]");
   });
   s.bind("net.join_timeout", &join_timeout, "seconds a learner waits for its first welcome",
-         positive(&join_timeout, "net.join_timeout"));
+         seconds(&join_timeout, "net.join_timeout", false, 86400));
   s.bind("net.max_frame_bytes", &max_frame_bytes,
          "largest frame a node accepts; a larger one drops the connection (0: sized to the model)", [this] {
            return max_frame_bytes >= 0 && max_frame_bytes <= (int64_t{1} << 40)
@@ -63,13 +75,13 @@ void SyncerNodeOptions::bind(ConfigSchema& s) {
   s.bind("syncer.checkpoint_every", &checkpoint_every, "merges between checkpoints (0: only at the end)",
          [this] { return checkpoint_every >= 0 ? "" : "syncer.checkpoint_every must be ≥ 0"; });
   s.bind("syncer.eval_interval", &eval_interval, "seconds between evaluations of the global model (0: end only)",
-         nonneg(&eval_interval, "syncer.eval_interval"));
+         seconds(&eval_interval, "syncer.eval_interval", true));
   s.bind("syncer.metrics", &metrics, "Prometheus endpoint host:port (\"\" : off; port 0: any free port)");
 }
 
 void LearnerNodeOptions::bind(ConfigSchema& s) {
   s.bind("learner.slowdown", &slowdown, "stretch every inner step to this multiple of its time (chaos)",
-         [this] { return slowdown >= 1 ? "" : "learner.slowdown must be ≥ 1"; });
+         [this] { return slowdown >= 1 && slowdown <= 1000 ? "" : "learner.slowdown must be in [1, 1000]"; });
   s.bind("learner.state_dir", &state_dir, "folder of learner-local state (AdamW moments) for restarts (\"\": none)");
   s.bind("learner.state_every", &state_every, "inner steps between learner-local state writes (0: max(100, sync.sync_every))",
          [this] { return state_every >= 0 ? "" : "learner.state_every must be ≥ 0"; });
@@ -78,21 +90,21 @@ void LearnerNodeOptions::bind(ConfigSchema& s) {
 void ChaosOptions::bind(ConfigSchema& s) {
   s.bind("chaos.enabled", &enabled, "deloco run: inject failures");
   s.bind("chaos.kill_interval", &kill_interval, "mean seconds between SIGKILLs of a random learner (0: none)",
-         nonneg(&kill_interval, "chaos.kill_interval"));
+         seconds(&kill_interval, "chaos.kill_interval", true));
   s.bind("chaos.stop_interval", &stop_interval, "mean seconds between SIGSTOPs of a random learner (0: none)",
-         nonneg(&stop_interval, "chaos.stop_interval"));
+         seconds(&stop_interval, "chaos.stop_interval", true));
   s.bind("chaos.stop_seconds", &stop_seconds, "seconds a stopped learner stays stopped",
-         nonneg(&stop_seconds, "chaos.stop_seconds"));
+         seconds(&stop_seconds, "chaos.stop_seconds", true));
   s.bind("chaos.restart_delay", &restart_delay, "seconds before a killed process is restarted",
-         nonneg(&restart_delay, "chaos.restart_delay"));
+         seconds(&restart_delay, "chaos.restart_delay", true));
   s.bind("chaos.syncer_kill_at", &syncer_kill_at, "seconds after start at which the syncer is killed", [this] {
     for (double t : syncer_kill_at)
-      if (!(t >= 0)) return std::string("chaos.syncer_kill_at times must be ≥ 0");
+      if (!(t >= 0 && t <= kMaxSeconds)) return std::string("chaos.syncer_kill_at times must be in [0, 1e6] seconds");
     return std::string();
   });
   s.bind("chaos.slow_learner", &slow_learner, "learner slowed down by chaos.slow_factor (-1: none)");
   s.bind("chaos.slow_factor", &slow_factor, "step-time factor of the slow learner",
-         [this] { return slow_factor >= 1 ? "" : "chaos.slow_factor must be ≥ 1"; });
+         [this] { return slow_factor >= 1 && slow_factor <= 1000 ? "" : "chaos.slow_factor must be in [1, 1000]"; });
   s.bind("chaos.seed", &seed, "seed of the chaos schedule");
 }
 

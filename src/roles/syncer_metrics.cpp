@@ -39,6 +39,13 @@ void SyncerNode::Impl::update_prometheus() {
   }());
   metric("tokens_total", "counter", "Tokens trained by all learners.", static_cast<double>(total_tokens()));
   metric("uptime_ratio", "gauge", "Fraction of wall time in which global training was not stalled.", uptime());
+  metric("state_snapshots_total", "counter", "Global-state snapshots encoded for downloads (one per set of versions).",
+         static_cast<double>(state_snapshots));
+  metric("state_downloads_total", "counter", "Global-state downloads queued to learners.", static_cast<double>(state_downloads));
+  metric("state_requests_dropped_total", "counter",
+         "Hellos asking for the state while a download to the learner was outstanding (no new copy).",
+         static_cast<double>(state_requests_dropped));
+  metric("record_errors_total", "counter", "Records the record sink failed to take.", static_cast<double>(record_errors));
   if (have_eval) metric("validation_loss", "gauge", "Validation loss of the global model (nats/byte).", last_eval_result.loss);
   o << "# HELP deloco_rejects_total Messages rejected, by reason.\n# TYPE deloco_rejects_total counter\n";
   for (const auto& [k, v] : rejects) o << "deloco_rejects_total{reason=\"" << k << "\"} " << v << "\n";
@@ -62,6 +69,10 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"contributions_rejected", total_rejects()},
                    {"rejects", rejects},
                    {"grace_waits", grace_waits},
+                   {"state_snapshots", state_snapshots},
+                   {"state_downloads", state_downloads},
+                   {"state_requests_dropped", state_requests_dropped},
+                   {"record_errors", record_errors},
                    {"auth_denied", st.auth_denied},
                    {"handshake_failures", st.handshake_failures},
                    {"resumed", resumed},

@@ -4,7 +4,8 @@
 // each validated before anything is trusted) → housekeeping (peers gone silent, heartbeats, merge timers from the
 // grace window, evaluation, status, checkpoints) → stop once every learner retired. A merge broadcasts the new Θ_p
 // to every live learner with one shared payload (zero copy). Every rejection is counted by reason, logged as a
-// "reject" record and answered with a reject frame so the learner knows.
+// "reject" record and answered with a reject frame so the learner knows. Whatever a message's handling throws is
+// contained in handle() (handler_error): one peer's message cannot end the syncer.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "deloco/fs.h"
 #include "deloco/quantize.h"
 #include "deloco/runtime.h"
+#include "deloco/text.h"
 #include "protocol.h"
 #include "syncer_node_impl.h"
 
@@ -30,41 +32,73 @@ using proto::RejectReason;
 using proto::unix_now;
 using syncer_detail::Peer;
 
+void SyncerNode::Impl::log_limited(const std::string& key, nlohmann::json record) {
+  // At most 20 records per key and 10 s window, so a flood of garbage cannot fill the disk; the counters
+  // (summary, Prometheus) stay exact.
+  auto& [window, logged] = reject_log[key];
+  const double t = now();
+  if (t - window > 10.0) window = t, logged = 0;
+  if (++logged <= 20) {
+    emit(std::move(record));
+  } else if (logged == 21) {
+    emit({{"kind", record.value("kind", std::string("record")) + "_suppressed"}, {"reason", key},
+          {"detail", "more than 20 in 10 s; still counted"}});
+  }
+}
+
 void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t fragment, RejectReason code,
                               const std::string& detail, const std::string& counter) {
   const std::string reason = counter.empty() ? proto::reject_reason_name(code) : counter;
   ++rejects[reason];
-  // Log at most 20 records per reason and 10 s window, so a flood of garbage cannot fill the disk either; the
-  // counters (summary, Prometheus) stay exact.
-  auto& [window, logged] = reject_log[reason];
-  const double t = now();
-  if (t - window > 10.0) window = t, logged = 0;
-  if (++logged <= 20)
-    emit({{"kind", "reject"}, {"learner", learner}, {"fragment", fragment}, {"reason", reason}, {"detail", detail}});
-  else if (logged == 21)
-    emit({{"kind", "reject_suppressed"}, {"reason", reason}, {"detail", "more than 20 in 10 s; still counted"}});
+  const std::string text = clip_utf8(detail, 400);  // may quote the peer
+  log_limited(reason, {{"kind", "reject"}, {"learner", learner}, {"fragment", fragment}, {"reason", reason},
+                       {"detail", text}});
   if (route.empty()) return;
   MessageHeader h;
   h.kind = MessageKind::kReject;
   h.round = static_cast<uint64_t>(code);
   h.learner_id = learner >= 0 ? static_cast<uint32_t>(learner) : 0;
   h.fingerprint = fingerprint;
-  const std::string body = reason + ": " + detail.substr(0, 400);
-  auto f = proto::make_frame(h, body, limits);
+  auto f = proto::make_frame(h, reason + ": " + text, limits);
   tx->send(route, f.header, f.payload);
+}
+
+void SyncerNode::Impl::handler_error(const Envelope& env, const std::string& what) noexcept {
+  try {
+    auto it = route_to_id.find(env.peer);
+    reject(env.peer, it == route_to_id.end() ? -1 : it->second, -1, RejectReason::kHandlerError,
+           "the syncer failed handling this message and dropped it: " + what);
+  } catch (...) {  // even the reject failed (out of memory?): the count is what is left
+    try {
+      ++rejects[proto::reject_reason_name(RejectReason::kHandlerError)];
+    } catch (...) {
+    }
+  }
 }
 
 void SyncerNode::Impl::retire(int64_t m, const char* how) {
   if (retired[m]) return;
+  // The core first: if it throws, the node still counts the learner as active, as the core does.
+  core->retire(now(), m);
   retired[m] = true;
   peers[m].alive = false;
-  core->retire(now(), m);
+  peers[m].dl_sent = -1;
   emit({{"kind", "retired"}, {"learner", m}, {"how", how}});
   for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
   if (cfg.syncer.checkpoint_every > 0) checkpoint();
 }
 
 void SyncerNode::Impl::handle(const Envelope& env) {
+  try {
+    dispatch(env);
+  } catch (const std::exception& e) {
+    handler_error(env, e.what());
+  } catch (...) {
+    handler_error(env, "an exception of unknown type");
+  }
+}
+
+void SyncerNode::Impl::dispatch(const Envelope& env) {
   const double t = now();
   if (env.parts != 2) {
     reject(env.peer, -1, -1, RejectReason::kMalformedFrame, "message has " + std::to_string(env.parts) + " frames, not 2");
@@ -113,11 +147,13 @@ void SyncerNode::Impl::handle(const Envelope& env) {
         P.tokens = std::max(P.tokens, b.tokens);
         P.busy = b.busy_seconds;
         P.step_time = b.step_time;
+        if (P.dl_sent >= 0 && b.state_round >= P.dl_round) P.dl_sent = -1;  // the download arrived and verified
         return;
       }
       case MessageKind::kLeave: {
         const std::string why = proto::parse_leave(env.payload.data(), env.payload.size());
         P.alive = false;
+        P.dl_sent = -1;
         route_to_id.erase(P.route);
         P.route.clear();
         if (why == "done") {
@@ -137,6 +173,41 @@ void SyncerNode::Impl::handle(const Envelope& env) {
   }
 }
 
+// One state download per learner. A download is *outstanding* from the moment its welcome and every chunk were
+// queued (a download that could not be queued whole does not count: the learner will ask again) until the first of
+//   * the learner's heartbeat on that connection reports the welcome's round as verified (Beat::state_round);
+//   * the learner leaves or retires, or falls silent for net.dead_after (counted lost: its queue dies with it);
+//   * the learner id moves to another connection (a hello accepted there);
+//   * net.join_timeout seconds pass (a learner that never reports, e.g. an older build).
+// While one is outstanding, a hello asking for the state gets no new copy when it comes on the same connection, or
+// on another one while the download's connection still talks (heard within 2 net.heartbeat): it is dropped (the
+// welcome already on its way answers the same process) and counted as state_requests_dropped, its record
+// rate-limited. Once the download's connection went quiet that long, another connection may take the id (a
+// restarted process, a reconnect: the duplicate-id rule uses the same test) and gets a download of its own.
+// Every download sends the chunks of one shared snapshot per set of fragment versions (state_snapshot()), so a
+// burst of joins costs one encoding and no copies. Memory: the newest snapshot (one fp32 copy of Θ) stays cached;
+// an older one lives only while chunks queued for a slow learner still point into it.
+bool SyncerNode::Impl::download_outstanding(const Peer& P, double t) const {
+  return P.dl_sent >= 0 && t - P.dl_sent < cfg.net.join_timeout;
+}
+
+std::shared_ptr<const syncer_detail::StateSnapshot> SyncerNode::Impl::state_snapshot() {
+  std::vector<int64_t> versions = core->versions();
+  if (snapshot && snapshot->versions == versions && snapshot->round == merges) return snapshot;
+  auto flat = std::make_shared<std::vector<float>>(static_cast<size_t>(model_layout.elements));
+  std::vector<at::Tensor> ts;
+  for (const auto& [n, tensor] : core->global()) ts.push_back(tensor);
+  flatten_into(ts, flat->data());
+  auto snap = std::make_shared<syncer_detail::StateSnapshot>();
+  snap->versions = std::move(versions);
+  snap->round = merges;
+  snap->hash = fnv1a64(flat->data(), flat->size() * sizeof(float));
+  snap->bytes = Bytes(flat, reinterpret_cast<const char*>(flat->data()), flat->size() * sizeof(float));
+  snapshot = std::move(snap);
+  ++state_snapshots;
+  return snapshot;
+}
+
 void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, double t) {
   proto::Hello hello;
   try {
@@ -144,62 +215,79 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   } catch (const WireError& e) {
     return reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
   }
+  // ---- checks: nothing changes until all pass ----
   const int64_t m = hello.learner;
-  if (m >= M || static_cast<int64_t>(h.learner_id) != m)
+  if (static_cast<int64_t>(h.learner_id) != m)
+    return reject(env.peer, h.learner_id, -1, RejectReason::kLearnerIdMismatch,
+                  "hello header says learner " + std::to_string(h.learner_id) + " but its body says learner " +
+                      std::to_string(m));
+  if (m >= M)
     return reject(env.peer, m, -1, RejectReason::kUnknownLearner,
                   "learner id " + std::to_string(m) + " is not in [0, " + std::to_string(M) + ")");
-  // A key named "learner-N" in the allow-list may only speak for learner N.
-  if (env.identity.rfind("learner-", 0) == 0 && env.identity != "learner-" + std::to_string(m))
-    return reject(env.peer, m, -1, RejectReason::kKeyIdMismatch, "key '" + env.identity + "' may not join as learner " + std::to_string(m));
+  // CURVE: the key's allow-list name says which learner it is; a name that is not learner-N speaks for nobody.
+  // (Plaintext has no identities: env.identity is empty and anyone may claim any id.)
+  if (!env.identity.empty()) {
+    const std::optional<int64_t> bound = proto::learner_of_key_name(env.identity);
+    if (!bound)
+      return reject(env.peer, m, -1, RejectReason::kUnboundKey,
+                    "key '" + env.identity + "' is in the allow-list but its name is not learner-N, so it may not "
+                    "join as any learner (name its .pub file learner-" + std::to_string(m) + ".pub to bind it to learner " +
+                    std::to_string(m) + ")");
+    if (*bound != m)
+      return reject(env.peer, m, -1, RejectReason::kKeyIdMismatch,
+                    "key '" + env.identity + "' may only join as learner " + std::to_string(*bound) + ", not as learner " +
+                        std::to_string(m));
+  }
+  if (auto it = route_to_id.find(env.peer); it != route_to_id.end() && it->second != m)
+    return reject(env.peer, m, -1, RejectReason::kLearnerIdMismatch,
+                  "this connection joined as learner " + std::to_string(it->second) +
+                      "; a connection's learner id never changes");
   Peer& P = peers[m];
-  const bool other_live = P.alive && !P.route.empty() && P.route != env.peer &&
-                          t - P.last_heard < 2 * cfg.net.heartbeat && P.instance != hello.instance;
+  const bool other_route = !P.route.empty() && P.route != env.peer;
+  const bool other_live = P.alive && other_route && t - P.last_heard < 2 * cfg.net.heartbeat && P.instance != hello.instance;
   if (other_live)
     return reject(env.peer, m, -1, RejectReason::kDuplicateId,
                   "learner " + std::to_string(m) + " is held by a live connection (another process with this id?)");
-  if (!P.route.empty() && P.route != env.peer) route_to_id.erase(P.route);
-  const bool restart = P.joins > 0 && P.instance != hello.instance;
-  if (P.instance != hello.instance) {
-    P.busy_done += P.busy;
-    P.busy = 0;
+  // Another connection gets a download of its own only once the one holding the id went quiet (or is gone).
+  const bool quiet = !P.alive || t - P.last_heard >= 2 * cfg.net.heartbeat;
+  if (hello.want_state && download_outstanding(P, t) && (!other_route || !quiet)) {
+    ++state_requests_dropped;
+    if (P.route == env.peer) P.last_heard = t;
+    log_limited("state_request_dropped",
+                {{"kind", "state_request_dropped"}, {"learner", m},
+                 {"detail", "a state download to this connection is outstanding; no new copy"}});
+    return;
   }
-  P.route = env.peer;
-  P.identity = env.identity;
-  P.instance = hello.instance;
-  P.alive = !retired[m];
-  P.last_heard = t;
-  P.step = std::max(P.step, hello.step);
-  ++P.joins;
-  route_to_id[env.peer] = m;
-  if (!retired[m]) core->set_connected(m, true);
-  if (first_join < 0) first_join = t;
 
+  // ---- prepare what will be sent (may throw; no state changed yet) ----
+  const int64_t resume_step = std::max(P.step, hello.step);
   proto::Welcome w;
-  w.round = static_cast<uint64_t>(merges);
-  w.versions = core->versions();
-  w.resume_step = P.step;
+  w.resume_step = resume_step;
   w.elements = model_layout.elements;
-  Bytes state;
+  std::shared_ptr<const syncer_detail::StateSnapshot> snap;
   if (hello.want_state) {
-    auto flat = std::make_shared<std::vector<float>>(static_cast<size_t>(model_layout.elements));
-    std::vector<at::Tensor> ts;
-    for (const auto& [n, tensor] : core->global()) ts.push_back(tensor);
-    flatten_into(ts, flat->data());
-    w.state_hash = fnv1a64(flat->data(), flat->size() * sizeof(float));
+    snap = state_snapshot();
+    w.round = static_cast<uint64_t>(snap->round);
+    w.versions = snap->versions;
+    w.state_hash = snap->hash;
     w.chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
     w.chunks = (w.elements + w.chunk_elements - 1) / w.chunk_elements;
-    state = Bytes(flat, reinterpret_cast<const char*>(flat->data()), flat->size() * sizeof(float));
+  } else {
+    w.round = static_cast<uint64_t>(merges);
+    w.versions = core->versions();
   }
+  std::vector<proto::Frame> frames;
+  frames.reserve(static_cast<size_t>(w.chunks) + 1);
   MessageHeader wh;
   wh.kind = MessageKind::kWelcome;
   wh.learner_id = static_cast<uint32_t>(m);
   wh.fingerprint = fingerprint;
   wh.round = w.round;
-  auto wf = proto::make_frame(wh, proto::encode_welcome(w), limits);
-  tx->send(env.peer, wf.header, wf.payload);
+  frames.push_back(proto::make_frame(wh, proto::encode_welcome(w), limits));
+  const std::shared_ptr<const void> owner = snap ? owner_of(snap->bytes) : nullptr;  // chunks point into the snapshot
   for (int64_t c = 0; c < w.chunks; ++c) {
     const int64_t first = c * w.chunk_elements, n = std::min(w.chunk_elements, w.elements - first);
-    Bytes chunk(owner_of(state), state.data() + first * 4, static_cast<size_t>(n) * 4);
+    Bytes chunk(owner, snap->bytes.data() + first * 4, static_cast<size_t>(n) * 4);
     MessageHeader ch;
     ch.kind = MessageKind::kStateChunk;
     ch.encoding = Encoding::kFp32;
@@ -208,13 +296,50 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     ch.fingerprint = fingerprint;
     ch.round = w.round;
     ch.element_count = static_cast<uint64_t>(n);
-    auto cf = proto::make_frame(ch, chunk, limits);
-    tx->send(env.peer, cf.header, cf.payload);
+    frames.push_back(proto::make_frame(ch, chunk, limits));
   }
-  if (hello.want_state) core->note_joined(m);  // it will hold every fragment's current version
-  emit({{"kind", "join"}, {"learner", m}, {"instance", fingerprint_hex(hello.instance)}, {"restart", restart},
-        {"step", P.step}, {"state_bytes", hello.want_state ? model_layout.elements * 4 : 0},
-        {"identity", env.identity}});
+
+  // ---- send, then commit, then record: a send that throws leaves the state untouched (the learner says hello
+  // again); one that fails (queue full) only means the download does not count as outstanding ----
+  bool queued = true;
+  for (const auto& f : frames) queued = tx->send(env.peer, f.header, f.payload) && queued;
+  // The same process saying hello again on the connection that holds its id, while joined: not a new join.
+  const bool repeat = !P.route.empty() && P.route == env.peer && P.instance == hello.instance && (P.alive || retired[m]);
+  const bool restart = P.joins > 0 && P.instance != hello.instance;
+  if (!P.route.empty() && P.route != env.peer) route_to_id.erase(P.route);
+  if (P.instance != hello.instance) {
+    P.busy_done += P.busy;
+    P.busy = 0;
+  }
+  if (other_route) P.dl_sent = -1;  // the id moves to this connection: a download on the old one no longer counts
+  P.route = env.peer;
+  P.identity = env.identity;
+  P.instance = hello.instance;
+  P.alive = !retired[m];
+  P.last_heard = t;
+  P.step = resume_step;
+  if (!repeat) ++P.joins;
+  route_to_id[env.peer] = m;
+  if (!retired[m]) core->set_connected(m, true);
+  if (first_join < 0) first_join = t;
+
+  if (hello.want_state) {
+    core->note_joined(m);  // it will hold every fragment's version of the snapshot
+    ++state_downloads;
+    if (queued) {
+      P.dl_sent = t;
+      P.dl_round = snap->round;
+    }
+  }
+  nlohmann::json rec{{"kind", "join"}, {"learner", m}, {"instance", fingerprint_hex(hello.instance)}, {"restart", restart},
+                     {"step", P.step}, {"state_bytes", hello.want_state ? model_layout.elements * 4 : 0},
+                     {"identity", env.identity}};
+  if (!repeat) {
+    emit(std::move(rec));
+  } else {  // rate-limited: a flood of hellos cannot fill the disk
+    rec["kind"] = "rejoin";
+    log_limited("rejoin", std::move(rec));
+  }
 }
 
 void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t) {
@@ -231,9 +356,10 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   try {
     c = decode_push(m, p, L, h.encoding, env.payload.data(), env.payload.size(), static_cast<int64_t>(h.round),
                     static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time);
+  } catch (const NonFiniteError& e) {  // NaN/Inf values or block scales (deloco/quantize.h)
+    return reject(env.peer, m, p, RejectReason::kNonFinite, e.what());
   } catch (const WireError& e) {
-    const std::string what = e.what();
-    return reject(env.peer, m, p, what.find("finite") != std::string::npos ? RejectReason::kNonFinite : RejectReason::kMalformedFrame, what);
+    return reject(env.peer, m, p, RejectReason::kMalformedFrame, e.what());
   }
   c.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
   const std::string why = core->receive(t, std::move(c));
@@ -345,6 +471,7 @@ void SyncerNode::Impl::housekeeping() {
     Peer& P = peers[m];
     if (P.alive && t - P.last_heard > cfg.net.dead_after) {
       P.alive = false;
+      P.dl_sent = -1;  // a silent connection's download is moot (see on_hello)
       core->set_connected(m, false);
       emit({{"kind", "lost"}, {"learner", m}, {"reason", "silent"}, {"silent_seconds", t - P.last_heard}});
       // Its last heartbeat said it had finished: its goodbye was lost (e.g. sent while the syncer was down).

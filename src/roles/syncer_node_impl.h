@@ -33,6 +33,19 @@ struct Peer {
   double busy_done = 0;     // busy seconds of earlier instances
   double step_time = 0;
   int64_t joins = 0;
+  // The global-state download outstanding to this learner (on_hello in syncer_node.cpp): queued whole on
+  // connection `route` at steady time dl_sent (< 0: none) with welcome round dl_round.
+  double dl_sent = -1;
+  int64_t dl_round = -1;
+};
+
+// The global state as joining learners download it: Θ flattened to fp32 once per set of fragment versions, kept as
+// one immutable shared buffer that every download's chunks point into (the transport sends without copying).
+struct StateSnapshot {
+  std::vector<int64_t> versions;  // the core's fragment versions it holds
+  int64_t round = 0;              // merges when it was taken: the welcome's round
+  Bytes bytes;                    // fp32 elements of the whole model (model_layout order)
+  uint64_t hash = 0;              // FNV-1a-64 of `bytes`
 };
 
 }  // namespace syncer_detail
@@ -62,7 +75,11 @@ struct SyncerNode::Impl {
   int64_t merges = 0, merges_at_ckpt = 0, evals = 0, grace_waits = 0;
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
-  std::map<std::string, std::pair<double, int64_t>> reject_log;  // reason → (window start, records logged)
+  std::map<std::string, std::pair<double, int64_t>> reject_log;  // log key → (window start, records logged)
+  // State downloads (on_hello): snapshots encoded, downloads queued, requests answered without a new copy because
+  // one was outstanding. Records the sink failed to take (emit never throws).
+  std::shared_ptr<const syncer_detail::StateSnapshot> snapshot;  // the newest; older ones live while queued chunks point into them
+  int64_t state_snapshots = 0, state_downloads = 0, state_requests_dropped = 0, record_errors = 0;
   EvalResult last_eval_result;
   bool have_eval = false;
   bool resumed = false;
@@ -73,10 +90,20 @@ struct SyncerNode::Impl {
   std::string prom_text;
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
-  void emit(nlohmann::json j) {
-    j["t"] = unix_now();
-    if (record) record(j);
+  // Never throws: a record the sink cannot take (a full disk, a sink's own error) is counted, not fatal. Peer text
+  // in records is cut with clip_utf8 (deloco/text.h) before it gets here, and `deloco syncer`'s sink dumps with
+  // invalid UTF-8 replaced, so a peer's bytes cannot make a record throw either.
+  void emit(nlohmann::json j) noexcept {
+    try {
+      j["t"] = unix_now();
+      if (record) record(j);
+    } catch (...) {
+      ++record_errors;
+    }
   }
+  // Emits `record` unless 20 records under `key` were already logged in the current 10 s window; the 21st becomes
+  // one "<kind>_suppressed" note. Counting is the caller's (exact); this only keeps a flood from filling the disk.
+  void log_limited(const std::string& key, nlohmann::json record);
   int64_t alive_count() const {
     int64_t n = 0;
     for (const auto& p : peers) n += p.alive ? 1 : 0;
@@ -95,9 +122,12 @@ struct SyncerNode::Impl {
   std::vector<bool> retired;
 
   // ---- rejections -------------------------------------------------------------------------------------------
-  // `counter`: the name counted and logged ("" : the code's name; the core's own reasons are finer).
+  // `counter`: the name counted and logged ("" : the code's name; the core's own reasons are finer). `detail` may
+  // quote the peer: it is cut to 400 bytes of valid UTF-8 for the record and the reject frame.
   void reject(const std::string& route, int64_t learner, int64_t fragment, proto::RejectReason code, const std::string& detail,
               const std::string& counter = "");
+  // An exception escaped a message's handler: counted and logged as handler_error, answered with a reject frame.
+  void handler_error(const Envelope& env, const std::string& what) noexcept;
 
 
   void send_to(int64_t m, const proto::Frame& f) {
@@ -110,9 +140,21 @@ struct SyncerNode::Impl {
   void retire(int64_t m, const char* how);
 
   // ---- messages -------------------------------------------------------------------------------------------
+  // Handles one message. Never throws: whatever a handler throws (ours, the core's, libtorch's, bad_alloc) is
+  // contained here and counted as handler_error; the syncer carries on. Handlers keep the state consistent if that
+  // happens: they parse and check everything, and build what they will send, before they change any state; records
+  // and sends come after the change.
   void handle(const Envelope& env);
+  void dispatch(const Envelope& env);
 
+  // hello: checks (the header and body ids agree, the id is in range, a CURVE key joins only as the learner its
+  // allow-list name learner-N says, a connection's id never changes, no second live process per id), then a
+  // welcome and, when asked for, the global state from the shared snapshot. See syncer_node.cpp for when a state
+  // download counts as outstanding (one per learner).
   void on_hello(const Envelope& env, const MessageHeader& h, double t);
+  bool download_outstanding(const syncer_detail::Peer& P, double t) const;
+  // The current global state as a shared snapshot: encoded on first use after the fragment versions changed.
+  std::shared_ptr<const syncer_detail::StateSnapshot> state_snapshot();
 
   // Bytes does not expose its owner; keep the shared buffer alive through a copy of the Bytes itself.
   static std::shared_ptr<const void> owner_of(const Bytes& b) { return std::make_shared<Bytes>(b); }

@@ -128,6 +128,17 @@ bool from_text(const std::string& s, const ConfigSchema::Field& f, Value* out) {
   }
 }
 
+// Every number a config gives must be finite: inf or nan would silently disable whatever the key controls (a
+// timeout of inf never fires, a learning rate of inf poisons the model). "" when finite, else the value as text.
+std::string non_finite(const Value& v) {
+  auto show = [](double x) { return std::isnan(x) ? std::string("nan") : std::string(x > 0 ? "inf" : "-inf"); };
+  if (const double* d = std::get_if<double>(&v)) return std::isfinite(*d) ? std::string() : show(*d);
+  if (const auto* l = std::get_if<std::vector<double>>(&v))
+    for (double x : *l)
+      if (!std::isfinite(x)) return show(x);
+  return std::string();
+}
+
 void store(const ConfigSchema::Field& f, const Value& v) {
   std::visit([&](auto* ptr) { *ptr = std::get<std::remove_pointer_t<decltype(ptr)>>(v); }, f);
 }
@@ -183,6 +194,8 @@ void ConfigSchema::load_string(const std::string& text, const std::string& origi
     Value v;
     if (!from_toml(*node, e->field, &v))
       throw ConfigError("config file '" + origin + "': key '" + key + "' must be " + type_name(e->field));
+    if (const std::string bad = non_finite(v); !bad.empty())
+      throw ConfigError("config file '" + origin + "': key '" + key + "' must be finite, got " + bad);
     staged.emplace_back(e, std::move(v));
   }
   for (const auto& [e, v] : staged) store(e->field, v);
@@ -199,6 +212,8 @@ void ConfigSchema::apply_override(const std::string& assignment) {
   Value v;
   if (!from_text(text, e->field, &v))
     throw ConfigError("--set: key '" + key + "' must be " + type_name(e->field) + ", got '" + text + "'");
+  if (const std::string bad = non_finite(v); !bad.empty())
+    throw ConfigError("--set: key '" + key + "' must be finite, got " + bad);
   store(e->field, v);
 }
 
@@ -257,6 +272,8 @@ void ConfigSchema::from_json(const nlohmann::json& j, const std::string& origin)
       ok = false;
     }
     if (!ok) throw ConfigError(origin + ": config key '" + key + "' must be " + type_name(e->field));
+    if (const std::string bad = non_finite(v); !bad.empty())
+      throw ConfigError(origin + ": config key '" + key + "' must be finite, got " + bad);
     staged.emplace_back(e, std::move(v));
   }
   for (const auto& [e, v] : staged) store(e->field, v);

@@ -35,7 +35,7 @@ std::string show(float v) {
 
 void check_finite(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) throw WireError("quantize: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
+    if (!std::isfinite(x[i])) throw NonFiniteError("quantize: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
 }
 
 void require_float_encoding(Encoding e) {
@@ -80,8 +80,11 @@ void decode_blocks(const unsigned char* in, size_t n, bool nibbles, float* out) 
   const unsigned char* vals = in + 4 * blocks;
   for (size_t b = 0; b < blocks; ++b) {
     const float scale = bits_float(get_u32(in + 4 * b));
-    if (!std::isfinite(scale) || scale < 0.f)
-      throw WireError("quantize: block " + std::to_string(b) + " has an invalid scale " + show(scale));
+    // A NaN or infinite scale is a number problem (non-finite), a negative one a framing problem: our encoder
+    // never writes it.
+    if (!std::isfinite(scale))
+      throw NonFiniteError("quantize: block " + std::to_string(b) + " has a non-finite scale " + show(scale));
+    if (scale < 0.f) throw WireError("quantize: block " + std::to_string(b) + " has a negative scale " + show(scale));
     const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
     for (size_t i = lo; i < hi; ++i) {
       int q;
@@ -144,7 +147,7 @@ void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n,
   }
   for (size_t i = 0; i < n; ++i)
     if (!std::isfinite(out[i]))
-      throw WireError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(out[i]));
+      throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(out[i]));
 }
 
 std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n) {

@@ -206,5 +206,49 @@ TEST(Quantize, BlockNearFloatMaxIsRefusedAtEncodeNotAtDecode) {
   }
 }
 
+// Bad numbers and bad framing are told apart (the syncer counts them as non_finite and malformed_frame): a NaN or
+// infinite block scale of int8/int4, and NaN/Inf elements of fp32/bf16, are NonFiniteError; a negative scale or a
+// wrong size is a plain WireError.
+TEST(Quantize, NonFiniteScalesAndValuesAreNonFiniteErrorsNotMalformed) {
+  const std::vector<float> x = random_values(100, 11);
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float neg = -1.f, huge = 3e38f;
+  auto is_non_finite = [](const std::string& payload, Encoding e) {
+    try {
+      decode_floats(payload.data(), payload.size(), e, 100);
+    } catch (const NonFiniteError&) {
+      return 1;
+    } catch (const WireError&) {
+      return 0;
+    }
+    return -1;  // accepted
+  };
+  for (Encoding e : {Encoding::kInt8, Encoding::kInt4}) {
+    const std::string enc = encode_floats(x.data(), x.size(), e);
+    for (float scale : {nan, inf, -inf}) {
+      std::string bad = enc;
+      std::memcpy(bad.data() + 4, &scale, 4);  // block 1's scale
+      EXPECT_EQ(is_non_finite(bad, e), 1) << encoding_name(e) << " scale " << scale;
+    }
+    std::string bad = enc;
+    std::memcpy(bad.data() + 4, &neg, 4);
+    EXPECT_EQ(is_non_finite(bad, e), 0) << encoding_name(e) << ": a negative scale is malformed";
+    std::memcpy(bad.data() + 4, &huge, 4);  // finite, but 3e38 × q overflows to inf for |q| ≥ 2
+    EXPECT_EQ(is_non_finite(bad, e), 1) << encoding_name(e) << ": an overflowing scale";
+    EXPECT_EQ(is_non_finite(enc.substr(1), e), 0) << encoding_name(e) << ": wrong size";
+  }
+  std::string f32 = encode_floats(x.data(), x.size(), Encoding::kFp32);
+  std::memcpy(f32.data() + 4 * 3, &inf, 4);
+  EXPECT_EQ(is_non_finite(f32, Encoding::kFp32), 1);
+  std::string b16 = encode_floats(x.data(), x.size(), Encoding::kBf16);
+  b16[0] = static_cast<char>(0x80);
+  b16[1] = static_cast<char>(0x7f);  // 0x7f80: bf16 +inf
+  EXPECT_EQ(is_non_finite(b16, Encoding::kBf16), 1);
+  // The encoder names non-finite input the same way.
+  std::vector<float> y(x);
+  y[5] = nan;
+  EXPECT_THROW(encode_floats(y.data(), y.size(), Encoding::kInt8), NonFiniteError);
+}
+
 }  // namespace
 }  // namespace deloco

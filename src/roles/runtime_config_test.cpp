@@ -1,0 +1,44 @@
+// The runtime's config keys: non-finite numbers refused by the binder naming the key (issue 11 item 13a), and
+// durations bounded above, since a finite but enormous timeout disables failure detection just as inf did.
+#include <gtest/gtest.h>
+
+#include "deloco/config.h"
+#include "deloco/runtime.h"
+
+namespace deloco {
+namespace {
+
+std::string error_of(const std::vector<std::string>& sets) {
+  RuntimeConfig cfg;
+  ConfigSchema schema;
+  cfg.bind(schema);
+  try {
+    for (const auto& s : sets) schema.apply_override(s);
+    schema.validate();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RuntimeConfig, NonFiniteAndHugeDurationsAreRefusedNamingTheKey) {
+  for (const char* set : {"train.lr=inf", "net.dead_after=inf", "learner.slowdown=inf", "net.heartbeat=nan",
+                          "net.join_timeout=-inf", "syncer.eval_interval=inf", "chaos.syncer_kill_at=5,inf"}) {
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    const std::string e = error_of({set});
+    EXPECT_NE(e.find("'" + key + "'"), std::string::npos) << set << ": " << e;
+    EXPECT_NE(e.find("finite"), std::string::npos) << set << ": " << e;
+  }
+  for (const char* set : {"net.dead_after=1e300", "net.join_timeout=1e12", "net.heartbeat=1000",
+                          "learner.slowdown=1e9", "chaos.kill_interval=1e300"}) {
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    const std::string e = error_of({set});
+    EXPECT_NE(e.find(key), std::string::npos) << set << ": " << e;
+  }
+  // The defaults and ordinary values pass.
+  EXPECT_EQ(error_of({}), "");
+  EXPECT_EQ(error_of({"net.heartbeat=0.2", "net.dead_after=1.5", "net.join_timeout=20", "learner.slowdown=15"}), "");
+}
+
+}  // namespace
+}  // namespace deloco

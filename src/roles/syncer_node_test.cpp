@@ -1,0 +1,207 @@
+// The syncer node over the in-process transport, driven by hand-made learner messages: what one peer's messages can
+// do to it (issue 11). Deterministic: no pushes, so no merges, so the fragment versions never change.
+//  * An exception thrown while handling a message (here: injected into the transport's send of a welcome) is
+//    contained, counted as handler_error and answered; the same hello then succeeds and the run ends normally.
+//  * State downloads: every learner's download is cut from one snapshot per set of versions (encoded once), and a
+//    flood of hellos asking for the state while one download is outstanding gets no further copy.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "deloco/checkpoint.h"
+#include "deloco/config.h"
+#include "deloco/runtime.h"
+#include "protocol.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+using clk = std::chrono::steady_clock;
+
+std::shared_ptr<const Corpus> corpus() {
+  static std::shared_ptr<const Corpus> c = [] {
+    std::vector<std::string> docs;
+    for (int i = 0; i < 20; ++i) docs.push_back(std::string(2000, static_cast<char>('a' + i % 26)) + " words and more words");
+    return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.1));
+  }();
+  return c;
+}
+
+RuntimeConfig config(const fs::path& dir) {
+  RuntimeConfig cfg;
+  cfg.run.model.block_size = 16;
+  cfg.run.model.n_layer = 1;
+  cfg.run.model.n_head = 2;
+  cfg.run.model.n_embd = 32;
+  cfg.run.train.batch_size = 2;
+  cfg.run.train.steps = 8;
+  cfg.run.train.eval_tokens = 128;
+  cfg.run.train.threads = 1;
+  cfg.sync.learners = 2;
+  cfg.sync.quorum = 1;
+  cfg.sync.fragments = 2;
+  cfg.sync.sync_every = 4;
+  cfg.merge_preset = "decoupled";
+  cfg.net.plaintext = true;
+  cfg.net.heartbeat = 0.2;
+  cfg.net.dead_after = 60.0;  // the hand-made learners send no heartbeats of their own unless told to
+  cfg.net.join_timeout = 60.0;
+  cfg.net.chunk_bytes = 4096;  // several chunks per download
+  cfg.syncer.out_dir = (dir / "syncer").string();
+  cfg.syncer.checkpoint_every = 0;
+  cfg.syncer.eval_interval = 0;
+  cfg.syncer.metrics = "";
+  return cfg;
+}
+
+// A server transport that throws from send() for the first `throws` messages of kind `kind`: an unexpected
+// exception in the middle of handling a message (a transport must not throw; a bad_alloc or a bug could).
+class ThrowingServer final : public ServerTransport {
+ public:
+  ThrowingServer(std::unique_ptr<ServerTransport> inner, MessageKind kind, int throws)
+      : inner_(std::move(inner)), kind_(kind), throws_(throws) {}
+  std::string endpoint() const override { return inner_->endpoint(); }
+  bool receive(Envelope* out, std::chrono::milliseconds timeout) override { return inner_->receive(out, timeout); }
+  bool send(const std::string& peer, const Bytes& header, const Bytes& payload) override {
+    if (decode_header(header.data(), header.size()).kind == kind_ && throws_ > 0) {
+      --throws_;
+      throw std::runtime_error("injected failure while sending");
+    }
+    return inner_->send(peer, header, payload);
+  }
+  TransportStats stats() const override { return inner_->stats(); }
+
+ private:
+  std::unique_ptr<ServerTransport> inner_;
+  MessageKind kind_;
+  int throws_;
+};
+
+struct Client {
+  std::unique_ptr<ClientTransport> tx;
+  uint64_t fingerprint;
+  uint32_t id;
+  void send(MessageKind k, const std::string& body) {
+    MessageHeader h;
+    h.kind = k;
+    h.learner_id = id;
+    h.fingerprint = fingerprint;
+    auto f = proto::make_frame(h, body, WireLimits{});
+    ASSERT_TRUE(tx->send(f.header, f.payload));
+  }
+  void hello(uint64_t instance, bool want_state) {
+    proto::Hello h;
+    h.learner = id;
+    h.instance = instance;
+    h.want_state = want_state;
+    send(MessageKind::kHello, proto::encode_hello(h));
+  }
+  // The next message of `kind` within `seconds` (others skipped and counted in `seen`).
+  std::optional<std::pair<MessageHeader, std::string>> next(MessageKind kind, double seconds) {
+    const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
+    while (clk::now() < deadline) {
+      Envelope env;
+      if (!tx->receive(&env, std::chrono::milliseconds(20))) continue;
+      const MessageHeader h = decode_header(env.header.data(), env.header.size());
+      ++seen[h.kind];
+      if (h.kind == kind) return std::make_pair(h, env.payload.str());
+    }
+    return std::nullopt;
+  }
+  std::map<MessageKind, int> seen;
+};
+
+TEST(SyncerNode, ContainsHandlerExceptionsAndServesStateFromOneSnapshot) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_node_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const RuntimeConfig cfg = config(dir);
+  const uint64_t fp = parse_fingerprint_hex(gpt_workloads(cfg.run, corpus())(0, 1)->fingerprint());
+  auto hub = make_inproc_hub();
+  std::mutex mu;
+  std::vector<nlohmann::json> records;
+  SyncerNode syncer(cfg, std::make_unique<ThrowingServer>(make_inproc_server(hub), MessageKind::kWelcome, 1), corpus(),
+                    /*resume=*/false, [&](const nlohmann::json& j) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      records.push_back(j);
+                    });
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  struct StopOnExit {
+    std::atomic<bool>* stop;
+    std::thread* t;
+    ~StopOnExit() {
+      stop->store(true);
+      if (t->joinable()) t->join();
+    }
+  } stop_on_exit{&stop, &st};
+
+  // 1. Learner 0's first hello: the welcome's send throws inside on_hello. Contained: a handler_error reject.
+  Client c0{make_inproc_client(hub, "learner-0"), fp, 0};
+  c0.hello(/*instance=*/11, /*want_state=*/true);
+  auto rej = c0.next(MessageKind::kReject, 30);
+  ASSERT_TRUE(rej.has_value()) << "no answer: did the exception end the syncer?";
+  EXPECT_EQ(proto::reject_reason_of(rej->first), proto::RejectReason::kHandlerError);
+  EXPECT_NE(rej->second.find("injected failure"), std::string::npos) << rej->second;
+  // The same hello again: the failed one left nothing half-done, so this is an ordinary first join.
+  c0.hello(11, true);
+  auto wel = c0.next(MessageKind::kWelcome, 30);
+  ASSERT_TRUE(wel.has_value());
+  const proto::Welcome w0 = proto::parse_welcome(wel->second.data(), wel->second.size());
+  ASSERT_GT(w0.chunks, 1);
+  for (int64_t k = 0; k < w0.chunks; ++k) ASSERT_TRUE(c0.next(MessageKind::kStateChunk, 30).has_value()) << k;
+
+  // 2. Learner 1 floods 500 hellos asking for the state: one download, from the same snapshot as learner 0's.
+  Client c1{make_inproc_client(hub, "learner-1"), fp, 1};
+  for (int i = 0; i < 500; ++i) c1.hello(22, true);
+  const auto deadline = clk::now() + std::chrono::seconds(60);
+  while (clk::now() < deadline && syncer.prometheus().find("deloco_state_requests_dropped_total 499\n") == std::string::npos)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_NE(syncer.prometheus().find("deloco_state_requests_dropped_total 499\n"), std::string::npos) << syncer.prometheus();
+  auto wel1 = c1.next(MessageKind::kWelcome, 30);
+  ASSERT_TRUE(wel1.has_value());
+  const proto::Welcome w1 = proto::parse_welcome(wel1->second.data(), wel1->second.size());
+  EXPECT_EQ(w1.state_hash, w0.state_hash);
+  EXPECT_EQ(w1.round, w0.round);
+  for (int64_t k = 0; k < w1.chunks; ++k) ASSERT_TRUE(c1.next(MessageKind::kStateChunk, 30).has_value()) << k;
+  EXPECT_FALSE(c1.next(MessageKind::kWelcome, 0.5).has_value()) << "a second welcome for the flood";
+  EXPECT_EQ(c1.seen[MessageKind::kStateChunk], w1.chunks);
+
+  // 3. Learner 1 reports the download verified; then a new request is served again (still one snapshot).
+  proto::Beat b;
+  b.state_round = static_cast<int64_t>(w1.round);
+  c1.send(MessageKind::kHeartbeat, proto::encode_beat(b));
+  c1.hello(22, true);
+  ASSERT_TRUE(c1.next(MessageKind::kWelcome, 30).has_value());
+
+  // 4. Both leave; the syncer ends with its final checkpoint and summary.
+  c0.send(MessageKind::kLeave, proto::encode_leave("done"));
+  c1.send(MessageKind::kLeave, proto::encode_leave("done"));
+  st.join();
+  EXPECT_EQ(summary["rejects"].value("handler_error", 0), 1) << summary.dump();
+  EXPECT_EQ(summary["state_snapshots"].get<int64_t>(), 1) << "one encoding for one set of versions";
+  EXPECT_EQ(summary["state_downloads"].get<int64_t>(), 3);
+  EXPECT_EQ(summary["state_requests_dropped"].get<int64_t>(), 499);
+  EXPECT_NO_THROW(read_checkpoint(cfg.syncer.out_dir, /*with_optimizer=*/false));
+  std::lock_guard<std::mutex> lock(mu);
+  int joins = 0, handler_records = 0, done = 0;
+  for (const auto& j : records) {
+    joins += j["kind"] == "join";
+    handler_records += j["kind"] == "reject" && j["reason"] == "handler_error";
+    done += j["kind"] == "done";
+  }
+  EXPECT_EQ(joins, 2);  // learner 0 once (its failed hello joined nobody), learner 1 once (the rest were repeats)
+  EXPECT_EQ(handler_records, 1);
+  EXPECT_EQ(done, 1);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco
