@@ -17,10 +17,11 @@
 //      size the bound to the model (deloco/runtime.h); the 1 GiB default is for library users only.
 //    - before authentication a connection holds at most one frame, for at most `handshake_timeout`: libzmq
 //      hands handshake frames to the CURVE mechanism one at a time and never queues them.
-//    - after authentication a peer can have `receive_limit` complete messages queued, plus the one message it is
-//      still sending. libzmq 4.3 delivers a multipart message only once its last frame arrived and has no option
-//      bounding the frame count, so that message is bounded only per frame: an authenticated peer can pin
-//      frames × max_frame_bytes with a message of many frames until it sends the last one or disconnects.
+//    - after authentication a peer can have `receive_limit` complete messages queued plus the one it is still
+//      sending, each bounded only per frame: libzmq 4.3 delivers a multipart message only once its last frame
+//      arrived and has no option bounding the frame count, so an authenticated peer can pin frames ×
+//      max_frame_bytes with a message of many frames (a real learner sends two), until the message is complete
+//      and read, or the peer disconnects.
 //      The receive path keeps the first two frames of a message, closes the others as it reads them, and
 //      delivers the message with `parts` set so the caller counts it as malformed.
 //    - `queue_limit` messages are queued per peer for sending (senders share payload buffers by reference).
