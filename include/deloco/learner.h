@@ -105,6 +105,10 @@ class LearnerCore {
   void install(const at::Tensor& flat_model, const std::vector<int64_t>& versions);
   // Forgets outstanding sends and answers not yet applied (the link to the syncer was lost; they will not come).
   void forget_in_flight();
+  // The syncer refused the outstanding push of `fragment` (a reject naming it): no answer will come for that push,
+  // so the wait rule no longer waits for it. An answer already received is kept. Its counters were reset when it
+  // was sent: the refused steps still live in θ, and the next push (Θ^v − θ) carries them.
+  void refused(int64_t fragment);
 
   int64_t version(int64_t fragment) const { return held_version_.at(static_cast<size_t>(fragment)); }
   const std::vector<int64_t>& versions() const { return held_version_; }

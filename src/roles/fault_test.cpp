@@ -961,9 +961,9 @@ TEST_F(Faults, PoisonedPushNeverReachesACheckpoint) {
   const std::string victim = ck.model.tensors.begin()->first;
   ck.model.tensors[victim] = ck.model.tensors[victim].clone();
   ck.model.tensors[victim].view(-1)[0] = std::nanf("");
-  const std::string name = "merges_99999999-r0002";
-  write_checkpoint((run_ / "checkpoints" / name).string(), ck.manifest, ck.model, &ck.optimizer);
-  write_file_atomic((run_ / "latest").string(), name + "\n");
+  // Committed like any checkpoint (the newest by commit sequence), so the resume picks it.
+  const std::string name =
+      save_run_checkpoint(run_.string(), "merges_99999999-r0002", ck.manifest, ck.model, &ck.optimizer, 0).name;
   auto refused = start_syncer(200, true, /*resume=*/true, slow);
   EXPECT_EQ(refused->wait(60), 1) << refused->log();
   EXPECT_NE(refused->log().find(name + "': checkpoint tensor '" + victim + "' holds NaN or Inf"), std::string::npos)

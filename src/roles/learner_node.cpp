@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <torch/torch.h>
@@ -61,6 +62,7 @@ struct LearnerNode::Impl {
   std::condition_variable cv;
   std::deque<Push> outbox;                 // at most one entry per fragment (a newer push replaces an older)
   std::map<int64_t, Answer> inbox;         // newest merged fragment per fragment id
+  std::set<int64_t> refused_pushes;      // fragments whose outstanding push the syncer refused (reject naming it)
   std::optional<State> state_ready;        // a verified global-state download waiting to be installed
   std::optional<int64_t> resume_step;      // from the first welcome
   std::vector<int64_t> held_versions;      // the core's versions, as last published by the main thread
@@ -312,6 +314,11 @@ struct LearnerNode::Impl {
     ++rejected;
     emit({{"kind", "rejected"}, {"reason", why}, {"code", reject_reason_name(code)}});
     if (code == RejectReason::kNotJoined) joined = false;
+    // A refused push of fragment p: its answer will not come (the main thread tells the core, take_received).
+    if (h.fragment_id != proto::kNoFragment && h.fragment_id < core->fragments().size()) {
+      refused_pushes.insert(static_cast<int64_t>(h.fragment_id));
+      cv.notify_all();
+    }
     if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - c.start > cfg.net.join_timeout)) {
       fatal = "the syncer refused learner " + std::to_string(id) + ": " + why;
       cv.notify_all();
@@ -323,12 +330,15 @@ struct LearnerNode::Impl {
   bool take_received() {
     std::optional<State> st;
     std::map<int64_t, Answer> answers;
+    std::set<int64_t> refused;
     {
       std::lock_guard<std::mutex> lock(mu);
       st.swap(state_ready);
       answers.swap(inbox);
+      refused.swap(refused_pushes);
     }
     if (st) core->install(st->flat, st->welcome.versions);
+    for (int64_t p : refused) core->refused(p);
     for (auto& [p, a] : answers) core->receive(p, a.version, a.flat);
     return st.has_value();
   }
@@ -442,7 +452,7 @@ struct LearnerNode::Impl {
           emit({{"kind", "wait_abandoned"}, {"step", step}, {"detail", "not joined"}});
         } else {
           cv.wait_for(lock, std::chrono::milliseconds(20),
-                      [this] { return !inbox.empty() || state_ready || !joined || !fatal.empty(); });
+                      [this] { return !inbox.empty() || !refused_pushes.empty() || state_ready || !joined || !fatal.empty(); });
         }
         wait_seconds += secs(w0, clk::now());
         continue;

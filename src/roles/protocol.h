@@ -107,6 +107,8 @@ enum class RejectReason : uint8_t {
   kHandlerError = 14,   // handling the message failed inside the syncer (counted and logged; the syncer carries on)
 };
 constexpr RejectReason kLastRejectReason = RejectReason::kHandlerError;
+// A reject frame's fragment_id: the fragment of the refused push, or kNoFragment when the reject is not about one.
+constexpr uint32_t kNoFragment = 0xffffffffu;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)
 // The reason the core's rejection string maps to (wrong_shape, non_finite, unknown_fragment; else kRefusedByCore).
 RejectReason reject_reason_from_core(const std::string& why);

@@ -58,6 +58,7 @@ void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t
   h.kind = MessageKind::kReject;
   h.round = static_cast<uint64_t>(code);
   h.learner_id = learner >= 0 ? static_cast<uint32_t>(learner) : 0;
+  h.fragment_id = fragment >= 0 ? static_cast<uint32_t>(fragment) : proto::kNoFragment;  // the learner stops waiting
   h.fingerprint = fingerprint;
   auto f = proto::make_frame(h, reason + ": " + text, limits);
   tx->send(route, f.header, f.payload);

@@ -235,6 +235,13 @@ void LearnerCore::forget_in_flight() {
   }
 }
 
+void LearnerCore::refused(int64_t fragment) {
+  if (fragment < 0 || fragment >= static_cast<int64_t>(fragments_.size()))
+    throw SyncError("refused: fragment " + std::to_string(fragment) + " is not in [0, " +
+                    std::to_string(fragments_.size()) + ")");
+  sent_at_[static_cast<size_t>(fragment)] = -1;
+}
+
 double LearnerCore::step_time() const {
   if (last_step_time_ >= 0) return last_step_time_;
   return acc_steps_ > 0 ? acc_time_ / static_cast<double>(acc_steps_) : 0.0;

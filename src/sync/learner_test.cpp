@@ -139,6 +139,28 @@ TEST(LearnerCore, AtTheEndOfTrainingAWaitingLearnerWaitsForItsLastAnswer) {
   EXPECT_FALSE(core.must_wait(4));
 }
 
+// Issue 11: a rolled-back merge refuses every contributor at once. Under wait_for_answer a refused push must not
+// leave its learner waiting for an answer that will never come; an answer received earlier still applies.
+TEST(LearnerCore, ARefusedPushIsNoLongerWaitedFor) {
+  Toy toy(1, 4);
+  LearnerCore core(opts(4, 0, true), toy.frags, toy.params, /*total_steps=*/100);
+  for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
+  EXPECT_TRUE(core.must_wait(4));
+  core.refused(0);
+  EXPECT_FALSE(core.must_wait(4));
+  EXPECT_EQ(core.outstanding(0), -1);
+  EXPECT_THROW(core.refused(1), SyncError);  // one fragment only
+  // The next push is still Θ^0 − θ: the parameters moved by +1 in each of steps 5-8, so −4 everywhere.
+  for (int64_t s = 5; s <= 8; ++s) {
+    toy.train();
+    auto pushes = core.after_step(s, 1, 1.0);
+    if (s == 8) {
+      ASSERT_EQ(pushes.size(), 1u);
+      for (float v : decode(pushes[0])) EXPECT_FLOAT_EQ(v, -4.0f);
+    }
+  }
+}
+
 TEST(LearnerCore, OlderAnswersAreIgnoredAndAlphaMixes) {
   Toy toy(1, 2);
   SyncOptions o = opts(2, 0, false);
