@@ -39,8 +39,11 @@ stops=${stops:-$((kills / 2))}
 out=${out:-runs/soak-$(date +%Y%m%d-%H%M%S)}
 [ -x "$bin" ] || { echo "soak: no deloco binary at $bin (build first: scripts/setup.sh)" >&2; exit 2; }
 
-# Long enough to outlast the attack: ~0.25 s per inner step on 2 cores, restarts cost progress.
-steps=$(awk -v k="$kills" -v s="$interval" 'BEGIN { printf "%d", (k * s) / 0.22 + 600 }')
+# Long enough to outlast the attack: the kills take at least max(interval, 10 s) each (the spacing rule above
+# allows about one per 10 s with three processes), each stop about 6 s more; ~0.2 s per inner step on 2 cores,
+# and restarts cost progress.
+steps=$(awk -v k="$kills" -v s="$interval" -v n="$stops" \
+  'BEGIN { g = s > 10 ? s : 10; printf "%d", (k * g * 1.1 + n * 6 + 60) / 0.2 + 300 }')
 export OMP_WAIT_POLICY=PASSIVE
 "$bin" run --config configs/demo.toml --set syncer.out_dir="$out" --set chaos.enabled=false --set sync.learners=2 \
   --set train.steps="$steps" --set syncer.eval_interval=15 "${extra[@]}" >"$out.console.log" 2>&1 &

@@ -32,6 +32,12 @@ void SyncerNode::Impl::update_prometheus() {
   metric("bytes_in_total", "counter", "Bytes received.", static_cast<double>(st.bytes_in));
   metric("bytes_out_total", "counter", "Bytes sent.", static_cast<double>(st.bytes_out));
   metric("auth_denied_total", "counter", "Connections refused by the CURVE allow-list.", static_cast<double>(st.auth_denied));
+  metric("handshake_failures_total", "counter", "Failed handshakes (allow-list refusals, wrong keys, timeouts).",
+         static_cast<double>(st.handshake_failures));
+  metric("connections_total", "counter", "Connections accepted by the transport.", static_cast<double>(st.connections));
+  metric("disconnects_total", "counter",
+         "Connections closed for any reason (left, failed handshake, a frame over the bound).",
+         static_cast<double>(st.disconnects));
   metric("global_step", "gauge", "Largest inner step reported by a learner.", [&] {
     int64_t s = 0;
     for (const auto& p : peers) s = std::max(s, p.step);
@@ -75,6 +81,8 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"record_errors", record_errors},
                    {"auth_denied", st.auth_denied},
                    {"handshake_failures", st.handshake_failures},
+                   {"connections", st.connections},
+                   {"disconnects", st.disconnects},
                    {"resumed", resumed},
                    {"learners", M},
                    {"checkpoint", last_checkpoint}};
