@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <zmq.h>
 
+#include "support/raw_zmtp.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -415,57 +417,9 @@ TEST(ZmqTransport, OversizedFrameIsDroppedAndTheServerKeepsServing) {
 // ---------------------------------------------------------------------------------------------------------------
 // Bounds on what one peer can make the server hold (issue 11, items 1 and 5).
 
-// A plain TCP connection to 127.0.0.1:port (-1 on failure).
-int tcp_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// A ZMTP 3.0 greeting asking for the CURVE mechanism (as a client), followed by the header of a long command
-// frame declaring `declared` bytes: what a peer without a key can send before any authentication.
-std::string curve_greeting_and_frame_header(uint64_t declared) {
-  std::string g(64, '\0');
-  g[0] = static_cast<char>(0xff);  // signature: 0xff, 8 bytes of padding, 0x7f
-  g[9] = 0x7f;
-  g[10] = 3;  // version 3.0
-  g[11] = 0;
-  std::memcpy(&g[12], "CURVE", 5);  // mechanism, NUL-padded to 20 bytes; as-server = 0; filler
-  g.push_back(0x06);                // flags: long frame, command
-  for (int i = 7; i >= 0; --i) g.push_back(static_cast<char>((declared >> (8 * i)) & 0xff));  // size, big-endian
-  return g;
-}
-
-// Writes up to `total` bytes of junk to `fd` until the peer closes or resets the connection; returns the bytes
-// written then, or -1 when it was still open after `within`.
-long long stream_until_closed(int fd, size_t total, std::chrono::milliseconds within) {
-  const std::string chunk(64 * 1024, 'j');
-  size_t sent = 0;
-  const auto end = Clock::now() + within;
-  while (Clock::now() < end) {
-    pollfd p{fd, static_cast<short>(POLLIN | (sent < total ? POLLOUT : 0)), 0};
-    if (::poll(&p, 1, 20) <= 0) continue;
-    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-      char buf[256];
-      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);  // the server's greeting, then EOF or reset
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return static_cast<long long>(sent);
-    }
-    if ((p.revents & POLLOUT) && sent < total) {
-      const ssize_t n = ::send(fd, chunk.data(), std::min(chunk.size(), total - sent), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0 && errno != EAGAIN && errno != EINTR) return static_cast<long long>(sent);
-      if (n > 0) sent += static_cast<size_t>(n);
-    }
-  }
-  return -1;
-}
+using testing::curve_greeting_and_frame_header;
+using testing::stream_until_closed;
+using testing::tcp_connect;
 
 TEST(ZmqBounds, HandshakeFrameDeclaredOverTheBoundDropsTheConnectionAtOnce) {
   Keys k;
@@ -477,12 +431,8 @@ TEST(ZmqBounds, HandshakeFrameDeclaredOverTheBoundDropsTheConnectionAtOnce) {
   // streaming it: each is cut off right after the frame header, long before the frame could be complete.
   const uint64_t declared = 64u << 20;
   for (int i = 0; i < 3; ++i) {
-    const int fd = tcp_connect(port);
-    ASSERT_GE(fd, 0);
-    const std::string head = curve_greeting_and_frame_header(declared);
-    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
-    const long long sent = stream_until_closed(fd, declared, 20s);
-    ::close(fd);
+    const long long sent = testing::oversized_handshake(port, declared, 20s);
+    ASSERT_NE(sent, -2) << "connection " << i << " could not be made";
     EXPECT_GE(sent, 0) << "connection " << i << " still open after 20 s";
     EXPECT_LT(sent, static_cast<long long>(declared) / 2) << "connection " << i;
   }

@@ -22,6 +22,7 @@
 #include "deloco/wire.h"
 #include "protocol.h"
 #include "support/proc.h"
+#include "support/raw_zmtp.h"
 
 namespace deloco {
 namespace {
@@ -87,50 +88,6 @@ TEST(TransportBounds, NodeOptionsAreSizedToTheModel) {
 // ---------------------------------------------------------------------------------------------------------------
 // A real syncer (tiny model, CURVE on) and peers without a key declaring huge handshake frames.
 
-int tcp_connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return fd;
-  if (fd >= 0) ::close(fd);
-  return -1;
-}
-
-// ZMTP 3.0 greeting for CURVE, then the header of a long command frame declaring `declared` bytes.
-std::string curve_greeting_and_frame_header(uint64_t declared) {
-  std::string g(64, '\0');
-  g[0] = static_cast<char>(0xff);
-  g[9] = 0x7f;
-  g[10] = 3;
-  std::memcpy(&g[12], "CURVE", 5);
-  g.push_back(0x06);
-  for (int i = 7; i >= 0; --i) g.push_back(static_cast<char>((declared >> (8 * i)) & 0xff));
-  return g;
-}
-
-// Streams junk until the peer closes or resets the connection: the bytes sent by then, or -1 if still open.
-long long stream_until_closed(int fd, size_t total, std::chrono::milliseconds within) {
-  const std::string chunk(64 * 1024, 'j');
-  size_t sent = 0;
-  for (auto end = Clock::now() + within; Clock::now() < end;) {
-    pollfd p{fd, static_cast<short>(POLLIN | (sent < total ? POLLOUT : 0)), 0};
-    if (::poll(&p, 1, 20) <= 0) continue;
-    if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
-      char buf[256];
-      const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return static_cast<long long>(sent);
-    }
-    if ((p.revents & POLLOUT) && sent < total) {
-      const ssize_t n = ::send(fd, chunk.data(), std::min(chunk.size(), total - sent), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0 && errno != EAGAIN && errno != EINTR) return static_cast<long long>(sent);
-      if (n > 0) sent += static_cast<size_t>(n);
-    }
-  }
-  return -1;
-}
-
 nlohmann::json started_record(const fs::path& jsonl) {
   std::ifstream in(jsonl);
   std::string line;
@@ -169,12 +126,8 @@ TEST(TransportBounds, SyncerDropsHandshakeFramesOverTheModelBoundAndServesOn) {
   // the old bound was 1 GiB) and stream it: each is dropped right after the header.
   const uint64_t declared = 64u << 20;
   for (int i = 0; i < 3; ++i) {
-    const int fd = tcp_connect(port);
-    ASSERT_GE(fd, 0);
-    const std::string head = curve_greeting_and_frame_header(declared);
-    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
-    const long long sent = stream_until_closed(fd, declared, 30s);
-    ::close(fd);
+    const long long sent = testing::oversized_handshake(port, declared, 30s);
+    ASSERT_NE(sent, -2) << "connection " << i << " could not be made";
     EXPECT_GE(sent, 0) << "connection " << i << " still open after 30 s";
     EXPECT_LT(sent, static_cast<long long>(declared) / 2) << "connection " << i;
   }
