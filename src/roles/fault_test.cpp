@@ -32,6 +32,7 @@
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "protocol.h"
+#include "support/await_kind.h"
 #include "support/proc.h"
 
 namespace deloco {
@@ -234,15 +235,7 @@ struct RawLearner {
   void leave(uint32_t id, const std::string& reason) { control(MessageKind::kLeave, id, proto::encode_leave(reason)); }
   // The next message of `kind` within `seconds`, as (header, payload); others are counted in `seen`.
   std::optional<std::pair<MessageHeader, std::string>> next(MessageKind kind, double seconds) {
-    const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
-    while (clk::now() < deadline) {
-      Envelope env;
-      if (!tx->receive(&env, std::chrono::milliseconds(20))) continue;
-      const MessageHeader h = decode_header(env.header.data(), env.header.size());
-      ++seen[h.kind];
-      if (h.kind == kind) return std::make_pair(h, env.payload.str());
-    }
-    return std::nullopt;
+    return testing::await_kind(*tx, kind, seconds, seen);
   }
   std::map<MessageKind, int> seen;
 };

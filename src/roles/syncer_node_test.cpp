@@ -18,6 +18,7 @@
 #include "deloco/config.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
+#include "support/await_kind.h"
 
 namespace deloco {
 namespace {
@@ -104,15 +105,7 @@ struct Client {
   }
   // The next message of `kind` within `seconds` (others skipped and counted in `seen`).
   std::optional<std::pair<MessageHeader, std::string>> next(MessageKind kind, double seconds) {
-    const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
-    while (clk::now() < deadline) {
-      Envelope env;
-      if (!tx->receive(&env, std::chrono::milliseconds(20))) continue;
-      const MessageHeader h = decode_header(env.header.data(), env.header.size());
-      ++seen[h.kind];
-      if (h.kind == kind) return std::make_pair(h, env.payload.str());
-    }
-    return std::nullopt;
+    return testing::await_kind(*tx, kind, seconds, seen);
   }
   std::map<MessageKind, int> seen;
 };
