@@ -16,6 +16,8 @@
 //                                  (state_round: the welcome round of the last state download it verified);
 //                                  empty from the syncer
 //   learner → syncer  leave        JSON {reason: "done" | "stop"}; "done" retires the learner (its quorum share)
+//   syncer → learner  leave        the answer (same reason). The learner repeats its leave every net.heartbeat until
+//                                  answered and closes only then; the syncer answers every leave, repeats included
 //   syncer → learner  reject       header round = the reason code (src/roles/protocol.h RejectReason), text
 //                                  "name: detail" (fingerprint mismatch, duplicate id, not joined, key/id mismatch …)
 // Identity (CURVE): a key is bound to the one learner id its allow-list name "learner-N" says; a key with another

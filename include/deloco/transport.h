@@ -137,6 +137,10 @@ struct TransportOptions {
                                         // it never drops messages; keep it small, it bounds what a peer can pin.
   std::chrono::milliseconds handshake_timeout{5000};  // ZMTP + CURVE handshake deadline per connection (ZMQ_HANDSHAKE_IVL)
   std::chrono::milliseconds reconnect{100};  // clients: first reconnect interval (doubles up to 2 s)
+  // On close (the destructor): how long messages still queued may take to leave before they are dropped (ZMQ_LINGER;
+  // 0: dropped at once). A server whose last answers matter before it exits sets it; a peer that reads nothing can
+  // hold the close up to this long.
+  std::chrono::milliseconds linger{0};
 };
 
 class ServerTransport {

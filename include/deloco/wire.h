@@ -60,7 +60,7 @@ enum class MessageKind : uint8_t {
   kFragmentPush = 4,       // learner -> syncer: outer gradient of one fragment
   kFragmentBroadcast = 5,  // syncer -> learner: merged global fragment
   kHeartbeat = 6,          // either way: liveness; payload may be empty
-  kLeave = 7,              // learner -> syncer: clean goodbye
+  kLeave = 7,              // learner -> syncer: clean goodbye; syncer -> learner: the goodbye was handled
   kReject = 8,             // syncer -> learner: refusal; payload is the reason text
 };
 constexpr uint8_t kMaxMessageKind = 8;

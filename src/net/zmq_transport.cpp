@@ -41,6 +41,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";  // fixed by RFC 27, per context
 constexpr const char* kMonitorEndpoint = "inproc://deloco.server.monitor";
+constexpr const char* kClientMonitorEndpoint = "inproc://deloco.client.monitor";  // one client per context
 constexpr const char* kZapDomain = "deloco";
 constexpr int kReconnectMaxMs = 2000;
 // Frames smaller than this are copied into the ZeroMQ message: cheaper than a heap-allocated reference plus a
@@ -49,6 +50,7 @@ constexpr size_t kCopyBelow = 1024;
 constexpr int kHandshakeFailureEvents =
     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
 constexpr int kMonitoredEvents = kHandshakeFailureEvents | ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED;
+constexpr int kClientMonitoredEvents = kHandshakeFailureEvents | ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED;
 
 std::string zerr() { return zmq_strerror(zmq_errno()); }
 
@@ -82,7 +84,7 @@ class Context {
   void* get() const { return ctx_; }
   void shutdown() { if (ctx_ != nullptr) zmq_ctx_shutdown(ctx_); }  // wakes blocked calls with ETERM
   void term() {
-    if (ctx_ != nullptr) zmq_ctx_term(ctx_);  // returns once every socket is closed (all have LINGER 0)
+    if (ctx_ != nullptr) zmq_ctx_term(ctx_);  // returns once every socket is closed and its LINGER passed
     ctx_ = nullptr;
   }
 
@@ -95,7 +97,7 @@ class Socket {
   Socket() = default;
   Socket(const Context& ctx, int type) : s_(zmq_socket(ctx.get(), type)) {
     if (s_ == nullptr) throw TransportError("cannot create a ZeroMQ socket: " + zerr());
-    set_int(ZMQ_LINGER, 0, "ZMQ_LINGER");  // never let a close or a context term wait for unsent messages
+    set_int(ZMQ_LINGER, 0, "ZMQ_LINGER");  // a close drops unsent messages (a server may set TransportOptions::linger)
   }
   ~Socket() { close(); }
   Socket(const Socket&) = delete;
@@ -174,23 +176,34 @@ bool send_copy(void* sock, const std::string& s, int flags) {
 
 // Receives one whole multipart message if one is ready: keeps the first `keep` frames, counts all of them (the
 // count saturates at INT_MAX) and closes every other frame as soon as it is read, so a message of many frames
-// releases them one by one instead of being held. libzmq delivers multipart messages atomically, so once the
-// first frame is here the rest are too.
+// releases them one by one instead of being held.
+// libzmq delivers multipart messages atomically, except when the connection drops while one is being read: 4.3.4
+// then discards the rest (a DEALER with ZMQ_IMMEDIATE terminates its pipe at once), and a blocking read of the next
+// frame would wait forever. So every frame is read without blocking; the rest of a message gets kRestOfMessage to
+// show up, then what arrived is delivered with its count (a malformed message the caller refuses).
+constexpr auto kRestOfMessage = std::chrono::milliseconds(200);
+
 bool try_receive(void* sock, size_t keep, std::vector<MsgPtr>* frames, int* total) {
   frames->clear();
   *total = 0;
   zmq_msg_t extra;  // reused for the frames past `keep`
   zmq_msg_init(&extra);
+  Clock::time_point stalled{};  // when the rest of this message first failed to be ready
   for (bool more = true; more;) {
     const bool kept = frames->size() < keep;
     MsgPtr m = kept ? new_msg() : nullptr;
     zmq_msg_t* into = kept ? m.get() : &extra;
-    if (zmq_msg_recv(into, sock, *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+    if (zmq_msg_recv(into, sock, ZMQ_DONTWAIT) < 0) {
       if (*total == 0) {
         zmq_msg_close(&extra);
         return false;  // EAGAIN: nothing ready (or ETERM while shutting down)
       }
-      break;  // cannot happen mid-message short of shutdown; deliver what we have
+      if (zmq_errno() != EAGAIN) break;  // shutting down: deliver what we have
+      const auto t = Clock::now();
+      if (stalled == Clock::time_point{}) stalled = t;
+      if (t - stalled >= kRestOfMessage) break;  // the connection dropped mid-message: deliver what we have
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));  // zmq_poll would not wait: it reports "more"
+      continue;
     }
     more = zmq_msg_more(into) != 0;
     if (kept) frames->push_back(std::move(m));
@@ -203,12 +216,17 @@ bool try_receive(void* sock, size_t keep, std::vector<MsgPtr>* frames, int* tota
 bool receive_until(void* sock, size_t keep, std::chrono::milliseconds timeout, std::vector<MsgPtr>* frames,
                    int* total) {
   const auto deadline = Clock::now() + timeout;
-  for (;;) {
+  for (bool said_ready = false;; ) {
     if (try_receive(sock, keep, frames, total)) return true;
+    // Readable, yet nothing to read: libzmq still reports the rest of a message cut off by a dropped connection
+    // (see try_receive) until the next message arrives. Do not spin on it.
+    if (said_ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
     zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, static_cast<long>(left)) < 0 && zmq_errno() != EINTR) return false;
+    const int ready = zmq_poll(&item, 1, static_cast<long>(left));
+    if (ready < 0 && zmq_errno() != EINTR) return false;
+    said_ready = ready > 0;
   }
 }
 
@@ -241,6 +259,12 @@ int handshake_ms(const TransportOptions& o) {
   return static_cast<int>(o.handshake_timeout.count());
 }
 
+int linger_ms(const TransportOptions& o) {
+  if (o.linger.count() < 0 || o.linger.count() > std::numeric_limits<int>::max())
+    throw TransportError("linger must be between 0 and 2^31 ms (got " + std::to_string(o.linger.count()) + " ms)");
+  return static_cast<int>(o.linger.count());
+}
+
 std::string curve_missing(const char* option, const char* what) {
   return std::string("CURVE is on and ") + option + " (" + what + ") is not set; set it (keys come from `deloco keygen`)"
          " or set net.plaintext = true explicitly to run without authentication and encryption";
@@ -267,6 +291,7 @@ class ZmqServer final : public ServerTransport {
     router_.set_int(ZMQ_RCVHWM, o.receive_limit > 0 ? o.receive_limit : o.queue_limit, "ZMQ_RCVHWM");
     router_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
     router_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
+    router_.set_int(ZMQ_LINGER, linger_ms(o), "ZMQ_LINGER");
     router_.set_string(ZMQ_ZAP_DOMAIN, kZapDomain, "ZMQ_ZAP_DOMAIN");
     if (curve_) {
       router_.set_int(ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER");
@@ -289,9 +314,9 @@ class ZmqServer final : public ServerTransport {
   }
 
   ~ZmqServer() override {
+    router_.close();  // first: its queued messages get their LINGER while the context still runs
     ctx_.shutdown();  // the auth thread's poll returns ETERM
     if (thread_.joinable()) thread_.join();
-    router_.close();
     monitor_.close();
     zap_.close();
     ctx_.term();
@@ -429,19 +454,28 @@ class ZmqClient final : public ClientTransport {
       dealer_.set_z85(ZMQ_CURVE_PUBLICKEY, own.public_key, "ZMQ_CURVE_PUBLICKEY");
       dealer_.set_z85(ZMQ_CURVE_SECRETKEY, own.secret_key, "ZMQ_CURVE_SECRETKEY");
     }
-    dealer_.set_int(ZMQ_IMMEDIATE, 1, "ZMQ_IMMEDIATE");  // while disconnected, send() fails instead of queueing
+    // Not ZMQ_IMMEDIATE: with it, libzmq 4.3.4 terminates the pipe when the connection drops, discarding what was
+    // received but not read yet and cutting a message being read (the next frame read then waits forever or
+    // trips an assertion). Without it the pipe outlives reconnections; send() itself refuses while no handshake
+    // is up (the monitor below), which is what ZMQ_IMMEDIATE was for.
     dealer_.set_int(ZMQ_RECONNECT_IVL, static_cast<int>(o.reconnect.count()), "ZMQ_RECONNECT_IVL");
     dealer_.set_int(ZMQ_RECONNECT_IVL_MAX, kReconnectMaxMs, "ZMQ_RECONNECT_IVL_MAX");
     dealer_.set_int(ZMQ_SNDHWM, o.queue_limit, "ZMQ_SNDHWM");
     dealer_.set_int(ZMQ_RCVHWM, o.queue_limit, "ZMQ_RCVHWM");
     dealer_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
     dealer_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
+    if (zmq_socket_monitor(dealer_.get(), kClientMonitorEndpoint, kClientMonitoredEvents) != 0)
+      throw TransportError(std::string("cannot monitor the client socket: ") + zerr());
+    monitor_ = Socket(ctx_, ZMQ_PAIR);
+    if (zmq_connect(monitor_.get(), kClientMonitorEndpoint) != 0)
+      throw TransportError(std::string("cannot connect the client monitor: ") + zerr());
     if (zmq_connect(dealer_.get(), endpoint.c_str()) != 0)
       throw TransportError("cannot connect to " + endpoint + ": " + zerr());
   }
 
   ~ZmqClient() override {
     dealer_.close();
+    monitor_.close();
     ctx_.term();
   }
 
@@ -460,8 +494,10 @@ class ZmqClient final : public ClientTransport {
   }
 
   bool send(const Bytes& header, const Bytes& payload) override {
-    // With ZMQ_IMMEDIATE the header frame fails with EAGAIN while no connection is up or the queue is full.
-    if (!(send_frame(dealer_.get(), header, ZMQ_SNDMORE) && send_frame(dealer_.get(), payload, 0))) {
+    // Refused while no handshake is up (a message sent just as the connection drops may still go out on the next
+    // one), and when the queue is full (the header frame fails with EAGAIN; then the message is not sent at all).
+    read_monitor_events();
+    if (!connected_ || !(send_frame(dealer_.get(), header, ZMQ_SNDMORE) && send_frame(dealer_.get(), payload, 0))) {
       c_.dropped_out++;
       return false;
     }
@@ -473,8 +509,35 @@ class ZmqClient final : public ClientTransport {
   TransportStats stats() const override { return c_.snapshot(); }
 
  private:
+  // Drains the monitor's events without waiting: a finished handshake means connected, a disconnect not.
+  void read_monitor_events() {
+    for (;;) {
+      zmq_msg_t m[2];
+      zmq_msg_init(&m[0]);
+      zmq_msg_init(&m[1]);
+      if (zmq_msg_recv(&m[0], monitor_.get(), ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m[0]);
+        zmq_msg_close(&m[1]);
+        return;
+      }
+      // Two frames (event, endpoint) over inproc, delivered together.
+      if (zmq_msg_more(&m[0])) zmq_msg_recv(&m[1], monitor_.get(), 0);
+      if (zmq_msg_size(&m[0]) >= 2) {
+        uint16_t event;
+        std::memcpy(&event, zmq_msg_data(&m[0]), sizeof event);
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) connected_ = true;
+        if (event == ZMQ_EVENT_DISCONNECTED) connected_ = false;
+        if (event & kHandshakeFailureEvents) c_.handshake_failures++;
+      }
+      zmq_msg_close(&m[0]);
+      zmq_msg_close(&m[1]);
+    }
+  }
+
   Context ctx_;
   Socket dealer_;
+  Socket monitor_;
+  bool connected_ = false;
   Counters c_;
 };
 

@@ -99,7 +99,7 @@ struct LearnerNode::Impl {
 
   // ================================ comms thread ================================
   struct Comms {
-    double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, hello_sent_at = 0, start = 0;
+    double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
     std::optional<proto::Welcome> dl;  // download in progress
     at::Tensor dl_flat;
     std::vector<bool> dl_have;
@@ -114,6 +114,7 @@ struct LearnerNode::Impl {
       const double t = now();
       std::optional<Push> out;
       bool want_leave = false, is_joined = false;
+      std::string reason;
       proto::Beat b;
       {
         std::lock_guard<std::mutex> lock(mu);
@@ -124,16 +125,18 @@ struct LearnerNode::Impl {
         }
         // Goodbye only once every push before it went out, so the syncer merges them before retiring us.
         want_leave = !out && !leave_reason.empty() && !left;
+        reason = leave_reason;
         b = beat;
         is_joined = joined;
       }
-      if (want_leave && is_joined) {  // the final counters first, so the syncer's token and goodput totals are complete
+      // The final counters first, so the syncer's token and goodput totals are complete. The goodbye counts as
+      // delivered (left) only once the syncer answers it: a close discards what the socket has not sent yet, so
+      // it is repeated every heartbeat until answered (the syncer answers repeats too).
+      if (want_leave && is_joined && t - c.last_leave >= cfg.net.heartbeat) {
         send(header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
-        send(header(MessageKind::kLeave), Bytes::from_string(proto::encode_leave(leave_reason)));
-        std::lock_guard<std::mutex> lock(mu);
-        left = true;
-        cv.notify_all();
-        continue;
+        send(header(MessageKind::kLeave), Bytes::from_string(proto::encode_leave(reason)));
+        c.last_leave = t;
+        c.last_beat = t;
       }
       // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
       if (!is_joined && t - c.last_hello >= cfg.net.heartbeat) say_hello(c, b, t);
@@ -141,6 +144,7 @@ struct LearnerNode::Impl {
         std::lock_guard<std::mutex> lock(mu);
         joined = false;
         is_joined = false;
+        c.last_leave = -1e9;  // a goodbye waiting for its answer goes again as soon as we are back
         // A download in progress is kept: its chunks may still be on the way, and the syncer sends no second copy
         // while one is outstanding on this connection. The next welcome that carries chunks replaces it.
         cv.notify_all();
@@ -219,6 +223,15 @@ struct LearnerNode::Impl {
         case MessageKind::kStateChunk: return on_state_chunk(c, h, env);
         case MessageKind::kFragmentBroadcast: return on_broadcast(h, env);
         case MessageKind::kHeartbeat: return;
+        case MessageKind::kLeave: {  // the syncer handled our goodbye
+          proto::parse_leave(env.payload.data(), env.payload.size());
+          std::lock_guard<std::mutex> lock(mu);
+          if (!leave_reason.empty()) {
+            left = true;
+            cv.notify_all();
+          }
+          return;
+        }
         case MessageKind::kReject: return on_reject(c, h, env);
         default: throw WireError(std::string("unexpected ") + kind_name(h.kind) + " from the syncer");
       }

@@ -64,6 +64,18 @@ void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t
   tx->send(route, f.header, f.payload);
 }
 
+// The answer to a leave: the learner closes its connection only once it holds this, so a goodbye still in its
+// socket's queue is never discarded by the close (the syncer would wait for a learner that had left).
+void SyncerNode::Impl::ack_leave(const std::string& route, const MessageHeader& leave, const std::string& reason) {
+  MessageHeader h;
+  h.kind = MessageKind::kLeave;
+  h.learner_id = leave.learner_id;
+  h.fingerprint = fingerprint;
+  h.round = static_cast<uint64_t>(merges);
+  auto f = proto::make_frame(h, proto::encode_leave(reason), limits);
+  tx->send(route, f.header, f.payload);
+}
+
 void SyncerNode::Impl::handler_error(const Envelope& env, const std::string& what) noexcept {
   try {
     auto it = route_to_id.find(env.peer);
@@ -122,6 +134,12 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   }
   if (h.kind == MessageKind::kHello) return on_hello(env, h, t);
   auto it = route_to_id.find(env.peer);
+  if (it == route_to_id.end() && h.kind == MessageKind::kLeave) {
+    // A goodbye repeated after its answer was lost (the first one released the connection's id): nothing to do
+    // but say so again. A leave moves nobody without a joined connection.
+    ack_leave(env.peer, h, proto::parse_leave(env.payload.data(), env.payload.size()));
+    return;
+  }
   if (it == route_to_id.end()) {
     reject(env.peer, h.learner_id, -1, RejectReason::kNotJoined, "say hello first");
     return;
@@ -155,14 +173,15 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         const std::string why = proto::parse_leave(env.payload.data(), env.payload.size());
         P.alive = false;
         P.dl_sent = -1;
-        route_to_id.erase(P.route);
-        P.route.clear();
-        if (why == "done") {
+        if (why == "done") {  // the connection keeps its id: a goodbye repeated on it (answer lost) is answered again
           retire(m, "leave");
         } else {
+          route_to_id.erase(P.route);
+          P.route.clear();
           core->set_connected(m, false);
           emit({{"kind", "lost"}, {"learner", m}, {"reason", "leave"}});
         }
+        ack_leave(env.peer, h, why);
         return;
       }
       default:

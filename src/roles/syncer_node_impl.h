@@ -124,6 +124,7 @@ struct SyncerNode::Impl {
   // ---- rejections -------------------------------------------------------------------------------------------
   // `counter`: the name counted and logged ("" : the code's name; the core's own reasons are finer). `detail` may
   // quote the peer: it is cut to 400 bytes of valid UTF-8 for the record and the reject frame.
+  void ack_leave(const std::string& route, const MessageHeader& leave, const std::string& reason);
   void reject(const std::string& route, int64_t learner, int64_t fragment, proto::RejectReason code, const std::string& detail,
               const std::string& counter = "");
   // An exception escaped a message's handler: counted and logged as handler_error, answered with a reject frame.

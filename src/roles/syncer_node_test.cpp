@@ -84,6 +84,36 @@ class ThrowingServer final : public ServerTransport {
   int throws_;
 };
 
+// Loses the first goodbye learner `lose_leave_of` sends, the way the close of either end could before (see
+// EveryGoodbyeIsAnsweredAndRepeatedUntilItIs), and counts the leaves that did arrive, per learner id.
+class LossyLeaves final : public ServerTransport {
+ public:
+  LossyLeaves(std::unique_ptr<ServerTransport> inner, uint32_t lose_leave_of)
+      : inner_(std::move(inner)), lose_leave_of_(lose_leave_of) {}
+  std::string endpoint() const override { return inner_->endpoint(); }
+  bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
+    if (!inner_->receive(out, timeout)) return false;
+    const MessageHeader h = decode_header(out->header.data(), out->header.size());
+    if (h.kind != MessageKind::kLeave) return true;
+    if (h.learner_id == lose_leave_of_ && !leave_lost_) {
+      leave_lost_ = true;
+      return false;  // as if nothing came
+    }
+    ++leaves_arrived[h.learner_id];
+    return true;
+  }
+  bool send(const std::string& peer, const Bytes& header, const Bytes& payload) override {
+    return inner_->send(peer, header, payload);
+  }
+  TransportStats stats() const override { return inner_->stats(); }
+  std::map<uint32_t, int> leaves_arrived;  // read once the syncer's run() returned
+
+ private:
+  std::unique_ptr<ServerTransport> inner_;
+  uint32_t lose_leave_of_;
+  bool leave_lost_ = false;
+};
+
 struct Client {
   std::unique_ptr<ClientTransport> tx;
   uint64_t fingerprint;
@@ -193,6 +223,96 @@ TEST(SyncerNode, ContainsHandlerExceptionsAndServesStateFromOneSnapshot) {
   EXPECT_EQ(joins, 2);  // learner 0 once (its failed hello joined nobody), learner 1 once (the rest were repeats)
   EXPECT_EQ(handler_records, 1);
   EXPECT_EQ(done, 1);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco
+
+namespace deloco {
+namespace {
+
+// The CI failure of 2026-11-30: a learner counted its goodbye delivered once it was queued and closed its socket;
+// what the syncer had not read by then was discarded (the syncer's LINGER 0), and it waited for that learner
+// forever. Now a learner is gone only once the syncer answers its leave, repeating the leave every heartbeat until
+// then; the syncer answers every leave, a repeated one included. Two real learner nodes, the first goodbye of
+// learner 0 lost; learner 2 is hand-made and says goodbye twice; a stranger that never joined says it once.
+TEST(SyncerNode, EveryGoodbyeIsAnsweredAndRepeatedUntilItIs) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_leave_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 3;
+  cfg.net.join_timeout = 20.0;  // the learner's patience for an answer to its goodbye
+  cfg.learner.state_dir = (dir / "learners").string();
+  const uint64_t fp = parse_fingerprint_hex(gpt_workloads(cfg.run, corpus())(0, 1)->fingerprint());
+  auto hub = make_inproc_hub();
+  auto lossy = std::make_unique<LossyLeaves>(make_inproc_server(hub), /*lose_leave_of=*/0);
+  LossyLeaves* tap = lossy.get();
+  std::mutex mu;
+  std::vector<nlohmann::json> records;
+  auto sink = [&](const nlohmann::json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    records.push_back(j);
+  };
+  SyncerNode syncer(cfg, std::move(lossy), corpus(), /*resume=*/false, sink);
+  std::atomic<bool> stop{false}, ended{false};
+  nlohmann::json summary;
+  std::thread st([&] {
+    summary = syncer.run(stop);
+    ended = true;
+  });
+  struct StopOnExit {
+    std::atomic<bool>* stop;
+    std::thread* t;
+    ~StopOnExit() {
+      stop->store(true);
+      if (t->joinable()) t->join();
+    }
+  } stop_on_exit{&stop, &st};
+
+  // A goodbye from a connection that never joined moves nobody, and is answered all the same.
+  Client stranger{make_inproc_client(hub, "stranger"), fp, 5};
+  stranger.send(MessageKind::kLeave, proto::encode_leave("done"));
+  ASSERT_TRUE(stranger.next(MessageKind::kLeave, 30).has_value());
+  // A learner whose answer got lost says goodbye again on the same connection: answered again, retired once.
+  Client c2{make_inproc_client(hub, "learner-2"), fp, 2};
+  c2.hello(/*instance=*/21, /*want_state=*/false);
+  ASSERT_TRUE(c2.next(MessageKind::kWelcome, 30).has_value());
+  for (int i = 0; i < 2; ++i) {
+    c2.send(MessageKind::kLeave, proto::encode_leave("done"));
+    ASSERT_TRUE(c2.next(MessageKind::kLeave, 30).has_value()) << "goodbye " << i;
+  }
+  EXPECT_EQ(c2.seen[MessageKind::kReject], 0);
+
+  auto learner = [&](int64_t id, nlohmann::json* s) {
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, id, make_inproc_client(hub, "learner-" + std::to_string(id)), corpus(), sink);
+    *s = node.run(never);
+  };
+  nlohmann::json s0, s1;
+  std::thread l0([&] { learner(0, &s0); });
+  learner(1, &s1);
+  l0.join();
+  const auto deadline = clk::now() + std::chrono::seconds(30);
+  while (!ended && clk::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(ended.load()) << "the syncer still waits for a learner that has left";
+  st.join();
+  EXPECT_EQ(s0["step"], cfg.run.train.steps);
+  EXPECT_EQ(s1["step"], cfg.run.train.steps);
+  EXPECT_GE(tap->leaves_arrived[0], 1) << "learner 0 never repeated its lost goodbye";
+  EXPECT_GE(tap->leaves_arrived[1], 1);
+  EXPECT_EQ(tap->leaves_arrived[2], 2);
+  std::lock_guard<std::mutex> lock(mu);
+  std::map<int64_t, int> retired;
+  int undelivered = 0;
+  for (const auto& j : records) {
+    if (j["kind"] == "retired") ++retired[j["learner"].get<int64_t>()];
+    undelivered += j["kind"] == "leave_undelivered";
+  }
+  for (int64_t m = 0; m < 3; ++m) EXPECT_EQ(retired[m], 1) << "learner " << m;
+  EXPECT_EQ(undelivered, 0);
+  EXPECT_EQ(summary["rejects"].value("not_joined", 0), 0) << summary.dump();
   fs::remove_all(dir);
 }
 

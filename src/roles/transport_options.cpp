@@ -45,7 +45,10 @@ TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& m
   for (const auto& l : plan.fragment_layouts) largest = std::max(largest, l.elements);
   TransportOptions t = cfg.net.transport();
   if (cfg.net.max_frame_bytes <= 0) t.max_frame_bytes = legit_frame_bytes(role, largest, plan.model.elements);
-  if (role == NodeRole::kSyncer) t.receive_limit = static_cast<int>(4 * plan.fragments.size() + 16);
+  if (role == NodeRole::kSyncer) {
+    t.receive_limit = static_cast<int>(4 * plan.fragments.size() + 16);
+    t.linger = std::chrono::milliseconds(1000);  // the answers to the last goodbyes leave before the syncer exits
+  }
   return t;
 }
 
