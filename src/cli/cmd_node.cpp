@@ -42,7 +42,7 @@ struct NodeArgs {
 RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
   RuntimeConfig cfg;
   cfg.bind(schema);
-  if (!a.common.config_path.empty()) schema.load_file(a.common.config_path);
+  load_base_config(schema, a.common, NoConfig::kDemo);
   from_env(&cfg.net.secret_key, "DELOCO_SECRET_KEY");
   if (syncer) {
     from_env(&cfg.net.address, "DELOCO_BIND");
@@ -109,7 +109,9 @@ void run_syncer(const NodeArgs& a) {
   nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco syncer: " << s["outer_steps"] << " merges, " << s["contributions_merged"]
             << " contributions merged, " << s["contributions_rejected"] << " rejected, val loss "
-            << s["final_val_loss"] << ", uptime " << s["uptime"] << "\n";
+            << s["final_val_loss"] << ", uptime " << s["uptime"] << "\n"
+            << "deloco syncer: the global model is the latest checkpoint of " << dir << ": " << self_command()
+            << " eval --checkpoint " << dir << "\n";
   write_summary(a.common, s);
 }
 

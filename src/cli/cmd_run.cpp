@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "commands.h"
+#include "demo_config.h"
 #include "deloco/config.h"
 #include "deloco/fs.h"
 #include "deloco/runtime.h"
@@ -31,12 +32,13 @@ void run_run(const RunArgs& args) {
   RuntimeConfig cfg;
   ConfigSchema schema;
   cfg.bind(schema);
-  apply_config(schema, args.common);
+  apply_config(schema, args.common, NoConfig::kDemo);
   cfg.validate();
+  const bool demo = runs_demo(args.common, NoConfig::kDemo);
   const int64_t M = cfg.resolved_learners();
   const bool auto_m = cfg.sync.learners == 0;
   cfg.sync.learners = M;  // resolved once; every child gets --set sync.learners=M
-  const std::string dir = new_run_dir(cfg.syncer.out_dir, args.common, "run",
+  const std::string dir = new_run_dir(cfg.syncer.out_dir, args.common, demo ? "demo" : "run",
                                       "choose another with --set syncer.out_dir=DIR");
   fs::create_directories(dir);
   write_file_atomic((fs::path(dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
@@ -48,6 +50,7 @@ void run_run(const RunArgs& args) {
             << (cfg.sync.grace ? ", grace" : "") << ", merge " << cfg.merge_preset
             << (cfg.merge_method.empty() ? "" : "/" + cfg.merge_method) << ", outer " << cfg.outer.kind
             << (cfg.net.plaintext ? ", plaintext" : ", CURVE") << (cfg.chaos.enabled ? ", chaos on" : "")
+            << "\nconfig: " << (demo ? std::string(kDemoConfigOrigin) : args.common.config_path)
             << "\nrun folder: " << dir << " (logs in " << dir << "/logs)\n";
   json summary;
   try {
@@ -64,7 +67,7 @@ void run_run(const RunArgs& args) {
   if (summary.contains("interrupted"))
     throw std::runtime_error("interrupted (" + summary["interrupted"].get<std::string>() +
                              "): every process was stopped; partial summary in " + summary_file);
-  std::cout << run::final_report(summary, summary_file);
+  std::cout << run::final_report(summary, summary_file) << run::use_the_model(self_command(), dir);
   if (summary.contains("syncer_summary_missing"))
     throw std::runtime_error("the syncer wrote no summary; see " + dir + "/logs/syncer.log");
 }

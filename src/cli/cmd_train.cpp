@@ -263,14 +263,16 @@ void add_train_commands(CLI::App& app) {
   auto eval_args = std::make_shared<std::pair<CommonOptions, std::string>>();
   CLI::App* ev = app.add_subcommand("eval", "validation loss and bits per byte of a checkpoint");
   add_common_options(ev, &eval_args->first, /*with_config=*/false);
-  ev->add_option("--checkpoint", eval_args->second, "checkpoint folder or run folder")->required();
+  ev->add_option("--checkpoint", eval_args->second, "checkpoint folder, or a run folder of deloco train, syncer or run (its newest checkpoint)")->required();
   ev->callback([eval_args] {
     auto l = load_for_inference(eval_args->second, eval_args->first);
     auto r = l.trainer->evaluate();
     if (!std::isfinite(r.loss))
       throw CheckpointError("evaluating checkpoint '" + l.ck.dir + "' gave a non-finite validation loss (" +
                             std::to_string(r.loss) + ") although its parameters are finite");
-    std::cout << "checkpoint " << l.ck.dir << " (step " << l.trainer->step() << "): val loss " << std::fixed
+    const bool global = l.ck.manifest.value("kind", std::string()) == "syncer";
+    std::cout << "checkpoint " << l.ck.dir << (global ? " (global model after " : " (step ") << l.trainer->step()
+              << (global ? " merges" : "") << "): val loss " << std::fixed
               << std::setprecision(4) << r.loss << " nats/byte, " << std::setprecision(3) << r.bpb << " bits/byte over "
               << r.tokens << " tokens\n";
     write_summary(eval_args->first, {{"command", "eval"}, {"checkpoint", l.ck.dir}, {"step", l.trainer->step()},
@@ -285,7 +287,7 @@ void add_train_commands(CLI::App& app) {
   auto sa = std::make_shared<SampleArgs>();
   CLI::App* sample = app.add_subcommand("sample", "generate text from a checkpoint");
   add_common_options(sample, &sa->common, /*with_config=*/false);
-  sample->add_option("--checkpoint", sa->checkpoint, "checkpoint folder or run folder")->required();
+  sample->add_option("--checkpoint", sa->checkpoint, "checkpoint folder, or a run folder of deloco train, syncer or run (its newest checkpoint)")->required();
   sample->add_option("--prompt", sa->prompt, "text to continue");
   sample->add_option("--tokens", sa->opts.tokens, "bytes to generate")->check(CLI::PositiveNumber);
   sample->add_option("--temperature", sa->opts.temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);

@@ -1,6 +1,8 @@
 #include "common.h"
+#include "demo_config.h"
 
 #include <algorithm>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -20,8 +22,19 @@ void add_common_options(CLI::App* sub, CommonOptions* opts, bool with_config) {
   sub->add_option("--summary", opts->summary_path, "write a JSON summary of the results to FILE");
 }
 
-void apply_config(ConfigSchema& schema, const CommonOptions& opts) {
-  if (!opts.config_path.empty()) schema.load_file(opts.config_path);
+void load_base_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback) {
+  if (!opts.config_path.empty()) {
+    schema.load_file(opts.config_path);
+  } else if (fallback == NoConfig::kDemo) {
+    schema.load_string(kDemoConfigToml, kDemoConfigOrigin);
+    const std::string path = schema.to_json()["data"]["path"].get<std::string>();
+    const std::string found = demo_data_path(path);
+    if (found != path) schema.apply_override("data.path=" + found);
+  }
+}
+
+void apply_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback) {
+  load_base_config(schema, opts, fallback);
   for (const auto& s : opts.sets) schema.apply_override(s);
   schema.validate();
 }
@@ -41,6 +54,19 @@ std::string new_run_dir(const std::string& configured, const CommonOptions& opts
     throw ConfigError("run folder '" + dir + "' already exists and is not empty; " + hint);
   return dir;
 }
+
+namespace {
+std::string& program() {
+  static std::string p = "deloco";
+  return p;
+}
+}  // namespace
+
+void set_program(const char* argv0) {
+  if (argv0 != nullptr && std::strchr(argv0, '/') != nullptr) program() = argv0;
+}
+
+std::string self_command() { return program(); }
 
 void configure_threads(int64_t threads) {
   at::set_num_threads(threads > 0 ? static_cast<int>(threads)

@@ -9,6 +9,7 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "common.h"
 
 namespace {
 
@@ -26,6 +27,7 @@ void ensure_passive_openmp(char** argv) {
 
 int main(int argc, char** argv) {
   ensure_passive_openmp(argv);
+  deloco::cli::set_program(argv[0]);
   CLI::App app{"deloco: resilient, low-communication distributed training (DiLoCo, Decoupled DiLoCo, IsoLoCo)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "deloco 0.1.0");

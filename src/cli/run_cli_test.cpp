@@ -1,9 +1,13 @@
 // End-to-end tests of `deloco run`: the orchestrator starts a real syncer and real learner processes of the
 // `deloco` executable over ZeroMQ (ipc), in plaintext and with CURVE, with and without chaos. CTest passes
 // DELOCO_BINARY and DELOCO_SOURCE_DIR; the corpus (data/sotu) comes from scripts/setup.sh.
+#include <signal.h>
+
+#include <chrono>
 #include <filesystem>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -75,6 +79,75 @@ TEST_F(RunCli, PlaintextRunFinishesAndMerges) {
     EXPECT_TRUE(fs::exists(run_dir / f)) << f;
   EXPECT_FALSE(fs::exists(run_dir / "keys"));
   EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.out;
+}
+
+// Issue 18: the global model a run trains is a model you can use. The syncer's final checkpoint describes itself
+// (its manifest carries the model, data and train config), `latest` names it, and `deloco eval`, `sample` and
+// `merge` and the PyTorch reference take the run folder as it is. The loss eval reports is the run's final one.
+TEST_F(RunCli, EvalSampleAndMergeTakeTheRunFolder) {
+  auto r = run("run " + tiny(60, true), dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const double final_loss = summary()["final_val_loss"].get<double>();
+  const fs::path run_dir = dir_ / "run";
+  // The closing lines say how to use the model, with the real path.
+  EXPECT_NE(r.out.find("use the model"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" eval --checkpoint " + run_dir.string() + "\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" sample --checkpoint " + run_dir.string() + " --prompt"), std::string::npos) << r.out;
+  // `latest` names the final checkpoint.
+  const std::string latest = read_file((run_dir / "latest").string());
+  const fs::path ck = run_dir / "checkpoints" / latest.substr(0, latest.find_last_not_of("\n ") + 1);
+  const auto manifest = nlohmann::json::parse(read_file((ck / "manifest.json").string()));
+  EXPECT_EQ(manifest["kind"], "syncer");
+  EXPECT_EQ(manifest["final"], true);
+  EXPECT_EQ(manifest["config"]["model"]["n_embd"], 48) << manifest["config"].dump();  // configs/tiny.toml
+
+  auto ev = run("eval --checkpoint " + run_dir.string() + " --summary " + (dir_ / "eval.json").string(), dir_ / "eval.log");
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  const auto e = nlohmann::json::parse(read_file((dir_ / "eval.json").string()));
+  EXPECT_EQ(fs::path(e["checkpoint"].get<std::string>()), ck);
+  EXPECT_NEAR(e["final_val_loss"].get<double>(), final_loss, 1e-6) << ev.out;
+
+  auto sm = run("sample --checkpoint " + run_dir.string() + " --prompt The --tokens 40 --seed 3", dir_ / "sample.log");
+  ASSERT_EQ(sm.code, 0) << sm.out;
+  EXPECT_GE(sm.out.size(), 40u) << sm.out;
+
+  // Base and input alike: the run folder stands for its newest checkpoint's weights.
+  auto mg = run("merge --base " + run_dir.string() + " --inputs " + run_dir.string() + " " + (ck / "model.safetensors").string() +
+                    " --method mean --out " + (dir_ / "merged.safetensors").string(),
+                dir_ / "merge.log");
+  ASSERT_EQ(mg.code, 0) << mg.out;
+  EXPECT_TRUE(fs::exists(dir_ / "merged.safetensors"));
+}
+
+// Issue 18: the bare `deloco run` is the README's demo (Decoupled DiLoCo, one learner per core, chaos on), from any
+// working directory (the corpus is found in the source tree). Checked from its header and its config.json, then
+// stopped.
+TEST_F(RunCli, BareCommandRunsTheBuiltInDemoFromAnyDirectory) {
+  const fs::path cwd = dir_ / "elsewhere";
+  fs::create_directories(cwd);
+  test::Proc p({"run"}, (dir_ / "bare.log").string(), {}, cwd.string());
+  ASSERT_GT(p.pid(), 0) << "could not start " << test::deloco_binary();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < deadline && p.log().find("run folder: ") == std::string::npos &&
+         p.wait(0) < 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const std::string out = p.log();
+  p.signal(SIGTERM);
+  EXPECT_GE(p.wait(60), 0) << "deloco run did not stop on SIGTERM";
+  EXPECT_NE(out.find("config: the built-in demo config (configs/demo.toml)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(one per core), K=1, P=4, H=40, grace, merge decoupled, outer nesterov, CURVE, chaos on"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("run folder: runs/demo-"), std::string::npos) << out;
+  std::vector<fs::path> runs;
+  if (fs::exists(cwd / "runs"))
+    for (const auto& e : fs::directory_iterator(cwd / "runs")) runs.push_back(e.path());
+  ASSERT_EQ(runs.size(), 1u) << out;
+  const auto cfg = nlohmann::json::parse(read_file((runs[0] / "config.json").string()));
+  EXPECT_EQ(cfg["data"]["path"], kSrc + "/data/sotu");
+  EXPECT_EQ(cfg["model"]["n_embd"], 128);
+  EXPECT_EQ(cfg["sync"]["fragments"], 4);
+  EXPECT_EQ(cfg["chaos"]["enabled"], true);
 }
 
 TEST_F(RunCli, CurveRunFinishesWithGeneratedKeys) {

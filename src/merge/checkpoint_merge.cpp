@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "deloco/checkpoint.h"
 #include "deloco/fs.h"
 #include "deloco/merge.h"
 #include "io/tensor_stream.h"
@@ -18,11 +19,13 @@
 namespace deloco {
 namespace {
 
-// A checkpoint folder stands for its model.safetensors.
+// A checkpoint folder stands for its model.safetensors; a run folder (of `deloco train`, `deloco syncer` or
+// `deloco run`) for that of its newest committed checkpoint.
 std::string resolve(const std::string& p) {
   struct stat st;
-  if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return p + "/model.safetensors";
-  return p;
+  if (::stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return p;
+  if (::stat((p + "/model.safetensors").c_str(), &st) == 0) return p + "/model.safetensors";
+  return resolve_checkpoint(p) + "/model.safetensors";
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {

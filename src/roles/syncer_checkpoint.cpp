@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
+#include "deloco/config.h"
+#include "deloco/train.h"
 #include "deloco/fs.h"
 #include "syncer_node_impl.h"
 
@@ -32,7 +34,7 @@ nlohmann::json SyncerNode::Impl::counters() const {
           {"grace_wait_total", grace_wait_total}};
 }
 
-void SyncerNode::Impl::checkpoint() {
+void SyncerNode::Impl::checkpoint(bool final) {
   const double start = now();
   int64_t n_retired = 0;
   for (bool r : retired) n_retired += r ? 1 : 0;
@@ -45,6 +47,16 @@ void SyncerNode::Impl::checkpoint() {
   manifest["contributions_merged"] = core->merged_contributions();
   manifest["counters"] = counters();
   manifest["step"] = merges;
+  manifest["final"] = final;
+  // Self-describing, like a `deloco train` checkpoint: the model, data and train sections, so `deloco eval`,
+  // `sample` and `merge` (and tests/python/deloco_ref.py) rebuild the model from the checkpoint alone.
+  {
+    RunConfig run = cfg.run;
+    ConfigSchema schema;
+    run.bind(schema);
+    manifest["config"] = schema.to_json();
+  }
+  manifest["model_fingerprint"] = evaluator->fingerprint();
   TensorFile model, opt;
   for (const auto& [n, t] : core->global()) model.tensors[n] = t.detach().to(torch::kCPU).clone();
   for (const auto& [n, t] : core->outer_state()) opt.tensors[n] = t.detach().to(torch::kCPU).clone();

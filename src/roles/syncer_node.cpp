@@ -595,7 +595,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     for (int64_t p = 0; p < static_cast<int64_t>(I.layouts.size()); ++p)
       if (I.core->pending(p) > 0) I.try_merge(p, /*force=*/true);
   I.evaluate("final_eval");
-  I.checkpoint();
+  I.checkpoint(/*final=*/I.all_retired());
   I.update_prometheus();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   nlohmann::json s = I.summary(wall);

@@ -176,7 +176,8 @@ struct SyncerNode::Impl {
 
   nlohmann::json counters() const;
 
-  void checkpoint();
+  // final: the end of a finished run (every learner retired): the run's final global model.
+  void checkpoint(bool final = false);
 
   void restore_from(const std::string& out_dir);
 

@@ -2,7 +2,9 @@
 #include "run/summary.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
@@ -92,6 +94,29 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
     << "; contributing again " << med_max("recontribute_seconds") << "), " << count("learner_stops")
     << " stops, " << count("syncer_kills") << " syncer kills\n";
   o << "summary: " << summary_file << "\n";
+  return o.str();
+}
+
+namespace {
+// A path as one shell word: unchanged when it needs no quoting, else single-quoted.
+std::string shell_word(const std::string& s) {
+  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./-+:@%,=", c) != nullptr;
+  });
+  if (plain) return s;
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+}  // namespace
+
+std::string use_the_model(const std::string& program, const std::string& run_dir) {
+  const std::string exe = shell_word(program), dir = shell_word(run_dir);
+  std::ostringstream o;
+  o << "use the model (the final global model: " << run_dir << "/latest names its checkpoint):\n"
+    << "  " << exe << " eval --checkpoint " << dir << "\n"
+    << "  " << exe << " sample --checkpoint " << dir << " --prompt 'Fellow citizens'\n"
+    << "  /usr/bin/python3 tests/python/checkpoint_loss.py " << dir << " 'Fellow citizens'   # in PyTorch\n";
   return o.str();
 }
 

@@ -45,5 +45,8 @@ nlohmann::json read_syncer_summary(const std::string& path);
 
 // The short final report: results, chaos counts with rejoin times, and where `summary_file` is.
 std::string final_report(const nlohmann::json& summary, const std::string& summary_file);
+// The closing lines of `deloco run`: how to evaluate, sample and load the final global model of `run_dir` (its
+// `latest` checkpoint), as commands with the real paths; `program` is how the user invoked deloco.
+std::string use_the_model(const std::string& program, const std::string& run_dir);
 
 }  // namespace deloco::run

@@ -5,6 +5,7 @@ bench/train_vs_pytorch.py (the same architecture trained by PyTorch, side by sid
 Nothing here is imported by deloco itself.
 """
 import json
+import os
 import math
 import struct
 
@@ -103,8 +104,29 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def newest_checkpoint(path):
+    """A checkpoint folder as is; a run folder (deloco train, syncer or run) -> its newest committed checkpoint,
+    the one with the largest manifest "sequence" under checkpoints/ (temporaries, dot-named, are skipped)."""
+    if os.path.exists(os.path.join(path, "manifest.json")):
+        return path
+    best, best_seq = None, -1
+    root = os.path.join(path, "checkpoints")
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        manifest = os.path.join(root, name, "manifest.json")
+        if name.startswith(".") or not os.path.exists(manifest):
+            continue
+        with open(manifest) as f:
+            seq = json.load(f).get("sequence", 0)
+        if seq >= best_seq:
+            best, best_seq = os.path.join(root, name), seq
+    if best is None:
+        raise FileNotFoundError(f"{path}: neither a checkpoint folder nor a run folder with checkpoints")
+    return best
+
+
 def load_checkpoint(ckpt_dir):
-    """A deloco checkpoint folder -> (GPT with its weights, manifest)."""
+    """A deloco checkpoint folder, or a run folder (its newest checkpoint) -> (GPT with its weights, manifest)."""
+    ckpt_dir = newest_checkpoint(ckpt_dir)
     with open(f"{ckpt_dir}/manifest.json") as f:
         manifest = json.load(f)
     model = GPT.from_config(manifest["config"]["model"])

@@ -3,7 +3,8 @@
 // Proc starts DELOCO_BINARY (CTest sets it; "./deloco" otherwise) with the given arguments, stdout and stderr
 // appended to a log file, and an environment of this process plus OMP_WAIT_POLICY=PASSIVE, one OpenMP and one
 // OpenBLAS thread (any inherited OMP_* / OPENBLAS_* dropped) and `env`. Every wait has a deadline; the destructor
-// SIGKILLs and reaps a child still running, so a failing test never leaves processes behind.
+// SIGKILLs and reaps a child still running, so a failing test never leaves processes behind. It may run in another
+// working directory.
 #pragma once
 
 #include <fcntl.h>
@@ -15,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -25,10 +27,11 @@ extern char** environ;
 
 namespace deloco::test {
 
-// The deloco executable under test: $DELOCO_BINARY, else ./deloco.
+// The deloco executable under test, as an absolute path (children may run in another directory): $DELOCO_BINARY,
+// else ./deloco.
 inline std::string deloco_binary() {
   const char* v = std::getenv("DELOCO_BINARY");
-  return v ? v : "./deloco";
+  return std::filesystem::absolute(v ? v : "./deloco").string();
 }
 
 // The source tree (for configs/ and data/): $DELOCO_SOURCE_DIR, else the current directory.
@@ -39,7 +42,10 @@ inline std::string source_dir() {
 
 class Proc {
  public:
-  Proc(std::vector<std::string> args, const std::string& log, std::vector<std::string> env = {}) : log_(log) {
+  // `cwd`: the child's working directory ("" : ours); `log` is opened before the change, relative to ours.
+  Proc(std::vector<std::string> args, const std::string& log, std::vector<std::string> env = {},
+       const std::string& cwd = "")
+      : log_(log) {
     const std::string bin = deloco_binary();
     std::vector<std::string> argv{bin};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -57,6 +63,7 @@ class Proc {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    if (!cwd.empty()) posix_spawn_file_actions_addchdir_np(&fa, cwd.c_str());
     if (posix_spawn(&pid_, bin.c_str(), &fa, nullptr, cargv.data(), cenv.data()) != 0) pid_ = -1;
     posix_spawn_file_actions_destroy(&fa);
   }
@@ -70,9 +77,13 @@ class Proc {
   Proc& operator=(const Proc&) = delete;
 
   pid_t pid() const { return pid_; }
-  void signal(int sig) { ::kill(pid_, sig); }
+  // Only to our child while it runs: never kill(-1, ...) (every process) after a failed spawn, nor a reaped pid.
+  void signal(int sig) {
+    if (pid_ > 0 && !exited_) ::kill(pid_, sig);
+  }
   // Exit code (or 128 + signal) once the process ended within `seconds`; -1 when still running.
   int wait(double seconds) {
+    if (pid_ <= 0) return -1;  // never started: waitpid(-1) would reap someone else's child
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (!exited_) {
       int st = 0;
