@@ -81,7 +81,7 @@ class Trainer : public Workload {
 
   int64_t tokens_seen() const { return step_ * cfg_.train.batch_size * cfg_.model.block_size; }
   double current_lr() const;
-  GPT& model() { return model_; }
+  LanguageModel& model() { return *model_; }
   AdamW& optimizer() { return *opt_; }
   const RunConfig& config() const { return cfg_; }
 
@@ -95,7 +95,7 @@ class Trainer : public Workload {
   RunConfig cfg_;
   std::shared_ptr<const Corpus> corpus_;
   torch::Device device_;
-  GPT model_{nullptr};
+  std::unique_ptr<LanguageModel> model_;
   NamedTensors params_;
   std::unique_ptr<AdamW> opt_;
   ShardSampler sampler_;

@@ -110,6 +110,7 @@ void run_train(const TrainArgs& args) {
 
   auto corpus = load_corpus(cfg.data);
   Trainer tr(cfg, corpus);
+  cfg.model = tr.config().model;  // a TorchScript module's V and T, so config.json and the manifests say them
   if (!args.resume.empty()) tr.restore(resume_ck);
   if (tr.step() >= cfg.train.steps)
     throw ConfigError("the run is already at step " + std::to_string(tr.step()) + " of train.steps=" +
@@ -120,7 +121,8 @@ void run_train(const TrainArgs& args) {
   std::ofstream metrics((fs::path(run_dir) / "metrics.jsonl").string(), std::ios::app);
   if (!metrics) throw IoError("cannot open '" + run_dir + "/metrics.jsonl' for writing");
 
-  const int64_t n_params = cfg.model.num_params();
+  int64_t n_params = 0;
+  for (const auto& [name, p] : tr.parameters()) n_params += p.numel();
   std::cerr << "deloco train: " << n_params << " parameters, " << corpus->train().size() << " training bytes, "
             << corpus->val().size() << " validation bytes (unigram entropy " << std::fixed << std::setprecision(3)
             << corpus->unigram_entropy_bits() << " bits/byte), " << torch::get_num_threads() << " threads, device "

@@ -4,6 +4,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -117,6 +119,45 @@ TEST_F(RunCli, EvalSampleAndMergeTakeTheRunFolder) {
                 dir_ / "merge.log");
   ASSERT_EQ(mg.code, 0) << mg.out;
   EXPECT_TRUE(fs::exists(dir_ / "merged.safetensors"));
+}
+
+// Issue 12 item 1: a user's own PyTorch model (examples/llama: RMSNorm, rotary embeddings, SwiGLU), scripted by
+// torch.jit.script, trained by `deloco run` over the real transport like the built-in GPT; its run folder then
+// evaluates to the run's final loss and samples, with the module's own parameter names in the checkpoint.
+TEST_F(RunCli, TrainsAUsersTorchScriptModel) {
+  const fs::path model = dir_ / "llama.pt";
+  const std::string make = "/usr/bin/python3 " + kSrc + "/examples/llama/make_model.py --out " + model.string() +
+                           " --layers 1 --dim 32 --block 32 > " + (dir_ / "make.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0) << read_file((dir_ / "make.log").string());
+  auto r = run("run --config " + kSrc + "/examples/llama/llama.toml --set model.path=" + model.string() +
+                   " --set data.path=" + kSrc + "/data/sotu --set syncer.out_dir=" + (dir_ / "run").string() +
+                   " --set train.steps=60 --set train.warmup_steps=10 --set sync.learners=2 --set sync.sync_every=10"
+                   " --set sync.fragments=2 --set train.eval_tokens=2048 --set syncer.eval_interval=0"
+                   " --set syncer.metrics= --set net.plaintext=true --summary " + (dir_ / "s.json").string(),
+               dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  expect_trained(s);
+  const double final_loss = s["final_val_loss"].get<double>();
+  EXPECT_LT(final_loss, std::log(256.0));  // learned something from the bytes
+  const fs::path run_dir = dir_ / "run";
+  const std::string latest = read_file((run_dir / "latest").string());
+  const fs::path ck = run_dir / "checkpoints" / latest.substr(0, latest.find_last_not_of("\n ") + 1);
+  const std::string header = read_file((ck / "model.safetensors").string()).substr(0, 4096);
+  EXPECT_NE(header.find("layers.0.feed_forward.w3.weight"), std::string::npos);
+  auto ev = run("eval --checkpoint " + run_dir.string() + " --summary " + (dir_ / "eval.json").string(), dir_ / "eval.log");
+  ASSERT_EQ(ev.code, 0) << ev.out;
+  EXPECT_NEAR(nlohmann::json::parse(read_file((dir_ / "eval.json").string()))["final_val_loss"].get<double>(), final_loss,
+              1e-6);
+  auto sm = run("sample --checkpoint " + run_dir.string() + " --prompt The --tokens 20 --seed 1", dir_ / "sample.log");
+  ASSERT_EQ(sm.code, 0) << sm.out;
+  // PyTorch reads the run folder too: the module from model.path, the checkpoint's weights by parameter name.
+  const std::string py = "/usr/bin/python3 " + kSrc + "/tests/python/checkpoint_loss.py " + run_dir.string() +
+                         " 'Fellow citizens of the Senate' > " + (dir_ / "py.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(py.c_str()), 0) << read_file((dir_ / "py.log").string());
+  const double py_loss = std::stod(read_file((dir_ / "py.log").string()));
+  EXPECT_TRUE(std::isfinite(py_loss));
+  EXPECT_LT(py_loss, std::log(256.0));
 }
 
 // Issue 18: the bare `deloco run` is the README's demo (Decoupled DiLoCo, one learner per core, chaos on), from any

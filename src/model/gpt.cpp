@@ -11,6 +11,13 @@
 namespace deloco {
 
 void ModelConfig::bind(ConfigSchema& s) {
+  s.bind("model.kind", &kind, "gpt (the built-in GPT) or torchscript (a module saved by torch.jit.save, model.path)",
+         [this] { return kind == "gpt" || kind == "torchscript" ? "" : "must be gpt or torchscript, not '" + kind + "'"; });
+  s.bind("model.path", &path, "the TorchScript file (.pt) when model.kind = torchscript", [this] {
+    if (kind == "torchscript" && path.empty()) return std::string("must name the module's file when model.kind = torchscript");
+    if (kind == "gpt" && !path.empty()) return std::string("is only for model.kind = torchscript");
+    return std::string();
+  });
   s.bind("model.vocab_size", &vocab_size, "vocabulary size (256 for byte-level tokens)",
          [this] { return vocab_size >= 2 ? "" : "must be at least 2"; });
   s.bind("model.block_size", &block_size, "context length in tokens",

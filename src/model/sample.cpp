@@ -8,12 +8,12 @@
 
 namespace deloco {
 
-std::string sample_text(GPT& model, const std::string& prompt, const SampleOptions& opts) {
-  model->eval();
+std::string sample_text(LanguageModel& model, const std::string& prompt, const SampleOptions& opts) {
+  model.train(false);
   torch::NoGradGuard no_grad;
   torch::manual_seed(static_cast<uint64_t>(opts.seed));
-  const auto dev = model->parameters().front().device();
-  const int64_t block_size = model->config().block_size;
+  const auto dev = model.parameters().front().second.device();
+  const int64_t block_size = model.block_size();
   std::vector<int64_t> ctx;
   for (unsigned char c : prompt) ctx.push_back(c);
   if (ctx.empty()) ctx.push_back('\n');
@@ -21,7 +21,8 @@ std::string sample_text(GPT& model, const std::string& prompt, const SampleOptio
   for (int64_t i = 0; i < opts.tokens; ++i) {
     const int64_t T = std::min<int64_t>(static_cast<int64_t>(ctx.size()), block_size);
     auto idx = torch::tensor(std::vector<int64_t>(ctx.end() - T, ctx.end()), torch::kLong).view({1, T}).to(dev);
-    auto logits = model->forward(idx).select(1, T - 1).squeeze(0).to(torch::kFloat);
+    auto logits = model.forward(idx).select(1, T - 1).squeeze(0).to(torch::kFloat);
+    if (logits.size(0) > 256) logits = logits.narrow(0, 0, 256);  // text is bytes: a larger vocabulary's extra ids are never drawn
     int64_t next;
     if (opts.temperature == 0) {
       next = logits.argmax().item<int64_t>();

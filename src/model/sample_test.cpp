@@ -18,7 +18,9 @@ ModelConfig tiny() {
 }
 
 TEST(Sample, SameSeedSameTextAndTheRequestedLength) {
-  GPT m(tiny(), 3);
+  ModelConfig c = tiny();
+  auto model = make_language_model(&c, 3, torch::kCPU);
+  LanguageModel& m = *model;
   SampleOptions o;
   o.tokens = 40;
   o.seed = 5;
@@ -27,11 +29,13 @@ TEST(Sample, SameSeedSameTextAndTheRequestedLength) {
   EXPECT_EQ(a, b);
   o.seed = 6;
   EXPECT_NE(sample_text(m, "The ", o), a);  // 40 bytes from an untrained model: a collision is (256^-40)-unlikely
-  EXPECT_FALSE(m->is_training());
+  EXPECT_FALSE(m.training());
 }
 
 TEST(Sample, GreedyAndTopOneAreTheArgmaxAndLongPromptsAreCut) {
-  GPT m(tiny(), 3);
+  ModelConfig c = tiny();
+  auto model = make_language_model(&c, 3, torch::kCPU);
+  LanguageModel& m = *model;
   const std::string prompt(40, 'x');  // longer than block_size: only the last 16 bytes are seen
   SampleOptions greedy;
   greedy.tokens = 5;
@@ -39,7 +43,7 @@ TEST(Sample, GreedyAndTopOneAreTheArgmaxAndLongPromptsAreCut) {
   const std::string g = sample_text(m, prompt, greedy);
   torch::NoGradGuard no_grad;
   auto idx = torch::full({1, 16}, static_cast<int64_t>('x'), torch::kLong);
-  EXPECT_EQ(static_cast<unsigned char>(g[0]), m->forward(idx).select(1, 15).squeeze(0).argmax().item<int64_t>());
+  EXPECT_EQ(static_cast<unsigned char>(g[0]), m.forward(idx).select(1, 15).squeeze(0).argmax().item<int64_t>());
   SampleOptions top1 = greedy;
   top1.temperature = 0.7;
   top1.top_k = 1;

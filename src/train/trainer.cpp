@@ -74,22 +74,32 @@ WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus
   };
 }
 
+namespace {
+// Byte-level text needs every byte value as a token.
+const RunConfig& checked_vocab(const RunConfig& cfg) {
+  if (cfg.model.vocab_size < 256)
+    throw ConfigError("the model's vocabulary has " + std::to_string(cfg.model.vocab_size) +
+                      " tokens but byte-level text (data.path) uses 256; use model.vocab_size >= 256");
+  return cfg;
+}
+}  // namespace
+
+// The model comes first: a TorchScript module fixes V and T (written into cfg_.model) before the data is cut.
 Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
     : cfg_(cfg),
       corpus_(std::move(corpus)),
       device_(cfg.train.device),
-      sampler_(corpus_->train(), cfg.train.learner_id, cfg.train.num_learners, cfg.model.block_size,
+      model_(make_language_model(&cfg_.model, static_cast<uint64_t>(cfg.train.seed), device_)),
+      sampler_(corpus_->train(), cfg.train.learner_id, cfg.train.num_learners, checked_vocab(cfg_).model.block_size,
                static_cast<uint64_t>(cfg.train.seed)) {
-  model_ = GPT(cfg.model, static_cast<uint64_t>(cfg.train.seed));
-  model_->to(device_);
-  params_ = named_parameters(*model_);
+  params_ = model_->parameters();
   fingerprint_ = model_fingerprint(params_);
   AdamWOptions o;
   o.beta1 = cfg.train.beta1;
   o.beta2 = cfg.train.beta2;
   o.weight_decay = cfg.train.weight_decay;
   opt_ = std::make_unique<AdamW>(params_, o);
-  val_windows_ = evaluation_windows(corpus_->val(), cfg.model.block_size, cfg.train.eval_tokens).to(device_);
+  val_windows_ = evaluation_windows(corpus_->val(), cfg_.model.block_size, cfg.train.eval_tokens).to(device_);
 }
 
 double Trainer::current_lr() const {
@@ -98,7 +108,7 @@ double Trainer::current_lr() const {
 }
 
 double Trainer::train_step() {
-  model_->train();
+  model_->train(true);
   auto batch = sampler_.batch(step_, cfg_.train.batch_size).to(device_);
   const int64_t T = cfg_.model.block_size;
   auto loss = model_->loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
@@ -131,14 +141,14 @@ void Trainer::load_optimizer_state(const std::map<std::string, at::Tensor>& stat
 
 EvalResult Trainer::evaluate() {
   torch::NoGradGuard no_grad;
-  model_->eval();
+  model_->train(false);
   const int64_t T = cfg_.model.block_size, N = val_windows_.size(0), B = cfg_.train.batch_size;
   double total = 0;
   for (int64_t i = 0; i < N; i += B) {
     auto w = val_windows_.narrow(0, i, std::min(B, N - i));
     total += model_->loss(w.narrow(1, 0, T), w.narrow(1, 1, T)).item<double>() * static_cast<double>(w.size(0));
   }
-  model_->train();
+  model_->train(true);
   EvalResult r;
   r.loss = total / static_cast<double>(N);
   r.bpb = r.loss / std::log(2.0);

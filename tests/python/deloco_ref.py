@@ -124,11 +124,39 @@ def newest_checkpoint(path):
     return best
 
 
+class ScriptedLM(nn.Module):
+    """A user's TorchScript module (model.kind = "torchscript") with the same loss() as GPT."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, idx):
+        return self.module(idx)
+
+    def loss(self, idx, targets):
+        logits = self(idx)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1))
+
+
 def load_checkpoint(ckpt_dir):
-    """A deloco checkpoint folder, or a run folder (its newest checkpoint) -> (GPT with its weights, manifest)."""
+    """A deloco checkpoint folder, or a run folder (its newest checkpoint) -> (model with its weights, manifest).
+    The built-in GPT is rebuilt from the manifest's config; a TorchScript model is loaded from its model.path (as
+    recorded, relative to the working directory) and given the checkpoint's weights by parameter name."""
     ckpt_dir = newest_checkpoint(ckpt_dir)
     with open(f"{ckpt_dir}/manifest.json") as f:
         manifest = json.load(f)
-    model = GPT.from_config(manifest["config"]["model"])
-    model.load_state_dict(load_safetensors(f"{ckpt_dir}/model.safetensors"))
+    cfg = manifest["config"]["model"]
+    state = load_safetensors(f"{ckpt_dir}/model.safetensors")
+    if cfg.get("kind", "gpt") == "torchscript":
+        module = torch.jit.load(cfg["path"])
+        names = {n for n, _ in module.named_parameters()}
+        if names != set(state):  # buffers (masks, rotary tables) are the module's own, not in checkpoints
+            raise ValueError(f"{ckpt_dir}: parameters {sorted(names ^ set(state))[:5]} differ from {cfg['path']}")
+        module.load_state_dict(state, strict=False)
+        model = ScriptedLM(module)
+    else:
+        model = GPT.from_config(cfg)
+        model.load_state_dict(state)
+    model.eval()
     return model, manifest
