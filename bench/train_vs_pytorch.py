@@ -6,6 +6,10 @@ tokens/s of each, their ratio, model FLOPs utilisation against a measured matrix
 resident memory of each process (from wait4). Usage, from the repository root after scripts/setup.sh:
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--config configs/small.toml] [--steps 60] [--rounds 3] [--threads 2]
+        [--precisions fp32,bf16]
+
+Each precision runs deloco (train.precision) and PyTorch (fp32, or the forward under torch.autocast("cpu",
+torch.bfloat16) with the loss in float32) on the same batches' shapes.
 
 Must run under Debian's /usr/bin/python3 (python3-torch). Prints a Markdown table and writes JSON with --json.
 """
@@ -38,6 +42,7 @@ def run_measured(cmd, env):
 def python_worker(args):
     """The PyTorch side: same architecture (tests/python/deloco_ref.py), AdamW, clipping, schedule."""
     import torch
+    import torch.nn.functional as F
     sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
     from deloco_ref import GPT
     torch.set_num_threads(args.threads)
@@ -59,7 +64,12 @@ def python_worker(args):
         t0 = time.perf_counter()
         offs = torch.randint(0, len(stream) - T - 1, (B,), generator=g)
         batch = torch.stack([stream[o:o + T + 1] for o in offs.tolist()]).long()
-        loss = model.loss(batch[:, :-1], batch[:, 1:])
+        if args.precision == "bf16":  # PyTorch's recipe: forward under autocast, the loss in float32
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(batch[:, :-1])
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
+        else:
+            loss = model.loss(batch[:, :-1], batch[:, 1:])
         opt.zero_grad(set_to_none=False)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -102,6 +112,8 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (train.precision / autocast)")
+    ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the worker's
     ap.add_argument("--json", default="")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -110,22 +122,30 @@ def main():
 
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(args.threads))
     cfg = tomllib.load(open(args.config, "rb"))
-    res = {"deloco": [], "pytorch": []}
+    precisions = [p for p in args.precisions.split(",") if p]
+    variants = [(impl, prec) for prec in precisions for impl in ("deloco", "pytorch")]
+    res = {f"{impl} {prec}": [] for impl, prec in variants}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            out_dir = os.path.join(tmp, f"run{r}")
-            summary = os.path.join(tmp, f"s{r}.json")
-            _, rss = run_measured([args.binary, "train", "--config", args.config, "--set", f"data.path={args.data}",
-                                   "--set", f"train.steps={args.steps}", "--set", "train.eval_every=0",
-                                   "--set", "train.eval_tokens=4096", "--set", f"train.threads={args.threads}",
-                                   "--set", f"train.out_dir={out_dir}", "--set", "train.log_every=1000",
-                                   "--summary", summary], env)
-            res["deloco"].append((json.load(open(summary))["tokens_per_s"], rss))
-            out, rss = run_measured([sys.executable, __file__, "--worker", "--config", args.config, "--data", args.data,
-                                     "--steps", str(args.steps), "--threads", str(args.threads)], env)
-            res["pytorch"].append((json.loads(out.strip().splitlines()[-1])["tokens_per_s"], rss))
-            print(f"round {r + 1}: deloco {res['deloco'][-1][0]:.0f} tok/s, pytorch {res['pytorch'][-1][0]:.0f} tok/s",
-                  file=sys.stderr)
+        for r in range(args.rounds):  # every variant once per round, in turn: all see the same machine state
+            line = []
+            for impl, prec in variants:
+                key = f"{impl} {prec}"
+                if impl == "deloco":
+                    out_dir = os.path.join(tmp, f"run{r}-{prec}")
+                    summary = os.path.join(tmp, f"s{r}-{prec}.json")
+                    _, rss = run_measured([args.binary, "train", "--config", args.config, "--set", f"data.path={args.data}",
+                                           "--set", f"train.steps={args.steps}", "--set", "train.eval_every=0",
+                                           "--set", "train.eval_tokens=4096", "--set", f"train.threads={args.threads}",
+                                           "--set", f"train.out_dir={out_dir}", "--set", "train.log_every=1000",
+                                           "--set", f"train.precision={prec}", "--summary", summary], env)
+                    res[key].append((json.load(open(summary))["tokens_per_s"], rss))
+                else:
+                    out, rss = run_measured([sys.executable, __file__, "--worker", "--config", args.config, "--data",
+                                             args.data, "--steps", str(args.steps), "--threads", str(args.threads),
+                                             "--precision", prec], env)
+                    res[key].append((json.loads(out.strip().splitlines()[-1])["tokens_per_s"], rss))
+                line.append(f"{key} {res[key][-1][0]:.0f}")
+            print(f"round {r + 1}: " + ", ".join(line) + " tok/s", file=sys.stderr)
     peak = matmul_peak(args.threads)
     fpt = flops_per_token(cfg["model"])
     rows = {}
@@ -133,20 +153,23 @@ def main():
         tps = statistics.median(x[0] for x in v)
         rows[k] = {"tokens_per_s": tps, "peak_rss_mib": statistics.median(x[1] for x in v),
                    "mfu": fpt * tps / peak, "all_tokens_per_s": [x[0] for x in v]}
-    ratio = rows["deloco"]["tokens_per_s"] / rows["pytorch"]["tokens_per_s"]
     print(f"\nconfig {os.path.relpath(args.config, ROOT)}, {args.steps} steps x {args.rounds} rounds, {args.threads} threads, "
-          f"matmul peak {peak / 1e9:.1f} GFLOP/s, {fpt / 1e6:.1f} MFLOP/token\n")
-    print("| implementation | tokens/s (median) | MFU | peak RSS (MiB) |")
+          f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (MFU is against it), {fpt / 1e6:.1f} MFLOP/token\n")
+    print("| implementation | tokens/s (median) | MFU (fp32 peak) | peak RSS (MiB) |")
     print("|---|---|---|---|")
-    for k in ("deloco", "pytorch"):
-        r = rows[k]
+    for k, r in rows.items():
         print(f"| {k} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['peak_rss_mib']:.0f} |")
-    print(f"\ndeloco / pytorch throughput ratio: {ratio:.3f}; memory ratio: "
-          f"{rows['deloco']['peak_rss_mib'] / rows['pytorch']['peak_rss_mib']:.3f}")
+    ratios = {}
+    for a, b in (("deloco fp32", "pytorch fp32"), ("deloco bf16", "pytorch bf16"), ("deloco bf16", "pytorch fp32"),
+                 ("deloco bf16", "deloco fp32")):
+        if a in rows and b in rows:
+            ratios[f"{a} / {b}"] = rows[a]["tokens_per_s"] / rows[b]["tokens_per_s"]
+    print()
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "ratio": ratio, "matmul_peak_flops": peak, "flops_per_token": fpt}, f, indent=2)
-
+            json.dump({"rows": rows, "ratios": ratios, "matmul_peak_flops": peak, "flops_per_token": fpt}, f, indent=2)
 
 if __name__ == "__main__":
     main()

@@ -45,6 +45,8 @@ struct TrainConfig {
                                   // then differ in tokens per step, which token weighting rewards
   std::string out_dir;            // run folder ("" : runs/<config name>-<time>)
   std::string device = "cpu";     // torch device string: cpu, cuda, cuda:1, ...
+  std::string precision = "fp32"; // "bf16": the training forward under bf16 autocast (CPU and CUDA); parameters,
+                                  // gradients, optimizer state, the loss and every evaluation stay float32
 };
 
 struct RunConfig {
@@ -92,6 +94,9 @@ class Trainer : public Workload {
   void restore(const Checkpoint& ck);
 
  private:
+  // Mean cross-entropy of the model on (idx, targets), in float32; under bf16 autocast when train.precision = bf16.
+  torch::Tensor loss_of(const torch::Tensor& idx, const torch::Tensor& targets);
+
   RunConfig cfg_;
   std::shared_ptr<const Corpus> corpus_;
   torch::Device device_;

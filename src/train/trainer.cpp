@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "deloco/config.h"
@@ -47,6 +48,8 @@ void RunConfig::bind(ConfigSchema& s) {
       if (b < 0) return std::string("entries must be >= 0");
     return std::string();
   });
+  s.bind("train.precision", &t.precision, "fp32, or bf16 (autocast forward; float32 weights, optimizer and loss)",
+         [&t] { return t.precision == "fp32" || t.precision == "bf16" ? "" : "must be fp32 or bf16, not '" + t.precision + "'"; });
   s.bind("train.out_dir", &t.out_dir, "run folder (empty: runs/<config>-<time>)");
   s.bind("train.device", &t.device, "torch device: cpu, cuda, cuda:N", [&t] {
     try {
@@ -107,11 +110,61 @@ double Trainer::current_lr() const {
   return lr_at(step_, t.steps, t.warmup_steps, t.lr, t.min_lr_ratio);
 }
 
+namespace {
+// bf16 autocast over one forward pass on `device` (CPU or CUDA), as torch.autocast does it: the previous state comes
+// back afterwards and the cast cache is cleared when the outermost region ends.
+class Autocast {
+ public:
+  Autocast(bool on, const torch::Device& device) : on_(on), cuda_(device.is_cuda()) {
+    if (!on_) return;
+    was_enabled_ = cuda_ ? at::autocast::is_enabled() : at::autocast::is_cpu_enabled();
+    was_dtype_ = cuda_ ? at::autocast::get_autocast_gpu_dtype() : at::autocast::get_autocast_cpu_dtype();
+    if (cuda_) {
+      at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
+      at::autocast::set_enabled(true);
+    } else {
+      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_cpu_enabled(true);
+    }
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    if (cuda_) {
+      at::autocast::set_enabled(was_enabled_);
+      at::autocast::set_autocast_gpu_dtype(was_dtype_);
+    } else {
+      at::autocast::set_cpu_enabled(was_enabled_);
+      at::autocast::set_autocast_cpu_dtype(was_dtype_);
+    }
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  bool on_, cuda_, was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kBFloat16;
+};
+}  // namespace
+
+torch::Tensor Trainer::loss_of(const torch::Tensor& idx, const torch::Tensor& targets) {
+  if (cfg_.train.precision != "bf16") return model_->loss(idx, targets);
+  torch::Tensor logits;
+  {
+    Autocast bf16(true, device_);
+    logits = model_->forward(idx);
+  }
+  // The loss in float32, outside the autocast region (as PyTorch's recipe does).
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                                              targets.reshape({-1}));
+}
+
 double Trainer::train_step() {
   model_->train(true);
   auto batch = sampler_.batch(step_, cfg_.train.batch_size).to(device_);
   const int64_t T = cfg_.model.block_size;
-  auto loss = model_->loss(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
+  auto loss = loss_of(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
   opt_->zero_grad();
   loss.backward();
   if (cfg_.train.grad_clip > 0) {
@@ -146,6 +199,7 @@ EvalResult Trainer::evaluate() {
   double total = 0;
   for (int64_t i = 0; i < N; i += B) {
     auto w = val_windows_.narrow(0, i, std::min(B, N - i));
+    // Always in float32, whatever train.precision: validation losses stay comparable across precisions.
     total += model_->loss(w.narrow(1, 0, T), w.narrow(1, 1, T)).item<double>() * static_cast<double>(w.size(0));
   }
   model_->train(true);

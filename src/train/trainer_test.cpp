@@ -2,6 +2,7 @@
 #include <filesystem>
 
 #include <gtest/gtest.h>
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
@@ -167,6 +168,66 @@ TEST(Train, ConfigRejectsBadValues) {
   s.apply_override("model.n_head=4");
   s.apply_override("train.device=tpu");
   EXPECT_THROW(s.validate(), ConfigError);
+}
+
+}  // namespace
+}  // namespace deloco
+
+namespace deloco {
+namespace {
+
+// Issue 12 item 5: train.precision = bf16 runs the training forward under bf16 autocast and keeps everything else
+// float32: the parameters, the optimizer state, the loss and evaluation. It must really compute in bf16 (its
+// parameters after one step differ from the fp32 run's), stay close to fp32 (the same first loss to 2%), learn,
+// and leave autocast off afterwards.
+TEST(Train, Bf16AutocastKeepsFloat32MastersAndLearns) {
+  torch::set_num_threads(1);
+  auto corpus = small_corpus();
+  RunConfig a = tiny_run(), b = tiny_run();
+  b.train.precision = "bf16";
+  Trainer fp32(a, corpus), bf16(b, corpus);
+  const double l32 = fp32.train_step(), l16 = bf16.train_step();
+  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_NEAR(l16, l32, 0.02 * l32);
+  bool differs = false;
+  for (size_t i = 0; i < fp32.parameters().size(); ++i) {
+    const auto& p = bf16.parameters()[i].second;
+    EXPECT_EQ(p.scalar_type(), torch::kFloat) << bf16.parameters()[i].first;
+    differs = differs || !torch::equal(p, fp32.parameters()[i].second);
+  }
+  EXPECT_TRUE(differs) << "bf16 gave bit-identical parameters: autocast did not act";
+  int moments = 0;
+  for (const auto& [name, t] : bf16.optimizer_state())
+    if (name.rfind("exp_avg", 0) == 0) {  // exp_avg/<name>, exp_avg_sq/<name> (and an int64 step counter)
+      EXPECT_EQ(t.scalar_type(), torch::kFloat) << name;
+      ++moments;
+    }
+  EXPECT_EQ(moments, static_cast<int>(2 * bf16.parameters().size()));
+  const EvalResult before = bf16.evaluate();
+  for (int s = 1; s < b.train.steps; ++s) bf16.train_step();
+  const EvalResult after = bf16.evaluate();
+  EXPECT_TRUE(std::isfinite(after.loss));
+  EXPECT_LT(after.loss, before.loss);
+  // Evaluation itself is float32: it does not depend on train.precision.
+  RunConfig b32 = b;
+  b32.train.precision = "fp32";
+  Trainer same(b32, corpus);
+  for (size_t i = 0; i < same.parameters().size(); ++i) same.parameters()[i].second.detach().copy_(bf16.parameters()[i].second);
+  EXPECT_EQ(same.evaluate().loss, after.loss);
+}
+
+TEST(Train, PrecisionMustBeFp32OrBf16) {
+  RunConfig c;
+  ConfigSchema s;
+  c.bind(s);
+  s.apply_override("train.precision=fp16");
+  try {
+    s.validate();
+    FAIL() << "fp16 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.precision"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fp16"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
