@@ -61,6 +61,16 @@ RuntimeConfig config(const fs::path& dir) {
   return cfg;
 }
 
+// Ends a syncer's run thread however a test leaves its scope (a failed ASSERT included): sets `stop`, joins.
+struct StopOnExit {
+  std::atomic<bool>* stop;
+  std::thread* t;
+  ~StopOnExit() {
+    stop->store(true);
+    if (t->joinable()) t->join();
+  }
+};
+
 // A server transport that throws from send() for the first `throws` messages of kind `kind`: an unexpected
 // exception in the middle of handling a message (a transport must not throw; a bad_alloc or a bug could).
 class ThrowingServer final : public ServerTransport {
@@ -157,14 +167,7 @@ TEST(SyncerNode, ContainsHandlerExceptionsAndServesStateFromOneSnapshot) {
   std::atomic<bool> stop{false};
   nlohmann::json summary;
   std::thread st([&] { summary = syncer.run(stop); });
-  struct StopOnExit {
-    std::atomic<bool>* stop;
-    std::thread* t;
-    ~StopOnExit() {
-      stop->store(true);
-      if (t->joinable()) t->join();
-    }
-  } stop_on_exit{&stop, &st};
+  StopOnExit stop_on_exit{&stop, &st};
 
   // 1. Learner 0's first hello: the welcome's send throws inside on_hello. Contained: a handler_error reject.
   Client c0{make_inproc_client(hub, "learner-0"), fp, 0};
@@ -262,14 +265,7 @@ TEST(SyncerNode, EveryGoodbyeIsAnsweredAndRepeatedUntilItIs) {
     summary = syncer.run(stop);
     ended = true;
   });
-  struct StopOnExit {
-    std::atomic<bool>* stop;
-    std::thread* t;
-    ~StopOnExit() {
-      stop->store(true);
-      if (t->joinable()) t->join();
-    }
-  } stop_on_exit{&stop, &st};
+  StopOnExit stop_on_exit{&stop, &st};
 
   // A goodbye from a connection that never joined moves nobody, and is answered all the same.
   Client stranger{make_inproc_client(hub, "stranger"), fp, 5};
