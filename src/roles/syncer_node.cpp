@@ -137,7 +137,11 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   if (it == route_to_id.end() && h.kind == MessageKind::kLeave) {
     // A goodbye repeated after its answer was lost (the first one released the connection's id): nothing to do
     // but say so again. A leave moves nobody without a joined connection.
-    ack_leave(env.peer, h, proto::parse_leave(env.payload.data(), env.payload.size()));
+    try {
+      ack_leave(env.peer, h, proto::parse_leave(env.payload.data(), env.payload.size()));
+    } catch (const WireError& e) {
+      reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
+    }
     return;
   }
   if (it == route_to_id.end()) {

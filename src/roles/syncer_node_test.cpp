@@ -271,6 +271,11 @@ TEST(SyncerNode, EveryGoodbyeIsAnsweredAndRepeatedUntilItIs) {
   Client stranger{make_inproc_client(hub, "stranger"), fp, 5};
   stranger.send(MessageKind::kLeave, proto::encode_leave("done"));
   ASSERT_TRUE(stranger.next(MessageKind::kLeave, 30).has_value());
+  // ... and a malformed one is refused as malformed, not as a failure of the syncer's handler.
+  stranger.send(MessageKind::kLeave, R"({"reason":"explode"})");
+  auto bad = stranger.next(MessageKind::kReject, 30);
+  ASSERT_TRUE(bad.has_value());
+  EXPECT_EQ(proto::reject_reason_of(bad->first), proto::RejectReason::kMalformedFrame) << bad->second;
   // A learner whose answer got lost says goodbye again on the same connection: answered again, retired once.
   Client c2{make_inproc_client(hub, "learner-2"), fp, 2};
   c2.hello(/*instance=*/21, /*want_state=*/false);
@@ -309,6 +314,7 @@ TEST(SyncerNode, EveryGoodbyeIsAnsweredAndRepeatedUntilItIs) {
   for (int64_t m = 0; m < 3; ++m) EXPECT_EQ(retired[m], 1) << "learner " << m;
   EXPECT_EQ(undelivered, 0);
   EXPECT_EQ(summary["rejects"].value("not_joined", 0), 0) << summary.dump();
+  EXPECT_EQ(summary["rejects"].value("handler_error", 0), 0) << summary.dump();
   fs::remove_all(dir);
 }
 
