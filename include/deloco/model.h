@@ -109,6 +109,8 @@ class LanguageModel {
   virtual int64_t vocab_size() const = 0;
   virtual int64_t block_size() const = 0;
 };
+// Mean next-token cross-entropy of logits [B,T,V] (any float dtype) against targets [B,T], computed in float32.
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets);
 // Builds the model `cfg` describes on `device` (GPT: initialised from `seed`; TorchScript: loaded from cfg.path,
 // the same parameters every time). For TorchScript it first checks the module and refuses, with a ConfigError
 // saying what was expected and what was found: a file that is not a TorchScript module, a forward that does not

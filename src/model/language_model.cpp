@@ -10,10 +10,13 @@
 
 namespace deloco {
 
-torch::Tensor LanguageModel::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
-  auto logits = forward(idx);
+torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
                                               targets.reshape({-1}));
+}
+
+torch::Tensor LanguageModel::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
+  return next_token_loss(forward(idx), targets);
 }
 
 namespace {

@@ -125,7 +125,7 @@ struct LearnerNode::Impl {
         }
         // Goodbye only once every push before it went out, so the syncer merges them before retiring us.
         want_leave = !out && !leave_reason.empty() && !left;
-        reason = leave_reason;
+        if (want_leave) reason = leave_reason;
         b = beat;
         is_joined = joined;
       }

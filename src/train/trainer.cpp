@@ -155,9 +155,7 @@ torch::Tensor Trainer::loss_of(const torch::Tensor& idx, const torch::Tensor& ta
     Autocast bf16(true, device_);
     logits = model_->forward(idx);
   }
-  // The loss in float32, outside the autocast region (as PyTorch's recipe does).
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
-                                              targets.reshape({-1}));
+  return next_token_loss(logits, targets);  // in float32, outside the autocast region (PyTorch's recipe)
 }
 
 double Trainer::train_step() {
