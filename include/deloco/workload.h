@@ -35,8 +35,9 @@ struct StepResult {
 };
 
 struct EvalResult {
-  double loss = 0;       // mean cross-entropy, nats per byte
-  double bpb = 0;        // bits per byte = loss / ln 2
+  double loss = 0;       // mean cross-entropy, nats per token (per byte for byte-level text)
+  double bpb = 0;        // bits per byte = loss / (bytes per token) / ln 2: comparable across tokenizers (NaN if the
+                         // bytes behind the tokens are unknown)
   int64_t tokens = 0;    // validation tokens scored
 };
 

@@ -22,6 +22,7 @@
 #include "deloco/fs.h"
 #include "deloco/model.h"
 #include "deloco/stop_signals.h"
+#include "deloco/tokenizer.h"
 #include "deloco/train.h"
 
 namespace deloco::cli {
@@ -123,8 +124,9 @@ void run_train(const TrainArgs& args) {
 
   int64_t n_params = 0;
   for (const auto& [name, p] : tr.parameters()) n_params += p.numel();
-  std::cerr << "deloco train: " << n_params << " parameters, " << corpus->train().size() << " training bytes, "
-            << corpus->val().size() << " validation bytes (unigram entropy " << std::fixed << std::setprecision(3)
+  const char* unit = corpus->is_text() ? " bytes" : " tokens";
+  std::cerr << "deloco train: " << n_params << " parameters, " << corpus->train_tokens().size() << " training" << unit << ", "
+            << corpus->val_tokens().size() << " validation" << unit << " (unigram entropy " << std::fixed << std::setprecision(3)
             << corpus->unigram_entropy_bits() << " bits/byte), " << torch::get_num_threads() << " threads, device "
             << cfg.train.device << "\n"
             << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
@@ -210,7 +212,7 @@ void run_train(const TrainArgs& args) {
   write_file_atomic((fs::path(run_dir) / "summary.json").string(), summary.dump(2) + "\n");
   write_summary(args.common, summary);
   std::cout << "checkpoint: " << last_ckpt << "\nsummary:    " << (fs::path(run_dir) / "summary.json").string()
-            << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << " nats/byte, " << std::setprecision(3)
+            << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << (corpus->is_text() ? " nats/byte, " : " nats/token, ") << std::setprecision(3)
             << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << format_duration(wall)
             << " (unigram entropy " << corpus->unigram_entropy_bits() << " bits/byte)\n";
   if (stop.requested) std::exit(130);
@@ -251,6 +253,17 @@ Loaded load_for_inference(const std::string& path, const CommonOptions& common) 
   return l;
 }
 
+// The tokenizer that decodes a token-trained model's samples: data.tokenizer, else tokenizer.model beside the data.
+std::string tokenizer_path(const DataConfig& d) {
+  if (!d.tokenizer.empty()) return d.tokenizer;
+  const fs::path dir = fs::is_directory(d.path) ? fs::path(d.path) : fs::path(d.path).parent_path();
+  const fs::path p = dir / "tokenizer.model";
+  if (!fs::exists(p))
+    throw ConfigError("the model was trained on token files ('" + d.path + "') but no tokenizer decodes its samples: '" +
+                      p.string() + "' does not exist; name one with --set data.tokenizer=FILE");
+  return p.string();
+}
+
 }  // namespace
 
 void add_train_commands(CLI::App& app) {
@@ -275,7 +288,8 @@ void add_train_commands(CLI::App& app) {
     const bool global = l.ck.manifest.value("kind", std::string()) == "syncer";
     std::cout << "checkpoint " << l.ck.dir << (global ? " (global model after " : " (step ") << l.trainer->step()
               << (global ? " merges" : "") << "): val loss " << std::fixed
-              << std::setprecision(4) << r.loss << " nats/byte, " << std::setprecision(3) << r.bpb << " bits/byte over "
+              << std::setprecision(4) << r.loss << (l.cfg.data.format == "text" ? " nats/byte, " : " nats/token, ")
+              << std::setprecision(3) << r.bpb << " bits/byte over "
               << r.tokens << " tokens\n";
     write_summary(eval_args->first, {{"command", "eval"}, {"checkpoint", l.ck.dir}, {"step", l.trainer->step()},
                                      {"final_val_loss", r.loss}, {"val_bpb", r.bpb}, {"tokens", r.tokens}});
@@ -291,13 +305,21 @@ void add_train_commands(CLI::App& app) {
   add_common_options(sample, &sa->common, /*with_config=*/false);
   sample->add_option("--checkpoint", sa->checkpoint, "checkpoint folder, or a run folder of deloco train, syncer or run (its newest checkpoint)")->required();
   sample->add_option("--prompt", sa->prompt, "text to continue");
-  sample->add_option("--tokens", sa->opts.tokens, "bytes to generate")->check(CLI::PositiveNumber);
+  sample->add_option("--tokens", sa->opts.tokens, "tokens to generate (bytes for byte-level models)")->check(CLI::PositiveNumber);
   sample->add_option("--temperature", sa->opts.temperature, "softmax temperature (0: greedy)")->check(CLI::NonNegativeNumber);
-  sample->add_option("--top-k", sa->opts.top_k, "sample among the k most likely bytes (0: all)")->check(CLI::NonNegativeNumber);
+  sample->add_option("--top-k", sa->opts.top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
   sample->add_option("--seed", sa->opts.seed, "sampling seed");
   sample->callback([sa] {
     auto l = load_for_inference(sa->checkpoint, sa->common);
-    const std::string out = sample_text(l.trainer->model(), sa->prompt, sa->opts);
+    std::string out;
+    if (l.cfg.data.format == "text") {
+      out = sample_text(l.trainer->model(), sa->prompt, sa->opts);
+    } else {
+      const Tokenizer tok = Tokenizer::load(tokenizer_path(l.cfg.data));
+      std::vector<int64_t> prompt;
+      for (uint32_t id : tok.encode(sa->prompt.empty() ? "\n" : sa->prompt)) prompt.push_back(id);
+      out = tok.decode(sample_tokens(l.trainer->model(), prompt, tok.vocab_size(), sa->opts));
+    }
     std::cout << sa->prompt << out << "\n";
     write_summary(sa->common, {{"command", "sample"}, {"checkpoint", l.ck.dir}, {"prompt", sa->prompt},
                                {"bytes", static_cast<int64_t>(out.size())}});

@@ -14,5 +14,6 @@ void add_sim_command(CLI::App& app);       // sim                   (cmd_sim.cpp
 void add_keygen_command(CLI::App& app);    // keygen                (cmd_keygen.cpp)
 void add_node_commands(CLI::App& app);     // syncer, learner       (cmd_node.cpp)
 void add_run_command(CLI::App& app);       // run                   (cmd_run.cpp)
+void add_tokenize_command(CLI::App& app);  // tokenize              (cmd_tokenize.cpp)
 
 }  // namespace deloco::cli

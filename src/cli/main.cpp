@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   deloco::cli::add_sim_command(app);
   deloco::cli::add_keygen_command(app);
   deloco::cli::add_node_commands(app);
+  deloco::cli::add_tokenize_command(app);
   deloco::cli::add_run_command(app);
   try {
     app.parse(argc, argv);

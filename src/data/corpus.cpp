@@ -1,6 +1,17 @@
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <limits>
+
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
@@ -49,28 +60,213 @@ uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 void DataConfig::bind(ConfigSchema& s) {
-  s.bind("data.path", &path, "UTF-8 text file or folder of text files (the setup script fetches data/sotu)");
-  s.bind("data.val_fraction", &val_fraction, "share of the corpus held out for validation",
+  s.bind("data.path", &path, "text: a UTF-8 file or folder (the setup script fetches data/sotu); tokens: a token file or a folder of *.bin");
+  s.bind("data.format", &format, "text (UTF-8, one token per byte) or tokens (llm.c or raw token files)",
+         [this] { return format == "text" || format == "tokens" ? "" : "must be text or tokens, not '" + format + "'"; });
+  s.bind("data.dtype", &dtype, "token files: auto (llm.c header), uint16 or uint32 (raw little-endian)", [this] {
+    return dtype == "auto" || dtype == "uint16" || dtype == "uint32" ? "" : "must be auto, uint16 or uint32, not '" + dtype + "'";
+  });
+  s.bind("data.val_pattern", &val_pattern, "token files whose names match this glob are the validation set",
+         [this] { return val_pattern.empty() ? "must not be empty" : ""; });
+  s.bind("data.val_fraction", &val_fraction, "share of the corpus held out for validation (token files: when no file matches data.val_pattern)",
          [this] { return (val_fraction > 0 && val_fraction < 0.5) ? "" : "must be in (0, 0.5)"; });
+  s.bind("data.tokenizer", &tokenizer, "SentencePiece model that decodes samples (empty: <data.path>/tokenizer.model when present)");
 }
+
+// ---- TokenStream ----------------------------------------------------------------------------------------------
+
+TokenStream::TokenStream(std::string text) {
+  auto owned = std::make_shared<const std::string>(std::move(text));
+  Segment s;
+  s.data = reinterpret_cast<const unsigned char*>(owned->data());
+  s.tokens = static_cast<int64_t>(owned->size());
+  s.owner = std::move(owned);
+  append(std::move(s));
+}
+
+void TokenStream::append(Segment s) {
+  if (s.tokens <= 0) return;
+  starts_.push_back(size_);
+  size_ += s.tokens;
+  segments_.push_back(std::move(s));
+}
+
+namespace {
+template <typename T>
+void widen(const unsigned char* src, int64_t n, int64_t* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, src + i * static_cast<int64_t>(sizeof(T)), sizeof(T));  // little-endian hosts only (x86, arm64)
+    dst[i] = static_cast<int64_t>(v);
+  }
+}
+}  // namespace
+
+void TokenStream::copy(int64_t offset, int64_t n, int64_t* dst) const {
+  if (offset < 0 || n < 0 || offset + n > size_)
+    throw DataError("tokens [" + std::to_string(offset) + ", " + std::to_string(offset + n) + ") lie outside a stream of " +
+                    std::to_string(size_));
+  size_t k = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end(), offset) - starts_.begin()) - (n > 0 ? 1 : 0);
+  while (n > 0) {
+    const Segment& s = segments_[k];
+    const int64_t within = offset - starts_[k], take = std::min(n, s.tokens - within);
+    const unsigned char* src = s.data + within * s.width;
+    if (s.width == 1) widen<uint8_t>(src, take, dst);
+    else if (s.width == 2) widen<uint16_t>(src, take, dst);
+    else widen<uint32_t>(src, take, dst);
+    dst += take;
+    offset += take;
+    n -= take;
+    ++k;
+  }
+}
+
+TokenStream TokenStream::slice(int64_t begin, int64_t end) const {
+  if (begin < 0 || end > size_ || begin > end)
+    throw DataError("slice [" + std::to_string(begin) + ", " + std::to_string(end) + ") of a stream of " + std::to_string(size_));
+  TokenStream out;
+  for (size_t k = 0; k < segments_.size(); ++k) {
+    const int64_t a = std::max(begin, starts_[k]), b = std::min(end, starts_[k] + segments_[k].tokens);
+    if (a >= b) continue;
+    Segment s = segments_[k];
+    s.data += (a - starts_[k]) * s.width;
+    s.source_first += a - starts_[k];
+    s.tokens = b - a;
+    out.append(std::move(s));
+  }
+  return out;
+}
+
+// ---- Token files ------------------------------------------------------------------------------------------------
+namespace {
+
+// A read-only private mapping of a whole file.
+class Mapping {
+ public:
+  explicit Mapping(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw DataError("cannot open token file '" + path + "': " + std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      throw DataError("cannot stat token file '" + path + "': " + std::strerror(e));
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        const int e = errno;
+        ::close(fd);
+        throw DataError("cannot map token file '" + path + "': " + std::strerror(e));
+      }
+      data_ = static_cast<const unsigned char*>(p);
+    }
+    ::close(fd);
+  }
+  ~Mapping() {
+    if (data_) ::munmap(const_cast<unsigned char*>(data_), size_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  const unsigned char* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const unsigned char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+int32_t read_i32(const unsigned char* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// The tokens of one file as a segment, after checking its header (llm.c) or its size (raw).
+TokenStream::Segment map_token_file(const std::string& path, const std::string& dtype) {
+  auto m = std::make_shared<Mapping>(path);
+  TokenStream::Segment s;
+  s.source = path;
+  const bool llmc = m->size() >= 1024 && read_i32(m->data()) == kLlmcMagic;
+  if (llmc && dtype == "auto") {
+    const int32_t version = read_i32(m->data() + 4), count = read_i32(m->data() + 8);
+    if (version != 1)
+      throw DataError("token file '" + path + "' has llm.c version " + std::to_string(version) +
+                      "; deloco reads version 1 (uint16 tokens), or set data.dtype for raw files");
+    const size_t expect = 1024 + 2 * static_cast<size_t>(count);
+    if (count < 0 || m->size() != expect)
+      throw DataError("token file '" + path + "' is " + std::to_string(m->size()) + " bytes but its llm.c header promises " +
+                      std::to_string(count) + " tokens (" + std::to_string(expect) + " bytes): truncated or corrupt");
+    s.width = 2;
+    s.source_header = 1024;
+    s.data = m->data() + 1024;
+    s.tokens = count;
+  } else {
+    if (dtype == "auto")
+      throw DataError("token file '" + path + "' has no llm.c header (magic " + std::to_string(kLlmcMagic) +
+                      "); for raw token files set data.dtype = \"uint16\" or \"uint32\"");
+    s.width = dtype == "uint16" ? 2 : 4;
+    if (m->size() % static_cast<size_t>(s.width) != 0)
+      throw DataError("token file '" + path + "' is " + std::to_string(m->size()) + " bytes, not a whole number of " + dtype +
+                      " tokens");
+    s.data = m->data();
+    s.tokens = static_cast<int64_t>(m->size()) / s.width;
+  }
+  if (s.tokens == 0) throw DataError("token file '" + path + "' holds no tokens");
+  s.owner = std::move(m);
+  return s;
+}
+
+// Largest id of a segment, and the counts of each id (when `hist` is given and ids fit in it).
+template <typename T>
+int64_t scan(const TokenStream::Segment& s, std::vector<uint64_t>* hist) {
+  int64_t mx = 0;
+  for (int64_t i = 0; i < s.tokens; ++i) {
+    T v;
+    std::memcpy(&v, s.data + i * static_cast<int64_t>(sizeof(T)), sizeof(T));
+    mx = std::max<int64_t>(mx, v);
+    if (hist && v < hist->size()) ++(*hist)[v];
+  }
+  return mx;
+}
+int64_t scan_segment(const TokenStream::Segment& s, std::vector<uint64_t>* hist) {
+  return s.width == 2 ? scan<uint16_t>(s, hist) : scan<uint32_t>(s, hist);
+}
+
+double entropy_bits(const std::vector<uint64_t>& counts) {
+  double n = 0, h = 0;
+  for (auto k : counts) n += static_cast<double>(k);
+  for (auto k : counts)
+    if (k > 0) h -= (static_cast<double>(k) / n) * std::log2(static_cast<double>(k) / n);
+  return h;
+}
+
+}  // namespace
 
 Corpus Corpus::load(const DataConfig& cfg) {
   std::error_code ec;
-  if (!fs::exists(cfg.path, ec))
+  if (!fs::exists(cfg.path, ec)) {
+    if (cfg.format == "tokens")
+      throw DataError("token data '" + cfg.path + "' does not exist (make it with `deloco tokenize --input TEXT --out DIR`, or "
+                      "set data.path to a token file or folder of *.bin files)");
     throw DataError("corpus '" + cfg.path + "' does not exist (run scripts/setup.sh to fetch the default corpus, "
                     "or set data.path to a UTF-8 text file or folder)");
+  }
   std::vector<std::string> files;
   if (fs::is_directory(cfg.path)) {
     for (const auto& e : fs::recursive_directory_iterator(cfg.path)) {
       if (!e.is_regular_file()) continue;
       const std::string name = e.path().filename().string();
       if (!name.empty() && name[0] == '.') continue;
+      if (cfg.format == "tokens" && e.path().extension() != ".bin") continue;
       files.push_back(e.path().string());
     }
     std::sort(files.begin(), files.end());
   } else {
     files.push_back(cfg.path);
   }
+  if (cfg.format == "tokens") return load_tokens(cfg, files);
   std::vector<std::string> docs;
   for (const auto& f : files) {
     std::string text = read_file(f);
@@ -85,36 +281,131 @@ Corpus Corpus::load(const DataConfig& cfg) {
 Corpus Corpus::from_documents(const std::vector<std::string>& docs, double val_fraction) {
   Corpus c;
   c.num_documents_ = static_cast<int64_t>(docs.size());
+  std::string train, val;
   if (docs.size() >= 2) {
     const int64_t k = std::max<int64_t>(2, std::llround(1.0 / val_fraction));
     for (size_t i = 0; i < docs.size(); ++i) {
-      std::string& dst = (static_cast<int64_t>(i % k) == k - 1) ? c.val_ : c.train_;
+      std::string& dst = (static_cast<int64_t>(i % k) == k - 1) ? val : train;
       if (!dst.empty()) dst.push_back('\n');
       dst += docs[i];
     }
-    if (c.val_.empty()) {  // fewer than k documents: hold out the last one
-      c.train_.clear();
-      for (size_t i = 0; i + 1 < docs.size(); ++i) c.train_ += (i ? "\n" : "") + docs[i];
-      c.val_ = docs.back();
+    if (val.empty()) {  // fewer than k documents: hold out the last one
+      train.clear();
+      for (size_t i = 0; i + 1 < docs.size(); ++i) train += (i ? "\n" : "") + docs[i];
+      val = docs.back();
     }
   } else {
     const std::string& d = docs.at(0);
     size_t held = std::max<size_t>(1, static_cast<size_t>(std::llround(d.size() * val_fraction)));
     size_t cut = d.size() > held ? d.size() - held : 0;
-    c.train_ = d.substr(0, cut);
-    c.val_ = d.substr(cut);
+    train = d.substr(0, cut);
+    val = d.substr(cut);
   }
+  std::vector<uint64_t> counts(256, 0);
+  for (unsigned char ch : train) ++counts[ch];
+  c.unigram_bits_per_token_ = entropy_bits(counts);
+  c.train_tokens_ = TokenStream(train);
+  c.val_tokens_ = TokenStream(val);
+  c.train_text_ = std::make_shared<const std::string>(std::move(train));
+  c.val_text_ = std::make_shared<const std::string>(std::move(val));
   return c;
 }
 
-double Corpus::unigram_entropy_bits() const {
-  std::vector<double> counts(256, 0.0);
-  for (unsigned char ch : train_) counts[ch] += 1;
-  double h = 0, n = static_cast<double>(train_.size());
-  for (double k : counts)
-    if (k > 0) h -= (k / n) * std::log2(k / n);
-  return h;
+Corpus Corpus::load_tokens(const DataConfig& cfg, const std::vector<std::string>& files) {
+  if (files.empty()) throw DataError("token data '" + cfg.path + "' holds no *.bin files");
+  // tokens.json (deloco tokenize): the bytes of text behind each file, by file name.
+  const fs::path dir = fs::is_directory(cfg.path) ? fs::path(cfg.path) : fs::path(cfg.path).parent_path();
+  nlohmann::json meta;
+  std::error_code ec;
+  if (fs::exists(dir / "tokens.json", ec)) {
+    try {
+      meta = nlohmann::json::parse(read_file((dir / "tokens.json").string())).at("files");
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError("'" + (dir / "tokens.json").string() + "' is not a deloco tokens.json: " + e.what());
+    }
+  }
+  Corpus c;
+  c.is_text_ = false;
+  c.num_documents_ = static_cast<int64_t>(files.size());
+  c.max_token_ = 0;
+  std::vector<uint64_t> hist(1 << 16, 0);
+  struct Counts {
+    int64_t tokens = 0;
+    double bytes = 0;
+    bool known = true;
+  } train_n, val_n;
+  bool any_val = false;
+  std::vector<std::pair<TokenStream::Segment, bool>> segs;
+  for (const auto& f : files) {
+    const std::string name = fs::path(f).filename().string();
+    const bool is_val = ::fnmatch(cfg.val_pattern.c_str(), name.c_str(), 0) == 0;
+    any_val = any_val || is_val;
+    segs.emplace_back(map_token_file(f, cfg.dtype), is_val);
+  }
+  const bool by_pattern = any_val;
+  if (by_pattern && std::all_of(segs.begin(), segs.end(), [](const auto& p) { return p.second; }))
+    throw DataError("every token file of '" + cfg.path + "' matches data.val_pattern '" + cfg.val_pattern +
+                    "': nothing is left to train on");
+  TokenStream all;
+  for (auto& [s, is_val] : segs) {
+    const std::string name = fs::path(s.source).filename().string();
+    Counts& n = (by_pattern && is_val) ? val_n : train_n;
+    n.tokens += s.tokens;
+    if (meta.is_object() && meta.contains(name)) {
+      const int64_t recorded = meta[name].value("tokens", int64_t{-1});
+      if (recorded != s.tokens)
+        throw DataError("'" + (dir / "tokens.json").string() + "' records " + std::to_string(recorded) + " tokens for '" + name +
+                        "' but the file holds " + std::to_string(s.tokens) + ": the metadata is stale");
+      n.bytes += meta[name].value("bytes", 0.0);
+    } else {
+      n.known = false;
+    }
+    c.max_token_ = std::max(c.max_token_, scan_segment(s, (by_pattern && is_val) ? nullptr : &hist));
+    if (by_pattern && is_val) c.val_tokens_.append(s);
+    else all.append(s);
+  }
+  if (by_pattern) {
+    c.train_tokens_ = std::move(all);
+  } else {  // no validation files: the last val_fraction of the stream
+    const int64_t held = std::max<int64_t>(1, std::llround(static_cast<double>(all.size()) * cfg.val_fraction));
+    c.train_tokens_ = all.slice(0, all.size() - held);
+    c.val_tokens_ = all.slice(all.size() - held, all.size());
+    val_n = train_n;  // one ratio for both halves
+  }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  c.train_bytes_per_token_ = train_n.known && train_n.tokens > 0 ? train_n.bytes / static_cast<double>(train_n.tokens) : nan;
+  c.val_bytes_per_token_ = val_n.known && val_n.tokens > 0 ? val_n.bytes / static_cast<double>(val_n.tokens) : nan;
+  c.unigram_bits_per_token_ = c.max_token_ < static_cast<int64_t>(hist.size()) ? entropy_bits(hist) : nan;
+  return c;
 }
+
+void Corpus::check_vocabulary(int64_t vocab_size) const {
+  if (is_text_) {
+    if (vocab_size < 256)
+      throw DataError("the model's vocabulary has " + std::to_string(vocab_size) +
+                      " tokens but byte-level text (data.format = text) uses 256; use model.vocab_size >= 256");
+    return;
+  }
+  if (max_token_ < vocab_size) return;
+  for (const TokenStream* ts : {&train_tokens_, &val_tokens_}) {
+    for (const auto& s : ts->segments()) {
+      std::vector<int64_t> buf(static_cast<size_t>(s.tokens));
+      TokenStream one;
+      one.append(s);
+      one.copy(0, s.tokens, buf.data());
+      for (int64_t i = 0; i < s.tokens; ++i)
+        if (buf[static_cast<size_t>(i)] >= vocab_size) {
+          const int64_t index = s.source_first + i;
+          throw DataError("token file '" + s.source + "' holds token id " + std::to_string(buf[static_cast<size_t>(i)]) +
+                          " at token " + std::to_string(index) + " (byte offset " +
+                          std::to_string(s.source_header + index * s.width) + "), but the model's vocabulary has " +
+                          std::to_string(vocab_size) + " tokens (model.vocab_size, or the module's vocab_size)");
+        }
+    }
+  }
+}
+
+double Corpus::unigram_entropy_bits() const { return unigram_bits_per_token_ / train_bytes_per_token_; }
 
 std::pair<int64_t, int64_t> shard_range(int64_t stream_size, int64_t learner, int64_t num_learners) {
   if (num_learners < 1 || learner < 0 || learner >= num_learners)
@@ -124,13 +415,12 @@ std::pair<int64_t, int64_t> shard_range(int64_t stream_size, int64_t learner, in
   return {begin, begin + base + (learner < extra ? 1 : 0)};
 }
 
-ShardSampler::ShardSampler(const std::string& stream, int64_t learner, int64_t num_learners, int64_t block_size,
-                           uint64_t seed)
-    : stream_(&stream), block_size_(block_size), learner_(learner), seed_(seed) {
-  std::tie(begin_, end_) = shard_range(static_cast<int64_t>(stream.size()), learner, num_learners);
+ShardSampler::ShardSampler(TokenStream stream, int64_t learner, int64_t num_learners, int64_t block_size, uint64_t seed)
+    : stream_(std::move(stream)), block_size_(block_size), learner_(learner), seed_(seed) {
+  std::tie(begin_, end_) = shard_range(stream_.size(), learner, num_learners);
   if (end_ - begin_ < block_size + 1)
     throw DataError("learner " + std::to_string(learner) + " of " + std::to_string(num_learners) + " gets a shard of " +
-                    std::to_string(end_ - begin_) + " bytes, fewer than one window of " + std::to_string(block_size + 1));
+                    std::to_string(end_ - begin_) + " tokens, fewer than one window of " + std::to_string(block_size + 1));
 }
 
 std::vector<int64_t> ShardSampler::offsets(int64_t step, int64_t batch_size) const {
@@ -148,27 +438,38 @@ std::vector<int64_t> ShardSampler::offsets(int64_t step, int64_t batch_size) con
 at::Tensor ShardSampler::batch(int64_t step, int64_t batch_size) const {
   auto out = torch::empty({batch_size, block_size_ + 1}, torch::kLong);
   auto* dst = out.data_ptr<int64_t>();
-  const auto* src = reinterpret_cast<const unsigned char*>(stream_->data());
   auto offs = offsets(step, batch_size);
-  for (int64_t b = 0; b < batch_size; ++b)
-    for (int64_t t = 0; t <= block_size_; ++t) dst[b * (block_size_ + 1) + t] = src[offs[static_cast<size_t>(b)] + t];
+  for (int64_t b = 0; b < batch_size; ++b) stream_.copy(offs[static_cast<size_t>(b)], block_size_ + 1, dst + b * (block_size_ + 1));
   return out;
 }
 
-at::Tensor evaluation_windows(const std::string& text, int64_t block_size, int64_t max_tokens) {
-  const int64_t n_avail = (static_cast<int64_t>(text.size()) - 1) / block_size;
+at::Tensor evaluation_windows(const TokenStream& stream, int64_t block_size, int64_t max_tokens) {
+  const int64_t n_avail = (stream.size() - 1) / block_size;
   if (n_avail < 1)
-    throw DataError("validation text has " + std::to_string(text.size()) + " bytes, fewer than one window of " +
+    throw DataError("validation data has " + std::to_string(stream.size()) + " tokens, fewer than one window of " +
                     std::to_string(block_size + 1));
   const int64_t n = std::max<int64_t>(1, std::min(n_avail, max_tokens / block_size));
   auto out = torch::empty({n, block_size + 1}, torch::kLong);
   auto* dst = out.data_ptr<int64_t>();
-  const auto* src = reinterpret_cast<const unsigned char*>(text.data());
   for (int64_t i = 0; i < n; ++i) {
     const int64_t start = (i * n_avail / n) * block_size;  // evenly spaced, non-overlapping
-    for (int64_t t = 0; t <= block_size; ++t) dst[i * (block_size + 1) + t] = src[start + t];
+    stream.copy(start, block_size + 1, dst + i * (block_size + 1));
   }
   return out;
+}
+
+void write_llmc_tokens(const std::string& path, const std::vector<uint32_t>& tokens) {
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw DataError("'" + path + "': " + std::to_string(tokens.size()) + " tokens do not fit one llm.c file");
+  std::string bytes(1024 + 2 * tokens.size(), '\0');
+  const int32_t header[3] = {kLlmcMagic, 1, static_cast<int32_t>(tokens.size())};
+  std::memcpy(bytes.data(), header, sizeof(header));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] > 0xFFFF) throw DataError("'" + path + "': token id " + std::to_string(tokens[i]) + " does not fit uint16");
+    const uint16_t v = static_cast<uint16_t>(tokens[i]);
+    std::memcpy(bytes.data() + 1024 + 2 * i, &v, 2);
+  }
+  write_file_atomic(path, bytes);
 }
 
 }  // namespace deloco

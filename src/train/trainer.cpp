@@ -78,11 +78,9 @@ WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus
 }
 
 namespace {
-// Byte-level text needs every byte value as a token.
-const RunConfig& checked_vocab(const RunConfig& cfg) {
-  if (cfg.model.vocab_size < 256)
-    throw ConfigError("the model's vocabulary has " + std::to_string(cfg.model.vocab_size) +
-                      " tokens but byte-level text (data.path) uses 256; use model.vocab_size >= 256");
+// The data must fit the model's vocabulary (bytes: 256; token files: every id below V).
+const RunConfig& checked_vocab(const RunConfig& cfg, const Corpus& corpus) {
+  corpus.check_vocabulary(cfg.model.vocab_size);
   return cfg;
 }
 }  // namespace
@@ -93,7 +91,8 @@ Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
       corpus_(std::move(corpus)),
       device_(cfg.train.device),
       model_(make_language_model(&cfg_.model, static_cast<uint64_t>(cfg.train.seed), device_)),
-      sampler_(corpus_->train(), cfg.train.learner_id, cfg.train.num_learners, checked_vocab(cfg_).model.block_size,
+      sampler_(corpus_->train_tokens(), cfg.train.learner_id, cfg.train.num_learners,
+               checked_vocab(cfg_, *corpus_).model.block_size,
                static_cast<uint64_t>(cfg.train.seed)) {
   params_ = model_->parameters();
   fingerprint_ = model_fingerprint(params_);
@@ -102,7 +101,7 @@ Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
   o.beta2 = cfg.train.beta2;
   o.weight_decay = cfg.train.weight_decay;
   opt_ = std::make_unique<AdamW>(params_, o);
-  val_windows_ = evaluation_windows(corpus_->val(), cfg_.model.block_size, cfg.train.eval_tokens).to(device_);
+  val_windows_ = evaluation_windows(corpus_->val_tokens(), cfg_.model.block_size, cfg.train.eval_tokens).to(device_);
 }
 
 double Trainer::current_lr() const {
@@ -203,7 +202,7 @@ EvalResult Trainer::evaluate() {
   model_->train(true);
   EvalResult r;
   r.loss = total / static_cast<double>(N);
-  r.bpb = r.loss / std::log(2.0);
+  r.bpb = r.loss / corpus_->val_bytes_per_token() / std::log(2.0);  // NaN when bytes per token is unknown
   r.tokens = N * T;
   return r;
 }
