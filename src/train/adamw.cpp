@@ -2,9 +2,47 @@
 
 #include <cmath>
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 namespace deloco {
+namespace {
+constexpr int64_t kGrain = 1 << 15;  // elements per parallel chunk
+
+bool fusable(const torch::Tensor& p, const torch::Tensor& g, const torch::Tensor& m, const torch::Tensor& v) {
+  for (const auto* t : {&p, &g, &m, &v})
+    if (!t->device().is_cpu() || t->scalar_type() != torch::kFloat || !t->is_contiguous()) return false;
+  return true;
+}
+
+// The AdamW update of one contiguous float32 parameter in one pass (the arithmetic of torch.optim.AdamW, in float).
+void fused_update(float* p, const float* g, float* m, float* v, int64_t n, float decay, float b1, float b2, float scale,
+                  float step_size, float inv_bc2_sqrt, float eps) {
+  at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+    for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i] * scale;
+      const float mi = b1 * m[i] + c1 * gi;
+      const float vi = b2 * v[i] + c2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      const float denom = std::sqrt(vi) * inv_bc2_sqrt + eps;
+      p[i] = p[i] * decay - step_size * mi / denom;
+    }
+  });
+}
+
+double sum_of_squares(const float* x, int64_t n) {
+  return at::parallel_reduce(
+      0, n, kGrain, 0.0,
+      [&](int64_t begin, int64_t end, double acc) {
+        float part = 0;  // float lanes vectorise; chunks of kGrain keep the float sum accurate enough for a clip
+        for (int64_t i = begin; i < end; ++i) part += x[i] * x[i];
+        return acc + static_cast<double>(part);
+      },
+      [](double a, double b) { return a + b; });
+}
+}  // namespace
 
 AdamW::AdamW(NamedTensors params, AdamWOptions opts) : params_(std::move(params)), opts_(opts) {
   for (const auto& [name, p] : params_) {
@@ -14,7 +52,7 @@ AdamW::AdamW(NamedTensors params, AdamWOptions opts) : params_(std::move(params)
   }
 }
 
-void AdamW::step(double lr) {
+void AdamW::step(double lr, double grad_scale) {
   torch::NoGradGuard no_grad;
   ++t_;
   const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
@@ -25,12 +63,35 @@ void AdamW::step(double lr) {
     auto& p = params_[i].second;
     const auto& g = p.grad();
     if (!g.defined()) continue;
-    if (decay_[i] && opts_.weight_decay != 0) p.mul_(1.0 - lr * opts_.weight_decay);
-    m_[i].mul_(opts_.beta1).add_(g, 1.0 - opts_.beta1);
-    v_[i].mul_(opts_.beta2).addcmul_(g, g, 1.0 - opts_.beta2);
+    const double decay = (decay_[i] && opts_.weight_decay != 0) ? 1.0 - lr * opts_.weight_decay : 1.0;
+    if (fused_ && fusable(p, g, m_[i], v_[i])) {
+      fused_update(p.data_ptr<float>(), g.data_ptr<float>(), m_[i].data_ptr<float>(), v_[i].data_ptr<float>(), p.numel(),
+                   static_cast<float>(decay), static_cast<float>(opts_.beta1), static_cast<float>(opts_.beta2),
+                   static_cast<float>(grad_scale), static_cast<float>(step_size), static_cast<float>(1.0 / bc2_sqrt),
+                   static_cast<float>(opts_.eps));
+      continue;
+    }
+    const torch::Tensor gs = grad_scale == 1.0 ? g : g * grad_scale;
+    if (decay != 1.0) p.mul_(decay);
+    m_[i].mul_(opts_.beta1).add_(gs, 1.0 - opts_.beta1);
+    v_[i].mul_(opts_.beta2).addcmul_(gs, gs, 1.0 - opts_.beta2);
     auto denom = (v_[i].sqrt() / bc2_sqrt).add_(opts_.eps);
     p.addcdiv_(m_[i], denom, -step_size);
   }
+}
+
+double clip_coefficient(const NamedTensors& params, double max_norm) {
+  torch::NoGradGuard no_grad;
+  double total = 0;
+  for (const auto& [name, p] : params) {
+    const auto& g = p.grad();
+    if (!g.defined()) continue;
+    if (g.device().is_cpu() && g.scalar_type() == torch::kFloat && g.is_contiguous())
+      total += sum_of_squares(g.data_ptr<float>(), g.numel());
+    else
+      total += g.to(torch::kDouble).pow(2).sum().item<double>();
+  }
+  return std::min(1.0, max_norm / (std::sqrt(total) + 1e-6));
 }
 
 void AdamW::zero_grad() {

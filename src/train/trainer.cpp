@@ -164,12 +164,8 @@ double Trainer::train_step() {
   auto loss = loss_of(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
   opt_->zero_grad();
   loss.backward();
-  if (cfg_.train.grad_clip > 0) {
-    std::vector<torch::Tensor> ps;
-    for (auto& [n, p] : params_) ps.push_back(p);
-    torch::nn::utils::clip_grad_norm_(ps, cfg_.train.grad_clip);
-  }
-  opt_->step(current_lr());
+  // Clipping as torch.nn.utils.clip_grad_norm_, its coefficient folded into the optimizer's single pass.
+  opt_->step(current_lr(), cfg_.train.grad_clip > 0 ? clip_coefficient(params_, cfg_.train.grad_clip) : 1.0);
   ++step_;
   return loss.item<double>();
 }

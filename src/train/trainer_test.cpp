@@ -77,6 +77,55 @@ TEST(Train, AdamWMatchesTorch) {
   EXPECT_EQ(mine.steps(), 5);
 }
 
+// The fused one-pass update with clipping folded in, on tensors large enough to be split across threads, against
+// libtorch's own torch::optim::AdamW after torch::nn::utils::clip_grad_norm_ (gradients large enough to clip).
+TEST(Train, FusedAdamWWithFoldedClippingMatchesTorch) {
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(2);
+  torch::manual_seed(3);
+  auto w = torch::randn({300, 400}), b = torch::randn({400});
+  auto w2 = w.clone(), b2 = b.clone();
+  for (auto* t : {&w, &b, &w2, &b2}) t->set_requires_grad(true);
+  AdamW mine({{"w", w}, {"b", b}}, AdamWOptions{});
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{w2}, std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+  groups.emplace_back(std::vector<torch::Tensor>{b2}, std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+  torch::optim::AdamW ref(groups, torch::optim::AdamWOptions(0.01));
+  auto x = torch::randn({8, 300});
+  double smallest = 1;
+  for (int i = 0; i < 10; ++i) {
+    mine.zero_grad();
+    ref.zero_grad();
+    (x.matmul(w) + b).pow(2).sum().backward();
+    (x.matmul(w2) + b2).pow(2).sum().backward();
+    const double coef = clip_coefficient({{"w", w}, {"b", b}}, 1.0);
+    smallest = std::min(smallest, coef);
+    mine.step(0.01, coef);
+    torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{w2, b2}, 1.0);
+    ref.step();
+  }
+  EXPECT_LT(smallest, 0.01);  // clipping did act
+  // Parameters are N(0, 1): 1e-5 absolute is float rounding of the two summation orders, amplified by Adam.
+  EXPECT_TRUE(torch::allclose(w, w2, 1e-5, 1e-5)) << (w - w2).abs().max().item<double>();
+  EXPECT_TRUE(torch::allclose(b, b2, 1e-5, 1e-5)) << (b - b2).abs().max().item<double>();
+  // A non-contiguous parameter takes the ATen path and gives the same result as the fused one.
+  auto big = torch::randn({64, 64});
+  auto view = big.t(), dense = big.t().contiguous();
+  view.set_requires_grad(true);
+  dense.set_requires_grad(true);
+  view.mutable_grad() = torch::randn({64, 64}).t();
+  dense.mutable_grad() = view.grad().contiguous();
+  AdamW a({{"v", view}}, AdamWOptions{}), c({{"d", dense}}, AdamWOptions{});
+  for (int i = 0; i < 3; ++i) {
+    a.step(0.01, 0.5);
+    c.step(0.01, 0.5);
+  }
+  EXPECT_TRUE(torch::allclose(view, dense, 1e-6, 1e-7));
+  torch::set_num_threads(threads);
+}
+
 TEST(Train, StepsLowerTheValidationLoss) {
   auto corpus = small_corpus();
   auto cfg = tiny_run();
