@@ -46,6 +46,17 @@ TEST(Train, LrScheduleWarmsUpThenDecaysToTheFloor) {
   for (int s = 11; s < 100; ++s) EXPECT_LE(lr_at(s, 100, 10, 1.0, 0.1), lr_at(s - 1, 100, 10, 1.0, 0.1));
 }
 
+// libtorch's own AdamW (lr 0.01) over a matrix w and a bias b. torch applies decay to every tensor of a group, so
+// the bias gets its own group without decay (deloco decays tensors of rank >= 2 only).
+torch::optim::AdamW torch_adamw(const torch::Tensor& w, const torch::Tensor& b) {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(std::vector<torch::Tensor>{w}, std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
+  groups.emplace_back(std::vector<torch::Tensor>{b}, std::make_unique<torch::optim::AdamWOptions>(
+      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
+  return torch::optim::AdamW(groups, torch::optim::AdamWOptions(0.01));
+}
+
 TEST(Train, AdamWMatchesTorch) {
   torch::manual_seed(0);
   auto w = torch::randn({5, 4}), b = torch::randn({4});
@@ -56,13 +67,7 @@ TEST(Train, AdamWMatchesTorch) {
   b2.set_requires_grad(true);
   AdamWOptions o;
   AdamW mine({{"w", w}, {"b", b}}, o);
-  // torch applies decay to every tensor of a group: give the bias its own group without decay.
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(std::vector<torch::Tensor>{w2}, std::make_unique<torch::optim::AdamWOptions>(
-      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
-  groups.emplace_back(std::vector<torch::Tensor>{b2}, std::make_unique<torch::optim::AdamWOptions>(
-      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
-  torch::optim::AdamW ref(groups, torch::optim::AdamWOptions(0.01));
+  torch::optim::AdamW ref = torch_adamw(w2, b2);
   auto x = torch::randn({3, 5});
   for (int i = 0; i < 5; ++i) {
     mine.zero_grad();
@@ -87,12 +92,7 @@ TEST(Train, FusedAdamWWithFoldedClippingMatchesTorch) {
   auto w2 = w.clone(), b2 = b.clone();
   for (auto* t : {&w, &b, &w2, &b2}) t->set_requires_grad(true);
   AdamW mine({{"w", w}, {"b", b}}, AdamWOptions{});
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(std::vector<torch::Tensor>{w2}, std::make_unique<torch::optim::AdamWOptions>(
-      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1)));
-  groups.emplace_back(std::vector<torch::Tensor>{b2}, std::make_unique<torch::optim::AdamWOptions>(
-      torch::optim::AdamWOptions(0.01).betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0)));
-  torch::optim::AdamW ref(groups, torch::optim::AdamWOptions(0.01));
+  torch::optim::AdamW ref = torch_adamw(w2, b2);
   auto x = torch::randn({8, 300});
   double smallest = 1;
   for (int i = 0; i < 10; ++i) {
