@@ -304,10 +304,16 @@ Corpus Corpus::from_documents(const std::vector<std::string>& docs, double val_f
   std::vector<uint64_t> counts(256, 0);
   for (unsigned char ch : train) ++counts[ch];
   c.unigram_bits_per_token_ = entropy_bits(counts);
-  c.train_tokens_ = TokenStream(train);
-  c.val_tokens_ = TokenStream(val);
   c.train_text_ = std::make_shared<const std::string>(std::move(train));
   c.val_text_ = std::make_shared<const std::string>(std::move(val));
+  // The token streams view the texts the corpus keeps (and share their ownership) instead of copying them.
+  for (auto [text, stream] : {std::pair{c.train_text_, &c.train_tokens_}, std::pair{c.val_text_, &c.val_tokens_}}) {
+    TokenStream::Segment seg;
+    seg.data = reinterpret_cast<const unsigned char*>(text->data());
+    seg.tokens = static_cast<int64_t>(text->size());
+    seg.owner = text;
+    stream->append(std::move(seg));
+  }
   return c;
 }
 
