@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """Inner-step throughput: `deloco train` against the same model, batch and threads in Python PyTorch.
 
-Runs the two alternately (ABAB...) in one invocation, so both see the same machine state, and reports the median
-tokens/s of each, their ratio, model FLOPs utilisation against a measured matrix-multiply peak, and the peak
-resident memory of each process (from wait4). Usage, from the repository root after scripts/setup.sh:
+Runs them in turn, round after round, in one invocation, so all see the same machine state, and reports the median
+tokens/s of each, their ratios, model FLOPs utilisation against the measured matrix-multiply peak of each precision,
+and the peak resident memory of each process (from wait4). When deloco corrected OpenBLAS's kernel choice
+(include/deloco/blas.h), a third row runs PyTorch with the same OPENBLAS_CORETYPE set by hand: PyTorch as users
+run it, and PyTorch on the same kernels. Usage, from the repository root after scripts/setup.sh:
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--config configs/small.toml] [--steps 60] [--rounds 3] [--threads 2]
         [--precisions fp32,bf16]
@@ -84,19 +86,28 @@ def python_worker(args):
 
 
 def matmul_peak(threads):
+    """The best square-matmul rate of this process's libtorch, in FLOP/s, for float32 and bfloat16."""
     import torch
     torch.set_num_threads(threads)
-    best = 0.0
-    for n in (512, 1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        for _ in range(2):
-            a @ b
-        reps = max(3, int(2e10 / (2 * n ** 3)))
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t0))
+    best = {"fp32": 0.0, "bf16": 0.0}
+    for prec, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        for n in (512, 1024, 2048):
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+            for _ in range(2):
+                a @ b
+            reps = max(3, int(2e10 / (2 * n ** 3)))
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                a @ b
+            best[prec] = max(best[prec], 2 * n ** 3 * reps / (time.perf_counter() - t0))
     return best
+
+
+def openblas_core_of(summary_blas):
+    """The OPENBLAS_CORETYPE deloco set ('' if it set none), from its summary's "blas" field."""
+    if "set by deloco" not in summary_blas:
+        return ""
+    return summary_blas.split()[1]
 
 
 def flops_per_token(m):
@@ -116,15 +127,22 @@ def main():
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the worker's
     ap.add_argument("--json", default="")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--peak-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         return python_worker(args)
+    if args.peak_worker:
+        print(json.dumps(matmul_peak(args.threads)))
+        return
 
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(args.threads))
     cfg = tomllib.load(open(args.config, "rb"))
     precisions = [p for p in args.precisions.split(",") if p]
-    variants = [(impl, prec) for prec in precisions for impl in ("deloco", "pytorch")]
+    # deloco corrects OpenBLAS's kernel choice on CPUs newer than the library (include/deloco/blas.h); PyTorch
+    # does not. "pytorch+core" is PyTorch given the same OPENBLAS_CORETYPE by hand: the kernel-for-kernel peer.
+    variants = [(impl, prec) for prec in precisions for impl in ("deloco", "pytorch", "pytorch+core")]
     res = {f"{impl} {prec}": [] for impl, prec in variants}
+    core = None  # learned from deloco's first summary
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):  # every variant once per round, in turn: all see the same machine state
             line = []
@@ -138,29 +156,42 @@ def main():
                                            "--set", "train.eval_tokens=4096", "--set", f"train.threads={args.threads}",
                                            "--set", f"train.out_dir={out_dir}", "--set", "train.log_every=1000",
                                            "--set", f"train.precision={prec}", "--summary", summary], env)
-                    res[key].append((json.load(open(summary))["tokens_per_s"], rss))
+                    s = json.load(open(summary))
+                    if core is None:
+                        core = openblas_core_of(s.get("blas", ""))
+                    res[key].append((s["tokens_per_s"], rss))
                 else:
+                    if impl == "pytorch+core" and not core:
+                        continue  # deloco changed nothing: the plain PyTorch row is the peer
+                    penv = dict(env, OPENBLAS_CORETYPE=core) if impl == "pytorch+core" else env
                     out, rss = run_measured([sys.executable, __file__, "--worker", "--config", args.config, "--data",
                                              args.data, "--steps", str(args.steps), "--threads", str(args.threads),
-                                             "--precision", prec], env)
+                                             "--precision", prec], penv)
                     res[key].append((json.loads(out.strip().splitlines()[-1])["tokens_per_s"], rss))
                 line.append(f"{key} {res[key][-1][0]:.0f}")
             print(f"round {r + 1}: " + ", ".join(line) + " tok/s", file=sys.stderr)
-    peak = matmul_peak(args.threads)
+    res = {k: v for k, v in res.items() if v}
+    # The peaks, in the kernels deloco trains with (its OPENBLAS_CORETYPE, if it set one).
+    penv = dict(env, OPENBLAS_CORETYPE=core) if core else env
+    out, _ = run_measured([sys.executable, __file__, "--peak-worker", "--threads", str(args.threads)], penv)
+    peaks = json.loads(out.strip().splitlines()[-1])
     fpt = flops_per_token(cfg["model"])
     rows = {}
     for k, v in res.items():
         tps = statistics.median(x[0] for x in v)
+        prec = k.split()[-1]
         rows[k] = {"tokens_per_s": tps, "peak_rss_mib": statistics.median(x[1] for x in v),
-                   "mfu": fpt * tps / peak, "all_tokens_per_s": [x[0] for x in v]}
+                   "mfu": fpt * tps / peaks[prec], "all_tokens_per_s": [x[0] for x in v]}
     print(f"\nconfig {os.path.relpath(args.config, ROOT)}, {args.steps} steps x {args.rounds} rounds, {args.threads} threads, "
-          f"fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (MFU is against it), {fpt / 1e6:.1f} MFLOP/token\n")
-    print("| implementation | tokens/s (median) | MFU (fp32 peak) | peak RSS (MiB) |")
+          f"OpenBLAS core set by deloco: {core or 'none'}; matmul peaks {peaks['fp32'] / 1e9:.1f} GFLOP/s fp32, "
+          f"{peaks['bf16'] / 1e9:.1f} bf16 (MFU is against the peak of the row's precision), {fpt / 1e6:.1f} MFLOP/token\n")
+    print("| implementation | tokens/s (median) | MFU | peak RSS (MiB) |")
     print("|---|---|---|---|")
     for k, r in rows.items():
         print(f"| {k} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['peak_rss_mib']:.0f} |")
     ratios = {}
-    for a, b in (("deloco fp32", "pytorch fp32"), ("deloco bf16", "pytorch bf16"), ("deloco bf16", "pytorch fp32"),
+    for a, b in (("deloco fp32", "pytorch fp32"), ("deloco fp32", "pytorch+core fp32"), ("deloco bf16", "pytorch bf16"),
+                 ("deloco bf16", "pytorch+core bf16"), ("deloco bf16", "pytorch fp32"), ("deloco bf16", "pytorch+core fp32"),
                  ("deloco bf16", "deloco fp32")):
         if a in rows and b in rows:
             ratios[f"{a} / {b}"] = rows[a]["tokens_per_s"] / rows[b]["tokens_per_s"]
@@ -169,7 +200,8 @@ def main():
         print(f"{k}: {v:.3f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "ratios": ratios, "matmul_peak_flops": peak, "flops_per_token": fpt}, f, indent=2)
+            json.dump({"rows": rows, "ratios": ratios, "matmul_peak_flops": peaks, "openblas_core_set_by_deloco": core,
+                       "flops_per_token": fpt}, f, indent=2)
 
 if __name__ == "__main__":
     main()

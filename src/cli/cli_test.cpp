@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "deloco/blas.h"
 #include "deloco/checkpoint.h"
 #include "deloco/fs.h"
 #include "deloco/model.h"
@@ -33,8 +34,9 @@ std::string env_or(const char* name, const std::string& fallback) {
 const std::string kSrc = env_or("DELOCO_SOURCE_DIR", ".");
 const std::string kBin = env_or("DELOCO_BINARY", "./deloco");
 
-Result run(const std::string& args) {
-  std::string cmd = "OMP_WAIT_POLICY=PASSIVE " + kBin + " " + args + " 2>&1";
+// `env` is a prefix of VAR=value words (or `env -u VAR ...`) for this one command.
+Result run(const std::string& args, const std::string& env = "") {
+  std::string cmd = env + " OMP_WAIT_POLICY=PASSIVE " + kBin + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   Result r{-1, ""};
   char buf[4096];
@@ -102,6 +104,34 @@ TEST_F(Cli, DefaultConfigRuns) {
   auto s = nlohmann::json::parse(read_file((dir_ / "s.json").string()));
   EXPECT_EQ(s["params"].get<int64_t>(), 1853568);
   EXPECT_NE(r.out.find("unigram entropy"), std::string::npos);
+}
+
+// OpenBLAS falls back to generic SSE3 kernels on CPU models newer than itself; deloco then names the kernels the
+// CPU runs (deloco/blas.h). Whatever this machine is, the process must end up with kernels no worse than the CPU
+// allows, while a user's own OPENBLAS_CORETYPE, or DELOCO_KEEP_BLAS_CORE=1, is obeyed.
+TEST_F(Cli, OpenBlasRunsTheKernelsTheCpuHasUnlessTheUserChose) {
+  const std::string clean = "env -u OPENBLAS_CORETYPE -u DELOCO_OPENBLAS_FALLBACK -u DELOCO_KEEP_BLAS_CORE";
+  auto blas_of = [&](const std::string& name, const std::string& env) {
+    auto r = run("train " + tiny(name, 2) + " --summary " + (dir_ / (name + ".json")).string(), clean + " " + env);
+    EXPECT_EQ(r.code, 0) << r.out;
+    return nlohmann::json::parse(read_file((dir_ / (name + ".json")).string()))["blas"].get<std::string>();
+  };
+  const std::string automatic = blas_of("auto", "");
+  if (automatic.empty()) GTEST_SKIP() << "libtorch here does not use OpenBLAS";
+  ASSERT_EQ(automatic.rfind("OpenBLAS ", 0), 0u) << automatic;
+  const std::string core = automatic.substr(9, automatic.find(' ', 9) - 9);
+  EXPECT_EQ(better_openblas_core(core, host_cpu_features()), "") << automatic;
+  if (automatic.find("set by deloco") != std::string::npos)
+    EXPECT_NE(better_openblas_core(automatic.substr(automatic.rfind(' ') + 1, automatic.size() - automatic.rfind(' ') - 2),
+                                   host_cpu_features()),
+              "")
+        << "deloco replaced a choice that was not a generic fallback: " << automatic;
+
+  EXPECT_EQ(blas_of("user", "OPENBLAS_CORETYPE=Prescott"), "OpenBLAS Prescott");
+  const std::string kept = blas_of("kept", "DELOCO_KEEP_BLAS_CORE=1");
+  EXPECT_EQ(kept.find("set by deloco"), std::string::npos) << kept;
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr)  // then this test process has OpenBLAS's own choice
+    EXPECT_EQ(kept, "OpenBLAS " + openblas_core_name());
 }
 
 TEST_F(Cli, StopAndResumeGiveTheSameLossesAsAnUnbrokenRun) {

@@ -16,6 +16,7 @@
 
 #include "common.h"
 #include "commands.h"
+#include "deloco/blas.h"
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
 #include "deloco/clock.h"
@@ -128,7 +129,7 @@ void run_train(const TrainArgs& args) {
   std::cerr << "deloco train: " << n_params << " parameters, " << corpus->train_tokens().size() << " training" << unit << ", "
             << corpus->val_tokens().size() << " validation" << unit << " (unigram entropy " << std::fixed << std::setprecision(3)
             << corpus->unigram_entropy_bits() << " bits/byte), " << torch::get_num_threads() << " threads, device "
-            << cfg.train.device << "\n"
+            << cfg.train.device << (blas_description().empty() ? "" : ", " + blas_description()) << "\n"
             << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
             << "\n";
 
@@ -149,7 +150,8 @@ void run_train(const TrainArgs& args) {
     last_eval = tr.evaluate();
     have_eval = true;
     nlohmann::json rec = {{"kind", "eval"}, {"step", tr.step()}, {"tokens", tr.tokens_seen()}, {"val_loss", last_eval.loss},
-                          {"val_bpb", last_eval.bpb}, {"elapsed_s", seconds_since(t_start)}, {"eval_s", seconds_since(t0)}};
+                          {"val_bpb", last_eval.bpb},
+      {"loss_unit", last_eval.loss_unit}, {"elapsed_s", seconds_since(t_start)}, {"eval_s", seconds_since(t0)}};
     metrics << rec.dump() << "\n" << std::flush;
     std::ostringstream o;
     o << "eval @ step " << tr.step() << ": val loss " << std::fixed << std::setprecision(4) << last_eval.loss << ", "
@@ -204,6 +206,7 @@ void run_train(const TrainArgs& args) {
       {"contributions_rejected", 0},
       {"params", n_params},
       {"threads", torch::get_num_threads()},
+      {"blas", blas_description()},
       {"unigram_entropy_bits", corpus->unigram_entropy_bits()},
       {"run_dir", run_dir},
       {"checkpoint", last_ckpt},

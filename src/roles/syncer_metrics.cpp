@@ -52,7 +52,8 @@ void SyncerNode::Impl::update_prometheus() {
          "Hellos asking for the state while a download to the learner was outstanding (no new copy).",
          static_cast<double>(state_requests_dropped));
   metric("record_errors_total", "counter", "Records the record sink failed to take.", static_cast<double>(record_errors));
-  if (have_eval) metric("validation_loss", "gauge", "Validation loss of the global model (nats/byte).", last_eval_result.loss);
+  if (have_eval) metric("validation_loss", "gauge", ("Validation loss of the global model (" + last_eval_result.loss_unit + ").").c_str(),
+                        last_eval_result.loss);
   o << "# HELP deloco_rejects_total Messages rejected, by reason.\n# TYPE deloco_rejects_total counter\n";
   for (const auto& [k, v] : rejects) o << "deloco_rejects_total{reason=\"" << k << "\"} " << v << "\n";
   std::lock_guard<std::mutex> lock(prom_mu);
@@ -64,6 +65,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   int64_t tokens = total_tokens();
   nlohmann::json s{{"final_val_loss", have_eval ? last_eval_result.loss : std::nan("")},
                    {"val_bpb", have_eval ? last_eval_result.bpb : std::nan("")},
+                   {"loss_unit", last_eval_result.loss_unit},
                    {"tokens", tokens},
                    {"wall_seconds", wall},
                    {"outer_steps", merges},

@@ -80,7 +80,7 @@ void RunRecords::on_syncer_record(const json& j) {
   } else if (kind == "eval") {
     s.val_loss = j.value("val_loss", NAN);
     s.val_bpb = j.value("val_bpb", NAN);
-    event_("eval: val loss " + fixed(s.val_loss, 4) + " nats/byte, " + fixed(s.val_bpb, 3) + " bits/byte after " +
+    event_("eval: val loss " + fixed(s.val_loss, 4) + " " + j.value("loss_unit", std::string("nats/byte")) + ", " + fixed(s.val_bpb, 3) + " bits/byte after " +
            std::to_string(j.value("merges", s.merges)) + " merges");
   } else if (kind == "status") {
     s.uptime = j.value("uptime", s.uptime);

@@ -86,7 +86,8 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
   };
   std::ostringstream o;
   o << "deloco run: " << format_duration(num("wall_seconds")) << ", " << count("learners")
-    << " learners: final val loss " << fixed(num("final_val_loss"), 4) << " nats/byte, "
+    << " learners: final val loss " << fixed(num("final_val_loss"), 4) << " "
+    << (s.contains("loss_unit") && s["loss_unit"].is_string() ? s["loss_unit"].get<std::string>() : "nats/byte") << ", "
     << fixed(num("val_bpb"), 3) << " bits/byte; " << count("outer_steps") << " fragment merges, "
     << count("contributions_merged") << " contributions merged, " << count("contributions_rejected")
     << " rejected; uptime " << fixed(num("uptime"), 3) << ", goodput " << fixed(num("goodput"), 3) << "\n";

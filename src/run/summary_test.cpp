@@ -36,6 +36,10 @@ TEST(RunSummary, FinalReport) {
             "283 contributions merged, 0 rejected; uptime 0.948, goodput 0.910\n"
             "chaos: 3 learner kills (rejoin median 3.1 s, max 3.6 s; contributing again n/a), 0 stops, 1 syncer kills\n"
             "summary: runs/x/summary.json\n");
+  nlohmann::json tokens = s;  // token files: the loss is per token, and the summary says so
+  tokens["loss_unit"] = "nats/token";
+  EXPECT_NE(final_report(tokens, "s.json").find("final val loss 1.4770 nats/token, 2.131 bits/byte"), std::string::npos)
+      << final_report(tokens, "s.json");
 }
 
 TEST(Supervisor, CrashLoopPolicy) {

@@ -382,7 +382,8 @@ struct Simulator::Impl {
     const auto& g = syncer->global();
     for (size_t i = 0; i < g.size(); ++i) params[i].second.copy_(g[i].second);
     last_eval = evaluator->evaluate();
-    emit({{"kind", kind}, {"val_loss", last_eval.loss}, {"val_bpb", last_eval.bpb}, {"tokens", total_tokens()},
+    emit({{"kind", kind}, {"val_loss", last_eval.loss}, {"val_bpb", last_eval.bpb}, {"loss_unit", last_eval.loss_unit},
+          {"tokens", total_tokens()},
           {"outer_steps", merges}});
   }
 
@@ -581,6 +582,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"command", "sim"},
       {"final_val_loss", I.last_eval.loss},
       {"val_bpb", I.last_eval.bpb},
+      {"loss_unit", I.last_eval.loss_unit},
       {"initial_val_loss", I.initial_val_loss},
       {"tokens", I.total_tokens()},
       {"inner_steps", steps},
