@@ -70,8 +70,9 @@ struct AlgorithmConfig {
 
 // What the syncer core checks learner m's counters against (Syncer::set_budget, deloco/sync.h), from the run
 // config every node shares: tokens per step = m's batch (RunConfig::for_learner(m, M).train.batch_size) ×
-// model.block_size, as the built-in Trainer counts them; total steps = train.steps. The one source of these
+// model.block_size × `ranks` (learner.ranks: a group counts the tokens of all its ranks), as the built-in Trainer
+// counts them; total steps = train.steps. The one source of these
 // figures for the simulator and the syncer node alike.
-LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners);
+LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners, int64_t ranks = 1);
 
 }  // namespace deloco

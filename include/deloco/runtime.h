@@ -79,6 +79,7 @@
 namespace deloco {
 
 class ConfigSchema;
+class LearnerGroup;
 
 struct NetOptions {
   std::string address = "tcp://127.0.0.1:5555";  // syncer binds here, learners dial it (env DELOCO_SYNCER overrides)
@@ -113,6 +114,9 @@ struct LearnerNodeOptions {
                                      // ("" : none). A restarted learner resumes its AdamW moments from it.
   int64_t state_every = 0;           // inner steps between learner-local state writes (0: max(100, sync.sync_every));
                                      // it is also written when the learner stops
+  int64_t ranks = 1;                 // processes per learner: a data-parallel group (deloco/group.h)
+  double bucket_mb = 25.0;           // gradient all-reduce bucket size of a group (the first bucket: ≤ 1 MB)
+  double group_timeout = 600.0;      // seconds a group collective may take before the group fails
   void bind(ConfigSchema& schema);   // learner.*
 };
 
@@ -190,6 +194,10 @@ class LearnerNode {
   LearnerNode(const RuntimeConfig& cfg, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
               std::unique_ptr<Workload> workload, RecordSink record);
   ~LearnerNode();
+  // As rank 0 of a learner group (deloco/group.h), whose workload has joined `group`: at every step boundary the
+  // node tells the other ranks to train a step or to stop, and sends them the parameters that changed (merged
+  // fragments applied, a global state installed). Call before run().
+  void lead_group(std::shared_ptr<LearnerGroup> group);
   // Joins, trains train.steps inner steps (resuming at the step the syncer remembers for this id), leaves.
   nlohmann::json run(const std::atomic<bool>& stop);
 

@@ -22,6 +22,7 @@
 namespace deloco {
 
 class ConfigSchema;
+class GradientSync;
 
 struct TrainConfig {
   int64_t steps = 3000;           // total inner steps (sets the LR schedule)
@@ -67,6 +68,7 @@ WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus
 class Trainer : public Workload {
  public:
   Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus);
+  ~Trainer() override;
 
   // One inner step on this learner's batch for the current step; returns its training loss.
   double train_step();
@@ -80,8 +82,15 @@ class Trainer : public Workload {
   std::map<std::string, at::Tensor> optimizer_state() const override;
   void load_optimizer_state(const std::map<std::string, at::Tensor>& state) override;
   std::string fingerprint() const override { return fingerprint_; }
+  // One rank of a learner group: this rank's batch_size rows of the group's batch of batch_size × ranks, gradients
+  // averaged over the group (bucketed, during backward), tokens counted for the whole group. A collective: every
+  // rank calls it, and all take rank 0's parameters.
+  void join_group(std::shared_ptr<LearnerGroup> group) override;
 
-  int64_t tokens_seen() const { return step_ * cfg_.train.batch_size * cfg_.model.block_size; }
+  // Tokens the learner (the whole group) trained on.
+  int64_t tokens_seen() const { return step_ * tokens_per_step(); }
+  int64_t tokens_per_step() const { return cfg_.train.batch_size * cfg_.model.block_size * group_size(); }
+  int64_t group_size() const;
   double current_lr() const;
   LanguageModel& model() { return *model_; }
   AdamW& optimizer() { return *opt_; }
@@ -107,6 +116,8 @@ class Trainer : public Workload {
   torch::Tensor val_windows_;
   std::string fingerprint_;
   int64_t step_ = 0;
+  std::shared_ptr<LearnerGroup> group_;
+  std::unique_ptr<GradientSync> grad_sync_;
 };
 
 }  // namespace deloco

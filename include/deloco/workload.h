@@ -14,6 +14,9 @@
 //    checkpoints); load throws std::runtime_error naming the tensor on a mismatch and then changes nothing.
 //  * fingerprint(): 16 hex chars identifying the parameter names, shapes and dtypes: nodes with different models
 //    refuse each other.
+//  * join_group(): train as one rank of a data-parallel learner group (deloco/group.h): read this rank's part of
+//    each batch, average gradients across the group every step, count the group's tokens. Optional: the default
+//    throws std::runtime_error saying the workload cannot.
 //  * Not thread-safe: one driver thread calls it.
 #pragma once
 
@@ -39,7 +42,10 @@ struct EvalResult {
   double bpb = 0;        // bits per byte = loss / (bytes per token) / ln 2: comparable across tokenizers (NaN if the
                          // bytes behind the tokens are unknown)
   int64_t tokens = 0;    // validation tokens scored
+  std::string loss_unit = "nats/token";  // how `loss` reads: "nats/byte" for byte-level text, where a token is a byte
 };
+
+class LearnerGroup;
 
 class Workload {
  public:
@@ -52,6 +58,7 @@ class Workload {
   virtual std::map<std::string, at::Tensor> optimizer_state() const = 0;
   virtual void load_optimizer_state(const std::map<std::string, at::Tensor>& state) = 0;
   virtual std::string fingerprint() const = 0;
+  virtual void join_group(std::shared_ptr<LearnerGroup> group);
 };
 
 // Makes the workload of learner `learner` of `learners` (learner = 0, learners = 1: an evaluator or a single

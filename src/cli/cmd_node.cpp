@@ -9,11 +9,14 @@
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "common.h"
 #include "commands.h"
+#include "deloco/blas.h"
+#include "deloco/group.h"
 #include "deloco/checkpoint_store.h"
 #include "deloco/config.h"
 #include "deloco/data.h"
@@ -36,6 +39,9 @@ struct NodeArgs {
   std::string out;
   bool resume = false;
   int64_t id = -1;
+  // A learner group's rank (torchrun's names; unset: the environment, else rank 0 of learner.ranks).
+  std::optional<int64_t> rank, world_size, local_rank, master_port;
+  std::optional<std::string> master_addr;
 };
 
 // Loads the config with environment fallbacks applied before --set (so --set still wins).
@@ -140,11 +146,43 @@ void run_learner(const NodeArgs& a) {
   if (id < 0 || id >= cfg.resolved_learners())  // before building a replica for it
     throw ConfigError("learner id " + std::to_string(id) + " is not in [0, sync.learners=" +
                       std::to_string(cfg.resolved_learners()) + ")");
+  // A learner group: flags, else torchrun's environment, else one rank.
+  GroupOptions go;
+  go.size = cfg.learner.ranks;
+  go.timeout_seconds = cfg.learner.group_timeout;
+  go = GroupOptions::from_environment(go);
+  if (a.rank) go.rank = *a.rank;
+  if (a.world_size) go.size = *a.world_size;
+  if (a.local_rank) go.local_rank = *a.local_rank;
+  if (a.master_port) go.master_port = *a.master_port;
+  if (a.master_addr) go.master_addr = *a.master_addr;
+  if (go.size != cfg.learner.ranks)
+    throw ConfigError("the group has " + std::to_string(go.size) + " ranks (WORLD_SIZE / --world-size) but learner.ranks=" +
+                      std::to_string(cfg.learner.ranks) + "; set both to the same number");
+  if (const std::string why = go.validate(); !why.empty()) throw ConfigError("learner group: " + why);
+  if (go.size > 1 && cfg.run.train.device.rfind("cuda", 0) == 0 && cfg.run.train.device.find(':') == std::string::npos)
+    cfg.run.train.device = "cuda:" + std::to_string(go.local_rank);
   std::unique_ptr<Workload> replica = gpt_workloads(cfg.run, corpus)(id, cfg.resolved_learners());
+  std::shared_ptr<LearnerGroup> group;
+  if (go.size > 1) {
+    std::cerr << "deloco learner " << id << ": rank " << go.rank << " of " << go.size << ", group at " << go.master_addr
+              << ":" << go.master_port << "\n";
+    group = LearnerGroup::connect(go);
+    replica->join_group(group);
+    if (go.rank != 0) {  // the other ranks mirror rank 0, which alone talks to the syncer
+      const int64_t trained = group->follow(*replica);
+      std::cerr << "deloco learner " << id << " rank " << go.rank << ": " << trained << " steps, stopped by rank 0\n";
+      write_summary(a.common, {{"learner", id}, {"rank", go.rank}, {"ranks", go.size}, {"steps_trained", trained},
+                               {"step", replica->step()}, {"group_comm_seconds", group->communication_seconds()}});
+      return;
+    }
+  }
   auto transport = make_zmq_client(cfg.net.address, node_transport_options(cfg, *replica, NodeRole::kLearner));
   LearnerNode node(cfg, id, std::move(transport), std::move(replica), [&](const nlohmann::json& j) { log.write(j); });
+  if (group) node.lead_group(group);
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
-            << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding << "\n";
+            << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
+            << (blas_description().empty() ? "" : ", " + blas_description()) << "\n";
   nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco learner " << id << ": step " << s["step"] << ", " << s["pushes"] << " pushes, "
             << s["broadcasts"] << " merged fragments received\n";
@@ -168,6 +206,11 @@ void add_node_commands(CLI::App& app) {
   l->add_option("--connect", largs->address, "syncer endpoint (default DELOCO_SYNCER, else net.address)");
   l->add_option("--id", largs->id, "learner id in [0, sync.learners) (default DELOCO_LEARNER_ID)");
   l->add_option("--out", largs->out, "folder for learner-N.jsonl (default syncer.out_dir, else runs/learner-N)");
+  l->add_option("--rank", largs->rank, "rank in this learner's group of learner.ranks processes (default RANK, else 0)");
+  l->add_option("--world-size", largs->world_size, "ranks in the group (default WORLD_SIZE, else learner.ranks)");
+  l->add_option("--local-rank", largs->local_rank, "rank on this host: picks cuda:N (default LOCAL_RANK, else 0)");
+  l->add_option("--master-addr", largs->master_addr, "host of rank 0's group store (default MASTER_ADDR, else 127.0.0.1)");
+  l->add_option("--master-port", largs->master_port, "port of rank 0's group store (default MASTER_PORT, else 29500)");
   l->callback([largs] { run_learner(*largs); });
 }
 

@@ -250,6 +250,26 @@ TEST_F(RunCli, ChaosKillsALearnerAndTheRunStillFinishes) {
   EXPECT_NE(r.out.find("chaos: SIGKILL learner-"), std::string::npos) << r.out;
 }
 
+// Issue 13: one learner that is a data-parallel group of two processes (c10d Gloo). Chaos kills a random rank; the
+// whole group goes down, restarts and rejoins, and the run finishes with every push accepted.
+TEST_F(RunCli, LearnerGroupOfTwoRanksSurvivesChaos) {
+  auto r = run("run " + tiny(1500, true) +
+                   " --set sync.learners=1 --set learner.ranks=2 --set chaos.enabled=true --set chaos.kill_interval=3"
+                   " --set chaos.restart_delay=0.5 --set chaos.seed=5",
+               dir_ / "out.log", 240);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  expect_trained(s);
+  EXPECT_EQ(s["contributions_rejected"].get<int64_t>(), 0) << r.out;  // the group's tokens fit its budget
+  EXPECT_GE(s["learner_kills"].get<int64_t>(), 1) << r.out;
+  EXPECT_GE(s["restarts"]["learner-0"].get<int64_t>(), 1) << s.dump();
+  EXPECT_NE(r.out.find("chaos: SIGKILL learner-0"), std::string::npos) << r.out;
+  // Both ranks of the last incarnation ran to the end together: rank 1 was stopped by rank 0, not killed.
+  const std::string follower = read_file((dir_ / "run" / "logs" / "learner-0.rank-1.log").string());
+  EXPECT_NE(follower.find("stopped by rank 0"), std::string::npos) << follower;
+  EXPECT_NE(follower.find("rank 1 of 2"), std::string::npos) << follower;
+}
+
 TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
   auto r = run("run " + tiny(1500, true) +
                " --set chaos.enabled=true --set chaos.syncer_kill_at=4 --set chaos.restart_delay=0.5"

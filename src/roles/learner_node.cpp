@@ -21,6 +21,7 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/group.h"
 #include "deloco/learner.h"
 #include "deloco/quantize.h"
 #include "deloco/runtime.h"
@@ -43,6 +44,8 @@ struct LearnerNode::Impl {
   RecordSink record;
   std::unique_ptr<Workload> work;
   std::unique_ptr<LearnerCore> core;
+  std::shared_ptr<LearnerGroup> group;  // rank 0 of a learner group: the other ranks mirror this one
+  std::vector<std::string> group_changed;  // parameters changed since the group's last step boundary
   std::vector<FlatLayout> layouts;
   FlatLayout model_layout;
   uint64_t fingerprint = 0, instance = 0;
@@ -453,6 +456,12 @@ struct LearnerNode::Impl {
       for (const auto& a : applied)
         emit({{"kind", "apply"}, {"fragment", a.fragment}, {"version", a.version}, {"step", step}});
       if (installed || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
+      if (group) {
+        if (installed)
+          for (const auto& [name, p] : work->parameters()) group_changed.push_back(name);
+        for (const auto& a : applied)
+          for (const auto& name : core->layout(a.fragment).names) group_changed.push_back(name);
+      }
       comm_seconds += secs(c0, clk::now());
       // Synchronous / streaming DiLoCo: the core says which answers must come first. Wait only while joined: the
       // answer of a syncer that went away will not come (the learner trains on and joins again).
@@ -472,6 +481,10 @@ struct LearnerNode::Impl {
       }
       if (step >= steps || stop.load()) break;
 
+      if (group) {
+        group->lead(LearnerGroup::Command::kStep, *work, group_changed);
+        group_changed.clear();
+      }
       auto c1 = clk::now();
       const StepResult r = work->inner_step();
       auto c2 = clk::now();
@@ -505,6 +518,7 @@ struct LearnerNode::Impl {
     }
 
     const bool done = work->step() >= steps;
+    if (group) group->lead(LearnerGroup::Command::kStop, *work, {});
     save_state();
     {
       // A finished learner must tell the syncer (it releases its quorum share), so it waits for a syncer that is
@@ -534,7 +548,9 @@ struct LearnerNode::Impl {
                      {"rejected", rejected},
                      {"finished", done},
                      {"bytes_sent", tx->stats().bytes_out},
-                     {"bytes_received", tx->stats().bytes_in}};
+                     {"bytes_received", tx->stats().bytes_in},
+                     {"ranks", group ? group->size() : 1},
+                     {"group_comm_seconds", group ? group->communication_seconds() : 0.0}};
     nlohmann::json r = s;
     r["kind"] = "learner_done";
     emit(r);
@@ -579,6 +595,7 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::u
 }
 
 LearnerNode::~LearnerNode() = default;
+void LearnerNode::lead_group(std::shared_ptr<LearnerGroup> group) { impl_->group = std::move(group); }
 nlohmann::json LearnerNode::run(const std::atomic<bool>& stop) { return impl_->run(stop); }
 
 }  // namespace deloco

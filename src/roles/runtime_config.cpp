@@ -85,6 +85,12 @@ void LearnerNodeOptions::bind(ConfigSchema& s) {
   s.bind("learner.state_dir", &state_dir, "folder of learner-local state (AdamW moments) for restarts (\"\": none)");
   s.bind("learner.state_every", &state_every, "inner steps between learner-local state writes (0: max(100, sync.sync_every))",
          [this] { return state_every >= 0 ? "" : "learner.state_every must be ≥ 0"; });
+  s.bind("learner.ranks", &ranks, "processes per learner, a data-parallel group over c10d Gloo (RANK / --rank picks one)",
+         [this] { return ranks >= 1 && ranks <= 4096 ? "" : "learner.ranks must be in [1, 4096]"; });
+  s.bind("learner.bucket_mb", &bucket_mb, "gradient all-reduce bucket size of a learner group, MB",
+         [this] { return bucket_mb > 0 && bucket_mb <= 4096 ? "" : "learner.bucket_mb must be in (0, 4096]"; });
+  s.bind("learner.group_timeout", &group_timeout, "seconds a learner-group collective may take before the group fails",
+         seconds(&group_timeout, "learner.group_timeout", false));
 }
 
 void ChaosOptions::bind(ConfigSchema& s) {

@@ -474,7 +474,7 @@ void SyncerNode::Impl::evaluate(const char* kind) {
   last_eval = now();
   excuse_peers(last_eval - start);
   emit({{"kind", kind}, {"val_loss", last_eval_result.loss}, {"val_bpb", last_eval_result.bpb},
-        {"tokens", total_tokens()}, {"merges", merges}});
+        {"loss_unit", last_eval_result.loss_unit}, {"tokens", total_tokens()}, {"merges", merges}});
 }
 
 double SyncerNode::Impl::goodput() const {
@@ -558,7 +558,7 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   for (const auto& [n, t] : I.evaluator->parameters()) global.emplace_back(n, t.detach().to(torch::kCPU));
   proto::ModelPlan plan = proto::plan_model(global, I.cfg.sync.fragments, I.cfg.sync.sync_every);
   I.core = std::make_unique<Syncer>(I.cfg.sync, plan.fragments, global, I.cfg.merge_plan(), I.cfg.outer);
-  for (int64_t m = 0; m < I.M; ++m) I.core->set_budget(m, learner_budget(I.cfg.run, m, I.M));
+  for (int64_t m = 0; m < I.M; ++m) I.core->set_budget(m, learner_budget(I.cfg.run, m, I.M, I.cfg.learner.ranks));
   I.layouts = std::move(plan.fragment_layouts);
   I.model_layout = std::move(plan.model);
   I.limits = plan.limits;

@@ -78,7 +78,16 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
     c.learner = n;
     learners_.push_back(c);
     tailers_.emplace_back((dir_ / ("learner-" + std::to_string(n) + ".jsonl")).string());
+    followers_.emplace_back();
+    for (int64_t r = 1; r < cfg_.learner.ranks; ++r) {
+      Child f;
+      f.name = c.name + ".rank-" + std::to_string(r);
+      f.learner = n;
+      f.rank = r;
+      followers_.back().push_back(f);
+    }
   }
+  group_port_.assign(static_cast<size_t>(M_), 0);
 }
 
 void LocalCluster::prepare() {
@@ -122,9 +131,9 @@ json LocalCluster::run(const StopSignals& stop) {
   }
   const int sig = stop.first.load();
   stopping_ = true;
-  const auto everyone = all();
-  if (std::any_of(everyone.begin(), everyone.end(), [](const Child* c) { return c->pid != 0; })) view_.clear();
-  stop_children(everyone, sig != 0 ? sig : SIGTERM, kStopWait, std::cerr);
+  const auto children = everyone();
+  if (std::any_of(children.begin(), children.end(), [](const Child* c) { return c->pid != 0; })) view_.clear();
+  stop_children(children, sig != 0 ? sig : SIGTERM, kStopWait, std::cerr);
   poll_records();
   view_.draw();  // the final state stays on screen
   if (!fatal.empty()) throw std::runtime_error(fatal);
@@ -165,10 +174,14 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
     a.insert(a.begin() + 1, "learner");
     a.insert(a.end(), {"--id", std::to_string(c.learner), "--connect", dial_addr_, "--out", dir_.string()});
     add_set(a, "train.threads=1");
+    if (cfg_.learner.ranks > 1)
+      a.insert(a.end(), {"--rank", std::to_string(c.rank), "--world-size", std::to_string(cfg_.learner.ranks),
+                         "--master-addr", "127.0.0.1", "--master-port",
+                         std::to_string(group_port_[static_cast<size_t>(c.learner)])});
     if (cfg_.chaos.enabled && c.learner == cfg_.chaos.slow_learner)
       add_set(a, "learner.slowdown=" + fixed(cfg_.chaos.slow_factor, 6));
     if (!cfg_.net.plaintext) {
-      add_set(a, "net.secret_key=" + (keys / (c.name + ".key")).string());
+      add_set(a, "net.secret_key=" + (keys / ("learner-" + std::to_string(c.learner) + ".key")).string());
       add_set(a, "net.server_key=" + (keys / "syncer.pub").string());
     }
   }
@@ -180,6 +193,8 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
 bool LocalCluster::has_checkpoint() const { return has_committed_checkpoint(dir_.string()); }
 
 void LocalCluster::start(Child& c) {
+  const bool group_leader = c.learner >= 0 && c.rank == 0 && cfg_.learner.ranks > 1;
+  if (group_leader) group_port_[static_cast<size_t>(c.learner)] = free_loopback_port();
   const std::string log = (dir_ / "logs" / (c.name + ".log")).string();
   const auto argv = argv_of(c);
   {
@@ -194,15 +209,46 @@ void LocalCluster::start(Child& c) {
   c.chaos_killed = false;
   c.restart_at = -1;
   c.cont_at = -1;
-  if (c.starts > 0) view_.event((c.learner < 0 ? std::string("restarted the syncer") : "restarted " + c.name) +
-                                (c.learner < 0 && argv.back() == "--resume" ? " with --resume" : ""));
+  if (c.starts > 0 && c.rank == 0)
+    view_.event((c.learner < 0 ? std::string("restarted the syncer") : "restarted " + c.name) +
+                (c.learner < 0 && argv.back() == "--resume" ? " with --resume" : "") +
+                (group_leader ? " (its group of " + std::to_string(cfg_.learner.ranks) + " ranks)" : ""));
   ++c.starts;
+  if (group_leader)
+    for (Child& f : followers_[static_cast<size_t>(c.learner)]) {
+      f.done = false;
+      start(f);
+    }
+}
+
+void LocalCluster::stop_group(int64_t learner) {
+  for (Child& f : followers_[static_cast<size_t>(learner)]) {
+    if (f.pid == 0) continue;
+    ::kill(f.pid, SIGCONT);
+    ::kill(f.pid, SIGKILL);
+    while (!collect_exit(f)) ::usleep(1000);
+  }
 }
 
 // Collects exited children and decides what happens next. Throws runtime_error for a crash loop.
 void LocalCluster::reap() {
+  // A rank > 0 that exits without finishing takes its group down: rank 0 is killed (and restarted by the code
+  // below, as a crash unless chaos killed that rank), which takes the other ranks with it.
+  for (size_t n = 0; n < followers_.size(); ++n)
+    for (Child& f : followers_[n]) {
+      if (!collect_exit(f) || f.done) continue;
+      Child& leader = learners_[n];
+      if (leader.pid != 0 && !leader.chaos_killed) {  // (a killed rank 0 took this rank with it: nothing to say)
+        view_.event(f.name + (f.chaos_killed ? " was killed" : " exited (" + f.last_exit + ")") + ": its group goes down");
+        leader.chaos_killed = leader.chaos_killed || f.chaos_killed;
+        ::kill(leader.pid, SIGCONT);
+        ::kill(leader.pid, SIGKILL);
+      }
+      f.chaos_killed = false;
+    }
   for (Child* c : all()) {
     if (!collect_exit(*c)) continue;
+    if (c->learner >= 0 && !c->done) stop_group(c->learner);
     if (c->done) {
       if (c->learner >= 0 && all_learners_done()) learners_done_at_ = elapsed();
       if (c->learner < 0 && !all_learners_done())
@@ -243,6 +289,13 @@ std::vector<Child*> LocalCluster::all() {
   return v;
 }
 
+std::vector<Child*> LocalCluster::everyone() {
+  std::vector<Child*> v = all();
+  for (auto& g : followers_)
+    for (auto& f : g) v.push_back(&f);
+  return v;
+}
+
 void LocalCluster::restarts_and_continues() {
   const double now = elapsed();
   for (Child* c : all()) {
@@ -275,11 +328,18 @@ void LocalCluster::chaos() {
   const double now = elapsed();
   if (chaos_.learner_kill_due(now)) {
     if (Child* c = pick_learner()) {
-      ::kill(c->pid, SIGKILL);
-      c->chaos_killed = true;
-      ++learner_kills_;
-      rejoins_.killed(c->learner, unix_now());
-      view_.event("chaos: SIGKILL " + c->name + " (restart in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
+      // In a learner group, any of its ranks: the group goes down as one (reap()).
+      const size_t k = cfg_.learner.ranks > 1 ? chaos_.pick(static_cast<size_t>(cfg_.learner.ranks)) : 0;
+      Child* victim = k == 0 ? c : &followers_[static_cast<size_t>(c->learner)][k - 1];
+      if (victim->pid != 0) {
+        ::kill(victim->pid, SIGKILL);
+        victim->chaos_killed = true;
+        c->chaos_killed = true;
+        ++learner_kills_;
+        rejoins_.killed(c->learner, unix_now());
+        view_.event("chaos: SIGKILL " + victim->name + (k > 0 ? " (its group restarts in " : " (restart in ") +
+                    fixed(cfg_.chaos.restart_delay, 1) + " s)");
+      }
     }
   }
   if (chaos_.learner_stop_due(now)) {

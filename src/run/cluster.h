@@ -12,6 +12,10 @@
 //     ended by itself), waited for up to 20 s, then SIGKILLed. Every child runs one intra-op thread (learners: one
 //     per core) and gets the run's --config and --set arguments plus sync.learners=M and its own endpoint, keys
 //     and id.
+//   * Learner groups (learner.ranks = R > 1): learner N is R processes, learner-N (rank 0, the one that talks to the
+//     syncer) and learner-N.rank-r, started together with a fresh group port each time. Any of them exiting
+//     without finishing takes the whole group down (the others are SIGKILLed) and the group restarts as one; chaos
+//     kills a random rank of a random learner. Rank 0's record (exit, crash loop, status) stands for the group.
 //   * Failures: a child that exits non-zero without having been killed by chaos is restarted after 1 s; a crash
 //     loop (supervisor.h) ends run() with std::runtime_error carrying that process's log tail. A syncer still up
 //     120 s after the last learner finished is stopped (summary: "syncer_forced_stop").
@@ -65,6 +69,8 @@ class LocalCluster {
   bool any_learner_finished() const;
   bool finished() const;
   std::vector<Child*> all();
+  std::vector<Child*> everyone();  // all() plus the other ranks of learner groups
+  void stop_group(int64_t learner);  // SIGKILLs and reaps the ranks > 0 of a learner
   void restarts_and_continues();
   void chaos();
   Child* pick_learner();
@@ -85,6 +91,8 @@ class LocalCluster {
   std::vector<std::string> base_args_;
   Child syncer_;
   std::vector<Child> learners_;
+  std::vector<std::vector<Child>> followers_;  // per learner: ranks 1..R-1 of its group (empty when R = 1)
+  std::vector<int> group_port_;                // per learner: the group store port of its current incarnation
   std::chrono::steady_clock::time_point t0_;
   ChaosSchedule chaos_;
   int64_t learner_kills_ = 0, learner_stops_ = 0, syncer_kills_ = 0;

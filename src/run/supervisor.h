@@ -26,6 +26,7 @@ namespace deloco::run {
 struct Child {
   std::string name;             // "syncer" | "learner-N"
   int64_t learner = -1;         // -1: the syncer
+  int64_t rank = 0;             // rank in the learner's group (learner.ranks > 1); ranks > 0 follow rank 0's Child
   pid_t pid = 0;                // 0 while not running
   bool stopped = false;         // SIGSTOPped by chaos
   bool done = false;            // exited 0
@@ -37,8 +38,8 @@ struct Child {
   std::string last_exit;        // "exit status 3", "signal Segmentation fault"
 };
 
-// The environment of a child: ours without the DELOCO_* address/key/id fallbacks (the command line says
-// everything), plus `extra` ("NAME=value", replacing any variable of that name).
+// The environment of a child: ours without the DELOCO_* address/key/id fallbacks and torchrun's RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT (the command line says everything), plus `extra` ("NAME=value", replacing any variable of that name).
 std::vector<std::string> child_environment(const std::vector<std::string>& extra);
 
 // Starts /proc/self/exe with `argv` (argv[0] is only a name) and `env` as described above; returns its pid.

@@ -141,9 +141,9 @@ MergePlan AlgorithmConfig::merge_plan() const {
   return p;
 }
 
-LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners) {
+LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners, int64_t ranks) {
   LearnerBudget b;
-  b.tokens_per_step = run.for_learner(learner, learners).train.batch_size * run.model.block_size;
+  b.tokens_per_step = run.for_learner(learner, learners).train.batch_size * run.model.block_size * ranks;
   b.total_steps = run.train.steps;
   return b;
 }

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/group.h"
 
 namespace deloco {
 namespace {
@@ -157,13 +158,32 @@ torch::Tensor Trainer::loss_of(const torch::Tensor& idx, const torch::Tensor& ta
   return next_token_loss(logits, targets);  // in float32, outside the autocast region (PyTorch's recipe)
 }
 
+Trainer::~Trainer() = default;
+
+int64_t Trainer::group_size() const { return group_ ? group_->size() : 1; }
+
+void Trainer::join_group(std::shared_ptr<LearnerGroup> group) {
+  grad_sync_.reset();
+  group_ = std::move(group);
+  if (!group_ || group_->size() == 1) return;
+  std::vector<at::Tensor> tensors;  // every rank starts from rank 0's parameters, as DistributedDataParallel does
+  for (auto& [name, p] : params_) tensors.push_back(p);
+  group_->broadcast(tensors);
+  grad_sync_ = group_->gradient_sync(params_);
+}
+
 double Trainer::train_step() {
   model_->train(true);
-  auto batch = sampler_.batch(step_, cfg_.train.batch_size).to(device_);
+  const int64_t b = cfg_.train.batch_size, R = group_size();
+  // A group draws the learner's batch of b × R windows and rank r trains on rows [r·b, (r + 1)·b): one rank with
+  // batch b × R sees the same windows.
+  auto batch = (R > 1 ? sampler_.batch(step_, b * R).narrow(0, group_->rank() * b, b) : sampler_.batch(step_, b)).to(device_);
   const int64_t T = cfg_.model.block_size;
   auto loss = loss_of(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
   opt_->zero_grad();
+  if (grad_sync_) grad_sync_->prepare();
   loss.backward();
+  if (grad_sync_) grad_sync_->finish();
   // Clipping as torch.nn.utils.clip_grad_norm_, its coefficient folded into the optimizer's single pass.
   opt_->step(current_lr(), cfg_.train.grad_clip > 0 ? clip_coefficient(params_, cfg_.train.grad_clip) : 1.0);
   ++step_;
@@ -172,7 +192,7 @@ double Trainer::train_step() {
 
 StepResult Trainer::inner_step() {
   StepResult r;
-  r.tokens = cfg_.train.batch_size * cfg_.model.block_size;
+  r.tokens = tokens_per_step();
   r.loss = train_step();
   return r;
 }
@@ -200,6 +220,7 @@ EvalResult Trainer::evaluate() {
   r.loss = total / static_cast<double>(N);
   r.bpb = r.loss / corpus_->val_bytes_per_token() / std::log(2.0);  // NaN when bytes per token is unknown
   r.tokens = N * T;
+  r.loss_unit = corpus_->is_text() ? "nats/byte" : "nats/token";
   return r;
 }
 
