@@ -19,7 +19,7 @@ echo "round ranks tokens_per_s comm_share" > "$OUT/results.txt"
 for r in $(seq 1 "$ROUNDS"); do
   for R in $RANKS; do
     "$BIN" run --config "$CFG" --set train.steps="$STEPS" --set train.eval_every=0 --set train.eval_tokens=4096 \
-      --set sync.learners=1 --set learner.ranks="$R" --set chaos.enabled=false --set syncer.eval_interval=0 \
+      --set sync.learners=1 --set sync.quorum=1 --set learner.ranks="$R" --set chaos.enabled=false --set syncer.eval_interval=0 \
       --set syncer.out_dir="$OUT/r$r-$R" --summary "$OUT/r$r-$R.json" > "$OUT/r$r-$R.log" 2>&1
     jq -r --arg r "$r" --arg R "$R" --argjson t "$tps_step" 'select(.kind == "learner_done") |
       "\($r) \($R) \(.steps_per_second * $t * ($R | tonumber)) \(.group_comm_seconds / .wall_seconds)"' \
