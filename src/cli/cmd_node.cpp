@@ -170,6 +170,9 @@ void run_learner(const NodeArgs& a) {
     group = LearnerGroup::connect(go);
     replica->join_group(group);
     if (go.rank != 0) {  // the other ranks mirror rank 0, which alone talks to the syncer
+      // SIGINT/SIGTERM go to the whole group at once: these ranks keep going until rank 0 (which saves its state
+      // and says goodbye first) tells them to stop, or goes away.
+      install_stop_signals();
       const int64_t trained = group->follow(*replica);
       std::cerr << "deloco learner " << id << " rank " << go.rank << ": " << trained << " steps, stopped by rank 0\n";
       write_summary(a.common, {{"learner", id}, {"rank", go.rank}, {"ranks", go.size}, {"steps_trained", trained},

@@ -270,6 +270,30 @@ TEST_F(RunCli, LearnerGroupOfTwoRanksSurvivesChaos) {
   EXPECT_NE(follower.find("rank 1 of 2"), std::string::npos) << follower;
 }
 
+// Stopping `deloco run` signals every process at once. Rank 1 waits for rank 0's stop; rank 0 ends its group
+// cleanly and saves its state (whether the syncer, stopping too, still answers its goodbye is another matter).
+TEST_F(RunCli, StoppingARunStopsALearnerGroupCleanly) {
+  std::vector<std::string> argv{"run"};
+  std::istringstream words(tiny(100000, true) + " --set sync.learners=1 --set learner.ranks=2");
+  for (std::string w; words >> w;) argv.push_back(w);
+  test::Proc p(argv, (dir_ / "out.log").string());
+  ASSERT_GT(p.pid(), 0);
+  const fs::path records = dir_ / "run" / "learner-0.jsonl";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  auto trained = [&] { return fs::exists(records) && read_file(records.string()).find("\"kind\":\"learner\"") != std::string::npos; };
+  while (std::chrono::steady_clock::now() < deadline && !trained() && p.wait(0) < 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(trained()) << p.log();
+  p.signal(SIGTERM);
+  EXPECT_GE(p.wait(60), 0) << "deloco run did not stop on SIGTERM";
+  const std::string rec = read_file(records.string());
+  EXPECT_NE(rec.find("\"kind\":\"learner_done\""), std::string::npos) << rec;
+  EXPECT_EQ(rec.find("group_stop_undelivered"), std::string::npos) << rec;
+  const std::string follower = read_file((dir_ / "run" / "logs" / "learner-0.rank-1.log").string());
+  EXPECT_NE(follower.find("stopped by rank 0"), std::string::npos) << follower;
+  EXPECT_TRUE(fs::exists(dir_ / "run" / "learner-0" / "state")) << "rank 0 saved no learner-local state";
+}
+
 TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
   auto r = run("run " + tiny(1500, true) +
                " --set chaos.enabled=true --set chaos.syncer_kill_at=4 --set chaos.restart_delay=0.5"

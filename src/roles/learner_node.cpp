@@ -518,7 +518,15 @@ struct LearnerNode::Impl {
     }
 
     const bool done = work->step() >= steps;
-    if (group) group->lead(LearnerGroup::Command::kStop, *work, {});
+    if (group) {
+      // A rank that already went (SIGTERM to the whole group, a crash) must not cost this learner its goodbye and
+      // its local state: the stop is best effort.
+      try {
+        group->lead(LearnerGroup::Command::kStop, *work, {});
+      } catch (const std::exception& e) {
+        emit({{"kind", "group_stop_undelivered"}, {"detail", e.what()}});
+      }
+    }
     save_state();
     {
       // A finished learner must tell the syncer (it releases its quorum share), so it waits for a syncer that is
