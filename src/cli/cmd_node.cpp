@@ -102,6 +102,9 @@ void run_syncer(const NodeArgs& a) {
   JsonlFile log((fs::path(dir) / "syncer.jsonl").string());
   // The evaluator's model fixes the transport's frame bound (node_transport_options), so it is built first.
   std::unique_ptr<Workload> evaluator = gpt_workloads(cfg.run, corpus)(0, 1);
+  // A TorchScript module fixes V and T: checkpoint manifests and syncer-config.json must say the module's values,
+  // as `deloco train` does, or whoever rebuilds the model from them (eval, PyTorch) gets the config's instead.
+  if (const auto* t = dynamic_cast<const Trainer*>(evaluator.get())) cfg.run.model = t->config().model;
   const TransportOptions topts = node_transport_options(cfg, *evaluator, NodeRole::kSyncer);
   auto transport = make_zmq_server(cfg.net.address, topts);
   const std::string endpoint = transport->endpoint();

@@ -3,6 +3,7 @@
 // DELOCO_BINARY and DELOCO_SOURCE_DIR; the corpus (data/sotu) comes from scripts/setup.sh.
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -145,6 +146,9 @@ TEST_F(RunCli, TrainsAUsersTorchScriptModel) {
   const fs::path ck = run_dir / "checkpoints" / latest.substr(0, latest.find_last_not_of("\n ") + 1);
   const std::string header = read_file((ck / "model.safetensors").string()).substr(0, 4096);
   EXPECT_NE(header.find("layers.0.feed_forward.w3.weight"), std::string::npos);
+  // The manifest describes the module (T = 32 from make_model.py --block 32), not the config's defaults.
+  const auto manifest = nlohmann::json::parse(read_file((ck / "manifest.json").string()));
+  EXPECT_EQ(manifest["config"]["model"]["block_size"].get<int64_t>(), 32) << manifest["config"]["model"].dump();
   auto ev = run("eval --checkpoint " + run_dir.string() + " --summary " + (dir_ / "eval.json").string(), dir_ / "eval.log");
   ASSERT_EQ(ev.code, 0) << ev.out;
   EXPECT_NEAR(nlohmann::json::parse(read_file((dir_ / "eval.json").string()))["final_val_loss"].get<double>(), final_loss,
@@ -152,8 +156,16 @@ TEST_F(RunCli, TrainsAUsersTorchScriptModel) {
   auto sm = run("sample --checkpoint " + run_dir.string() + " --prompt The --tokens 20 --seed 1", dir_ / "sample.log");
   ASSERT_EQ(sm.code, 0) << sm.out;
   // PyTorch reads the run folder too: the module from model.path, the checkpoint's weights by parameter name.
-  const std::string py = "/usr/bin/python3 " + kSrc + "/tests/python/checkpoint_loss.py " + run_dir.string() +
-                         " 'Fellow citizens of the Senate' > " + (dir_ / "py.log").string() + " 2>&1";
+  // 2 KB of the corpus: long enough that a 60-step model's loss on it is stably below uniform (a short prompt's is not).
+  std::vector<fs::path> docs;
+  for (const auto& e : fs::directory_iterator(kSrc + "/data/sotu"))
+    if (e.is_regular_file() && fs::file_size(e.path()) >= 2048) docs.push_back(e.path());
+  ASSERT_FALSE(docs.empty());
+  const std::string corpus_text = read_file(std::min_element(docs.begin(), docs.end())->string()).substr(0, 2048);
+  ASSERT_EQ(corpus_text.size(), 2048u);
+  write_file_atomic((dir_ / "text.txt").string(), corpus_text);
+  const std::string py = "/usr/bin/python3 " + kSrc + "/tests/python/checkpoint_loss.py " + run_dir.string() + " @" +
+                         (dir_ / "text.txt").string() + " > " + (dir_ / "py.log").string() + " 2>&1";
   ASSERT_EQ(std::system(py.c_str()), 0) << read_file((dir_ / "py.log").string());
   const double py_loss = std::stod(read_file((dir_ / "py.log").string()));
   EXPECT_TRUE(std::isfinite(py_loss));
