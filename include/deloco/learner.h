@@ -103,8 +103,16 @@ class LearnerCore {
   // Overwrites every parameter, holds these versions, resets counters, outstanding sends, answers not yet applied,
   // the error-feedback residuals and the step-time estimate.
   void install(const at::Tensor& flat_model, const std::vector<int64_t>& versions);
+  // Part of a global state (one shard of a sharded syncer, deloco/runtime.h): flat fp32 CPU holding the listed
+  // fragments' layouts one after another, in the list's order, and their versions. Those fragments as install()
+  // does them (parameters, versions, counters, outstanding sends, unapplied answers, residuals); the others and
+  // the step-time estimate are untouched. Throws SyncError (unknown fragment, sizes) and then changes nothing.
+  void install_fragments(const std::vector<int64_t>& fragments, const at::Tensor& flat,
+                         const std::vector<int64_t>& versions);
   // Forgets outstanding sends and answers not yet applied (the link to the syncer was lost; they will not come).
   void forget_in_flight();
+  // The same for the listed fragments only (the link to one shard was lost).
+  void forget_in_flight(const std::vector<int64_t>& fragments);
   // The syncer refused the outstanding push of `fragment` (a reject naming it): no answer will come for that push,
   // so the wait rule no longer waits for it. An answer already received is kept. Its counters were reset when it
   // was sent: the refused steps still live in θ, and the next push (Θ^v − θ) carries them.

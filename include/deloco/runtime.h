@@ -28,14 +28,25 @@
 // sends hello every net.heartbeat seconds until a welcome comes back (then it trains on without downloading).
 // The syncer counts a learner gone after net.dead_after seconds of silence (Syncer::set_connected(false)).
 //
+// Sharded syncer (syncer.shards = S > 1): S syncer processes (`deloco syncer --shard s`), each serving the fragments
+// assign_shards() gives it (deloco/sync.h; src/roles/protocol.h plan_shard: every node computes the same split). A
+// learner speaks the protocol above with every shard on its own connection: hello, welcome and state download
+// cover that shard's part only (welcome.versions and elements over its fragments, in its local order); pushes go to
+// the fragment's shard; fragment ids on the wire are the model's (global) ids, and a push to the wrong shard is
+// refused as unknown_fragment. A shard that is away stalls only its fragments: the learner notices it (syncer_lost
+// with "shard"), trains on, and rejoins it alone. Each shard checkpoints its fragments and outer state (manifest:
+// shard, shards, fragments); the global model is their union (assemble_shards).
+//
 // Metrics records (JSON lines, one object per line, every record has "kind" and "t" = Unix time in seconds):
 //   learner node: {"kind":"learner","learner","step","loss","tokens","step_time"} every train.log_every steps
 //                 {"kind":"joined","learner","step","download_seconds","download_bytes","syncer_round"}
 //                 {"kind":"push","learner","fragment","step","bytes"}   {"kind":"apply","learner","fragment","version"}
 //                 {"kind":"syncer_lost","learner","step"}   {"kind":"rejected","learner","reason"}
+//                 (sharded syncer: records about one link — welcome, joined, push, syncer_lost, rejected,
+//                  leave_undelivered — carry "shard"; {"kind":"shard_missing","shard"} a shard silent at the start)
 //                 {"kind":"learner_done","learner","step","tokens","wall_seconds","steps_per_second",
 //                  "comm_wait_seconds"}
-//   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port"}
+//   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port","shard","shards","fragments"}
 //                 {"kind":"join","learner","instance","restart","state_bytes"}  {"kind":"lost","learner"}
 //                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason","detail"}
 //                 {"kind":"rejoin", ...join} a hello repeated on a joined connection (rate-limited like rejects)
@@ -45,7 +56,9 @@
 //                 {"kind":"merge_rolled_back","fragment","version","learners","reason","detail"} (a merge whose
 //                  result was not finite: nothing changed, its contributions rejected; deloco/sync.h)
 //                 {"kind":"broadcast_failed","fragment","version","detail"}
-//                 {"kind":"eval","val_loss","val_bpb","tokens","merges"}
+//                 {"kind":"eval","val_loss","val_bpb","tokens","merges"[,"shards"]} (a sharded syncer: shard 0 only,
+//                  of the model assembled from its fragments and the other shards' latest checkpoints: "shards" lists
+//                  the merges of each shard's part it used)
 //                 {"kind":"checkpoint","path","merges"}
 //                 {"kind":"status","alive","connected","stalled","uptime","merges","rejected","bytes_in",
 //                  "bytes_out"} once per second
@@ -101,6 +114,13 @@ struct NetOptions {
 
 struct SyncerNodeOptions {
   std::string out_dir;               // run folder: syncer.jsonl, checkpoints/, summary
+  int64_t shards = 1;                // S: syncer processes, each serving the fragments assign_shards gives it
+  int64_t shard = 0;                 // not a key: which shard this process is (`deloco syncer --shard`, DELOCO_SHARD)
+  // Shard 0 of a sharded syncer evaluates the global model: its own fragments, and the other shards' from the
+  // latest committed checkpoint in these run folders (index = shard; "" or unreadable: that shard's fragments
+  // at version 0, as every node initialises them, or its latest readable checkpoint). Not a key: `deloco syncer`
+  // fills it with the sibling folders shard-k of a run folder named shard-s.
+  std::vector<std::string> shard_dirs;
   int64_t checkpoint_every = 1;      // merges between checkpoints, written before the broadcast (0: only at the
                                      // end); 1 means no merge a learner has seen is ever lost to a syncer crash
   double eval_interval = 30.0;       // seconds between validation evaluations of Θ (0: only at the end)
@@ -145,6 +165,26 @@ struct RuntimeConfig : AlgorithmConfig {
   int64_t resolved_learners() const;
   void validate() const;             // cross-checks (resolving the preset first); throws ConfigError naming the key
 };
+
+// ---- Sharded syncer endpoints ----------------------------------------------------------------------------------
+// net.address split at commas (spaces around each endpoint trimmed).
+std::vector<std::string> split_endpoints(const std::string& address);
+// The endpoint of every shard: the listed ones when net.address lists S; else derived from the one given — shard s
+// on tcp port + s, or at ipc path "-s" (before a ".sock" extension). Throws ConfigError when neither works.
+std::vector<std::string> shard_endpoints(const std::string& address, int64_t shards);
+
+// ---- The global model of a sharded syncer -----------------------------------------------------------------------
+// Each shard checkpoints only its fragments (manifest "shard", "shards", "fragments"). assemble_shards reads the
+// latest committed checkpoint of every shard's run folder (given in any order, each shard exactly once), checks
+// they are one run's (same model fingerprint, disjoint fragments, all S present) and commits their union as a
+// syncer checkpoint of run folder `out_dir` (manifest: global versions, summed merges, "assembled_from"), which
+// `deloco eval`, `sample` and `merge` read like any other. Throws CheckpointError naming the folder at fault.
+struct AssembledModel {
+  std::string dir;      // the committed checkpoint folder
+  int64_t merges = 0;   // summed over the shards
+  bool final = false;   // every shard's checkpoint was its final one
+};
+AssembledModel assemble_shards(const std::vector<std::string>& shard_dirs, const std::string& out_dir);
 
 // ---- Transport bounds sized to the model ---------------------------------------------------------------------
 // What a peer can make a node hold is a few frames (deloco/transport.h, Bounds), so frames are bounded by what the
@@ -192,6 +232,12 @@ class LearnerNode {
               std::shared_ptr<const Corpus> corpus, RecordSink record);
   // Any workload (deloco/workload.h) as this learner's replica.
   LearnerNode(const RuntimeConfig& cfg, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
+              std::unique_ptr<Workload> workload, RecordSink record);
+  // A sharded syncer (syncer.shards = S): one transport per shard, dialled to shard_endpoints() in shard order.
+  // The learner joins every shard, downloads each shard's part of the global state from it, pushes each fragment
+  // to the shard that serves it and takes its merges from there. A shard that is away stalls only its fragments:
+  // the learner trains on, and its other fragments keep syncing.
+  LearnerNode(const RuntimeConfig& cfg, int64_t learner_id, std::vector<std::unique_ptr<ClientTransport>> shards,
               std::unique_ptr<Workload> workload, RecordSink record);
   ~LearnerNode();
   // As rank 0 of a learner group (deloco/group.h), whose workload has joined `group`: at every step boundary the

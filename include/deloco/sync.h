@@ -97,6 +97,14 @@ std::vector<Fragment> plan_fragments(const std::vector<std::pair<std::string, in
                                      int64_t H);
 inline bool fragment_due(const Fragment& f, int64_t step, int64_t H) { return step > 0 && step % H == f.offset; }
 
+// A sharded syncer (syncer.shards = S): which shard serves each fragment, balanced by bytes the way fragments are
+// balanced over tensors — the largest fragment first to the lightest shard (ties: the lower fragment id, the lower
+// shard). Result[p] is the shard of fragment p; every shard gets at least one fragment. Deterministic: every node
+// computes the same assignment from the same plan. Throws SyncError when S < 1 or S > P.
+std::vector<int64_t> assign_shards(const std::vector<Fragment>& fragments, int64_t S);
+// The fragments shard s serves, in increasing id order (its local order: local index k ↔ global id result[k]).
+std::vector<int64_t> shard_fragments(const std::vector<int64_t>& assignment, int64_t s);
+
 // ---- Weights, moving averages, grace window, quorum -------------------------------------------------------
 // token: c_tokens · (c_tokens / c_steps) (0 when c_steps == 0); uniform: 1. Throws SyncError for other modes.
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps);

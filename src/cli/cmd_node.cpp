@@ -39,6 +39,7 @@ struct NodeArgs {
   std::string out;
   bool resume = false;
   int64_t id = -1;
+  std::optional<int64_t> shard;  // syncer: which shard of syncer.shards (default DELOCO_SHARD, else 0)
   // A learner group's rank (torchrun's names; unset: the environment, else rank 0 of learner.ranks).
   std::optional<int64_t> rank, world_size, local_rank, master_port;
   std::optional<std::string> master_addr;
@@ -84,10 +85,36 @@ class JsonlFile {
   std::ofstream out_;
 };
 
+int64_t env_integer(const char* name, const char* v) {
+  try {
+    size_t used = 0;
+    const int64_t x = std::stoll(v, &used);
+    if (used != std::string(v).size()) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    throw ConfigError(std::string(name) + "='" + v + "' is not an integer");
+  }
+}
+
 void run_syncer(const NodeArgs& a) {
   ConfigSchema schema;
   RuntimeConfig cfg = load(a, schema, /*syncer=*/true);
+  int64_t shard = 0;
+  if (a.shard) {
+    shard = *a.shard;
+  } else if (const char* v = std::getenv("DELOCO_SHARD"); v != nullptr && *v != '\0') {
+    shard = env_integer("DELOCO_SHARD", v);
+  }
+  cfg.syncer.shard = shard;
+  cfg.validate();  // the shard against syncer.shards
+  // Where this shard serves: --bind, else its endpoint of net.address (one per shard, or derived).
+  if (a.address.empty()) cfg.net.address = shard_endpoints(cfg.net.address, cfg.syncer.shards)[static_cast<size_t>(shard)];
   std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
+  // A sharded syncer in a run folder named shard-s: the siblings shard-k are the other shards' (shard 0 assembles
+  // the global model from their checkpoints for its evaluations).
+  if (cfg.syncer.shards > 1 && !dir.empty() && fs::path(dir).filename() == "shard-" + std::to_string(shard))
+    for (int64_t k = 0; k < cfg.syncer.shards; ++k)
+      cfg.syncer.shard_dirs.push_back((fs::path(dir).parent_path() / ("shard-" + std::to_string(k))).string());
   if (a.resume) {
     if (dir.empty()) throw ConfigError("--resume needs the run folder: --out DIR or syncer.out_dir");
   } else if (dir.empty()) {
@@ -111,7 +138,10 @@ void run_syncer(const NodeArgs& a) {
   SyncerNode node(cfg, std::move(transport), std::move(evaluator), a.resume,
                   [&](const nlohmann::json& j) { log.write(j); });
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
-  std::cerr << "deloco syncer: serving " << endpoint << (cfg.net.plaintext ? " in PLAINTEXT" : " (CURVE)") << ", "
+  std::cerr << "deloco syncer" << (cfg.syncer.shards > 1 ? " shard " + std::to_string(shard) + " of " +
+                                                                 std::to_string(cfg.syncer.shards)
+                                                           : std::string())
+            << ": serving " << endpoint << (cfg.net.plaintext ? " in PLAINTEXT" : " (CURVE)") << ", "
             << cfg.resolved_learners() << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
             << (a.resume ? ", resumed" : "") << ", max frame " << topts.max_frame_bytes << " bytes; run folder " << dir
             << "\n";
@@ -119,8 +149,11 @@ void run_syncer(const NodeArgs& a) {
   std::cerr << "deloco syncer: " << s["outer_steps"] << " merges, " << s["contributions_merged"]
             << " contributions merged, " << s["contributions_rejected"] << " rejected, val loss "
             << s["final_val_loss"] << ", uptime " << s["uptime"] << "\n"
-            << "deloco syncer: the global model is the latest checkpoint of " << dir << ": " << self_command()
-            << " eval --checkpoint " << dir << "\n";
+            << (cfg.syncer.shards > 1
+                    ? "deloco syncer: this shard's fragments are in " + dir + "; the global model: " + self_command() +
+                          " assemble <every shard's folder> --out DIR\n"
+                    : "deloco syncer: the global model is the latest checkpoint of " + dir + ": " + self_command() +
+                          " eval --checkpoint " + dir + "\n");
   write_summary(a.common, s);
 }
 
@@ -131,13 +164,7 @@ void run_learner(const NodeArgs& a) {
   if (id < 0) {
     const char* v = std::getenv("DELOCO_LEARNER_ID");
     if (v == nullptr || *v == '\0') throw ConfigError("give the learner id with --id N or DELOCO_LEARNER_ID");
-    try {
-      size_t used = 0;
-      id = std::stoll(v, &used);
-      if (used != std::string(v).size()) throw std::invalid_argument(v);
-    } catch (const std::exception&) {
-      throw ConfigError(std::string("DELOCO_LEARNER_ID='") + v + "' is not an integer");
-    }
+    id = env_integer("DELOCO_LEARNER_ID", v);
   }
   std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
   if (dir.empty()) dir = "runs/learner-" + std::to_string(id);
@@ -183,8 +210,12 @@ void run_learner(const NodeArgs& a) {
       return;
     }
   }
-  auto transport = make_zmq_client(cfg.net.address, node_transport_options(cfg, *replica, NodeRole::kLearner));
-  LearnerNode node(cfg, id, std::move(transport), std::move(replica), [&](const nlohmann::json& j) { log.write(j); });
+  // One connection per syncer shard (one when unsharded).
+  const std::vector<std::string> endpoints = shard_endpoints(cfg.net.address, cfg.syncer.shards);
+  const TransportOptions topts = node_transport_options(cfg, *replica, NodeRole::kLearner);
+  std::vector<std::unique_ptr<ClientTransport>> links;
+  for (const auto& e : endpoints) links.push_back(make_zmq_client(e, topts));
+  LearnerNode node(cfg, id, std::move(links), std::move(replica), [&](const nlohmann::json& j) { log.write(j); });
   if (group) node.lead_group(group);
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
@@ -204,12 +235,33 @@ void add_node_commands(CLI::App& app) {
   s->add_option("--bind", sargs->address, "endpoint to serve: tcp://host:port or ipc:///path (default net.address)");
   s->add_option("--out", sargs->out, "run folder (default syncer.out_dir, else runs/<config>-<time>)");
   s->add_flag("--resume", sargs->resume, "continue from the run folder's latest syncer checkpoint");
+  s->add_option("--shard", sargs->shard, "which shard of syncer.shards this process serves (default DELOCO_SHARD, else 0)");
   s->callback([sargs] { run_syncer(*sargs); });
+
+  struct AssembleArgs {
+    CommonOptions common;
+    std::vector<std::string> shards;
+    std::string out;
+  };
+  auto aargs = std::make_shared<AssembleArgs>();
+  auto* as = app.add_subcommand("assemble", "the global model of a sharded syncer: join the shards' latest checkpoints");
+  add_common_options(as, &aargs->common, /*with_config=*/false);
+  as->add_option("shards", aargs->shards, "every shard's run folder (syncer --out), in any order")->required();
+  as->add_option("--out", aargs->out, "run folder to commit the assembled checkpoint into")->required();
+  as->callback([aargs] {
+    const AssembledModel m = assemble_shards(aargs->shards, aargs->out);
+    std::cout << "assembled " << aargs->shards.size() << " shards (" << m.merges << " merges"
+              << (m.final ? ", final" : "") << ") into " << m.dir << "\n"
+              << "evaluate it: " << self_command() << " eval --checkpoint " << aargs->out << "\n";
+    write_summary(aargs->common, {{"command", "assemble"}, {"checkpoint", m.dir}, {"merges", m.merges}, {"final", m.final}});
+  });
 
   auto largs = std::make_shared<NodeArgs>();
   auto* l = app.add_subcommand("learner", "train one replica and talk to the syncer (one process of a cluster)");
   add_common_options(l, &largs->common);
-  l->add_option("--connect", largs->address, "syncer endpoint (default DELOCO_SYNCER, else net.address)");
+  l->add_option("--connect", largs->address,
+                "syncer endpoint; a sharded syncer: one per shard, comma-separated, or one to derive them from "
+                "(default DELOCO_SYNCER, else net.address)");
   l->add_option("--id", largs->id, "learner id in [0, sync.learners) (default DELOCO_LEARNER_ID)");
   l->add_option("--out", largs->out, "folder for learner-N.jsonl (default syncer.out_dir, else runs/learner-N)");
   l->add_option("--rank", largs->rank, "rank in this learner's group of learner.ranks processes (default RANK, else 0)");

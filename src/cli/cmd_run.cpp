@@ -12,7 +12,9 @@
 #include "common.h"
 #include "commands.h"
 #include "demo_config.h"
+#include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/data.h"
 #include "deloco/fs.h"
 #include "deloco/runtime.h"
 #include "deloco/stop_signals.h"
@@ -27,6 +29,30 @@ namespace {
 struct RunArgs {
   CommonOptions common;
 };
+
+// A sharded syncer: every shard checkpointed only its fragments. The global model is their union, committed as the
+// run folder's own checkpoint (so `deloco eval --checkpoint RUN` and the commands use_the_model prints work as for
+// one syncer), and its validation loss is the run's final one.
+void assemble_and_evaluate(const RuntimeConfig& cfg, const std::string& dir, json& summary) {
+  std::vector<std::string> shards;
+  for (int64_t s = 0; s < cfg.syncer.shards; ++s) shards.push_back((fs::path(dir) / ("shard-" + std::to_string(s))).string());
+  try {
+    const AssembledModel m = assemble_shards(shards, dir);
+    summary["checkpoint"] = m.dir;
+    auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
+    std::unique_ptr<Workload> w = gpt_workloads(cfg.run, corpus)(0, 1);
+    const Checkpoint ck = read_checkpoint(m.dir, /*with_optimizer=*/false);
+    load_parameters(w->parameters(), ck.model, ck.dir);
+    const EvalResult r = w->evaluate();
+    summary["final_val_loss"] = r.loss;
+    summary["val_bpb"] = r.bpb;
+    summary["loss_unit"] = r.loss_unit;
+    summary["final_eval"] = "assembled from " + std::to_string(shards.size()) + " shards (" + std::to_string(m.merges) + " merges)";
+  } catch (const std::exception& e) {
+    summary["assemble_error"] = e.what();
+    std::cerr << "deloco run: could not assemble the global model from the shards: " << e.what() << "\n";
+  }
+}
 
 void run_run(const RunArgs& args) {
   RuntimeConfig cfg;
@@ -60,6 +86,7 @@ void run_run(const RunArgs& args) {
     throw;
   }
   restore_stop_signals();
+  if (cfg.syncer.shards > 1 && !summary.contains("interrupted")) assemble_and_evaluate(cfg, dir, summary);
   summary["config"] = schema.to_json();
   const std::string summary_file = (fs::path(dir) / "summary.json").string();
   write_file_atomic(summary_file, summary.dump(2) + "\n");

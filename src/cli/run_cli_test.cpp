@@ -321,6 +321,75 @@ TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
   EXPECT_NE(r.out.find("restarted the syncer with --resume"), std::string::npos) << r.out;
 }
 
+// Records of a JSON-lines file, in order.
+std::vector<nlohmann::json> records_of(const fs::path& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(read_file(path.string()));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// A sharded syncer of two processes over CURVE, each killed once by chaos (shard 0, then shard 1) and resumed.
+// While one shard is down the other keeps merging its fragments; the resumed shard continues from its checkpoint
+// and merges again; the run's global model is assembled from both shards and evaluated.
+TEST_F(RunCli, ShardedSyncerSurvivesTheKillOfEitherShard) {
+  auto r = run("run " + tiny(3000, false) +
+                   " --set sync.fragments=4 --set syncer.shards=2 --set chaos.enabled=true"
+                   " --set chaos.syncer_kill_at=4,10 --set chaos.restart_delay=3",
+               dir_ / "out.log", 300);
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  expect_trained(s);
+  EXPECT_EQ(s["syncer_kills"].get<int64_t>(), 2) << r.out;
+  EXPECT_EQ(s["syncer_shards"].get<int64_t>(), 2);
+  ASSERT_EQ(s["shards"].size(), 2u) << s.dump();
+  // The only refusals: a learner's message reaching a restarted shard before it noticed the restart and said
+  // hello again (not_joined); nothing it pushed was refused.
+  for (const auto& [reason, n] : s["rejects"].items()) EXPECT_EQ(reason, "not_joined") << s["rejects"].dump();
+  // Each shard served its own half of the fragments, and the summary sums them.
+  std::vector<int64_t> all;
+  int64_t merges = 0;
+  for (const auto& sh : s["shards"]) {
+    for (int64_t p : sh["fragments"].get<std::vector<int64_t>>()) all.push_back(p);
+    merges += sh["outer_steps"].get<int64_t>();
+  }
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(all, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(s["outer_steps"].get<int64_t>(), merges);
+  EXPECT_NE(s.value("final_eval", std::string()).find("assembled from 2 shards"), std::string::npos) << s.dump();
+  EXPECT_LT(s["final_val_loss"].get<double>(), 4.0) << s.dump();  // trained: uniform over bytes is 5.5 nats
+  EXPECT_NE(r.out.find("restarted syncer shard 0 with --resume"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("restarted syncer shard 1 with --resume"), std::string::npos) << r.out;
+
+  const fs::path run_dir = dir_ / "run";
+  std::vector<std::vector<nlohmann::json>> recs{records_of(run_dir / "shard-0" / "syncer.jsonl"),
+                                                records_of(run_dir / "shard-1" / "syncer.jsonl")};
+  for (int k = 0; k < 2; ++k) {
+    const auto& mine = recs[static_cast<size_t>(k)];
+    const auto& other = recs[static_cast<size_t>(1 - k)];
+    // Down from its last record before the second start until that start.
+    size_t restart = 0;
+    for (size_t i = 1; i < mine.size() && restart == 0; ++i)
+      if (mine[i]["kind"] == "started") restart = i;
+    ASSERT_GT(restart, 0u) << "shard " << k << " was not restarted";
+    EXPECT_TRUE(mine[restart]["resumed"].get<bool>()) << mine[restart].dump();
+    EXPECT_GT(mine[restart]["merges"].get<int64_t>(), 0) << "shard " << k << " resumed from nothing";
+    const double down = mine[restart - 1]["t"].get<double>(), up = mine[restart]["t"].get<double>();
+    int64_t others_merges = 0, own_after = 0;
+    for (const auto& j : other)
+      if (j["kind"] == "merge" && j["t"].get<double>() > down && j["t"].get<double>() < up) ++others_merges;
+    for (size_t i = restart; i < mine.size(); ++i) own_after += mine[i]["kind"] == "merge" ? 1 : 0;
+    EXPECT_GT(others_merges, 0) << "shard " << 1 - k << " stalled while shard " << k << " was down (" << down << " to "
+                                << up << ")";
+    EXPECT_GT(own_after, 0) << "shard " << k << " never merged again after its restart";
+  }
+  // The assembled global model is the run folder's checkpoint: `deloco eval` reads it like any other.
+  auto e = run("eval --checkpoint " + run_dir.string(), dir_ / "eval.log");
+  ASSERT_EQ(e.code, 0) << e.out;
+  EXPECT_NE(e.out.find("assembled_"), std::string::npos) << e.out;
+}
+
 // The hang of issue 10 with real processes: τ = 5 with waiting and a quorum of both learners. Each answer that
 // comes within τ steps is applied at send + τ and clears the wait; the run finishes with every merge holding both.
 TEST_F(RunCli, StreamingWithWaitingFinishes) {

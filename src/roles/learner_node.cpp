@@ -7,6 +7,7 @@
 // only moves bytes, keeps time and writes records.
 // Comms thread: hello until welcomed (downloading the global parameters in verified chunks), heartbeats, pushes,
 // broadcasts into the inbox, noticing a silent syncer (then hello again). One handler per message kind.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -40,14 +41,12 @@ using proto::unix_now;
 struct LearnerNode::Impl {
   RuntimeConfig cfg;
   int64_t id = 0, M = 1;
-  std::unique_ptr<ClientTransport> tx;
   RecordSink record;
   std::unique_ptr<Workload> work;
   std::unique_ptr<LearnerCore> core;
   std::shared_ptr<LearnerGroup> group;  // rank 0 of a learner group: the other ranks mirror this one
   std::vector<std::string> group_changed;  // parameters changed since the group's last step boundary
-  std::vector<FlatLayout> layouts;
-  FlatLayout model_layout;
+  std::vector<FlatLayout> layouts;         // per (global) fragment
   uint64_t fingerprint = 0, instance = 0;
   WireLimits limits;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -61,24 +60,61 @@ struct LearnerNode::Impl {
     proto::Welcome welcome;
     at::Tensor flat;
   };
+  // What the comms thread alone touches, per link.
+  struct Comms {
+    double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
+    std::optional<proto::Welcome> dl;  // download in progress
+    at::Tensor dl_flat;
+    std::vector<bool> dl_have;
+    int64_t dl_count = 0;
+    bool first_join_recorded = false;
+  };
+  // The connection to one syncer shard (the only one when syncer.shards = 1): the fragments it serves, and whether
+  // the learner is joined to it, holds its part of the state and was answered its goodbye. Guarded by mu except
+  // `tx` and `c` (comms thread only).
+  struct Link {
+    std::unique_ptr<ClientTransport> tx;
+    proto::ShardPlan plan;
+    bool joined = false, have_state = false, left = false;
+    std::optional<State> state_ready;  // a verified download of this shard's part, waiting to be installed
+    int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
+    Comms c;
+  };
+  std::vector<Link> links;
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Push> outbox;                 // at most one entry per fragment (a newer push replaces an older)
   std::map<int64_t, Answer> inbox;         // newest merged fragment per fragment id
   std::set<int64_t> refused_pushes;      // fragments whose outstanding push the syncer refused (reject naming it)
-  std::optional<State> state_ready;        // a verified global-state download waiting to be installed
-  std::optional<int64_t> resume_step;      // from the first welcome
+  std::optional<int64_t> resume_step;      // the highest of the shards' first welcomes
   std::vector<int64_t> held_versions;      // the core's versions, as last published by the main thread
-  bool joined = false, welcomed_once = false, have_state = false;
+  bool welcomed_once = false;
   std::string fatal;                        // set by comms: a refusal that retrying cannot fix
   proto::Beat beat;
   std::string leave_reason;                 // set by main at the end
-  bool left = false;
   bool comms_stop = false;
   int64_t pushes = 0, pushes_dropped = 0, broadcasts = 0, rejected = 0;
 
   std::thread comms;
   std::mutex record_mu;  // both threads emit records
+
+  bool sharded() const { return links.size() > 1; }
+  Link& link_of(int64_t fragment) { return links[static_cast<size_t>(links[0].plan.owner[static_cast<size_t>(fragment)])]; }
+  bool all_left() const {
+    for (const auto& L : links)
+      if (!L.left) return false;
+    return true;
+  }
+  bool all_have_state() const {
+    for (const auto& L : links)
+      if (!L.have_state) return false;
+    return true;
+  }
+  bool any_state_ready() const {
+    for (const auto& L : links)
+      if (L.state_ready) return true;
+    return false;
+  }
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
   void emit(nlohmann::json j) {
@@ -86,6 +122,11 @@ struct LearnerNode::Impl {
     j["learner"] = id;
     std::lock_guard<std::mutex> lock(record_mu);
     if (record) record(j);
+  }
+  // A record about one link: names the shard when the syncer is sharded.
+  void emit(const Link& L, nlohmann::json j) {
+    if (sharded()) j["shard"] = L.plan.shard;
+    emit(std::move(j));
   }
 
   MessageHeader header(MessageKind k) const {
@@ -95,28 +136,18 @@ struct LearnerNode::Impl {
     h.fingerprint = fingerprint;
     return h;
   }
-  bool send(const MessageHeader& h, Bytes payload) {
+  bool send(Link& L, const MessageHeader& h, Bytes payload) {
     auto f = proto::make_frame(h, std::move(payload), limits);
-    return tx->send(f.header, f.payload);
+    return L.tx->send(f.header, f.payload);
   }
 
   // ================================ comms thread ================================
-  struct Comms {
-    double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
-    std::optional<proto::Welcome> dl;  // download in progress
-    at::Tensor dl_flat;
-    std::vector<bool> dl_have;
-    int64_t dl_count = 0;
-    bool first_join_recorded = false;
-  };
-
   void comms_loop() {
-    Comms c;
-    c.start = now();
+    for (auto& L : links) L.c.start = now();
+    // With several shards, each link's receive waits a share of the 10 ms a single link waits.
+    const int64_t wait_ms = std::max<int64_t>(1, 10 / static_cast<int64_t>(links.size()));
     for (;;) {
-      const double t = now();
       std::optional<Push> out;
-      bool want_leave = false, is_joined = false;
       std::string reason;
       proto::Beat b;
       {
@@ -127,64 +158,88 @@ struct LearnerNode::Impl {
           outbox.pop_front();
         }
         // Goodbye only once every push before it went out, so the syncer merges them before retiring us.
-        want_leave = !out && !leave_reason.empty() && !left;
-        if (want_leave) reason = leave_reason;
+        if (!out) reason = leave_reason;
         b = beat;
-        is_joined = joined;
       }
-      // The final counters first, so the syncer's token and goodput totals are complete. The goodbye counts as
-      // delivered (left) only once the syncer answers it: a close discards what the socket has not sent yet, so
-      // it is repeated every heartbeat until answered (the syncer answers repeats too).
-      if (want_leave && is_joined && t - c.last_leave >= cfg.net.heartbeat) {
-        send(header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
-        send(header(MessageKind::kLeave), Bytes::from_string(proto::encode_leave(reason)));
-        c.last_leave = t;
-        c.last_beat = t;
+      for (auto& L : links) tend(L, b, reason);
+      if (out) {
+        Link& L = link_of(out->fragment);
+        bool is_joined;
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          is_joined = L.joined;
+        }
+        send_push(L, *out, b, is_joined);
       }
-      // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
-      if (!is_joined && t - c.last_hello >= cfg.net.heartbeat) say_hello(c, b, t);
-      if (is_joined && t - c.last_heard > cfg.net.dead_after) {
-        std::lock_guard<std::mutex> lock(mu);
-        joined = false;
-        is_joined = false;
-        c.last_leave = -1e9;  // a goodbye waiting for its answer goes again as soon as we are back
-        // A download in progress is kept: its chunks may still be on the way, and the syncer sends no second copy
-        // while one is outstanding on this connection. The next welcome that carries chunks replaces it.
-        cv.notify_all();
-        emit({{"kind", "syncer_lost"}, {"step", b.step}, {"silent_seconds", t - c.last_heard}});
+      for (auto& L : links) {
+        Envelope env;
+        if (L.tx->receive(&env, std::chrono::milliseconds(out ? 0 : wait_ms))) handle(L, env);
       }
-      if (is_joined && t - c.last_beat >= cfg.net.heartbeat) {
-        send(header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
-        c.last_beat = t;
-      }
-      if (out) send_push(*out, b, is_joined);
-
-      Envelope env;
-      if (!tx->receive(&env, std::chrono::milliseconds(out ? 0 : 10))) continue;
-      handle(c, env);
     }
   }
 
-  void say_hello(Comms& c, const proto::Beat& b, double t) {
+  // One link's housekeeping: goodbye, hello, noticing a silent shard, heartbeats.
+  void tend(Link& L, proto::Beat b, const std::string& reason) {
+    Comms& c = L.c;
+    const double t = now();
+    bool is_joined, want_leave;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      is_joined = L.joined;
+      want_leave = !reason.empty() && !L.left;
+      b.state_round = L.state_round;
+    }
+    // The final counters first, so the syncer's token and goodput totals are complete. The goodbye counts as
+    // delivered (left) only once the syncer answers it: a close discards what the socket has not sent yet, so
+    // it is repeated every heartbeat until answered (the syncer answers repeats too).
+    if (want_leave && is_joined && t - c.last_leave >= cfg.net.heartbeat) {
+      send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
+      send(L, header(MessageKind::kLeave), Bytes::from_string(proto::encode_leave(reason)));
+      c.last_leave = t;
+      c.last_beat = t;
+    }
+    // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
+    if (!is_joined && t - c.last_hello >= cfg.net.heartbeat) say_hello(L, b, t);
+    if (is_joined && t - c.last_heard > cfg.net.dead_after) {
+      std::lock_guard<std::mutex> lock(mu);
+      L.joined = false;
+      is_joined = false;
+      c.last_leave = -1e9;  // a goodbye waiting for its answer goes again as soon as we are back
+      // A download in progress is kept: its chunks may still be on the way, and the syncer sends no second copy
+      // while one is outstanding on this connection. The next welcome that carries chunks replaces it.
+      cv.notify_all();
+      emit(L, {{"kind", "syncer_lost"}, {"step", b.step}, {"silent_seconds", t - c.last_heard}});
+    }
+    if (is_joined && t - c.last_beat >= cfg.net.heartbeat) {
+      send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
+      c.last_beat = t;
+    }
+  }
+
+  void say_hello(Link& L, const proto::Beat& b, double t) {
     proto::Hello h;
     h.learner = id;
     h.instance = instance;
     h.step = b.step;
     {
       std::lock_guard<std::mutex> lock(mu);
-      h.want_state = !have_state;
+      h.want_state = !L.have_state;
     }
-    send(header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)));
-    c.last_hello = c.hello_sent_at = t;
+    send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)));
+    L.c.last_hello = L.c.hello_sent_at = t;
   }
 
   // The step-time estimate travels in a heartbeat right before the push it belongs to (the push header has no
   // field for it), so the syncer sees the same ξ_step input as the simulator's syncer.
-  void send_push(const Push& p, proto::Beat b, bool is_joined) {
+  void send_push(Link& L, const Push& p, proto::Beat b, bool is_joined) {
     bool sent = false;
     if (is_joined) {
       b.step_time = p.step_time;
-      send(header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        b.state_round = L.state_round;
+      }
+      send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
       MessageHeader h = header(MessageKind::kFragmentPush);
       h.encoding = p.encoding;
       h.fragment_id = static_cast<uint32_t>(p.fragment);
@@ -193,23 +248,23 @@ struct LearnerNode::Impl {
       h.c_tokens = static_cast<uint64_t>(p.c_tokens);
       h.element_count = static_cast<uint64_t>(p.elements);
       const size_t bytes = p.payload.size() + kWireHeaderBytes;
-      sent = send(h, Bytes::from_string(p.payload));
+      sent = send(L, h, Bytes::from_string(p.payload));
       if (sent)
-        emit({{"kind", "push"}, {"fragment", p.fragment}, {"step", p.step}, {"bytes", bytes},
-              {"base_version", p.base_version}});
+        emit(L, {{"kind", "push"}, {"fragment", p.fragment}, {"step", p.step}, {"bytes", bytes},
+                 {"base_version", p.base_version}});
     }
     std::lock_guard<std::mutex> lock(mu);
     (sent ? pushes : pushes_dropped) += 1;
   }
 
-  void handle(Comms& c, const Envelope& env) {
+  void handle(Link& L, const Envelope& env) {
     MessageHeader h;
     try {
       if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
       h = decode_header(env.header.data(), env.header.size(), limits);
       verify_payload(h, env.payload.data(), env.payload.size());
     } catch (const WireError& e) {
-      emit({{"kind", "bad_frame"}, {"detail", e.what()}});
+      emit(L, {{"kind", "bad_frame"}, {"detail", e.what()}});
       return;
     }
     if (h.fingerprint != fingerprint && h.kind != MessageKind::kReject) {  // a reject says why itself
@@ -219,66 +274,72 @@ struct LearnerNode::Impl {
       cv.notify_all();
       return;
     }
-    c.last_heard = now();
+    L.c.last_heard = now();
     try {
       switch (h.kind) {
-        case MessageKind::kWelcome: return on_welcome(c, env);
-        case MessageKind::kStateChunk: return on_state_chunk(c, h, env);
-        case MessageKind::kFragmentBroadcast: return on_broadcast(h, env);
+        case MessageKind::kWelcome: return on_welcome(L, env);
+        case MessageKind::kStateChunk: return on_state_chunk(L, h, env);
+        case MessageKind::kFragmentBroadcast: return on_broadcast(L, h, env);
         case MessageKind::kHeartbeat: return;
         case MessageKind::kLeave: {  // the syncer handled our goodbye
           proto::parse_leave(env.payload.data(), env.payload.size());
           std::lock_guard<std::mutex> lock(mu);
           if (!leave_reason.empty()) {
-            left = true;
+            L.left = true;
             cv.notify_all();
           }
           return;
         }
-        case MessageKind::kReject: return on_reject(c, h, env);
+        case MessageKind::kReject: return on_reject(L, h, env);
         default: throw WireError(std::string("unexpected ") + kind_name(h.kind) + " from the syncer");
       }
     } catch (const WireError& e) {
-      emit({{"kind", "bad_frame"}, {"detail", e.what()}});
+      emit(L, {{"kind", "bad_frame"}, {"detail", e.what()}});
     }
   }
 
-  void on_welcome(Comms& c, const Envelope& env) {
+  void on_welcome(Link& L, const Envelope& env) {
+    Comms& c = L.c;
     auto w = proto::parse_welcome(env.payload.data(), env.payload.size());
-    if (w.versions.size() != layouts.size())
+    if (w.versions.size() != L.plan.fragments.size())
       throw WireError("welcome lists " + std::to_string(w.versions.size()) + " fragments, we have " +
-                      std::to_string(layouts.size()) + " (sync.fragments differs)");
+                      std::to_string(L.plan.fragments.size()) + " for this syncer" +
+                      (sharded() ? " shard (sync.fragments or syncer.shards differs)" : " (sync.fragments differs)"));
     std::lock_guard<std::mutex> lock(mu);
     // A syncer that went back in time (resumed from an older checkpoint) no longer has the versions we hold: our
     // pushes would be refused (future_base). Download its state instead.
-    if (w.chunks == 0 && have_state) {
-      for (size_t p = 0; p < w.versions.size() && p < held_versions.size(); ++p)
-        if (w.versions[p] < held_versions[p]) {
-          have_state = false;
-          emit({{"kind", "syncer_behind"}, {"fragment", p}, {"syncer_version", w.versions[p]},
-                {"held_version", held_versions[p]}});
+    if (w.chunks == 0 && L.have_state) {
+      for (size_t k = 0; k < w.versions.size(); ++k) {
+        const int64_t p = L.plan.fragments[k];
+        if (p < static_cast<int64_t>(held_versions.size()) && w.versions[k] < held_versions[static_cast<size_t>(p)]) {
+          L.have_state = false;
+          emit(L, {{"kind", "syncer_behind"}, {"fragment", p}, {"syncer_version", w.versions[k]},
+                   {"held_version", held_versions[static_cast<size_t>(p)]}});
           c.last_hello = -1e9;  // hello again at once, asking for the state
           return;
         }
+      }
     }
-    joined = true;
-    if (!welcomed_once) resume_step = w.resume_step;
+    L.joined = true;
+    // Every shard remembers the learner's step: the highest of the first welcomes (before training starts) wins.
+    if (!welcomed_once || !resume_step || *resume_step < w.resume_step) resume_step = w.resume_step;
     welcomed_once = true;
     if (w.chunks > 0) {
-      if (w.elements != model_layout.elements) throw WireError("welcome describes another model size");
+      if (w.elements != L.plan.model.elements) throw WireError("welcome describes another model size");
       c.dl = w;
       c.dl_flat = torch::empty({w.elements}, torch::kFloat);
       c.dl_have.assign(static_cast<size_t>(w.chunks), false);
       c.dl_count = 0;
     }
     if (!c.first_join_recorded || w.chunks == 0)
-      emit({{"kind", w.chunks > 0 ? "welcome" : "joined"}, {"step", beat.step}, {"syncer_round", w.round},
-            {"resume_step", w.resume_step}, {"hello_seconds", now() - c.hello_sent_at}});
+      emit(L, {{"kind", w.chunks > 0 ? "welcome" : "joined"}, {"step", beat.step}, {"syncer_round", w.round},
+               {"resume_step", w.resume_step}, {"hello_seconds", now() - c.hello_sent_at}});
     c.first_join_recorded = true;
     cv.notify_all();
   }
 
-  void on_state_chunk(Comms& c, const MessageHeader& h, const Envelope& env) {
+  void on_state_chunk(Link& L, const MessageHeader& h, const Envelope& env) {
+    Comms& c = L.c;
     if (!c.dl || h.round != c.dl->round) return;  // a chunk of an abandoned download
     const int64_t k = h.fragment_id;
     if (k >= c.dl->chunks) throw WireError("state chunk index out of range");
@@ -294,23 +355,26 @@ struct LearnerNode::Impl {
     const uint64_t hash = fnv1a64(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
     std::lock_guard<std::mutex> lock(mu);
     if (hash != c.dl->state_hash) {
-      emit({{"kind", "bad_frame"}, {"detail", "global state hash mismatch; downloading again"}});
-      joined = false;  // hello again with want_state
+      emit(L, {{"kind", "bad_frame"}, {"detail", "global state hash mismatch; downloading again"}});
+      L.joined = false;  // hello again with want_state
     } else {
-      state_ready = State{*c.dl, c.dl_flat};
-      have_state = true;
-      beat.state_round = static_cast<int64_t>(c.dl->round);  // tells the syncer the download arrived
-      emit({{"kind", "joined"}, {"step", beat.step}, {"syncer_round", c.dl->round},
-            {"download_bytes", c.dl->elements * 4}, {"download_seconds", now() - c.hello_sent_at},
-            {"resume_step", c.dl->resume_step}});
+      L.state_ready = State{*c.dl, c.dl_flat};
+      L.have_state = true;
+      L.state_round = static_cast<int64_t>(c.dl->round);  // tells the syncer the download arrived
+      emit(L, {{"kind", "joined"}, {"step", beat.step}, {"syncer_round", c.dl->round},
+               {"download_bytes", c.dl->elements * 4}, {"download_seconds", now() - c.hello_sent_at},
+               {"resume_step", c.dl->resume_step}});
       cv.notify_all();
     }
     c.dl.reset();
   }
 
-  void on_broadcast(const MessageHeader& h, const Envelope& env) {
+  void on_broadcast(Link& L, const MessageHeader& h, const Envelope& env) {
     const int64_t p = h.fragment_id;
     if (p >= static_cast<int64_t>(layouts.size())) throw WireError("broadcast of an unknown fragment");
+    if (L.plan.local[static_cast<size_t>(p)] < 0)
+      throw WireError("broadcast of fragment " + std::to_string(p) + ", which shard " + std::to_string(L.plan.shard) +
+                      " does not serve");
     const int64_t n = layouts[static_cast<size_t>(p)].elements;
     if (static_cast<int64_t>(h.element_count) != n) throw WireError("broadcast has the wrong size");
     at::Tensor flat = torch::empty({n}, torch::kFloat);
@@ -323,40 +387,53 @@ struct LearnerNode::Impl {
     cv.notify_all();
   }
 
-  void on_reject(Comms& c, const MessageHeader& h, const Envelope& env) {
+  void on_reject(Link& L, const MessageHeader& h, const Envelope& env) {
     const std::string why = clip_utf8(std::string_view(env.payload.data(), env.payload.size()), 500);
     const RejectReason code = reject_reason_of(h);
     std::lock_guard<std::mutex> lock(mu);
     ++rejected;
-    emit({{"kind", "rejected"}, {"reason", why}, {"code", reject_reason_name(code)}});
-    if (code == RejectReason::kNotJoined) joined = false;
+    emit(L, {{"kind", "rejected"}, {"reason", why}, {"code", reject_reason_name(code)}});
+    if (code == RejectReason::kNotJoined) L.joined = false;
     // A refused push of fragment p: its answer will not come (the main thread tells the core, take_received).
     if (h.fragment_id != proto::kNoFragment && h.fragment_id < core->fragments().size()) {
       refused_pushes.insert(static_cast<int64_t>(h.fragment_id));
       cv.notify_all();
     }
-    if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - c.start > cfg.net.join_timeout)) {
-      fatal = "the syncer refused learner " + std::to_string(id) + ": " + why;
+    if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - L.c.start > cfg.net.join_timeout)) {
+      fatal = "the syncer" + (sharded() ? " shard " + std::to_string(L.plan.shard) : std::string()) +
+              " refused learner " + std::to_string(id) + ": " + why;
       cv.notify_all();
     }
   }
 
   // ================================ main thread ================================
-  // Hands a downloaded state and received answers to the core. Returns true when a state was installed.
-  bool take_received() {
-    std::optional<State> st;
+  // Hands downloaded states and received answers to the core. Returns the fragments a state was installed for.
+  std::vector<int64_t> take_received() {
+    std::vector<std::pair<size_t, State>> states;
     std::map<int64_t, Answer> answers;
     std::set<int64_t> refused;
     {
       std::lock_guard<std::mutex> lock(mu);
-      st.swap(state_ready);
+      for (size_t s = 0; s < links.size(); ++s)
+        if (links[s].state_ready) {
+          states.emplace_back(s, std::move(*links[s].state_ready));
+          links[s].state_ready.reset();
+        }
       answers.swap(inbox);
       refused.swap(refused_pushes);
     }
-    if (st) core->install(st->flat, st->welcome.versions);
+    std::vector<int64_t> installed;
+    for (auto& [s, st] : states) {
+      const auto& fr = links[s].plan.fragments;
+      if (!sharded())
+        core->install(st.flat, st.welcome.versions);  // the whole model (also resets the step-time estimate)
+      else
+        core->install_fragments(fr, st.flat, st.welcome.versions);
+      installed.insert(installed.end(), fr.begin(), fr.end());
+    }
     for (int64_t p : refused) core->refused(p);
     for (auto& [p, a] : answers) core->receive(p, a.version, a.flat);
-    return st.has_value();
+    return installed;
   }
 
   void publish_versions() {
@@ -426,11 +503,26 @@ struct LearnerNode::Impl {
     {
       std::unique_lock<std::mutex> lock(mu);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.net.join_timeout);
-      while (!state_ready && fatal.empty() && !stop.load() && std::chrono::steady_clock::now() < deadline)
+      // A sharded syncer: once one shard's part arrived, a shard still silent after net.dead_after is counted as
+      // down, like a shard lost later — its fragments do not hold the others back; its part installs when it is back.
+      const auto start = std::chrono::steady_clock::now();
+      auto some_down = [&] {
+        return sharded() && std::chrono::steady_clock::now() - start > std::chrono::duration<double>(cfg.net.dead_after) &&
+               std::any_of(links.begin(), links.end(), [](const Link& L) { return L.have_state; });
+      };
+      while (!all_have_state() && !some_down() && fatal.empty() && !stop.load() &&
+             std::chrono::steady_clock::now() < deadline)
         cv.wait_for(lock, std::chrono::milliseconds(50));
       if (!fatal.empty()) throw std::runtime_error(fatal);
-      if (!state_ready && !stop.load())
-        emit({{"kind", "alone"}, {"detail", "no welcome within net.join_timeout; training on, joining when the syncer appears"}});
+      if (!all_have_state() && some_down()) {
+        for (const auto& L : links)
+          if (!L.have_state)
+            emit(L, {{"kind", "shard_missing"},
+                     {"detail", "no state from this shard within net.dead_after; training on, its part installs when it answers"}});
+      } else if (!all_have_state() && !stop.load())
+        emit({{"kind", "alone"},
+              {"detail", std::string("no welcome") + (sharded() ? " from every syncer shard" : "") +
+                             " within net.join_timeout; training on, joining when the syncer appears"}});
       if (resume_step && *resume_step > work->step()) work->set_step(std::min(*resume_step, cfg.run.train.steps));
     }
 
@@ -450,31 +542,41 @@ struct LearnerNode::Impl {
         std::lock_guard<std::mutex> lock(mu);
         if (!fatal.empty()) throw std::runtime_error(fatal);
       }
-      const bool installed = take_received();
+      const std::vector<int64_t> installed = take_received();
       const int64_t step = work->step();
       const std::vector<Applied> applied = core->apply_due(step);
       for (const auto& a : applied)
         emit({{"kind", "apply"}, {"fragment", a.fragment}, {"version", a.version}, {"step", step}});
-      if (installed || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
+      if (!installed.empty() || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
       if (group) {
-        if (installed)
-          for (const auto& [name, p] : work->parameters()) group_changed.push_back(name);
+        for (int64_t p : installed)
+          for (const auto& name : core->layout(p).names) group_changed.push_back(name);
         for (const auto& a : applied)
           for (const auto& name : core->layout(a.fragment).names) group_changed.push_back(name);
       }
       comm_seconds += secs(c0, clk::now());
       // Synchronous / streaming DiLoCo: the core says which answers must come first. Wait only while joined: the
       // answer of a syncer that went away will not come (the learner trains on and joins again).
-      if (core->must_wait(step) && !stop.load()) {
+      if (const std::vector<int64_t> waiting = core->waiting_for(step); !waiting.empty() && !stop.load()) {
         auto w0 = clk::now();
+        // The shards whose answers it waits for.
+        std::vector<Link*> from;
+        for (int64_t p : waiting)
+          if (std::find(from.begin(), from.end(), &link_of(p)) == from.end()) from.push_back(&link_of(p));
         std::unique_lock<std::mutex> lock(mu);
-        if (!joined) {
+        auto gone = [&] {
+          for (Link* L : from)
+            if (!L->joined) return L;
+          return static_cast<Link*>(nullptr);
+        };
+        if (Link* L = gone()) {
           lock.unlock();
-          core->forget_in_flight();
-          emit({{"kind", "wait_abandoned"}, {"step", step}, {"detail", "not joined"}});
+          core->forget_in_flight(L->plan.fragments);
+          emit(*L, {{"kind", "wait_abandoned"}, {"step", step}, {"detail", "not joined"}});
         } else {
-          cv.wait_for(lock, std::chrono::milliseconds(20),
-                      [this] { return !inbox.empty() || !refused_pushes.empty() || state_ready || !joined || !fatal.empty(); });
+          cv.wait_for(lock, std::chrono::milliseconds(20), [&] {
+            return !inbox.empty() || !refused_pushes.empty() || any_state_ready() || gone() || !fatal.empty();
+          });
         }
         wait_seconds += secs(w0, clk::now());
         continue;
@@ -534,9 +636,12 @@ struct LearnerNode::Impl {
       std::unique_lock<std::mutex> lock(mu);
       leave_reason = done ? "done" : "stop";
       const double patience = done ? cfg.net.join_timeout : 2.0;
-      cv.wait_for(lock, std::chrono::duration<double>(patience), [this] { return left || !fatal.empty(); });
-      if (!left) emit({{"kind", "leave_undelivered"}, {"reason", leave_reason}});
+      cv.wait_for(lock, std::chrono::duration<double>(patience), [this] { return all_left() || !fatal.empty(); });
+      for (const auto& L : links)
+        if (!L.left) emit(L, {{"kind", "leave_undelivered"}, {"reason", leave_reason}});
     }
+    uint64_t bytes_out = 0, bytes_in = 0;
+    for (const auto& L : links) bytes_out += L.tx->stats().bytes_out, bytes_in += L.tx->stats().bytes_in;
     const double wall = secs(run_start, clk::now());
     const int64_t trained = work->step() - first_step;
     nlohmann::json s{{"learner", id},
@@ -555,8 +660,8 @@ struct LearnerNode::Impl {
                      {"broadcasts", broadcasts},
                      {"rejected", rejected},
                      {"finished", done},
-                     {"bytes_sent", tx->stats().bytes_out},
-                     {"bytes_received", tx->stats().bytes_in},
+                     {"bytes_sent", bytes_out},
+                     {"bytes_received", bytes_in},
                      {"ranks", group ? group->size() : 1},
                      {"group_comm_seconds", group ? group->communication_seconds() : 0.0}};
     nlohmann::json r = s;
@@ -574,6 +679,17 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::u
 
 LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
                          std::unique_ptr<Workload> workload, RecordSink record)
+    : LearnerNode(cfg_in, learner_id,
+                  [&] {
+                    std::vector<std::unique_ptr<ClientTransport>> v;
+                    v.push_back(std::move(transport));
+                    return v;
+                  }(),
+                  std::move(workload), std::move(record)) {}
+
+LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
+                         std::vector<std::unique_ptr<ClientTransport>> shards, std::unique_ptr<Workload> workload,
+                         RecordSink record)
     : impl_(std::make_unique<Impl>()) {
   Impl& I = *impl_;
   I.cfg = cfg_in;
@@ -583,6 +699,9 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::u
   if (learner_id < 0 || learner_id >= I.M)
     throw ConfigError("learner id " + std::to_string(learner_id) + " is not in [0, sync.learners=" +
                       std::to_string(I.M) + ")");
+  if (static_cast<int64_t>(shards.size()) != I.cfg.syncer.shards)
+    throw ConfigError("a learner needs one connection per syncer shard: " + std::to_string(shards.size()) +
+                      " given, syncer.shards=" + std::to_string(I.cfg.syncer.shards));
   I.id = learner_id;
   I.record = std::move(record);
   I.work = std::move(workload);
@@ -592,14 +711,17 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::u
                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
   proto::ModelPlan plan = proto::plan_model(I.work->parameters(), I.cfg.sync.fragments, I.cfg.sync.sync_every);
   I.layouts = plan.fragment_layouts;
-  I.model_layout = plan.model;
   I.limits = plan.limits;
   SyncOptions so = I.cfg.sync;
   so.learners = I.M;
   I.core = std::make_unique<LearnerCore>(so, plan.fragments, I.work->parameters(), I.cfg.run.train.steps,
                                          I.cfg.push_encoding(), I.cfg.error_feedback);
   I.held_versions = I.core->versions();
-  I.tx = std::move(transport);
+  I.links.resize(shards.size());
+  for (size_t s = 0; s < shards.size(); ++s) {
+    I.links[s].plan = proto::plan_shard(plan, static_cast<int64_t>(shards.size()), static_cast<int64_t>(s));
+    I.links[s].tx = std::move(shards[s]);
+  }
 }
 
 LearnerNode::~LearnerNode() = default;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "deloco/config.h"
 #include "deloco/text.h"
 
 namespace deloco::proto {
@@ -154,6 +155,34 @@ ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& para
   plan.limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(plan.model.elements, 1 << 16));
   plan.limits.max_payload_bytes = plan.limits.max_elements * 4 + 4096;
   return plan;
+}
+
+ShardPlan plan_shard(const ModelPlan& plan, int64_t S, int64_t s) {
+  ShardPlan sp;
+  sp.owner = assign_shards(plan.fragments, S);
+  if (s < 0 || s >= S)
+    throw ConfigError("shard " + std::to_string(s) + " is not in [0, syncer.shards=" + std::to_string(S) + ")");
+  sp.shard = s;
+  sp.shards = S;
+  sp.fragments = shard_fragments(sp.owner, s);
+  sp.local.assign(plan.fragments.size(), -1);
+  for (size_t k = 0; k < sp.fragments.size(); ++k) {
+    const auto p = static_cast<size_t>(sp.fragments[k]);
+    sp.local[p] = static_cast<int64_t>(k);
+    Fragment f = plan.fragments[p];
+    f.id = static_cast<int64_t>(k);
+    sp.local_fragments.push_back(f);
+    const Layout& L = plan.fragment_layouts[p];
+    sp.fragment_layouts.push_back(L);
+    for (size_t i = 0; i < L.names.size(); ++i) {
+      sp.model.names.push_back(L.names[i]);
+      sp.model.shapes.push_back(L.shapes[i]);
+      sp.model.offsets.push_back(sp.model.elements + L.offsets[i]);
+    }
+    sp.model.elements += L.elements;
+  }
+  if (S == 1) sp.model = plan.model;  // unsharded: the whole model in model order, the layout of plan_model
+  return sp;
 }
 
 const char* reject_reason_name(RejectReason r) {

@@ -87,6 +87,23 @@ struct ModelPlan {
 };
 ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H);
 
+// What one shard of a sharded syncer (syncer.shards = S) serves, identically on the shard and on every learner:
+// its fragments (assign_shards, deloco/sync.h) in local order, and the layout of its part of the model — the
+// fragments' layouts concatenated in local order — over which its welcome, state download and checkpoints run.
+// Fragment ids on the wire are global (the model's); `local` maps them to the shard's order (−1: another shard's).
+struct ShardPlan {
+  int64_t shard = 0, shards = 1;
+  std::vector<int64_t> owner;                  // per global fragment: the shard that serves it
+  std::vector<int64_t> fragments;              // global ids, local order
+  std::vector<int64_t> local;                  // per global fragment: local index, or −1
+  std::vector<Fragment> local_fragments;       // the fragments with id = local index (what the shard's core holds)
+  std::vector<Layout> fragment_layouts;        // local order
+  Layout model;                                // the shard's part of the model: names of its fragments in order
+                                               // (S = 1: plan.model, the whole model in model order)
+};
+// Throws SyncError (S > P, S < 1) or ConfigError (s outside [0, S)).
+ShardPlan plan_shard(const ModelPlan& plan, int64_t S, int64_t s);
+
 // Why the syncer refused a message. A reject frame carries the code in its header's `round` field and a text
 // "name: detail" as its payload; learners act on the code, people read the text.
 enum class RejectReason : uint8_t {

@@ -1,9 +1,12 @@
 // The control bodies of the runtime protocol: round trips and refusal of malformed or hostile input.
+#include <algorithm>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
 
+#include "deloco/config.h"
 #include "deloco/text.h"
 #include "protocol.h"
 
@@ -126,6 +129,40 @@ TEST(Protocol, LayoutFlattensAndUnflattensExactly) {
   auto back = unflatten(flat, l);
   ASSERT_EQ(back.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::equal(back[i], ts[i]));
+}
+
+// What one shard serves, as every node computes it: its fragments (global ids), their layouts in local order, and
+// its part of the model laid out as those fragments one after another.
+TEST(Protocol, AShardPlanIsItsFragmentsLaidOutInOrder) {
+  std::vector<std::pair<std::string, at::Tensor>> params;
+  for (int i = 0; i < 6; ++i) params.emplace_back("t" + std::to_string(i), torch::zeros({10 + i}));
+  const ModelPlan plan = plan_model(params, 3, 6);
+  int64_t total = 0;
+  std::vector<int> seen(3, 0);
+  for (int64_t s = 0; s < 2; ++s) {
+    const ShardPlan sp = plan_shard(plan, 2, s);
+    int64_t off = 0;
+    for (size_t k = 0; k < sp.fragments.size(); ++k) {
+      const int64_t p = sp.fragments[k];
+      ++seen[static_cast<size_t>(p)];
+      EXPECT_EQ(sp.owner[static_cast<size_t>(p)], s);
+      EXPECT_EQ(sp.local[static_cast<size_t>(p)], static_cast<int64_t>(k));
+      EXPECT_EQ(sp.local_fragments[k].id, static_cast<int64_t>(k));
+      EXPECT_EQ(sp.local_fragments[k].offset, plan.fragments[static_cast<size_t>(p)].offset);  // the schedule is global
+      const Layout& L = plan.fragment_layouts[static_cast<size_t>(p)];
+      for (size_t i = 0; i < L.names.size(); ++i) {
+        const auto at = std::find(sp.model.names.begin(), sp.model.names.end(), L.names[i]) - sp.model.names.begin();
+        EXPECT_EQ(sp.model.offsets[static_cast<size_t>(at)], off + L.offsets[i]) << L.names[i];
+      }
+      off += L.elements;
+    }
+    EXPECT_EQ(sp.model.elements, off);
+    total += off;
+  }
+  EXPECT_EQ(total, plan.model.elements);
+  EXPECT_EQ(seen, (std::vector<int>{1, 1, 1}));
+  EXPECT_THROW(plan_shard(plan, 4, 0), SyncError);
+  EXPECT_THROW(plan_shard(plan, 2, 2), ConfigError);
 }
 
 }  // namespace

@@ -29,11 +29,15 @@ std::function<std::string()> seconds(const double* v, const char* key, bool zero
 }  // namespace
 
 void NetOptions::bind(ConfigSchema& s) {
-  s.bind("net.address", &address, "syncer endpoint: tcp://host:port or ipc:///path (env DELOCO_SYNCER)", [this] {
-    return address.rfind("tcp://", 0) == 0 || address.rfind("ipc://", 0) == 0
-               ? std::string()
-               : "net.address must start with tcp:// or ipc:// (got '" + address + "')";
-  });
+  s.bind("net.address", &address,
+         "syncer endpoint: tcp://host:port or ipc:///path; a sharded syncer: one, the others derived, or one per "
+         "shard separated by commas (env DELOCO_SYNCER)",
+         [this] {
+           for (const std::string& a : split_endpoints(address))
+             if (a.rfind("tcp://", 0) != 0 && a.rfind("ipc://", 0) != 0)
+               return "net.address must start with tcp:// or ipc:// (got '" + a + "')";
+           return std::string();
+         });
   s.bind("net.plaintext", &plaintext, "run without CURVE authentication and encryption (must be explicit)");
   s.bind("net.secret_key", &secret_key, "own .key file from `deloco keygen` (env DELOCO_SECRET_KEY)");
   s.bind("net.server_key", &server_key, "learners: the syncer's .pub file (env DELOCO_SERVER_KEY)");
@@ -70,7 +74,56 @@ TransportOptions NetOptions::transport() const {
   return t;
 }
 
+std::vector<std::string> split_endpoints(const std::string& address) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (;;) {
+    const size_t comma = address.find(',', start);
+    std::string a = address.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    while (!a.empty() && a.front() == ' ') a.erase(a.begin());
+    while (!a.empty() && a.back() == ' ') a.pop_back();
+    out.push_back(a);
+    if (comma == std::string::npos) return out;
+    start = comma + 1;
+  }
+}
+
+std::vector<std::string> shard_endpoints(const std::string& address, int64_t shards) {
+  std::vector<std::string> given = split_endpoints(address);
+  if (static_cast<int64_t>(given.size()) == shards) return given;
+  if (given.size() != 1)
+    throw ConfigError("net.address lists " + std::to_string(given.size()) + " endpoints but syncer.shards=" +
+                      std::to_string(shards) + ": give one (the others are derived from it) or one per shard");
+  const std::string& base = given[0];
+  std::vector<std::string> out{base};
+  for (int64_t s = 1; s < shards; ++s) {
+    if (base.rfind("tcp://", 0) == 0) {
+      const size_t colon = base.rfind(':');
+      int64_t port = -1;
+      try {
+        size_t used = 0;
+        port = std::stoll(base.substr(colon + 1), &used);
+        if (used != base.size() - colon - 1) port = -1;
+      } catch (const std::exception&) {
+        port = -1;
+      }
+      if (colon < 6 || port < 0 || port + shards - 1 > 65535)
+        throw ConfigError("cannot derive the endpoints of syncer.shards=" + std::to_string(shards) + " from net.address '" +
+                          base + "' (shard s listens on its port + s): give a numeric port, or one endpoint per shard");
+      out.push_back(base.substr(0, colon + 1) + std::to_string(port + s));
+    } else {  // ipc://path: path-s, before a .sock extension when there is one
+      const std::string suffix = "-" + std::to_string(s);
+      const size_t ext = base.size() >= 5 && base.compare(base.size() - 5, 5, ".sock") == 0 ? base.size() - 5 : base.size();
+      out.push_back(base.substr(0, ext) + suffix + base.substr(ext));
+    }
+  }
+  return out;
+}
+
 void SyncerNodeOptions::bind(ConfigSchema& s) {
+  s.bind("syncer.shards", &shards,
+         "syncer processes, each serving a balanced part of the fragments (`deloco syncer --shard s`)",
+         [this] { return shards >= 1 && shards <= 4096 ? "" : "syncer.shards must be in [1, 4096]"; });
   s.bind("syncer.out_dir", &out_dir, "run folder of the syncer (\"\" : runs/<config>-<time>)");
   s.bind("syncer.checkpoint_every", &checkpoint_every, "merges between checkpoints (0: only at the end)",
          [this] { return checkpoint_every >= 0 ? "" : "syncer.checkpoint_every must be ≥ 0"; });
@@ -141,6 +194,13 @@ void RuntimeConfig::validate() const {
   if (run.train.steps < sync.sync_every)
     throw ConfigError("train.steps=" + std::to_string(run.train.steps) + " is less than sync.sync_every=" +
                       std::to_string(sync.sync_every) + ": no outer step would ever happen");
+  if (syncer.shards > sync.fragments)
+    throw ConfigError("syncer.shards=" + std::to_string(syncer.shards) + " is larger than sync.fragments=" +
+                      std::to_string(sync.fragments) + ": every shard serves at least one fragment");
+  if (syncer.shard < 0 || syncer.shard >= syncer.shards)
+    throw ConfigError("shard " + std::to_string(syncer.shard) + " is not in [0, syncer.shards=" +
+                      std::to_string(syncer.shards) + ")");
+  shard_endpoints(net.address, syncer.shards);  // throws when they cannot be derived
   if (chaos.slow_learner >= resolved_learners())
     throw ConfigError("chaos.slow_learner names learner " + std::to_string(chaos.slow_learner) + " of " +
                       std::to_string(resolved_learners()));

@@ -40,5 +40,37 @@ TEST(RuntimeConfig, NonFiniteAndHugeDurationsAreRefusedNamingTheKey) {
   EXPECT_EQ(error_of({"net.heartbeat=0.2", "net.dead_after=1.5", "net.join_timeout=20", "learner.slowdown=15"}), "");
 }
 
+// A sharded syncer's endpoints: listed, or derived from one (tcp port + s, ipc path "-s").
+TEST(RuntimeConfig, ShardEndpointsAreListedOrDerived) {
+  EXPECT_EQ(shard_endpoints("tcp://10.0.0.1:5555", 3),
+            (std::vector<std::string>{"tcp://10.0.0.1:5555", "tcp://10.0.0.1:5556", "tcp://10.0.0.1:5557"}));
+  EXPECT_EQ(shard_endpoints("ipc:///run/x/syncer.sock", 2),
+            (std::vector<std::string>{"ipc:///run/x/syncer.sock", "ipc:///run/x/syncer-1.sock"}));
+  EXPECT_EQ(shard_endpoints("tcp://a:1, tcp://b:2", 2), (std::vector<std::string>{"tcp://a:1", "tcp://b:2"}));
+  EXPECT_EQ(shard_endpoints("tcp://a:1", 1), (std::vector<std::string>{"tcp://a:1"}));
+  EXPECT_THROW(shard_endpoints("tcp://a:1,tcp://b:2", 3), ConfigError);
+  EXPECT_THROW(shard_endpoints("tcp://a:65535", 2), ConfigError);
+  EXPECT_THROW(shard_endpoints("tcp://a:x", 2), ConfigError);
+  EXPECT_NE(error_of({"net.address=tcp://a:1,udp://b:2"}).find("udp://b:2"), std::string::npos);
+  EXPECT_NE(error_of({"syncer.shards=0"}).find("syncer.shards"), std::string::npos);
+}
+
+TEST(RuntimeConfig, MoreShardsThanFragmentsIsRefused) {
+  RuntimeConfig cfg;
+  ConfigSchema schema;
+  cfg.bind(schema);
+  schema.apply_override("sync.learners=2");
+  schema.apply_override("sync.quorum=1");
+  schema.apply_override("sync.fragments=2");
+  schema.apply_override("syncer.shards=3");
+  schema.validate();
+  try {
+    cfg.validate();
+    FAIL() << "3 shards of 2 fragments";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("syncer.shards=3"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace deloco

@@ -48,6 +48,11 @@ void SyncerNode::Impl::checkpoint(bool final) {
   manifest["counters"] = counters();
   manifest["step"] = merges;
   manifest["final"] = final;
+  if (shard.shards > 1) {  // a shard's checkpoint holds its fragments' tensors only
+    manifest["shard"] = shard.shard;
+    manifest["shards"] = shard.shards;
+    manifest["fragments"] = shard.fragments;
+  }
   // Self-describing, like a `deloco train` checkpoint: the model, data and train sections, so `deloco eval`,
   // `sample` and `merge` (and tests/python/deloco_ref.py) rebuild the model from the checkpoint alone.
   {
@@ -83,6 +88,11 @@ void SyncerNode::Impl::restore_from(const std::string& out_dir) {
                           evaluator->parameters()))
     throw CheckpointError("'" + ck.dir + "' holds a model with fingerprint " + man.value("fingerprint", std::string()) +
                           ", this config builds " + fingerprint_hex(fingerprint));
+  const int64_t ck_shard = man.value("shard", int64_t{0}), ck_shards = man.value("shards", int64_t{1});
+  if (ck_shard != shard.shard || ck_shards != shard.shards)
+    throw CheckpointError("'" + ck.dir + "' was written by shard " + std::to_string(ck_shard) + " of " +
+                          std::to_string(ck_shards) + ", this process is shard " + std::to_string(shard.shard) + " of " +
+                          std::to_string(shard.shards) + " (syncer.shards and --shard must match the run folder)");
   try {
     core->restore(ck.model.tensors, ck.optimizer.tensors, man.at("versions").get<std::vector<int64_t>>(),
                   man.at("contributions_merged").get<int64_t>());

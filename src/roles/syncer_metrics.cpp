@@ -1,6 +1,8 @@
 // The syncer's Prometheus text and summary (src/roles/syncer_node_impl.h).
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -60,6 +62,16 @@ void SyncerNode::Impl::update_prometheus() {
   prom_text = o.str();
 }
 
+namespace {
+// The process's peak resident set (Linux VmHWM), 0 when unknown: what a syncer (shard) host must have.
+int64_t peak_rss_bytes() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::atoll(line.c_str() + 6) * 1024;
+  return 0;
+}
+}  // namespace
+
 nlohmann::json SyncerNode::Impl::summary(double wall) const {
   const auto st = tx->stats();
   int64_t tokens = total_tokens();
@@ -91,6 +103,13 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   nlohmann::json joins = nlohmann::json::array();
   for (const auto& p : peers) joins.push_back(p.joins);
   s["joins"] = joins;
+  s["peak_rss_bytes"] = peak_rss_bytes();
+  s["parameters"] = model_layout.elements;  // what this syncer (shard) serves
+  if (shard.shards > 1) {
+    s["shard"] = shard.shard;
+    s["shards"] = shard.shards;
+    s["fragments"] = shard.fragments;
+  }
   return s;
 }
 

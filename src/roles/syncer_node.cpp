@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <iomanip>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
+#include "deloco/checkpoint_store.h"
 #include "deloco/config.h"
 #include "deloco/fs.h"
 #include "deloco/quantize.h"
@@ -367,27 +369,33 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
 }
 
 void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t) {
-  const int64_t p = h.fragment_id;
-  if (p >= static_cast<int64_t>(layouts.size()))
-    return reject(env.peer, m, p, RejectReason::kUnknownFragment, "fragment " + std::to_string(p) + " of " + std::to_string(layouts.size()));
+  const int64_t g = h.fragment_id;  // global: the model's fragment id
+  const int64_t P = static_cast<int64_t>(shard.local.size());
+  if (g >= P || shard.local[static_cast<size_t>(g)] < 0)
+    return reject(env.peer, m, g, RejectReason::kUnknownFragment,
+                  g >= P ? "fragment " + std::to_string(g) + " of " + std::to_string(P)
+                         : "fragment " + std::to_string(g) + " is served by shard " +
+                               std::to_string(shard.owner[static_cast<size_t>(g)]) + ", not by this shard " +
+                               std::to_string(shard.shard));
+  const int64_t p = shard.local[static_cast<size_t>(g)];
   const proto::Layout& L = layouts[p];
   if (static_cast<int64_t>(h.element_count) != L.elements)
-    return reject(env.peer, m, p, RejectReason::kWrongShape,
-                  "fragment " + std::to_string(p) + " has " + std::to_string(L.elements) + " elements, push has " +
+    return reject(env.peer, m, g, RejectReason::kWrongShape,
+                  "fragment " + std::to_string(g) + " has " + std::to_string(L.elements) + " elements, push has " +
                       std::to_string(h.element_count));
-  if (h.encoding == Encoding::kRaw) return reject(env.peer, m, p, RejectReason::kMalformedFrame, "push must carry floats");
+  if (h.encoding == Encoding::kRaw) return reject(env.peer, m, g, RejectReason::kMalformedFrame, "push must carry floats");
   Contribution c;
   try {
     c = decode_push(m, p, L, h.encoding, env.payload.data(), env.payload.size(), static_cast<int64_t>(h.round),
                     static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time);
   } catch (const NonFiniteError& e) {  // NaN/Inf values or block scales (deloco/quantize.h)
-    return reject(env.peer, m, p, RejectReason::kNonFinite, e.what());
+    return reject(env.peer, m, g, RejectReason::kNonFinite, e.what());
   } catch (const WireError& e) {
-    return reject(env.peer, m, p, RejectReason::kMalformedFrame, e.what());
+    return reject(env.peer, m, g, RejectReason::kMalformedFrame, e.what());
   }
   c.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
   const std::string why = core->receive(t, std::move(c));
-  if (!why.empty()) return reject(env.peer, m, p, proto::reject_reason_from_core(why), "refused by the syncer core: " + why, why);
+  if (!why.empty()) return reject(env.peer, m, g, proto::reject_reason_from_core(why), "refused by the syncer core: " + why, why);
   try_merge(p);
 }
 
@@ -408,10 +416,10 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
   if (!out.ok()) {
     // Rolled back by the core (Θ, momentum, version unchanged): nothing is checkpointed or broadcast, and each
     // contributor is told why its push was dropped. The core counted them; so does the node's reject().
-    emit({{"kind", "merge_rolled_back"}, {"fragment", p}, {"version", out.version}, {"learners", out.learners},
+    emit({{"kind", "merge_rolled_back"}, {"fragment", global_id(p)}, {"version", out.version}, {"learners", out.learners},
           {"reason", out.rejected}, {"detail", out.detail}});
     for (int64_t m : out.learners)
-      reject(peers[m].alive ? peers[m].route : std::string(), m, p, RejectReason::kRefusedByCore,
+      reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
              "the merge of this round was rolled back: " + out.detail, out.rejected);
     return;
   }
@@ -431,7 +439,7 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
   MessageHeader bh;
   bh.kind = MessageKind::kFragmentBroadcast;
   bh.encoding = broadcast_enc;
-  bh.fragment_id = static_cast<uint32_t>(p);
+  bh.fragment_id = static_cast<uint32_t>(global_id(p));
   bh.fingerprint = fingerprint;
   bh.round = static_cast<uint64_t>(out.version);
   bh.element_count = static_cast<uint64_t>(L.elements);
@@ -443,7 +451,7 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
     // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
     // malformed frame: say so, and let the learners catch up with the next merge or a state download.
     encoded = false;
-    emit({{"kind", "broadcast_failed"}, {"fragment", p}, {"version", out.version}, {"detail", e.what()}});
+    emit({{"kind", "broadcast_failed"}, {"fragment", global_id(p)}, {"version", out.version}, {"detail", e.what()}});
   }
   for (int64_t m = 0; m < M && encoded; ++m) {
     if (!peers[m].alive || retired[m]) continue;
@@ -456,7 +464,7 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
   const double broadcast_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
   core->observe_sync(broadcast_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
-  emit({{"kind", "merge"}, {"fragment", p}, {"version", out.version}, {"quorum", out.learners.size()},
+  emit({{"kind", "merge"}, {"fragment", global_id(p)}, {"version", out.version}, {"quorum", out.learners.size()},
         {"learners", out.learners}, {"weights", out.weights}, {"grace", grace},
         {"grace_wait", qt >= 0 ? t - qt : 0.0}, {"delta_norm", out.delta_norm}, {"tokens", total_tokens()},
         {"merges", merges}});
@@ -466,15 +474,51 @@ void SyncerNode::Impl::evaluate(const char* kind) {
   const double start = now();
   torch::NoGradGuard ng;
   auto& params = evaluator->parameters();
-  const auto& g = core->global();
-  for (size_t i = 0; i < g.size(); ++i) params[i].second.copy_(g[i].second);
+  std::map<std::string, at::Tensor> own;
+  for (const auto& [n, t] : core->global()) own.emplace(n, t);
+  // A sharded syncer: the other shards' fragments from their latest checkpoints (shard_dirs). Which versions the
+  // evaluation saw is in the record.
+  std::map<std::string, at::Tensor> others;
+  nlohmann::json sources = nlohmann::json::array();
+  if (shard.shards > 1) {
+    for (int64_t k = 0; k < shard.shards; ++k) {
+      if (k == shard.shard) {
+        sources.push_back({{"shard", k}, {"merges", merges}});
+        continue;
+      }
+      const std::string dir = k < static_cast<int64_t>(cfg.syncer.shard_dirs.size()) ? cfg.syncer.shard_dirs[k] : "";
+      nlohmann::json src{{"shard", k}, {"merges", 0}};
+      try {
+        if (!dir.empty() && has_committed_checkpoint(dir)) {
+          Checkpoint ck = read_checkpoint(dir, /*with_optimizer=*/false);
+          if (ck.manifest.value("fingerprint", std::string()) == fingerprint_hex(fingerprint))
+            for (auto& [n, t] : ck.model.tensors) others[n] = t;
+          src["merges"] = ck.manifest.value("step", int64_t{0});
+        }
+      } catch (const std::exception& e) {  // being written, or damaged: its fragments at version 0 this time
+        src["error"] = clip_utf8(e.what(), 200);
+      }
+      sources.push_back(src);
+    }
+  }
+  for (auto& [n, p] : params) {
+    if (auto it = own.find(n); it != own.end()) {
+      p.copy_(it->second);
+    } else if (auto jt = others.find(n); jt != others.end() && jt->second.sizes() == p.sizes()) {
+      p.copy_(jt->second);
+    } else if (auto kt = initial.find(n); kt != initial.end()) {
+      p.copy_(kt->second);
+    }
+  }
   last_eval_result = evaluator->evaluate();
   have_eval = true;
   ++evals;
   last_eval = now();
   excuse_peers(last_eval - start);
-  emit({{"kind", kind}, {"val_loss", last_eval_result.loss}, {"val_bpb", last_eval_result.bpb},
-        {"loss_unit", last_eval_result.loss_unit}, {"tokens", total_tokens()}, {"merges", merges}});
+  nlohmann::json rec{{"kind", kind}, {"val_loss", last_eval_result.loss}, {"val_bpb", last_eval_result.bpb},
+                     {"loss_unit", last_eval_result.loss_unit}, {"tokens", total_tokens()}, {"merges", merges}};
+  if (shard.shards > 1) rec["shards"] = sources;
+  emit(std::move(rec));
 }
 
 double SyncerNode::Impl::goodput() const {
@@ -515,7 +559,9 @@ void SyncerNode::Impl::housekeeping() {
   }
   for (int64_t p = 0; p < static_cast<int64_t>(timers.size()); ++p)
     if (timers[p] >= 0 && t >= timers[p]) try_merge(p);
-  if (cfg.syncer.eval_interval > 0 && t - last_eval >= cfg.syncer.eval_interval && merges > 0) evaluate("eval");
+  // A sharded syncer's shard 0 evaluates the global model (assembled, see evaluate()); the other shards do not.
+  if (cfg.syncer.eval_interval > 0 && t - last_eval >= cfg.syncer.eval_interval && merges > 0 && shard.shard == 0)
+    evaluate("eval");
   if (t - last_status >= 1.0) {
     last_status = t;
     std::vector<int64_t> connected;
@@ -557,10 +603,21 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   std::vector<std::pair<std::string, at::Tensor>> global;
   for (const auto& [n, t] : I.evaluator->parameters()) global.emplace_back(n, t.detach().to(torch::kCPU));
   proto::ModelPlan plan = proto::plan_model(global, I.cfg.sync.fragments, I.cfg.sync.sync_every);
-  I.core = std::make_unique<Syncer>(I.cfg.sync, plan.fragments, global, I.cfg.merge_plan(), I.cfg.outer);
+  I.shard = proto::plan_shard(plan, I.cfg.syncer.shards, I.cfg.syncer.shard);
+  // The core holds this shard's fragments only (all of them when unsharded), in the shard's layout order.
+  std::map<std::string, at::Tensor> by_name(global.begin(), global.end());
+  std::vector<std::pair<std::string, at::Tensor>> own;
+  for (const auto& n : I.shard.model.names) own.emplace_back(n, by_name.at(n));
+  I.core = std::make_unique<Syncer>(I.cfg.sync, I.shard.local_fragments, own, I.cfg.merge_plan(), I.cfg.outer);
   for (int64_t m = 0; m < I.M; ++m) I.core->set_budget(m, learner_budget(I.cfg.run, m, I.M, I.cfg.learner.ranks));
-  I.layouts = std::move(plan.fragment_layouts);
-  I.model_layout = std::move(plan.model);
+  // Shard 0 evaluates the whole model: the other shards' fragments start at version 0, the evaluator's own values.
+  if (I.shard.shards > 1 && I.shard.shard == 0) {
+    std::set<std::string> mine(I.shard.model.names.begin(), I.shard.model.names.end());
+    for (const auto& [n, t] : global)
+      if (!mine.count(n)) I.initial[n] = t.detach().clone();
+  }
+  I.layouts = I.shard.fragment_layouts;
+  I.model_layout = I.shard.model;
   I.limits = plan.limits;
   I.broadcast_enc = I.cfg.answer_encoding();
   I.peers.resize(static_cast<size_t>(I.M));
@@ -587,7 +644,8 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   const auto start = std::chrono::steady_clock::now();
   I.emit({{"kind", "started"}, {"resumed", I.resumed}, {"merges", I.merges}, {"endpoint", I.tx->endpoint()},
           {"metrics_port", I.metrics ? I.metrics->port() : 0}, {"learners", I.M},
-          {"fingerprint", fingerprint_hex(I.fingerprint)}, {"versions", I.core->versions()}});
+          {"fingerprint", fingerprint_hex(I.fingerprint)}, {"versions", I.core->versions()}, {"shard", I.shard.shard},
+          {"shards", I.shard.shards}, {"fragments", I.shard.fragments}});
   while (!stop.load() && !I.all_retired()) {
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
@@ -598,7 +656,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   if (I.all_retired())
     for (int64_t p = 0; p < static_cast<int64_t>(I.layouts.size()); ++p)
       if (I.core->pending(p) > 0) I.try_merge(p, /*force=*/true);
-  I.evaluate("final_eval");
+  if (I.shard.shard == 0) I.evaluate("final_eval");
   I.checkpoint(/*final=*/I.all_retired());
   I.update_prometheus();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -56,9 +56,14 @@ struct SyncerNode::Impl {
   RecordSink record;
   int64_t M = 0;
   std::unique_ptr<Workload> evaluator;  // holds a model replica to evaluate Θ
+  std::map<std::string, at::Tensor> initial;  // shard 0 of a sharded syncer: the other shards' tensors at version 0
   std::unique_ptr<Syncer> core;
-  std::vector<proto::Layout> layouts;  // per fragment
-  proto::Layout model_layout;
+  // A sharded syncer: this shard's fragments. The core, layouts, timers and versions are in the shard's local
+  // order; the wire, the records and the checkpoints' "fragments" name global fragment ids (shard.fragments[p]).
+  proto::ShardPlan shard;
+  int64_t global_id(int64_t local) const { return shard.fragments[static_cast<size_t>(local)]; }
+  std::vector<proto::Layout> layouts;  // per fragment of this shard (local order)
+  proto::Layout model_layout;          // this shard's part of the model (all of it when syncer.shards = 1)
   uint64_t fingerprint = 0;
   WireLimits limits;
   Encoding broadcast_enc = Encoding::kFp32;

@@ -42,18 +42,27 @@ int free_loopback_port() {
   return ntohs(a.sin_port);
 }
 
-// Where the syncer binds and the learners dial. See cluster.h.
-std::pair<std::string, std::string> choose_endpoints(const NetOptions& net, const fs::path& dir) {
+// Where the syncer's shards bind and the learners dial. See cluster.h.
+std::pair<std::vector<std::string>, std::string> choose_endpoints(const NetOptions& net, const fs::path& dir,
+                                                                  int64_t shards) {
+  std::vector<std::string> bind;
   if (net.address != NetOptions{}.address) {
-    std::string dial = net.address;
-    for (const char* any : {"tcp://*:", "tcp://0.0.0.0:"})
-      if (dial.rfind(any, 0) == 0) dial = "tcp://127.0.0.1:" + dial.substr(std::strlen(any));
-    return {net.address, dial};
+    bind = shard_endpoints(net.address, shards);
+  } else {
+    const std::string sock = (fs::absolute(dir) / "syncer.sock").lexically_normal().string();
+    if (sock.size() + 8 < 100) {  // sun_path holds 107 bytes ("-NNNN" of a shard included)
+      bind = shard_endpoints("ipc://" + sock, shards);
+    } else {
+      for (int64_t s = 0; s < shards; ++s) bind.push_back("tcp://127.0.0.1:" + std::to_string(free_loopback_port()));
+    }
   }
-  const std::string sock = (fs::absolute(dir) / "syncer.sock").lexically_normal().string();
-  if (sock.size() < 100) return {"ipc://" + sock, "ipc://" + sock};  // sun_path holds 107 bytes
-  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(free_loopback_port());
-  return {tcp, tcp};
+  std::string dial;
+  for (std::string d : bind) {
+    for (const char* any : {"tcp://*:", "tcp://0.0.0.0:"})
+      if (d.rfind(any, 0) == 0) d = "tcp://127.0.0.1:" + d.substr(std::strlen(any));
+    dial += (dial.empty() ? "" : ",") + d;
+  }
+  return {bind, dial};
 }
 
 void add_set(std::vector<std::string>& args, const std::string& kv) { args.insert(args.end(), {"--set", kv}); }
@@ -66,12 +75,18 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
       M_(learners),
       dir_(std::move(dir)),
       tty_(::isatty(STDERR_FILENO) == 1),
+      S_(std::max<int64_t>(1, cfg.syncer.shards)),
       chaos_(cfg.chaos),
       rejoins_(learners),
       view_(std::cerr, tty_, [this] { return status(); }, [this] { return elapsed(); }),
-      records_(learners, &rejoins_, [this](const std::string& e) { view_.event(e); }),
-      syncer_tail_((dir_ / "syncer.jsonl").string()) {
-  syncer_.name = "syncer";
+      records_(learners, &rejoins_, [this](const std::string& e) { view_.event(e); }, S_) {
+  for (int64_t s = 0; s < S_; ++s) {
+    Child c;
+    c.name = S_ == 1 ? "syncer" : "syncer.shard-" + std::to_string(s);
+    c.shard = s;
+    syncers_.push_back(c);
+    syncer_tails_.emplace_back((shard_dir(s) / "syncer.jsonl").string());
+  }
   for (int64_t n = 0; n < M_; ++n) {
     Child c;
     c.name = "learner-" + std::to_string(n);
@@ -92,7 +107,8 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
 
 void LocalCluster::prepare() {
   fs::create_directories(dir_ / "logs");
-  std::tie(bind_addr_, dial_addr_) = choose_endpoints(cfg_.net, dir_);
+  std::tie(bind_addrs_, dial_addr_) = choose_endpoints(cfg_.net, dir_, S_);
+  for (int64_t s = 0; s < S_; ++s) fs::create_directories(shard_dir(s));
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   base_args_ = {ec ? std::string("deloco") : self.string()};  // argv[0] only; exec always uses /proc/self/exe
@@ -104,7 +120,7 @@ void LocalCluster::prepare() {
 
 json LocalCluster::run(const StopSignals& stop) {
   t0_ = std::chrono::steady_clock::now();
-  start(syncer_);
+  for (auto& c : syncers_) start(c);
   for (auto& c : learners_) start(c);
   std::string fatal;
   while (!stop.requested.load()) {
@@ -122,7 +138,7 @@ json LocalCluster::run(const StopSignals& stop) {
       view_.draw();
       next_status_ = elapsed() + (tty_ ? 2.0 : 5.0);
     }
-    if (all_learners_done() && syncer_.pid != 0 && elapsed() - learners_done_at_ > kSyncerGrace) {
+    if (all_learners_done() && any_syncer_running() && elapsed() - learners_done_at_ > kSyncerGrace) {
       view_.event("the syncer did not exit " + fixed(kSyncerGrace, 0) + " s after the last learner finished: stopping it");
       forced_syncer_stop_ = true;
       break;
@@ -162,14 +178,15 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
   const fs::path keys = dir_ / "keys";
   if (c.learner < 0) {
     a.insert(a.begin() + 1, "syncer");
-    a.insert(a.end(), {"--bind", bind_addr_, "--out", dir_.string(), "--summary",
-                       (dir_ / "syncer-summary.json").string()});
+    a.insert(a.end(), {"--bind", bind_addrs_[static_cast<size_t>(c.shard)], "--out", shard_dir(c.shard).string(),
+                       "--summary", (shard_dir(c.shard) / "syncer-summary.json").string()});
+    if (S_ > 1) a.insert(a.end(), {"--shard", std::to_string(c.shard)});
     add_set(a, "train.threads=1");
     if (!cfg_.net.plaintext) {
       add_set(a, "net.secret_key=" + (keys / "syncer.key").string());
       add_set(a, "net.allow=" + (keys / "allow").string());
     }
-    if (c.starts > 0 && has_checkpoint()) a.push_back("--resume");
+    if (c.starts > 0 && has_checkpoint(c.shard)) a.push_back("--resume");
   } else {
     a.insert(a.begin() + 1, "learner");
     a.insert(a.end(), {"--id", std::to_string(c.learner), "--connect", dial_addr_, "--out", dir_.string()});
@@ -190,7 +207,13 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
 
 // Whether the syncer has a checkpoint to --resume from: a committed folder in RUN/checkpoints (RUN/latest is only
 // a hint, missing when the syncer died between its first commit and writing it).
-bool LocalCluster::has_checkpoint() const { return has_committed_checkpoint(dir_.string()); }
+bool LocalCluster::has_checkpoint(int64_t shard) const { return has_committed_checkpoint(shard_dir(shard).string()); }
+
+fs::path LocalCluster::shard_dir(int64_t s) const { return S_ == 1 ? dir_ : dir_ / ("shard-" + std::to_string(s)); }
+
+bool LocalCluster::any_syncer_running() const {
+  return std::any_of(syncers_.begin(), syncers_.end(), [](const Child& c) { return c.pid != 0; });
+}
 
 void LocalCluster::start(Child& c) {
   const bool group_leader = c.learner >= 0 && c.rank == 0 && cfg_.learner.ranks > 1;
@@ -210,7 +233,8 @@ void LocalCluster::start(Child& c) {
   c.restart_at = -1;
   c.cont_at = -1;
   if (c.starts > 0 && c.rank == 0)
-    view_.event((c.learner < 0 ? std::string("restarted the syncer") : "restarted " + c.name) +
+    view_.event((c.learner < 0 ? std::string(S_ == 1 ? "restarted the syncer" : "restarted syncer shard " + std::to_string(c.shard))
+                               : "restarted " + c.name) +
                 (c.learner < 0 && argv.back() == "--resume" ? " with --resume" : "") +
                 (group_leader ? " (its group of " + std::to_string(cfg_.learner.ranks) + " ranks)" : ""));
   ++c.starts;
@@ -252,7 +276,7 @@ void LocalCluster::reap() {
     if (c->done) {
       if (c->learner >= 0 && all_learners_done()) learners_done_at_ = elapsed();
       if (c->learner < 0 && !all_learners_done())
-        view_.event("the syncer exited 0 while learners still train; waiting for them");
+        view_.event(c->name + " exited 0 while learners still train; waiting for them");
       continue;
     }
     if (c->chaos_killed) {
@@ -281,10 +305,13 @@ bool LocalCluster::any_learner_finished() const {
   return false;
 }
 
-bool LocalCluster::finished() const { return syncer_.done && all_learners_done(); }
+bool LocalCluster::finished() const {
+  return std::all_of(syncers_.begin(), syncers_.end(), [](const Child& c) { return c.done; }) && all_learners_done();
+}
 
 std::vector<Child*> LocalCluster::all() {
-  std::vector<Child*> v{&syncer_};
+  std::vector<Child*> v;
+  for (auto& c : syncers_) v.push_back(&c);
   for (auto& c : learners_) v.push_back(&c);
   return v;
 }
@@ -324,7 +351,8 @@ Child* LocalCluster::pick_learner() {
 }
 
 void LocalCluster::chaos() {
-  if (syncer_.done) return;  // the end: nobody would be there to rejoin
+  for (const Child& c : syncers_)
+    if (c.done) return;  // the end: nobody would be there to rejoin
   const double now = elapsed();
   if (chaos_.learner_kill_due(now)) {
     if (Child* c = pick_learner()) {
@@ -353,21 +381,25 @@ void LocalCluster::chaos() {
   }
   double at = 0;
   while (chaos_.next_syncer_kill(now, &at)) {
+    // A sharded syncer: the kills go to the shards in turn (shard 0, 1, ..., then 0 again).
+    Child& victim = syncers_[static_cast<size_t>(syncer_kills_ % S_)];
+    const std::string who = S_ == 1 ? "the syncer" : "syncer shard " + std::to_string(victim.shard);
     if (any_learner_finished()) {
-      view_.event("chaos: skipped the syncer kill at " + fixed(at, 0) + " s (a learner already finished)");
-    } else if (syncer_.pid == 0) {
-      view_.event("chaos: skipped the syncer kill at " + fixed(at, 0) + " s (the syncer is down)");
+      view_.event("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (a learner already finished)");
+    } else if (victim.pid == 0) {
+      view_.event("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (it is down)");
     } else {
-      ::kill(syncer_.pid, SIGKILL);
-      syncer_.chaos_killed = true;
+      ::kill(victim.pid, SIGKILL);
+      victim.chaos_killed = true;
       ++syncer_kills_;
-      view_.event("chaos: SIGKILL the syncer (restart with --resume in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
+      view_.event("chaos: SIGKILL " + who + " (restart with --resume in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
     }
   }
 }
 
 void LocalCluster::poll_records() {
-  syncer_tail_.poll([&](const std::string& line) { records_.on_line(line, -1); });
+  for (size_t k = 0; k < syncer_tails_.size(); ++k)
+    syncer_tails_[k].poll([&](const std::string& line) { records_.on_line(line, -1, static_cast<int64_t>(k)); });
   for (size_t n = 0; n < tailers_.size(); ++n)
     tailers_[n].poll([&](const std::string& line) { records_.on_line(line, static_cast<int64_t>(n)); });
 }
@@ -379,18 +411,63 @@ std::vector<std::string> LocalCluster::status() const {
   in.steps = cfg_.run.train.steps;
   in.slow_learner = cfg_.chaos.enabled ? cfg_.chaos.slow_learner : -1;
   in.syncer = records_.syncer();
-  in.syncer_state = ProcessState{syncer_.pid != 0, syncer_.stopped, syncer_.done};
+  in.shards = S_;
+  in.shards_up = 0;
+  in.syncer_state = ProcessState{true, false, true};
+  for (const Child& c : syncers_) {
+    in.shards_up += c.pid != 0 ? 1 : 0;
+    in.syncer_state.running = in.syncer_state.running && c.pid != 0;
+    in.syncer_state.sigstopped = in.syncer_state.sigstopped || c.stopped;
+    in.syncer_state.done = in.syncer_state.done && c.done;
+  }
   in.learners = records_.learners();
   for (const Child& c : learners_) in.learner_states.push_back(ProcessState{c.pid != 0, c.stopped, c.done});
   return status_lines(in);
 }
 
+// A sharded syncer's summary: the shards' own, summed (merges, contributions, bytes, rejects; uptime the lowest),
+// each shard's under "shards". The validation loss is the caller's: shard 0's last evaluation read the other shards'
+// checkpoints as they were then, so `deloco run` evaluates the assembled final model instead (cmd_run.cpp).
+json LocalCluster::sharded_summary() const {
+  json s = json::object(), per = json::array();
+  bool missing = false;
+  for (int64_t k = 0; k < S_; ++k) {
+    json one = read_syncer_summary((shard_dir(k) / "syncer-summary.json").string());
+    missing = missing || one.contains("syncer_summary_missing");
+    if (k == 0) s = one;
+    else {
+      for (const char* f : {"outer_steps", "contributions_merged", "contributions_rejected", "bytes_sent", "bytes_received",
+                            "state_snapshots", "state_downloads", "state_requests_dropped", "grace_waits", "record_errors",
+                            "auth_denied", "handshake_failures", "connections", "disconnects"})
+        if (one.contains(f) && one[f].is_number_integer())
+          s[f] = s.value(f, int64_t{0}) + one[f].get<int64_t>();
+      if (one.contains("uptime") && one["uptime"].is_number())
+        s["uptime"] = std::min(s.value("uptime", 1.0), one["uptime"].get<double>());
+      if (one.contains("rejects") && one["rejects"].is_object())
+        for (auto& [reason, n] : one["rejects"].items())
+          if (n.is_number_integer()) s["rejects"][reason] = s["rejects"].value(reason, int64_t{0}) + n.get<int64_t>();
+      if (one.contains("tokens") && one["tokens"].is_number_integer())
+        s["tokens"] = std::max(s.value("tokens", int64_t{0}), one["tokens"].get<int64_t>());
+      s["resumed"] = s.value("resumed", false) || one.value("resumed", false);
+    }
+    json brief = json::object();
+    for (const char* f : {"shard", "fragments", "outer_steps", "contributions_merged", "uptime", "bytes_sent",
+                          "bytes_received", "resumed", "checkpoint", "wall_seconds", "peak_rss_bytes", "parameters"})
+      if (one.contains(f)) brief[f] = one[f];
+    per.push_back(brief);
+  }
+  for (const char* f : {"shard", "fragments", "checkpoint", "final_val_loss", "val_bpb", "peak_rss_bytes", "parameters"}) s.erase(f);
+  s["shards"] = per;
+  if (missing) s["syncer_summary_missing"] = true;
+  return s;
+}
+
 json LocalCluster::make_summary() {
-  json s = read_syncer_summary((dir_ / "syncer-summary.json").string());
+  json s = S_ == 1 ? read_syncer_summary((dir_ / "syncer-summary.json").string()) : sharded_summary();
   s["wall_seconds"] = elapsed();
   s["learners"] = M_;
   s["run_dir"] = dir_.string();
-  s["endpoint"] = bind_addr_;
+  s["endpoint"] = dial_addr_;
   s["plaintext"] = cfg_.net.plaintext;
   s["learner_kills"] = learner_kills_;
   s["learner_stops"] = learner_stops_;
@@ -399,6 +476,7 @@ json LocalCluster::make_summary() {
   s["recontribute_seconds"] = rejoins_.recontribute_seconds();
   json restarts = json::object();
   for (Child* c : all()) restarts[c->name] = std::max(0, c->starts - 1);
+  s["syncer_shards"] = S_;
   s["restarts"] = restarts;
   if (forced_syncer_stop_) s["syncer_forced_stop"] = true;
   return s;

@@ -1,4 +1,4 @@
-// src/run/cluster.h — `deloco run` as a library call (DESIGN.md §1, §4): one `deloco syncer` and M `deloco learner`
+// src/run/cluster.h — `deloco run` as a library call (DESIGN.md §1, §4): one `deloco syncer` (or S shards) and M `deloco learner`
 // child processes of this same executable on this machine, over the real transport, with a live view, chaos
 // (chaos.h), restarts (supervisor.h) and a summary (summary.h).
 //
@@ -16,6 +16,11 @@
 //     syncer) and learner-N.rank-r, started together with a fresh group port each time. Any of them exiting
 //     without finishing takes the whole group down (the others are SIGKILLed) and the group restarts as one; chaos
 //     kills a random rank of a random learner. Rank 0's record (exit, crash loop, status) stands for the group.
+//   * A sharded syncer (syncer.shards = S > 1): S processes syncer.shard-s (`deloco syncer --shard s`), each with its
+//     own run folder RUN/shard-s (syncer.jsonl, checkpoints/, syncer-summary.json) and endpoint (ipc RUN/syncer-s.sock
+//     or the addresses net.address lists or derives); learners get every endpoint, comma-separated. Chaos kills the
+//     shards in turn; each resumes from its own folder. The live view and the summary sum the shards (summary
+//     "shards": each shard's own figures); cmd_run.cpp assembles and evaluates the global model afterwards.
 //   * Failures: a child that exits non-zero without having been killed by chaos is restarted after 1 s; a crash
 //     loop (supervisor.h) ends run() with std::runtime_error carrying that process's log tail. A syncer still up
 //     120 s after the last learner finished is stopped (summary: "syncer_forced_stop").
@@ -62,7 +67,10 @@ class LocalCluster {
   double elapsed() const;
   void make_keys();
   std::vector<std::string> argv_of(const Child& c) const;
-  bool has_checkpoint() const;
+  bool has_checkpoint(int64_t shard) const;
+  // Shard s's run folder: the run folder itself when unsharded, else RUN/shard-s.
+  std::filesystem::path shard_dir(int64_t s) const;
+  bool any_syncer_running() const;
   void start(Child& c);
   void reap();
   bool all_learners_done() const;
@@ -77,6 +85,7 @@ class LocalCluster {
   void poll_records();
   std::vector<std::string> status() const;
   nlohmann::json make_summary();
+  nlohmann::json sharded_summary() const;
 
   static constexpr double kSyncerGrace = 120.0;        // seconds the syncer may take after the last learner
   static constexpr double kStopWait = 20.0;            // seconds children get to exit after SIGINT/SIGTERM
@@ -87,9 +96,11 @@ class LocalCluster {
   const int64_t M_;
   const std::filesystem::path dir_;
   const bool tty_;  // stderr is a terminal
-  std::string bind_addr_, dial_addr_;
+  const int64_t S_;                 // syncer.shards
+  std::vector<std::string> bind_addrs_;  // per shard
+  std::string dial_addr_;                // every shard's endpoint, comma-separated
   std::vector<std::string> base_args_;
-  Child syncer_;
+  std::vector<Child> syncers_;  // one per shard
   std::vector<Child> learners_;
   std::vector<std::vector<Child>> followers_;  // per learner: ranks 1..R-1 of its group (empty when R = 1)
   std::vector<int> group_port_;                // per learner: the group store port of its current incarnation
@@ -99,7 +110,7 @@ class LocalCluster {
   RejoinLog rejoins_;
   LiveView view_;
   RunRecords records_;
-  Tailer syncer_tail_;
+  std::vector<Tailer> syncer_tails_;  // per shard
   std::vector<Tailer> tailers_;
   double next_status_ = 2.0;
   double learners_done_at_ = 0;

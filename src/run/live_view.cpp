@@ -49,39 +49,61 @@ int64_t next_milestone(int64_t m) {
       if (k * base > m) return k * base;
 }
 
-RunRecords::RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event)
-    : rejoins_(rejoins), event_(std::move(event)), learners_(static_cast<size_t>(learners)) {}
+RunRecords::RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event,
+                       int64_t shards)
+    : rejoins_(rejoins),
+      event_(std::move(event)),
+      shards_(static_cast<size_t>(std::max<int64_t>(1, shards))),
+      learners_(static_cast<size_t>(learners)) {}
 
-void RunRecords::on_line(const std::string& line, int64_t learner) {
+SyncerView RunRecords::syncer() const {
+  if (shards_.size() == 1) return shards_[0];
+  SyncerView v;
+  v.val_loss = shards_[0].val_loss;
+  v.val_bpb = shards_[0].val_bpb;
+  v.quorum = last_quorum_;
+  for (const auto& s : shards_) {
+    v.merges += s.merges;
+    v.rejected += s.rejected;
+    v.starts += s.starts;
+    if (std::isfinite(s.uptime)) v.uptime = std::isfinite(v.uptime) ? std::min(v.uptime, s.uptime) : s.uptime;
+  }
+  return v;
+}
+
+void RunRecords::on_line(const std::string& line, int64_t learner, int64_t shard) {
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return;
   try {
-    if (learner < 0) on_syncer_record(j);
+    if (learner < 0) on_syncer_record(j, std::clamp<int64_t>(shard, 0, static_cast<int64_t>(shards_.size()) - 1));
     else on_learner_record(j, learner);
   } catch (const json::exception&) {
     // A record with an unexpected field type: the live view ignores it.
   }
 }
 
-void RunRecords::on_syncer_record(const json& j) {
+void RunRecords::on_syncer_record(const json& j, int64_t shard) {
   const std::string kind = j["kind"];
-  SyncerView& s = syncer_;
+  SyncerView& s = shards_[static_cast<size_t>(shard)];
+  const std::string who = shards_.size() > 1 ? "syncer shard " + std::to_string(shard) : "syncer";
   if (kind == "started") {
     ++s.starts;
     if (j.value("resumed", false))
-      event_("syncer resumed at " + std::to_string(j.value("merges", int64_t{0})) + " merges");
+      event_(who + " resumed at " + std::to_string(j.value("merges", int64_t{0})) + " merges");
   } else if (kind == "merge") {
     s.merges = j.value("merges", s.merges + 1);
     s.quorum = j.value("quorum", s.quorum);
-    if (s.merges >= next_milestone_) {
-      event_(std::to_string(s.merges) + " merges");
-      next_milestone_ = next_milestone(s.merges);
+    last_quorum_ = s.quorum;
+    const int64_t total = syncer().merges;
+    if (total >= next_milestone_) {
+      event_(std::to_string(total) + " merges");
+      next_milestone_ = next_milestone(total);
     }
   } else if (kind == "eval") {
     s.val_loss = j.value("val_loss", NAN);
     s.val_bpb = j.value("val_bpb", NAN);
     event_("eval: val loss " + fixed(s.val_loss, 4) + " " + j.value("loss_unit", std::string("nats/byte")) + ", " + fixed(s.val_bpb, 3) + " bits/byte after " +
-           std::to_string(j.value("merges", s.merges)) + " merges");
+           std::to_string(shards_.size() > 1 ? syncer().merges : j.value("merges", s.merges)) + " merges");
   } else if (kind == "status") {
     s.uptime = j.value("uptime", s.uptime);
     s.rejected = j.value("rejected", s.rejected);
@@ -97,12 +119,15 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
     v.step = j.value("step", v.step);
     v.loss = j.value("loss", v.loss);
   } else if (kind == "joined") {
-    ++v.joins;
+    // A sharded syncer: a learner joins every shard; its joins are counted on shard 0's link, and a kill closes
+    // with whichever shard it joins first.
+    const bool counted = j.value("shard", int64_t{0}) == 0;
+    if (counted) ++v.joins;
     const int64_t resumed_at = std::max(j.value("step", int64_t{0}), j.value("resume_step", int64_t{0}));
     const double rejoin = rejoins_->joined(n, t);
     if (rejoin >= 0)
       event_(name + " rejoined " + fixed(rejoin, 1) + " s after its kill, resuming at step " + std::to_string(resumed_at));
-    else if (v.joins > 1)
+    else if (counted && v.joins > 1)
       event_(name + " rejoined at step " + std::to_string(resumed_at));
     v.step = std::max({v.step, j.value("step", v.step), j.value("resume_step", v.step)});
   } else if (kind == "push") {
@@ -112,7 +137,8 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
     v.step = j.value("step", v.step);
     event_(name + " finished " + std::to_string(v.step) + " steps");
   } else if (kind == "syncer_lost") {
-    event_(name + " lost the syncer at step " + std::to_string(j.value("step", int64_t{0})));
+    event_(name + " lost the syncer" + (j.contains("shard") ? " shard " + std::to_string(j.value("shard", int64_t{0})) : std::string()) +
+           " at step " + std::to_string(j.value("step", int64_t{0})));
   } else if (kind == "rejected") {
     event_(name + " was rejected: " + j.value("reason", std::string("?")));
   }
@@ -142,8 +168,13 @@ std::vector<std::string> status_lines(const StatusInput& in) {
   const SyncerView& s = in.syncer;
   const ProcessState& sp = in.syncer_state;
   std::ostringstream h;
-  h << "[" << std::setw(6) << format_duration(in.elapsed) << "] syncer "
-    << (sp.done ? "done" : !sp.running ? (in.stopping ? "stopped" : "DOWN") : "up") << " | merges " << s.merges;
+  h << "[" << std::setw(6) << format_duration(in.elapsed) << "] syncer ";
+  if (in.shards > 1 && !sp.done && in.shards_up > 0 && in.shards_up < in.shards)
+    h << in.shards_up << "/" << in.shards << " shards up";
+  else
+    h << (sp.done ? "done" : !sp.running ? (in.stopping ? "stopped" : "DOWN") : "up")
+      << (in.shards > 1 ? " (" + std::to_string(in.shards) + " shards)" : "");
+  h << " | merges " << s.merges;
   if (s.quorum >= 0) h << " (last quorum " << s.quorum << ")";
   h << " | val " << fixed(s.val_loss, 4) << " nats, " << fixed(s.val_bpb, 3) << " bpb | uptime "
     << (std::isfinite(s.uptime) ? fixed(100 * s.uptime, 0) + "%" : "-") << " | rejects " << s.rejected;

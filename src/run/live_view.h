@@ -57,21 +57,25 @@ struct SyncerView {
 // The state of the run as its records tell it. `event` receives one line per notable record (a resumed syncer,
 // merge milestones 10, 20, 50, 100, ..., evaluations, learners rejoining, finishing, losing the syncer, rejected);
 // joined and push records of learners killed by chaos close their entries in `rejoins`.
+// A sharded syncer (shards > 1): every shard's records are kept apart and syncer() sums them — merges, rejects and
+// starts added, uptime the lowest, quorum the latest merge's, the validation loss shard 0's (it evaluates the
+// assembled global model); events name the shard.
 class RunRecords {
  public:
-  RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event);
-  // One line of syncer.jsonl (learner < 0) or of learner-N.jsonl (learner = N).
-  void on_line(const std::string& line, int64_t learner);
-  const SyncerView& syncer() const { return syncer_; }
+  RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event, int64_t shards = 1);
+  // One line of syncer.jsonl of shard `shard` (learner < 0) or of learner-N.jsonl (learner = N).
+  void on_line(const std::string& line, int64_t learner, int64_t shard = 0);
+  SyncerView syncer() const;
   const std::vector<LearnerView>& learners() const { return learners_; }
 
  private:
-  void on_syncer_record(const nlohmann::json& j);
+  void on_syncer_record(const nlohmann::json& j, int64_t shard);
   void on_learner_record(const nlohmann::json& j, int64_t n);
 
   RejoinLog* rejoins_;
   std::function<void(const std::string&)> event_;
-  SyncerView syncer_;
+  std::vector<SyncerView> shards_;
+  int64_t last_quorum_ = -1;
   std::vector<LearnerView> learners_;
   int64_t next_milestone_ = 10;
 };
@@ -92,7 +96,8 @@ struct StatusInput {
   int64_t steps = 0;                 // train.steps
   int64_t slow_learner = -1;         // marked SLOW (-1: none)
   SyncerView syncer;
-  ProcessState syncer_state;
+  ProcessState syncer_state;          // a sharded syncer: up only while every shard is (see shards_up)
+  int64_t shards = 1, shards_up = 1;  // shards running; the line says "1/2 shards up" when some are down
   std::vector<LearnerView> learners;
   std::vector<ProcessState> learner_states;
 };

@@ -113,5 +113,37 @@ TEST(LiveView, TailerReturnsOnlyCompleteLines) {
   std::filesystem::remove(path);
 }
 
+// A sharded syncer: the shards' records are summed — merges and rejects added, uptime the lowest, the validation
+// loss shard 0's — and the status line says how many shards are up.
+TEST(LiveView, ShardedSyncerRecordsAreSummed) {
+  std::vector<std::string> events;
+  RejoinLog rejoins(1);
+  RunRecords r(1, &rejoins, [&](const std::string& e) { events.push_back(e); }, 2);
+  r.on_line(R"({"kind":"merge","merges":6,"quorum":1,"t":1})", -1, 0);
+  r.on_line(R"({"kind":"merge","merges":5,"quorum":2,"t":1})", -1, 1);
+  r.on_line(R"({"kind":"status","uptime":0.9,"rejected":1,"t":1})", -1, 0);
+  r.on_line(R"({"kind":"status","uptime":0.8,"rejected":2,"t":1})", -1, 1);
+  r.on_line(R"({"kind":"eval","val_loss":2.5,"val_bpb":3.6,"merges":6,"t":1})", -1, 0);
+  r.on_line(R"({"kind":"started","resumed":true,"merges":5,"t":1})", -1, 1);
+  const SyncerView v = r.syncer();
+  EXPECT_EQ(v.merges, 11);
+  EXPECT_EQ(v.quorum, 2);
+  EXPECT_EQ(v.rejected, 3);
+  EXPECT_DOUBLE_EQ(v.uptime, 0.8);
+  EXPECT_DOUBLE_EQ(v.val_loss, 2.5);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0], "11 merges");  // the first milestone (10) passed by the shards together
+  EXPECT_EQ(events.back(), "syncer shard 1 resumed at 5 merges");
+  // A learner joins both shards: one join, not a rejoin.
+  r.on_line(R"({"kind":"joined","step":0,"t":2})", 0);
+  r.on_line(R"({"kind":"joined","step":0,"shard":1,"t":2})", 0);
+  EXPECT_EQ(r.learners()[0].joins, 1);
+  StatusInput in = two_learners();
+  in.shards = 2;
+  in.shards_up = 1;
+  in.syncer_state.running = false;
+  EXPECT_EQ(status_lines(in)[0].substr(0, 40), "[ 1m58s] syncer 1/2 shards up | merges 2");
+}
+
 }  // namespace
 }  // namespace deloco::run

@@ -24,7 +24,7 @@ namespace deloco::run {
 
 std::vector<std::string> child_environment(const std::vector<std::string>& extra) {
   static const char* kDrop[] = {"DELOCO_SYNCER", "DELOCO_BIND", "DELOCO_SECRET_KEY", "DELOCO_SERVER_KEY", "DELOCO_ALLOW",
-                                "DELOCO_LEARNER_ID", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+                                "DELOCO_LEARNER_ID", "DELOCO_SHARD", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;

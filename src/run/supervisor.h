@@ -24,8 +24,9 @@ namespace deloco::run {
 
 // One supervised process: the syncer or learner N, across its incarnations.
 struct Child {
-  std::string name;             // "syncer" | "learner-N"
+  std::string name;             // "syncer" | "syncer.shard-S" | "learner-N" | "learner-N.rank-R"
   int64_t learner = -1;         // -1: the syncer
+  int64_t shard = 0;            // the syncer's shard (syncer.shards > 1)
   int64_t rank = 0;             // rank in the learner's group (learner.ranks > 1); ranks > 0 follow rank 0's Child
   pid_t pid = 0;                // 0 while not running
   bool stopped = false;         // SIGSTOPped by chaos

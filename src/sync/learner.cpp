@@ -228,10 +228,50 @@ void LearnerCore::install(const at::Tensor& flat_model, const std::vector<int64_
   last_step_time_ = -1;
 }
 
+void LearnerCore::install_fragments(const std::vector<int64_t>& fragments, const at::Tensor& flat,
+                                    const std::vector<int64_t>& versions) {
+  int64_t elements = 0;
+  for (int64_t p : fragments) {
+    if (p < 0 || p >= static_cast<int64_t>(fragments_.size()))
+      throw SyncError("a state names fragment " + std::to_string(p) + ", the learner has " +
+                      std::to_string(fragments_.size()));
+    elements += layouts_[static_cast<size_t>(p)].elements;
+  }
+  if (versions.size() != fragments.size())
+    throw SyncError("a state of " + std::to_string(fragments.size()) + " fragments lists " +
+                    std::to_string(versions.size()) + " versions");
+  if (flat.numel() != elements || flat.scalar_type() != at::kFloat)
+    throw SyncError("a state of " + std::to_string(fragments.size()) + " fragments has " +
+                    std::to_string(flat.numel()) + " elements, they hold " + std::to_string(elements));
+  torch::NoGradGuard ng;
+  const at::Tensor cpu = flat.to(torch::kCPU).contiguous();
+  int64_t off = 0;
+  for (size_t k = 0; k < fragments.size(); ++k) {
+    const auto p = static_cast<size_t>(fragments[k]);
+    const int64_t n = layouts_[p].elements;
+    held_[p] = cpu.narrow(0, off, n).clone();
+    auto views = unflatten(held_[p], layouts_[p]);
+    for (size_t j = 0; j < index_[p].size(); ++j) params_[index_[p][j]].second.copy_(views[j]);
+    held_version_[p] = versions[k];
+    c_steps_[p] = c_tokens_[p] = 0;
+    residual_[p].clear();
+    sent_at_[p] = -1;
+    pending_[p].reset();
+    off += n;
+  }
+}
+
 void LearnerCore::forget_in_flight() {
   for (size_t p = 0; p < fragments_.size(); ++p) {
     sent_at_[p] = -1;
     pending_[p].reset();
+  }
+}
+
+void LearnerCore::forget_in_flight(const std::vector<int64_t>& fragments) {
+  for (int64_t p : fragments) {
+    sent_at_.at(static_cast<size_t>(p)) = -1;
+    pending_.at(static_cast<size_t>(p)).reset();
   }
 }
 

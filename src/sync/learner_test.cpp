@@ -69,6 +69,48 @@ TEST(LearnerCore, PushesTheOuterGradientAgainstTheHeldVersion) {
 
 // The hang of issue 10: with τ > 0 and waiting, an answer that came within τ steps was applied but the send stayed
 // outstanding, so the learner waited for a second answer that never came.
+// One shard's part of the global state (a sharded syncer): only its fragments are overwritten and reset; the
+// others keep their parameters, versions, counters and outstanding sends.
+TEST(LearnerCore, InstallingOneShardsPartLeavesTheOtherFragmentsAlone) {
+  Toy toy(2, 2);
+  LearnerCore core(opts(2, 0, false), toy.frags, toy.params, 100);
+  toy.train();
+  core.after_step(1, 10, 1.0);
+  toy.train();
+  auto pushes = core.after_step(2, 10, 1.0);  // fragment with offset 0 is due at step 2
+  ASSERT_EQ(pushes.size(), 1u);
+  const int64_t sent = pushes[0].fragment, other = 1 - sent;
+  EXPECT_GE(core.outstanding(sent), 0);
+  ASSERT_EQ(core.c_steps(other), 2);
+  // The part of the shard serving `other`: its values 7, version 3.
+  const int64_t n = core.layout(other).elements;
+  core.install_fragments({other}, torch::full({n}, 7.0f), {3});
+  EXPECT_EQ(core.version(other), 3);
+  EXPECT_EQ(core.c_steps(other), 0);
+  EXPECT_EQ(core.version(sent), 0);
+  EXPECT_GE(core.outstanding(sent), 0);  // still waits for its answer
+  for (const auto& name : core.layout(other).names)
+    for (const auto& [pn, t] : toy.params)
+      if (pn == name) EXPECT_TRUE(torch::all(t == 7.0f).item<bool>()) << name;
+  for (const auto& name : core.layout(sent).names)
+    for (const auto& [pn, t] : toy.params)
+      if (pn == name) EXPECT_TRUE(torch::all(t == 2.0f).item<bool>()) << name;
+  // The next push of `other` is taken against what was installed: Θ = 7, θ = 7 + 2 after two more steps.
+  toy.train();
+  toy.train();
+  auto later = core.after_step(4, 10, 1.0);
+  for (const auto& p : later)
+    if (p.fragment == other) {
+      EXPECT_EQ(p.base_version, 3);
+      for (float x : decode(p)) EXPECT_EQ(x, -2.0f);
+    }
+  // Sizes and fragment ids are checked before anything changes.
+  EXPECT_THROW(core.install_fragments({other}, torch::zeros({n + 1}), {4}), SyncError);
+  EXPECT_THROW(core.install_fragments({5}, torch::zeros({n}), {4}), SyncError);
+  EXPECT_THROW(core.install_fragments({other}, torch::zeros({n}), {4, 5}), SyncError);
+  EXPECT_EQ(core.version(other), 3);
+}
+
 TEST(LearnerCore, AnAnswerWithinTauIsAppliedAtSendPlusTauAndClearsTheWait) {
   Toy toy(1, 4);
   LearnerCore core(opts(4, 2, true), toy.frags, toy.params, 100);

@@ -104,6 +104,39 @@ std::vector<Fragment> plan_fragments(const std::vector<std::pair<std::string, in
   return frags;
 }
 
+std::vector<int64_t> assign_shards(const std::vector<Fragment>& fragments, int64_t S) {
+  const int64_t P = static_cast<int64_t>(fragments.size());
+  if (S < 1) throw SyncError("syncer.shards must be ≥ 1");
+  if (S > P)
+    throw SyncError("syncer.shards=" + std::to_string(S) + " is larger than sync.fragments=" + std::to_string(P) +
+                    ": every shard serves at least one fragment, so set sync.fragments ≥ syncer.shards");
+  std::vector<size_t> order(fragments.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return fragments[a].bytes > fragments[b].bytes; });
+  std::vector<int64_t> load(static_cast<size_t>(S), 0), count(static_cast<size_t>(S), 0);
+  std::vector<int64_t> shard(fragments.size(), 0);
+  for (size_t i : order) {
+    // A shard still without a fragment goes first (P ≥ S fragments: each gets one), then the lightest.
+    size_t best = 0;
+    for (size_t s = 1; s < load.size(); ++s) {
+      const bool empty_s = count[s] == 0, empty_b = count[best] == 0;
+      if (empty_s != empty_b ? empty_s : load[s] < load[best]) best = s;
+    }
+    load[best] += fragments[i].bytes;
+    ++count[best];
+    shard[i] = static_cast<int64_t>(best);
+  }
+  return shard;
+}
+
+std::vector<int64_t> shard_fragments(const std::vector<int64_t>& assignment, int64_t s) {
+  std::vector<int64_t> out;
+  for (size_t p = 0; p < assignment.size(); ++p)
+    if (assignment[p] == s) out.push_back(static_cast<int64_t>(p));
+  return out;
+}
+
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps) {
   if (mode == "uniform") return 1.0;
   if (mode != "token") throw SyncError("unknown weighting '" + mode + "' (token, uniform)");

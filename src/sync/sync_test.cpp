@@ -50,6 +50,33 @@ TEST(SyncFragments, BalancedOnEqualTensorsAndErrors) {
   EXPECT_THROW(plan_fragments(t, 2, 0), SyncError);
 }
 
+// A sharded syncer: fragments go to shards by bytes, largest first to the lightest shard — written from the rule,
+// on fragments of known sizes.
+TEST(SyncShards, FragmentsAreBalancedOverShardsByBytes) {
+  std::vector<Fragment> f(5);
+  const int64_t bytes[] = {100, 70, 60, 40, 30};
+  for (int i = 0; i < 5; ++i) f[i].id = i, f[i].bytes = bytes[i];
+  // 100 → s0; 70 → s1; 60 → s1 (70 < 100); 40 → s0 (100 < 130); 30 → s0 (140 > 130? no: s1 130 < s0 140) → s1.
+  EXPECT_EQ(assign_shards(f, 2), (std::vector<int64_t>{0, 1, 1, 0, 1}));
+  EXPECT_EQ(shard_fragments(assign_shards(f, 2), 1), (std::vector<int64_t>{1, 2, 4}));
+  // As many shards as fragments: one each. One shard: all.
+  EXPECT_EQ(assign_shards(f, 5), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(assign_shards(f, 1), (std::vector<int64_t>(5, 0)));
+  // Every shard gets a fragment even when some are empty (a fragment of zero bytes).
+  std::vector<Fragment> z(3);
+  for (int i = 0; i < 3; ++i) z[i].id = i;
+  z[0].bytes = 8;
+  const auto a = assign_shards(z, 3);
+  EXPECT_EQ(std::set<int64_t>(a.begin(), a.end()).size(), 3u);
+  try {
+    assign_shards(f, 6);
+    FAIL() << "6 shards of 5 fragments";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("syncer.shards=6"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(assign_shards(f, 0), SyncError);
+}
+
 TEST(SyncWeights, TokenAndUniform) {
   EXPECT_DOUBLE_EQ(contribution_weight("uniform", 100, 3), 1.0);
   EXPECT_DOUBLE_EQ(contribution_weight("token", 1000, 10), 1000.0 * 100.0);
