@@ -73,6 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         // A scale in the subnormal range is itself rounded by up to 2^-150, which q ≤ qmax multiplies.
         case deloco::Encoding::kInt8: bound = amax / 127.0 * 0.5 * 1.0001 + amax * 1e-6 + 127 * std::ldexp(1.0, -149); break;
         case deloco::Encoding::kInt4: bound = amax / 7.0 * 0.5 * 1.0001 + amax * 1e-6 + 7 * std::ldexp(1.0, -149); break;
+        case deloco::Encoding::kInt2: bound = amax * 0.5 * 1.0001 + amax * 1e-6 + std::ldexp(1.0, -149); break;
         default: break;
       }
       if (!(err <= bound)) fail("round trip outside the codec's error bound", i);

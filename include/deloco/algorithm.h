@@ -49,7 +49,7 @@ struct AlgorithmConfig {
   std::string merge_method;    // "" : the preset's plan; else this method for every tensor (vectors: the mean)
   OuterOptions outer = unresolved_outer();  // kind "" and NaN rates until resolve()
   // The codecs are part of the algorithm (they change what is merged), so both drivers apply them.
-  std::string encoding = "fp32";            // net.encoding: pushes (outer gradients): fp32 | bf16 | int8 | int4
+  std::string encoding = "fp32";            // net.encoding: pushes (outer gradients): fp32 | bf16 | int8 | int4 | int2
   std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners
   bool error_feedback = true;               // net.error_feedback: carry the push quantization residual
 

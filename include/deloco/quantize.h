@@ -1,4 +1,4 @@
-// deloco/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8 and int4).
+// deloco/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8, int4 and int2).
 //
 // Layouts (little-endian; n elements; blocks of kQuantBlock = 64 consecutive elements, the last one may be short):
 //   kFp32  n × 4 bytes (IEEE binary32, exact)
@@ -6,7 +6,10 @@
 //   kInt8  ceil(n/64) fp32 scales, then n int8 values q in [-127, 127]; x ≈ q · scale, scale = max|x| / 127
 //   kInt4  ceil(n/64) fp32 scales, then ceil(n/2) bytes; element 2i in the low nibble of byte i, 2i+1 in the high
 //          nibble; a nibble stores q + 8 with q in [-7, 7]; scale = max|x| / 7; an odd tail's high nibble is 0
-// For int8/int4 every element is within half a quantization step (scale / 2) of its input.
+//   kInt2  ceil(n/64) fp32 scales, then ceil(n/4) bytes; element 4i+j in bits 2j..2j+1 of byte i; a code stores
+//          q + 2 with q in {-1, 0, 1} (ternary: code 0 is never written and is refused); scale = max|x|; unused
+//          high bits of the last byte are 0
+// For int8/int4/int2 every element is within half a quantization step (scale / 2) of its input.
 //
 // Contract
 //  * encode_floats() rejects non-finite input (NonFiniteError), finite values that overflow bf16, and an int8/int4
@@ -28,7 +31,7 @@ namespace deloco {
 constexpr size_t kQuantBlock = 64;
 
 // A well-formed float payload whose numbers are not finite: a NaN or ±Inf element (fp32, bf16), a NaN or ±Inf
-// block scale (int8, int4), or a finite scale times a value that overflows. The sender's numbers are bad, not its
+// block scale (int8, int4, int2), or a finite scale times a value that overflows. The sender's numbers are bad, not its
 // framing (the syncer counts it as non_finite, not malformed_frame).
 class NonFiniteError : public WireError {
  public:

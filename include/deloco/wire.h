@@ -16,9 +16,10 @@
 // Payload encodings (include/deloco/quantize.h has the float codecs):
 //   kRaw  opaque bytes (JSON, a reason text); element_count == payload_bytes
 //   kFp32 4 bytes per element; kBf16 2 bytes per element (round to nearest even)
-//   kInt8 / kInt4: ceil(n/64) fp32 block scales, then n int8 values / ceil(n/2) bytes of packed int4 values
+//   kInt8 / kInt4 / kInt2: ceil(n/64) fp32 block scales, then n int8 values / ceil(n/2) bytes of packed int4
+//   values / ceil(n/4) bytes of packed ternary int2 values (deloco/quantize.h)
 // Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk, fragment_push
-// and fragment_broadcast carry a float encoding (kFp32, kBf16, kInt8, kInt4).
+// and fragment_broadcast carry a float encoding (kFp32, kBf16, kInt8, kInt4, kInt2).
 //
 // Contract
 //  * decode_header() / decode_message() validate everything before trusting it, in this order: frame length ≥
@@ -65,8 +66,8 @@ enum class MessageKind : uint8_t {
 };
 constexpr uint8_t kMaxMessageKind = 8;
 
-enum class Encoding : uint8_t { kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4 };
-constexpr uint8_t kMaxEncoding = 4;
+enum class Encoding : uint8_t { kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5 };
+constexpr uint8_t kMaxEncoding = 5;
 
 struct MessageHeader {
   MessageKind kind = MessageKind::kHeartbeat;
@@ -102,7 +103,7 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t seed = kFnvOffset);
 size_t encoded_bytes(Encoding e, uint64_t n);
 
 const char* kind_name(MessageKind k);      // "hello", ..., or "unknown"
-const char* encoding_name(Encoding e);     // "raw", "fp32", "bf16", "int8", "int4", or "unknown"
+const char* encoding_name(Encoding e);     // "raw", "fp32", "bf16", "int8", "int4", "int2", or "unknown"
 Encoding parse_encoding(const std::string& name);  // inverse of encoding_name for the float encodings; throws
 
 std::string fingerprint_hex(uint64_t fp);                // 16 lowercase hex chars

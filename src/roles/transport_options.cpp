@@ -16,7 +16,7 @@ constexpr uint64_t kSlackBytes = 4096;
 // for a handful of elements).
 uint64_t costliest_float_bytes(int64_t n) {
   uint64_t most = 0;
-  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4})
+  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4, Encoding::kInt2})
     most = std::max<uint64_t>(most, encoded_bytes(e, static_cast<uint64_t>(n)));
   return most;
 }

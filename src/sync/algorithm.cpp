@@ -102,13 +102,13 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
         parse_encoding(*v);
         return std::string();
       } catch (const std::exception&) {
-        return std::string(key) + " must be fp32, bf16, int8 or int4 (got '" + *v + "')";
+        return std::string(key) + " must be fp32, bf16, int8, int4 or int2 (got '" + *v + "')";
       }
     };
   };
-  s.bind("net.encoding", &encoding, "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4",
+  s.bind("net.encoding", &encoding, "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4 | int2",
          float_encoding(&encoding, "net.encoding"));
-  s.bind("net.broadcast_encoding", &broadcast_encoding, "merged fragment encoding: fp32 | bf16 | int8 | int4",
+  s.bind("net.broadcast_encoding", &broadcast_encoding, "merged fragment encoding: fp32 | bf16 | int8 | int4 | int2",
          float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
   s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
 }

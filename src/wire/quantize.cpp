@@ -1,4 +1,4 @@
-// Float payload codecs: fp32, bf16 (round to nearest even), block-scaled int8 and int4 (contract in quantize.h).
+// Float payload codecs: fp32, bf16 (round to nearest even), block-scaled int8, int4 and int2 (contract in quantize.h).
 #include "deloco/quantize.h"
 
 #include <algorithm>
@@ -44,11 +44,13 @@ void require_float_encoding(Encoding e) {
                     std::to_string(static_cast<int>(e)) + ") is not a float encoding");
 }
 
-// Block scales for int8 (qmax 127) or int4 (qmax 7), written before the values.
-void encode_blocks(const float* x, size_t n, int qmax, bool nibbles, char* out) {
+// Block scales for int8 (qmax 127), int4 (qmax 7) or int2 (qmax 1), written before the values. `bits`: 8, 4, 2.
+void encode_blocks(const float* x, size_t n, int qmax, int bits, char* out) {
   const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
   unsigned char* vals = reinterpret_cast<unsigned char*>(out + 4 * blocks);
-  if (nibbles) std::memset(vals, 0, (n + 1) / 2);
+  const size_t per_byte = static_cast<size_t>(8 / bits);
+  if (bits < 8) std::memset(vals, 0, (n + per_byte - 1) / per_byte);
+  const int offset = 1 << (bits - 1);  // int4: q + 8; int2: q + 2
   for (size_t b = 0; b < blocks; ++b) {
     const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
     float amax = 0.f;
@@ -57,27 +59,29 @@ void encode_blocks(const float* x, size_t n, int qmax, bool nibbles, char* out) 
     // Decoding computes q × scale in float: for |x| within a rounding of FLT_MAX that product overflows to inf,
     // so such a block cannot be represented (found by fuzz/fuzz_codecs).
     if (!std::isfinite(scale * static_cast<float>(qmax)))
-      throw WireError("quantize: block " + std::to_string(b) + " has |x| up to " + show(amax) + ", too large for " +
-                      (nibbles ? "int4" : "int8") + " (its decoded values would overflow)");
+      throw WireError("quantize: block " + std::to_string(b) + " has |x| up to " + show(amax) + ", too large for int" +
+                      std::to_string(bits) + " (its decoded values would overflow)");
     put_u32(out + 4 * b, float_bits(scale));
     for (size_t i = lo; i < hi; ++i) {
       // x/scale rather than x*inv keeps the rounding within half a step of the exact quotient.
       float q = scale > 0.f ? std::nearbyint(x[i] / scale) : 0.f;
       q = std::min(std::max(q, -static_cast<float>(qmax)), static_cast<float>(qmax));
       const int qi = static_cast<int>(q);
-      if (!nibbles) {
+      if (bits == 8) {
         vals[i] = static_cast<unsigned char>(static_cast<int8_t>(qi));
       } else {
-        const unsigned nib = static_cast<unsigned>(qi + 8) & 0xf;
-        vals[i / 2] |= static_cast<unsigned char>((i % 2 == 0) ? nib : (nib << 4));
+        const unsigned code = static_cast<unsigned>(qi + offset) & ((1u << bits) - 1);
+        vals[i / per_byte] |= static_cast<unsigned char>(code << (bits * (i % per_byte)));
       }
     }
   }
 }
 
-void decode_blocks(const unsigned char* in, size_t n, bool nibbles, float* out) {
+void decode_blocks(const unsigned char* in, size_t n, int bits, float* out) {
   const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
   const unsigned char* vals = in + 4 * blocks;
+  const size_t per_byte = static_cast<size_t>(8 / bits);
+  const int offset = 1 << (bits - 1);
   for (size_t b = 0; b < blocks; ++b) {
     const float scale = bits_float(get_u32(in + 4 * b));
     // A NaN or infinite scale is a number problem (non-finite), a negative one a framing problem: our encoder
@@ -88,8 +92,14 @@ void decode_blocks(const unsigned char* in, size_t n, bool nibbles, float* out) 
     const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
     for (size_t i = lo; i < hi; ++i) {
       int q;
-      if (!nibbles) q = static_cast<int8_t>(vals[i]);
-      else q = static_cast<int>((i % 2 == 0) ? (vals[i / 2] & 0xf) : (vals[i / 2] >> 4)) - 8;
+      if (bits == 8) {
+        q = static_cast<int8_t>(vals[i]);
+      } else {
+        q = static_cast<int>((vals[i / per_byte] >> (bits * (i % per_byte))) & ((1u << bits) - 1)) - offset;
+        // int2 is ternary: code 0 (q = −2) is never written.
+        if (bits == 2 && q < -1)
+          throw WireError("quantize: element " + std::to_string(i) + " has the int2 code 0, which no encoder writes");
+      }
       out[i] = static_cast<float>(q) * scale;
     }
   }
@@ -114,8 +124,9 @@ void encode_floats_into(const float* x, size_t n, Encoding e, char* out) {
         out[2 * i + 1] = static_cast<char>((r >> 8) & 0xff);
       }
       break;
-    case Encoding::kInt8: encode_blocks(x, n, 127, false, out); break;
-    case Encoding::kInt4: encode_blocks(x, n, 7, true, out); break;
+    case Encoding::kInt8: encode_blocks(x, n, 127, 8, out); break;
+    case Encoding::kInt4: encode_blocks(x, n, 7, 4, out); break;
+    case Encoding::kInt2: encode_blocks(x, n, 1, 2, out); break;
     default: break;  // unreachable: require_float_encoding
   }
 }
@@ -141,8 +152,9 @@ void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n,
     case Encoding::kBf16:
       for (size_t i = 0; i < n; ++i) out[i] = bits_float((uint32_t{p[2 * i]} | (uint32_t{p[2 * i + 1]} << 8)) << 16);
       break;
-    case Encoding::kInt8: decode_blocks(p, n, false, out); break;
-    case Encoding::kInt4: decode_blocks(p, n, true, out); break;
+    case Encoding::kInt8: decode_blocks(p, n, 8, out); break;
+    case Encoding::kInt4: decode_blocks(p, n, 4, out); break;
+    case Encoding::kInt2: decode_blocks(p, n, 2, out); break;
     default: break;
   }
   for (size_t i = 0; i < n; ++i)

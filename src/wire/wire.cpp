@@ -75,6 +75,7 @@ size_t encoded_bytes(Encoding e, uint64_t n) {
     case Encoding::kBf16: b = 2 * n; break;
     case Encoding::kInt8: b = 4 * blocks + n; break;
     case Encoding::kInt4: b = 4 * blocks + (n + 1) / 2; break;
+    case Encoding::kInt2: b = 4 * blocks + (n + 3) / 4; break;
     default: throw WireError("wire: unknown payload encoding " + std::to_string(static_cast<int>(e)));
   }
   if (b > std::numeric_limits<size_t>::max()) throw WireError("wire: payload of " + u64s(n) + " elements too big");
@@ -102,14 +103,15 @@ const char* encoding_name(Encoding e) {
     case Encoding::kBf16: return "bf16";
     case Encoding::kInt8: return "int8";
     case Encoding::kInt4: return "int4";
+    case Encoding::kInt2: return "int2";
   }
   return "unknown";
 }
 
 Encoding parse_encoding(const std::string& name) {
-  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4})
+  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4, Encoding::kInt2})
     if (name == encoding_name(e)) return e;
-  throw WireError("wire: unknown encoding '" + name + "' (expected fp32, bf16, int8 or int4)");
+  throw WireError("wire: unknown encoding '" + name + "' (expected fp32, bf16, int8, int4 or int2)");
 }
 
 std::string fingerprint_hex(uint64_t fp) {

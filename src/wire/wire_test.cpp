@@ -181,7 +181,7 @@ TEST(Wire, UnknownKindAndEncoding) {
   expect_rejected(f, "unknown message kind 9");
   f = sample_frame();
   f[7] = static_cast<char>(kMaxEncoding + 1);
-  expect_rejected(f, "unknown payload encoding 5");
+  expect_rejected(f, "unknown payload encoding 6");
   f = sample_frame();
   f[7] = static_cast<char>(Encoding::kRaw);  // a fragment push cannot carry opaque bytes
   expect_rejected(f, "cannot carry encoding raw");
@@ -286,7 +286,10 @@ TEST(Wire, EncodedBytes) {
   EXPECT_THROW(encoded_bytes(static_cast<Encoding>(9), 1), WireError);
   EXPECT_THROW(encoded_bytes(Encoding::kFp32, ~uint64_t{0}), WireError);
   EXPECT_EQ(parse_encoding("int4"), Encoding::kInt4);
-  EXPECT_THROW(parse_encoding("int2"), WireError);
+  EXPECT_EQ(encoded_bytes(Encoding::kInt2, 64), 20u);
+  EXPECT_EQ(encoded_bytes(Encoding::kInt2, 65), 25u);
+  EXPECT_EQ(parse_encoding("int2"), Encoding::kInt2);
+  EXPECT_THROW(parse_encoding("int3"), WireError);
 }
 
 }  // namespace
