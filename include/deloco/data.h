@@ -12,7 +12,7 @@
 //    (default "*val*") are validation; when none matches, the last val_fraction of the token stream is.
 //    A `tokens.json` beside the files (written by `deloco tokenize`) records the bytes of text behind each file;
 //    with it, losses convert to bits per byte comparable with byte-level models; without it bits per byte is NaN.
-// Validation tokens are never trained on.
+// Validation tokens are never trained on. data.holdout = dev | test keeps the first | second half of them.
 //
 // Shards: the training stream (the files one after another) is cut into M contiguous, disjoint ranges; learner i
 // draws windows of T+1 tokens that lie wholly inside range i. The window for (seed, learner, step, row) is a pure
@@ -51,6 +51,10 @@ struct DataConfig {
   std::string dtype = "auto";        // tokens: "auto" (llm.c header required), "uint16" or "uint32" (raw files)
   std::string val_pattern = "*val*"; // tokens: file names (glob) that form the validation set
   double val_fraction = 0.05;
+  // Which held-out tokens evaluations see: "all"; "dev", the first half of them, to tune hyper-parameters on;
+  // "test", the second half, to report (scripts/science.py tunes on dev and reports test, so no reported number
+  // was chosen on the data it is measured on).
+  std::string holdout = "all";
   std::string tokenizer;             // SentencePiece model for `deloco sample` ("": <data.path>/tokenizer.model)
   void bind(ConfigSchema& schema);
 };
@@ -114,6 +118,8 @@ class Corpus {
 
  private:
   static Corpus load_tokens(const DataConfig& cfg, const std::vector<std::string>& files);
+  // Keeps the half of the validation tokens data.holdout names (DataConfig::holdout).
+  Corpus keep_holdout(const std::string& which) &&;
   bool is_text_ = true;
   std::shared_ptr<const std::string> train_text_ = std::make_shared<const std::string>();
   std::shared_ptr<const std::string> val_text_ = std::make_shared<const std::string>();

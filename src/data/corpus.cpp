@@ -70,6 +70,9 @@ void DataConfig::bind(ConfigSchema& s) {
          [this] { return val_pattern.empty() ? "must not be empty" : ""; });
   s.bind("data.val_fraction", &val_fraction, "share of the corpus held out for validation (token files: when no file matches data.val_pattern)",
          [this] { return (val_fraction > 0 && val_fraction < 0.5) ? "" : "must be in (0, 0.5)"; });
+  s.bind("data.holdout", &holdout,
+         "the held-out tokens evaluations use: all; dev (their first half: tune on it); test (the second half: report it)",
+         [this] { return holdout == "all" || holdout == "dev" || holdout == "test" ? "" : "must be all, dev or test, not '" + holdout + "'"; });
   s.bind("data.tokenizer", &tokenizer, "SentencePiece model that decodes samples (empty: <data.path>/tokenizer.model when present)");
 }
 
@@ -266,7 +269,7 @@ Corpus Corpus::load(const DataConfig& cfg) {
   } else {
     files.push_back(cfg.path);
   }
-  if (cfg.format == "tokens") return load_tokens(cfg, files);
+  if (cfg.format == "tokens") return load_tokens(cfg, files).keep_holdout(cfg.holdout);
   std::vector<std::string> docs;
   for (const auto& f : files) {
     std::string text = read_file(f);
@@ -275,7 +278,20 @@ Corpus Corpus::load(const DataConfig& cfg) {
     if (!text.empty()) docs.push_back(std::move(text));
   }
   if (docs.empty()) throw DataError("corpus '" + cfg.path + "' holds no text");
-  return from_documents(docs, cfg.val_fraction);
+  return from_documents(docs, cfg.val_fraction).keep_holdout(cfg.holdout);
+}
+
+Corpus Corpus::keep_holdout(const std::string& which) && {
+  if (which == "all") return std::move(*this);
+  if (which != "dev" && which != "test") throw DataError("data.holdout must be all, dev or test, not '" + which + "'");
+  const int64_t n = val_tokens_.size(), half = n / 2;
+  if (half < 1) throw DataError("the held-out set has " + std::to_string(n) + " tokens: too few to split into dev and test");
+  const bool dev = which == "dev";
+  val_tokens_ = dev ? val_tokens_.slice(0, half) : val_tokens_.slice(half, n);
+  if (is_text_ && static_cast<int64_t>(val_text_->size()) == n)
+    val_text_ = std::make_shared<const std::string>(dev ? val_text_->substr(0, static_cast<size_t>(half))
+                                                         : val_text_->substr(static_cast<size_t>(half)));
+  return std::move(*this);
 }
 
 Corpus Corpus::from_documents(const std::vector<std::string>& docs, double val_fraction) {

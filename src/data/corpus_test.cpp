@@ -35,6 +35,30 @@ TEST(Data, SingleDocumentSplitsByBytes) {
   EXPECT_EQ(c.train(), std::string(900, 'x'));
 }
 
+// data.holdout: dev and test are the two halves of the held-out text, disjoint, together all of it, and training
+// never sees either.
+TEST(Data, DevAndTestAreDisjointHalvesOfTheHeldOutSet) {
+  auto dir = fs::temp_directory_path() / ("deloco_holdout_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "one.txt") << std::string(800, 'x') + std::string(100, 'd') + std::string(100, 't');
+  DataConfig cfg;
+  cfg.path = dir.string();
+  cfg.val_fraction = 0.2;
+  const Corpus all = Corpus::load(cfg);
+  cfg.holdout = "dev";
+  const Corpus dev = Corpus::load(cfg);
+  cfg.holdout = "test";
+  const Corpus test = Corpus::load(cfg);
+  fs::remove_all(dir);
+  EXPECT_EQ(all.val(), std::string(100, 'd') + std::string(100, 't'));
+  EXPECT_EQ(dev.val(), std::string(100, 'd'));
+  EXPECT_EQ(test.val(), std::string(100, 't'));
+  EXPECT_EQ(dev.val_tokens().size() + test.val_tokens().size(), all.val_tokens().size());
+  EXPECT_EQ(dev.train(), all.train());
+  cfg.holdout = "both";
+  EXPECT_THROW(Corpus::load(cfg), DataError);
+}
+
 TEST(Data, ShardsAreDisjointAndCoverTheStream) {
   for (int64_t m : {1, 2, 3, 7}) {
     int64_t expect = 0;
