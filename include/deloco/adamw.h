@@ -41,7 +41,10 @@ class AdamW {
  private:
   NamedTensors params_;
   AdamWOptions opts_;
-  std::vector<torch::Tensor> m_, v_;
+  // The moments are allocated by the first step() or state(), not by the constructor: a replica that only
+  // evaluates (a syncer's, `deloco eval`'s) never holds them (2 × 4 bytes per parameter).
+  void allocate_moments() const;
+  mutable std::vector<torch::Tensor> m_, v_;
   std::vector<bool> decay_;
   int64_t t_ = 0;
   bool fused_ = true;

@@ -61,10 +61,12 @@ void SyncerNode::Impl::checkpoint(bool final) {
     run.bind(schema);
     manifest["config"] = schema.to_json();
   }
-  manifest["model_fingerprint"] = evaluator->fingerprint();
+  manifest["model_fingerprint"] = model_fingerprint;
   TensorFile model, opt;
-  for (const auto& [n, t] : core->global()) model.tensors[n] = t.detach().to(torch::kCPU).clone();
-  for (const auto& [n, t] : core->outer_state()) opt.tensors[n] = t.detach().to(torch::kCPU).clone();
+  // No copies: the write below is synchronous on the syncer's one thread, so nothing changes Θ or the outer state
+  // while it reads them (a clone would double the shard's peak memory at every checkpoint).
+  for (const auto& [n, t] : core->global()) model.tensors[n] = t.detach().to(torch::kCPU);
+  for (const auto& [n, t] : core->outer_state()) opt.tensors[n] = t.detach().to(torch::kCPU);
   // Recovery, commit by rename, "latest", keep the three newest (deloco/checkpoint_store.h). A checkpoint at a
   // merge count already written (the final one after a periodic one, or after a resume) is a new folder, not a
   // skip: it holds newer counters, and a skipped checkpoint once lost a broadcast merge.

@@ -471,6 +471,7 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
 }
 
 void SyncerNode::Impl::evaluate(const char* kind) {
+  if (!evaluator) return;  // a shard other than 0
   const double start = now();
   torch::NoGradGuard ng;
   auto& params = evaluator->parameters();
@@ -626,6 +627,10 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   for (int64_t m = 0; m < I.M; ++m) I.core->set_connected(m, false);
   if (I.cfg.syncer.out_dir.empty()) throw ConfigError("syncer.out_dir must name the syncer's run folder");
   if (resume) I.restore_from(I.cfg.syncer.out_dir);
+  I.model_fingerprint = I.evaluator->fingerprint();
+  // Only shard 0 evaluates: the other shards needed the replica for the model's names, shapes and fingerprint, and
+  // free it now (4 bytes per parameter of the whole model).
+  if (I.shard.shards > 1 && I.shard.shard != 0) I.evaluator.reset();
   I.tx = std::move(transport);
   if (!I.cfg.syncer.metrics.empty())
     I.metrics = std::make_unique<MetricsServer>(I.cfg.syncer.metrics, [this] { return prometheus(); });

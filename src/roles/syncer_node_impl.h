@@ -55,7 +55,8 @@ struct SyncerNode::Impl {
   std::unique_ptr<ServerTransport> tx;
   RecordSink record;
   int64_t M = 0;
-  std::unique_ptr<Workload> evaluator;  // holds a model replica to evaluate Θ
+  std::unique_ptr<Workload> evaluator;  // holds a model replica to evaluate Θ (shards other than 0: freed after setup)
+  std::string model_fingerprint;        // the evaluator's, for checkpoint manifests
   std::map<std::string, at::Tensor> initial;  // shard 0 of a sharded syncer: the other shards' tensors at version 0
   std::unique_ptr<Syncer> core;
   // A sharded syncer: this shard's fragments. The core, layouts, timers and versions are in the shard's local

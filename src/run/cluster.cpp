@@ -275,7 +275,7 @@ void LocalCluster::reap() {
     if (c->learner >= 0 && !c->done) stop_group(c->learner);
     if (c->done) {
       if (c->learner >= 0 && all_learners_done()) learners_done_at_ = elapsed();
-      if (c->learner < 0 && !all_learners_done())
+      if (c->learner < 0 && learners_still_training())
         view_.event(c->name + " exited 0 while learners still train; waiting for them");
       continue;
     }
@@ -297,6 +297,13 @@ void LocalCluster::reap() {
 
 bool LocalCluster::all_learners_done() const {
   return std::all_of(learners_.begin(), learners_.end(), [](const Child& c) { return c.done; });
+}
+
+// A learner that neither exited 0 nor wrote its learner_done record (one that did is only closing down).
+bool LocalCluster::learners_still_training() const {
+  for (size_t n = 0; n < learners_.size(); ++n)
+    if (!learners_[n].done && !records_.learners()[n].finished) return true;
+  return false;
 }
 
 bool LocalCluster::any_learner_finished() const {

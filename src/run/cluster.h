@@ -75,6 +75,7 @@ class LocalCluster {
   void reap();
   bool all_learners_done() const;
   bool any_learner_finished() const;
+  bool learners_still_training() const;
   bool finished() const;
   std::vector<Child*> all();
   std::vector<Child*> everyone();  // all() plus the other ranks of learner groups

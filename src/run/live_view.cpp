@@ -125,9 +125,12 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
     if (counted) ++v.joins;
     const int64_t resumed_at = std::max(j.value("step", int64_t{0}), j.value("resume_step", int64_t{0}));
     const double rejoin = rejoins_->joined(n, t);
+    const bool announced = v.rejoin_announced;  // by another shard's join of the same restart
+    v.rejoin_announced = rejoin >= 0 && !counted;
+    if (counted) v.rejoin_announced = false;
     if (rejoin >= 0)
       event_(name + " rejoined " + fixed(rejoin, 1) + " s after its kill, resuming at step " + std::to_string(resumed_at));
-    else if (counted && v.joins > 1)
+    else if (counted && v.joins > 1 && !announced)
       event_(name + " rejoined at step " + std::to_string(resumed_at));
     v.step = std::max({v.step, j.value("step", v.step), j.value("resume_step", v.step)});
   } else if (kind == "push") {

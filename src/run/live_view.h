@@ -43,6 +43,7 @@ struct LearnerView {
   double loss = NAN;
   bool finished = false;  // a learner_done record was seen
   int joins = 0;
+  bool rejoin_announced = false;  // a sharded syncer: another shard's join already announced this restart
 };
 
 struct SyncerView {

@@ -138,6 +138,14 @@ TEST(LiveView, ShardedSyncerRecordsAreSummed) {
   r.on_line(R"({"kind":"joined","step":0,"t":2})", 0);
   r.on_line(R"({"kind":"joined","step":0,"shard":1,"t":2})", 0);
   EXPECT_EQ(r.learners()[0].joins, 1);
+  // Killed and restarted: the first shard it joins announces the rejoin, the second says nothing more.
+  rejoins.killed(0, 3);
+  events.clear();
+  r.on_line(R"({"kind":"joined","step":5,"shard":1,"t":4})", 0);
+  r.on_line(R"({"kind":"joined","step":5,"t":4.5})", 0);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0], "learner-0 rejoined 1.0 s after its kill, resuming at step 5");
+  EXPECT_EQ(r.learners()[0].joins, 2);
   StatusInput in = two_learners();
   in.shards = 2;
   in.shards_up = 1;

@@ -45,15 +45,20 @@ double sum_of_squares(const float* x, int64_t n) {
 }  // namespace
 
 AdamW::AdamW(NamedTensors params, AdamWOptions opts) : params_(std::move(params)), opts_(opts) {
+  for (const auto& [name, p] : params_) decay_.push_back(p.dim() >= 2);
+}
+
+void AdamW::allocate_moments() const {
+  if (!m_.empty() || params_.empty()) return;
   for (const auto& [name, p] : params_) {
     m_.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
     v_.push_back(torch::zeros_like(p, torch::MemoryFormat::Contiguous));
-    decay_.push_back(p.dim() >= 2);
   }
 }
 
 void AdamW::step(double lr, double grad_scale) {
   torch::NoGradGuard no_grad;
+  allocate_moments();
   ++t_;
   const double bc1 = 1.0 - std::pow(opts_.beta1, static_cast<double>(t_));
   const double bc2 = 1.0 - std::pow(opts_.beta2, static_cast<double>(t_));
@@ -102,6 +107,7 @@ void AdamW::zero_grad() {
 }
 
 std::map<std::string, torch::Tensor> AdamW::state() const {
+  allocate_moments();
   std::map<std::string, torch::Tensor> out;
   for (size_t i = 0; i < params_.size(); ++i) {
     out["exp_avg/" + params_[i].first] = m_[i];
