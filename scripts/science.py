@@ -1,0 +1,557 @@
+#!/usr/bin/env python3
+"""The papers' claims in the deterministic simulator, with seeds, tuning and 95% intervals (issue 14).
+
+    scripts/science.py [--quick] [--out DIR] [--jobs N] [--deloco PATH] [--only e1,e3] [--report-only] [--doc FILE]
+
+Every point is one `deloco sim` run (the algorithm core under a virtual clock). A point's result is one JSON line
+in DIR/results.jsonl; a point already there is not run again, so an interrupted suite continues where it stopped
+and the report can be regenerated from the results alone (--report-only).
+
+Rules (issue 14):
+  * seeds: every reported point runs `seeds` seeds (train.seed and sim.seed both = the seed); the tables give the
+    mean and the 95% interval of the mean (Student's t over the seeds);
+  * tuning: each method's outer learning rate (and momentum, for Nesterov) is chosen on a small grid by the final
+    loss on data.holdout = dev, the first half of the held-out tokens; every reported number is measured on
+    data.holdout = test, the second half, which no choice saw;
+  * labels: every claim is marked reproduced, partly or not reproduced by a stated rule, with a sentence of why.
+
+The scale: --quick is the byte-level tiny model (about 0.1M parameters) for CI; the full suite is a bf16 model of
+about 12M parameters on SentencePiece tokens (made by `deloco tokenize` into DIR/tokens when missing).
+"""
+import argparse
+import concurrent.futures as futures
+import hashlib
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# A "matches" claim holds within this many nats (per byte or token) of validation loss.
+MARGIN = 0.02
+
+# Student's t, two-sided 95%, by degrees of freedom.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+def mean_ci(xs):
+    """(mean, half-width of the 95% interval of the mean); half-width NaN for one value."""
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    return m, T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
+
+
+def fmt(xs, digits=4):
+    m, h = mean_ci(xs)
+    return f"{m:.{digits}f} ± {h:.{digits}f}" if math.isfinite(h) else f"{m:.{digits}f}"
+
+
+# ---- the scale ---------------------------------------------------------------------------------------------------
+def scale(quick, out):
+    """Base --set overrides of every run, the learner counts of experiment 1, seeds, grids, inner steps."""
+    if quick:
+        base = ["model.block_size=32", "model.n_layer=2", "model.n_head=2", "model.n_embd=48", "train.batch_size=8",
+                "train.lr=3e-3", "train.eval_tokens=4096", "train.threads=1", "data.path=" + os.path.join(ROOT, "data/sotu"),
+                "data.val_fraction=0.05"]
+        return dict(base=base, ms=[1, 2, 4, 8], seeds=3, total_steps=800, sync_every=20, m_exp=4,
+                    lr_factors=[0.6, 1.0, 1.5], momenta=[], model="tiny byte-level GPT (2 × 48, T = 32)")
+    tokens = os.path.join(out, "tokens")
+    base = ["model.block_size=128", "model.n_layer=6", "model.n_head=6", "model.n_embd=384", "model.vocab_size=4096",
+            "train.batch_size=8", "train.lr=2e-3", "train.precision=bf16", "train.eval_tokens=16384", "train.threads=1",
+            "data.format=tokens", "data.path=" + tokens]
+    return dict(base=base, ms=[1, 2, 4, 8, 16], seeds=3, total_steps=1600, sync_every=25, m_exp=8,
+                lr_factors=[0.6, 1.0, 1.5], momenta=[0.8, 0.9],
+                model="bf16 GPT, 6 × 384, T = 128, SentencePiece vocabulary 4096 (about 12M parameters)")
+
+
+def ensure_tokens(args, out):
+    tokens = os.path.join(out, "tokens")
+    if os.path.exists(os.path.join(tokens, "tokens.json")):
+        return
+    subprocess.run([args.deloco, "tokenize", "--input", os.path.join(ROOT, "data/sotu"), "--out", tokens, "--vocab", "4096"],
+                   check=True)
+
+
+# ---- the experiments -------------------------------------------------------------------------------------------
+# A method: its merge preset, outer optimizer kind and the preset's own η and μ (README), around which its grid lies:
+# η × the scale's lr_factors, and μ from the scale's momenta (Nesterov) or 0 (SGD).
+METHODS = {
+    "diloco": dict(sets=["merge.preset=diloco", "outer.kind=nesterov"], lr=0.7, mu=0.9),
+    "isoloco": dict(sets=["merge.preset=isoloco", "outer.kind=nesterov"], lr=1.8, mu=0.8),
+    "mean_sgd": dict(sets=["merge.preset=diloco", "outer.kind=sgd"], lr=1.0, mu=0.0),
+    "iso_c_sgd": dict(sets=["merge.preset=iso_c_sgd", "outer.kind=sgd"], lr=2.1, mu=0.0),
+    "iso_cts": dict(sets=["merge.preset=iso_cts", "outer.kind=nesterov"], lr=3.1, mu=0.8),
+    "tsv": dict(sets=["merge.preset=tsv", "outer.kind=nesterov"], lr=0.6, mu=0.8),
+    "ties": dict(sets=["merge.preset=ties", "outer.kind=nesterov"], lr=0.7, mu=0.8),
+    "dare": dict(sets=["merge.preset=dare", "outer.kind=nesterov"], lr=1.5, mu=0.8),
+    "rda": dict(sets=["merge.preset=decoupled", "outer.kind=nesterov"], lr=0.7, mu=0.9),
+}
+
+
+def grid(S, meth):
+    """(η values, μ values) of a method's tuning grid."""
+    m = METHODS[meth]
+    lrs = [round(m["lr"] * f, 3) for f in S["lr_factors"]]
+    mus = [0.0] if m["sets"][1] == "outer.kind=sgd" else sorted(set(S["momenta"]) | {m["mu"]})
+    return lrs, mus
+
+
+def sync_run(S, M, steps_total):
+    """Synchronous DiLoCo of M learners at equal total tokens: each trains total/M inner steps."""
+    steps = max(S["sync_every"], steps_total // M)
+    return [f"sync.learners={M}", f"sync.quorum={M}", "sync.fragments=1", f"sync.sync_every={S['sync_every']}",
+            "sync.overlap=0", "sync.wait_for_answer=true", "sync.grace=false", f"train.steps={steps}",
+            f"train.warmup_steps={max(1, steps // 10)}", "sim.eval_interval=0", "sim.mtbf=0", "sim.jitter=0.1"]
+
+
+def decoupled(S):
+    """Decoupled DiLoCo of M = m_exp learners at equal total tokens: K = 1, P = 4, τ = 5, grace, token weights."""
+    M, T = S["m_exp"], S["total_steps"]
+    return [f"sync.learners={M}", "sync.quorum=1", "sync.fragments=4", f"sync.sync_every={S['sync_every']}",
+            "sync.overlap=5", "sync.wait_for_answer=false", "sync.grace=true", "sync.weighting=token",
+            f"train.steps={T // M}", f"train.warmup_steps={max(1, T // M // 10)}", "sim.jitter=0.1",
+            "sim.eval_interval=" + str(S["sync_every"])]
+
+
+def plan(S):
+    """Every point: (experiment, variant, method or None, extra sets). Tuning happens per method first."""
+    pts = []
+    T = S["total_steps"]
+    for M in S["ms"]:  # 1. IsoLoCo vs DiLoCo at equal total tokens
+        for meth in ("diloco", "isoloco"):
+            pts.append(("e1", f"{meth} M={M}", meth, sync_run(S, M, T)))
+    M = S["m_exp"]
+    for meth in ("iso_c_sgd", "mean_sgd", "diloco", "iso_cts", "tsv", "ties", "dare"):  # 2. merge methods
+        pts.append(("e2", meth, meth, sync_run(S, M, T)))
+    het = ["sim.slow_fraction=0.5", "sim.slow_factor=1.18", "sim.jitter=0.1", "sim.mtbf=0", "sync.fragments=1",
+           f"sync.learners={M}", f"sync.sync_every={S['sync_every']}", f"train.steps={T // M}",
+           f"train.warmup_steps={max(1, T // M // 10)}", "sim.eval_interval=0"]
+    pts.append(("e3", "K=M", "diloco", het + [f"sync.quorum={M}", "sync.wait_for_answer=true", "sync.overlap=0", "sync.grace=false"]))
+    pts.append(("e3", "K=1", "diloco", het + ["sync.quorum=1", "sync.wait_for_answer=false", "sync.overlap=5", "sync.grace=false"]))
+    pts.append(("e3", "K=1 + grace", "diloco", het + ["sync.quorum=1", "sync.wait_for_answer=false", "sync.overlap=5", "sync.grace=true"]))
+    for meth in ("rda", "diloco"):  # 4. RDA vs the token-weighted mean (Decoupled DiLoCo, K = 1)
+        pts.append(("e4", meth, meth, decoupled(S) + ["sim.mtbf=0"]))
+    for enc in ("fp32", "bf16", "int8", "int4", "int2"):  # 5. outer-gradient precision
+        pts.append(("e5", enc, "diloco", sync_run(S, M, T) + [f"net.encoding={enc}", "net.error_feedback=true"]))
+    # 6 and 7. One failure schedule (every learner fails every ~4 outer rounds on average, down 20 steps' time).
+    fail = ["sim.mtbf=" + str(4 * S["sync_every"]), "sim.downtime=" + str(S["sync_every"] * 0.8), "sim.jitter=0.1"]
+    dec = decoupled(S)
+    syn = sync_run(S, M, T)[:-3] + ["sim.eval_interval=" + str(S["sync_every"])]
+    dp = ["sync.learners=1", "sync.quorum=1", "sync.fragments=1", "sync.sync_every=1", "sync.weighting=uniform",
+          "outer.kind=sgd", "outer.lr=1.0", "outer.momentum=0", "sync.wait_for_answer=true",
+          f"train.batch_size={8 * M}", f"train.steps={T // M}", f"train.warmup_steps={max(1, T // M // 10)}",
+          "sim.eval_interval=" + str(S["sync_every"])]
+    pts.append(("e6", "Decoupled DiLoCo", "rda", dec + fail))
+    pts.append(("e6", "DiLoCo (synchronous)", "diloco", syn + fail))
+    pts.append(("e6", "DP", None, dp + fail[:-1] + ["sim.jitter=0.1"]))
+    pts.append(("e7", "Decoupled DiLoCo, failures", "rda", dec + fail))
+    pts.append(("e7", "DP, no failures", None, dp + ["sim.mtbf=0", "sim.jitter=0.1"]))
+    return pts
+
+
+# ---- running -----------------------------------------------------------------------------------------------------
+def key_of(sets):
+    return hashlib.sha1("\n".join(sorted(sets)).encode()).hexdigest()[:16]
+
+
+def run_point(args, out, sets):
+    """Runs one `deloco sim`; returns its summary (dict)."""
+    k = key_of(sets)
+    d = os.path.join(out, "runs", k)
+    os.makedirs(d, exist_ok=True)
+    shutil.rmtree(os.path.join(d, "run"), ignore_errors=True)  # what an interrupted attempt left
+    summary = os.path.join(d, "summary.json")
+    cmd = [args.deloco, "sim", "--config", os.path.join(ROOT, "configs/sim-diloco.toml")] + sum((["--set", s] for s in sets + [f"sim.out_dir={d}/run"]), []) + ["--summary", summary]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", OMP_WAIT_POLICY="PASSIVE")
+    t0 = time.time()
+    with open(os.path.join(d, "log.txt"), "w") as log:
+        r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"deloco sim failed ({r.returncode}); see {d}/log.txt; command: {' '.join(cmd)}")
+    s = json.load(open(summary))
+    s["_wall"] = time.time() - t0
+    return s
+
+
+FIELDS = ("final_val_loss", "val_bpb", "initial_val_loss", "uptime", "goodput", "virtual_seconds", "tokens",
+          "outer_steps", "bytes_sent", "failures", "contributions_rejected", "_wall")
+
+
+class Results:
+    """results.jsonl: one row per (point, experiment, variant, seed). Points with identical settings (e.g. DiLoCo
+    at M = m_exp in experiments 1 and 2) run once and are recorded for each."""
+
+    def __init__(self, path):
+        self.path = path
+        self.rows = {}
+        self.by_key = {}
+        if os.path.exists(path):
+            for line in open(path):
+                if line.strip():
+                    r = json.loads(line)
+                    self.rows[self.row_id(r)] = r
+                    self.by_key[r["key"]] = r
+
+    @staticmethod
+    def row_id(r):
+        return f"{r['key']}|{r['exp']}|{r['variant']}|{r['seed']}"
+
+    def get(self, sets):
+        return self.by_key.get(key_of(sets))
+
+    def add(self, row):
+        self.rows[self.row_id(row)] = row
+        self.by_key[row["key"]] = row
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def run_all(args, out, jobs):
+    """jobs: list of (meta dict, sets). Runs each missing setting once, `args.jobs` at a time."""
+    res = Results(os.path.join(out, "results.jsonl"))
+    pending = {}
+    for m, s in jobs:
+        k = key_of(s)
+        row = dict(m, key=k, sets=s)
+        if Results.row_id(row) in res.rows:
+            continue
+        if k in res.by_key:  # the same setting ran for another experiment
+            res.add(dict(row, **{f: res.by_key[k].get(f) for f in FIELDS}))
+            continue
+        pending.setdefault(k, []).append(row)
+    if not pending:
+        return res
+    print(f"science: {len(pending)} runs to do", flush=True)
+    with futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
+        fs = {ex.submit(run_point, args, out, rows[0]["sets"]): rows for rows in pending.values()}
+        for n, f in enumerate(futures.as_completed(fs), 1):
+            rows = fs[f]
+            summ = f.result()
+            keep = {k: summ.get(k) for k in FIELDS}
+            for row in rows:
+                res.add(dict(row, **keep))
+            m = rows[0]
+            print(f"  [{n}/{len(pending)}] {m['exp']} {m['variant']} seed {m['seed']} ({m['holdout']}): "
+                  f"loss {keep['final_val_loss']:.4f}, {keep['_wall']:.0f} s", flush=True)
+    return res
+
+
+def tuning_setting(S, meth):
+    """Where a method is tuned: synchronous DiLoCo's setting at M = m_exp, or Decoupled DiLoCo's for RDA (the
+    decoupled preset). One choice per method serves every experiment it appears in."""
+    return decoupled(S) + ["sim.mtbf=0"] if meth == "rda" else sync_run(S, S["m_exp"], S["total_steps"])
+
+
+def tuning_sets(S, meth, lr, mu):
+    return (S["base"] + METHODS[meth]["sets"] + tuning_setting(S, meth) +
+            [f"outer.lr={lr}", f"outer.momentum={mu}", "data.holdout=dev", "train.seed=1", "sim.seed=1"])
+
+
+def tuning_jobs(S, pts):
+    """Per method in the plan: its grid on the dev half, seed 1."""
+    jobs = []
+    meths = sorted({meth for _, _, meth, _ in pts if meth is not None})
+    for meth in meths:
+        lrs, mus = grid(S, meth)
+        for lr in lrs:
+            for mu in mus:
+                jobs.append((dict(exp="tune", variant=meth, method=meth, lr=lr, mu=mu, seed=1, holdout="dev"),
+                             tuning_sets(S, meth, lr, mu)))
+    return jobs, meths
+
+
+def chosen(res, S, meths):
+    """method -> (lr, mu) with the lowest dev loss."""
+    best = {}
+    for meth in meths:
+        lrs, mus = grid(S, meth)
+        cand = []
+        for lr in lrs:
+            for mu in mus:
+                r = res.get(tuning_sets(S, meth, lr, mu))
+                if r is not None and r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"]):
+                    cand.append((r["final_val_loss"], lr, mu))
+        if cand:
+            _, lr, mu = min(cand)
+            best[meth] = (lr, mu)
+    return best
+
+
+def reported_jobs(S, pts, best):
+    jobs = []
+    for exp, variant, meth, sets in pts:
+        extra = []
+        if meth is not None:
+            if meth not in best:
+                continue
+            lr, mu = best[meth]
+            extra = METHODS[meth]["sets"] + [f"outer.lr={lr}", f"outer.momentum={mu}"]
+        for seed in range(1, S["seeds"] + 1):
+            s = S["base"] + extra + sets + ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
+            jobs.append((dict(exp=exp, variant=variant, method=meth, seed=seed, holdout="test"), s))
+    return jobs
+
+
+# ---- the report ------------------------------------------------------------------------------------------------
+def values(res, exp, variant, field="final_val_loss"):
+    return [r[field] for r in res.rows.values()
+            if r["exp"] == exp and r["variant"] == variant and r.get(field) is not None and math.isfinite(r[field])]
+
+
+def diff_ci(a, b):
+    """Mean and 95% half-width of a − b over paired seeds (same seed, same data order)."""
+    n = min(len(a), len(b))
+    return mean_ci([x - y for x, y in zip(a[:n], b[:n])]) if n else (float("nan"), float("nan"))
+
+
+def seeds_sorted(res, exp, variant, field="final_val_loss"):
+    rows = sorted((r for r in res.rows.values() if r["exp"] == exp and r["variant"] == variant), key=lambda r: r["seed"])
+    return [r[field] for r in rows]
+
+
+def label(cond_all, cond_some):
+    return "reproduced" if cond_all else ("partly" if cond_some else "not reproduced")
+
+
+def report(res, S, best, quick, out, doc, plots_dir):
+    L = []
+    w = L.append
+    mode = "quick (CI)" if quick else "full"
+    w("# The papers' claims, measured in the simulator\n")
+    w("Generated by `scripts/science.py" + (" --quick" if quick else "") + "` from `" + os.path.relpath(out, ROOT) +
+      "/results.jsonl` (regenerate with `--report-only`). Every number below is the final validation loss of the global\n"
+      "model on the **test** half of the held-out tokens (`data.holdout = test`), mean ± the 95% interval of the mean\n"
+      f"over {S['seeds']} seeds (Student's t; train.seed = sim.seed = the seed). Outer learning rates and momenta were\n"
+      "chosen on the **dev** half (`data.holdout = dev`), seed 1, from the grids below; no reported number was seen by a\n"
+      "choice. Differences are paired by seed (same initialisation and data order).\n")
+    w(f"* Scale: **{mode}**. Model: {S['model']}. Total inner steps per run: {S['total_steps']} (split over the M "
+      f"learners: equal total tokens), H = {S['sync_every']}.")
+    if quick:
+        w("* **This is the quick scale**, the suite's end-to-end check (CI runs it): a 0.1M-parameter byte model over a few\n"
+          "  outer steps, far from the papers' scale. Read its labels as what this small setting shows, nothing more.")
+    walls = [r.get("_wall", 0) for r in {r["key"]: r for r in res.rows.values()}.values()]
+    w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({sum(1 for r in res.rows.values() if r['exp'] == 'tune')} for tuning), "
+      f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).\n")
+    w("## Tuning: the grids and the choices (dev half, seed 1)\n")
+    w("Each method is tuned once, where it runs synchronously at M = " + str(S["m_exp"]) + " (RDA: in Decoupled DiLoCo's\n"
+      "setting), and that choice serves every experiment it appears in. The η grid is the preset's η × " +
+      str(S["lr_factors"]) + "; μ is the preset's" + (" and " + str(S["momenta"]) if S["momenta"] else "") +
+      " for Nesterov, 0 for SGD. Presets: `diloco` = mean, `rda` = the `decoupled` preset; `mean_sgd` = the mean with\n"
+      "outer SGD.\n")
+    w("| method | η grid | μ grid | chosen η | chosen μ | dev loss of each grid point (η, μ) |")
+    w("|---|---|---|---|---|---|")
+    for meth, (lr, mu) in sorted(best.items()):
+        lrs, mus = grid(S, meth)
+        pts = sorted(((r["lr"], r["mu"], r["final_val_loss"]) for r in res.rows.values()
+                      if r["exp"] == "tune" and r["variant"] == meth and r["lr"] in lrs and r["mu"] in mus))
+        w(f"| {meth} | {lrs} | {mus} | {lr} | {mu} | " +
+          ", ".join(f"({a}, {b}): {c:.4f}" for a, b, c in pts) + " |")
+    w("")
+
+    claims = []
+    # 1.
+    w("## 1. IsoLoCo against DiLoCo at equal total tokens\n")
+    w("| M | DiLoCo | IsoLoCo | DiLoCo − IsoLoCo (paired) |")
+    w("|---|---|---|---|")
+    gaps = []
+    for M in S["ms"]:
+        d, i = seeds_sorted(res, "e1", f"diloco M={M}"), seeds_sorted(res, "e1", f"isoloco M={M}")
+        if not d or not i:
+            continue
+        g, h = diff_ci(d, i)
+        gaps.append((M, g, h))
+        w(f"| {M} | {fmt(d)} | {fmt(i)} | {g:+.4f} ± {h:.4f} |")
+    if gaps:
+        better = [M for M, g, h in gaps if g - h > 0]
+        wins = [M for M, g, h in gaps if g > 0]
+        widen = len(gaps) >= 2 and gaps[-1][1] - gaps[-1][2] > gaps[0][1] + gaps[0][2]
+        claims.append(("IsoLoCo beats DiLoCo averaging", label(len(better) == len(gaps), len(wins) > 0),
+                       f"IsoLoCo is lower with a 95% interval excluding zero at M = {better or 'none'}; its mean is "
+                       f"lower at M = {wins or 'none'} of {[M for M, _, _ in gaps]}."))
+        claims.append(("the gap widens as learners multiply", label(widen, gaps[-1][1] > gaps[0][1]),
+                       f"the gap is {gaps[0][1]:+.4f} ± {gaps[0][2]:.4f} at M = {gaps[0][0]} and {gaps[-1][1]:+.4f} ± "
+                       f"{gaps[-1][2]:.4f} at M = {gaps[-1][0]}" + (" (intervals apart)." if widen else " (intervals overlap or it shrinks).")))
+        plot(plots_dir, "e1.png", "IsoLoCo vs DiLoCo (equal total tokens)", "learners M", "test loss",
+             {name: [(M, *mean_ci(seeds_sorted(res, "e1", f"{meth} M={M}"))) for M in S["ms"] if seeds_sorted(res, "e1", f"{meth} M={M}")]
+              for name, meth in (("DiLoCo", "diloco"), ("IsoLoCo", "isoloco"))}, logx=True)
+        w("\n![experiment 1](science/e1.png)\n")
+    # 2.
+    w(f"## 2. Merge methods at M = {S['m_exp']}\n")
+    w("| method | outer | test loss | − DiLoCo (paired) |")
+    w("|---|---|---|---|")
+    base = seeds_sorted(res, "e2", "diloco")
+    rows2 = {}
+    for meth in ("iso_c_sgd", "mean_sgd", "diloco", "iso_cts", "tsv", "ties", "dare"):
+        v = seeds_sorted(res, "e2", meth)
+        if not v:
+            continue
+        rows2[meth] = v
+        g, h = diff_ci(v, base) if base else (float("nan"), float("nan"))
+        outer = "SGD" if METHODS[meth]["sets"][1] == "outer.kind=sgd" else "Nesterov"
+        w(f"| {meth} | {outer} | {fmt(v)} | {g:+.4f} ± {h:.4f} |")
+    if "iso_c_sgd" in rows2 and "mean_sgd" in rows2:
+        g, h = diff_ci(rows2["mean_sgd"], rows2["iso_c_sgd"])
+        claims.append(("Iso-C with plain SGD beats the mean with SGD", label(g - h > 0, g > 0),
+                       f"mean+SGD − Iso-C+SGD = {g:+.4f} ± {h:.4f}."))
+    if "iso_c_sgd" in rows2 and base:
+        g, h = diff_ci(base, rows2["iso_c_sgd"])
+        claims.append(("Iso-C with SGD matches or beats DiLoCo with Nesterov", label(g - h >= -MARGIN, g >= -MARGIN),
+                       f"DiLoCo − Iso-C+SGD = {g:+.4f} ± {h:.4f}."))
+    w("")
+    # 3.
+    w("## 3. Heterogeneous learners (half 18% slower, 10% step variance)\n")
+    w("| quorum | test loss | uptime | goodput | virtual seconds |")
+    w("|---|---|---|---|---|")
+    for v in ("K=M", "K=1", "K=1 + grace"):
+        l = seeds_sorted(res, "e3", v)
+        if l:
+            w(f"| {v} | {fmt(l)} | {fmt(seeds_sorted(res, 'e3', v, 'uptime'), 3)} | {fmt(seeds_sorted(res, 'e3', v, 'goodput'), 3)} | "
+              f"{fmt(seeds_sorted(res, 'e3', v, 'virtual_seconds'), 0)} |")
+    km, k1, kg = (seeds_sorted(res, "e3", v, "goodput") for v in ("K=M", "K=1", "K=1 + grace"))
+    if km and k1 and kg:
+        g1, h1 = diff_ci(k1, km)
+        lm, lg = seeds_sorted(res, "e3", "K=M"), seeds_sorted(res, "e3", "K=1 + grace")
+        gl, hl = diff_ci(lg, lm)
+        claims.append(("K = 1 keeps goodput high where K = M waits for the slow half", label(g1 - h1 > 0, g1 > 0),
+                       f"goodput K=1 − K=M = {g1:+.3f} ± {h1:.3f}."))
+        claims.append(("the grace window keeps quality close to K = M", label(gl + hl <= MARGIN, gl <= MARGIN),
+                       f"loss (K=1 + grace) − (K=M) = {gl:+.4f} ± {hl:.4f}."))
+    w("")
+    # 4.
+    w(f"## 4. RDA against the token-weighted mean (Decoupled DiLoCo, M = {S['m_exp']}, K = 1)\n")
+    r4, m4 = seeds_sorted(res, "e4", "rda"), seeds_sorted(res, "e4", "diloco")
+    if r4 and m4:
+        g, h = diff_ci(m4, r4)
+        w("| merge | test loss |\n|---|---|")
+        w(f"| RDA (decoupled preset) | {fmt(r4)} |\n| token-weighted mean | {fmt(m4)} |")
+        w(f"\nmean − RDA = {g:+.4f} ± {h:.4f}\n")
+        claims.append(("RDA beats the token-weighted mean", label(g - h > 0, g > 0), f"mean − RDA = {g:+.4f} ± {h:.4f}."))
+    # 5.
+    w(f"## 5. Outer-gradient precision (DiLoCo, M = {S['m_exp']}, error feedback on)\n")
+    w("| push encoding | bytes/element | test loss | − fp32 (paired) |")
+    w("|---|---|---|---|")
+    f32 = seeds_sorted(res, "e5", "fp32")
+    bpe = {"fp32": 4, "bf16": 2, "int8": 1.0625, "int4": 0.5625, "int2": 0.3125}
+    d5 = {}
+    for enc in ("fp32", "bf16", "int8", "int4", "int2"):
+        v = seeds_sorted(res, "e5", enc)
+        if v:
+            d5[enc] = diff_ci(v, f32)
+            w(f"| {enc} | {bpe[enc]} | {fmt(v)} | {d5[enc][0]:+.4f} ± {d5[enc][1]:.4f} |")
+    if "int4" in d5 and "int2" in d5:
+        g4, h4 = d5["int4"]
+        g2, h2 = d5["int2"]
+        claims.append(("int4 stays lossless", label(g4 + h4 <= MARGIN, g4 - h4 <= 0),
+                       f"int4 − fp32 = {g4:+.4f} ± {h4:.4f}" + ("." if g4 + h4 <= MARGIN else
+                       "; no loss is detected, but the interval is wider than the margin, so losslessness is not shown.")))
+        claims.append(("2-bit hurts", label(g2 - h2 > 0, g2 > 0), f"int2 − fp32 = {g2:+.4f} ± {h2:.4f}."))
+    w("")
+    # 6.
+    w("## 6. One failure schedule under Decoupled DiLoCo, synchronous DiLoCo and DP\n")
+    w("| method | test loss | uptime | goodput | virtual seconds | failures |")
+    w("|---|---|---|---|---|---|")
+    for v in ("Decoupled DiLoCo", "DiLoCo (synchronous)", "DP"):
+        l = seeds_sorted(res, "e6", v)
+        if l:
+            w(f"| {v} | {fmt(l)} | {fmt(seeds_sorted(res, 'e6', v, 'uptime'), 3)} | {fmt(seeds_sorted(res, 'e6', v, 'goodput'), 3)} | "
+              f"{fmt(seeds_sorted(res, 'e6', v, 'virtual_seconds'), 0)} | {fmt(seeds_sorted(res, 'e6', v, 'failures'), 1)} |")
+    ud, us = seeds_sorted(res, "e6", "Decoupled DiLoCo", "uptime"), seeds_sorted(res, "e6", "DiLoCo (synchronous)", "uptime")
+    if ud and us:
+        g, h = diff_ci(ud, us)
+        claims.append(("under failures Decoupled DiLoCo keeps its uptime where synchronous training loses it",
+                       label(g - h > 0, g > 0), f"uptime Decoupled − synchronous = {g:+.3f} ± {h:.3f}."))
+    w("")
+    # 7.
+    w("## 7. Quality: Decoupled DiLoCo with failures against DP without, at the same tokens\n")
+    a, b = seeds_sorted(res, "e7", "Decoupled DiLoCo, failures"), seeds_sorted(res, "e7", "DP, no failures")
+    if a and b:
+        g, h = diff_ci(a, b)
+        w("| run | test loss |\n|---|---|")
+        w(f"| Decoupled DiLoCo, M = {S['m_exp']}, failures | {fmt(a)} |\n| DP, no failures | {fmt(b)} |")
+        w(f"\nDecoupled − DP = {g:+.4f} ± {h:.4f}\n")
+        claims.append(("Decoupled DiLoCo with failures matches DP without", label(g + h <= MARGIN, g <= MARGIN),
+                       f"Decoupled − DP = {g:+.4f} ± {h:.4f}."))
+    w("## The claims\n")
+    w("| claim | label | why |")
+    w("|---|---|---|")
+    for c, lab, why in claims:
+        w(f"| {c} | **{lab}** | {why} |")
+    w("")
+    w("Rules of the labels. A claim that one is better: *reproduced* when the 95% interval of the paired difference\n"
+      "lies wholly on the claimed side, *partly* when only the mean does. A claim that one matches the other (the grace\n"
+      f"window, int4, Decoupled against DP, Iso-C+SGD against DiLoCo): *reproduced* when the interval's worse end is\n"
+      f"within a margin of {MARGIN} nats, *partly* when the mean is (int4: when no loss is detected). Otherwise *not\n"
+      "reproduced*. Negative results stay in.\n")
+    w("## Regenerate\n")
+    w("```\nscripts/science.sh --quick         # this scale, about 20 minutes on 2 cores (CI runs it)\n"
+      "scripts/science.sh                 # the full suite (runs/science; hours; resumable)\n"
+      "scripts/science.py --report-only [--quick] [--out DIR] --doc docs/science.md\n```\n")
+    os.makedirs(os.path.dirname(doc) or ".", exist_ok=True)
+    open(doc, "w").write("\n".join(L))
+    print(f"science: wrote {doc}")
+
+
+def plot(plots_dir, name, title, xlabel, ylabel, series, logx=False):
+    """PNG with error bars (matplotlib when installed; otherwise the report says so)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("science: matplotlib is missing (apt-get install python3-matplotlib): no plot " + name, file=sys.stderr)
+        return
+    os.makedirs(plots_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label_, pts in series.items():
+        if pts:
+            xs, ms, hs = zip(*pts)
+            ax.errorbar(xs, ms, yerr=[h if math.isfinite(h) else 0 for h in hs], marker="o", capsize=3, label=label_)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots_dir, name), dpi=100)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the reduced suite (tiny model) for CI")
+    ap.add_argument("--out", default=None, help="results folder (default runs/science or runs/science-quick)")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--deloco", default=os.path.join(ROOT, "build/deloco"))
+    ap.add_argument("--only", default="", help="experiments to run, e.g. e1,e5 (default: all)")
+    ap.add_argument("--report-only", action="store_true", help="write the report from the results without running")
+    ap.add_argument("--doc", default=None, help="report file (default docs/science.md; --quick: OUT/science.md)")
+    args = ap.parse_args()
+    out = os.path.abspath(args.out or os.path.join(ROOT, "runs", "science-quick" if args.quick else "science"))
+    os.makedirs(out, exist_ok=True)
+    S = scale(args.quick, out)
+    if not args.quick and not args.report_only:
+        ensure_tokens(args, out)
+    pts = plan(S)
+    if args.only:
+        keep = set(args.only.split(","))
+        pts = [p for p in pts if p[0] in keep]
+    tjobs, tuned = tuning_jobs(S, pts)
+    res = Results(os.path.join(out, "results.jsonl")) if args.report_only else run_all(args, out, tjobs)
+    best = chosen(res, S, tuned)
+    if not args.report_only:
+        res = run_all(args, out, reported_jobs(S, pts, best))
+    doc = args.doc or (os.path.join(out, "science.md") if args.quick else os.path.join(ROOT, "docs", "science.md"))
+    plots = os.path.join(os.path.dirname(doc), "science")
+    report(res, S, best, args.quick, out, doc, plots)
+
+
+if __name__ == "__main__":
+    main()
