@@ -396,6 +396,8 @@ def report(res, S, best, quick, out, doc, plots_dir):
         g, h = diff_ci(v, base) if base else (float("nan"), float("nan"))
         outer = "SGD" if METHODS[meth]["sets"][1] == "outer.kind=sgd" else "Nesterov"
         w(f"| {meth} | {outer} | {fmt(v)} | {g:+.4f} ± {h:.4f} |")
+    if bars(plots_dir, "e2.png", f"Merge methods, M = {S['m_exp']}", "test loss", list(rows2.items())):
+        w("\n![experiment 2](science/e2.png)\n")
     if "iso_c_sgd" in rows2 and "mean_sgd" in rows2:
         g, h = diff_ci(rows2["mean_sgd"], rows2["iso_c_sgd"])
         claims.append(("Iso-C with plain SGD beats the mean with SGD", label(g - h > 0, g > 0),
@@ -414,6 +416,9 @@ def report(res, S, best, quick, out, doc, plots_dir):
         if l:
             w(f"| {v} | {fmt(l)} | {fmt(seeds_sorted(res, 'e3', v, 'uptime'), 3)} | {fmt(seeds_sorted(res, 'e3', v, 'goodput'), 3)} | "
               f"{fmt(seeds_sorted(res, 'e3', v, 'virtual_seconds'), 0)} |")
+    if bars(plots_dir, "e3.png", "Heterogeneous learners: goodput", "goodput",
+            [(v, seeds_sorted(res, "e3", v, "goodput")) for v in ("K=M", "K=1", "K=1 + grace")]):
+        w("\n![experiment 3](science/e3.png)\n")
     km, k1, kg = (seeds_sorted(res, "e3", v, "goodput") for v in ("K=M", "K=1", "K=1 + grace"))
     if km and k1 and kg:
         g1, h1 = diff_ci(k1, km)
@@ -445,6 +450,9 @@ def report(res, S, best, quick, out, doc, plots_dir):
         if v:
             d5[enc] = diff_ci(v, f32)
             w(f"| {enc} | {bpe[enc]} | {fmt(v)} | {d5[enc][0]:+.4f} ± {d5[enc][1]:.4f} |")
+    if bars(plots_dir, "e5.png", "Outer-gradient precision", "test loss",
+            [(enc, seeds_sorted(res, "e5", enc)) for enc in ("fp32", "bf16", "int8", "int4", "int2")]):
+        w("\n![experiment 5](science/e5.png)\n")
     if "int4" in d5 and "int2" in d5:
         g4, h4 = d5["int4"]
         g2, h2 = d5["int2"]
@@ -462,6 +470,9 @@ def report(res, S, best, quick, out, doc, plots_dir):
         if l:
             w(f"| {v} | {fmt(l)} | {fmt(seeds_sorted(res, 'e6', v, 'uptime'), 3)} | {fmt(seeds_sorted(res, 'e6', v, 'goodput'), 3)} | "
               f"{fmt(seeds_sorted(res, 'e6', v, 'virtual_seconds'), 0)} | {fmt(seeds_sorted(res, 'e6', v, 'failures'), 1)} |")
+    if bars(plots_dir, "e6.png", "One failure schedule: uptime", "uptime",
+            [(v, seeds_sorted(res, "e6", v, "uptime")) for v in ("Decoupled DiLoCo", "DiLoCo (synchronous)", "DP")]):
+        w("\n![experiment 6](science/e6.png)\n")
     ud, us = seeds_sorted(res, "e6", "Decoupled DiLoCo", "uptime"), seeds_sorted(res, "e6", "DiLoCo (synchronous)", "uptime")
     if ud and us:
         g, h = diff_ci(ud, us)
@@ -522,6 +533,37 @@ def plot(plots_dir, name, title, xlabel, ylabel, series, logx=False):
     fig.tight_layout()
     fig.savefig(os.path.join(plots_dir, name), dpi=100)
     plt.close(fig)
+
+
+def bars(plots_dir, name, title, ylabel, items):
+    """Bar chart with 95% error bars: items = [(label, values)]."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("science: matplotlib is missing (apt-get install python3-matplotlib): no plot " + name, file=sys.stderr)
+        return False
+    items = [(l, v) for l, v in items if v]
+    if not items:
+        return False
+    os.makedirs(plots_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(max(4, 1.1 * len(items) + 1), 3.6))
+    ms = [mean_ci(v)[0] for _, v in items]
+    hs = [mean_ci(v)[1] if math.isfinite(mean_ci(v)[1]) else 0 for _, v in items]
+    ax.bar(range(len(items)), ms, yerr=hs, capsize=4, color="#4c78a8")
+    ax.set_xticks(range(len(items)))
+    ax.set_xticklabels([l for l, _ in items], rotation=20, ha="right")
+    lo = min(m - h for m, h in zip(ms, hs))
+    hi = max(m + h for m, h in zip(ms, hs))
+    pad = 0.1 * (hi - lo) if hi > lo else 0.1
+    ax.set_ylim(lo - pad if lo > 0 and ylabel.endswith("loss") else 0, hi + pad)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots_dir, name), dpi=100)
+    plt.close(fig)
+    return True
 
 
 def main():
