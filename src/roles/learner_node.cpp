@@ -304,7 +304,8 @@ struct LearnerNode::Impl {
     if (w.versions.size() != L.plan.fragments.size())
       throw WireError("welcome lists " + std::to_string(w.versions.size()) + " fragments, we have " +
                       std::to_string(L.plan.fragments.size()) + " for this syncer" +
-                      (sharded() ? " shard" : "") + " (sync.fragments or syncer.shards differs between the configs)");
+                      std::string(sharded() ? " shard" : "") +
+                      " (sync.fragments or syncer.shards differs between the configs)");
     std::lock_guard<std::mutex> lock(mu);
     // A syncer that went back in time (resumed from an older checkpoint) no longer has the versions we hold: our
     // pushes would be refused (future_base). Download its state instead.
