@@ -15,7 +15,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git ca-certificates
   libtorch-dev libopenblas-dev libgloo-dev
-  libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev libsentencepiece-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
+  libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev libsentencepiece-dev libnlopt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-torch python3-matplotlib gnuplot-nox jq
 )

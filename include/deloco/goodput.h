@@ -14,8 +14,22 @@
 //    with an up-scale reconfiguration. learners = 1.
 //  * kDecoupledDiLoCo — M learners, each an elastic DP job on slices/M slice positions; global training
 //    advances while at least K = max(1, ceil(quorum·M)) learners are running (not reconfiguring, ≥ 1 slice).
-// Spare slices (ceil(spare_fraction·slices), shared by the whole job) replace a failed slice at once; they are
-// allocated chips, so they count in the goodput denominator.
+// Spare slices (ceil(spare_fraction·slices), shared by the whole job, a hot-spare pool) replace a failed slice
+// after swap_minutes (at once when 0); repaired slices refill the groups first, then the pool. Spares are allocated
+// chips, so they count in the goodput denominator; a spare on its way cannot fail.
+//
+// Further failure modes (all off by default, so the default table is the first model's; docs/goodput.md):
+//  * interrupt granularity: a fraction reset_fraction of chip interrupts is a host reset that takes the slice out
+//    for reset_minutes, not a repair (no spare is swapped in for it);
+//  * correlated failures: a power/rack domain of domain_slices slices fails as a whole, each domain once per
+//    domain_mtbf_days on average; its healthy slices (one learner's first) go to repair together;
+//  * syncer failures (DiLoCo): the syncer fails once per syncer_mtbf_hours and is back after
+//    syncer_restart_minutes, from its checkpoint; global training does not advance meanwhile;
+//  * catch-up (DiLoCo): a learner that had lost every slice pays catchup_minutes (downloading the global model)
+//    on top of the up-scale when it has one again;
+//  * quorum_learners = K fixes the quorum at min(K, M) learners (K = 1 is the paper's main setting).
+// Each random process has its own generator stream (common random numbers: changing a duration moves events,
+// it does not redraw them), which keeps a fit's objective smooth.
 //
 // Metrics: goodput = useful chip-time / allocated chip-time (allocated = (slices + spares)·S chips × wall time);
 // a running group of k slices does useful work at k·S·eff(k) chips, where eff(k) = 1 / (1 + cv·E[max of k
@@ -57,6 +71,15 @@ struct GoodputParams {
   double step_time_cv = 0.02;         // per-step step-time variation across slices (stragglers)
   double quorum = 0.5;                // DiLoCo: K = max(1, ceil(quorum·M))
   double spare_fraction = 0.0;        // spare slices = ceil(spare_fraction · slices)
+  double swap_minutes = 0.0;          // time to swap a spare in for a failed slice (0 = at once)
+  double reset_fraction = 0.0;        // share of interrupts that are a short host reset, not a repair
+  double reset_minutes = 5.0;         // how long a reset takes the slice out
+  int64_t domain_slices = 0;          // slices per correlated-failure domain (0 = no correlated failures)
+  double domain_mtbf_days = 0.0;      // mean days between failures of one domain
+  double syncer_mtbf_hours = 0.0;     // DiLoCo: mean hours between syncer failures (0 = never)
+  double syncer_restart_minutes = 5.0;  // DiLoCo: syncer back from its checkpoint after this
+  double catchup_minutes = 0.0;       // DiLoCo: extra time for a learner that lost every slice to rejoin
+  int64_t quorum_learners = 0;        // DiLoCo: K = min(this, M) learners when > 0 (overrides quorum)
   double days = 30.0;                 // simulated time measured
   double warmup_hours = 12.0;         // simulated time discarded first
   int64_t seeds = 5;                  // independent runs per row (confidence intervals)
@@ -96,6 +119,11 @@ struct RunResult {
 };
 // Simulates one run with `seed`. Uses every model parameter of `p` except chips/learners/seeds/threads.
 RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t seed);
+
+// Runs every spec over p.seeds seeds (seed index s uses the same seed in every spec and every call) on p.threads
+// threads: per spec, its runs in seed order. run_goodput()'s building block, so a spec's runs equal its row's.
+// `p`'s model keys must be valid (validate_goodput); its chips and learners lists are not used.
+std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const std::vector<RunSpec>& specs);
 
 struct GoodputRow {
   std::string scheme;

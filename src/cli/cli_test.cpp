@@ -295,6 +295,46 @@ namespace deloco {
 namespace {
 
 // A preset sets its outer rates unless the config names them, and the summary records what was used.
+// `deloco goodput --fit`: a table written by `deloco goodput --csv` is fitted, the fitted TOML reruns through
+// `--config` to exactly the fitted column, and a malformed table is refused naming its line.
+TEST_F(Cli, GoodputFitWritesAConfigThatReproducesTheFittedColumn) {
+  const std::string grid = " --chips 6250,12500,25000 --learners 1,2 --days 3 --seeds 2 --threads 2";
+  const fs::path table = dir_ / "table.csv", fitted = dir_ / "table.fit.toml";
+  auto made = run("goodput" + grid + " --restart-minutes 15 --csv " + table.string());
+  ASSERT_EQ(made.code, 0) << made.out;
+  auto fit = run("goodput --days 3 --seeds 2 --threads 2 --fit " + table.string() +
+                 " --fit-params restart_minutes --fit-evals 60 --summary " + (dir_ / "fit.json").string());
+  ASSERT_EQ(fit.code, 0) << fit.out;
+  EXPECT_NE(fit.out.find("fitted config written to " + fitted.string()), std::string::npos) << fit.out;
+  const auto f = nlohmann::json::parse(read_file((dir_ / "fit.json").string()));
+  ASSERT_EQ(f["parameters"].size(), 1u);
+  EXPECT_NEAR(f["parameters"][0]["value"].get<double>(), 15.0, 1.5) << fit.out;
+  EXPECT_EQ(f["rows"].size(), 12u);  // 3 chip counts x (dp, elastic_dp, diloco M=1, M=2)
+  auto again = run("goodput --config " + fitted.string() + " --summary " + (dir_ / "again.json").string());
+  ASSERT_EQ(again.code, 0) << again.out;
+  const auto a = nlohmann::json::parse(read_file((dir_ / "again.json").string()));
+  ASSERT_EQ(a["rows"].size(), f["rows"].size()) << again.out;
+  for (const auto& row : f["rows"]) {
+    bool found = false;
+    for (const auto& r : a["rows"])
+      if (r["scheme"] == row["scheme"] && r["chips"] == row["chips"] && r["learners"] == row["learners"]) {
+        EXPECT_EQ(r["goodput"].get<double>(), row["fitted"].get<double>()) << row.dump();
+        found = true;
+      }
+    EXPECT_TRUE(found) << row.dump();
+  }
+  // The fleet profile of docs/goodput.md loads and turns every further failure mode on.
+  auto fleet = run("goodput --config " + kSrc + "/configs/goodput-fleet.toml --chips 150000 --days 2 --seeds 1");
+  ASSERT_EQ(fleet.code, 0) << fleet.out;
+  for (const char* part : {"quorum K=1", "swap 5 min", "resets 80%", "domains of 16 slices", "syncer MTBF 720 h",
+                           "catch-up 2 min"})
+    EXPECT_NE(fleet.out.find(part), std::string::npos) << part << " missing from\n" << fleet.out;
+  write_file_atomic((dir_ / "bad.csv").string(), "scheme,learners,chips,goodput\ndp,,6250,0.5\ndiloco,,6250,0.5\n");
+  auto bad = run("goodput --fit " + (dir_ / "bad.csv").string());
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.out.find("bad.csv:3: a diloco row needs a learner count"), std::string::npos) << bad.out;
+}
+
 TEST(CliPresets, IsolocoAloneYieldsItsOuterRatesInTheSummary) {
   const fs::path dir = fs::temp_directory_path() / ("deloco_cli_preset_" + std::to_string(::getpid()));
   fs::remove_all(dir);

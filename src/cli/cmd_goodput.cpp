@@ -16,6 +16,7 @@
 #include "common.h"
 #include "deloco/fs.h"
 #include "deloco/goodput.h"
+#include "deloco/goodput_fit.h"
 
 namespace deloco::cli {
 namespace {
@@ -25,6 +26,10 @@ struct GoodputOptions {
   std::vector<std::string> flag_values;  // one per goodput_key_docs() entry; empty = not given
   std::string csv_path;
   std::string plot_path;
+  std::string fit_path;      // --fit FILE.csv
+  std::string fit_params;    // --fit-params a,b,c
+  std::string fit_out;       // --fit-out FILE.toml
+  int64_t fit_evals = 400;   // --fit-evals N
 };
 
 std::string chips_label(int64_t c) {
@@ -171,6 +176,125 @@ void write_plot(const std::string& png, const std::vector<GoodputRow>& rows, con
   std::cerr << "plot written to " << png << " (data " << dat << ", script " << gp << ")\n";
 }
 
+std::string fixed(double v, int digits) {
+  std::ostringstream o;
+  o << std::fixed << std::setprecision(digits) << v;
+  return o.str();
+}
+
+// `deloco goodput --fit FILE.csv`: calibrate, print the parameters and the rows, write the fitted TOML.
+void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& schema) {
+  const std::string text = read_file(o.fit_path);
+  const std::vector<GoodputTarget> targets = parse_goodput_csv(text, o.fit_path, base);
+  GoodputFitOptions fo;
+  if (!o.fit_params.empty()) {
+    fo.names.clear();
+    std::string cur;
+    std::istringstream in(o.fit_params);
+    while (std::getline(in, cur, ','))
+      if (!cur.empty()) fo.names.push_back(cur);
+  }
+  fo.max_evaluations = o.fit_evals;
+  std::string names;
+  for (const auto& n : fo.names) names += (names.empty() ? "" : ", ") + n;
+  std::cout << "deloco goodput --fit " << o.fit_path << ": " << targets.size() << " rows, fitting " << fo.names.size()
+            << " parameters (" << names << ") by bounded least squares (NLopt Subplex); each evaluation simulates every row for "
+            << base.days << " days x " << base.seeds << " seeds (the same seeds every time)\n\n";
+  const auto start = std::chrono::steady_clock::now();
+  const GoodputFitResult r = fit_goodput(base, targets, fo);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  std::cout << "fitted parameters (± linearised standard error)\n";
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    std::ostringstream line;
+    line << "  " << std::left << std::setw(20) << r.names[i] << std::right << std::setw(12) << fixed(r.values[i], 4);
+    if (std::isinf(r.stderrs[i])) line << "   unidentified: no row depends on it";
+    else if (std::isnan(r.stderrs[i])) line << "   ± n/a (no more rows than parameters)";
+    else line << " ± " << fixed(r.stderrs[i], 4);
+    if (r.at_bound[i]) line << "   (at a bound)";
+    std::cout << line.str() << "\n";
+  }
+  std::cout << "\n  line  scheme       M   chips      target   fitted   residual\n";
+  size_t worst = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const auto& t = targets[i];
+    if (std::fabs(r.fitted[i] - t.goodput) > std::fabs(r.fitted[worst] - targets[worst].goodput)) worst = i;
+    std::cout << "  " << std::left << std::setw(6) << t.line << std::setw(12) << scheme_name(t.scheme) << std::right
+              << std::setw(2) << t.learners << std::setw(9) << chips_label(t.chips) << std::setw(11)
+              << fixed(t.goodput, 4) << std::setw(9) << fixed(r.fitted[i], 4) << std::setw(11)
+              << fixed(r.fitted[i] - t.goodput, 4) << "\n";
+  }
+  std::cout << "\nRMS residual " << fixed(r.rms, 4) << " (at the start " << fixed(r.start_rms, 4) << "), worst "
+            << fixed(r.worst, 4) << " (line " << targets[worst].line << "); " << r.evaluations << " evaluations in "
+            << fixed(wall, 1) << " s (" << r.stop_reason << ")\n";
+
+  // The fitted config: the table's chip and learner counts and schemes, so `--config` reruns these rows.
+  GoodputParams out = r.params;
+  out.chips.clear();
+  out.learners.clear();
+  out.dp = out.elastic_dp = out.diloco = false;
+  for (const auto& t : targets) {
+    if (std::find(out.chips.begin(), out.chips.end(), t.chips) == out.chips.end()) out.chips.push_back(t.chips);
+    if (t.scheme == Scheme::kDataParallel) out.dp = true;
+    if (t.scheme == Scheme::kElasticDP) out.elastic_dp = true;
+    if (t.scheme == Scheme::kDecoupledDiLoCo) {
+      out.diloco = true;
+      if (std::find(out.learners.begin(), out.learners.end(), t.learners) == out.learners.end())
+        out.learners.push_back(t.learners);
+    }
+  }
+  std::sort(out.chips.begin(), out.chips.end());
+  std::sort(out.learners.begin(), out.learners.end());
+  if (out.learners.empty()) out.learners = {1};
+  std::string path = o.fit_out;
+  if (path.empty()) {
+    path = o.fit_path;
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".csv") == 0) path.resize(path.size() - 4);
+    path += ".fit.toml";
+  }
+  std::string note;
+  try {
+    validate_goodput(out);
+  } catch (const ConfigError& e) {
+    note = std::string("note: the table's chip and learner counts do not form a grid deloco goodput can run (") +
+           e.what() + "); edit goodput.chips / goodput.learners before using it";
+  }
+  make_parent(path);
+  write_file_atomic(path, goodput_toml(out, "written by `deloco goodput --fit " + o.fit_path + "` (RMS residual " +
+                                                fixed(r.rms, 4) + ", worst " + fixed(r.worst, 4) +
+                                                ")\nfitted: " + names + "\n`deloco goodput --config` on this "
+                                                "file reproduces the fitted goodput of every row of the table"));
+  std::cout << "fitted config written to " << path << " (deloco goodput --config " << path
+            << " reproduces the fitted column)\n";
+  if (!note.empty()) std::cout << note << "\n";
+
+  nlohmann::json summary;
+  summary["command"] = "goodput --fit";
+  summary["config"] = schema.to_json();
+  summary["table"] = o.fit_path;
+  summary["fitted_config"] = path;
+  summary["parameters"] = nlohmann::json::array();
+  for (size_t i = 0; i < r.names.size(); ++i) {
+    nlohmann::json q{{"name", r.names[i]}, {"value", r.values[i]}, {"at_bound", static_cast<bool>(r.at_bound[i])}};
+    q["stderr"] = std::isfinite(r.stderrs[i]) ? nlohmann::json(r.stderrs[i]) : nlohmann::json(nullptr);
+    q["identified"] = !std::isinf(r.stderrs[i]);
+    summary["parameters"].push_back(q);
+  }
+  summary["rows"] = nlohmann::json::array();
+  for (size_t i = 0; i < targets.size(); ++i)
+    summary["rows"].push_back({{"line", targets[i].line}, {"scheme", scheme_name(targets[i].scheme)},
+                               {"learners", targets[i].learners}, {"chips", targets[i].chips},
+                               {"target", targets[i].goodput}, {"fitted", r.fitted[i]},
+                               {"residual", r.fitted[i] - targets[i].goodput}});
+  summary["rms"] = r.rms;
+  summary["worst"] = r.worst;
+  summary["start_rms"] = r.start_rms;
+  summary["evaluations"] = r.evaluations;
+  summary["stop_reason"] = r.stop_reason;
+  summary["wall_seconds"] = wall;
+  write_summary(o.common, summary);
+}
+
 void run(GoodputOptions& o) {
   GoodputParams p;
   ConfigSchema schema;
@@ -192,6 +316,7 @@ void run(GoodputOptions& o) {
   }
   for (const auto& s : o.common.sets) schema.apply_override(s);
   schema.validate();
+  if (!o.fit_path.empty()) return run_fit(o, p, schema);
   validate_goodput(p);
 
   const auto start = std::chrono::steady_clock::now();
@@ -200,8 +325,17 @@ void run(GoodputOptions& o) {
 
   std::cout << "deloco goodput: chip MTBI " << p.mtbi_chip_years << " y, " << p.slice_chips << "-chip slices, repair "
             << p.repair_hours << " h (" << p.repair_dist << "), restart " << p.restart_minutes << " min, reconfig "
-            << p.downscale_seconds << "/" << p.upscale_seconds << " s, quorum " << p.quorum << ", spares "
-            << p.spare_fraction << ", " << p.days << " days x " << p.seeds << " seeds\n\n";
+            << p.downscale_seconds << "/" << p.upscale_seconds << " s, quorum "
+            << (p.quorum_learners > 0 ? "K=" + std::to_string(p.quorum_learners) : fixed(p.quorum, 2)) << ", spares "
+            << p.spare_fraction;
+  if (p.spare_fraction > 0) std::cout << " (swap " << p.swap_minutes << " min)";
+  if (p.reset_fraction > 0) std::cout << ", resets " << p.reset_fraction * 100 << "% x " << p.reset_minutes << " min";
+  if (p.domain_slices > 0)
+    std::cout << ", domains of " << p.domain_slices << " slices every " << p.domain_mtbf_days << " d";
+  if (p.syncer_mtbf_hours > 0)
+    std::cout << ", syncer MTBF " << p.syncer_mtbf_hours << " h (restart " << p.syncer_restart_minutes << " min)";
+  if (p.catchup_minutes > 0) std::cout << ", catch-up " << p.catchup_minutes << " min";
+  std::cout << ", " << p.days << " days x " << p.seeds << " seeds\n\n";
   print_pivot(std::cout, rows, true);
   std::cout << "\n";
   print_pivot(std::cout, rows, false);
@@ -236,6 +370,15 @@ void add_goodput_command(CLI::App& app) {
   sub->add_option("--csv", opts->csv_path, "write the result rows as CSV to FILE");
   sub->add_option("--plot", opts->plot_path,
                   "draw goodput against chip count to FILE.png with gnuplot (FILE.dat and FILE.gp are kept beside it)");
+  sub->add_option("--fit", opts->fit_path,
+                  "calibrate: fit the unpublished parameters to a CSV of scheme,learners,chips,goodput rows and write "
+                  "the fitted config (see docs/goodput.md)");
+  sub->add_option("--fit-params", opts->fit_params,
+                  "with --fit: the goodput.* keys to fit, comma-separated (default restart_minutes,downscale_seconds,"
+                  "upscale_seconds,swap_minutes,spare_fraction,reset_fraction,step_time_cv)");
+  sub->add_option("--fit-out", opts->fit_out, "with --fit: where to write the fitted TOML (default: FILE.fit.toml)");
+  sub->add_option("--fit-evals", opts->fit_evals, "with --fit: the optimizer's evaluation limit (default 400)")
+      ->check(CLI::Range(1, 100000));
   const auto& docs = goodput_key_docs();
   opts->flag_values.resize(docs.size());
   for (size_t i = 0; i < docs.size(); ++i) {

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <queue>
 #include <sstream>
 #include <thread>
@@ -96,10 +97,20 @@ std::vector<double> expected_max_table(int64_t kmax) {
   return table;
 }
 
+// expected_max_table(kmax), computed once per process for the largest kmax asked so far (a fit asks for it at
+// every evaluation; the table does not depend on the straggler cv).
+std::vector<double> cached_expected_max(int64_t kmax) {
+  static std::mutex mu;
+  static std::vector<double> table;
+  std::lock_guard<std::mutex> lock(mu);
+  if (static_cast<int64_t>(table.size()) <= kmax) table = expected_max_table(kmax);
+  return std::vector<double>(table.begin(), table.begin() + std::max<int64_t>(kmax, 1) + 1);
+}
+
 std::vector<double> efficiency_table(int64_t kmax, double cv) {
   std::vector<double> eff(static_cast<size_t>(std::max<int64_t>(kmax, 1)) + 1, 1.0);
   if (cv <= 0) return eff;
-  const std::vector<double> em = expected_max_table(kmax);
+  const std::vector<double> em = cached_expected_max(kmax);
   for (int64_t k = 2; k <= kmax; ++k) eff[k] = 1.0 / (1.0 + cv * em[k]);
   return eff;
 }
@@ -108,10 +119,12 @@ std::vector<double> efficiency_table(int64_t kmax, double cv) {
 struct Group {
   int64_t positions = 0;  // slice positions this group is sized for
   int64_t healthy = 0;    // healthy slices it holds
-  double busy_until = 0;  // end of the current restart / reconfiguration
+  int64_t incoming = 0;   // spares on their way to it (swap time)
+  double busy_until = 0;  // end of the current restart / reconfiguration / catch-up
 };
 
 int64_t quorum_for(const GoodputParams& p, int64_t m) {
+  if (p.quorum_learners > 0) return std::min(p.quorum_learners, m);
   return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(p.quorum * static_cast<double>(m) - 1e-9)));
 }
 
@@ -119,10 +132,14 @@ int64_t spares_for(const GoodputParams& p, int64_t slices) {
   return static_cast<int64_t>(std::ceil(p.spare_fraction * static_cast<double>(slices) - 1e-9));
 }
 
+// Independent generator streams of one run (common random numbers across parameter values).
+uint64_t stream_seed(uint64_t seed, uint64_t stream) { return seed ^ (0x9E3779B97F4A7C15ULL * (stream + 1)); }
+
 RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, const std::vector<double>& eff) {
   const bool elastic = spec.scheme != Scheme::kDataParallel;
-  const int64_t m = spec.scheme == Scheme::kDecoupledDiLoCo ? spec.learners : 1;
-  const int64_t quorum = spec.scheme == Scheme::kDecoupledDiLoCo ? quorum_for(p, m) : 1;
+  const bool diloco = spec.scheme == Scheme::kDecoupledDiLoCo;
+  const int64_t m = diloco ? spec.learners : 1;
+  const int64_t quorum = diloco ? quorum_for(p, m) : 1;
   const int64_t slices = spec.chips / p.slice_chips;
   const int64_t spares = spares_for(p, slices);
   const double s_chips = static_cast<double>(p.slice_chips);
@@ -130,8 +147,17 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
   const double restart = p.restart_minutes / 60.0;
   const double down = p.downscale_seconds / 3600.0;
   const double up = p.upscale_seconds / 3600.0;
+  const double swap = p.swap_minutes / 60.0;
+  const double reset = p.reset_minutes / 60.0;
+  const double catchup = diloco ? p.catchup_minutes / 60.0 : 0.0;
   const double t0 = p.warmup_hours;
   const double t_end = p.warmup_hours + p.days * 24.0;
+  const bool domains = p.domain_slices > 0 && p.domain_mtbf_days > 0;
+  const double domain_rate =  // domain failures per hour, for the whole allocation
+      domains ? std::ceil(static_cast<double>(slices + spares) / static_cast<double>(p.domain_slices)) /
+                    (p.domain_mtbf_days * 24.0)
+              : 0.0;
+  const bool syncer_fails = diloco && p.syncer_mtbf_hours > 0;
 
   // Repair-time sampler (hours).
   const double mean_repair = p.repair_hours;
@@ -145,26 +171,70 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
     dist = 2;
   }
 
-  Rng rng(seed);
-  auto draw_repair = [&]() {
-    if (dist == 0) return rng.exponential(mean_repair);
-    if (dist == 1) return std::exp(ln_mu + ln_sigma * rng.normal());
+  Rng rng(stream_seed(seed, 0));         // chip interrupts: times and which slice
+  Rng rng_repair(stream_seed(seed, 1));  // reset or repair, and its duration
+  Rng rng_domain(stream_seed(seed, 2));  // correlated failures
+  Rng rng_syncer(stream_seed(seed, 3));  // syncer failures
+  auto draw_repair = [&](Rng& r) {
+    if (dist == 0) return r.exponential(mean_repair);
+    if (dist == 1) return std::exp(ln_mu + ln_sigma * r.normal());
     return mean_repair;
   };
 
   std::vector<Group> groups(static_cast<size_t>(m));
   for (auto& g : groups) g.positions = g.healthy = slices / m;
   int64_t pool = spares;              // idle healthy spare slices
-  int64_t healthy = slices + spares;  // all healthy slices
-  std::priority_queue<double, std::vector<double>, std::greater<double>> repairs;
+  int64_t healthy = slices + spares;  // healthy slices that can fail: the pool and the groups' (not in transit)
+  std::priority_queue<double, std::vector<double>, std::greater<double>> returns;  // repairs and resets ending
+  using Arrival = std::pair<double, size_t>;                                        // a spare reaching a group
+  std::priority_queue<Arrival, std::vector<Arrival>, std::greater<Arrival>> arrivals;
 
   auto draw_next_failure = [&](double now) {
     return healthy > 0 ? now + rng.exponential(1.0 / (static_cast<double>(healthy) * slice_rate)) : kInf;
   };
 
   double t = 0, next_fail = draw_next_failure(0.0);
+  double next_domain = domains ? rng_domain.exponential(1.0 / domain_rate) : kInf;
+  double next_syncer_fail = syncer_fails ? rng_syncer.exponential(p.syncer_mtbf_hours) : kInf;
+  double syncer_up_at = 0;  // the syncer is down while t < syncer_up_at
   double useful = 0, up_time = 0;
   int64_t failures = 0;
+
+  // A slice of group g is lost (it fails, or its domain does); `hard` failures get a spare from the pool.
+  auto lose_slice = [&](Group& g, size_t gi, bool hard) {
+    --g.healthy;
+    bool refilled = false;
+    if (hard && pool > 0) {
+      --pool;
+      --healthy;  // in transit (or in place at once)
+      if (swap <= 0) {
+        ++g.healthy;
+        ++healthy;
+        refilled = true;
+      } else {
+        ++g.incoming;
+        arrivals.push({t + swap, gi});
+      }
+    }
+    if (elastic) g.busy_until = std::max(g.busy_until, t + down);  // drop the slice (or swap a spare in at once)
+    else if (refilled && g.healthy == g.positions) g.busy_until = t + restart;  // whole again thanks to a spare
+  };
+  // A slice joins group g (back from repair or reset, or a spare arriving).
+  auto gain_slice = [&](Group& g) {
+    const bool was_empty = g.healthy == 0;
+    ++g.healthy;
+    if (elastic) g.busy_until = std::max(g.busy_until, t + up + (was_empty ? catchup : 0.0));
+    else if (g.healthy == g.positions) g.busy_until = t + restart;
+  };
+  // Picks a failing healthy slice uniformly: the pool's (returns -1) or a group's index.
+  auto pick = [&](Rng& r) -> int64_t {
+    int64_t k = r.below(healthy);
+    if (k < pool) return -1;
+    k -= pool;
+    size_t gi = 0;
+    while (k >= groups[gi].healthy) k -= groups[gi++].healthy;
+    return static_cast<int64_t>(gi);
+  };
 
   while (t < t_end) {
     // State is constant until the next event: compute the rates of this interval.
@@ -181,10 +251,14 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
         rate += static_cast<double>(g.healthy) * s_chips * eff[static_cast<size_t>(g.healthy)];
       }
     }
-    const double next_repair = repairs.empty() ? kInf : repairs.top();
-    const double t_next = std::min({next_fail, next_repair, next_busy_end, t_end});
+    const bool syncer_up = t >= syncer_up_at;
+    const double next_return = returns.empty() ? kInf : returns.top();
+    const double next_arrival = arrivals.empty() ? kInf : arrivals.top().first;
+    const double next_syncer_up = syncer_up ? kInf : syncer_up_at;
+    const double t_next = std::min({next_fail, next_return, next_arrival, next_busy_end, next_domain,
+                                    next_syncer_fail, next_syncer_up, t_end});
     const double a = std::max(t, t0), b = std::min(t_next, t_end);
-    if (b > a && running >= quorum) {
+    if (b > a && running >= quorum && syncer_up) {
       useful += rate * (b - a);
       up_time += b - a;
     }
@@ -193,46 +267,64 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
 
     if (t == next_fail) {
       if (t >= t0) ++failures;
-      int64_t r = rng.below(healthy);
+      const bool is_reset = p.reset_fraction > 0 && rng_repair.uniform() < p.reset_fraction;
+      const double out = is_reset ? reset : draw_repair(rng_repair);
+      const int64_t gi = pick(rng);
       --healthy;
-      if (r < pool) {
-        --pool;  // an idle spare failed
-      } else {
-        r -= pool;
-        size_t gi = 0;
-        while (r >= groups[gi].healthy) r -= groups[gi++].healthy;
-        Group& g = groups[gi];
-        --g.healthy;
-        if (pool > 0) {  // a spare takes the failed slice's place at once
-          --pool;
-          ++g.healthy;
-        }
-        if (elastic) {
-          g.busy_until = std::max(g.busy_until, t + down);
-        } else if (g.healthy == g.positions) {
-          g.busy_until = t + restart;  // whole again thanks to a spare: restart now
-        }
-      }
-      repairs.push(t + draw_repair());
+      if (gi < 0) --pool;  // an idle spare failed
+      else lose_slice(groups[static_cast<size_t>(gi)], static_cast<size_t>(gi), !is_reset);
+      returns.push(t + out);
       next_fail = draw_next_failure(t);
-    } else if (t == next_repair) {
-      repairs.pop();
+    } else if (t == next_domain) {
+      // A domain of domain_slices slices: one learner's slices first (learners are placed on whole domains),
+      // then the pool, then the other groups.
+      int64_t k = std::min(p.domain_slices, healthy);
+      if (t >= t0) failures += k;
+      const double out = draw_repair(rng_domain);
+      const int64_t first = healthy > 0 ? pick(rng_domain) : -1;
+      auto take_group = [&](size_t gi) {  // the slices it holds now (not a spare swapped in at once)
+        for (int64_t n = std::min(k, groups[gi].healthy); n > 0; --n) {
+          --healthy;
+          lose_slice(groups[gi], gi, true);
+          returns.push(t + out);
+          --k;
+        }
+      };
+      if (first >= 0) take_group(static_cast<size_t>(first));
+      const int64_t from_pool = std::min(k, pool);
+      pool -= from_pool;
+      healthy -= from_pool;
+      k -= from_pool;
+      for (int64_t i = 0; i < from_pool; ++i) returns.push(t + out);
+      for (size_t gi = 0; gi < groups.size() && k > 0; ++gi)
+        if (static_cast<int64_t>(gi) != first) take_group(gi);
+      next_fail = draw_next_failure(t);
+      next_domain = t + rng_domain.exponential(1.0 / domain_rate);
+    } else if (t == next_syncer_fail) {
+      syncer_up_at = t + p.syncer_restart_minutes / 60.0;
+      next_syncer_fail = syncer_up_at + rng_syncer.exponential(p.syncer_mtbf_hours);
+    } else if (t == next_return) {
+      returns.pop();
       ++healthy;
-      // The repaired slice fills the group with the most vacant positions, else joins the spare pool.
+      // The slice fills the group with the most vacant positions (a spare on its way holds its position), else
+      // joins the spare pool.
       Group* best = nullptr;
+      auto vacant = [](const Group& g) { return g.positions - g.healthy - g.incoming; };
       for (auto& g : groups)
-        if (g.healthy < g.positions && (!best || g.positions - g.healthy > best->positions - best->healthy))
-          best = &g;
-      if (!best) {
-        ++pool;
-      } else {
-        ++best->healthy;
-        if (elastic) best->busy_until = std::max(best->busy_until, t + up);
-        else if (best->healthy == best->positions) best->busy_until = t + restart;
-      }
+        if (vacant(g) > 0 && (!best || vacant(g) > vacant(*best))) best = &g;
+      if (!best) ++pool;
+      else gain_slice(*best);
       next_fail = draw_next_failure(t);  // the healthy count changed; exponential gaps are memoryless
+    } else if (t == next_arrival) {
+      Group& g = groups[arrivals.top().second];
+      arrivals.pop();
+      --g.incoming;
+      ++healthy;
+      if (g.healthy < g.positions) gain_slice(g);
+      else ++pool;
+      next_fail = draw_next_failure(t);
     }
-    // Otherwise a restart or reconfiguration ended: the next iteration recomputes the rates.
+    // Otherwise a restart, reconfiguration or syncer restart ended: the next iteration recomputes the rates.
   }
 
   RunResult res;
@@ -313,6 +405,30 @@ std::string check_key(const GoodputParams& p, const std::string& key) {
     if (!(p.quorum > 0 && p.quorum <= 1)) return "must be a fraction in (0, 1], got " + fmt(p.quorum);
   } else if (key == "spare_fraction") {
     if (!(p.spare_fraction >= 0 && p.spare_fraction <= 1)) return "must be in [0, 1], got " + fmt(p.spare_fraction);
+  } else if (key == "swap_minutes" || key == "reset_minutes" || key == "syncer_restart_minutes" ||
+             key == "catchup_minutes") {
+    const double v = key == "swap_minutes" ? p.swap_minutes
+                     : key == "reset_minutes" ? p.reset_minutes
+                     : key == "syncer_restart_minutes" ? p.syncer_restart_minutes : p.catchup_minutes;
+    if (!finite_nonneg(v) || v > 1e5) return "must be a number of minutes between 0 and 1e5, got " + fmt(v);
+  } else if (key == "reset_fraction") {
+    if (!(p.reset_fraction >= 0 && p.reset_fraction <= 1)) return "must be in [0, 1], got " + fmt(p.reset_fraction);
+  } else if (key == "domain_slices") {
+    if (p.domain_slices < 0 || p.domain_slices > kMaxSlices)
+      return "must be between 0 (no domains) and 1e6 slices, got " + std::to_string(p.domain_slices);
+    if ((p.domain_slices > 0) != (p.domain_mtbf_days > 0))
+      return "and goodput.domain_mtbf_days go together: set both (correlated failures) or neither";
+  } else if (key == "domain_mtbf_days") {
+    if (!finite_nonneg(p.domain_mtbf_days) || p.domain_mtbf_days > 1e6)
+      return "must be a number of days between 0 (off) and 1e6, got " + fmt(p.domain_mtbf_days);
+  } else if (key == "syncer_mtbf_hours") {
+    if (!finite_nonneg(p.syncer_mtbf_hours) || (p.syncer_mtbf_hours > 0 && p.syncer_mtbf_hours < 1e-3) ||
+        p.syncer_mtbf_hours > 1e8)
+      return "must be 0 (never fails) or a number of hours in [0.001, 1e8], got " + fmt(p.syncer_mtbf_hours);
+  } else if (key == "quorum_learners") {
+    if (p.quorum_learners < 0 || p.quorum_learners > kMaxLearners)
+      return "must be 0 (use goodput.quorum) or a learner count up to " + std::to_string(kMaxLearners) + ", got " +
+             std::to_string(p.quorum_learners);
   } else if (key == "days") {
     if (!finite_pos(p.days) || p.days > 3650) return "must be a positive number of days up to 3650, got " + fmt(p.days);
   } else if (key == "seeds") {
@@ -359,6 +475,29 @@ const std::vector<GoodputKeyDoc>& goodput_key_docs() {
        "one half: a majority-style quorum that tolerates half the learners being down"},
       {"goodput.spare_fraction", "spare slices as a fraction of the job's slices (allocated, so they count in goodput)",
        "0: compare the schemes on the same allocation; try 0.05 to see what spares buy"},
+      {"goodput.swap_minutes", "time to swap a spare slice from the hot-spare pool in for a failed one, in minutes",
+       "0: the first model's instant swap; a fleet that swaps hot spares by software takes minutes"},
+      {"goodput.reset_fraction",
+       "share of chip interrupts that are a short host reset (the slice is out for reset_minutes) rather than a "
+       "repair",
+       "0: every interrupt is a repair, as in the first model; fleets report most interrupts cleared by a reset"},
+      {"goodput.reset_minutes", "how long a host reset takes its slice out, in minutes",
+       "5: reboot a host and rejoin it to its slice"},
+      {"goodput.domain_slices", "slices per correlated-failure domain (rack, power domain); 0 = none",
+       "0: no correlated failures, as in the first model"},
+      {"goodput.domain_mtbf_days", "mean days between failures of one domain (all its slices at once)",
+       "0 (off); with domains on, a power or network domain failing a few times a year is a common order"},
+      {"goodput.syncer_mtbf_hours",
+       "Decoupled DiLoCo: mean hours between syncer failures (0 = never); global training stops until it is back",
+       "0: the first model's perfect syncer; a few CPU hosts fail far more rarely than a chip fleet"},
+      {"goodput.syncer_restart_minutes", "Decoupled DiLoCo: time for a failed syncer to be back from its checkpoint",
+       "5: restart the process and load the checkpoint of the last merge"},
+      {"goodput.catchup_minutes",
+       "Decoupled DiLoCo: extra time a learner that lost every slice spends downloading the global model when it "
+       "has one again",
+       "0: the first model; the download is a few seconds per GB on a data-centre link"},
+      {"goodput.quorum_learners", "Decoupled DiLoCo: a fixed quorum of min(K, M) learners when K > 0 (overrides quorum)",
+       "0: use the quorum fraction; set 1 for the papers' main setting K = 1"},
       {"goodput.days", "simulated days measured per run", "30: a month-long pre-training run"},
       {"goodput.warmup_hours", "simulated hours discarded before measuring (the job starts with every slice healthy)",
        "12 h: many mean repair times, so the number of slices in repair has reached its steady state"},
@@ -398,6 +537,15 @@ void bind_goodput_config(ConfigSchema& schema, GoodputParams& p) {
   bind("step_time_cv", &p.step_time_cv);
   bind("quorum", &p.quorum);
   bind("spare_fraction", &p.spare_fraction);
+  bind("swap_minutes", &p.swap_minutes);
+  bind("reset_fraction", &p.reset_fraction);
+  bind("reset_minutes", &p.reset_minutes);
+  bind("domain_slices", &p.domain_slices);
+  bind("domain_mtbf_days", &p.domain_mtbf_days);
+  bind("syncer_mtbf_hours", &p.syncer_mtbf_hours);
+  bind("syncer_restart_minutes", &p.syncer_restart_minutes);
+  bind("catchup_minutes", &p.catchup_minutes);
+  bind("quorum_learners", &p.quorum_learners);
   bind("days", &p.days);
   bind("warmup_hours", &p.warmup_hours);
   bind("seeds", &p.seeds);
@@ -465,6 +613,38 @@ RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t se
   return simulate(p, spec, seed, efficiency_table(spec.chips / p.slice_chips / m, p.step_time_cv));
 }
 
+std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const std::vector<RunSpec>& specs) {
+  int64_t kmax = 1;
+  for (const auto& spec : specs) kmax = std::max(kmax, spec.chips / p.slice_chips);
+  const std::vector<double> eff = efficiency_table(kmax, p.step_time_cv);
+  const size_t seeds = static_cast<size_t>(p.seeds);
+  const size_t n_runs = specs.size() * seeds;
+  std::vector<RunResult> results(n_runs);
+  // Largest runs first so the threads finish together.
+  std::vector<size_t> order(n_runs);
+  for (size_t i = 0; i < n_runs; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return specs[a / seeds].chips > specs[b / seeds].chips; });
+  std::atomic<size_t> next{0};
+  auto worker = [&]() {
+    for (;;) {
+      const size_t k = next.fetch_add(1);
+      if (k >= n_runs) return;
+      const size_t i = order[k];
+      results[i] = simulate(p, specs[i / seeds], run_seed(p.seed, static_cast<int64_t>(i % seeds)), eff);
+    }
+  };
+  size_t n_threads = p.threads > 0 ? static_cast<size_t>(p.threads) : std::max(1u, std::thread::hardware_concurrency());
+  n_threads = std::min(n_threads, n_runs);
+  std::vector<std::thread> pool;
+  for (size_t i = 1; i < n_threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (auto& th : pool) th.join();
+  std::vector<std::vector<RunResult>> out(specs.size());
+  for (size_t r = 0; r < specs.size(); ++r) out[r].assign(results.begin() + r * seeds, results.begin() + (r + 1) * seeds);
+  return out;
+}
+
 std::vector<GoodputRow> run_goodput(const GoodputParams& p) {
   validate_goodput(p);
   std::vector<RunSpec> specs;
@@ -474,34 +654,7 @@ std::vector<GoodputRow> run_goodput(const GoodputParams& p) {
     if (p.diloco)
       for (int64_t m : p.learners) specs.push_back({Scheme::kDecoupledDiLoCo, c, m});
   }
-  int64_t kmax = 1;
-  for (int64_t c : p.chips) kmax = std::max(kmax, c / p.slice_chips);
-  const std::vector<double> eff = efficiency_table(kmax, p.step_time_cv);
-
-  const size_t n_runs = specs.size() * static_cast<size_t>(p.seeds);
-  std::vector<RunResult> results(n_runs);
-  // Largest runs first so the threads finish together.
-  std::vector<size_t> order(n_runs);
-  for (size_t i = 0; i < n_runs; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return specs[a / p.seeds].chips > specs[b / p.seeds].chips;
-  });
-  std::atomic<size_t> next{0};
-  auto worker = [&]() {
-    for (;;) {
-      const size_t k = next.fetch_add(1);
-      if (k >= n_runs) return;
-      const size_t i = order[k];
-      const RunSpec& spec = specs[i / p.seeds];
-      results[i] = simulate(p, spec, run_seed(p.seed, static_cast<int64_t>(i % p.seeds)), eff);
-    }
-  };
-  size_t n_threads = p.threads > 0 ? static_cast<size_t>(p.threads) : std::max(1u, std::thread::hardware_concurrency());
-  n_threads = std::min(n_threads, n_runs);
-  std::vector<std::thread> pool;
-  for (size_t i = 1; i < n_threads; ++i) pool.emplace_back(worker);
-  worker();
-  for (auto& th : pool) th.join();
+  const std::vector<std::vector<RunResult>> runs = simulate_specs(p, specs);
 
   std::vector<GoodputRow> rows;
   for (size_t r = 0; r < specs.size(); ++r) {
@@ -517,7 +670,7 @@ std::vector<GoodputRow> run_goodput(const GoodputParams& p) {
     std::vector<double> g, u;
     double f = 0;
     for (int64_t s = 0; s < p.seeds; ++s) {
-      const RunResult& res = results[r * p.seeds + s];
+      const RunResult& res = runs[r][static_cast<size_t>(s)];
       g.push_back(res.goodput);
       u.push_back(res.uptime);
       f += static_cast<double>(res.failures);

@@ -1,0 +1,86 @@
+// deloco/goodput_fit.h — calibrating the chip-scale goodput simulator (deloco/goodput.h) against a table of
+// published or observed goodput figures: `deloco goodput --fit FILE.csv` (docs/goodput.md, "Calibration").
+//
+// The parameters behind published goodput tables (restart, reconfiguration and swap times, the spare pool, what
+// one interrupt takes out, straggler spread) are rarely published. fit_goodput() finds the values of a chosen set
+// of them that make the simulator reproduce the table best: bounded least squares on the goodput residuals,
+// minimised with NLopt's derivative-free Subplex (LN_SBPLX) over the parameters scaled to [0, 1] by their bounds,
+// after a coarse scan of each parameter in turn over 9 points of its range (rows at 0, like DP at scale, make
+// flat regions a local search cannot leave).
+// Every evaluation simulates every row with the same seeds (goodput.seed, goodput.seeds: common random numbers),
+// so the objective is a deterministic, piecewise-smooth function of the parameters.
+//
+// Uncertainty: the Gauss–Newton covariance s²·(JᵀJ)⁻¹ at the optimum, with J the central-difference Jacobian of
+// the residuals and s² = RSS / (rows − parameters). It is a local, linearised standard error; a parameter the
+// table does not constrain (a zero column of J, e.g. restart_minutes without DP rows) is reported as unidentified
+// (stderr = +inf), and with no more rows than parameters no error is given (NaN).
+//
+// Contract
+//  * parse_goodput_csv: columns scheme,learners,chips,goodput (a header line naming them, in any order; other
+//    columns are ignored, so the --csv output of `deloco goodput` is a valid table). scheme ∈ {dp, elastic_dp, diloco}; learners empty or 1 for DP rows, a positive integer
+//    for diloco; chips a positive whole number of goodput.slice_chips slices that the learners divide; goodput a
+//    fraction in [0, 1] or a percentage ("87.5%"; a column whose plain numbers exceed 1 is read as percentages).
+//    Blank lines and lines starting with '#' are skipped. Anything else throws ConfigError
+//    "FILE:LINE: <problem>".
+//  * fit_goodput: `base` supplies every parameter not fitted (validated first); `names` are keys of
+//    goodput_fit_parameters() (ConfigError otherwise). The starting point is base's values clamped into the
+//    bounds. Deterministic for given inputs and independent of `threads`. No I/O, no clock.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "deloco/goodput.h"
+
+namespace deloco {
+
+struct GoodputTarget {
+  Scheme scheme = Scheme::kDataParallel;
+  int64_t learners = 1;
+  int64_t chips = 0;
+  double goodput = 0;  // fraction
+  int64_t line = 0;    // 1-based line of the CSV it came from
+};
+
+// Parses a calibration table (see the contract). `name` is used in error messages (a file name).
+std::vector<GoodputTarget> parse_goodput_csv(const std::string& text, const std::string& name,
+                                             const GoodputParams& base);
+
+// A parameter the fit can move, with its bounds (in the key's own unit).
+struct GoodputFitParameter {
+  std::string name;  // goodput.* key without the prefix, e.g. "restart_minutes"
+  double lower = 0, upper = 0;
+};
+const std::vector<GoodputFitParameter>& goodput_fit_parameters();
+// The default set: restart, down-scale, up-scale, swap time, spare pool size, interrupt granularity, straggler cv.
+std::vector<std::string> default_goodput_fit_names();
+
+struct GoodputFitOptions {
+  std::vector<std::string> names = default_goodput_fit_names();
+  int64_t max_evaluations = 400;  // objective evaluations of the scan and the search (the Jacobian's come on top)
+  double xtol = 1e-3;             // relative tolerance on the scaled parameters
+};
+
+struct GoodputFitResult {
+  GoodputParams params;                // base with the fitted values in place (reproduces `fitted`)
+  std::vector<std::string> names;      // fitted keys
+  std::vector<double> values, stderrs; // per name; stderr +inf = unidentified, NaN = not estimable
+  std::vector<bool> at_bound;          // the value sits on a bound
+  std::vector<double> fitted;          // per target: the simulator's mean goodput at the fitted values
+  double rms = 0, worst = 0;           // of the residuals fitted − target
+  double start_rms = 0;                // at the starting point
+  int64_t evaluations = 0;             // objective evaluations, including the Jacobian's
+  std::string stop_reason;             // NLopt's
+};
+
+GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<GoodputTarget>& targets,
+                             const GoodputFitOptions& opts = {});
+
+// The simulator's mean goodput over base.seeds seeds for each target, exactly as run_goodput() computes the row.
+std::vector<double> simulate_targets(const GoodputParams& p, const std::vector<GoodputTarget>& targets);
+
+// The [goodput] TOML of `p` (every key), for `deloco goodput --config`. `comment` lines are prefixed with '#'.
+std::string goodput_toml(const GoodputParams& p, const std::string& comment);
+
+}  // namespace deloco

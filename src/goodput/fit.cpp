@@ -1,0 +1,444 @@
+// Calibration of the goodput simulator against a table (see include/deloco/goodput_fit.h).
+#include "deloco/goodput_fit.h"
+
+#include <nlopt.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "deloco/config.h"
+
+namespace deloco {
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto a = s.find_first_not_of(" \t\r");
+  if (a == std::string::npos) return "";
+  return s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
+}
+
+std::vector<std::string> split_commas(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : line) {
+    if (c == ',') {
+      out.push_back(trim(cur));
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  out.push_back(trim(cur));
+  return out;
+}
+
+// A whole decimal number (no sign, no exponent); false otherwise.
+bool parse_count(const std::string& s, int64_t* v) {
+  if (s.empty() || s.size() > 12) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  *v = std::stoll(s);
+  return true;
+}
+
+bool parse_number(const std::string& s, double* v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *v = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && std::isfinite(*v);
+}
+
+double* field_of(GoodputParams& p, const std::string& name) {
+  if (name == "restart_minutes") return &p.restart_minutes;
+  if (name == "downscale_seconds") return &p.downscale_seconds;
+  if (name == "upscale_seconds") return &p.upscale_seconds;
+  if (name == "swap_minutes") return &p.swap_minutes;
+  if (name == "spare_fraction") return &p.spare_fraction;
+  if (name == "reset_fraction") return &p.reset_fraction;
+  if (name == "reset_minutes") return &p.reset_minutes;
+  if (name == "step_time_cv") return &p.step_time_cv;
+  if (name == "repair_hours") return &p.repair_hours;
+  if (name == "catchup_minutes") return &p.catchup_minutes;
+  if (name == "quorum") return &p.quorum;
+  return nullptr;
+}
+
+// Solves the symmetric positive semi-definite system A·X = I by Gauss–Jordan with partial pivoting; false when A
+// is singular (relative pivot below 1e-12).
+bool invert(std::vector<std::vector<double>> a, std::vector<std::vector<double>>* inv) {
+  const size_t n = a.size();
+  std::vector<std::vector<double>> b(n, std::vector<double>(n, 0.0));
+  for (size_t i = 0; i < n; ++i) b[i][i] = 1.0;
+  double scale = 0;
+  for (size_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(a[i][i]));
+  if (!(scale > 0)) return false;
+  for (size_t c = 0; c < n; ++c) {
+    size_t piv = c;
+    for (size_t r = c + 1; r < n; ++r)
+      if (std::fabs(a[r][c]) > std::fabs(a[piv][c])) piv = r;
+    if (std::fabs(a[piv][c]) < 1e-12 * scale) return false;
+    std::swap(a[c], a[piv]);
+    std::swap(b[c], b[piv]);
+    const double d = a[c][c];
+    for (size_t k = 0; k < n; ++k) {
+      a[c][k] /= d;
+      b[c][k] /= d;
+    }
+    for (size_t r = 0; r < n; ++r) {
+      if (r == c || a[r][c] == 0) continue;
+      const double f = a[r][c];
+      for (size_t k = 0; k < n; ++k) {
+        a[r][k] -= f * a[c][k];
+        b[r][k] -= f * b[c][k];
+      }
+    }
+  }
+  *inv = b;
+  return true;
+}
+
+struct Problem {
+  GoodputParams base;
+  std::vector<GoodputTarget> targets;
+  std::vector<GoodputFitParameter> params;
+  int64_t evaluations = 0;
+
+  GoodputParams at(const double* x) const {
+    GoodputParams p = base;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const double u = std::clamp(x[i], 0.0, 1.0);
+      *field_of(p, params[i].name) = params[i].lower + u * (params[i].upper - params[i].lower);
+    }
+    return p;
+  }
+  std::vector<double> residuals(const double* x) {
+    ++evaluations;
+    const std::vector<double> sim = simulate_targets(at(x), targets);
+    std::vector<double> r(sim.size());
+    for (size_t i = 0; i < sim.size(); ++i) r[i] = sim[i] - targets[i].goodput;
+    return r;
+  }
+  double objective(const double* x) {
+    double s = 0;
+    for (double r : residuals(x)) s += r * r;
+    return s;
+  }
+};
+
+double nlopt_objective(unsigned n, const double* x, double* grad, void* data) {
+  (void)n;
+  (void)grad;  // derivative-free
+  return static_cast<Problem*>(data)->objective(x);
+}
+
+std::string nlopt_reason(nlopt_result r) {
+  switch (r) {
+    case NLOPT_SUCCESS: return "success";
+    case NLOPT_STOPVAL_REACHED: return "objective reached its stop value";
+    case NLOPT_FTOL_REACHED: return "objective tolerance reached";
+    case NLOPT_XTOL_REACHED: return "parameter tolerance reached";
+    case NLOPT_MAXEVAL_REACHED: return "evaluation limit reached";
+    case NLOPT_MAXTIME_REACHED: return "time limit reached";
+    case NLOPT_ROUNDOFF_LIMITED: return "round-off limited";
+    default: return "failed (" + std::to_string(static_cast<int>(r)) + ")";
+  }
+}
+
+std::string toml_double(double v) {
+  std::ostringstream o;
+  o << std::setprecision(std::numeric_limits<double>::max_digits10) << v;  // reads back to the same double
+  std::string s = o.str();
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // TOML floats need a point
+  return s;
+}
+
+}  // namespace
+
+const std::vector<GoodputFitParameter>& goodput_fit_parameters() {
+  static const std::vector<GoodputFitParameter> params = {
+      {"restart_minutes", 0.0, 120.0},   {"downscale_seconds", 0.0, 1800.0}, {"upscale_seconds", 0.0, 1800.0},
+      {"swap_minutes", 0.0, 120.0},      {"spare_fraction", 0.0, 0.25},      {"reset_fraction", 0.0, 1.0},
+      {"reset_minutes", 0.0, 60.0},      {"step_time_cv", 0.0, 0.2},         {"repair_hours", 0.05, 24.0},
+      {"catchup_minutes", 0.0, 60.0},    {"quorum", 0.01, 1.0},
+  };
+  return params;
+}
+
+std::vector<std::string> default_goodput_fit_names() {
+  return {"restart_minutes", "downscale_seconds", "upscale_seconds", "swap_minutes",
+          "spare_fraction",  "reset_fraction",    "step_time_cv"};
+}
+
+std::vector<GoodputTarget> parse_goodput_csv(const std::string& text, const std::string& name,
+                                             const GoodputParams& base) {
+  std::vector<GoodputTarget> out;
+  std::istringstream in(text);
+  std::string line;
+  int64_t n = 0;
+  std::map<std::string, size_t> col;
+  size_t columns = 0;
+  std::vector<bool> percent_sign;
+  bool plain_above_one = false;
+  auto fail = [&](const std::string& why) { throw ConfigError(name + ":" + std::to_string(n) + ": " + why); };
+  while (std::getline(in, line)) {
+    ++n;
+    const std::string t = trim(line);
+    if (t.empty() || t[0] == '#') continue;
+    const std::vector<std::string> f = split_commas(t);
+    if (col.empty()) {  // the header
+      for (size_t i = 0; i < f.size(); ++i) {
+        const std::string h = f[i];
+        if (h == "scheme" || h == "learners" || h == "chips" || h == "goodput") {
+          if (col.count(h)) fail("column '" + h + "' appears twice in the header");
+          col[h] = i;
+        }
+      }
+      columns = f.size();
+      for (const char* need : {"scheme", "learners", "chips", "goodput"})
+        if (!col.count(need)) fail(std::string("the header lacks the column '") + need + "' (scheme,learners,chips,goodput)");
+      continue;
+    }
+    if (f.size() != columns)
+      fail("expected " + std::to_string(columns) + " fields, like the header, got " + std::to_string(f.size()));
+    GoodputTarget g;
+    g.line = n;
+    const std::string scheme = f[col["scheme"]];
+    if (scheme == "dp") g.scheme = Scheme::kDataParallel;
+    else if (scheme == "elastic_dp") g.scheme = Scheme::kElasticDP;
+    else if (scheme == "diloco") g.scheme = Scheme::kDecoupledDiLoCo;
+    else fail("scheme '" + scheme + "' is not dp, elastic_dp or diloco");
+    const std::string learners = f[col["learners"]];
+    if (g.scheme == Scheme::kDecoupledDiLoCo) {
+      if (!parse_count(learners, &g.learners) || g.learners < 1 || g.learners > 1024)
+        fail("a diloco row needs a learner count between 1 and 1024, got '" + learners + "'");
+    } else if (!learners.empty() && learners != "1") {
+      fail("a " + scheme + " row has one learner (leave learners empty or write 1), got '" + learners + "'");
+    }
+    const std::string chips = f[col["chips"]];
+    if (!parse_count(chips, &g.chips) || g.chips < 1 || g.chips > 100000000)
+      fail("chips must be a whole number between 1 and 1e8, got '" + chips + "'");
+    if (g.chips % base.slice_chips != 0)
+      fail(chips + " chips is not a whole number of " + std::to_string(base.slice_chips) +
+           "-chip slices (goodput.slice_chips)");
+    const int64_t slices = g.chips / base.slice_chips;
+    if (slices % g.learners != 0)
+      fail(std::to_string(g.learners) + " learners do not divide the " + std::to_string(slices) + " slices of " + chips +
+           " chips");
+    std::string gp = f[col["goodput"]];
+    const bool pct = !gp.empty() && gp.back() == '%';
+    if (pct) gp = trim(gp.substr(0, gp.size() - 1));
+    if (!parse_number(gp, &g.goodput)) fail("goodput '" + f[col["goodput"]] + "' is not a number");
+    if (pct) {
+      if (g.goodput < 0 || g.goodput > 100) fail("goodput " + f[col["goodput"]] + " is not between 0% and 100%");
+      g.goodput /= 100.0;
+    } else {
+      if (g.goodput < 0 || g.goodput > 100) fail("goodput " + gp + " is neither a fraction nor a percentage");
+      if (g.goodput > 1) plain_above_one = true;
+    }
+    percent_sign.push_back(pct);
+    out.push_back(g);
+  }
+  if (col.empty()) throw ConfigError(name + ": no header line (scheme,learners,chips,goodput)");
+  if (out.empty()) throw ConfigError(name + ": the table has a header but no rows");
+  if (plain_above_one) {  // a column of plain percentages: every plain number is one
+    for (size_t i = 0; i < out.size(); ++i)
+      if (!percent_sign[i]) out[i].goodput /= 100.0;
+  }
+  return out;
+}
+
+std::vector<double> simulate_targets(const GoodputParams& p, const std::vector<GoodputTarget>& targets) {
+  std::vector<RunSpec> specs;
+  for (const auto& t : targets)
+    specs.push_back({t.scheme, t.chips, t.scheme == Scheme::kDecoupledDiLoCo ? t.learners : 1});
+  const auto runs = simulate_specs(p, specs);
+  std::vector<double> out;
+  for (const auto& r : runs) {
+    double s = 0;
+    for (const auto& x : r) s += x.goodput;
+    out.push_back(s / static_cast<double>(r.size()));
+  }
+  return out;
+}
+
+GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<GoodputTarget>& targets,
+                             const GoodputFitOptions& opts) {
+  if (targets.empty()) throw ConfigError("goodput --fit: the table has no rows");
+  if (opts.names.empty()) throw ConfigError("goodput --fit: no parameters to fit");
+  if (opts.max_evaluations < 1) throw ConfigError("goodput --fit: the evaluation limit must be positive");
+  Problem pr;
+  pr.base = base;
+  pr.targets = targets;
+  for (const auto& nm : opts.names) {
+    auto it = std::find_if(goodput_fit_parameters().begin(), goodput_fit_parameters().end(),
+                           [&](const GoodputFitParameter& q) { return q.name == nm; });
+    if (it == goodput_fit_parameters().end()) {
+      std::string known;
+      for (const auto& q : goodput_fit_parameters()) known += (known.empty() ? "" : ", ") + q.name;
+      throw ConfigError("goodput --fit: cannot fit '" + nm + "' (fittable: " + known + ")");
+    }
+    for (const auto& q : pr.params)
+      if (q.name == nm) throw ConfigError("goodput --fit: '" + nm + "' is listed twice");
+    pr.params.push_back(*it);
+  }
+  // Check everything but the chip/learner lists once (the targets were checked against slice_chips).
+  {
+    GoodputParams check = base;
+    check.chips = {targets.front().chips};
+    check.learners = {1};
+    validate_goodput(check);
+  }
+  const size_t np = pr.params.size();
+  std::vector<double> x(np), lo(np, 0.0), hi(np, 1.0);
+  for (size_t i = 0; i < np; ++i) {
+    const auto& q = pr.params[i];
+    GoodputParams b = base;
+    x[i] = std::clamp((*field_of(b, q.name) - q.lower) / (q.upper - q.lower), 0.0, 1.0);
+  }
+  GoodputFitResult res;
+  double best = pr.objective(x.data());
+  res.start_rms = std::sqrt(best / static_cast<double>(targets.size()));
+  // A coarse scan first, one parameter at a time over 9 points of its range: table rows that sit at 0 (DP at
+  // scale) make wide flat regions in which a local search started far away cannot find its way.
+  for (size_t j = 0; j < np; ++j) {
+    double keep = x[j];
+    for (int k = 0; k <= 8; ++k) {
+      std::vector<double> y = x;
+      y[j] = k / 8.0;
+      const double v = pr.objective(y.data());
+      if (v < best) {
+        best = v;
+        keep = y[j];
+      }
+    }
+    x[j] = keep;
+  }
+
+  nlopt_opt opt = nlopt_create(NLOPT_LN_SBPLX, static_cast<unsigned>(np));
+  if (!opt) throw std::runtime_error("goodput --fit: NLopt could not create its optimizer");
+  nlopt_set_lower_bounds(opt, lo.data());
+  nlopt_set_upper_bounds(opt, hi.data());
+  nlopt_set_min_objective(opt, nlopt_objective, &pr);
+  nlopt_set_xtol_rel(opt, opts.xtol);
+  nlopt_set_ftol_abs(opt, 1e-10);
+  nlopt_set_maxeval(opt, static_cast<int>(std::max<int64_t>(1, opts.max_evaluations - pr.evaluations)));
+  std::vector<double> step(np, 0.05);
+  nlopt_set_initial_step(opt, step.data());
+  double minf = 0;
+  const nlopt_result rc = nlopt_optimize(opt, x.data(), &minf);
+  nlopt_destroy(opt);
+  if (rc < 0 && rc != NLOPT_ROUNDOFF_LIMITED)
+    throw std::runtime_error("goodput --fit: the optimizer " + nlopt_reason(rc));
+  res.stop_reason = nlopt_reason(rc);
+
+  // Residuals and the Jacobian (central differences in the scaled space, one-sided at a bound).
+  const std::vector<double> r0 = pr.residuals(x.data());
+  const size_t n = r0.size();
+  std::vector<std::vector<double>> J(n, std::vector<double>(np, 0.0));
+  const double h = 0.02;
+  for (size_t j = 0; j < np; ++j) {
+    std::vector<double> xp = x, xm = x;
+    xp[j] = std::min(1.0, x[j] + h);
+    xm[j] = std::max(0.0, x[j] - h);
+    const std::vector<double> rp = pr.residuals(xp.data()), rm = pr.residuals(xm.data());
+    for (size_t i = 0; i < n; ++i) J[i][j] = (rp[i] - rm[i]) / (xp[j] - xm[j]);
+  }
+  double rss = 0;
+  for (double r : r0) rss += r * r;
+  std::vector<std::vector<double>> JtJ(np, std::vector<double>(np, 0.0)), inv;
+  std::vector<bool> zero_column(np, true);
+  for (size_t a = 0; a < np; ++a) {
+    for (size_t i = 0; i < n; ++i)
+      if (J[i][a] != 0) zero_column[a] = false;
+    for (size_t b = 0; b < np; ++b)
+      for (size_t i = 0; i < n; ++i) JtJ[a][b] += J[i][a] * J[i][b];
+  }
+  const bool estimable = n > np;
+  // Unidentified columns are left out of the inversion so that they do not make every error infinite.
+  std::vector<size_t> keep;
+  for (size_t a = 0; a < np; ++a)
+    if (!zero_column[a]) keep.push_back(a);
+  std::vector<std::vector<double>> sub(keep.size(), std::vector<double>(keep.size()));
+  for (size_t a = 0; a < keep.size(); ++a)
+    for (size_t b = 0; b < keep.size(); ++b) sub[a][b] = JtJ[keep[a]][keep[b]];
+  const bool invertible = !keep.empty() && invert(sub, &inv);
+  const double s2 = estimable ? rss / static_cast<double>(n - np) : std::numeric_limits<double>::quiet_NaN();
+
+  res.params = pr.at(x.data());
+  res.names = opts.names;
+  for (size_t j = 0; j < np; ++j) {
+    const auto& q = pr.params[j];
+    res.values.push_back(*field_of(res.params, q.name));
+    res.at_bound.push_back(x[j] <= 1e-9 || x[j] >= 1 - 1e-9);
+    double se = std::numeric_limits<double>::infinity();
+    if (!zero_column[j]) {
+      se = std::numeric_limits<double>::infinity();
+      if (!estimable) se = std::numeric_limits<double>::quiet_NaN();
+      else if (invertible) {
+        const size_t k = static_cast<size_t>(std::find(keep.begin(), keep.end(), j) - keep.begin());
+        se = std::sqrt(std::max(0.0, s2 * inv[k][k])) * (q.upper - q.lower);
+      }
+    }
+    res.stderrs.push_back(se);
+  }
+  res.fitted.resize(n);
+  double worst = 0;
+  for (size_t i = 0; i < n; ++i) {
+    res.fitted[i] = r0[i] + targets[i].goodput;
+    worst = std::max(worst, std::fabs(r0[i]));
+  }
+  res.rms = std::sqrt(rss / static_cast<double>(n));
+  res.worst = worst;
+  res.evaluations = pr.evaluations;
+  return res;
+}
+
+std::string goodput_toml(const GoodputParams& p, const std::string& comment) {
+  std::ostringstream o;
+  std::istringstream c(comment);
+  for (std::string line; std::getline(c, line);) o << "# " << line << "\n";
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s = "[";
+    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+  };
+  auto b = [](bool v) { return v ? "true" : "false"; };
+  o << "[goodput]\n"
+    << "chips = " << list(p.chips) << "\n"
+    << "learners = " << list(p.learners) << "\n"
+    << "slice_chips = " << p.slice_chips << "\n"
+    << "mtbi_chip_years = " << toml_double(p.mtbi_chip_years) << "\n"
+    << "repair_hours = " << toml_double(p.repair_hours) << "\n"
+    << "repair_dist = \"" << p.repair_dist << "\"\n"
+    << "repair_cv = " << toml_double(p.repair_cv) << "\n"
+    << "restart_minutes = " << toml_double(p.restart_minutes) << "\n"
+    << "downscale_seconds = " << toml_double(p.downscale_seconds) << "\n"
+    << "upscale_seconds = " << toml_double(p.upscale_seconds) << "\n"
+    << "step_time_cv = " << toml_double(p.step_time_cv) << "\n"
+    << "quorum = " << toml_double(p.quorum) << "\n"
+    << "spare_fraction = " << toml_double(p.spare_fraction) << "\n"
+    << "swap_minutes = " << toml_double(p.swap_minutes) << "\n"
+    << "reset_fraction = " << toml_double(p.reset_fraction) << "\n"
+    << "reset_minutes = " << toml_double(p.reset_minutes) << "\n"
+    << "domain_slices = " << p.domain_slices << "\n"
+    << "domain_mtbf_days = " << toml_double(p.domain_mtbf_days) << "\n"
+    << "syncer_mtbf_hours = " << toml_double(p.syncer_mtbf_hours) << "\n"
+    << "syncer_restart_minutes = " << toml_double(p.syncer_restart_minutes) << "\n"
+    << "catchup_minutes = " << toml_double(p.catchup_minutes) << "\n"
+    << "quorum_learners = " << p.quorum_learners << "\n"
+    << "days = " << toml_double(p.days) << "\n"
+    << "warmup_hours = " << toml_double(p.warmup_hours) << "\n"
+    << "seeds = " << p.seeds << "\n"
+    << "seed = " << p.seed << "\n"
+    << "threads = " << p.threads << "\n"
+    << "dp = " << b(p.dp) << "\n"
+    << "elastic_dp = " << b(p.elastic_dp) << "\n"
+    << "diloco = " << b(p.diloco) << "\n";
+  return o.str();
+}
+
+}  // namespace deloco

@@ -1,0 +1,281 @@
+// Tests of the goodput simulator's further failure modes (hot spares with a swap time, host resets, correlated
+// domains, syncer failures, catch-up, a fixed quorum) against closed forms, and of the calibration
+// (deloco/goodput_fit.h): recovering known parameters from a table the simulator made, CSV errors, the TOML.
+#include "deloco/goodput_fit.h"
+
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "deloco/config.h"
+
+namespace deloco {
+namespace {
+
+constexpr double kHoursPerYear = 8766.0;
+
+GoodputParams base_params() {
+  GoodputParams p;
+  p.slice_chips = 100;
+  p.chips = {800};
+  p.learners = {1};
+  p.step_time_cv = 0;
+  p.restart_minutes = 0;
+  p.downscale_seconds = 0;
+  p.upscale_seconds = 0;
+  p.warmup_hours = 50;
+  p.days = 365;
+  p.seeds = 4;
+  p.threads = 1;
+  p.repair_dist = "fixed";
+  return p;
+}
+
+void set_slice_mtbf(GoodputParams* p, double hours) {
+  p->mtbi_chip_years = hours * static_cast<double>(p->slice_chips) / kHoursPerYear;
+}
+
+RunResult mean_run(const GoodputParams& p, Scheme s, int64_t chips, int64_t learners = 1) {
+  const auto runs = simulate_specs(p, {{s, chips, learners}})[0];
+  RunResult m;
+  for (const auto& r : runs) {
+    m.goodput += r.goodput / static_cast<double>(runs.size());
+    m.uptime += r.uptime / static_cast<double>(runs.size());
+  }
+  return m;
+}
+
+// Syncer failures alone: up for an exponential MTBF, down for the restart, so uptime = MTBF / (MTBF + restart).
+// Only Decoupled DiLoCo has a syncer.
+TEST(GoodputModes, SyncerFailuresCostTheirRenewalShare) {
+  GoodputParams p = base_params();
+  p.mtbi_chip_years = 1e9;  // no chip failures
+  p.syncer_mtbf_hours = 10;
+  p.syncer_restart_minutes = 60;
+  const RunResult d = mean_run(p, Scheme::kDecoupledDiLoCo, 800, 4);
+  EXPECT_NEAR(d.uptime, 10.0 / 11.0, 0.01);
+  EXPECT_NEAR(d.goodput, 10.0 / 11.0, 0.01);
+  EXPECT_DOUBLE_EQ(mean_run(p, Scheme::kElasticDP, 800).uptime, 1.0);
+}
+
+// DP with a deep hot-spare pool: every failure of one of its 8 slices stalls the job for the swap time, and
+// failures during a stall extend it: the job runs while no swap is pending, P = exp(−Λ·w) (M/D/∞ with arrivals Λ).
+TEST(GoodputModes, SwapTimeStallsDataParallelAsAnMDInfinityQueue) {
+  GoodputParams p = base_params();
+  set_slice_mtbf(&p, 100.0);
+  p.repair_hours = 1;
+  p.spare_fraction = 0.5;  // 4 spares for 8 slices: the pool is practically never empty
+  p.swap_minutes = 30;
+  const double lambda = 8.0 / 100.0, w = 0.5;
+  EXPECT_NEAR(mean_run(p, Scheme::kDataParallel, 800).uptime, std::exp(-lambda * w), 0.006);
+  p.swap_minutes = 0;  // the first model: swapped at once
+  EXPECT_NEAR(mean_run(p, Scheme::kDataParallel, 800).uptime, 1.0, 1e-12);
+}
+
+// One slice: up an exponential MTBF, then out for a reset (fraction f) or a repair: availability
+// MTBF / (MTBF + f·reset + (1−f)·repair).
+TEST(GoodputModes, HostResetsShortenTheOutage) {
+  GoodputParams p = base_params();
+  set_slice_mtbf(&p, 100.0);
+  p.repair_hours = 4;
+  p.reset_fraction = 0.5;
+  p.reset_minutes = 30;
+  p.days = 2000;
+  const double expected = 100.0 / (100.0 + 0.5 * 0.5 + 0.5 * 4.0);
+  EXPECT_NEAR(mean_run(p, Scheme::kElasticDP, 100).uptime, expected, 0.005);
+  p.reset_fraction = 0;
+  EXPECT_NEAR(mean_run(p, Scheme::kElasticDP, 100).uptime, 100.0 / 104.0, 0.005);
+}
+
+// Correlated failures alone: two domains of 4 slices, each failing every 100 h for a 4 h repair. Elastic DP loses
+// a domain's half of its chips for q = 4/104 of the time and stops only when both are down (q²).
+TEST(GoodputModes, DomainFailuresTakeTheirSlicesTogether) {
+  GoodputParams p = base_params();
+  p.mtbi_chip_years = 1e9;
+  p.repair_hours = 4;
+  p.domain_slices = 4;
+  p.domain_mtbf_days = 100.0 / 24.0;
+  p.days = 2000;
+  const double q = 4.0 / 104.0;
+  const RunResult r = mean_run(p, Scheme::kElasticDP, 800);
+  EXPECT_NEAR(r.goodput, 1.0 - q, 0.006);
+  EXPECT_NEAR(r.uptime, 1.0 - q * q, 0.002);
+  p.domain_slices = 8;  // one domain: the whole job
+  EXPECT_NEAR(mean_run(p, Scheme::kElasticDP, 800).uptime, 1.0 - q, 0.006);
+}
+
+// Eight learners of one slice each, quorum 1: a learner alternates up (MTBF) and out (repair + catch-up), so the
+// goodput is MTBF / (MTBF + repair + catch-up) and the catch-up costs exactly its share.
+TEST(GoodputModes, CatchUpCostsARejoiningLearner) {
+  GoodputParams p = base_params();
+  set_slice_mtbf(&p, 100.0);
+  p.repair_hours = 4;
+  p.quorum_learners = 1;
+  p.catchup_minutes = 60;
+  p.days = 2000;
+  const RunResult r = mean_run(p, Scheme::kDecoupledDiLoCo, 800, 8);
+  EXPECT_NEAR(r.goodput, 100.0 / 105.0, 0.006);
+  EXPECT_NEAR(r.uptime, 1.0, 1e-3);
+  EXPECT_NEAR(mean_run(p, Scheme::kElasticDP, 800).goodput,  // no syncer to catch up with: unaffected
+              mean_run([&] { GoodputParams q = p; q.catchup_minutes = 0; return q; }(), Scheme::kElasticDP, 800).goodput,
+              1e-12);
+}
+
+TEST(GoodputModes, FixedQuorumIsMinOfKAndM) {
+  GoodputParams p = base_params();
+  p.learners = {1, 2, 8};
+  p.chips = {800};
+  p.dp = p.elastic_dp = false;
+  p.quorum_learners = 2;
+  const auto rows = run_goodput(p);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].quorum, 1);
+  EXPECT_EQ(rows[1].quorum, 2);
+  EXPECT_EQ(rows[2].quorum, 2);
+}
+
+TEST(GoodputModes, NewKeysAreCheckedNamingTheKey) {
+  auto expect_error = [](GoodputParams p, const std::string& fragment) {
+    try {
+      validate_goodput(p);
+      ADD_FAILURE() << "no error for " << fragment;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  GoodputParams p = base_params();
+  p.reset_fraction = 1.5;
+  expect_error(p, "goodput.reset_fraction");
+  p = base_params();
+  p.domain_slices = 4;  // without its MTBF
+  expect_error(p, "goodput.domain_slices");
+  p = base_params();
+  p.swap_minutes = -1;
+  expect_error(p, "goodput.swap_minutes");
+  p = base_params();
+  p.quorum_learners = -2;
+  expect_error(p, "goodput.quorum_learners");
+  p = base_params();
+  p.syncer_mtbf_hours = std::nan("");
+  expect_error(p, "goodput.syncer_mtbf_hours");
+}
+
+// ---- calibration -------------------------------------------------------------------------------------------
+// A table made by the simulator itself with known parameters; the fit, started elsewhere, finds them again.
+TEST(GoodputFit, RecoversTheParametersOfATableTheSimulatorMade) {
+  GoodputParams truth = base_params();
+  set_slice_mtbf(&truth, 50.0);
+  truth.repair_hours = 2;
+  truth.spare_fraction = 0.1;
+  truth.restart_minutes = 20;
+  truth.downscale_seconds = 90;
+  truth.step_time_cv = 0.03;
+  truth.days = 20;
+  truth.warmup_hours = 12;
+  truth.seeds = 2;
+  truth.threads = 2;
+  std::vector<GoodputTarget> targets;
+  for (int64_t chips : {2000, 4000, 8000, 16000}) {
+    targets.push_back({Scheme::kDataParallel, 1, chips, 0, 0});
+    targets.push_back({Scheme::kElasticDP, 1, chips, 0, 0});
+    targets.push_back({Scheme::kDecoupledDiLoCo, 4, chips, 0, 0});
+  }
+  const std::vector<double> made = simulate_targets(truth, targets);
+  for (size_t i = 0; i < targets.size(); ++i) targets[i].goodput = made[i];
+
+  GoodputParams start = truth;
+  start.restart_minutes = 5;
+  start.downscale_seconds = 400;
+  start.step_time_cv = 0.08;
+  GoodputFitOptions o;
+  o.names = {"restart_minutes", "downscale_seconds", "step_time_cv"};
+  const GoodputFitResult r = fit_goodput(start, targets, o);
+  ASSERT_EQ(r.values.size(), 3u);
+  EXPECT_NEAR(r.values[0], 20.0, 2.0) << r.stop_reason;
+  EXPECT_NEAR(r.values[1], 90.0, 9.0) << r.stop_reason;
+  EXPECT_NEAR(r.values[2], 0.03, 0.003) << r.stop_reason;
+  EXPECT_LT(r.rms, 0.005);
+  EXPECT_GT(r.start_rms, 10 * r.rms);
+  for (double se : r.stderrs) EXPECT_TRUE(std::isfinite(se));
+  // The fitted parameters reproduce the fitted column exactly (the TOML written from them does too).
+  EXPECT_EQ(simulate_targets(r.params, targets), r.fitted);
+}
+
+TEST(GoodputFit, AParameterNoRowDependsOnIsUnidentified) {
+  GoodputParams p = base_params();
+  set_slice_mtbf(&p, 50.0);
+  p.days = 10;
+  p.seeds = 2;
+  std::vector<GoodputTarget> targets{{Scheme::kElasticDP, 1, 800, 0.9, 2}, {Scheme::kElasticDP, 1, 1600, 0.85, 3},
+                                     {Scheme::kElasticDP, 1, 3200, 0.8, 4}};
+  GoodputFitOptions o;
+  o.names = {"restart_minutes", "downscale_seconds"};  // restart only matters to DP rows
+  o.max_evaluations = 60;
+  const GoodputFitResult r = fit_goodput(p, targets, o);
+  EXPECT_TRUE(std::isinf(r.stderrs[0]));
+  EXPECT_TRUE(std::isfinite(r.stderrs[1]));
+  o.names = {"not_a_key"};
+  EXPECT_THROW(fit_goodput(p, targets, o), ConfigError);
+}
+
+void expect_csv_error(const std::string& text, const std::string& fragment) {
+  try {
+    parse_goodput_csv(text, "t.csv", base_params());
+    ADD_FAILURE() << "no error for " << fragment;
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(GoodputFit, TableParsingAndItsErrorsNameTheLine) {
+  const auto rows = parse_goodput_csv(
+      "# a comment\nchips,scheme,goodput,learners,source\n800,dp,0.5,,paper\n\n800,elastic_dp,75%,1,x\n1600,diloco,0.9,4,y\n",
+      "t.csv", base_params());
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].scheme, Scheme::kDataParallel);
+  EXPECT_EQ(rows[0].line, 3);
+  EXPECT_DOUBLE_EQ(rows[1].goodput, 0.75);
+  EXPECT_EQ(rows[2].learners, 4);
+  EXPECT_EQ(rows[2].line, 6);
+  // Plain numbers above 1: the column is in percent.
+  EXPECT_DOUBLE_EQ(parse_goodput_csv("scheme,learners,chips,goodput\ndp,,800,50\ndp,,800,0.5\n", "t.csv",
+                                     base_params())[1].goodput, 0.005);
+  expect_csv_error("scheme,learners,chips\ndp,,800\n", "t.csv:1: the header lacks the column 'goodput'");
+  expect_csv_error("scheme,learners,chips,goodput\ndp,,800,0.5\nsync,,800,0.5\n", "t.csv:3: scheme 'sync'");
+  expect_csv_error("scheme,learners,chips,goodput\ndp,2,800,0.5\n", "t.csv:2: a dp row has one learner");
+  expect_csv_error("scheme,learners,chips,goodput\ndiloco,,800,0.5\n", "t.csv:2: a diloco row needs a learner count");
+  expect_csv_error("scheme,learners,chips,goodput\ndp,,850,0.5\n", "t.csv:2: 850 chips is not a whole number");
+  expect_csv_error("scheme,learners,chips,goodput\ndiloco,3,800,0.5\n", "t.csv:2: 3 learners do not divide the 8 slices");
+  expect_csv_error("scheme,learners,chips,goodput\ndp,,800,high\n", "t.csv:2: goodput 'high' is not a number");
+  expect_csv_error("scheme,learners,chips,goodput\ndp,,800,120%\n", "t.csv:2: goodput 120% is not between");
+  expect_csv_error("scheme,learners,chips,goodput\ndp,,800\n", "t.csv:2: expected 4 fields");
+  expect_csv_error("scheme,learners,chips,goodput\n", "no rows");
+  expect_csv_error("", "no header");
+}
+
+TEST(GoodputFit, TomlHoldsEveryKeyAndReadsBackToTheSameParameters) {
+  GoodputParams p = base_params();
+  p.chips = {800, 1600};
+  p.learners = {2, 4};
+  p.restart_minutes = 12.345678901234567;
+  p.swap_minutes = 3.25;
+  p.quorum_learners = 1;
+  p.dp = false;
+  const std::string toml = goodput_toml(p, "a comment\nover two lines");
+  for (const auto& d : goodput_key_docs())
+    EXPECT_NE(toml.find("\n" + d.key.substr(8) + " = "), std::string::npos) << d.key << " missing:\n" << toml;
+  GoodputParams q;
+  ConfigSchema schema;
+  bind_goodput_config(schema, q);
+  schema.load_string(toml, "fit.toml");
+  schema.validate();
+  EXPECT_EQ(q.chips, p.chips);
+  EXPECT_EQ(q.learners, p.learners);
+  EXPECT_EQ(q.restart_minutes, p.restart_minutes);  // bit-exact: the fitted values reproduce the fit
+  EXPECT_EQ(q.swap_minutes, p.swap_minutes);
+  EXPECT_EQ(q.quorum_learners, 1);
+  EXPECT_FALSE(q.dp);
+}
+
+}  // namespace
+}  // namespace deloco
