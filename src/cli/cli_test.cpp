@@ -335,6 +335,60 @@ TEST_F(Cli, GoodputFitWritesAConfigThatReproducesTheFittedColumn) {
   EXPECT_NE(bad.out.find("bad.csv:3: a diloco row needs a learner count"), std::string::npos) << bad.out;
 }
 
+// `deloco report` over a real `deloco sim` folder and a real `deloco train` folder: one self-contained page with
+// both runs' data, PNGs through gnuplot, and clear errors for a folder that is not a run.
+TEST_F(Cli, ReportOverlaysASimAndATrainRunInOneSelfContainedPage) {
+  auto sim = run("sim --config " + kSrc + "/configs/tiny.toml --set data.path=" + kSrc +
+                 "/data/sotu --set train.steps=40 --set sync.learners=2 --set sync.quorum=1 --set sync.sync_every=10"
+                 " --set train.eval_tokens=512 --set train.eval_every=10 --set train.threads=1 --set sim.out_dir=" +
+                 (dir_ / "sim-a").string());
+  ASSERT_EQ(sim.code, 0) << sim.out;
+  auto train = run("train " + tiny("train-b", 30));
+  ASSERT_EQ(train.code, 0) << train.out;
+  // A record line torn by a crash, and text that would close a <script> element if pasted raw.
+  {
+    std::ofstream m(dir_ / "sim-a" / "metrics.jsonl", std::ios::app);
+    m << "{\"kind\":\"reject\",\"learner\":0,\"fragment\":0,\"reason\":\"</script><b>x\",\"t\":1}\n{\"kind\":\"mer";
+  }
+  const fs::path html = dir_ / "out" / "report.html", png = dir_ / "png", js = dir_ / "report.json";
+  auto r = run("report " + (dir_ / "sim-a").string() + " " + (dir_ / "train-b").string() + " --out " + html.string() +
+               " --png " + png.string() + " --summary " + js.string());
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("skipped 1 record line"), std::string::npos) << r.out;
+  const std::string page = read_file(html.string());
+  EXPECT_EQ(page.find("<script src"), std::string::npos);  // nothing loaded at run time
+  EXPECT_EQ(page.find("<link"), std::string::npos);
+  EXPECT_NE(page.find("uPlot"), std::string::npos);
+  EXPECT_NE(page.find("<\\/script><b>x"), std::string::npos);
+  EXPECT_EQ(page.find("</script><b>x"), std::string::npos);
+  const auto s = nlohmann::json::parse(read_file(js.string()));
+  ASSERT_EQ(s["runs"].size(), 2u);
+  const auto& a = s["runs"][0];
+  const auto& b = s["runs"][1];
+  EXPECT_EQ(a["name"], "sim-a");
+  EXPECT_EQ(a["kind"], "sim");
+  EXPECT_EQ(b["kind"], "train");
+  EXPECT_GE(a["evals"].size(), 2u);  // the initial and the final evaluation at least
+  EXPECT_GE(b["evals"].size(), 2u);
+  EXPECT_GT(a["merges"].size(), 0u);
+  EXPECT_EQ(a["learners"].size(), 2u);
+  EXPECT_EQ(b["learners"].size(), 1u);
+  // Time runs from the first record; the losses are the records' own.
+  for (const auto& e : a["evals"]) EXPECT_GE(e[0].get<double>(), 0.0);
+  EXPECT_NEAR(a["evals"].back()[2].get<double>(), a["summary"]["final_val_loss"].get<double>(), 1e-9);
+  for (const char* chart : {"val_loss_time", "val_loss_tokens", "merges_per_minute"})
+    EXPECT_TRUE(fs::exists(png / (std::string(chart) + ".png"))) << chart << "\n" << r.out;
+  // Not a run folder, and a missing one.
+  fs::create_directories(dir_ / "empty");
+  auto e = run("report " + (dir_ / "empty").string() + " --out " + (dir_ / "e.html").string());
+  EXPECT_NE(e.code, 0);
+  EXPECT_NE(e.out.find("holds no summary.json and no records"), std::string::npos) << e.out;
+  EXPECT_FALSE(fs::exists(dir_ / "e.html"));
+  auto m = run("report " + (dir_ / "nowhere").string());
+  EXPECT_NE(m.code, 0);
+  EXPECT_NE(m.out.find("nowhere"), std::string::npos) << m.out;
+}
+
 TEST(CliPresets, IsolocoAloneYieldsItsOuterRatesInTheSummary) {
   const fs::path dir = fs::temp_directory_path() / ("deloco_cli_preset_" + std::to_string(::getpid()));
   fs::remove_all(dir);

@@ -15,5 +15,6 @@ void add_keygen_command(CLI::App& app);    // keygen                (cmd_keygen.
 void add_node_commands(CLI::App& app);     // syncer, learner       (cmd_node.cpp)
 void add_run_command(CLI::App& app);       // run                   (cmd_run.cpp)
 void add_tokenize_command(CLI::App& app);  // tokenize              (cmd_tokenize.cpp)
+void add_report_command(CLI::App& app);    // report                (cmd_report.cpp)
 
 }  // namespace deloco::cli

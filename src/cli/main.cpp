@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "deloco 0.1.0");
   deloco::cli::add_train_commands(app);
   deloco::cli::add_goodput_command(app);
+  deloco::cli::add_report_command(app);
   deloco::cli::add_merge_command(app);
   deloco::cli::add_sim_command(app);
   deloco::cli::add_keygen_command(app);

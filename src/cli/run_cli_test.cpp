@@ -321,6 +321,20 @@ TEST_F(RunCli, SyncerKilledByChaosResumesFromItsCheckpoint) {
   expect_trained(s);
   EXPECT_EQ(s["syncer_kills"].get<int64_t>(), 1) << r.out;
   EXPECT_NE(r.out.find("restarted the syncer with --resume"), std::string::npos) << r.out;
+  // The chaos is on record for `deloco report`, which shows it as an event of the run.
+  const std::string events = read_file((dir_ / "run" / "events.jsonl").string());
+  EXPECT_NE(events.find("\"what\":\"chaos: SIGKILL"), std::string::npos) << events;
+  auto rep = run("report " + (dir_ / "run").string() + " --out " + (dir_ / "r.html").string() + " --summary " +
+                     (dir_ / "r.json").string(),
+                 dir_ / "report.log");
+  ASSERT_EQ(rep.code, 0) << rep.out;
+  const auto j = nlohmann::json::parse(read_file((dir_ / "r.json").string()));
+  const auto& ev = j["runs"][0]["events"];
+  EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const nlohmann::json& e) {
+    return e[1].get<std::string>().find("chaos: SIGKILL") != std::string::npos;
+  })) << ev.dump();
+  EXPECT_GT(j["runs"][0]["merges"].size(), 0u);
+  EXPECT_EQ(j["runs"][0]["learners"].size(), 2u);
 }
 
 // Records of a JSON-lines file, in order.

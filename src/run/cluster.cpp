@@ -139,7 +139,7 @@ json LocalCluster::run(const StopSignals& stop) {
       next_status_ = elapsed() + (tty_ ? 2.0 : 5.0);
     }
     if (all_learners_done() && any_syncer_running() && elapsed() - learners_done_at_ > kSyncerGrace) {
-      view_.event("the syncer did not exit " + fixed(kSyncerGrace, 0) + " s after the last learner finished: stopping it");
+      note("the syncer did not exit " + fixed(kSyncerGrace, 0) + " s after the last learner finished: stopping it");
       forced_syncer_stop_ = true;
       break;
     }
@@ -233,7 +233,7 @@ void LocalCluster::start(Child& c) {
   c.restart_at = -1;
   c.cont_at = -1;
   if (c.starts > 0 && c.rank == 0)
-    view_.event((c.learner < 0 ? std::string(S_ == 1 ? "restarted the syncer" : "restarted syncer shard " + std::to_string(c.shard))
+    note((c.learner < 0 ? std::string(S_ == 1 ? "restarted the syncer" : "restarted syncer shard " + std::to_string(c.shard))
                                : "restarted " + c.name) +
                 (c.learner < 0 && argv.back() == "--resume" ? " with --resume" : "") +
                 (group_leader ? " (its group of " + std::to_string(cfg_.learner.ranks) + " ranks)" : ""));
@@ -263,7 +263,7 @@ void LocalCluster::reap() {
       if (!collect_exit(f) || f.done) continue;
       Child& leader = learners_[n];
       if (leader.pid != 0 && !leader.chaos_killed) {  // (a killed rank 0 took this rank with it: nothing to say)
-        view_.event(f.name + (f.chaos_killed ? " was killed" : " exited (" + f.last_exit + ")") + ": its group goes down");
+        note(f.name + (f.chaos_killed ? " was killed" : " exited (" + f.last_exit + ")") + ": its group goes down");
         leader.chaos_killed = leader.chaos_killed || f.chaos_killed;
         ::kill(leader.pid, SIGCONT);
         ::kill(leader.pid, SIGKILL);
@@ -276,7 +276,7 @@ void LocalCluster::reap() {
     if (c->done) {
       if (c->learner >= 0 && all_learners_done()) learners_done_at_ = elapsed();
       if (c->learner < 0 && learners_still_training())
-        view_.event(c->name + " exited 0 while learners still train; waiting for them");
+        note(c->name + " exited 0 while learners still train; waiting for them");
       continue;
     }
     if (c->chaos_killed) {
@@ -289,7 +289,7 @@ void LocalCluster::reap() {
     if (!loop.empty())
       throw std::runtime_error(c->name + " failed " + loop + " (last: " + c->last_exit + "); log " + log +
                                " ends with:\n" + tail_of(log, 20));
-    view_.event(c->name + " exited unexpectedly (" + c->last_exit + "); restarting it in " +
+    note(c->name + " exited unexpectedly (" + c->last_exit + "); restarting it in " +
                 fixed(kFailureRestartDelay, 1) + " s");
     c->restart_at = now + kFailureRestartDelay;
   }
@@ -337,7 +337,7 @@ void LocalCluster::restarts_and_continues() {
     if (c->pid != 0 && c->stopped && now >= c->cont_at) {
       ::kill(c->pid, SIGCONT);
       c->stopped = false;
-      view_.event("chaos: SIGCONT " + c->name);
+      note("chaos: SIGCONT " + c->name);
     }
   }
 }
@@ -372,7 +372,7 @@ void LocalCluster::chaos() {
         c->chaos_killed = true;
         ++learner_kills_;
         rejoins_.killed(c->learner, unix_now());
-        view_.event("chaos: SIGKILL " + victim->name + (k > 0 ? " (its group restarts in " : " (restart in ") +
+        note("chaos: SIGKILL " + victim->name + (k > 0 ? " (its group restarts in " : " (restart in ") +
                     fixed(cfg_.chaos.restart_delay, 1) + " s)");
       }
     }
@@ -383,7 +383,7 @@ void LocalCluster::chaos() {
       c->stopped = true;
       c->cont_at = now + cfg_.chaos.stop_seconds;
       ++learner_stops_;
-      view_.event("chaos: SIGSTOP " + c->name + " for " + fixed(cfg_.chaos.stop_seconds, 1) + " s");
+      note("chaos: SIGSTOP " + c->name + " for " + fixed(cfg_.chaos.stop_seconds, 1) + " s");
     }
   }
   double at = 0;
@@ -392,16 +392,23 @@ void LocalCluster::chaos() {
     Child& victim = syncers_[static_cast<size_t>(syncer_kills_ % S_)];
     const std::string who = S_ == 1 ? "the syncer" : "syncer shard " + std::to_string(victim.shard);
     if (any_learner_finished()) {
-      view_.event("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (a learner already finished)");
+      note("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (a learner already finished)");
     } else if (victim.pid == 0) {
-      view_.event("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (it is down)");
+      note("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (it is down)");
     } else {
       ::kill(victim.pid, SIGKILL);
       victim.chaos_killed = true;
       ++syncer_kills_;
-      view_.event("chaos: SIGKILL " + who + " (restart with --resume in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
+      note("chaos: SIGKILL " + who + " (restart with --resume in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
     }
   }
+}
+
+
+void LocalCluster::note(const std::string& what) {
+  view_.event(what);
+  std::ofstream out(dir_ / "events.jsonl", std::ios::app);  // best effort: the live view has it anyway
+  if (out) out << nlohmann::json{{"kind", "chaos"}, {"what", what}, {"t", unix_now()}}.dump() << "\n";
 }
 
 void LocalCluster::poll_records() {

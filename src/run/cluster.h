@@ -84,6 +84,9 @@ class LocalCluster {
   void chaos();
   Child* pick_learner();
   void poll_records();
+  // A notable thing `deloco run` itself did or saw (chaos, a restart, an exit): printed in the live view and
+  // appended to RUN/events.jsonl ({"kind":"chaos","what":...,"t":...}) for `deloco report`.
+  void note(const std::string& what);
   std::vector<std::string> status() const;
   nlohmann::json make_summary();
   nlohmann::json sharded_summary() const;

@@ -117,7 +117,9 @@ std::string use_the_model(const std::string& program, const std::string& run_dir
   o << "use the model (the final global model: " << run_dir << "/latest names its checkpoint):\n"
     << "  " << exe << " eval --checkpoint " << dir << "\n"
     << "  " << exe << " sample --checkpoint " << dir << " --prompt 'Fellow citizens'\n"
-    << "  /usr/bin/python3 tests/python/checkpoint_loss.py " << dir << " 'Fellow citizens'   # in PyTorch\n";
+    << "  /usr/bin/python3 tests/python/checkpoint_loss.py " << dir << " 'Fellow citizens'   # in PyTorch\n"
+    << "see the run (charts of loss, merges, learners and chaos in one page):\n"
+    << "  " << exe << " report " << dir << " --out " << shell_word(run_dir + "/report.html") << "\n";
   return o.str();
 }
 

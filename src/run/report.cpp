@@ -1,0 +1,400 @@
+// `deloco report`: run folders' records -> chart series -> one self-contained HTML page / PNGs (src/run/report.h).
+#include "run/report.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <sstream>
+
+#include "deloco/fs.h"
+
+namespace deloco {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+struct Rec {
+  json j;
+  int64_t learner = -1;  // from the file name (learner-N.jsonl) when the record has none
+};
+
+void read_lines(const fs::path& path, int64_t learner, std::vector<Rec>* out, int64_t* bad) {
+  std::ifstream in(path);
+  if (!in) return;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) {
+      ++*bad;  // a torn last line of a running process, or garbage
+      continue;
+    }
+    out->push_back({std::move(j), learner});
+  }
+}
+
+double num(const json& j, const char* key, double fallback = std::numeric_limits<double>::quiet_NaN()) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+double record_time(const json& j) {
+  const double t = num(j, "t");
+  return std::isfinite(t) ? t : num(j, "elapsed_s");
+}
+
+std::string kind_of(const fs::path& dir, const json& summary) {
+  const std::string cmd = summary.is_object() ? summary.value("command", std::string()) : std::string();
+  if (cmd == "sim" || cmd == "train" || cmd == "run") return cmd;
+  if (fs::exists(dir / "syncer.jsonl") || fs::exists(dir / "shard-0" / "syncer.jsonl") ||
+      fs::exists(dir / "learner-0.jsonl"))
+    return "run";
+  if (summary.is_object() && summary.contains("outer_steps")) return "sim";
+  return "train";
+}
+
+}  // namespace
+
+ReportRun load_report_run(const std::string& dir_in) {
+  const fs::path dir(dir_in);
+  if (!fs::is_directory(dir)) throw IoError("report: '" + dir_in + "' is not a folder");
+  ReportRun r;
+  r.dir = dir_in;
+  r.name = fs::path(dir_in).lexically_normal().filename().string();
+  if (r.name.empty() || r.name == ".") r.name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+  const fs::path sj = dir / "summary.json";
+  if (fs::exists(sj)) {
+    r.summary = json::parse(read_file(sj.string()), nullptr, false);
+    if (r.summary.is_discarded() || !r.summary.is_object())
+      throw IoError("report: '" + sj.string() + "' is not a JSON object (a damaged summary)");
+  }
+  std::vector<Rec> recs;
+  read_lines(dir / "metrics.jsonl", -1, &recs, &r.bad_lines);
+  read_lines(dir / "syncer.jsonl", -1, &recs, &r.bad_lines);
+  read_lines(dir / "events.jsonl", -1, &recs, &r.bad_lines);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  for (const auto& p : files) {
+    const std::string f = p.filename().string();
+    if (f.rfind("shard-", 0) == 0 && fs::is_directory(p)) read_lines(p / "syncer.jsonl", -1, &recs, &r.bad_lines);
+    if (f.rfind("learner-", 0) == 0 && p.extension() == ".jsonl") {
+      const std::string id = f.substr(8, f.size() - 8 - 6);
+      char* end = nullptr;
+      const long v = std::strtol(id.c_str(), &end, 10);
+      read_lines(p, end && *end == '\0' && !id.empty() ? v : -1, &recs, &r.bad_lines);
+    }
+  }
+  if (recs.empty() && r.summary.is_null())
+    throw IoError("report: '" + dir_in + "' holds no summary.json and no records (metrics.jsonl, syncer.jsonl, "
+                  "learner-N.jsonl): not a run folder of deloco run, sim or train");
+  r.kind = kind_of(dir, r.summary);
+
+  double t0 = std::numeric_limits<double>::infinity();
+  for (const auto& x : recs) {
+    const double t = record_time(x.j);
+    if (std::isfinite(t)) t0 = std::min(t0, t);
+  }
+  if (!std::isfinite(t0)) t0 = 0;
+  for (const auto& x : recs) {
+    const json& j = x.j;
+    const std::string kind = j["kind"].get<std::string>();
+    const double t = record_time(j) - t0;
+    if (!std::isfinite(t)) continue;
+    if ((kind == "eval" || kind == "final_eval") && j.contains("val_loss")) {
+      const double loss = num(j, "val_loss");
+      if (std::isfinite(loss)) r.evals.push_back({t, num(j, "tokens", 0), loss, num(j, "val_bpb", 0)});
+    } else if (kind == "merge") {
+      double quorum = num(j, "quorum");
+      if (!std::isfinite(quorum) && j.contains("learners") && j["learners"].is_array())
+        quorum = static_cast<double>(j["learners"].size());
+      r.merges.push_back({t, std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0)});
+    } else if ((kind == "learner" || kind == "train") && j.contains("loss")) {
+      const int64_t id = j.contains("learner") && j["learner"].is_number_integer() ? j["learner"].get<int64_t>()
+                                                                                      : std::max<int64_t>(x.learner, 0);
+      r.learners[id].push_back({t, num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0)});
+    } else if (kind == "reject" && j.contains("reason") && j["reason"].is_string()) {
+      ++r.rejects[j["reason"].get<std::string>()];
+    } else if (kind == "chaos" && j.contains("what") && j["what"].is_string()) {
+      r.events.push_back({t, j["what"].get<std::string>()});
+    } else if (kind == "fail" || kind == "rejoin") {
+      r.events.push_back({t, kind + " learner " + std::to_string(static_cast<int64_t>(num(j, "learner", -1)))});
+    } else if (kind == "started" && j.value("resumed", false)) {
+      r.events.push_back({t, "syncer" + (j.contains("shard") && j.value("shards", 1) > 1
+                                             ? " shard " + std::to_string(j.value("shard", 0))
+                                             : std::string()) +
+                                 " resumed"});
+    } else if (kind == "syncer_pause" || kind == "syncer_resume") {
+      r.events.push_back({t, kind == "syncer_pause" ? "syncer down" : "syncer back"});
+    }
+  }
+  // The syncer's final reject counts, when it wrote them, are the whole truth (records are rate-limited).
+  if (r.summary.is_object() && r.summary.contains("rejects") && r.summary["rejects"].is_object()) {
+    r.rejects.clear();
+    for (const auto& [k, v] : r.summary["rejects"].items())
+      if (v.is_number_integer()) r.rejects[k] = v.get<int64_t>();
+  }
+  auto by_time = [](const auto& a, const auto& b) { return a[0] < b[0]; };
+  std::stable_sort(r.evals.begin(), r.evals.end(), by_time);
+  std::stable_sort(r.merges.begin(), r.merges.end(), by_time);
+  for (auto& [id, v] : r.learners) std::stable_sort(v.begin(), v.end(), by_time);
+  std::stable_sort(r.events.begin(), r.events.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return r;
+}
+
+namespace {
+
+json num_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
+
+// Merges per minute: counts in 60 s buckets (or 1/20 of the run when it is shorter than 20 minutes).
+std::vector<std::array<double, 2>> merge_rate(const ReportRun& r) {
+  std::vector<std::array<double, 2>> out;
+  if (r.merges.empty()) return out;
+  const double end = r.merges.back()[0];
+  const double width = std::max(1e-3, std::min(60.0, std::max(end, 1.0) / 20.0));
+  const size_t n = static_cast<size_t>(std::floor(end / width)) + 1;
+  std::vector<double> count(n, 0);
+  for (const auto& m : r.merges) count[std::min(n - 1, static_cast<size_t>(m[0] / width))] += 1;
+  for (size_t i = 0; i < n; ++i) out.push_back({(static_cast<double>(i) + 0.5) * width, count[i] * 60.0 / width});
+  return out;
+}
+
+}  // namespace
+
+json report_data(const std::vector<ReportRun>& runs) {
+  json all = json::array();
+  for (const auto& r : runs) {
+    json o{{"name", r.name}, {"dir", r.dir}, {"kind", r.kind}, {"bad_lines", r.bad_lines}};
+    json ev = json::array(), mg = json::array(), rate = json::array(), lr = json::object(), evs = json::array();
+    for (const auto& e : r.evals) ev.push_back({e[0], e[1], num_or_null(e[2]), num_or_null(e[3])});
+    for (const auto& m : r.merges) mg.push_back({m[0], m[1], m[2]});
+    for (const auto& m : merge_rate(r)) rate.push_back({m[0], m[1]});
+    for (const auto& [id, v] : r.learners) {
+      json pts = json::array();
+      for (const auto& p : v) pts.push_back({p[0], p[1], num_or_null(p[2]), p[3]});
+      lr[std::to_string(id)] = pts;
+    }
+    for (const auto& [t, what] : r.events) evs.push_back({t, what});
+    o["evals"] = ev;
+    o["merges"] = mg;
+    o["merge_rate"] = rate;
+    o["learners"] = lr;
+    o["events"] = evs;
+    o["rejects"] = r.rejects;
+    json s = json::object();
+    if (r.summary.is_object())
+      for (const char* k : {"wall_seconds", "final_val_loss", "val_bpb", "loss_unit", "tokens", "outer_steps",
+                            "contributions_merged", "contributions_rejected", "uptime", "goodput", "bytes_sent",
+                            "learner_kills", "syncer_kills", "learners", "steps", "command"})
+        if (r.summary.contains(k)) s[k] = r.summary[k];
+    o["summary"] = s;
+    all.push_back(o);
+  }
+  return all;
+}
+
+namespace {
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '&') o += "&amp;";
+    else if (c == '"') o += "&quot;";
+    else o += c;
+  }
+  return o;
+}
+
+// JSON inside <script>: "</" could close the element early.
+std::string script_safe(const std::string& s) {
+  std::string o;
+  o.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<' && i + 1 < s.size() && s[i + 1] == '/') {
+      o += "<\\/";
+      ++i;
+    } else {
+      o += s[i];
+    }
+  }
+  return o;
+}
+
+// The page's own code: a summary table and the charts, each run one series (colours in order).
+constexpr const char* kPageScript = R"JS(
+const runs = JSON.parse(document.getElementById('deloco-data').textContent);
+const colours = ['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b','#e377c2','#17becf','#7f7f7f','#bcbd22'];
+const fmt = (v, d) => (v === undefined || v === null) ? '–' : (typeof v === 'number' ? (Number.isInteger(v) ? v.toLocaleString('en') : v.toFixed(d === undefined ? 4 : d)) : String(v));
+function table() {
+  const cols = [['run','name'],['kind','kind'],['wall s','wall_seconds',0],['final val loss','final_val_loss'],['bits/byte','val_bpb',3],
+    ['tokens','tokens'],['merges','outer_steps'],['merged','contributions_merged'],['rejected','contributions_rejected'],
+    ['uptime','uptime',3],['goodput','goodput',3],['bytes sent','bytes_sent'],['learner kills','learner_kills'],['syncer kills','syncer_kills']];
+  let h = '<table><tr>' + cols.map(c => '<th>' + c[0] + '</th>').join('') + '</tr>';
+  runs.forEach((r, i) => {
+    h += '<tr>' + cols.map((c, k) => {
+      let v = k < 2 ? r[c[1]] : r.summary[c[1]];
+      const cell = k === 0 ? '<span class="sw" style="background:' + colours[i % colours.length] + '"></span>' : '';
+      return '<td>' + cell + (k < 2 ? String(v).replace(/[<>&]/g, '') : fmt(v, c[2])) + '</td>';
+    }).join('') + '</tr>';
+  });
+  document.getElementById('summary').innerHTML = h + '</table>';
+  const rej = document.getElementById('rejects');
+  let t = '<table><tr><th>run</th><th>merged</th><th>rejected, by reason</th></tr>';
+  runs.forEach(r => {
+    const parts = Object.entries(r.rejects).map(([k, v]) => k.replace(/[<>&]/g, '') + ' ' + v);
+    t += '<tr><td>' + r.name.replace(/[<>&]/g, '') + '</td><td>' + fmt(r.summary.contributions_merged) + '</td><td>' + (parts.join(', ') || 'none') + '</td></tr>';
+  });
+  rej.innerHTML = t + '</table>';
+}
+// One chart: x/y pairs per run, aligned on a shared x axis (uPlot wants one x array; gaps are null).
+function chart(id, title, xlabel, ylabel, seriesOf, opts) {
+  const per = [];
+  runs.forEach((r, i) => seriesOf(r).forEach(s => per.push({label: s.label, pts: s.pts, colour: colours[i % colours.length], dash: s.dash})));
+  const xs = Array.from(new Set(per.flatMap(s => s.pts.map(p => p[0])))).sort((a, b) => a - b);
+  const index = new Map(xs.map((x, k) => [x, k]));
+  const data = [xs];
+  per.forEach(s => { const y = new Array(xs.length).fill(null); s.pts.forEach(p => { y[index.get(p[0])] = p[1]; }); data.push(y); });
+  const el = document.getElementById(id);
+  el.dataset.points = String(per.reduce((n, s) => n + s.pts.length, 0));
+  if (!xs.length) { el.innerHTML = '<p class="empty">' + title + ': no data in these runs</p>'; return; }
+  const series = [{label: xlabel}].concat(per.map(s => ({label: s.label, stroke: s.colour, width: 1.5, dash: s.dash, spanGaps: true,
+    points: {show: (opts && opts.points) || s.pts.length < 60}, paths: (opts && opts.bars) ? uPlot.paths.stepped({align: 1}) : undefined})));
+  // Markers for what struck (a kill, a stop, a failure); the restarts that follow are in the events table only.
+  const events = (opts && opts.events) ? runs.flatMap((r, i) => r.events.filter(e => !/^restarted/.test(e[1])).map(e => ({t: e[0], what: e[1], colour: colours[i % colours.length]}))) : [];
+  const u = new uPlot({title: title, width: Math.min(1100, window.innerWidth - 40), height: 300, series: series,
+    scales: {x: {time: false}}, axes: [{label: xlabel}, {label: ylabel}],
+    hooks: {draw: [u => { // chaos and failure markers on the time axis
+      const ctx = u.ctx; ctx.save();
+      events.forEach(e => { const x = u.valToPos(e.t, 'x', true); if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
+        ctx.strokeStyle = e.colour; ctx.setLineDash([4, 4]); ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke(); });
+      ctx.restore(); }]}}, data, el);
+  el.dataset.rendered = '1';
+}
+const multi = runs.length > 1;
+const named = (r, what) => multi ? r.name + ' ' + what : what;
+table();
+chart('loss-time', 'Validation loss of the global model', 'seconds', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[0], e[2]])}], {events: true});
+chart('loss-tokens', 'Validation loss against tokens', 'tokens', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[1], e[2]])}]);
+chart('bpb-time', 'Bits per byte', 'seconds', 'bits/byte', r => [{label: named(r, 'bits/byte'), pts: r.evals.filter(e => e[3] !== null).map(e => [e[0], e[3]])}], {events: true});
+chart('merge-rate', 'Merges per minute', 'seconds', 'merges/min', r => [{label: named(r, 'merges/min'), pts: r.merge_rate}], {events: true, bars: true});
+chart('quorum', 'Contributions in each merge (quorum size)', 'seconds', 'contributions', r => [{label: named(r, 'merged'), pts: r.merges.map(m => [m[0], m[1]])}], {points: true});
+chart('grace', 'Grace wait of each merge', 'seconds', 'seconds', r => [{label: named(r, 'grace wait'), pts: r.merges.map(m => [m[0], m[2]])}], {points: true});
+chart('learner-loss', 'Learners: training loss', 'seconds', 'loss', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.filter(p => p[2] !== null).map(p => [p[0], p[2]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
+chart('learner-step', 'Learners: step', 'seconds', 'step', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.map(p => [p[0], p[1]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
+const ev = document.getElementById('events');
+const rows = runs.flatMap(r => r.events.map(e => '<tr><td>' + r.name.replace(/[<>&]/g, '') + '</td><td>' + e[0].toFixed(1) + '</td><td>' + String(e[1]).replace(/[<>&]/g, '') + '</td></tr>'));
+ev.innerHTML = rows.length ? '<table><tr><th>run</th><th>t (s)</th><th>event</th></tr>' + rows.join('') + '</table>' : '<p class="empty">no chaos or failure events</p>';
+)JS";
+
+}  // namespace
+
+std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
+                        const std::string& uplot_css) {
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" << html_escape(title)
+    << "</title>\n<style>\n" << uplot_css << "\n"
+    << "body{font-family:system-ui,sans-serif;margin:20px;color:#222}h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}"
+       "table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+       "td:first-child,th:first-child{text-align:left}.sw{display:inline-block;width:10px;height:10px;margin-right:5px}"
+       ".empty{color:#888}.chart{margin:10px 0}\n</style></head><body>\n"
+    << "<h1>" << html_escape(title) << "</h1>\n<p>Written by <code>deloco report</code> from "
+    << runs.size() << (runs.size() == 1 ? " run folder" : " run folders")
+    << "; self-contained: charts by uPlot (MIT), embedded. Dashed vertical lines: chaos and failures (kills, stops, failed learners).</p>\n"
+    << "<h2>Summary</h2><div id=\"summary\"></div>\n"
+    << "<h2>Global model</h2><div class=\"chart\" id=\"loss-time\"></div><div class=\"chart\" id=\"loss-tokens\"></div>"
+       "<div class=\"chart\" id=\"bpb-time\"></div>\n"
+    << "<h2>Merges</h2><div class=\"chart\" id=\"merge-rate\"></div><div class=\"chart\" id=\"quorum\"></div>"
+       "<div class=\"chart\" id=\"grace\"></div><div id=\"rejects\"></div>\n"
+    << "<h2>Learners</h2><div class=\"chart\" id=\"learner-loss\"></div><div class=\"chart\" id=\"learner-step\"></div>\n"
+    << "<h2>Events</h2><div id=\"events\"></div>\n"
+    << "<script id=\"deloco-data\" type=\"application/json\">" << script_safe(report_data(runs).dump()) << "</script>\n"
+    << "<script>\n" << script_safe(uplot_js) << "\n</script>\n<script>" << kPageScript << "</script>\n</body></html>\n";
+  return h.str();
+}
+
+namespace {
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string gp_text(const std::string& s) {  // a single-quoted gnuplot string
+  std::string o;
+  for (char c : s) o += c == '\'' ? std::string("''") : std::string(1, c);
+  return o;
+}
+
+}  // namespace
+
+std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError("report: cannot create '" + dir + "': " + ec.message());
+  struct Chart {
+    std::string stem, title, xlabel, ylabel;
+    std::vector<std::pair<std::string, std::vector<std::array<double, 2>>>> series;
+  };
+  std::vector<Chart> charts{{"val_loss_time", "Validation loss of the global model", "seconds", "val loss", {}},
+                            {"val_loss_tokens", "Validation loss against tokens", "tokens", "val loss", {}},
+                            {"merges_per_minute", "Merges per minute", "seconds", "merges / min", {}}};
+  for (const auto& r : runs) {
+    std::vector<std::array<double, 2>> a, b, c;
+    for (const auto& e : r.evals) {
+      a.push_back({e[0], e[2]});
+      b.push_back({e[1], e[2]});
+    }
+    c = merge_rate(r);
+    charts[0].series.push_back({r.name, a});
+    charts[1].series.push_back({r.name, b});
+    charts[2].series.push_back({r.name, c});
+  }
+  const bool gnuplot = std::system("command -v gnuplot >/dev/null 2>&1") == 0;
+  std::vector<std::string> pngs;
+  for (const auto& ch : charts) {
+    std::ostringstream d, g;
+    d << std::setprecision(8);
+    bool any = false;
+    for (const auto& [name, pts] : ch.series) {
+      d << "# " << name << "\n";
+      for (const auto& p : pts) d << p[0] << " " << p[1] << "\n";
+      if (pts.empty()) d << "nan nan\n";  // keeps the index of every run
+      any = any || !pts.empty();
+      d << "\n\n";
+    }
+    if (!any) continue;
+    const fs::path dat = fs::path(dir) / (ch.stem + ".dat"), gp = fs::path(dir) / (ch.stem + ".gp");
+    write_file_atomic(dat.string(), d.str());
+    g << "# written by `deloco report`; run `gnuplot " << ch.stem << ".gp` in this folder\n"
+      << "set terminal pngcairo size 900,520 enhanced font 'Sans,11'\nset output '" << ch.stem << ".png'\n"
+      << "set title '" << gp_text(ch.title) << "' noenhanced\nset xlabel '" << ch.xlabel << "'\nset ylabel '"
+      << ch.ylabel << "'\nset grid\nset key outside right noenhanced\nplot \\\n";
+    for (size_t i = 0; i < ch.series.size(); ++i)
+      g << "  '" << ch.stem << ".dat' index " << i << " using 1:2 with "
+        << (ch.stem == "merges_per_minute" ? "steps" : "linespoints pt 7 ps 0.5") << " lw 2 title '"
+        << gp_text(ch.series[i].first) << "'" << (i + 1 < ch.series.size() ? ", \\\n" : "\n");
+    write_file_atomic(gp.string(), g.str());
+    if (!gnuplot) continue;
+    // gnuplot's warnings (an x range of one point) are noise here; a failure names the script to run by hand.
+    const std::string cmd = "cd " + shell_quote(dir) + " && gnuplot " + shell_quote(ch.stem + ".gp") + " 2>/dev/null";
+    if (std::system(cmd.c_str()) != 0)
+      throw IoError("report: gnuplot failed on " + gp.string() + " (run it in that folder to see why)");
+    pngs.push_back((fs::path(dir) / (ch.stem + ".png")).string());
+  }
+  if (!gnuplot)
+    std::cerr << "report: gnuplot is not installed, so no PNG was drawn; the .dat and .gp files are in " << dir
+              << " (apt-get install gnuplot-nox)\n";
+  return pngs;
+}
+
+}  // namespace deloco

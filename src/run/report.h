@@ -1,0 +1,53 @@
+// src/run/report.h — `deloco report RUN_DIR... --out report.html [--png DIR]`: one self-contained HTML page (and,
+// optionally, PNG charts through gnuplot) from the JSON-lines records of finished or running runs of `deloco run`,
+// `deloco sim` or `deloco train`, several runs overlaid for comparison.
+//
+// Contract
+//  * load_report_run(dir) reads what the folder holds: summary.json (optional while a run is still going) and the
+//    records of metrics.jsonl (sim, train), syncer.jsonl or shard-*/syncer.jsonl, learner-*.jsonl and events.jsonl
+//    (`deloco run`). Records are untrusted text: a line that is not a JSON object with a string "kind" is counted
+//    in `bad_lines` and skipped; a field of an unexpected type skips that record. A folder with neither a summary
+//    nor any record throws IoError naming it.
+//  * The series use seconds since the run's first record (the "t" field: wall clock for `deloco run`, virtual time
+//    for `deloco sim`; `elapsed_s` for `deloco train`).
+//  * report_html() embeds the chart library (uPlot, passed in) and the data: the page loads nothing at run time.
+//    Text from the records is JSON-escaped into a <script> block with "</" written as "<\/".
+//  * write_report_pngs() writes DIR/<chart>.dat, .gp and, when gnuplot is installed, .png; returns the PNG paths
+//    (empty when gnuplot is missing, after saying so on stderr).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace deloco {
+
+struct ReportRun {
+  std::string name;            // the folder's name (made unique by the caller)
+  std::string dir;
+  std::string kind;            // "run", "sim" or "train"
+  nlohmann::json summary;      // summary.json, or null
+  // Series (time in seconds since the run's first record).
+  std::vector<std::array<double, 4>> evals;   // t, tokens, val_loss, val_bpb
+  std::vector<std::array<double, 3>> merges;  // t, quorum (contributions merged), grace wait (s)
+  std::map<int64_t, std::vector<std::array<double, 4>>> learners;  // id -> t, step, loss, tokens
+  std::map<std::string, int64_t> rejects;     // reason -> contributions refused
+  std::vector<std::pair<double, std::string>> events;  // t, what (chaos, failures, restarts)
+  int64_t bad_lines = 0;
+};
+
+ReportRun load_report_run(const std::string& dir);
+
+// The data block of the page (also what a live dashboard would serve): one object per run.
+nlohmann::json report_data(const std::vector<ReportRun>& runs);
+
+std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
+                        const std::string& uplot_css);
+
+std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir);
+
+}  // namespace deloco
