@@ -60,7 +60,7 @@
 //                  of the model assembled from its fragments and the other shards' latest checkpoints: "shards" lists
 //                  the merges of each shard's part it used)
 //                 {"kind":"checkpoint","path","merges"}
-//                 {"kind":"status","alive","connected","stalled","uptime","merges","rejected","bytes_in",
+//                 {"kind":"status","alive","connected","stalled","uptime","goodput","merges","rejected","bytes_in",
 //                  "bytes_out"} once per second
 //                 {"kind":"done", ...summary}
 //
@@ -220,6 +220,12 @@ class SyncerNode {
   // until `stop`. Returns the summary (DESIGN.md §4 fields plus runtime specifics).
   nlohmann::json run(const std::atomic<bool>& stop);
   std::string prometheus() const;    // the metrics text (thread-safe)
+  // The live dashboard on the metrics endpoint (when syncer.metrics is on): `page_html` at "/", and at
+  // "/api/data" the charts' data of the run folder (its records and summary: the learners' too when they write
+  // beside it, as under `deloco run`), read on each request. Nothing of the config is served, so no key or key
+  // path. Call before run().
+  void serve_dashboard(std::string page_html);
+  int metrics_port() const;          // the metrics endpoint's port (0 when off)
 
  private:
   struct Impl;

@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common.h"
+#include "run/report.h"
+#include "web_assets.h"
 #include "commands.h"
 #include "deloco/blas.h"
 #include "deloco/group.h"
@@ -28,6 +30,13 @@
 namespace deloco::cli {
 namespace fs = std::filesystem;
 namespace {
+
+// The host part of syncer.metrics for a URL: an address bound to every interface is reached locally at 127.0.0.1.
+std::string dashboard_host(const std::string& host_port) {
+  std::string host = host_port.substr(0, host_port.rfind(':'));
+  if (host.empty() || host == "*" || host == "0.0.0.0" || host == "[::]") return "127.0.0.1";
+  return host;
+}
 
 void from_env(std::string* field, const char* var) {
   if (const char* v = std::getenv(var); v != nullptr && *v != '\0') *field = v;
@@ -138,6 +147,12 @@ void run_syncer(const NodeArgs& a) {
   SyncerNode node(cfg, std::move(transport), std::move(evaluator), a.resume,
                   [&](const nlohmann::json& j) { log.write(j); });
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
+  // The live dashboard at the metrics endpoint's / (docs/report.md), when the build has its chart library.
+  if (node.metrics_port() > 0 && std::string(kUplotJs).size() > 0) {
+    node.serve_dashboard(report_html({}, "deloco syncer: " + dir, kUplotJs, kUplotCss, /*live=*/true));
+    std::cerr << "deloco syncer: dashboard at http://" << dashboard_host(cfg.syncer.metrics) << ":" << node.metrics_port()
+              << "/\n";
+  }
   std::cerr << "deloco syncer" << (cfg.syncer.shards > 1 ? " shard " + std::to_string(shard) + " of " +
                                                                  std::to_string(cfg.syncer.shards)
                                                            : std::string())

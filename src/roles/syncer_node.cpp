@@ -25,6 +25,7 @@
 #include "deloco/runtime.h"
 #include "deloco/text.h"
 #include "protocol.h"
+#include "run/report.h"
 #include "syncer_node_impl.h"
 
 namespace deloco {
@@ -570,7 +571,8 @@ void SyncerNode::Impl::housekeeping() {
       if (peers[m].alive) connected.push_back(m);
     const auto st = tx->stats();
     emit({{"kind", "status"}, {"alive", alive_count()}, {"connected", connected}, {"stalled", stall},
-          {"uptime", uptime()}, {"merges", merges}, {"rejected", total_rejects()}, {"bytes_in", st.bytes_in},
+          {"uptime", uptime()}, {"goodput", goodput()}, {"merges", merges}, {"rejected", total_rejects()},
+          {"bytes_in", st.bytes_in},
           {"bytes_out", st.bytes_out}, {"tokens", total_tokens()}});
   }
   update_prometheus();
@@ -638,6 +640,23 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
 }
 
 SyncerNode::~SyncerNode() = default;
+
+void SyncerNode::serve_dashboard(std::string page_html) {
+  Impl& I = *impl_;
+  if (!I.metrics) return;
+  // A shard's folder is RUN/shard-s: the run's records (every shard's, the learners') are one level up.
+  const std::string dir = I.shard.shards > 1 ? std::filesystem::path(I.cfg.syncer.out_dir).parent_path().string()
+                                             : I.cfg.syncer.out_dir;
+  auto page = std::make_shared<const std::string>(std::move(page_html));
+  I.metrics->add_get("/", [page](const std::string&) {
+    return MetricsServer::Reply{200, "text/html; charset=utf-8", *page};
+  });
+  I.metrics->add_get("/api/data", [dir](const std::string&) {
+    return MetricsServer::Reply{200, "application/json", report_data({load_report_run(dir)}).dump()};
+  });
+}
+
+int SyncerNode::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
 std::string SyncerNode::prometheus() const {
   std::lock_guard<std::mutex> lock(impl_->prom_mu);

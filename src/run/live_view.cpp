@@ -90,6 +90,12 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard) {
     ++s.starts;
     if (j.value("resumed", false))
       event_(who + " resumed at " + std::to_string(j.value("merges", int64_t{0})) + " merges");
+    // Its dashboard (the metrics endpoint's /), once per port: a restarted syncer listens on a new one.
+    const int64_t port = j.value("metrics_port", int64_t{0});
+    if (port > 0 && shard == 0 && port != dashboard_port_) {
+      dashboard_port_ = port;
+      event_("dashboard: http://127.0.0.1:" + std::to_string(port) + "/");
+    }
   } else if (kind == "merge") {
     s.merges = j.value("merges", s.merges + 1);
     s.quorum = j.value("quorum", s.quorum);

@@ -70,6 +70,7 @@ class RunRecords {
   const std::vector<LearnerView>& learners() const { return learners_; }
 
  private:
+  int64_t dashboard_port_ = 0;  // the dashboard URL already announced
   void on_syncer_record(const nlohmann::json& j, int64_t shard);
   void on_learner_record(const nlohmann::json& j, int64_t n);
 

@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "deloco/fs.h"
@@ -103,11 +104,36 @@ ReportRun load_report_run(const std::string& dir_in) {
     if (std::isfinite(t)) t0 = std::min(t0, t);
   }
   if (!std::isfinite(t0)) t0 = 0;
+  std::set<int64_t> connected, done;
+  std::map<int64_t, json> last_status;  // per shard: the live summary while summary.json is not written yet
+  bool have_status = false;
+  double status_t = -1;
+  std::map<int64_t, std::string> last_kind;
   for (const auto& x : recs) {
     const json& j = x.j;
     const std::string kind = j["kind"].get<std::string>();
     const double t = record_time(j) - t0;
     if (!std::isfinite(t)) continue;
+    if (x.learner >= 0 && kind != "push" && kind != "apply") last_kind[x.learner] = kind;
+    if (kind == "status") {
+      const int64_t shard = j.contains("shard") && j["shard"].is_number_integer() ? j["shard"].get<int64_t>() : 0;
+      auto it = last_status.find(shard);
+      if (it == last_status.end() || num(it->second, "t_rel", -1) <= t) {
+        json st = j;
+        st["t_rel"] = t;
+        last_status[shard] = st;
+      }
+    }
+    if (kind == "status" && j.contains("connected") && j["connected"].is_array() && t >= status_t) {
+      have_status = true;
+      status_t = t;
+      connected.clear();
+      for (const auto& c : j["connected"])
+        if (c.is_number_integer()) connected.insert(c.get<int64_t>());
+    } else if (kind == "learner_done") {
+      done.insert(j.contains("learner") && j["learner"].is_number_integer() ? j["learner"].get<int64_t>()
+                                                                             : std::max<int64_t>(x.learner, 0));
+    }
     if ((kind == "eval" || kind == "final_eval") && j.contains("val_loss")) {
       const double loss = num(j, "val_loss");
       if (std::isfinite(loss)) r.evals.push_back({t, num(j, "tokens", 0), loss, num(j, "val_bpb", 0)});
@@ -135,6 +161,47 @@ ReportRun load_report_run(const std::string& dir_in) {
       r.events.push_back({t, kind == "syncer_pause" ? "syncer down" : "syncer back"});
     }
   }
+  // A run still going: the syncer's latest status (every shard's, summed) stands in for the summary.
+  if (!r.summary.is_object() && !last_status.empty()) {
+    json s = json::object();
+    double uptime = 1, goodput = 1, wall = 0, merges = 0, rejected = 0, bytes = 0, tokens = 0;
+    bool have_goodput = false;
+    for (const auto& [shard, st] : last_status) {
+      uptime = std::min(uptime, num(st, "uptime", 1));
+      if (st.contains("goodput")) {
+        goodput = std::min(goodput, num(st, "goodput", 1));
+        have_goodput = true;
+      }
+      wall = std::max(wall, num(st, "t_rel", 0));
+      merges += num(st, "merges", 0);
+      rejected += num(st, "rejected", 0);
+      bytes += num(st, "bytes_out", 0);
+      tokens = std::max(tokens, num(st, "tokens", 0));
+    }
+    s["wall_seconds"] = wall;
+    s["uptime"] = uptime;
+    if (have_goodput) s["goodput"] = goodput;
+    s["outer_steps"] = static_cast<int64_t>(merges);
+    s["contributions_rejected"] = static_cast<int64_t>(rejected);
+    double merged = 0;
+    for (const auto& m : r.merges) merged += m[1];
+    s["contributions_merged"] = static_cast<int64_t>(merged);
+    s["bytes_sent"] = static_cast<int64_t>(bytes);
+    s["tokens"] = static_cast<int64_t>(tokens);
+    if (!r.evals.empty()) {
+      s["final_val_loss"] = r.evals.back()[2];
+      s["val_bpb"] = r.evals.back()[3];
+    }
+    int64_t kills = 0, syncer_kills = 0;
+    for (const auto& [t, what] : r.events) {
+      if (what.rfind("chaos: SIGKILL learner", 0) == 0) ++kills;
+      if (what.rfind("chaos: SIGKILL syncer", 0) == 0 || what.rfind("chaos: SIGKILL the syncer", 0) == 0) ++syncer_kills;
+    }
+    s["learner_kills"] = kills;
+    s["syncer_kills"] = syncer_kills;
+    s["live"] = true;
+    r.summary = s;
+  }
   // The syncer's final reject counts, when it wrote them, are the whole truth (records are rate-limited).
   if (r.summary.is_object() && r.summary.contains("rejects") && r.summary["rejects"].is_object()) {
     r.rejects.clear();
@@ -145,6 +212,21 @@ ReportRun load_report_run(const std::string& dir_in) {
   std::stable_sort(r.evals.begin(), r.evals.end(), by_time);
   std::stable_sort(r.merges.begin(), r.merges.end(), by_time);
   for (auto& [id, v] : r.learners) std::stable_sort(v.begin(), v.end(), by_time);
+  for (const auto& [id, v] : r.learners) {
+    ReportRun::LearnerNow n;
+    const auto& last = v.back();
+    n.t = last[0];
+    n.step = last[1];
+    n.loss = last[2];
+    if (v.size() >= 2) {
+      const auto& prev = v[v.size() - 2];
+      if (last[0] > prev[0] && last[3] >= prev[3]) n.tokens_per_s = (last[3] - prev[3]) / (last[0] - prev[0]);
+    }
+    if (done.count(id)) n.state = "done";
+    else if (last_kind.count(id) && (last_kind[id] == "welcome" || last_kind[id] == "alone")) n.state = "rejoining";
+    else if (have_status) n.state = connected.count(id) ? "training" : "down";
+    r.learner_now[id] = n;
+  }
   std::stable_sort(r.events.begin(), r.events.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   return r;
 }
@@ -188,6 +270,11 @@ json report_data(const std::vector<ReportRun>& runs) {
     o["learners"] = lr;
     o["events"] = evs;
     o["rejects"] = r.rejects;
+    json now = json::object();
+    for (const auto& [id, n] : r.learner_now)
+      now[std::to_string(id)] = {{"state", n.state}, {"t", n.t}, {"step", n.step}, {"loss", num_or_null(n.loss)},
+                                 {"tokens_per_s", n.tokens_per_s}};
+    o["learner_now"] = now;
     json s = json::object();
     if (r.summary.is_object())
       for (const char* k : {"wall_seconds", "final_val_loss", "val_bpb", "loss_unit", "tokens", "outer_steps",
@@ -231,29 +318,38 @@ std::string script_safe(const std::string& s) {
 
 // The page's own code: a summary table and the charts, each run one series (colours in order).
 constexpr const char* kPageScript = R"JS(
-const runs = JSON.parse(document.getElementById('deloco-data').textContent);
+let runs = JSON.parse(document.getElementById('deloco-data').textContent);
 const colours = ['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b','#e377c2','#17becf','#7f7f7f','#bcbd22'];
 const fmt = (v, d) => (v === undefined || v === null) ? '–' : (typeof v === 'number' ? (Number.isInteger(v) ? v.toLocaleString('en') : v.toFixed(d === undefined ? 4 : d)) : String(v));
-function table() {
+const esc = v => String(v).replace(/[<>&"]/g, c => ({'<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;'}[c]));
+function tables() {
   const cols = [['run','name'],['kind','kind'],['wall s','wall_seconds',0],['final val loss','final_val_loss'],['bits/byte','val_bpb',3],
     ['tokens','tokens'],['merges','outer_steps'],['merged','contributions_merged'],['rejected','contributions_rejected'],
     ['uptime','uptime',3],['goodput','goodput',3],['bytes sent','bytes_sent'],['learner kills','learner_kills'],['syncer kills','syncer_kills']];
   let h = '<table><tr>' + cols.map(c => '<th>' + c[0] + '</th>').join('') + '</tr>';
   runs.forEach((r, i) => {
     h += '<tr>' + cols.map((c, k) => {
-      let v = k < 2 ? r[c[1]] : r.summary[c[1]];
+      const v = k < 2 ? r[c[1]] : r.summary[c[1]];
       const cell = k === 0 ? '<span class="sw" style="background:' + colours[i % colours.length] + '"></span>' : '';
-      return '<td>' + cell + (k < 2 ? String(v).replace(/[<>&]/g, '') : fmt(v, c[2])) + '</td>';
+      return '<td>' + cell + (k < 2 ? esc(v) : fmt(v, c[2])) + '</td>';
     }).join('') + '</tr>';
   });
   document.getElementById('summary').innerHTML = h + '</table>';
-  const rej = document.getElementById('rejects');
   let t = '<table><tr><th>run</th><th>merged</th><th>rejected, by reason</th></tr>';
   runs.forEach(r => {
-    const parts = Object.entries(r.rejects).map(([k, v]) => k.replace(/[<>&]/g, '') + ' ' + v);
-    t += '<tr><td>' + r.name.replace(/[<>&]/g, '') + '</td><td>' + fmt(r.summary.contributions_merged) + '</td><td>' + (parts.join(', ') || 'none') + '</td></tr>';
+    const parts = Object.entries(r.rejects).map(([k, v]) => esc(k) + ' ' + v);
+    t += '<tr><td>' + esc(r.name) + '</td><td>' + fmt(r.summary.contributions_merged) + '</td><td>' + (parts.join(', ') || 'none') + '</td></tr>';
   });
-  rej.innerHTML = t + '</table>';
+  document.getElementById('rejects').innerHTML = t + '</table>';
+  let l = '<table id="learners"><tr><th>run</th><th>learner</th><th>state</th><th>step</th><th>training loss</th><th>tokens/s</th><th>last record (s)</th></tr>';
+  runs.forEach(r => Object.entries(r.learner_now).forEach(([id, n]) => {
+    l += '<tr class="learner"><td>' + esc(r.name) + '</td><td>' + esc(id) + '</td><td class="state-' + esc(n.state || 'unknown') + '">' +
+      esc(n.state || '–') + '</td><td>' + fmt(n.step, 0) + '</td><td>' + fmt(n.loss) + '</td><td>' + fmt(Math.round(n.tokens_per_s)) +
+      '</td><td>' + fmt(n.t, 1) + '</td></tr>';
+  }));
+  document.getElementById('learner-table').innerHTML = l + '</table>';
+  const rows = runs.flatMap(r => r.events.map(e => '<tr><td>' + esc(r.name) + '</td><td>' + e[0].toFixed(1) + '</td><td>' + esc(e[1]) + '</td></tr>'));
+  document.getElementById('events').innerHTML = rows.length ? '<table><tr><th>run</th><th>t (s)</th><th>event</th></tr>' + rows.join('') + '</table>' : '<p class="empty">no chaos or failure events</p>';
 }
 // One chart: x/y pairs per run, aligned on a shared x axis (uPlot wants one x array; gaps are null).
 function chart(id, title, xlabel, ylabel, seriesOf, opts) {
@@ -264,59 +360,78 @@ function chart(id, title, xlabel, ylabel, seriesOf, opts) {
   const data = [xs];
   per.forEach(s => { const y = new Array(xs.length).fill(null); s.pts.forEach(p => { y[index.get(p[0])] = p[1]; }); data.push(y); });
   const el = document.getElementById(id);
+  el.innerHTML = '';
   el.dataset.points = String(per.reduce((n, s) => n + s.pts.length, 0));
-  if (!xs.length) { el.innerHTML = '<p class="empty">' + title + ': no data in these runs</p>'; return; }
+  if (!xs.length) { el.innerHTML = '<p class="empty">' + title + ': no data yet</p>'; return; }
   const series = [{label: xlabel}].concat(per.map(s => ({label: s.label, stroke: s.colour, width: 1.5, dash: s.dash, spanGaps: true,
     points: {show: (opts && opts.points) || s.pts.length < 60}, paths: (opts && opts.bars) ? uPlot.paths.stepped({align: 1}) : undefined})));
   // Markers for what struck (a kill, a stop, a failure); the restarts that follow are in the events table only.
-  const events = (opts && opts.events) ? runs.flatMap((r, i) => r.events.filter(e => !/^restarted/.test(e[1])).map(e => ({t: e[0], what: e[1], colour: colours[i % colours.length]}))) : [];
-  const u = new uPlot({title: title, width: Math.min(1100, window.innerWidth - 40), height: 300, series: series,
+  const events = (opts && opts.events) ? runs.flatMap((r, i) => r.events.filter(e => !/^restarted/.test(e[1])).map(e => ({t: e[0], colour: colours[i % colours.length]}))) : [];
+  new uPlot({title: title, width: Math.min(1100, window.innerWidth - 40), height: 300, series: series,
     scales: {x: {time: false}}, axes: [{label: xlabel}, {label: ylabel}],
-    hooks: {draw: [u => { // chaos and failure markers on the time axis
+    hooks: {draw: [u => {
       const ctx = u.ctx; ctx.save();
       events.forEach(e => { const x = u.valToPos(e.t, 'x', true); if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
         ctx.strokeStyle = e.colour; ctx.setLineDash([4, 4]); ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke(); });
       ctx.restore(); }]}}, data, el);
   el.dataset.rendered = '1';
 }
-const multi = runs.length > 1;
-const named = (r, what) => multi ? r.name + ' ' + what : what;
-table();
-chart('loss-time', 'Validation loss of the global model', 'seconds', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[0], e[2]])}], {events: true});
-chart('loss-tokens', 'Validation loss against tokens', 'tokens', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[1], e[2]])}]);
-chart('bpb-time', 'Bits per byte', 'seconds', 'bits/byte', r => [{label: named(r, 'bits/byte'), pts: r.evals.filter(e => e[3] !== null).map(e => [e[0], e[3]])}], {events: true});
-chart('merge-rate', 'Merges per minute', 'seconds', 'merges/min', r => [{label: named(r, 'merges/min'), pts: r.merge_rate}], {events: true, bars: true});
-chart('quorum', 'Contributions in each merge (quorum size)', 'seconds', 'contributions', r => [{label: named(r, 'merged'), pts: r.merges.map(m => [m[0], m[1]])}], {points: true});
-chart('grace', 'Grace wait of each merge', 'seconds', 'seconds', r => [{label: named(r, 'grace wait'), pts: r.merges.map(m => [m[0], m[2]])}], {points: true});
-chart('learner-loss', 'Learners: training loss', 'seconds', 'loss', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.filter(p => p[2] !== null).map(p => [p[0], p[2]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
-chart('learner-step', 'Learners: step', 'seconds', 'step', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.map(p => [p[0], p[1]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
-const ev = document.getElementById('events');
-const rows = runs.flatMap(r => r.events.map(e => '<tr><td>' + r.name.replace(/[<>&]/g, '') + '</td><td>' + e[0].toFixed(1) + '</td><td>' + String(e[1]).replace(/[<>&]/g, '') + '</td></tr>'));
-ev.innerHTML = rows.length ? '<table><tr><th>run</th><th>t (s)</th><th>event</th></tr>' + rows.join('') + '</table>' : '<p class="empty">no chaos or failure events</p>';
+function render() {
+  const multi = runs.length > 1;
+  const named = (r, what) => multi ? r.name + ' ' + what : what;
+  tables();
+  chart('loss-time', 'Validation loss of the global model', 'seconds', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[0], e[2]])}], {events: true});
+  chart('loss-tokens', 'Validation loss against tokens', 'tokens', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[1], e[2]])}]);
+  chart('bpb-time', 'Bits per byte', 'seconds', 'bits/byte', r => [{label: named(r, 'bits/byte'), pts: r.evals.filter(e => e[3] !== null).map(e => [e[0], e[3]])}], {events: true});
+  chart('merge-rate', 'Merges per minute', 'seconds', 'merges/min', r => [{label: named(r, 'merges/min'), pts: r.merge_rate}], {events: true, bars: true});
+  chart('quorum', 'Contributions in each merge (quorum size)', 'seconds', 'contributions', r => [{label: named(r, 'merged'), pts: r.merges.map(m => [m[0], m[1]])}], {points: true});
+  chart('grace', 'Grace wait of each merge', 'seconds', 'seconds', r => [{label: named(r, 'grace wait'), pts: r.merges.map(m => [m[0], m[2]])}], {points: true});
+  chart('learner-loss', 'Learners: training loss', 'seconds', 'loss', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.filter(p => p[2] !== null).map(p => [p[0], p[2]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
+  chart('learner-step', 'Learners: step', 'seconds', 'step', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.map(p => [p[0], p[1]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
+}
+if (typeof LIVE !== 'undefined' && LIVE) {
+  // The dashboard of a running syncer: the same page, refreshed from its api every 2 s.
+  let reads = 0;
+  const poll = () => fetch('api/data', {cache: 'no-store'}).then(r => r.ok ? r.json() : Promise.reject(r.status)).then(d => {
+    runs = d; reads += 1; document.body.dataset.reads = String(reads);
+    document.getElementById('live').textContent = 'live: updated ' + new Date().toLocaleTimeString() + ' (every 2 s)';
+    render();
+  }).catch(e => { document.getElementById('live').textContent = 'live: the syncer did not answer (' + e + '); retrying'; })
+    .finally(() => setTimeout(poll, 2000));
+  poll();
+} else {
+  render();
+}
 )JS";
 
 }  // namespace
 
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
-                        const std::string& uplot_css) {
+                        const std::string& uplot_css, bool live) {
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" << html_escape(title)
     << "</title>\n<style>\n" << uplot_css << "\n"
     << "body{font-family:system-ui,sans-serif;margin:20px;color:#222}h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}"
        "table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
        "td:first-child,th:first-child{text-align:left}.sw{display:inline-block;width:10px;height:10px;margin-right:5px}"
-       ".empty{color:#888}.chart{margin:10px 0}\n</style></head><body>\n"
-    << "<h1>" << html_escape(title) << "</h1>\n<p>Written by <code>deloco report</code> from "
-    << runs.size() << (runs.size() == 1 ? " run folder" : " run folders")
-    << "; self-contained: charts by uPlot (MIT), embedded. Dashed vertical lines: chaos and failures (kills, stops, failed learners).</p>\n"
-    << "<h2>Summary</h2><div id=\"summary\"></div>\n"
+       ".empty{color:#888}.chart{margin:10px 0}.state-down{color:#c00}.state-rejoining{color:#e80}"
+       ".state-training{color:#080}\n</style></head><body>\n"
+    << "<h1>" << html_escape(title) << "</h1>\n<p>"
+    << (live ? std::string("The live dashboard of <code>deloco syncer</code>: <span id=\"live\">connecting</span>.")
+             : "Written by <code>deloco report</code> from " + std::to_string(runs.size()) +
+                   (runs.size() == 1 ? " run folder" : " run folders") + "; self-contained.")
+    << " Charts by uPlot (MIT), embedded. Dashed vertical lines: chaos and failures (kills, stops, failed learners).</p>\n"
+    << "<h2>Summary</h2><div id=\"summary\"></div>\n<h2>Learners now</h2><div id=\"learner-table\"></div>\n"
     << "<h2>Global model</h2><div class=\"chart\" id=\"loss-time\"></div><div class=\"chart\" id=\"loss-tokens\"></div>"
        "<div class=\"chart\" id=\"bpb-time\"></div>\n"
     << "<h2>Merges</h2><div class=\"chart\" id=\"merge-rate\"></div><div class=\"chart\" id=\"quorum\"></div>"
        "<div class=\"chart\" id=\"grace\"></div><div id=\"rejects\"></div>\n"
-    << "<h2>Learners</h2><div class=\"chart\" id=\"learner-loss\"></div><div class=\"chart\" id=\"learner-step\"></div>\n"
+    << "<h2>Learners</h2><div class=\"chart\" id=\"learner-loss\"></div>"
+       "<div class=\"chart\" id=\"learner-step\"></div>\n"
     << "<h2>Events</h2><div id=\"events\"></div>\n"
-    << "<script id=\"deloco-data\" type=\"application/json\">" << script_safe(report_data(runs).dump()) << "</script>\n"
+    << "<script id=\"deloco-data\" type=\"application/json\">"
+    << (live ? std::string("[]") : script_safe(report_data(runs).dump())) << "</script>\n"
+    << (live ? "<script>const LIVE = true;</script>\n" : "")
     << "<script>\n" << script_safe(uplot_js) << "\n</script>\n<script>" << kPageScript << "</script>\n</body></html>\n";
   return h.str();
 }

@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ struct ReportRun {
   std::map<int64_t, std::vector<std::array<double, 4>>> learners;  // id -> t, step, loss, tokens
   std::map<std::string, int64_t> rejects;     // reason -> contributions refused
   std::vector<std::pair<double, std::string>> events;  // t, what (chaos, failures, restarts)
+  // The latest of each learner: its state ("training", "down", "rejoining", "done"; "" when unknown), step,
+  // training loss, throughput (tokens/s over its last two records) and when it last wrote.
+  struct LearnerNow {
+    std::string state;
+    double t = 0, step = 0, loss = std::numeric_limits<double>::quiet_NaN(), tokens_per_s = 0;
+  };
+  std::map<int64_t, LearnerNow> learner_now;
   int64_t bad_lines = 0;
 };
 
@@ -45,8 +53,10 @@ ReportRun load_report_run(const std::string& dir);
 // The data block of the page (also what a live dashboard would serve): one object per run.
 nlohmann::json report_data(const std::vector<ReportRun>& runs);
 
+// live = true: the page of a running syncer's dashboard. It starts empty and fetches `api/data` (report_data() of
+// the run folder) every 2 s, redrawing; the runs given are then ignored.
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
-                        const std::string& uplot_css);
+                        const std::string& uplot_css, bool live = false);
 
 std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir);
 
