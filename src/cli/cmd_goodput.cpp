@@ -16,6 +16,7 @@
 #include "common.h"
 #include "deloco/fs.h"
 #include "deloco/goodput.h"
+#include "util/shell.h"
 #include "deloco/goodput_fit.h"
 
 namespace deloco::cli {
@@ -111,14 +112,6 @@ void make_parent(const std::string& path) {
   if (ec) throw std::runtime_error("cannot create the folder '" + parent.string() + "': " + ec.message());
 }
 
-bool have_gnuplot() { return std::system("command -v gnuplot >/dev/null 2>&1") == 0; }
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 // Writes STEM.dat and STEM.gp beside the PNG and runs gnuplot when it is installed.
 void write_plot(const std::string& png, const std::vector<GoodputRow>& rows, const GoodputParams& p) {
   std::string stem = png;
@@ -163,7 +156,7 @@ void write_plot(const std::string& png, const std::vector<GoodputRow>& rows, con
       << series[i] << "'"
       << (i + 1 < series.size() ? ", \\\n" : "\n");
   write_file_atomic(gp, g.str());
-  if (!have_gnuplot()) {
+  if (!have_program("gnuplot")) {
     std::cerr << "goodput: gnuplot is not installed, so no PNG was drawn; wrote " << dat << " and " << gp
               << " (install it with `apt-get install gnuplot-nox`, then run `gnuplot " << base(gp) << "` in that folder)\n";
     return;
@@ -171,8 +164,7 @@ void write_plot(const std::string& png, const std::vector<GoodputRow>& rows, con
   std::string dir = ".";
   const auto slash = gp.find_last_of('/');
   if (slash != std::string::npos) dir = gp.substr(0, slash);
-  const std::string cmd = "cd " + shell_quote(dir) + " && gnuplot " + shell_quote(base(gp));
-  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("gnuplot failed to draw " + png + " from " + gp);
+  if (!run_gnuplot(dir, base(gp), /*quiet=*/false)) throw std::runtime_error("gnuplot failed to draw " + png + " from " + gp);
   std::cerr << "plot written to " << png << " (data " << dat << ", script " << gp << ")\n";
 }
 

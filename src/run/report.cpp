@@ -1,5 +1,6 @@
 // `deloco report`: run folders' records -> chart series -> one self-contained HTML page / PNGs (src/run/report.h).
 #include "run/report.h"
+#include "util/shell.h"
 
 #include <algorithm>
 #include <array>
@@ -438,12 +439,6 @@ std::string report_html(const std::vector<ReportRun>& runs, const std::string& t
 
 namespace {
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += (c == '\'') ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 std::string gp_text(const std::string& s) {  // a single-quoted gnuplot string
   std::string o;
   for (char c : s) o += c == '\'' ? std::string("''") : std::string(1, c);
@@ -474,7 +469,7 @@ std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, c
     charts[1].series.push_back({r.name, b});
     charts[2].series.push_back({r.name, c});
   }
-  const bool gnuplot = std::system("command -v gnuplot >/dev/null 2>&1") == 0;
+  const bool gnuplot = have_program("gnuplot");
   std::vector<std::string> pngs;
   for (const auto& ch : charts) {
     std::ostringstream d, g;
@@ -501,8 +496,7 @@ std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, c
     write_file_atomic(gp.string(), g.str());
     if (!gnuplot) continue;
     // gnuplot's warnings (an x range of one point) are noise here; a failure names the script to run by hand.
-    const std::string cmd = "cd " + shell_quote(dir) + " && gnuplot " + shell_quote(ch.stem + ".gp") + " 2>/dev/null";
-    if (std::system(cmd.c_str()) != 0)
+    if (!run_gnuplot(dir, ch.stem + ".gp", /*quiet=*/true))
       throw IoError("report: gnuplot failed on " + gp.string() + " (run it in that folder to see why)");
     pngs.push_back((fs::path(dir) / (ch.stem + ".png")).string());
   }

@@ -1,5 +1,6 @@
 // Results of `deloco run` (contract in summary.h).
 #include "run/summary.h"
+#include "util/shell.h"
 
 #include <algorithm>
 #include <cctype>
@@ -98,18 +99,6 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
   return o.str();
 }
 
-namespace {
-// A path as one shell word: unchanged when it needs no quoting, else single-quoted.
-std::string shell_word(const std::string& s) {
-  const bool plain = !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || std::strchr("_./-+:@%,=", c) != nullptr;
-  });
-  if (plain) return s;
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-}  // namespace
 
 std::string use_the_model(const std::string& program, const std::string& run_dir) {
   const std::string exe = shell_word(program), dir = shell_word(run_dir);
