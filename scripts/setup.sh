@@ -18,7 +18,7 @@ PACKAGES=(
   libtorch-dev libopenblas-dev libgloo-dev
   libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev libsentencepiece-dev libnlopt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  python3-torch python3-matplotlib gnuplot-nox jq chromium
+  python3-torch python3-dev pybind11-dev python3-matplotlib gnuplot-nox jq chromium
 )
 
 if [ "${DELOCO_SKIP_APT:-0}" != 1 ]; then

@@ -186,6 +186,15 @@ struct AssembledModel {
 };
 AssembledModel assemble_shards(const std::vector<std::string>& shard_dirs, const std::string& out_dir);
 
+// ---- What a node reads from its environment (docs/cluster.md) --------------------------------------------------
+enum class NodeRole;
+// DELOCO_SECRET_KEY, and for the syncer DELOCO_BIND and DELOCO_ALLOW, for a learner DELOCO_SYNCER and
+// DELOCO_SERVER_KEY: each replaces its key (net.secret_key, net.address, net.allow, net.server_key) when set and
+// not empty. Nodes apply it after the config file and before --set overrides.
+void apply_node_environment(RuntimeConfig& cfg, NodeRole role);
+// An integer environment variable: `fallback` when unset or empty; ConfigError naming it when not an integer.
+int64_t environment_integer(const char* name, int64_t fallback);
+
 // ---- Transport bounds sized to the model ---------------------------------------------------------------------
 // What a peer can make a node hold is a few frames (deloco/transport.h, Bounds), so frames are bounded by what the
 // node legitimately receives for its model, not by the transport's generic 1 GiB.
@@ -252,6 +261,27 @@ class LearnerNode {
   void lead_group(std::shared_ptr<LearnerGroup> group);
   // Joins, trains train.steps inner steps (resuming at the step the syncer remembers for this id), leaves.
   nlohmann::json run(const std::atomic<bool>& stop);
+
+  // Step-driven use: the same node, but the caller's own loop trains the workload's parameters (the Python module,
+  // deloco/embed.h), so the workload's inner_step() is never called. run() is exactly start(); while (next())
+  // { inner_step; stepped(); } finish(). Not for a learner group (throws std::logic_error).
+  //   start(): the comms thread and the join (as run() does); returns the step to train next: the step the syncer
+  //            remembers for this learner id, so a restarted learner resumes there (0 for a new one).
+  //   next():  the step boundary: installs a downloaded state, applies the merged fragments whose time has come to
+  //            the parameters in place, waits when the algorithm says (sync.wait_for_answer). Returns whether to
+  //            train another step: false once train.steps are done or `stop` is set. Throws std::runtime_error
+  //            with the reason when the syncer refused this learner for good (another model, a wrong key …).
+  //   stepped(): one step was trained in `seconds` (the caller's clock) on result.tokens tokens: counts it, and
+  //            hands the pushes due to the comms thread (encoded on this thread). Calls out of order throw
+  //            std::logic_error.
+  //   finish(): the goodbye ("done" when train.steps were trained, else "stop"), stops the comms thread, and
+  //            returns the summary run() returns.
+  int64_t start(const std::atomic<bool>& stop);
+  bool next(const std::atomic<bool>& stop);
+  void stepped(const StepResult& result, double seconds);
+  nlohmann::json finish();
+  int64_t step() const;                    // inner steps trained (the workload's count)
+  const RuntimeConfig& config() const;     // as resolved and validated
 
  private:
   struct Impl;

@@ -23,6 +23,7 @@
 #include "deloco/config.h"
 #include "deloco/data.h"
 #include "deloco/fs.h"
+#include "deloco/records.h"
 #include "deloco/runtime.h"
 #include "deloco/stop_signals.h"
 #include "deloco/train.h"
@@ -36,10 +37,6 @@ std::string dashboard_host(const std::string& host_port) {
   std::string host = host_port.substr(0, host_port.rfind(':'));
   if (host.empty() || host == "*" || host == "0.0.0.0" || host == "[::]") return "127.0.0.1";
   return host;
-}
-
-void from_env(std::string* field, const char* var) {
-  if (const char* v = std::getenv(var); v != nullptr && *v != '\0') *field = v;
 }
 
 struct NodeArgs {
@@ -59,14 +56,7 @@ RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
   RuntimeConfig cfg;
   cfg.bind(schema);
   load_base_config(schema, a.common, NoConfig::kDemo);
-  from_env(&cfg.net.secret_key, "DELOCO_SECRET_KEY");
-  if (syncer) {
-    from_env(&cfg.net.address, "DELOCO_BIND");
-    from_env(&cfg.net.allow, "DELOCO_ALLOW");
-  } else {
-    from_env(&cfg.net.address, "DELOCO_SYNCER");
-    from_env(&cfg.net.server_key, "DELOCO_SERVER_KEY");
-  }
+  apply_node_environment(cfg, syncer ? NodeRole::kSyncer : NodeRole::kLearner);
   for (const auto& s : a.common.sets) schema.apply_override(s);
   if (!a.address.empty()) cfg.net.address = a.address;
   schema.validate();
@@ -74,46 +64,10 @@ RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
   return cfg;
 }
 
-// Appends records to a JSON-lines file, one flushed line each (a crash loses at most the line being written).
-// Records quote peers (reject details, key names): bytes that are not valid UTF-8 are written as U+FFFD instead of
-// making the dump throw, so no peer text can make a record fail.
-class JsonlFile {
- public:
-  explicit JsonlFile(const std::string& path) : out_(path, std::ios::app) {
-    if (!out_) throw IoError("cannot open '" + path + "' for appending");
-  }
-  void write(const nlohmann::json& j) {
-    const std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    std::lock_guard<std::mutex> lock(mu_);
-    out_ << line << "\n";
-    out_.flush();
-  }
-
- private:
-  std::mutex mu_;
-  std::ofstream out_;
-};
-
-int64_t env_integer(const char* name, const char* v) {
-  try {
-    size_t used = 0;
-    const int64_t x = std::stoll(v, &used);
-    if (used != std::string(v).size()) throw std::invalid_argument(v);
-    return x;
-  } catch (const std::exception&) {
-    throw ConfigError(std::string(name) + "='" + v + "' is not an integer");
-  }
-}
-
 void run_syncer(const NodeArgs& a) {
   ConfigSchema schema;
   RuntimeConfig cfg = load(a, schema, /*syncer=*/true);
-  int64_t shard = 0;
-  if (a.shard) {
-    shard = *a.shard;
-  } else if (const char* v = std::getenv("DELOCO_SHARD"); v != nullptr && *v != '\0') {
-    shard = env_integer("DELOCO_SHARD", v);
-  }
+  const int64_t shard = a.shard ? *a.shard : environment_integer("DELOCO_SHARD", 0);
   cfg.syncer.shard = shard;
   cfg.validate();  // the shard against syncer.shards
   // Where this shard serves: --bind, else its endpoint of net.address (one per shard, or derived).
@@ -135,7 +89,7 @@ void run_syncer(const NodeArgs& a) {
   fs::create_directories(dir);
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
-  JsonlFile log((fs::path(dir) / "syncer.jsonl").string());
+  JsonlWriter log((fs::path(dir) / "syncer.jsonl").string());
   // The evaluator's model fixes the transport's frame bound (node_transport_options), so it is built first.
   std::unique_ptr<Workload> evaluator = gpt_workloads(cfg.run, corpus)(0, 1);
   // A TorchScript module fixes V and T: checkpoint manifests and syncer-config.json must say the module's values,
@@ -176,18 +130,15 @@ void run_learner(const NodeArgs& a) {
   ConfigSchema schema;
   RuntimeConfig cfg = load(a, schema, /*syncer=*/false);
   int64_t id = a.id;
-  if (id < 0) {
-    const char* v = std::getenv("DELOCO_LEARNER_ID");
-    if (v == nullptr || *v == '\0') throw ConfigError("give the learner id with --id N or DELOCO_LEARNER_ID");
-    id = env_integer("DELOCO_LEARNER_ID", v);
-  }
+  if (id < 0) id = environment_integer("DELOCO_LEARNER_ID", -1);
+  if (id < 0) throw ConfigError("give the learner id with --id N or DELOCO_LEARNER_ID");
   std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
   if (dir.empty()) dir = "runs/learner-" + std::to_string(id);
   fs::create_directories(dir);
   if (cfg.learner.state_dir.empty()) cfg.learner.state_dir = dir;  // AdamW moments survive a restart
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
-  JsonlFile log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
+  JsonlWriter log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
   if (id < 0 || id >= cfg.resolved_learners())  // before building a replica for it
     throw ConfigError("learner id " + std::to_string(id) + " is not in [0, sync.learners=" +
                       std::to_string(cfg.resolved_learners()) + ")");

@@ -3,6 +3,7 @@
 // view, chaos, restarts), and writes summary.json and the short report.
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,7 +29,35 @@ namespace {
 
 struct RunArgs {
   CommonOptions common;
+  std::vector<std::string> learner_commands;  // "N=COMMAND"
 };
+
+// --learner-command N=COMMAND, checked against the run's learners.
+std::map<int64_t, std::string> parse_learner_commands(const std::vector<std::string>& given, int64_t M,
+                                                      const RuntimeConfig& cfg) {
+  std::map<int64_t, std::string> out;
+  for (const auto& g : given) {
+    const size_t eq = g.find('=');
+    int64_t n = -1;
+    try {
+      size_t used = 0;
+      if (eq != std::string::npos) n = std::stoll(g.substr(0, eq), &used);
+      if (eq == std::string::npos || used != eq) n = -1;
+    } catch (const std::exception&) {
+      n = -1;
+    }
+    if (n < 0 || eq + 1 >= g.size())
+      throw ConfigError("--learner-command '" + g + "': write it as N=COMMAND, N a learner id");
+    if (n >= M)
+      throw ConfigError("--learner-command " + std::to_string(n) + ": the run has learners 0.." + std::to_string(M - 1) +
+                        " (sync.learners=" + std::to_string(M) + ")");
+    if (out.count(n) != 0) throw ConfigError("--learner-command " + std::to_string(n) + " is given twice");
+    if (cfg.learner.ranks > 1)
+      throw ConfigError("--learner-command needs learner.ranks=1 (a learner command is one process)");
+    out[n] = g.substr(eq + 1);
+  }
+  return out;
+}
 
 // A sharded syncer: every shard checkpointed only its fragments. The global model is their union, committed as the
 // run folder's own checkpoint (so `deloco eval --checkpoint RUN` and the commands use_the_model prints work as for
@@ -69,7 +98,8 @@ void run_run(const RunArgs& args) {
   fs::create_directories(dir);
   write_file_atomic((fs::path(dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
 
-  run::LocalCluster cluster(cfg, run::ChildConfig{args.common.config_path, args.common.sets}, M, dir);
+  run::ChildConfig children{args.common.config_path, args.common.sets, parse_learner_commands(args.learner_commands, M, cfg)};
+  run::LocalCluster cluster(cfg, children, M, dir);
   cluster.prepare();
   std::cerr << "deloco run: " << M << " learner" << (M == 1 ? "" : "s") << (auto_m ? " (one per core)" : "")
             << ", K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments << ", H=" << cfg.sync.sync_every
@@ -106,6 +136,10 @@ void add_run_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "run", "the main job on one machine: a syncer and M learner processes over the real transport, with chaos");
   add_common_options(sub, &args->common);
+  sub->add_option("--learner-command", args->learner_commands,
+                  "N=COMMAND: learner N is this program of yours instead of `deloco learner` (e.g. a PyTorch script "
+                  "with the Python module, docs/python.md); repeatable")
+      ->type_name("N=CMD");
   sub->callback([args] { run_run(*args); });
 }
 

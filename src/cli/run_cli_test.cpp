@@ -34,6 +34,14 @@ test::Finished run(const std::string& args, const fs::path& log, int limit_s = 1
   return test::run_to_end(argv, log.string(), limit_s);
 }
 
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) lines.push_back(line);
+  return lines;
+}
+
 class RunCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -176,6 +184,63 @@ TEST_F(RunCli, TrainsAUsersTorchScriptModel) {
   const double py_loss = std::stod(read_file((dir_ / "py.log").string()));
   EXPECT_TRUE(std::isfinite(py_loss));
   EXPECT_LT(py_loss, std::log(256.0));
+}
+
+// Issue 17: a PyTorch training script is a learner. Learner 1 is examples/pytorch/train.py (its own loop: AdamW,
+// bf16 autocast) through the Python module, learner 0 is `deloco learner`, over CURVE, quorum 2: the merges must
+// hold both, and the Python learner must have applied merged fragments and finished. Skipped when the build has no
+// Python module (no pybind11-dev / python3-dev).
+TEST_F(RunCli, MixesACppAndAPythonLearner) {
+  const fs::path module_dir = fs::path(test::deloco_binary()).parent_path() / "python" / "deloco";
+  if (!fs::exists(module_dir / "__init__.py")) GTEST_SKIP() << "the Python module is not built (" << module_dir << ")";
+  const fs::path model = dir_ / "llama.pt";
+  const std::string make = "/usr/bin/python3 " + kSrc + "/examples/llama/make_model.py --out " + model.string() +
+                           " --layers 1 --dim 32 --block 32 > " + (dir_ / "make.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0) << read_file((dir_ / "make.log").string());
+  std::vector<std::string> argv = {"run", "--config", kSrc + "/examples/llama/llama.toml"};
+  for (const std::string& set :
+       {"model.path=" + model.string(), "data.path=" + kSrc + "/data/sotu", "syncer.out_dir=" + (dir_ / "run").string(),
+        std::string("train.steps=60"), std::string("train.warmup_steps=10"), std::string("train.log_every=5"),
+        std::string("sync.learners=2"), std::string("sync.quorum=2"), std::string("sync.sync_every=10"),
+        std::string("sync.wait_for_answer=true"),
+        std::string("sync.fragments=2"), std::string("train.eval_tokens=2048"), std::string("syncer.eval_interval=0"),
+        std::string("outer.kind=sgd"), std::string("outer.lr=1.0"), std::string("outer.momentum=0"),
+        std::string("syncer.metrics=")})
+    argv.insert(argv.end(), {"--set", set});
+  argv.insert(argv.end(), {"--learner-command", "1=/usr/bin/python3 " + kSrc + "/examples/pytorch/train.py", "--summary",
+                           (dir_ / "s.json").string()});
+  const auto r = test::run_to_end(argv, (dir_ / "out.log").string(), 240);
+  const fs::path run_dir = dir_ / "run";
+  const fs::path py_log_file = run_dir / "logs" / "learner-1.log";
+  ASSERT_EQ(r.code, 0) << r.out << (fs::exists(py_log_file) ? read_file(py_log_file.string()) : "");
+  const auto s = summary();
+  expect_trained(s);
+  EXPECT_LT(s["final_val_loss"].get<double>(), std::log(256.0));
+  // Quorum 2 and wait_for_answer: the learners go in lockstep (the C++ one waits while Python starts up), so the
+  // merges hold both learners' contributions; at most the last could be one learner's (after the other retired).
+  int merges = 0, both = 0;
+  for (const auto& line : split_lines(read_file((run_dir / "syncer.jsonl").string()))) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "merge") continue;
+    ++merges;
+    const auto ls = j["learners"].get<std::vector<int64_t>>();
+    both += std::count(ls.begin(), ls.end(), 0) == 1 && std::count(ls.begin(), ls.end(), 1) == 1;
+  }
+  EXPECT_GE(both, 6) << merges << " merges";  // 60 steps, H = 10, 2 fragments: 12 pushes each
+  EXPECT_GE(both, merges - 1);
+  // The Python learner: its records, merged fragments applied in place, a finished goodbye, its own log line.
+  int applies = 0;
+  bool finished = false;
+  for (const auto& line : split_lines(read_file((run_dir / "learner-1.jsonl").string()))) {
+    const auto j = nlohmann::json::parse(line);
+    applies += j["kind"] == "apply";
+    if (j["kind"] == "learner_done") finished = j["finished"].get<bool>() && j["step"].get<int64_t>() == 60;
+  }
+  EXPECT_GT(applies, 0);
+  EXPECT_TRUE(finished);
+  const std::string py_log = read_file(py_log_file.string());
+  EXPECT_NE(py_log.find("train.py: learner 1 trained 60 steps"), std::string::npos) << py_log;
+  EXPECT_NE(py_log.find("bf16 autocast"), std::string::npos) << py_log;
 }
 
 // Issue 12: `deloco tokenize` turns the corpus into token files; `deloco run` trains on them (data.format = tokens);

@@ -9,6 +9,7 @@
 // broadcasts into the inbox, noticing a silent syncer (then hello again). One handler per message kind.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -478,7 +479,34 @@ struct LearnerNode::Impl {
     }
   }
 
-  nlohmann::json run(const std::atomic<bool>& stop) {
+  // ---- the training loop, in the pieces a step-driven caller calls one by one (LearnerNode::start etc.) ----
+  using clk = std::chrono::steady_clock;
+  static double secs(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+  enum class Phase { kNew, kTraining, kFinished };
+  Phase phase = Phase::kNew;
+  double busy = 0, comm_seconds = 0, wait_seconds = 0;
+  int64_t tokens = 0, first_step = 0, state_every = 0;
+  clk::time_point run_start;
+
+  void stop_comms() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      comms_stop = true;
+    }
+    if (comms.joinable()) comms.join();
+  }
+  ~Impl() { stop_comms(); }
+
+  void throw_if_fatal() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!fatal.empty()) throw std::runtime_error(fatal);
+  }
+
+  // Starts the comms thread and joins: waits (bounded) for the global state so a (re)started learner trains from Θ,
+  // not from scratch. Positions the workload at the step the syncer remembers for this learner.
+  void begin(const std::atomic<bool>& stop) {
+    if (phase != Phase::kNew) throw std::logic_error("LearnerNode: started twice");
+    phase = Phase::kTraining;
     comms = std::thread([this] {
       try {
         comms_loop();
@@ -488,19 +516,7 @@ struct LearnerNode::Impl {
         cv.notify_all();
       }
     });
-    struct Joiner {
-      Impl* I;
-      ~Joiner() {
-        {
-          std::lock_guard<std::mutex> lock(I->mu);
-          I->comms_stop = true;
-        }
-        if (I->comms.joinable()) I->comms.join();
-      }
-    } joiner{this};
-
     load_state();
-    // Join first: wait (bounded) for the global state so a (re)started learner trains from Θ, not from scratch.
     {
       std::unique_lock<std::mutex> lock(mu);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(cfg.net.join_timeout);
@@ -526,23 +542,19 @@ struct LearnerNode::Impl {
                              " within net.join_timeout; training on, joining when the syncer appears"}});
       if (resume_step && *resume_step > work->step()) work->set_step(std::min(*resume_step, cfg.run.train.steps));
     }
+    state_every = cfg.learner.state_every > 0 ? cfg.learner.state_every : std::max<int64_t>(100, cfg.sync.sync_every);
+    first_step = work->step();
+    run_start = clk::now();
+  }
 
-    const int64_t steps = cfg.run.train.steps;
-    const int64_t state_every =
-        cfg.learner.state_every > 0 ? cfg.learner.state_every : std::max<int64_t>(100, cfg.sync.sync_every);
-    double busy = 0, comm_seconds = 0, wait_seconds = 0;
-    int64_t tokens = 0;
-    const int64_t first_step = work->step();
-    const auto run_start = std::chrono::steady_clock::now();
-    using clk = std::chrono::steady_clock;
-    auto secs = [](clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-
+  // The step boundary before the next inner step: installs downloaded states, applies the answers whose time has
+  // come, and waits as long as the core says (synchronous and streaming DiLoCo). Returns whether to train a step
+  // (false: train.steps reached, or `stop`).
+  bool boundary(const std::atomic<bool>& stop) {
+    if (phase != Phase::kTraining) throw std::logic_error("LearnerNode: not training (start() first, not after finish())");
     for (;;) {
       auto c0 = clk::now();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!fatal.empty()) throw std::runtime_error(fatal);
-      }
+      throw_if_fatal();
       const std::vector<int64_t> installed = take_received();
       const int64_t step = work->step();
       const std::vector<Applied> applied = core->apply_due(step);
@@ -582,44 +594,47 @@ struct LearnerNode::Impl {
         wait_seconds += secs(w0, clk::now());
         continue;
       }
-      if (step >= steps || stop.load()) break;
-
-      if (group) {
-        group->lead(LearnerGroup::Command::kStep, *work, group_changed);
-        group_changed.clear();
-      }
-      auto c1 = clk::now();
-      const StepResult r = work->inner_step();
-      auto c2 = clk::now();
-      double dt = secs(c1, c2);
-      if (cfg.learner.slowdown > 1) {
-        std::this_thread::sleep_for(std::chrono::duration<double>(dt * (cfg.learner.slowdown - 1)));
-        dt = secs(c1, clk::now());
-      }
-      busy += dt;
-      tokens += r.tokens;
-      const int64_t now_step = work->step();
-      if (now_step % cfg.run.train.log_every == 0 || now_step == steps)
-        emit({{"kind", "learner"}, {"step", now_step}, {"loss", r.loss}, {"tokens", tokens}, {"step_time", dt}});
-
-      auto c3 = clk::now();
-      std::vector<Push> due = core->after_step(now_step, r.tokens, dt);
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        for (auto& p : due) {
-          for (auto it = outbox.begin(); it != outbox.end();)
-            it = it->fragment == p.fragment ? outbox.erase(it) : std::next(it);
-          outbox.push_back(std::move(p));
-        }
-        beat.step = now_step;
-        beat.tokens = std::max(beat.tokens, tokens);
-        beat.busy_seconds = busy;
-        beat.step_time = core->step_time();
-      }
-      if (now_step % state_every == 0) save_state();
-      comm_seconds += secs(c3, clk::now());
+      return step < cfg.run.train.steps && !stop.load();
     }
+  }
 
+  // One inner step was trained (work->step() is the new count) in `dt` seconds: counters, the pushes due, the
+  // heartbeat's figures, the progress record, learner-local state.
+  void after(const StepResult& r, double dt) {
+    const int64_t steps = cfg.run.train.steps;
+    busy += dt;
+    tokens += r.tokens;
+    const int64_t now_step = work->step();
+    if (now_step % cfg.run.train.log_every == 0 || now_step == steps) {
+      nlohmann::json rec{{"kind", "learner"}, {"step", now_step}, {"tokens", tokens}, {"step_time", dt}};
+      if (std::isfinite(r.loss)) rec["loss"] = r.loss;  // a caller-trained learner may not say
+      emit(std::move(rec));
+    }
+    auto c3 = clk::now();
+    std::vector<Push> due = core->after_step(now_step, r.tokens, dt);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& p : due) {
+        for (auto it = outbox.begin(); it != outbox.end();)
+          it = it->fragment == p.fragment ? outbox.erase(it) : std::next(it);
+        outbox.push_back(std::move(p));
+      }
+      beat.step = now_step;
+      beat.tokens = std::max(beat.tokens, tokens);
+      beat.busy_seconds = busy;
+      beat.step_time = core->step_time();
+    }
+    if (now_step % state_every == 0) save_state();
+    comm_seconds += secs(c3, clk::now());
+  }
+
+  // Training is over (steps reached or stopped): stops the group, saves local state, says goodbye (a finished
+  // learner waits up to net.join_timeout for a syncer that is away, an interrupted one 2 s), stops the comms
+  // thread, returns the summary.
+  nlohmann::json end() {
+    if (phase != Phase::kTraining) throw std::logic_error("LearnerNode: finish() without start(), or twice");
+    phase = Phase::kFinished;
+    const int64_t steps = cfg.run.train.steps;
     const bool done = work->step() >= steps;
     if (group) {
       // A rank that already went (SIGTERM to the whole group, a crash) must not cost this learner its goodbye and
@@ -632,8 +647,6 @@ struct LearnerNode::Impl {
     }
     save_state();
     {
-      // A finished learner must tell the syncer (it releases its quorum share), so it waits for a syncer that is
-      // away — up to net.join_timeout; an interrupted one waits briefly.
       std::unique_lock<std::mutex> lock(mu);
       leave_reason = done ? "done" : "stop";
       const double patience = done ? cfg.net.join_timeout : 2.0;
@@ -641,6 +654,7 @@ struct LearnerNode::Impl {
       for (const auto& L : links)
         if (!L.left) emit(L, {{"kind", "leave_undelivered"}, {"reason", leave_reason}});
     }
+    stop_comms();
     uint64_t bytes_out = 0, bytes_in = 0;
     for (const auto& L : links) bytes_out += L.tx->stats().bytes_out, bytes_in += L.tx->stats().bytes_in;
     const double wall = secs(run_start, clk::now());
@@ -669,6 +683,25 @@ struct LearnerNode::Impl {
     r["kind"] = "learner_done";
     emit(r);
     return s;
+  }
+
+  nlohmann::json run(const std::atomic<bool>& stop) {
+    begin(stop);
+    while (boundary(stop)) {
+      if (group) {
+        group->lead(LearnerGroup::Command::kStep, *work, group_changed);
+        group_changed.clear();
+      }
+      auto c1 = clk::now();
+      const StepResult r = work->inner_step();
+      double dt = secs(c1, clk::now());
+      if (cfg.learner.slowdown > 1) {
+        std::this_thread::sleep_for(std::chrono::duration<double>(dt * (cfg.learner.slowdown - 1)));
+        dt = secs(c1, clk::now());
+      }
+      after(r, dt);
+    }
+    return end();
   }
 };
 
@@ -728,5 +761,23 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
 LearnerNode::~LearnerNode() = default;
 void LearnerNode::lead_group(std::shared_ptr<LearnerGroup> group) { impl_->group = std::move(group); }
 nlohmann::json LearnerNode::run(const std::atomic<bool>& stop) { return impl_->run(stop); }
+
+int64_t LearnerNode::start(const std::atomic<bool>& stop) {
+  if (impl_->group) throw std::logic_error("LearnerNode: a learner group trains through run(), not step by step");
+  impl_->begin(stop);
+  return impl_->work->step();
+}
+bool LearnerNode::next(const std::atomic<bool>& stop) { return impl_->boundary(stop); }
+void LearnerNode::stepped(const StepResult& result, double seconds) {
+  if (impl_->phase != Impl::Phase::kTraining) throw std::logic_error("LearnerNode: stepped() outside start()..finish()");
+  if (impl_->work->step() >= impl_->cfg.run.train.steps)
+    throw std::logic_error("LearnerNode: stepped() after train.steps=" + std::to_string(impl_->cfg.run.train.steps) +
+                           " steps (next() said to stop)");
+  impl_->work->set_step(impl_->work->step() + 1);
+  impl_->after(result, seconds);
+}
+nlohmann::json LearnerNode::finish() { return impl_->end(); }
+int64_t LearnerNode::step() const { return impl_->work->step(); }
+const RuntimeConfig& LearnerNode::config() const { return impl_->cfg; }
 
 }  // namespace deloco

@@ -1,4 +1,5 @@
 // Configuration of the distributed runtime: every key of `deloco syncer`, `deloco learner` and `deloco run`.
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <thread>
@@ -204,6 +205,36 @@ void RuntimeConfig::validate() const {
   if (chaos.slow_learner >= resolved_learners())
     throw ConfigError("chaos.slow_learner names learner " + std::to_string(chaos.slow_learner) + " of " +
                       std::to_string(resolved_learners()));
+}
+
+namespace {
+void from_env(std::string* field, const char* var) {
+  if (const char* v = std::getenv(var); v != nullptr && *v != '\0') *field = v;
+}
+}  // namespace
+
+void apply_node_environment(RuntimeConfig& cfg, NodeRole role) {
+  from_env(&cfg.net.secret_key, "DELOCO_SECRET_KEY");
+  if (role == NodeRole::kSyncer) {
+    from_env(&cfg.net.address, "DELOCO_BIND");
+    from_env(&cfg.net.allow, "DELOCO_ALLOW");
+  } else {
+    from_env(&cfg.net.address, "DELOCO_SYNCER");
+    from_env(&cfg.net.server_key, "DELOCO_SERVER_KEY");
+  }
+}
+
+int64_t environment_integer(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  try {
+    size_t used = 0;
+    const int64_t x = std::stoll(v, &used);
+    if (used != std::string(v).size()) throw std::invalid_argument(v);
+    return x;
+  } catch (const std::exception&) {
+    throw ConfigError(std::string(name) + "='" + v + "' is not an integer");
+  }
 }
 
 }  // namespace deloco

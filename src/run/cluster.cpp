@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -205,6 +206,28 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
   return a;
 }
 
+// The environment of a learner command (ChildConfig::learner_commands): what deloco/embed.h reads.
+std::vector<std::string> LocalCluster::learner_command_environment(int64_t learner) const {
+  const fs::path keys = dir_ / "keys";
+  std::vector<std::string> extra = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1",
+                                    "DELOCO_CONFIG=" + (dir_ / "config.json").string(),
+                                    "DELOCO_SET=sync.learners=" + std::to_string(M_),
+                                    "DELOCO_LEARNER_ID=" + std::to_string(learner),
+                                    "DELOCO_SYNCER=" + dial_addr_,
+                                    "DELOCO_OUT=" + dir_.string()};
+  if (!cfg_.net.plaintext) {
+    extra.push_back("DELOCO_SECRET_KEY=" + (keys / ("learner-" + std::to_string(learner) + ".key")).string());
+    extra.push_back("DELOCO_SERVER_KEY=" + (keys / "syncer.pub").string());
+  }
+  std::error_code ec;
+  const fs::path module_dir = fs::read_symlink("/proc/self/exe", ec).parent_path() / "python";
+  if (!ec && fs::exists(module_dir / "deloco" / "__init__.py")) {
+    const char* old = std::getenv("PYTHONPATH");
+    extra.push_back("PYTHONPATH=" + module_dir.string() + (old != nullptr && *old != '\0' ? ":" + std::string(old) : ""));
+  }
+  return child_environment(extra);
+}
+
 // Whether the syncer has a checkpoint to --resume from: a committed folder in RUN/checkpoints (RUN/latest is only
 // a hint, missing when the syncer died between its first commit and writing it).
 bool LocalCluster::has_checkpoint(int64_t shard) const { return has_committed_checkpoint(shard_dir(shard).string()); }
@@ -223,11 +246,17 @@ void LocalCluster::start(Child& c) {
   {
     std::ofstream l(log, std::ios::app);
     l << "=== deloco run: start #" << c.starts + 1 << " at +" << fixed(elapsed(), 1) << " s:";
-    for (size_t i = 1; i < argv.size(); ++i) l << " " << argv[i];
+    if (const auto cmd = children_.learner_commands.find(c.learner); c.learner >= 0 && cmd != children_.learner_commands.end())
+      l << " " << cmd->second << " (learner command)";
+    else
+      for (size_t i = 1; i < argv.size(); ++i) l << " " << argv[i];
     l << "\n";
   }
   // One thread per process: M learners, one per core, and a syncer that mostly waits.
-  c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log);
+  if (const auto cmd = children_.learner_commands.find(c.learner); c.learner >= 0 && cmd != children_.learner_commands.end())
+    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + cmd->second}, learner_command_environment(c.learner), log);
+  else
+    c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log);
   c.stopped = false;
   c.chaos_killed = false;
   c.restart_at = -1;

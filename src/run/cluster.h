@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,14 @@ namespace deloco::run {
 struct ChildConfig {
   std::string config_path;        // "" : none
   std::vector<std::string> sets;  // "section.key=value"
+  // Learners that are a program of the user's instead of `deloco learner` (`deloco run --learner-command N=CMD`,
+  // e.g. a PyTorch script using the Python module). Each is started as `/bin/sh -c 'exec CMD'` (so CMD is one
+  // program and its arguments, and the pid is the program's: chaos and the final stop signal reach it), in the
+  // run's working directory, with the environment the Python module and deloco/embed.h read: DELOCO_CONFIG =
+  // RUN/config.json, DELOCO_SET (sync.learners=M), DELOCO_LEARNER_ID, DELOCO_SYNCER, DELOCO_SECRET_KEY and
+  // DELOCO_SERVER_KEY (unless plaintext), DELOCO_OUT = RUN; PYTHONPATH gets the build's python/ folder first
+  // when there is one beside the executable. Restarted, killed by chaos and summarised like any learner.
+  std::map<int64_t, std::string> learner_commands;
 };
 
 class LocalCluster {
@@ -67,6 +76,7 @@ class LocalCluster {
   double elapsed() const;
   void make_keys();
   std::vector<std::string> argv_of(const Child& c) const;
+  std::vector<std::string> learner_command_environment(int64_t learner) const;
   bool has_checkpoint(int64_t shard) const;
   // Shard s's run folder: the run folder itself when unsharded, else RUN/shard-s.
   std::filesystem::path shard_dir(int64_t s) const;

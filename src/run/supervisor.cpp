@@ -24,7 +24,7 @@ namespace deloco::run {
 
 std::vector<std::string> child_environment(const std::vector<std::string>& extra) {
   static const char* kDrop[] = {"DELOCO_SYNCER", "DELOCO_BIND", "DELOCO_SECRET_KEY", "DELOCO_SERVER_KEY", "DELOCO_ALLOW",
-                                "DELOCO_LEARNER_ID", "DELOCO_SHARD", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+                                "DELOCO_LEARNER_ID", "DELOCO_SHARD", "DELOCO_CONFIG", "DELOCO_SET", "DELOCO_OUT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -38,6 +38,11 @@ std::vector<std::string> child_environment(const std::vector<std::string>& extra
 }
 
 pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
+  return spawn_program("/proc/self/exe", argv, env, log);
+}
+
+pid_t spawn_program(const std::string& program, const std::vector<std::string>& argv,
+                    const std::vector<std::string>& env, const std::string& log) {
   std::vector<char*> av, ev;
   for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
   av.push_back(nullptr);
@@ -63,8 +68,8 @@ pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::st
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execve("/proc/self/exe", av.data(), ev.data());
-    static const char msg[] = "deloco run: exec of /proc/self/exe failed\n";
+    ::execve(program.c_str(), av.data(), ev.data());
+    static const char msg[] = "deloco run: exec of a child failed\n";
     (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
     ::_exit(127);
   }

@@ -45,6 +45,9 @@ std::vector<std::string> child_environment(const std::vector<std::string>& extra
 
 // Starts /proc/self/exe with `argv` (argv[0] is only a name) and `env` as described above; returns its pid.
 pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log);
+// The same for another program (a path, e.g. "/bin/sh").
+pid_t spawn_program(const std::string& program, const std::vector<std::string>& argv,
+                    const std::vector<std::string>& env, const std::string& log);
 
 // If `c` is running and has exited, reaps it: pid = 0, stopped = false, last_exit set, done = true when it exited
 // with status 0. Returns whether it exited. Never blocks.
