@@ -18,6 +18,7 @@ import argparse
 import glob
 import math
 import os
+import signal
 import sys
 import time
 
@@ -91,6 +92,8 @@ def main():
     # --- deloco: join the run (the model now holds the global parameters) ---
     learner = deloco.Learner(model, config=a.config, set=a.set, learner_id=a.id, connect=a.connect,
                              secret_key=a.secret_key, syncer_key=a.syncer_key)
+    # `deloco run` stops a run with SIGTERM: end the loop at the next step and still say goodbye.
+    signal.signal(signal.SIGTERM, lambda *_: learner.stop())
     cfg = learner.config
     t = cfg["train"]
     data = training_bytes(cfg["data"]["path"], cfg["data"]["val_fraction"])
