@@ -159,7 +159,8 @@ def plan(S):
 
 # ---- running -----------------------------------------------------------------------------------------------------
 def key_of(sets):
-    return hashlib.sha1("\n".join(sorted(sets)).encode()).hexdigest()[:16]
+    # Paths inside the checkout count relative to it, so results stay valid in another clone (or session).
+    return hashlib.sha1("\n".join(sorted(s.replace(ROOT, "<root>") for s in sets)).encode()).hexdigest()[:16]
 
 
 def run_point(args, out, sets):
