@@ -67,8 +67,8 @@ def scale(quick, out):
     # The full scale is sized to the budget, about 8 hours on 2 cores, by measurement (bf16 inner steps of
     # 8 × 128 tokens, single-threaded, one `deloco sim` run per core, on this machine): 6 × 384 (12.3M parameters)
     # costs about 0.84 s per learner step, so the plan's 138 runs of 1600 total steps would take about 26 h; 4 × 256
-    # (4.24M parameters) costs about 0.18 s (a tuning run of 1000 steps took 250-290 s), so 138 × 1600 steps ×
-    # 0.18 s / 2 cores ≈ 8 h. The aim of ≥ 10M parameters does not fit its 8 hours with 3 seeds and a tuned
+    # (4.24M parameters): a tuning run of 1000 steps took 250-290 s, about 0.27 s a step with its evaluations, so
+    # 138 × 1600 steps × 0.27 s / 2 cores ≈ 8.3 h. The aim of ≥ 10M parameters does not fit its 8 hours with 3 seeds and a tuned
     # grid per method on this machine; the token budget per run was kept instead (M = 16 still gets 4 outer rounds).
     tokens = os.path.join(out, "tokens")
     base = ["model.block_size=128", "model.n_layer=4", "model.n_head=4", "model.n_embd=256", "model.vocab_size=4096",
