@@ -63,7 +63,9 @@ class EmbeddedLearner {
   // Loads and checks the config and the parameters, dials the syncer and joins (waits up to net.join_timeout for
   // the global state, which it installs into the parameters; without a syncer it trains on alone and joins later).
   EmbeddedLearner(const EmbeddedLearnerOptions& opts, std::vector<std::pair<std::string, at::Tensor>> params);
-  ~EmbeddedLearner();  // a learner not closed leaves with reason "stop" (errors swallowed)
+  // A learner not closed leaves with reason "stop" (errors swallowed). In a process forked from the one that made
+  // it (e.g. a DataLoader worker), destruction does nothing: the parent's learner is the parent's.
+  ~EmbeddedLearner();
   EmbeddedLearner(const EmbeddedLearner&) = delete;
   EmbeddedLearner& operator=(const EmbeddedLearner&) = delete;
 
@@ -86,6 +88,7 @@ class EmbeddedLearner {
 
  private:
   int64_t id_ = 0, start_step_ = 0;
+  int owner_pid_ = 0;  // the process that constructed it (a forked child's copy does nothing on destruction)
   bool done_ = false, closed_ = false;
   double last_ = 0;  // steady-clock seconds when the caller's current step began
   nlohmann::json config_json_, summary_;

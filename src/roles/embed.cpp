@@ -1,6 +1,8 @@
 // The caller-trained learner (deloco/embed.h): a LearnerNode in step-driven use over the caller's own parameters.
 #include "deloco/embed.h"
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -116,7 +118,8 @@ nlohmann::json read_learner_config(const EmbeddedLearnerOptions& opts) {
 }
 
 EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
-                                 std::vector<std::pair<std::string, at::Tensor>> params) {
+                                 std::vector<std::pair<std::string, at::Tensor>> params)
+    : owner_pid_(static_cast<int>(::getpid())) {
   check_parameters(params);
   ConfigSchema schema;
   RuntimeConfig cfg;
@@ -153,6 +156,13 @@ EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
 }
 
 EmbeddedLearner::~EmbeddedLearner() {
+  // A forked child (a DataLoader worker) holds a copy of this object but not its comms thread or sockets: it must
+  // neither say goodbye for the parent nor join a thread it does not have. Its copies are left to the exit.
+  if (::getpid() != owner_pid_) {
+    (void)node_.release();
+    (void)records_.release();
+    return;
+  }
   try {
     close();
   } catch (...) {

@@ -4,6 +4,7 @@
 parameters into the model's own tensors in place; a learner trains to train.steps and says goodbye; a model of
 another shape is refused. Run by ctest as python.module (PYTHONPATH=build/python, DELOCO_BINARY, DELOCO_SOURCE_DIR).
 """
+import gc
 import os
 import subprocess
 import sys
@@ -114,6 +115,18 @@ class ModuleTest(unittest.TestCase):
             for n, p in model.named_parameters():
                 self.assertEqual(p.data_ptr(), before[n], n)
                 self.assertTrue(torch.equal(p.detach(), saved[n]), n)
+            # A forked child (as DataLoader workers are) dropping its copy neither says goodbye for the parent nor
+            # touches the parent's comms thread: it exits cleanly, and the parent trains on below.
+            pid = os.fork()
+            if pid == 0:
+                del learner
+                gc.collect()
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            self.assertEqual(status, 0)
+            with open(os.path.join(run_dir, "learner-0.jsonl")) as f:
+                early = f.read()
+            self.assertNotIn('"learner_done"', early)  # the child wrote no goodbye record into the parent's file
             self.assertEqual(learner.start_step, 0)
             self.assertEqual(learner.total_steps, 30)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
