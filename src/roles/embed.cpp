@@ -20,6 +20,7 @@
 #include "deloco/model.h"
 #include "deloco/records.h"
 #include "deloco/runtime.h"
+#include "util/env.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -27,12 +28,6 @@ namespace {
 
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-std::string env_or(const std::string& given, const char* var) {
-  if (!given.empty()) return given;
-  const char* v = std::getenv(var);
-  return v == nullptr ? std::string() : std::string(v);
 }
 
 // A model trained by the caller: what a learner node needs of it (names, shapes, fingerprint) and a step count.
@@ -88,7 +83,7 @@ void load_config_file(ConfigSchema& schema, const std::string& path) {
 
 // The config file, DELOCO_SET, the options' sets, the environment and the options' connect/keys, validated.
 void load_learner_config(ConfigSchema& schema, RuntimeConfig& cfg, const EmbeddedLearnerOptions& opts) {
-  const std::string path = env_or(opts.config, "DELOCO_CONFIG");
+  const std::string path = !opts.config.empty() ? opts.config : environment_string("DELOCO_CONFIG");
   if (path.empty())
     throw ConfigError("give the run's config: config=PATH (a TOML file, or RUN/config.json of `deloco run`) or "
                       "DELOCO_CONFIG");
@@ -137,7 +132,7 @@ EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
   cfg.learner.state_dir.clear();  // the caller owns its optimizer state
   config_json_ = schema.to_json();
 
-  std::string dir = env_or(opts.out, "DELOCO_OUT");
+  std::string dir = !opts.out.empty() ? opts.out : environment_string("DELOCO_OUT");
   if (dir.empty()) dir = cfg.syncer.out_dir;
   if (dir.empty()) dir = "runs/learner-" + std::to_string(id_);
   fs::create_directories(dir);

@@ -1,12 +1,14 @@
 // Configuration of the distributed runtime: every key of `deloco syncer`, `deloco learner` and `deloco run`.
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <thread>
 
 #include "deloco/config.h"
 #include "deloco/runtime.h"
 #include "deloco/wire.h"
+#include "util/env.h"
 
 namespace deloco {
 
@@ -208,9 +210,7 @@ void RuntimeConfig::validate() const {
 }
 
 namespace {
-void from_env(std::string* field, const char* var) {
-  if (const char* v = std::getenv(var); v != nullptr && *v != '\0') *field = v;
-}
+void from_env(std::string* field, const char* var) { *field = environment_string(var, *field); }
 }  // namespace
 
 void apply_node_environment(RuntimeConfig& cfg, NodeRole role) {
@@ -225,16 +225,7 @@ void apply_node_environment(RuntimeConfig& cfg, NodeRole role) {
 }
 
 int64_t environment_integer(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  try {
-    size_t used = 0;
-    const int64_t x = std::stoll(v, &used);
-    if (used != std::string(v).size()) throw std::invalid_argument(v);
-    return x;
-  } catch (const std::exception&) {
-    throw ConfigError(std::string(name) + "='" + v + "' is not an integer");
-  }
+  return environment_integer_in(name, fallback, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace deloco

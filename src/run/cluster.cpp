@@ -19,6 +19,7 @@
 #include "deloco/checkpoint_store.h"
 #include "deloco/clock.h"
 #include "deloco/transport.h"
+#include "util/env.h"
 
 namespace deloco::run {
 namespace fs = std::filesystem;
@@ -222,8 +223,8 @@ std::vector<std::string> LocalCluster::learner_command_environment(int64_t learn
   std::error_code ec;
   const fs::path module_dir = fs::read_symlink("/proc/self/exe", ec).parent_path() / "python";
   if (!ec && fs::exists(module_dir / "deloco" / "__init__.py")) {
-    const char* old = std::getenv("PYTHONPATH");
-    extra.push_back("PYTHONPATH=" + module_dir.string() + (old != nullptr && *old != '\0' ? ":" + std::string(old) : ""));
+    const std::string old = environment_string("PYTHONPATH");
+    extra.push_back("PYTHONPATH=" + module_dir.string() + (old.empty() ? "" : ":" + old));
   }
   return child_environment(extra);
 }
@@ -243,18 +244,21 @@ void LocalCluster::start(Child& c) {
   if (group_leader) group_port_[static_cast<size_t>(c.learner)] = free_loopback_port();
   const std::string log = (dir_ / "logs" / (c.name + ".log")).string();
   const auto argv = argv_of(c);
+  // A learner given by --learner-command runs the user's program instead of this binary.
+  const auto found = c.learner >= 0 ? children_.learner_commands.find(c.learner) : children_.learner_commands.end();
+  const std::string* command = found != children_.learner_commands.end() ? &found->second : nullptr;
   {
     std::ofstream l(log, std::ios::app);
     l << "=== deloco run: start #" << c.starts + 1 << " at +" << fixed(elapsed(), 1) << " s:";
-    if (const auto cmd = children_.learner_commands.find(c.learner); c.learner >= 0 && cmd != children_.learner_commands.end())
-      l << " " << cmd->second << " (learner command)";
+    if (command != nullptr)
+      l << " " << *command << " (learner command)";
     else
       for (size_t i = 1; i < argv.size(); ++i) l << " " << argv[i];
     l << "\n";
   }
   // One thread per process: M learners, one per core, and a syncer that mostly waits.
-  if (const auto cmd = children_.learner_commands.find(c.learner); c.learner >= 0 && cmd != children_.learner_commands.end())
-    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + cmd->second}, learner_command_environment(c.learner), log);
+  if (command != nullptr)
+    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + *command}, learner_command_environment(c.learner), log);
   else
     c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log);
   c.stopped = false;

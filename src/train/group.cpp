@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -16,36 +15,22 @@
 
 #include "deloco/config.h"
 #include "deloco/workload.h"
+#include "util/env.h"
 
 namespace deloco {
 namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-int64_t env_int(const char* name, int64_t fallback, int64_t lo, int64_t hi) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  try {
-    size_t used = 0;
-    const long long x = std::stoll(v, &used);
-    if (used != std::string(v).size()) throw std::invalid_argument(v);
-    if (x < lo || x > hi) throw std::out_of_range(v);
-    return x;
-  } catch (const std::exception&) {
-    throw ConfigError(std::string(name) + "='" + v + "' is not an integer in [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + "]");
-  }
-}
-
 bool is_loopback(const std::string& host) { return host == "127.0.0.1" || host == "localhost" || host == "::1"; }
 }  // namespace
 
 GroupOptions GroupOptions::from_environment(GroupOptions d) {
-  d.rank = env_int("RANK", d.rank, 0, 1 << 20);
-  d.size = env_int("WORLD_SIZE", d.size, 1, 1 << 20);
-  d.local_rank = env_int("LOCAL_RANK", d.local_rank, 0, 1 << 20);
-  d.master_port = env_int("MASTER_PORT", d.master_port, 1, 65535);
-  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') d.master_addr = a;
+  d.rank = environment_integer_in("RANK", d.rank, 0, 1 << 20);
+  d.size = environment_integer_in("WORLD_SIZE", d.size, 1, 1 << 20);
+  d.local_rank = environment_integer_in("LOCAL_RANK", d.local_rank, 0, 1 << 20);
+  d.master_port = environment_integer_in("MASTER_PORT", d.master_port, 1, 65535);
+  d.master_addr = environment_string("MASTER_ADDR", d.master_addr);
   return d;
 }
 
@@ -84,7 +69,7 @@ std::shared_ptr<LearnerGroup> LearnerGroup::connect(const GroupOptions& o) {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     // The interface Gloo binds: GLOO_SOCKET_IFNAME as in PyTorch; the loopback when the group is on one host;
     // else the interface of this host's name.
-    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0')
+    if (const std::string ifname = environment_string("GLOO_SOCKET_IFNAME"); !ifname.empty())
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
     else if (is_loopback(o.master_addr))
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
