@@ -12,8 +12,9 @@ Rules (issue 14):
   * seeds: every reported point runs `seeds` seeds (train.seed and sim.seed both = the seed); the tables give the
     mean and the 95% interval of the mean (Student's t over the seeds);
   * tuning: each method's outer learning rate (and momentum, for Nesterov) is chosen on a small grid by the final
-    loss on data.holdout = dev, the first half of the held-out tokens; every reported number is measured on
-    data.holdout = test, the second half, which no choice saw;
+    loss on data.holdout = dev, the first half of the held-out tokens; a grid whose best η is its smallest or largest
+    grows on that side (MAX_EXTENSIONS), and a choice still on an edge is reported as such; every reported number is
+    measured on data.holdout = test, the second half, which no choice saw;
   * labels: every claim is marked reproduced, partly or not reproduced by a stated rule, with a sentence of why.
 
 The scale: --quick is the byte-level tiny model (about 0.1M parameters) for CI; the full suite is a bf16 model of
@@ -265,33 +266,71 @@ def tuning_sets(S, meth, lr, mu):
             [f"outer.lr={lr}", f"outer.momentum={mu}", "data.holdout=dev", "train.seed=1", "sim.seed=1"])
 
 
-def tuning_jobs(S, pts):
-    """Per method in the plan: its grid on the dev half, seed 1."""
+# How far a grid grows when its best η lies on an edge: at most this many more points on each side, each the
+# previous edge × the first (low side) or last (high side) of the scale's lr_factors, at the best point's μ.
+MAX_EXTENSIONS = 3
+
+
+def tuning_points(res, S, meth):
+    """A method's tuning as far as the results go: (points, missing, best, edge).
+
+    points: the (η, μ) pairs of its grid, extended while the best dev loss is at the lowest or highest η (at most
+    MAX_EXTENSIONS more on each side); missing: the points with no result yet (run them, then ask again); best:
+    (loss, η, μ) of the lowest finite dev loss among the points, or None; edge: "low" or "high" when the best is
+    still the smallest or largest η after every extension (the optimum may lie beyond the grid), else ""."""
+    lrs, mus = grid(S, meth)
+    points = [(lr, mu) for lr in lrs for mu in mus]
+    grown = {"low": 0, "high": 0}
+    while True:
+        missing, cand = [], []
+        for lr, mu in points:
+            r = res.get(tuning_sets(S, meth, lr, mu))
+            if r is None:
+                missing.append((lr, mu))
+            elif r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"]):
+                cand.append((r["final_val_loss"], lr, mu))
+        best = min(cand) if cand else None
+        if missing or best is None:
+            return points, missing, best, ""
+        _, lr, mu = best
+        explored = sorted({p[0] for p in points})
+        side = "low" if lr == explored[0] else ("high" if lr == explored[-1] else "")
+        if not side:
+            return points, [], best, ""
+        if grown[side] == MAX_EXTENSIONS:
+            return points, [], best, side
+        grown[side] += 1
+        factor = S["lr_factors"][0] if side == "low" else S["lr_factors"][-1]
+        points.append((round(lr * factor, 4), mu))
+
+
+def tuning_jobs(res, S, meths):
+    """The tuning runs still to do, for every method: its grid (and any extension) on the dev half, seed 1."""
     jobs = []
-    meths = sorted({meth for _, _, meth, _ in pts if meth is not None})
     for meth in meths:
-        lrs, mus = grid(S, meth)
-        for lr in lrs:
-            for mu in mus:
-                jobs.append((dict(exp="tune", variant=meth, method=meth, lr=lr, mu=mu, seed=1, holdout="dev"),
-                             tuning_sets(S, meth, lr, mu)))
-    return jobs, meths
+        for lr, mu in tuning_points(res, S, meth)[1]:
+            jobs.append((dict(exp="tune", variant=meth, method=meth, lr=lr, mu=mu, seed=1, holdout="dev"),
+                         tuning_sets(S, meth, lr, mu)))
+    return jobs
+
+
+def tune(args, out, S, meths):
+    """Runs the tuning to its end: the grids, then the extensions that their results ask for, round by round."""
+    while True:
+        res = Results(RESULTS_FILE)
+        jobs = tuning_jobs(res, S, meths)
+        if not jobs:
+            return res
+        run_all(args, out, jobs)
 
 
 def chosen(res, S, meths):
-    """method -> (lr, mu) with the lowest dev loss."""
+    """method -> (lr, mu) with the lowest dev loss over its (extended) grid."""
     best = {}
     for meth in meths:
-        lrs, mus = grid(S, meth)
-        cand = []
-        for lr in lrs:
-            for mu in mus:
-                r = res.get(tuning_sets(S, meth, lr, mu))
-                if r is not None and r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"]):
-                    cand.append((r["final_val_loss"], lr, mu))
-        if cand:
-            _, lr, mu = min(cand)
-            best[meth] = (lr, mu)
+        b = tuning_points(res, S, meth)[2]
+        if b is not None:
+            best[meth] = (b[1], b[2])
     return best
 
 
@@ -358,13 +397,27 @@ def report(res, S, best, quick, out, doc, plots_dir):
       "outer SGD.\n")
     w("| method | η grid | μ grid | chosen η | chosen μ | dev loss of each grid point (η, μ) |")
     w("|---|---|---|---|---|---|")
+    edges, unfinished = [], []
     for meth, (lr, mu) in sorted(best.items()):
         lrs, mus = grid(S, meth)
-        pts = sorted(((r["lr"], r["mu"], r["final_val_loss"]) for r in res.rows.values()
-                      if r["exp"] == "tune" and r["variant"] == meth and r["lr"] in lrs and r["mu"] in mus))
-        w(f"| {meth} | {lrs} | {mus} | {lr} | {mu} | " +
-          ", ".join(f"({a}, {b}): {c:.4f}" for a, b, c in pts) + " |")
+        points, missing, _, edge = tuning_points(res, S, meth)
+        if missing:
+            unfinished.append(meth)
+        elif edge:
+            edges.append(f"{meth} ({edge})")
+        rows = {(a, b): res.get(tuning_sets(S, meth, a, b)) for a, b in points}
+        pts = sorted((a, b, r["final_val_loss"] if r["final_val_loss"] is not None else float("nan"))
+                     for (a, b), r in rows.items() if r is not None)
+        added = sorted(a for a, _ in points[len(lrs) * len(mus):] if (a, _) not in missing)
+        w(f"| {meth} | {lrs}" + (f" + {added}" if added else "") + f" | {mus} | {lr}" + (" (edge)" if edge else "") +
+          f" | {mu} | " + ", ".join(f"({a}, {b}): {c:.4f}" for a, b, c in pts) + " |")
     w("")
+    w(f"When the best η of a grid was its smallest or largest, the grid was extended on that side by one more factor "
+      f"({S['lr_factors'][0]} or {S['lr_factors'][-1]}) at the best μ, up to {MAX_EXTENSIONS} times (the η after the "
+      "+). " + ("Still on an edge after that, so their optimum may lie beyond what was tried: " + ", ".join(edges) + ". "
+                if edges else "") +
+      ("Tuning is not finished for " + ", ".join(unfinished) + ": their choice may still change."
+       if unfinished else "" if edges or not best else "Every choice is inside its grid.") + "\n")
 
     claims = []
     # 1.
@@ -603,8 +656,8 @@ def main():
     if args.only:
         keep = set(args.only.split(","))
         pts = [p for p in pts if p[0] in keep]
-    tjobs, tuned = tuning_jobs(S, pts)
-    res = Results(RESULTS_FILE) if args.report_only else run_all(args, out, tjobs)
+    tuned = sorted({meth for _, _, meth, _ in pts if meth is not None})
+    res = Results(RESULTS_FILE) if args.report_only else tune(args, out, S, tuned)
     best = chosen(res, S, tuned)
     if not args.report_only:
         res = run_all(args, out, reported_jobs(S, pts, best))
