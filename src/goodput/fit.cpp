@@ -3,6 +3,8 @@
 
 #include <nlopt.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -11,6 +13,7 @@
 #include <sstream>
 
 #include "deloco/config.h"
+#include "util/config_toml.h"
 
 namespace deloco {
 namespace {
@@ -52,19 +55,19 @@ bool parse_number(const std::string& s, double* v) {
   return end == s.c_str() + s.size() && std::isfinite(*v);
 }
 
-double* field_of(GoodputParams& p, const std::string& name) {
-  if (name == "restart_minutes") return &p.restart_minutes;
-  if (name == "downscale_seconds") return &p.downscale_seconds;
-  if (name == "upscale_seconds") return &p.upscale_seconds;
-  if (name == "swap_minutes") return &p.swap_minutes;
-  if (name == "spare_fraction") return &p.spare_fraction;
-  if (name == "reset_fraction") return &p.reset_fraction;
-  if (name == "reset_minutes") return &p.reset_minutes;
-  if (name == "step_time_cv") return &p.step_time_cv;
-  if (name == "repair_hours") return &p.repair_hours;
-  if (name == "catchup_minutes") return &p.catchup_minutes;
-  if (name == "quorum") return &p.quorum;
-  return nullptr;
+// A goodput.* number of `p` by its key name, read and written through bind_goodput_config, the one list of the
+// keys (so a fit parameter needs no binding of its own).
+double param_value(const GoodputParams& p, const std::string& name) {
+  GoodputParams copy = p;
+  ConfigSchema schema;
+  bind_goodput_config(schema, copy);
+  return schema.to_json().at("goodput").at(name).get<double>();
+}
+
+void set_param(GoodputParams& p, const std::string& name, double value) {
+  ConfigSchema schema;
+  bind_goodput_config(schema, p);
+  schema.from_json({{"goodput", {{name, value}}}}, "goodput --fit");
 }
 
 // Solves the symmetric positive semi-definite system A·X = I by Gauss–Jordan with partial pivoting; false when A
@@ -111,7 +114,7 @@ struct Problem {
     GoodputParams p = base;
     for (size_t i = 0; i < params.size(); ++i) {
       const double u = std::clamp(x[i], 0.0, 1.0);
-      *field_of(p, params[i].name) = params[i].lower + u * (params[i].upper - params[i].lower);
+      set_param(p, params[i].name, params[i].lower + u * (params[i].upper - params[i].lower));
     }
     return p;
   }
@@ -148,13 +151,6 @@ std::string nlopt_reason(nlopt_result r) {
   }
 }
 
-std::string toml_double(double v) {
-  std::ostringstream o;
-  o << std::setprecision(std::numeric_limits<double>::max_digits10) << v;  // reads back to the same double
-  std::string s = o.str();
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // TOML floats need a point
-  return s;
-}
 
 }  // namespace
 
@@ -296,8 +292,7 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
   std::vector<double> x(np), lo(np, 0.0), hi(np, 1.0);
   for (size_t i = 0; i < np; ++i) {
     const auto& q = pr.params[i];
-    GoodputParams b = base;
-    x[i] = std::clamp((*field_of(b, q.name) - q.lower) / (q.upper - q.lower), 0.0, 1.0);
+    x[i] = std::clamp((param_value(base, q.name) - q.lower) / (q.upper - q.lower), 0.0, 1.0);
   }
   GoodputFitResult res;
   double best = pr.objective(x.data());
@@ -372,7 +367,7 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
   res.names = opts.names;
   for (size_t j = 0; j < np; ++j) {
     const auto& q = pr.params[j];
-    res.values.push_back(*field_of(res.params, q.name));
+    res.values.push_back(param_value(res.params, q.name));
     res.at_bound.push_back(x[j] <= 1e-9 || x[j] >= 1 - 1e-9);
     double se = std::numeric_limits<double>::infinity();
     if (!zero_column[j]) {
@@ -401,44 +396,10 @@ std::string goodput_toml(const GoodputParams& p, const std::string& comment) {
   std::ostringstream o;
   std::istringstream c(comment);
   for (std::string line; std::getline(c, line);) o << "# " << line << "\n";
-  auto list = [](const std::vector<int64_t>& v) {
-    std::string s = "[";
-    for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    return s + "]";
-  };
-  auto b = [](bool v) { return v ? "true" : "false"; };
-  o << "[goodput]\n"
-    << "chips = " << list(p.chips) << "\n"
-    << "learners = " << list(p.learners) << "\n"
-    << "slice_chips = " << p.slice_chips << "\n"
-    << "mtbi_chip_years = " << toml_double(p.mtbi_chip_years) << "\n"
-    << "repair_hours = " << toml_double(p.repair_hours) << "\n"
-    << "repair_dist = \"" << p.repair_dist << "\"\n"
-    << "repair_cv = " << toml_double(p.repair_cv) << "\n"
-    << "restart_minutes = " << toml_double(p.restart_minutes) << "\n"
-    << "downscale_seconds = " << toml_double(p.downscale_seconds) << "\n"
-    << "upscale_seconds = " << toml_double(p.upscale_seconds) << "\n"
-    << "step_time_cv = " << toml_double(p.step_time_cv) << "\n"
-    << "quorum = " << toml_double(p.quorum) << "\n"
-    << "spare_fraction = " << toml_double(p.spare_fraction) << "\n"
-    << "swap_minutes = " << toml_double(p.swap_minutes) << "\n"
-    << "reset_fraction = " << toml_double(p.reset_fraction) << "\n"
-    << "reset_minutes = " << toml_double(p.reset_minutes) << "\n"
-    << "domain_slices = " << p.domain_slices << "\n"
-    << "domain_mtbf_days = " << toml_double(p.domain_mtbf_days) << "\n"
-    << "syncer_mtbf_hours = " << toml_double(p.syncer_mtbf_hours) << "\n"
-    << "syncer_restart_minutes = " << toml_double(p.syncer_restart_minutes) << "\n"
-    << "catchup_minutes = " << toml_double(p.catchup_minutes) << "\n"
-    << "quorum_learners = " << p.quorum_learners << "\n"
-    << "days = " << toml_double(p.days) << "\n"
-    << "warmup_hours = " << toml_double(p.warmup_hours) << "\n"
-    << "seeds = " << p.seeds << "\n"
-    << "seed = " << p.seed << "\n"
-    << "threads = " << p.threads << "\n"
-    << "dp = " << b(p.dp) << "\n"
-    << "elastic_dp = " << b(p.elastic_dp) << "\n"
-    << "diloco = " << b(p.diloco) << "\n";
-  return o.str();
+  GoodputParams copy = p;
+  ConfigSchema schema;
+  bind_goodput_config(schema, copy);
+  return o.str() + toml_of(schema.to_json());
 }
 
 }  // namespace deloco

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "deloco/config.h"
 
@@ -251,6 +252,18 @@ TEST(GoodputFit, TableParsingAndItsErrorsNameTheLine) {
   expect_csv_error("scheme,learners,chips,goodput\ndp,,800\n", "t.csv:2: expected 4 fields");
   expect_csv_error("scheme,learners,chips,goodput\n", "no rows");
   expect_csv_error("", "no header");
+}
+
+TEST(GoodputFit, EveryFitParameterIsABoundNumberKeyWithinItsRange) {
+  GoodputParams p;
+  ConfigSchema schema;
+  bind_goodput_config(schema, p);
+  const nlohmann::json values = schema.to_json().at("goodput");
+  for (const auto& q : goodput_fit_parameters()) {
+    ASSERT_TRUE(values.contains(q.name)) << q.name << " is no goodput.* key";
+    EXPECT_TRUE(values.at(q.name).is_number_float()) << q.name;
+    EXPECT_LT(q.lower, q.upper) << q.name;
+  }
 }
 
 TEST(GoodputFit, TomlHoldsEveryKeyAndReadsBackToTheSameParameters) {
