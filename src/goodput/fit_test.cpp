@@ -9,31 +9,17 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/config.h"
+#include "goodput/test_util.h"
 
 namespace deloco {
 namespace {
 
-constexpr double kHoursPerYear = 8766.0;
+using goodput_test::set_slice_mtbf;
 
 GoodputParams base_params() {
-  GoodputParams p;
-  p.slice_chips = 100;
-  p.chips = {800};
-  p.learners = {1};
-  p.step_time_cv = 0;
-  p.restart_minutes = 0;
-  p.downscale_seconds = 0;
-  p.upscale_seconds = 0;
-  p.warmup_hours = 50;
-  p.days = 365;
-  p.seeds = 4;
-  p.threads = 1;
+  GoodputParams p = goodput_test::small_params();
   p.repair_dist = "fixed";
   return p;
-}
-
-void set_slice_mtbf(GoodputParams* p, double hours) {
-  p->mtbi_chip_years = hours * static_cast<double>(p->slice_chips) / kHoursPerYear;
 }
 
 RunResult mean_run(const GoodputParams& p, Scheme s, int64_t chips, int64_t learners = 1) {

@@ -6,33 +6,18 @@
 #include <gtest/gtest.h>
 
 #include "deloco/config.h"
+#include "goodput/test_util.h"
 
 namespace deloco {
 namespace {
 
-constexpr double kHoursPerYear = 8766.0;
+using goodput_test::set_slice_mtbf;
 
-// A small, fast configuration: slices of 100 chips, no stragglers, no reconfiguration costs.
 GoodputParams small_params() {
-  GoodputParams p;
-  p.slice_chips = 100;
-  p.chips = {800};
+  GoodputParams p = goodput_test::small_params();
   p.learners = {1, 2, 4};
-  p.step_time_cv = 0;
-  p.restart_minutes = 0;
-  p.downscale_seconds = 0;
-  p.upscale_seconds = 0;
-  p.warmup_hours = 50;
-  p.days = 365;
-  p.seeds = 4;
-  p.threads = 1;
   p.repair_dist = "exponential";
   return p;
-}
-
-// Sets the per-chip MTBI so that one slice fails on average every `slice_mtbf_hours`.
-void set_slice_mtbf(GoodputParams* p, double slice_mtbf_hours) {
-  p->mtbi_chip_years = slice_mtbf_hours * static_cast<double>(p->slice_chips) / kHoursPerYear;
 }
 
 const GoodputRow& find_row(const std::vector<GoodputRow>& rows, const std::string& scheme, int64_t chips,
