@@ -225,34 +225,54 @@ class Results:
             f.write(json.dumps(row) + "\n")
 
 
-def run_all(args, out, jobs):
-    """jobs: list of (meta dict, sets). Runs each missing setting once, `args.jobs` at a time."""
+def run_suite(args, out, S, pts, meths):
+    """Runs every missing point, `args.jobs` at a time, and returns the results.
+
+    One queue for the whole suite, so no core waits while another finishes a round: a method's tuning runs (its
+    grid, then the extensions its results ask for) come first, and the reported runs of a point start as soon as
+    its method's choice is final. Each distinct setting runs once; rows of other experiments with the same setting
+    are filled from it."""
     res = Results(RESULTS_FILE)
-    pending = {}
-    for m, s in jobs:
-        k = key_of(s)
-        row = dict(m, key=k, sets=s)
-        if Results.row_id(row) in res.rows:
-            continue
-        if k in res.by_key:  # the same setting ran for another experiment
-            res.add(dict(row, **{f: res.by_key[k].get(f) for f in FIELDS}))
-            continue
-        pending.setdefault(k, []).append(row)
-    if not pending:
-        return res
-    print(f"science: {len(pending)} runs to do", flush=True)
+    running = {}  # future -> the rows waiting for it
+    done = 0
     with futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
-        fs = {ex.submit(run_point, args, out, rows[0]["sets"]): rows for rows in pending.values()}
-        for n, f in enumerate(futures.as_completed(fs), 1):
-            rows = fs[f]
-            summ = f.result()
-            keep = {k: summ.get(k) for k in FIELDS}
-            for row in rows:
-                res.add(dict(row, **keep))
-            m = rows[0]
-            print(f"  [{n}/{len(pending)}] {m['exp']} {m['variant']} seed {m['seed']} ({m['holdout']}): "
-                  f"loss {keep['final_val_loss']:.4f}, {keep['_wall']:.0f} s", flush=True)
-    return res
+        while True:
+            final = {m: b for m, b in ((m, tuning_points(res, S, m)) for m in meths) if not b[1] and b[2] is not None}
+            best = {m: (b[2][1], b[2][2]) for m, b in final.items()}
+            jobs = tuning_jobs(res, S, [m for m in meths if m not in final])
+            jobs += reported_jobs(S, [p for p in pts if p[2] is None or p[2] in best], best)
+            waiting = {}
+            for m, sets in jobs:
+                k = key_of(sets)
+                row = dict(m, key=k, sets=sets)
+                if Results.row_id(row) in res.rows:
+                    continue
+                if k in res.by_key:  # the same setting ran for another experiment
+                    res.add(dict(row, **{f: res.by_key[k].get(f) for f in FIELDS}))
+                    continue
+                waiting.setdefault(k, []).append(row)
+            in_flight = {rows[0]["key"] for rows in running.values()}
+            for k, rows in waiting.items():
+                if len(running) >= args.jobs:
+                    break
+                if k not in in_flight:
+                    running[ex.submit(run_point, args, out, rows[0]["sets"])] = rows
+            if not running:
+                return res
+            finished, _ = futures.wait(running, return_when=futures.FIRST_COMPLETED)
+            left = len(waiting) - len(finished)  # known so far; extensions and reported runs add more
+            for f in finished:
+                rows = running.pop(f)
+                summ = f.result()
+                keep = {k: summ.get(k) for k in FIELDS}
+                for row in rows:
+                    res.add(dict(row, **keep))
+                done += 1
+                m = rows[0]
+                print(f"  [{done} done, {left} more known] {m['exp']} {m['variant']} "
+                      f"seed {m['seed']} ({m['holdout']}"
+                      + (f", η {m['lr']}, μ {m['mu']}" if m["exp"] == "tune" else "") +
+                      f"): loss {keep['final_val_loss']:.4f}, {keep['_wall']:.0f} s", flush=True)
 
 
 def tuning_setting(S, meth):
@@ -312,16 +332,6 @@ def tuning_jobs(res, S, meths):
             jobs.append((dict(exp="tune", variant=meth, method=meth, lr=lr, mu=mu, seed=1, holdout="dev"),
                          tuning_sets(S, meth, lr, mu)))
     return jobs
-
-
-def tune(args, out, S, meths):
-    """Runs the tuning to its end: the grids, then the extensions that their results ask for, round by round."""
-    while True:
-        res = Results(RESULTS_FILE)
-        jobs = tuning_jobs(res, S, meths)
-        if not jobs:
-            return res
-        run_all(args, out, jobs)
 
 
 def chosen(res, S, meths):
@@ -657,10 +667,8 @@ def main():
         keep = set(args.only.split(","))
         pts = [p for p in pts if p[0] in keep]
     tuned = sorted({meth for _, _, meth, _ in pts if meth is not None})
-    res = Results(RESULTS_FILE) if args.report_only else tune(args, out, S, tuned)
+    res = Results(RESULTS_FILE) if args.report_only else run_suite(args, out, S, pts, tuned)
     best = chosen(res, S, tuned)
-    if not args.report_only:
-        res = run_all(args, out, reported_jobs(S, pts, best))
     doc = args.doc or (os.path.join(out, "science.md") if args.quick else os.path.join(ROOT, "docs", "science.md"))
     plots = os.path.join(os.path.dirname(doc), "science")
     report(res, S, best, args.quick, out, doc, plots)
