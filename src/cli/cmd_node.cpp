@@ -18,6 +18,7 @@
 #include "web_assets.h"
 #include "commands.h"
 #include "deloco/blas.h"
+#include "deloco/malloc_tuning.h"
 #include "deloco/group.h"
 #include "deloco/checkpoint_store.h"
 #include "deloco/config.h"
@@ -185,7 +186,8 @@ void run_learner(const NodeArgs& a) {
   if (group) node.lead_group(group);
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
-            << (blas_description().empty() ? "" : ", " + blas_description()) << "\n";
+            << (blas_description().empty() ? "" : ", " + blas_description())
+            << (malloc_description().empty() ? "" : ", " + malloc_description()) << "\n";
   nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco learner " << id << ": step " << s["step"] << ", " << s["pushes"] << " pushes, "
             << s["broadcasts"] << " merged fragments received\n";

@@ -17,6 +17,7 @@
 #include "common.h"
 #include "commands.h"
 #include "deloco/blas.h"
+#include "deloco/malloc_tuning.h"
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
 #include "deloco/clock.h"
@@ -129,7 +130,8 @@ void run_train(const TrainArgs& args) {
   std::cerr << "deloco train: " << n_params << " parameters, " << corpus->train_tokens().size() << " training" << unit << ", "
             << corpus->val_tokens().size() << " validation" << unit << " (unigram entropy " << std::fixed << std::setprecision(3)
             << corpus->unigram_entropy_bits() << " bits/byte), " << torch::get_num_threads() << " threads, device "
-            << cfg.train.device << (blas_description().empty() ? "" : ", " + blas_description()) << "\n"
+            << cfg.train.device << (blas_description().empty() ? "" : ", " + blas_description())
+            << (malloc_description().empty() ? "" : ", " + malloc_description()) << "\n"
             << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
             << "\n";
 
@@ -207,6 +209,7 @@ void run_train(const TrainArgs& args) {
       {"params", n_params},
       {"threads", torch::get_num_threads()},
       {"blas", blas_description()},
+      {"malloc", malloc_description()},
       {"unigram_entropy_bits", corpus->unigram_entropy_bits()},
       {"run_dir", run_dir},
       {"checkpoint", last_ckpt},

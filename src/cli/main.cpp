@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "deloco/blas.h"
+#include "deloco/malloc_tuning.h"
 #include "common.h"
 
 namespace {
@@ -45,6 +46,7 @@ void prepare_environment(char** argv) {
 
 int main(int argc, char** argv) {
   prepare_environment(argv);
+  deloco::tune_malloc_for_training();  // before anything large is allocated (deloco/malloc_tuning.h)
   deloco::cli::set_program(argv[0]);
   CLI::App app{"deloco: resilient, low-communication distributed training (DiLoCo, Decoupled DiLoCo, IsoLoCo)"};
   app.require_subcommand(1);
