@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -12,6 +14,13 @@
 
 namespace deloco {
 namespace {
+
+// Runs `body` in a fresh process; the test passes when it returns true there.
+template <typename F>
+void in_fresh_process(F body) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(body() ? 0 : 1), ::testing::ExitedWithCode(0), "");
+}
 
 #if defined(__GLIBC__)
 // Allocates and frees a 16 MiB block; returns how many bytes of it malloc served by mmap (0 when from the heap),
@@ -29,13 +38,6 @@ size_t mapped_bytes_of_a_16mib_block(bool* kept) {
   std::free(p);
   *kept = mallinfo2().fordblks >= free_before + kSize;
   return mapped;
-}
-
-// Runs `body` in a fresh process; the test passes when it returns true there.
-template <typename F>
-void in_fresh_process(F body) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(std::exit(body() ? 0 : 1), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(MallocTuning, WithoutItABigBlockIsMappedAndGivenBack) {
@@ -65,19 +67,32 @@ TEST(MallocTuning, KeepMallocLeavesTheDefaults) {
            mapped_bytes_of_a_16mib_block(&kept) >= (16u << 20) && !kept;
   });
 }
+
+TEST(MallocTuning, OtherProgramsGetTheSameSettingThroughTheirEnvironment) {
+  in_fresh_process([] {
+    ::unsetenv("DELOCO_KEEP_MALLOC");
+    ::unsetenv("GLIBC_TUNABLES");
+    const std::vector<std::string> want = {"MALLOC_MMAP_THRESHOLD_=1073741824", "MALLOC_TRIM_THRESHOLD_=2147483647"};
+    const bool given = malloc_environment() == want;
+    ::setenv("DELOCO_KEEP_MALLOC", "1", 1);
+    const bool kept = malloc_environment().empty();
+    ::unsetenv("DELOCO_KEEP_MALLOC");
+    ::setenv("MALLOC_TOP_PAD_", "4096", 1);
+    const bool users = malloc_environment().empty();
+    return given && kept && users;
+  });
+}
+
 #endif
 
 TEST(MallocTuning, TheUsersOwnSettingsAreKept) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        ::unsetenv("DELOCO_KEEP_MALLOC");
-        ::setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000", 1);
-        tune_malloc_for_training();
-        tune_malloc_for_training();  // idempotent
-        std::exit(malloc_description() == "malloc as the environment sets it" ? 0 : 1);
-      },
-      ::testing::ExitedWithCode(0), "");
+  in_fresh_process([] {
+    ::unsetenv("DELOCO_KEEP_MALLOC");
+    ::setenv("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=1000", 1);
+    tune_malloc_for_training();
+    tune_malloc_for_training();  // idempotent
+    return malloc_description() == "malloc as the environment sets it";
+  });
 }
 
 }  // namespace
