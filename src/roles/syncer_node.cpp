@@ -651,8 +651,17 @@ void SyncerNode::serve_dashboard(std::string page_html) {
   I.metrics->add_get("/", [page](const std::string&) {
     return MetricsServer::Reply{200, "text/html; charset=utf-8", *page};
   });
-  I.metrics->add_get("/api/data", [dir](const std::string&) {
-    return MetricsServer::Reply{200, "application/json", report_data({load_report_run(dir)}).dump()};
+  // One reader for every request, so each poll reads only what the records gained since the last. The metrics
+  // server's workers may answer two requests at once: they take turns.
+  struct Shared {
+    explicit Shared(const std::string& d) : reader(d) {}
+    std::mutex mu;
+    ReportRunReader reader;
+  };
+  auto shared = std::make_shared<Shared>(dir);
+  I.metrics->add_get("/api/data", [shared](const std::string&) {
+    std::lock_guard<std::mutex> lock(shared->mu);
+    return MetricsServer::Reply{200, "application/json", report_data({shared->reader.load()}).dump()};
   });
 }
 

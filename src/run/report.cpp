@@ -27,19 +27,43 @@ struct Rec {
   int64_t learner = -1;  // from the file name (learner-N.jsonl) when the record has none
 };
 
-void read_lines(const fs::path& path, int64_t learner, std::vector<Rec>* out, int64_t* bad) {
-  std::ifstream in(path);
+// One records file, read as it grows: what complete lines held so far, and the bytes of an unfinished last line.
+struct RecordFile {
+  std::uintmax_t offset = 0;  // bytes consumed (complete lines and `partial`)
+  std::string partial;        // a last line without its newline yet
+  std::vector<Rec> recs;
+  int64_t bad = 0;
+};
+
+// Parses one line into `out`; false for a line that is not a JSON object with a string "kind" (a torn last line of
+// a running process, or garbage).
+bool parse_record(const std::string& line, int64_t learner, std::vector<Rec>* out) {
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return false;
+  out->push_back({std::move(j), learner});
+  return true;
+}
+
+// Reads what `path` gained since the last call. A file that shrank was replaced: it is read again from the start.
+void poll_records(const fs::path& path, int64_t learner, RecordFile* f) {
+  std::ifstream in(path, std::ios::binary);
   if (!in) return;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) {
-      ++*bad;  // a torn last line of a running process, or garbage
-      continue;
-    }
-    out->push_back({std::move(j), learner});
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::uintmax_t>(std::max<std::streamoff>(in.tellg(), 0));
+  if (size < f->offset) *f = RecordFile{};
+  if (size == f->offset) return;
+  in.seekg(static_cast<std::streamoff>(f->offset));
+  std::string chunk(size - f->offset, '\0');
+  in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+  chunk.resize(static_cast<size_t>(in.gcount()));
+  f->offset += chunk.size();
+  std::string data = std::move(f->partial) + chunk;
+  size_t begin = 0;
+  for (size_t nl; (nl = data.find('\n', begin)) != std::string::npos; begin = nl + 1) {
+    const std::string line = data.substr(begin, nl - begin);
+    if (!line.empty() && !parse_record(line, learner, &f->recs)) ++f->bad;
   }
+  f->partial = data.substr(begin);
 }
 
 double num(const json& j, const char* key, double fallback = std::numeric_limits<double>::quiet_NaN()) {
@@ -64,7 +88,20 @@ std::string kind_of(const fs::path& dir, const json& summary) {
 
 }  // namespace
 
-ReportRun load_report_run(const std::string& dir_in) {
+struct ReportRunReader::Impl {
+  std::string dir;
+  std::map<std::string, RecordFile> files;  // by path
+};
+
+ReportRunReader::ReportRunReader(std::string dir) : impl_(std::make_unique<Impl>()) { impl_->dir = std::move(dir); }
+ReportRunReader::~ReportRunReader() = default;
+ReportRunReader::ReportRunReader(ReportRunReader&&) noexcept = default;
+ReportRunReader& ReportRunReader::operator=(ReportRunReader&&) noexcept = default;
+
+ReportRun load_report_run(const std::string& dir) { return ReportRunReader(dir).load(); }
+
+ReportRun ReportRunReader::load() {
+  const std::string& dir_in = impl_->dir;
   const fs::path dir(dir_in);
   if (!fs::is_directory(dir)) throw IoError("report: '" + dir_in + "' is not a folder");
   ReportRun r;
@@ -77,21 +114,34 @@ ReportRun load_report_run(const std::string& dir_in) {
     if (r.summary.is_discarded() || !r.summary.is_object())
       throw IoError("report: '" + sj.string() + "' is not a JSON object (a damaged summary)");
   }
-  std::vector<Rec> recs;
-  read_lines(dir / "metrics.jsonl", -1, &recs, &r.bad_lines);
-  read_lines(dir / "syncer.jsonl", -1, &recs, &r.bad_lines);
-  read_lines(dir / "events.jsonl", -1, &recs, &r.bad_lines);
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
-  std::sort(files.begin(), files.end());
-  for (const auto& p : files) {
+  // The files in a fixed order (so the records are in the order a whole read would give), each read from where
+  // the last load() stopped. An unfinished last line counts as it is now: a record if it parses, else a bad line.
+  std::vector<std::pair<fs::path, int64_t>> sources = {
+      {dir / "metrics.jsonl", -1}, {dir / "syncer.jsonl", -1}, {dir / "events.jsonl", -1}};
+  std::vector<fs::path> listing;
+  for (const auto& e : fs::directory_iterator(dir)) listing.push_back(e.path());
+  std::sort(listing.begin(), listing.end());
+  for (const auto& p : listing) {
     const std::string f = p.filename().string();
-    if (f.rfind("shard-", 0) == 0 && fs::is_directory(p)) read_lines(p / "syncer.jsonl", -1, &recs, &r.bad_lines);
+    if (f.rfind("shard-", 0) == 0 && fs::is_directory(p)) sources.emplace_back(p / "syncer.jsonl", -1);
     if (f.rfind("learner-", 0) == 0 && p.extension() == ".jsonl") {
       const std::string id = f.substr(8, f.size() - 8 - 6);
       char* end = nullptr;
       const long v = std::strtol(id.c_str(), &end, 10);
-      read_lines(p, end && *end == '\0' && !id.empty() ? v : -1, &recs, &r.bad_lines);
+      sources.emplace_back(p, end && *end == '\0' && !id.empty() ? v : -1);
+    }
+  }
+  std::vector<Rec> tails;  // records of unfinished last lines, this load only
+  tails.reserve(sources.size());
+  std::vector<const Rec*> recs;
+  for (const auto& [path, learner] : sources) {
+    RecordFile& f = impl_->files[path.string()];
+    poll_records(path, learner, &f);
+    for (const Rec& x : f.recs) recs.push_back(&x);
+    r.bad_lines += f.bad;
+    if (!f.partial.empty()) {
+      if (parse_record(f.partial, learner, &tails)) recs.push_back(&tails.back());
+      else ++r.bad_lines;
     }
   }
   if (recs.empty() && r.summary.is_null())
@@ -100,8 +150,8 @@ ReportRun load_report_run(const std::string& dir_in) {
   r.kind = kind_of(dir, r.summary);
 
   double t0 = std::numeric_limits<double>::infinity();
-  for (const auto& x : recs) {
-    const double t = record_time(x.j);
+  for (const Rec* x : recs) {
+    const double t = record_time(x->j);
     if (std::isfinite(t)) t0 = std::min(t0, t);
   }
   if (!std::isfinite(t0)) t0 = 0;
@@ -110,12 +160,12 @@ ReportRun load_report_run(const std::string& dir_in) {
   bool have_status = false;
   double status_t = -1;
   std::map<int64_t, std::string> last_kind;
-  for (const auto& x : recs) {
-    const json& j = x.j;
+  for (const Rec* x : recs) {
+    const json& j = x->j;
     const std::string kind = j["kind"].get<std::string>();
     const double t = record_time(j) - t0;
     if (!std::isfinite(t)) continue;
-    if (x.learner >= 0 && kind != "push" && kind != "apply") last_kind[x.learner] = kind;
+    if (x->learner >= 0 && kind != "push" && kind != "apply") last_kind[x->learner] = kind;
     if (kind == "status") {
       const int64_t shard = j.contains("shard") && j["shard"].is_number_integer() ? j["shard"].get<int64_t>() : 0;
       auto it = last_status.find(shard);
@@ -133,7 +183,7 @@ ReportRun load_report_run(const std::string& dir_in) {
         if (c.is_number_integer()) connected.insert(c.get<int64_t>());
     } else if (kind == "learner_done") {
       done.insert(j.contains("learner") && j["learner"].is_number_integer() ? j["learner"].get<int64_t>()
-                                                                             : std::max<int64_t>(x.learner, 0));
+                                                                             : std::max<int64_t>(x->learner, 0));
     }
     if ((kind == "eval" || kind == "final_eval") && j.contains("val_loss")) {
       const double loss = num(j, "val_loss");
@@ -145,7 +195,7 @@ ReportRun load_report_run(const std::string& dir_in) {
       r.merges.push_back({t, std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0)});
     } else if ((kind == "learner" || kind == "train") && j.contains("loss")) {
       const int64_t id = j.contains("learner") && j["learner"].is_number_integer() ? j["learner"].get<int64_t>()
-                                                                                      : std::max<int64_t>(x.learner, 0);
+                                                                                      : std::max<int64_t>(x->learner, 0);
       r.learners[id].push_back({t, num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0)});
     } else if (kind == "reject" && j.contains("reason") && j["reason"].is_string()) {
       ++r.rejects[j["reason"].get<std::string>()];

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,23 @@ struct ReportRun {
 };
 
 ReportRun load_report_run(const std::string& dir);
+
+// The same folder read again and again, as a live dashboard asks every 2 s: each load() returns what
+// load_report_run(dir) would return at that moment, but reads only the bytes the record files gained since the
+// previous load() (a file that shrank is read again from its start), so a poll costs the new records, not the
+// run's whole history. summary.json is read whole each time. Not thread-safe: one caller at a time.
+class ReportRunReader {
+ public:
+  explicit ReportRunReader(std::string dir);
+  ~ReportRunReader();
+  ReportRunReader(ReportRunReader&&) noexcept;
+  ReportRunReader& operator=(ReportRunReader&&) noexcept;
+  ReportRun load();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // The data block of the page (also what a live dashboard would serve): one object per run.
 nlohmann::json report_data(const std::vector<ReportRun>& runs);

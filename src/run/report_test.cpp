@@ -1,0 +1,92 @@
+// ReportRunReader: a folder read as it grows gives exactly what one whole read gives, at every moment.
+#include "run/report.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "deloco/fs.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+
+class ReportReader : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("deloco-report-reader-" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "shard-1");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void append(const std::string& file, const std::string& text) {
+    std::ofstream(dir_ / file, std::ios::app | std::ios::binary) << text;
+  }
+  // The reader's view and a whole read's, as the JSON the dashboard serves.
+  void expect_same(ReportRunReader& reader, const char* when) {
+    const nlohmann::json incremental = report_data({reader.load()});
+    const nlohmann::json whole = report_data({load_report_run(dir_.string())});
+    EXPECT_EQ(incremental, whole) << when;
+  }
+  fs::path dir_;
+};
+
+TEST_F(ReportReader, AGrowingFolderReadsAsAWholeReadAtEveryStep) {
+  ReportRunReader reader(dir_.string());
+  append("syncer.jsonl", R"({"kind":"started","t":100.0,"resumed":false})" "\n"
+                         R"({"kind":"status","t":101.0,"connected":[0,1],"merges":0,"uptime":1.0})" "\n");
+  append("learner-0.jsonl", R"({"kind":"learner","t":100.5,"step":10,"loss":5.5,"tokens":1000})" "\n");
+  expect_same(reader, "first records");
+  // New lines in old files, a new learner file, a shard's syncer, a garbage line and a torn last line.
+  append("syncer.jsonl", R"({"kind":"merge","t":102.0,"learners":[0,1],"grace_wait":0.25})" "\n"
+                         R"({"kind":"eval","t":102.5,"val_loss":4.9,"val_bpb":1.7,"tokens":2000})" "\n"
+                         "not json\n");
+  append("learner-0.jsonl", R"({"kind":"learner","t":101.5,"step":20,"loss":5.1,"tokens":2000})" "\n");
+  append("learner-1.jsonl", R"({"kind":"learner","t":101.7,"step":20,"loss":5.2,"tokens":2000})" "\n"
+                            R"({"kind":"learner","t":102.7,"step":30,"lo)");
+  append("shard-1/syncer.jsonl", R"({"kind":"chaos","t":102.2,"what":"chaos: SIGKILL learner 1"})" "\n");
+  expect_same(reader, "after appends, with a torn last line");
+  const ReportRun mid = reader.load();
+  EXPECT_EQ(mid.bad_lines, 2);  // the garbage line and the torn one, as it stands
+  EXPECT_EQ(mid.merges.size(), 1u);
+  EXPECT_EQ(mid.learners.at(1).size(), 1u);
+  // The torn line completes; a record that was whole but had no newline yet counts once it has one.
+  append("learner-1.jsonl", R"(ss":5.0,"tokens":3000})" "\n" R"({"kind":"learner_done","t":103.0})");
+  expect_same(reader, "the torn line completed, a last record without its newline");
+  const ReportRun late = reader.load();
+  EXPECT_EQ(late.learners.at(1).size(), 2u);
+  EXPECT_EQ(late.learner_now.at(1).state, "done");
+  EXPECT_EQ(late.bad_lines, 1);
+  append("learner-1.jsonl", "\n");
+  append("summary.json", R"({"command":"run","final_val_loss":4.8,"uptime":0.9})");
+  expect_same(reader, "finished");
+}
+
+TEST_F(ReportReader, AFileThatShrankIsReadAgainFromItsStart) {
+  ReportRunReader reader(dir_.string());
+  append("syncer.jsonl", R"({"kind":"merge","t":1.0,"learners":[0]})" "\n" R"({"kind":"merge","t":2.0,"learners":[0]})" "\n");
+  EXPECT_EQ(reader.load().merges.size(), 2u);
+  std::ofstream(dir_ / "syncer.jsonl", std::ios::trunc) << R"({"kind":"merge","t":5.0,"learners":[0,1]})" "\n";
+  const ReportRun r = reader.load();
+  ASSERT_EQ(r.merges.size(), 1u);
+  EXPECT_EQ(r.merges[0][1], 2.0);
+  expect_same(reader, "after the rewrite");
+}
+
+TEST_F(ReportReader, AFolderWithoutRecordsOrSummaryIsRefusedByName) {
+  ReportRunReader reader(dir_.string());
+  try {
+    reader.load();
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds no summary.json and no records"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace deloco
