@@ -12,6 +12,15 @@
 #include <malloc.h>
 #endif
 
+// AddressSanitizer brings its own allocator: glibc's thresholds and mallinfo2() mean nothing under it.
+#if defined(__SANITIZE_ADDRESS__)
+#define DELOCO_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DELOCO_UNDER_ASAN 1
+#endif
+#endif
+
 namespace deloco {
 namespace {
 
@@ -22,7 +31,7 @@ void in_fresh_process(F body) {
   EXPECT_EXIT(std::exit(body() ? 0 : 1), ::testing::ExitedWithCode(0), "");
 }
 
-#if defined(__GLIBC__)
+#if defined(__GLIBC__) && !defined(DELOCO_UNDER_ASAN)
 // Allocates and frees a 16 MiB block; returns how many bytes of it malloc served by mmap (0 when from the heap),
 // and through `kept` whether the freed block stayed in the process (free bytes of the heap grew by its size).
 char* volatile sink = nullptr;
