@@ -66,11 +66,13 @@ def scale(quick, out):
         return dict(base=base, ms=[1, 2, 4, 8], seeds=3, total_steps=800, sync_every=20, m_exp=4,
                     lr_factors=[0.6, 1.0, 1.5], momenta=[], model="tiny byte-level GPT (2 × 48, T = 32)")
     # The full scale is sized to the budget, about 8 hours on 2 cores, by measurement (bf16 inner steps of
-    # 8 × 128 tokens, single-threaded, one `deloco sim` run per core, on this machine): 6 × 384 (12.3M parameters)
-    # costs about 0.84 s per learner step, so the plan's 138 runs of 1600 total steps would take about 26 h; 4 × 256
-    # (4.24M parameters): a tuning run of 1000 steps took 250-290 s, about 0.27 s a step with its evaluations, so
-    # 138 × 1600 steps × 0.27 s / 2 cores ≈ 8.3 h. The aim of ≥ 10M parameters does not fit its 8 hours with 3 seeds and a tuned
-    # grid per method on this machine; the token budget per run was kept instead (M = 16 still gets 4 outer rounds).
+    # 8 × 128 tokens, single-threaded, one `deloco sim` run per core, on this machine). With deloco's kept-memory
+    # malloc (deloco/malloc_tuning.h; before it, page faults doubled these): 6 × 384 (12.3M parameters) costs 0.43 s
+    # of CPU per learner step and 4 × 256 (4.24M) 0.18 s (80-step runs, measured side by side). The plan is about
+    # 150 runs of 1600 steps (the grids, their extensions, 3 seeds per reported point), so 12.3M would take about
+    # 150 × 1600 × 0.43 s / 2 cores ≈ 14 h and 4.24M about 6 h; tuning runs took 260-290 s each, two at a time.
+    # The aim of ≥ 10M parameters does not fit its 8 hours with 3 seeds and a tuned grid per method on
+    # this machine; the token budget per run was kept instead (M = 16 still gets 4 outer rounds).
     tokens = os.path.join(out, "tokens")
     base = ["model.block_size=128", "model.n_layer=4", "model.n_head=4", "model.n_embd=256", "model.vocab_size=4096",
             "train.batch_size=8", "train.lr=2e-3", "train.precision=bf16", "train.eval_tokens=16384", "train.threads=1",
