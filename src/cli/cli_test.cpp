@@ -378,6 +378,19 @@ TEST_F(Cli, ReportOverlaysASimAndATrainRunInOneSelfContainedPage) {
   EXPECT_NEAR(a["evals"].back()[2].get<double>(), a["summary"]["final_val_loss"].get<double>(), 1e-9);
   for (const char* chart : {"val_loss_time", "val_loss_tokens", "merges_per_minute"})
     EXPECT_TRUE(fs::exists(png / (std::string(chart) + ".png"))) << chart << "\n" << r.out;
+  EXPECT_FALSE(a.contains("thinned_to"));  // the default limit is far above this run's records
+  // --max-points thins each long series, says so, and keeps the last record.
+  const size_t merges = a["merges"].size();
+  ASSERT_GT(merges, 3u);
+  auto t = run("report " + (dir_ / "sim-a").string() + " --out " + (dir_ / "t.html").string() +
+               " --max-points 3 --summary " + (dir_ / "t.json").string());
+  ASSERT_EQ(t.code, 0) << t.out;
+  EXPECT_NE(t.out.find("charts thinned to 3 of up to"), std::string::npos) << t.out;
+  const auto thin = nlohmann::json::parse(read_file((dir_ / "t.json").string()))["runs"][0];
+  EXPECT_EQ(thin["thinned_to"], 3);
+  ASSERT_EQ(thin["merges"].size(), 3u);
+  EXPECT_EQ(thin["merges"].back(), a["merges"].back());
+  EXPECT_EQ(thin["merges"].front(), a["merges"].front());
   // Not a run folder, and a missing one.
   fs::create_directories(dir_ / "empty");
   auto e = run("report " + (dir_ / "empty").string() + " --out " + (dir_ / "e.html").string());

@@ -1,5 +1,6 @@
 // `deloco report RUN_DIR... --out report.html [--png DIR]`: one self-contained HTML page from the records of run
 // folders of `deloco run`, `deloco sim` or `deloco train`, several runs overlaid (src/run/report.h).
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -20,6 +21,7 @@ struct ReportOptions {
   std::string png_dir;
   std::string title;
   std::string summary_path;
+  size_t max_points = 10000;
 };
 
 void run(const ReportOptions& o) {
@@ -46,19 +48,26 @@ void run(const ReportOptions& o) {
   }
   const std::filesystem::path parent = std::filesystem::path(o.out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  write_file_atomic(o.out, report_html(runs, title, kUplotJs, kUplotCss));
+  write_file_atomic(o.out, report_html(runs, title, kUplotJs, kUplotCss, /*live=*/false, o.max_points));
   std::cout << "report written to " << o.out << " (" << runs.size() << (runs.size() == 1 ? " run" : " runs")
             << "; open it in a browser, it loads nothing else)\n";
   for (const auto& r : runs)
     std::cout << "  " << r.name << " (" << r.kind << "): " << r.evals.size() << " evaluations, " << r.merges.size()
               << " merges, " << r.learners.size() << " learner(s), " << r.events.size() << " events\n";
+  for (const auto& r : runs) {
+    size_t longest = std::max(r.evals.size(), r.merges.size());
+    for (const auto& [id, v] : r.learners) longest = std::max(longest, v.size());
+    if (o.max_points > 0 && longest > o.max_points)
+      std::cout << "  " << r.name << ": charts thinned to " << o.max_points << " of up to " << longest
+                << " records per series (--max-points 0 keeps every record)\n";
+  }
   std::vector<std::string> pngs;
   if (!o.png_dir.empty()) {
     pngs = write_report_pngs(runs, o.png_dir);
     for (const auto& p : pngs) std::cout << "  " << p << "\n";
   }
   if (!o.summary_path.empty()) {
-    nlohmann::json s{{"command", "report"}, {"out", o.out}, {"runs", report_data(runs)}, {"pngs", pngs}};
+    nlohmann::json s{{"command", "report"}, {"out", o.out}, {"runs", report_data(runs, o.max_points)}, {"pngs", pngs}};
     write_file_atomic(o.summary_path, s.dump(2) + "\n");
   }
 }
@@ -78,6 +87,9 @@ void add_report_command(CLI::App& app) {
   sub->add_option("--png", opts->png_dir, "also write the main charts as PNG (with gnuplot) into DIR");
   sub->add_option("--title", opts->title, "the page title (default: the run names)");
   sub->add_option("--summary", opts->summary_path, "write the charts' data as JSON to FILE");
+  sub->add_option("--max-points", opts->max_points,
+                  "thin each chart series (and the --summary data) to at most N evenly spaced records, the first "
+                  "and last kept (default 10000; 0 keeps every record)");
   sub->callback([opts]() { run(*opts); });
 }
 

@@ -661,7 +661,7 @@ void SyncerNode::serve_dashboard(std::string page_html) {
   auto shared = std::make_shared<Shared>(dir);
   I.metrics->add_get("/api/data", [shared](const std::string&) {
     std::lock_guard<std::mutex> lock(shared->mu);
-    return MetricsServer::Reply{200, "application/json", report_data({shared->reader.load()}).dump()};
+    return MetricsServer::Reply{200, "application/json", report_data({shared->reader.load()}, kLiveReportPoints).dump()};
   });
 }
 

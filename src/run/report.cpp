@@ -13,6 +13,7 @@
 #include <limits>
 #include <set>
 #include <sstream>
+#include <utility>
 
 #include "deloco/fs.h"
 
@@ -25,6 +26,7 @@ namespace {
 struct Rec {
   json j;
   int64_t learner = -1;  // from the file name (learner-N.jsonl) when the record has none
+  std::string kind;      // j["kind"], kept so that a poll does not copy it out of every record again
 };
 
 // One records file, read as it grows: what complete lines held so far, and the bytes of an unfinished last line.
@@ -40,7 +42,8 @@ struct RecordFile {
 bool parse_record(const std::string& line, int64_t learner, std::vector<Rec>* out) {
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return false;
-  out->push_back({std::move(j), learner});
+  std::string kind = j["kind"].get<std::string>();
+  out->push_back({std::move(j), learner, std::move(kind)});
   return true;
 }
 
@@ -156,24 +159,21 @@ ReportRun ReportRunReader::load() {
   }
   if (!std::isfinite(t0)) t0 = 0;
   std::set<int64_t> connected, done;
-  std::map<int64_t, json> last_status;  // per shard: the live summary while summary.json is not written yet
+  // Per shard: the latest status record and its time, the live summary while summary.json is not written yet.
+  std::map<int64_t, std::pair<const json*, double>> last_status;
   bool have_status = false;
   double status_t = -1;
   std::map<int64_t, std::string> last_kind;
   for (const Rec* x : recs) {
     const json& j = x->j;
-    const std::string kind = j["kind"].get<std::string>();
+    const std::string& kind = x->kind;
     const double t = record_time(j) - t0;
     if (!std::isfinite(t)) continue;
     if (x->learner >= 0 && kind != "push" && kind != "apply") last_kind[x->learner] = kind;
     if (kind == "status") {
       const int64_t shard = j.contains("shard") && j["shard"].is_number_integer() ? j["shard"].get<int64_t>() : 0;
       auto it = last_status.find(shard);
-      if (it == last_status.end() || num(it->second, "t_rel", -1) <= t) {
-        json st = j;
-        st["t_rel"] = t;
-        last_status[shard] = st;
-      }
+      if (it == last_status.end() || it->second.second <= t) last_status[shard] = {&j, t};
     }
     if (kind == "status" && j.contains("connected") && j["connected"].is_array() && t >= status_t) {
       have_status = true;
@@ -217,13 +217,14 @@ ReportRun ReportRunReader::load() {
     json s = json::object();
     double uptime = 1, goodput = 1, wall = 0, merges = 0, rejected = 0, bytes = 0, tokens = 0;
     bool have_goodput = false;
-    for (const auto& [shard, st] : last_status) {
+    for (const auto& [shard, latest] : last_status) {
+      const json& st = *latest.first;
       uptime = std::min(uptime, num(st, "uptime", 1));
       if (st.contains("goodput")) {
         goodput = std::min(goodput, num(st, "goodput", 1));
         have_goodput = true;
       }
-      wall = std::max(wall, num(st, "t_rel", 0));
+      wall = std::max(wall, latest.second);
       merges += num(st, "merges", 0);
       rejected += num(st, "rejected", 0);
       bytes += num(st, "bytes_out", 0);
@@ -301,39 +302,57 @@ std::vector<std::array<double, 2>> merge_rate(const ReportRun& r) {
 
 }  // namespace
 
-json report_data(const std::vector<ReportRun>& runs) {
+json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
   json all = json::array();
   for (const auto& r : runs) {
     json o{{"name", r.name}, {"dir", r.dir}, {"kind", r.kind}, {"bad_lines", r.bad_lines}};
     json ev = json::array(), mg = json::array(), rate = json::array(), lr = json::object(), evs = json::array();
-    for (const auto& e : r.evals) ev.push_back({e[0], e[1], num_or_null(e[2]), num_or_null(e[3])});
-    for (const auto& m : r.merges) mg.push_back({m[0], m[1], m[2]});
+    bool thinned = false;
+    // Calls add(i) for the records of a series of n to serve: all, or max_points evenly spaced, first and last kept.
+    auto each_kept = [&](size_t n, const auto& add) {
+      if (max_points == 0 || n <= max_points) {
+        for (size_t i = 0; i < n; ++i) add(i);
+        return;
+      }
+      thinned = true;
+      if (max_points == 1) {
+        add(n - 1);
+        return;
+      }
+      for (size_t k = 0; k < max_points; ++k) add(k * (n - 1) / (max_points - 1));
+    };
+    each_kept(r.evals.size(), [&](size_t i) {
+      const auto& e = r.evals[i];
+      ev.push_back({e[0], e[1], num_or_null(e[2]), num_or_null(e[3])});
+    });
+    each_kept(r.merges.size(), [&](size_t i) { mg.push_back({r.merges[i][0], r.merges[i][1], r.merges[i][2]}); });
     for (const auto& m : merge_rate(r)) rate.push_back({m[0], m[1]});
     for (const auto& [id, v] : r.learners) {
       json pts = json::array();
-      for (const auto& p : v) pts.push_back({p[0], p[1], num_or_null(p[2]), p[3]});
-      lr[std::to_string(id)] = pts;
+      each_kept(v.size(), [&](size_t i) { pts.push_back({v[i][0], v[i][1], num_or_null(v[i][2]), v[i][3]}); });
+      lr[std::to_string(id)] = std::move(pts);
     }
+    if (thinned) o["thinned_to"] = max_points;
     for (const auto& [t, what] : r.events) evs.push_back({t, what});
-    o["evals"] = ev;
-    o["merges"] = mg;
-    o["merge_rate"] = rate;
-    o["learners"] = lr;
-    o["events"] = evs;
+    o["evals"] = std::move(ev);
+    o["merges"] = std::move(mg);
+    o["merge_rate"] = std::move(rate);
+    o["learners"] = std::move(lr);
+    o["events"] = std::move(evs);
     o["rejects"] = r.rejects;
     json now = json::object();
     for (const auto& [id, n] : r.learner_now)
       now[std::to_string(id)] = {{"state", n.state}, {"t", n.t}, {"step", n.step}, {"loss", num_or_null(n.loss)},
                                  {"tokens_per_s", n.tokens_per_s}};
-    o["learner_now"] = now;
+    o["learner_now"] = std::move(now);
     json s = json::object();
     if (r.summary.is_object())
       for (const char* k : {"wall_seconds", "final_val_loss", "val_bpb", "loss_unit", "tokens", "outer_steps",
                             "contributions_merged", "contributions_rejected", "uptime", "goodput", "bytes_sent",
                             "learner_kills", "syncer_kills", "learners", "steps", "command"})
         if (r.summary.contains(k)) s[k] = r.summary[k];
-    o["summary"] = s;
-    all.push_back(o);
+    o["summary"] = std::move(s);
+    all.push_back(std::move(o));
   }
   return all;
 }
@@ -385,7 +404,9 @@ function tables() {
       return '<td>' + cell + (k < 2 ? esc(v) : fmt(v, c[2])) + '</td>';
     }).join('') + '</tr>';
   });
-  document.getElementById('summary').innerHTML = h + '</table>';
+  const thinned = runs.filter(r => r.thinned_to).map(r => esc(r.name) + ' (' + r.thinned_to + ' per series)');
+  document.getElementById('summary').innerHTML = h + '</table>' + (thinned.length ?
+    '<p class="empty" id="thinned">Charts thinned to evenly spaced records, first and last kept: ' + thinned.join(', ') + '.</p>' : '');
   let t = '<table><tr><th>run</th><th>merged</th><th>rejected, by reason</th></tr>';
   runs.forEach(r => {
     const parts = Object.entries(r.rejects).map(([k, v]) => esc(k) + ' ' + v);
@@ -458,7 +479,7 @@ if (typeof LIVE !== 'undefined' && LIVE) {
 }  // namespace
 
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
-                        const std::string& uplot_css, bool live) {
+                        const std::string& uplot_css, bool live, size_t max_points) {
   std::ostringstream h;
   h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" << html_escape(title)
     << "</title>\n<style>\n" << uplot_css << "\n"
@@ -481,7 +502,7 @@ std::string report_html(const std::vector<ReportRun>& runs, const std::string& t
        "<div class=\"chart\" id=\"learner-step\"></div>\n"
     << "<h2>Events</h2><div id=\"events\"></div>\n"
     << "<script id=\"deloco-data\" type=\"application/json\">"
-    << (live ? std::string("[]") : script_safe(report_data(runs).dump())) << "</script>\n"
+    << (live ? std::string("[]") : script_safe(report_data(runs, max_points).dump())) << "</script>\n"
     << (live ? "<script>const LIVE = true;</script>\n" : "")
     << "<script>\n" << script_safe(uplot_js) << "\n</script>\n<script>" << kPageScript << "</script>\n</body></html>\n";
   return h.str();

@@ -68,13 +68,19 @@ class ReportRunReader {
   std::unique_ptr<Impl> impl_;
 };
 
-// The data block of the page (also what a live dashboard would serve): one object per run.
-nlohmann::json report_data(const std::vector<ReportRun>& runs);
+// The data block of the page (also what a live dashboard serves): one object per run.
+// max_points > 0 thins each chart series longer than that (the evaluations, the merges, each learner's records) to
+// max_points records evenly spaced in their order, the first and the last always kept, and marks the run with
+// "thinned_to": max_points; 0 keeps every record. learner_now, the summary and the event list are never thinned.
+nlohmann::json report_data(const std::vector<ReportRun>& runs, size_t max_points = 0);
+
+// What the live dashboard serves per series (a chart of about 1,100 pixels shows no more).
+inline constexpr size_t kLiveReportPoints = 2000;
 
 // live = true: the page of a running syncer's dashboard. It starts empty and fetches `api/data` (report_data() of
-// the run folder) every 2 s, redrawing; the runs given are then ignored.
+// the run folder) every 2 s, redrawing; the runs given are then ignored. max_points: as report_data's.
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
-                        const std::string& uplot_css, bool live = false);
+                        const std::string& uplot_css, bool live = false, size_t max_points = 0);
 
 std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir);
 

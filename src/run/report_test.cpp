@@ -1,4 +1,5 @@
 // ReportRunReader: a folder read as it grows gives exactly what one whole read gives, at every moment.
+// report_data's thinning of long series (what the live dashboard serves).
 #include "run/report.h"
 
 #include <unistd.h>
@@ -86,6 +87,51 @@ TEST_F(ReportReader, AFolderWithoutRecordsOrSummaryIsRefusedByName) {
   } catch (const IoError& e) {
     EXPECT_NE(std::string(e.what()).find("holds no summary.json and no records"), std::string::npos) << e.what();
   }
+}
+
+// A run with long series, as a week of records would give.
+ReportRun long_run() {
+  ReportRun r;
+  r.name = "long";
+  for (int i = 0; i < 10007; ++i) r.learners[0].push_back({i * 1.0, i * 10.0, 8.0 - i * 1e-4, i * 4096.0});
+  for (int i = 0; i < 3; ++i) r.learners[1].push_back({i * 1.0, i * 10.0, 7.0, i * 4096.0});
+  for (int i = 0; i < 2501; ++i) r.merges.push_back({i * 4.0, 8.0, 0.25});
+  for (int i = 0; i < 250; ++i) r.evals.push_back({i * 40.0, i * 1e6, 6.0 - i * 1e-3, 1.5});
+  r.learner_now[0].step = 100060;
+  return r;
+}
+
+TEST(ReportData, ThinsEachLongSeriesToEvenlySpacedRecordsKeepingTheFirstAndTheLast) {
+  const ReportRun r = long_run();
+  const nlohmann::json d = report_data({r}, 100)[0];
+  EXPECT_EQ(d["thinned_to"], 100);
+  const auto& l0 = d["learners"]["0"];
+  ASSERT_EQ(l0.size(), 100u);
+  EXPECT_EQ(l0.front()[0], 0.0);
+  EXPECT_EQ(l0.back()[0], 10006.0);
+  // Evenly spaced: consecutive kept records are 101 or 102 records apart (10006 / 99 = 101.07).
+  for (size_t k = 1; k < l0.size(); ++k) {
+    const double gap = l0[k][0].get<double>() - l0[k - 1][0].get<double>();
+    EXPECT_TRUE(gap == 101.0 || gap == 102.0) << "gap " << gap << " at " << k;
+  }
+  EXPECT_EQ(d["learners"]["1"].size(), 3u);  // a short series is served whole
+  ASSERT_EQ(d["merges"].size(), 100u);
+  EXPECT_EQ(d["merges"].back()[0], 10000.0);
+  EXPECT_EQ(d["evals"].size(), 100u);
+  EXPECT_EQ(d["learner_now"]["0"]["step"], 100060.0);  // never thinned
+}
+
+TEST(ReportData, KeepsEveryRecordWithoutALimitOrWhenTheSeriesFit) {
+  const ReportRun r = long_run();
+  for (size_t limit : {size_t{0}, size_t{10007}}) {
+    const nlohmann::json d = report_data({r}, limit)[0];
+    EXPECT_FALSE(d.contains("thinned_to")) << limit;
+    EXPECT_EQ(d["learners"]["0"].size(), 10007u) << limit;
+    EXPECT_EQ(d["merges"].size(), 2501u) << limit;
+  }
+  const nlohmann::json one = report_data({r}, 1)[0];
+  ASSERT_EQ(one["learners"]["0"].size(), 1u);
+  EXPECT_EQ(one["learners"]["0"][0][0], 10006.0);  // the latest record
 }
 
 }  // namespace
