@@ -36,6 +36,14 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Resident memory of this process in MB (Linux /proc/self/statm), 0 where unknown.
+double resident_mb() {
+  std::ifstream statm("/proc/self/statm");
+  double pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0;
+  return pages_resident * static_cast<double>(::sysconf(_SC_PAGESIZE)) / 1e6;
+}
+
 // Appends `n` records to every file of the run, continuing from record `from`.
 void grow(const fs::path& dir, int learners, long from, long n) {
   for (int i = 0; i < learners; ++i) {
@@ -80,8 +88,10 @@ int main(int argc, char** argv) {
   std::printf("run folder: %d learners x %ld records, %.1f MB; %d polls, each after 2 new records per file\n",
               learners, records, static_cast<double>(bytes) / 1e6, polls);
 
+  const double rss_before = resident_mb();
   deloco::ReportRunReader reader(dir.string());
   reader.load();  // the dashboard's first poll reads everything once, as a whole read does
+  std::printf("the reader's state after its first read: %.1f MB resident\n", resident_mb() - rss_before);
   std::vector<double> whole_ms, reader_ms, json_ms, thin_ms;
   size_t json_bytes = 0, thin_bytes = 0;
   long next = records;

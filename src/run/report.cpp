@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -23,27 +24,157 @@ using json = nlohmann::json;
 
 namespace {
 
-struct Rec {
-  json j;
-  int64_t learner = -1;  // from the file name (learner-N.jsonl) when the record has none
-  std::string kind;      // j["kind"], kept so that a poll does not copy it out of every record again
+double num(const json& j, const char* key, double fallback = std::numeric_limits<double>::quiet_NaN()) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
+}
+
+int64_t integer_or(const json& j, const char* key, int64_t fallback) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
+}
+
+double record_time(const json& j) {
+  const double t = num(j, "t");
+  return std::isfinite(t) ? t : num(j, "elapsed_s");
+}
+
+// What the charts use of a record, taken out of its JSON once, when its line is read: a poll then goes over these
+// small structs, not over the parsed JSON of the run's whole history (which would also be kept in memory).
+enum class Kind { kOther, kEval, kMerge, kLearner, kReject, kEvent, kStatus, kLearnerDone, kRejoining, kPushOrApply };
+
+struct Status {  // a syncer's status record: the live summary while summary.json is not written yet
+  int64_t shard = 0;
+  bool has_connected = false;
+  std::vector<int64_t> connected;
+  bool has_goodput = false;
+  double uptime = 1, goodput = 1, merges = 0, rejected = 0, bytes_out = 0, tokens = 0;
 };
+
+struct Rec {
+  Kind kind = Kind::kOther;
+  int64_t learner = -1;       // kLearner, kLearnerDone: whose record it is
+  double t = 0;               // the record's time ("t", else "elapsed_s"); records without one are not kept
+  std::array<double, 4> v{};  // kEval: tokens, val_loss, val_bpb; kMerge: quorum, grace wait; kLearner: step, loss,
+                              // tokens
+  std::string text;           // kReject: the reason; kEvent: what happened
+  std::shared_ptr<const Status> status;  // kStatus
+};
+
+// The record of a JSON object with a string "kind"; file_learner: N of learner-N.jsonl, -1 for the syncer's files.
+// A field of an unexpected type is read as missing.
+Rec interpret(const json& j, int64_t file_learner) {
+  Rec x;
+  x.t = record_time(j);
+  const std::string& kind = j["kind"].get_ref<const std::string&>();
+  const auto whose = [&] { return integer_or(j, "learner", std::max<int64_t>(file_learner, 0)); };
+  if ((kind == "eval" || kind == "final_eval") && std::isfinite(num(j, "val_loss"))) {
+    x.kind = Kind::kEval;
+    x.v = {num(j, "tokens", 0), num(j, "val_loss"), num(j, "val_bpb", 0), 0};
+  } else if (kind == "merge") {
+    double quorum = num(j, "quorum");
+    auto it = j.find("learners");
+    if (!std::isfinite(quorum) && it != j.end() && it->is_array()) quorum = static_cast<double>(it->size());
+    x.kind = Kind::kMerge;
+    x.v = {std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0), 0, 0};
+  } else if ((kind == "learner" || kind == "train") && j.contains("loss")) {
+    x.kind = Kind::kLearner;
+    x.learner = whose();
+    x.v = {num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0), 0};
+  } else if (kind == "reject") {
+    auto it = j.find("reason");
+    if (it != j.end() && it->is_string()) {
+      x.kind = Kind::kReject;
+      x.text = it->get<std::string>();
+    }
+  } else if (kind == "chaos") {
+    auto it = j.find("what");
+    if (it != j.end() && it->is_string()) {
+      x.kind = Kind::kEvent;
+      x.text = it->get<std::string>();
+    }
+  } else if (kind == "fail" || kind == "rejoin") {
+    const double id = num(j, "learner", -1);
+    x.kind = Kind::kEvent;
+    x.text = kind + " learner " + std::to_string(std::isfinite(id) && std::fabs(id) < 1e18 ? static_cast<int64_t>(id) : -1);
+  } else if (kind == "started") {
+    auto it = j.find("resumed");
+    if (it != j.end() && it->is_boolean() && it->get<bool>()) {
+      x.kind = Kind::kEvent;
+      x.text = "syncer" +
+               (j.contains("shard") && integer_or(j, "shards", 1) > 1
+                    ? " shard " + std::to_string(integer_or(j, "shard", 0))
+                    : std::string()) +
+               " resumed";
+    }
+  } else if (kind == "syncer_pause" || kind == "syncer_resume") {
+    x.kind = Kind::kEvent;
+    x.text = kind == "syncer_pause" ? "syncer down" : "syncer back";
+  } else if (kind == "status") {
+    auto st = std::make_shared<Status>();
+    st->shard = integer_or(j, "shard", 0);
+    auto it = j.find("connected");
+    if (it != j.end() && it->is_array()) {
+      st->has_connected = true;
+      for (const auto& c : *it)
+        if (c.is_number_integer()) st->connected.push_back(c.get<int64_t>());
+    }
+    st->uptime = num(j, "uptime", 1);
+    st->has_goodput = j.contains("goodput");
+    st->goodput = num(j, "goodput", 1);
+    st->merges = num(j, "merges", 0);
+    st->rejected = num(j, "rejected", 0);
+    st->bytes_out = num(j, "bytes_out", 0);
+    st->tokens = num(j, "tokens", 0);
+    x.kind = Kind::kStatus;
+    x.status = std::move(st);
+  } else if (kind == "learner_done") {
+    x.kind = Kind::kLearnerDone;
+    x.learner = whose();
+  } else if (kind == "welcome" || kind == "alone") {
+    x.kind = Kind::kRejoining;
+  } else if (kind == "push" || kind == "apply") {
+    x.kind = Kind::kPushOrApply;
+  }
+  return x;
+}
+
+// What the records of one file add up to beyond the charted ones (kept in `recs`): how many there were, the
+// earliest time (the charts' origin is the run's first record, of any kind) and whether the last record that was not
+// a push or an apply was a rejoining learner's (welcome, alone).
+struct Seen {
+  int64_t records = 0;
+  double min_t = std::numeric_limits<double>::infinity();
+  int rejoining = -1;  // -1: no timed record yet; else 0 or 1
+
+  void add(const Rec& x) {
+    ++records;
+    if (!std::isfinite(x.t)) return;  // a record without a time counts for nothing else
+    min_t = std::min(min_t, x.t);
+    if (x.kind != Kind::kPushOrApply) rejoining = x.kind == Kind::kRejoining ? 1 : 0;
+  }
+};
+
+// Whether a record feeds a chart, a table or the live summary (and so is kept).
+bool charted(const Rec& x) {
+  return std::isfinite(x.t) && x.kind != Kind::kOther && x.kind != Kind::kRejoining && x.kind != Kind::kPushOrApply;
+}
 
 // One records file, read as it grows: what complete lines held so far, and the bytes of an unfinished last line.
 struct RecordFile {
   std::uintmax_t offset = 0;  // bytes consumed (complete lines and `partial`)
   std::string partial;        // a last line without its newline yet
-  std::vector<Rec> recs;
+  std::vector<Rec> recs;      // the charted records of the complete lines, in their order
+  Seen seen;                  // all records of the complete lines
   int64_t bad = 0;
 };
 
-// Parses one line into `out`; false for a line that is not a JSON object with a string "kind" (a torn last line of
-// a running process, or garbage).
-bool parse_record(const std::string& line, int64_t learner, std::vector<Rec>* out) {
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+// Parses one line; false for a line that is not a JSON object with a string "kind" (a torn last line of a running
+// process, or garbage).
+bool parse_record(const std::string& line, int64_t file_learner, Rec* out) {
+  const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return false;
-  std::string kind = j["kind"].get<std::string>();
-  out->push_back({std::move(j), learner, std::move(kind)});
+  *out = interpret(j, file_learner);
   return true;
 }
 
@@ -64,19 +195,16 @@ void poll_records(const fs::path& path, int64_t learner, RecordFile* f) {
   size_t begin = 0;
   for (size_t nl; (nl = data.find('\n', begin)) != std::string::npos; begin = nl + 1) {
     const std::string line = data.substr(begin, nl - begin);
-    if (!line.empty() && !parse_record(line, learner, &f->recs)) ++f->bad;
+    if (line.empty()) continue;
+    Rec x;
+    if (!parse_record(line, learner, &x)) {
+      ++f->bad;
+      continue;
+    }
+    f->seen.add(x);
+    if (charted(x)) f->recs.push_back(std::move(x));
   }
   f->partial = data.substr(begin);
-}
-
-double num(const json& j, const char* key, double fallback = std::numeric_limits<double>::quiet_NaN()) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
-}
-
-double record_time(const json& j) {
-  const double t = num(j, "t");
-  return std::isfinite(t) ? t : num(j, "elapsed_s");
 }
 
 std::string kind_of(const fs::path& dir, const json& summary) {
@@ -137,79 +265,68 @@ ReportRun ReportRunReader::load() {
   std::vector<Rec> tails;  // records of unfinished last lines, this load only
   tails.reserve(sources.size());
   std::vector<const Rec*> recs;
+  int64_t records = 0;
+  double t0 = std::numeric_limits<double>::infinity();
+  std::map<int64_t, bool> rejoining;  // per learner file: its last record (but pushes and applies) was welcome/alone
+  const auto count = [&](const Seen& seen, int64_t learner) {
+    records += seen.records;
+    t0 = std::min(t0, seen.min_t);
+    if (learner >= 0 && seen.rejoining >= 0) rejoining[learner] = seen.rejoining == 1;
+  };
   for (const auto& [path, learner] : sources) {
     RecordFile& f = impl_->files[path.string()];
     poll_records(path, learner, &f);
     for (const Rec& x : f.recs) recs.push_back(&x);
+    count(f.seen, learner);
     r.bad_lines += f.bad;
     if (!f.partial.empty()) {
-      if (parse_record(f.partial, learner, &tails)) recs.push_back(&tails.back());
-      else ++r.bad_lines;
+      Rec x;
+      if (parse_record(f.partial, learner, &x)) {
+        Seen tail;
+        tail.add(x);
+        count(tail, learner);
+        if (charted(x)) {
+          tails.push_back(std::move(x));
+          recs.push_back(&tails.back());
+        }
+      } else {
+        ++r.bad_lines;
+      }
     }
   }
-  if (recs.empty() && r.summary.is_null())
+  if (records == 0 && r.summary.is_null())
     throw IoError("report: '" + dir_in + "' holds no summary.json and no records (metrics.jsonl, syncer.jsonl, "
                   "learner-N.jsonl): not a run folder of deloco run, sim or train");
   r.kind = kind_of(dir, r.summary);
 
-  double t0 = std::numeric_limits<double>::infinity();
-  for (const Rec* x : recs) {
-    const double t = record_time(x->j);
-    if (std::isfinite(t)) t0 = std::min(t0, t);
-  }
   if (!std::isfinite(t0)) t0 = 0;
   std::set<int64_t> connected, done;
   // Per shard: the latest status record and its time, the live summary while summary.json is not written yet.
-  std::map<int64_t, std::pair<const json*, double>> last_status;
+  std::map<int64_t, std::pair<const Status*, double>> last_status;
   bool have_status = false;
   double status_t = -1;
-  std::map<int64_t, std::string> last_kind;
   for (const Rec* x : recs) {
-    const json& j = x->j;
-    const std::string& kind = x->kind;
-    const double t = record_time(j) - t0;
+    const double t = x->t - t0;
     if (!std::isfinite(t)) continue;
-    if (x->learner >= 0 && kind != "push" && kind != "apply") last_kind[x->learner] = kind;
-    if (kind == "status") {
-      const int64_t shard = j.contains("shard") && j["shard"].is_number_integer() ? j["shard"].get<int64_t>() : 0;
-      auto it = last_status.find(shard);
-      if (it == last_status.end() || it->second.second <= t) last_status[shard] = {&j, t};
-    }
-    if (kind == "status" && j.contains("connected") && j["connected"].is_array() && t >= status_t) {
-      have_status = true;
-      status_t = t;
-      connected.clear();
-      for (const auto& c : j["connected"])
-        if (c.is_number_integer()) connected.insert(c.get<int64_t>());
-    } else if (kind == "learner_done") {
-      done.insert(j.contains("learner") && j["learner"].is_number_integer() ? j["learner"].get<int64_t>()
-                                                                             : std::max<int64_t>(x->learner, 0));
-    }
-    if ((kind == "eval" || kind == "final_eval") && j.contains("val_loss")) {
-      const double loss = num(j, "val_loss");
-      if (std::isfinite(loss)) r.evals.push_back({t, num(j, "tokens", 0), loss, num(j, "val_bpb", 0)});
-    } else if (kind == "merge") {
-      double quorum = num(j, "quorum");
-      if (!std::isfinite(quorum) && j.contains("learners") && j["learners"].is_array())
-        quorum = static_cast<double>(j["learners"].size());
-      r.merges.push_back({t, std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0)});
-    } else if ((kind == "learner" || kind == "train") && j.contains("loss")) {
-      const int64_t id = j.contains("learner") && j["learner"].is_number_integer() ? j["learner"].get<int64_t>()
-                                                                                      : std::max<int64_t>(x->learner, 0);
-      r.learners[id].push_back({t, num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0)});
-    } else if (kind == "reject" && j.contains("reason") && j["reason"].is_string()) {
-      ++r.rejects[j["reason"].get<std::string>()];
-    } else if (kind == "chaos" && j.contains("what") && j["what"].is_string()) {
-      r.events.push_back({t, j["what"].get<std::string>()});
-    } else if (kind == "fail" || kind == "rejoin") {
-      r.events.push_back({t, kind + " learner " + std::to_string(static_cast<int64_t>(num(j, "learner", -1)))});
-    } else if (kind == "started" && j.value("resumed", false)) {
-      r.events.push_back({t, "syncer" + (j.contains("shard") && j.value("shards", 1) > 1
-                                             ? " shard " + std::to_string(j.value("shard", 0))
-                                             : std::string()) +
-                                 " resumed"});
-    } else if (kind == "syncer_pause" || kind == "syncer_resume") {
-      r.events.push_back({t, kind == "syncer_pause" ? "syncer down" : "syncer back"});
+    switch (x->kind) {
+      case Kind::kStatus: {
+        const Status& st = *x->status;
+        auto it = last_status.find(st.shard);
+        if (it == last_status.end() || it->second.second <= t) last_status[st.shard] = {&st, t};
+        if (st.has_connected && t >= status_t) {
+          have_status = true;
+          status_t = t;
+          connected = std::set<int64_t>(st.connected.begin(), st.connected.end());
+        }
+        break;
+      }
+      case Kind::kLearnerDone: done.insert(x->learner); break;
+      case Kind::kEval: r.evals.push_back({t, x->v[0], x->v[1], x->v[2]}); break;
+      case Kind::kMerge: r.merges.push_back({t, x->v[0], x->v[1]}); break;
+      case Kind::kLearner: r.learners[x->learner].push_back({t, x->v[0], x->v[1], x->v[2]}); break;
+      case Kind::kReject: ++r.rejects[x->text]; break;
+      case Kind::kEvent: r.events.push_back({t, x->text}); break;
+      default: break;
     }
   }
   // A run still going: the syncer's latest status (every shard's, summed) stands in for the summary.
@@ -218,17 +335,17 @@ ReportRun ReportRunReader::load() {
     double uptime = 1, goodput = 1, wall = 0, merges = 0, rejected = 0, bytes = 0, tokens = 0;
     bool have_goodput = false;
     for (const auto& [shard, latest] : last_status) {
-      const json& st = *latest.first;
-      uptime = std::min(uptime, num(st, "uptime", 1));
-      if (st.contains("goodput")) {
-        goodput = std::min(goodput, num(st, "goodput", 1));
+      const Status& st = *latest.first;
+      uptime = std::min(uptime, st.uptime);
+      if (st.has_goodput) {
+        goodput = std::min(goodput, st.goodput);
         have_goodput = true;
       }
       wall = std::max(wall, latest.second);
-      merges += num(st, "merges", 0);
-      rejected += num(st, "rejected", 0);
-      bytes += num(st, "bytes_out", 0);
-      tokens = std::max(tokens, num(st, "tokens", 0));
+      merges += st.merges;
+      rejected += st.rejected;
+      bytes += st.bytes_out;
+      tokens = std::max(tokens, st.tokens);
     }
     s["wall_seconds"] = wall;
     s["uptime"] = uptime;
@@ -275,7 +392,7 @@ ReportRun ReportRunReader::load() {
       if (last[0] > prev[0] && last[3] >= prev[3]) n.tokens_per_s = (last[3] - prev[3]) / (last[0] - prev[0]);
     }
     if (done.count(id)) n.state = "done";
-    else if (last_kind.count(id) && (last_kind[id] == "welcome" || last_kind[id] == "alone")) n.state = "rejoining";
+    else if (rejoining.count(id) && rejoining[id]) n.state = "rejoining";
     else if (have_status) n.state = connected.count(id) ? "training" : "down";
     r.learner_now[id] = n;
   }

@@ -89,6 +89,67 @@ TEST_F(ReportReader, AFolderWithoutRecordsOrSummaryIsRefusedByName) {
   }
 }
 
+TEST_F(ReportReader, EachLearnersStateFollowsItsLastRecordsAndTheSyncersStatus) {
+  ReportRunReader reader(dir_.string());
+  append("syncer.jsonl", R"({"kind":"status","t":10,"connected":[0,2,3]})" "\n");
+  append("learner-0.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n" R"({"kind":"welcome"})" "\n");
+  append("learner-1.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n");
+  append("learner-2.jsonl", R"({"kind":"learner","t":8,"loss":5.0})" "\n" R"({"kind":"welc)");
+  append("learner-3.jsonl", R"({"kind":"welcome","t":8})" "\n" R"({"kind":"learner","t":9,"loss":5.0})" "\n");
+  append("learner-4.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n");
+  expect_same(reader, "learner 2's welcome torn");
+  ReportRun r = reader.load();
+  EXPECT_EQ(r.learner_now.at(2).state, "training");
+  // The welcome completes and a push follows (pushes and applies do not change a learner's state); learner 4
+  // finishes.
+  append("learner-2.jsonl", R"(ome","t":11})" "\n" R"({"kind":"push","t":12})" "\n");
+  append("learner-4.jsonl", R"({"kind":"learner_done","t":10})" "\n");
+  expect_same(reader, "learner 2 rejoining");
+  r = reader.load();
+  EXPECT_EQ(r.learner_now.at(0).state, "training");  // a record without a time changes nothing
+  EXPECT_EQ(r.learner_now.at(1).state, "down");      // not in the status's connected list
+  EXPECT_EQ(r.learner_now.at(2).state, "rejoining");
+  EXPECT_EQ(r.learner_now.at(3).state, "training");  // a training record after its welcome
+  EXPECT_EQ(r.learner_now.at(4).state, "done");
+  EXPECT_EQ(r.learners.at(0)[0][0], 1.0);  // time from the run's first record (t = 8), of whatever kind
+}
+
+TEST_F(ReportReader, AFolderWhoseRecordsHaveNoTimeIsAFolderOfRecords) {
+  append("syncer.jsonl", R"({"kind":"hello"})" "\n");
+  const ReportRun r = ReportRunReader(dir_.string()).load();
+  EXPECT_TRUE(r.learners.empty());
+  EXPECT_EQ(r.bad_lines, 0);
+}
+
+TEST_F(ReportReader, AFieldOfAnUnexpectedTypeIsReadAsMissingNotAnError) {
+  append("syncer.jsonl", R"({"kind":"started","t":1,"resumed":"yes"})" "\n"
+                         R"({"kind":"started","t":1.5,"resumed":true,"shard":1,"shards":"two"})" "\n"
+                         R"({"kind":"merge","t":2,"learners":[0],"grace_wait":"long"})" "\n"
+                         R"({"kind":"status","t":3,"shard":"x","connected":[0,"one",1],"uptime":"high"})" "\n"
+                         R"({"kind":"fail","t":4,"learner":"z"})" "\n"
+                         R"({"kind":"reject","t":5,"reason":7})" "\n"
+                         R"({"kind":"eval","t":6,"val_loss":"low"})" "\n"
+                         R"({"kind":"eval","t":7,"val_loss":4.5,"tokens":"many"})" "\n");
+  append("learner-1.jsonl", R"({"kind":"learner","t":2,"learner":"me","step":"ten","loss":5.0})" "\n");
+  ReportRunReader reader(dir_.string());
+  ReportRun r;
+  ASSERT_NO_THROW(r = reader.load());
+  EXPECT_EQ(r.bad_lines, 0);
+  ASSERT_EQ(r.events.size(), 2u);  // the resumed syncer (shards unreadable: no shard named) and the failure
+  EXPECT_EQ(r.events[0].second, "syncer resumed");
+  EXPECT_EQ(r.events[1].second, "fail learner -1");
+  ASSERT_EQ(r.merges.size(), 1u);
+  EXPECT_EQ(r.merges[0][1], 1.0);
+  EXPECT_EQ(r.merges[0][2], 0.0);
+  EXPECT_TRUE(r.rejects.empty());
+  ASSERT_EQ(r.evals.size(), 1u);
+  EXPECT_EQ(r.evals[0][1], 0.0);
+  ASSERT_EQ(r.learners.at(1).size(), 1u);  // the file's learner, step read as 0
+  EXPECT_EQ(r.learners.at(1)[0][1], 0.0);
+  EXPECT_EQ(r.learner_now.at(1).state, "training");  // learner 1 is in the status's connected list
+  EXPECT_EQ(r.summary["uptime"], 1.0);
+}
+
 // A run with long series, as a week of records would give.
 ReportRun long_run() {
   ReportRun r;
