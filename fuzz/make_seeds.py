@@ -87,3 +87,26 @@ man2["files"] = {"model.safetensors": {"bytes": 100, "hash": "blake2b-256", "dig
                  "optimizer.safetensors": {"bytes": 5, "hash": "blake2b-256", "digest": "11" * 32}}
 write("fuzz_manifest", "v2", json.dumps(man2).encode())
 write("fuzz_manifest", "junk", b'{"format": 3, "files": [1, 2]}')
+
+# --- run records (JSON lines of deloco run/sim/train, docs/report.md): a file byte, a cut byte, then the text ------
+def records(*recs):
+    return "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in recs).encode()
+
+syncer = records({"kind": "started", "t": 100.0, "resumed": True, "shard": 1, "shards": 2},
+                 {"kind": "status", "t": 101.0, "connected": [0, 3], "merges": 2, "uptime": 0.9, "goodput": 0.8,
+                  "bytes_out": 1000, "tokens": 4096},
+                 {"kind": "merge", "t": 102.0, "learners": [0, 3], "grace_wait": 0.25},
+                 {"kind": "eval", "t": 102.5, "val_loss": 4.9, "val_bpb": 1.7, "tokens": 2000},
+                 {"kind": "reject", "t": 103.0, "reason": "stale"},
+                 {"kind": "chaos", "t": 103.5, "what": "chaos: SIGKILL learner 3"},
+                 {"kind": "syncer_pause", "t": 104.0}, {"kind": "syncer_resume", "t": 105.0})
+write("fuzz_report", "syncer", bytes([0, 128]) + syncer)
+write("fuzz_report", "syncer_shards_torn", bytes([2, 200]) + syncer[:-7])
+learner = records({"kind": "welcome", "t": 10.0, "learner": 3}, {"kind": "learner", "t": 11.0, "step": 10,
+                                                                   "loss": 5.5, "tokens": 1000},
+                  {"kind": "push", "t": 11.5}, {"kind": "alone", "t": 12.0},
+                  {"kind": "learner_done", "t": 13.0}, {"kind": "train", "elapsed_s": 2.0, "loss": 5.1})
+write("fuzz_report", "learner", bytes([1, 60]) + learner)
+write("fuzz_report", "mistyped", bytes([0, 255]) + records({"kind": "started", "t": 1, "resumed": "yes"},
+                                                              {"kind": "status", "t": "x", "shard": "y"},
+                                                              {"kind": "fail", "t": 2, "learner": 1e300}))

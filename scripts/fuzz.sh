@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for SECONDS: scripts/fuzz.sh TARGET SECONDS [libFuzzer flags...]
 #   TARGET: fuzz_wire (wire decoder + payload codecs), fuzz_codecs (float codecs both ways), fuzz_config (TOML
-#           loader and overrides), fuzz_safetensors (safetensors header), fuzz_manifest (checkpoint manifest).
+#           loader and overrides), fuzz_safetensors (safetensors header), fuzz_manifest (checkpoint manifest),
+#           fuzz_report (run records, as `deloco report` and the live dashboard read them).
 # Builds build-san/ (clang, ASan + UBSan, see scripts/sanitize.sh) when needed. The working corpus is
 # build-san/corpus/TARGET, seeded from the committed fuzz/corpus/TARGET; crashes are written to
 # build-san/crashes/TARGET/ and fail the script. Ends with the execution count and the coverage reached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ $# -lt 2 ]; then sed -n 2,7p "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,8p "$0" >&2; exit 2; fi
 target=$1 seconds=$2
 shift 2
 if [ ! -f fuzz/$target.cpp ]; then echo "fuzz: no target '$target' (fuzz/$target.cpp)" >&2; exit 2; fi

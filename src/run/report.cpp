@@ -444,10 +444,11 @@ json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
     });
     each_kept(r.merges.size(), [&](size_t i) { mg.push_back({r.merges[i][0], r.merges[i][1], r.merges[i][2]}); });
     for (const auto& m : merge_rate(r)) rate.push_back({m[0], m[1]});
-    for (const auto& [id, v] : r.learners) {
+    for (const auto& learner : r.learners) {
+      const auto& v = learner.second;  // (a structured binding cannot be captured by a lambda before C++20)
       json pts = json::array();
       each_kept(v.size(), [&](size_t i) { pts.push_back({v[i][0], v[i][1], num_or_null(v[i][2]), v[i][3]}); });
-      lr[std::to_string(id)] = std::move(pts);
+      lr[std::to_string(learner.first)] = std::move(pts);
     }
     if (thinned) o["thinned_to"] = max_points;
     for (const auto& [t, what] : r.events) evs.push_back({t, what});
