@@ -55,8 +55,7 @@ void run(const ReportOptions& o) {
     std::cout << "  " << r.name << " (" << r.kind << "): " << r.evals.size() << " evaluations, " << r.merges.size()
               << " merges, " << r.learners.size() << " learner(s), " << r.events.size() << " events\n";
   for (const auto& r : runs) {
-    size_t longest = std::max(r.evals.size(), r.merges.size());
-    for (const auto& [id, v] : r.learners) longest = std::max(longest, v.size());
+    const size_t longest = longest_series(r);
     if (o.max_points > 0 && longest > o.max_points)
       std::cout << "  " << r.name << ": charts thinned to " << o.max_points << " of up to " << longest
                 << " records per series (--max-points 0 keeps every record)\n";

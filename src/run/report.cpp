@@ -55,7 +55,7 @@ struct Rec {
   Kind kind = Kind::kOther;
   int64_t learner = -1;       // kLearner, kLearnerDone: whose record it is
   double t = 0;               // the record's time ("t", else "elapsed_s"); records without one are not kept
-  std::array<double, 4> v{};  // kEval: tokens, val_loss, val_bpb; kMerge: quorum, grace wait; kLearner: step, loss,
+  std::array<double, 3> v{};  // kEval: tokens, val_loss, val_bpb; kMerge: quorum, grace wait; kLearner: step, loss,
                               // tokens
   std::string text;           // kReject: the reason; kEvent: what happened
   std::shared_ptr<const Status> status;  // kStatus
@@ -70,17 +70,17 @@ Rec interpret(const json& j, int64_t file_learner) {
   const auto whose = [&] { return integer_or(j, "learner", std::max<int64_t>(file_learner, 0)); };
   if ((kind == "eval" || kind == "final_eval") && std::isfinite(num(j, "val_loss"))) {
     x.kind = Kind::kEval;
-    x.v = {num(j, "tokens", 0), num(j, "val_loss"), num(j, "val_bpb", 0), 0};
+    x.v = {num(j, "tokens", 0), num(j, "val_loss"), num(j, "val_bpb", 0)};
   } else if (kind == "merge") {
     double quorum = num(j, "quorum");
     auto it = j.find("learners");
     if (!std::isfinite(quorum) && it != j.end() && it->is_array()) quorum = static_cast<double>(it->size());
     x.kind = Kind::kMerge;
-    x.v = {std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0), 0, 0};
+    x.v = {std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0), 0};
   } else if ((kind == "learner" || kind == "train") && j.contains("loss")) {
     x.kind = Kind::kLearner;
     x.learner = whose();
-    x.v = {num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0), 0};
+    x.v = {num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0)};
   } else if (kind == "reject") {
     auto it = j.find("reason");
     if (it != j.end() && it->is_string()) {
@@ -419,19 +419,24 @@ std::vector<std::array<double, 2>> merge_rate(const ReportRun& r) {
 
 }  // namespace
 
+size_t longest_series(const ReportRun& run) {
+  size_t longest = std::max(run.evals.size(), run.merges.size());
+  for (const auto& [id, v] : run.learners) longest = std::max(longest, v.size());
+  return longest;
+}
+
 json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
   json all = json::array();
   for (const auto& r : runs) {
     json o{{"name", r.name}, {"dir", r.dir}, {"kind", r.kind}, {"bad_lines", r.bad_lines}};
     json ev = json::array(), mg = json::array(), rate = json::array(), lr = json::object(), evs = json::array();
-    bool thinned = false;
+    const bool thinned = max_points > 0 && longest_series(r) > max_points;
     // Calls add(i) for the records of a series of n to serve: all, or max_points evenly spaced, first and last kept.
     auto each_kept = [&](size_t n, const auto& add) {
       if (max_points == 0 || n <= max_points) {
         for (size_t i = 0; i < n; ++i) add(i);
         return;
       }
-      thinned = true;
       if (max_points == 1) {
         add(n - 1);
         return;

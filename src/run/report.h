@@ -74,6 +74,10 @@ class ReportRunReader {
 // "thinned_to": max_points; 0 keeps every record. learner_now, the summary and the event list are never thinned.
 nlohmann::json report_data(const std::vector<ReportRun>& runs, size_t max_points = 0);
 
+// The number of records of the run's longest chart series (evaluations, merges, any learner's): report_data thins
+// the run when this exceeds a nonzero max_points.
+size_t longest_series(const ReportRun& run);
+
 // What the live dashboard serves per series (a chart of about 1,100 pixels shows no more).
 inline constexpr size_t kLiveReportPoints = 2000;
 
