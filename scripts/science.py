@@ -189,13 +189,29 @@ def run_point(args, out, sets):
         raise RuntimeError(f"deloco sim failed ({r.returncode}); see {d}/log.txt; command: {' '.join(cmd)}")
     s = json.load(open(summary))
     s["_wall"] = time.time() - t0
+    s["curve"] = eval_curve(os.path.join(d, "run", "metrics.jsonl"))
     return s
+
+
+def eval_curve(metrics):
+    """[[virtual seconds, loss], ...] of a run's evaluations of the global model (sim.eval_interval > 0 writes them
+    during the run; the final one closes it), or None when the run evaluated only at its end."""
+    pts = []
+    if os.path.exists(metrics):
+        for line in open(metrics):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("kind") in ("eval", "final_eval") and r.get("t") is not None and r.get("val_loss") is not None:
+                pts.append([round(float(r["t"]), 2), round(float(r["val_loss"]), 5)])
+    return sorted(pts) if len(pts) > 2 else None
 
 
 RESULTS_FILE = None  # set by main(): where results.jsonl lives
 
 FIELDS = ("final_val_loss", "val_bpb", "initial_val_loss", "uptime", "goodput", "virtual_seconds", "tokens",
-          "outer_steps", "bytes_sent", "failures", "contributions_rejected", "_wall")
+          "outer_steps", "bytes_sent", "failures", "contributions_rejected", "_wall", "curve")
 
 
 class Results:
@@ -375,7 +391,7 @@ def diff_ci(a, b):
 
 def seeds_sorted(res, exp, variant, field="final_val_loss"):
     rows = sorted((r for r in res.rows.values() if r["exp"] == exp and r["variant"] == variant), key=lambda r: r["seed"])
-    return [r[field] for r in rows]
+    return [r.get(field) for r in rows]
 
 
 def label(cond_all, cond_some):
@@ -549,6 +565,9 @@ def report(res, S, best, quick, out, doc, plots_dir):
     if bars(plots_dir, "e6.png", "One failure schedule: uptime", "uptime",
             [(v, seeds_sorted(res, "e6", v, "uptime")) for v in ("Decoupled DiLoCo", "DiLoCo (synchronous)", "DP")]):
         w("\n![experiment 6](science/e6.png)\n")
+    if curves(plots_dir, "e6-time.png", "One failure schedule: quality against time", "virtual seconds", "test loss",
+              [(v, seeds_sorted(res, "e6", v, "curve")) for v in ("Decoupled DiLoCo", "DiLoCo (synchronous)", "DP")]):
+        w("\n![experiment 6: test loss against virtual time, one line per seed](science/e6-time.png)\n")
     ud, us = seeds_sorted(res, "e6", "Decoupled DiLoCo", "uptime"), seeds_sorted(res, "e6", "DiLoCo (synchronous)", "uptime")
     if ud and us:
         g, h = diff_ci(ud, us)
@@ -609,6 +628,38 @@ def plot(plots_dir, name, title, xlabel, ylabel, series, logx=False):
     fig.tight_layout()
     fig.savefig(os.path.join(plots_dir, name), dpi=100)
     plt.close(fig)
+
+
+def curves(plots_dir, name, title, xlabel, ylabel, items):
+    """Line chart, one colour per item and one line per seed: items = [(label, [curve or None per seed])]."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("science: matplotlib is missing (apt-get install python3-matplotlib): no plot " + name, file=sys.stderr)
+        return False
+    items = [(l, [c for c in cs if c]) for l, cs in items]
+    if not any(cs for _, cs in items):
+        return False
+    os.makedirs(plots_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for i, (l, cs) in enumerate(items):
+        for j, c in enumerate(cs):
+            xs, ys = zip(*c)
+            ax.plot(xs, ys, color=f"C{i}", alpha=0.8, linewidth=1.2, label=l if j == 0 else None)
+    ys = [y for _, cs in items for c in cs for _, y in c[1:]]
+    if ys:  # the first evaluation (the untrained model) would flatten the rest
+        lo, hi = min(ys), max(ys)
+        ax.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(plots_dir, name), dpi=100)
+    plt.close(fig)
+    return True
 
 
 def bars(plots_dir, name, title, ylabel, items):
