@@ -426,7 +426,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
     else:
         w(f"* **Why not ≥ 10M parameters** (the issue's aim): a 12.3M model (6 × 384) costs 0.43 s of CPU per learner "
           "step here against 0.18 s for this one, so the suite's ~150 runs of 1600 steps would take about 14 h on 2 "
-          "cores instead of about 6 (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
+          "cores instead of the 7 h this one took (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
           "kept instead. It is still small: at M = 8 each learner takes "
           f"{S['total_steps'] // S['m_exp']} inner steps, {S['total_steps'] // S['m_exp'] // S['sync_every']} outer "
           "rounds of H = " + str(S["sync_every"]) + ", far fewer than the papers' runs.")
