@@ -429,7 +429,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
     else:
         w(f"* **Why not ≥ 10M parameters** (the issue's aim): a 12.3M model (6 × 384) costs 0.43 s of CPU per learner "
           "step here against 0.18 s for this one, so the suite's ~150 runs of 1600 steps would take about 14 h on 2 "
-          "cores instead of the 7 h this one took (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
+          "cores instead of the " + f"{sum(r.get('_wall', 0) for r in {r['key']: r for r in res.rows.values()}.values()) / 7200:.1f}" + " h this one took (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
           "kept instead. It is still small: at M = 8 each learner takes "
           f"{S['total_steps'] // S['m_exp']} inner steps, {S['total_steps'] // S['m_exp'] // S['sync_every']} outer "
           "rounds of H = " + str(S["sync_every"]) + ", far fewer than the papers' runs.")
@@ -685,6 +685,17 @@ def shortfalls(res, S, labels):
                          + (". The window rarely caught a second learner here, so quality stays near K = 1's: each "
                             "merge moves the model by one learner's update, with the outer step tuned for the mean of "
                             f"{M}." if 2 * a - c >= 0.8 * a else "."))
+    if labels.get("RDA beats the token-weighted mean", "reproduced") != "reproduced":
+        r4, k4, m4 = (seeds_sorted(res, "e4", v) for v in ("rda", "mean_k1", "diloco"))
+        if r4 and k4 and m4:
+            g, h = diff_ci(k4, r4)
+            g2, h2 = diff_ci(m4, r4)
+            notes.append(f"*RDA against the mean*: tuned alike at K = 1, the token-weighted mean is {g:+.4f} ± {h:.4f} "
+                         f"behind RDA. Against the mean run with synchronous DiLoCo's outer step, RDA's edge is "
+                         f"{g2:+.4f} ± {h2:.4f}, so nearly all of that edge comes from the outer step size at K = 1, "
+                         "not from the merge." if abs(g) < abs(g2) / 4 else
+                         f"*RDA against the mean*: tuned alike at K = 1, the token-weighted mean is {g:+.4f} ± {h:.4f} "
+                         f"behind RDA, against {g2:+.4f} ± {h2:.4f} with synchronous DiLoCo's outer step.")
     if labels.get("2-bit hurts", "reproduced") != "reproduced":
         f32, i2 = seeds_sorted(res, "e5", "fp32"), seeds_sorted(res, "e5", "int2")
         if f32 and i2:
