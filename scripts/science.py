@@ -688,8 +688,7 @@ def shortfalls(res, S, labels):
                          f"and {b:.1f} without it (means over the seeds), so at least {max(0.0, 2 * a - c):.0f} of the "
                          f"{a:.0f} merges still applied one learner's pseudo-gradient alone"
                          + (". The window rarely caught a second learner here, so quality stays near K = 1's: each "
-                            "merge moves the model by one learner's update, with the outer step tuned for the mean of "
-                            f"{M}." if 2 * a - c >= 0.8 * a else "."))
+                            "merge moves the model by one learner's update." if 2 * a - c >= 0.8 * a else "."))
     if labels.get("RDA beats the token-weighted mean", "reproduced") != "reproduced":
         r4, k4, m4 = (seeds_sorted(res, "e4", v) for v in ("rda", "mean_k1", "diloco"))
         if r4 and k4 and m4:
