@@ -135,6 +135,12 @@ def decoupled(S):
             "sim.eval_interval=" + str(S["sync_every"])]
 
 
+def failure_schedule(S):
+    """Experiments 6 and 7: (mean virtual seconds between a learner's failures, seconds down): every ~4 outer rounds,
+    down for 80% of one."""
+    return 4 * S["sync_every"], S["sync_every"] * 0.8
+
+
 def plan(S):
     """Every point: (experiment, variant, method or None, extra sets). Tuning happens per method first."""
     pts = []
@@ -157,7 +163,8 @@ def plan(S):
     for enc in ("fp32", "bf16", "int8", "int4", "int2"):  # 5. outer-gradient precision
         pts.append(("e5", enc, "diloco", sync_run(S, M, T) + [f"net.encoding={enc}", "net.error_feedback=true"]))
     # 6 and 7. One failure schedule (every learner fails every ~4 outer rounds on average, down 20 steps' time).
-    fail = ["sim.mtbf=" + str(4 * S["sync_every"]), "sim.downtime=" + str(S["sync_every"] * 0.8), "sim.jitter=0.1"]
+    mtbf, downtime = failure_schedule(S)
+    fail = ["sim.mtbf=" + str(mtbf), "sim.downtime=" + str(downtime), "sim.jitter=0.1"]
     dec = decoupled(S)
     syn = sync_run(S, M, T)[:-3] + ["sim.eval_interval=" + str(S["sync_every"])]
     dp = ["sync.learners=1", "sync.quorum=1", "sync.fragments=1", "sync.sync_every=1", "sync.weighting=uniform",
@@ -432,14 +439,14 @@ def report(res, S, best, quick, out, doc, plots_dir):
     if quick:
         w("* **This is the quick scale**, the suite's end-to-end check (CI runs it): a 0.1M-parameter byte model over a few\n"
           "  outer steps, far from the papers' scale. Read its labels as what this small setting shows, nothing more.")
-    else:
+    walls = [r.get("_wall", 0) for r in {r["key"]: r for r in res.rows.values()}.values()]
+    if not quick:
         w(f"* **Why not ≥ 10M parameters** (the issue's aim): a 12.3M model (6 × 384) costs 0.43 s of CPU per learner "
           "step here against 0.18 s for this one, so the suite's ~150 runs of 1600 steps would take about 14 h on 2 "
-          "cores instead of the " + f"{sum(r.get('_wall', 0) for r in {r['key']: r for r in res.rows.values()}.values()) / 7200:.1f}" + " h this one took (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
+          f"cores instead of the {sum(walls) / 7200:.1f} h this one took (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
           "kept instead. It is still small: at M = 8 each learner takes "
           f"{S['total_steps'] // S['m_exp']} inner steps, {S['total_steps'] // S['m_exp'] // S['sync_every']} outer "
           "rounds of H = " + str(S["sync_every"]) + ", far fewer than the papers' runs.")
-    walls = [r.get("_wall", 0) for r in {r["key"]: r for r in res.rows.values()}.values()]
     w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({sum(1 for r in res.rows.values() if r['exp'] == 'tune')} for tuning), "
       f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).\n")
     w("## Tuning: the grids and the choices (dev half, seed 1)\n")
@@ -592,8 +599,8 @@ def report(res, S, best, quick, out, doc, plots_dir):
     # 6.
     w("## 6. One failure schedule under Decoupled DiLoCo, synchronous DiLoCo and DP\n")
     sim = tomllib.load(open(os.path.join(ROOT, "configs/sim-diloco.toml"), "rb"))["sim"]
-    w(f"Every learner fails on average every {4 * S['sync_every']} virtual seconds and stays down "
-      f"{S['sync_every'] * 0.8:g} s (steps take {sim['step_time']:g} s ± 10%; each link carries "
+    mtbf, downtime = failure_schedule(S)
+    w(f"Every learner fails on average every {mtbf} virtual seconds and stays down {downtime:g} s (steps take {sim['step_time']:g} s ± 10%; each link carries "
       f"{sim['bandwidth'] / 1e6:g} MB/s with {sim['latency']:g} s latency: `configs/sim-diloco.toml`). DP is one learner that takes the global batch (8 × M sequences) and exchanges the "
       "whole model over the same link after every step; it is simulated with one learner's failure rate, where a "
       "real data-parallel job over M groups would fail M times as often, so its uptime here is a best case. "
