@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,6 +28,8 @@
 #include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 #include <torch/types.h>
+
+#include "deloco/error.h"
 
 namespace deloco {
 
@@ -117,6 +120,27 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 // take one tensor and return one, logits not [B, T, V] for int64 ids [B, T], parameters that are not float32, no
 // parameters. It then writes the V and T it uses into *cfg.
 std::unique_ptr<LanguageModel> make_language_model(ModelConfig* cfg, uint64_t seed, const torch::Device& device);
+
+// A user's TorchScript module (model.kind = "torchscript") failed while running, after make_language_model had
+// accepted it: its forward threw, or (Trainer) returned non-finite logits. The message names model.path and never
+// carries C++ stack frames.
+class ModelError : public Error {
+ public:
+  // what(): "model.path=PATH: forward failed[ WHERE]: DETAIL", WHERE e.g. "at step 12" ("" : nothing).
+  ModelError(const std::string& path, const std::string& detail, const std::string& where = "");
+  // what(): `message` as it is (it names model.path itself); path() and detail() are empty.
+  explicit ModelError(const std::string& message);
+  const std::string& path() const { return path_; }
+  const std::string& detail() const { return detail_; }
+
+ private:
+  std::string path_, detail_;
+};
+// The message of an exception a TorchScript module threw, for a person: the error's own lines (e.g. "RuntimeError:
+// shape '[2, 16, 300]' is invalid for input of size 19200"), then where in the module's source it happened when the
+// TorchScript traceback says so ("(File "model.py", line 7, in forward: <that line>)"); no C++ stack frames (a
+// c10::Error's backtrace, TORCH_SHOW_CPP_STACKTRACES output) and no serialized-code listing. At most 5 lines.
+std::string script_error_text(const std::exception& e);
 
 // ---- Text generation (src/model/sample.cpp) ----------------------------------------------------------------
 struct SampleOptions {

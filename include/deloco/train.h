@@ -70,7 +70,11 @@ class Trainer : public Workload {
   Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus);
   ~Trainer() override;
 
-  // One inner step on this learner's batch for the current step; returns its training loss.
+  // One inner step on this learner's batch for the current step; returns its training loss. A TorchScript model
+  // (model.kind = "torchscript") whose forward throws, or returns non-finite logits, ends it with a ModelError
+  // (deloco/model.h) naming model.path and the step (1-based: the step being trained), before any gradient is
+  // applied; the built-in GPT's non-finite loss is returned as it is (the caller judges it). evaluate() reports a
+  // failing forward the same way ("in evaluation after step N").
   double train_step();
   EvalResult evaluate() override;
 
@@ -105,6 +109,8 @@ class Trainer : public Workload {
  private:
   // Mean cross-entropy of the model on (idx, targets), in float32; under bf16 autocast when train.precision = bf16.
   torch::Tensor loss_of(const torch::Tensor& idx, const torch::Tensor& targets);
+  // Throws ModelError when a TorchScript model's logits hold NaN or infinities (see train_step).
+  void check_scripted_logits(const torch::Tensor& logits) const;
 
   RunConfig cfg_;
   std::shared_ptr<const Corpus> corpus_;

@@ -1,5 +1,6 @@
 // The LanguageModel seam (contract in include/deloco/model.h): the built-in GPT, and a user's TorchScript module
 // checked before anything trains it.
+#include <algorithm>
 #include <sstream>
 
 #include <torch/script.h>
@@ -50,6 +51,11 @@ std::string shape_of(const torch::Tensor& t) {
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
+std::string trimmed(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r");
+  return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
+}
+
 class ScriptedModel final : public LanguageModel {
  public:
   ScriptedModel(ModelConfig* cfg, const torch::Device& device) : path_(cfg->path) {
@@ -84,23 +90,35 @@ class ScriptedModel final : public LanguageModel {
     // One trial forward on ids [2, T]: the shape of the logits is the last thing to agree on.
     torch::NoGradGuard no_grad;
     module_.eval();
-    torch::Tensor y;
+    c10::IValue out;
     try {
-      auto out = module_.forward({torch::zeros({2, block_size_}, torch::TensorOptions().dtype(torch::kLong).device(device))});
-      if (!out.isTensor()) throw ConfigError(where + ": forward returned " + out.tagKind() + ", not a tensor; " + expected);
-      y = out.toTensor();
-    } catch (const c10::Error& e) {
+      out = module_.forward({torch::zeros({2, block_size_}, torch::TensorOptions().dtype(torch::kLong).device(device))});
+    } catch (const std::exception& e) {  // c10::Error, or the interpreter's std::runtime_error / JITException
       throw ConfigError(where + ": forward failed on int64 ids [2, " + std::to_string(block_size_) +
-                        "] (model.block_size): " + first_line(e.what_without_backtrace()) + "; " + expected);
+                        "] (model.block_size): " + script_error_text(e) + "; " + expected);
     }
+    if (!out.isTensor()) throw ConfigError(where + ": forward returned " + out.tagKind() + ", not a tensor; " + expected);
+    const torch::Tensor y = out.toTensor();
     module_.train();
     if (y.dim() != 3 || y.size(0) != 2 || y.size(1) != block_size_ || y.size(2) != vocab_size_ || !y.is_floating_point())
       throw ConfigError(where + ": forward on int64 ids [2, " + std::to_string(block_size_) + "] returned " + shape_of(y) +
                         ", expected [2, " + std::to_string(block_size_) + ", " + std::to_string(vocab_size_) +
                         "] float (V = " + std::to_string(vocab_size_) +
                         (module_.hasattr("vocab_size") ? " from the module's vocab_size" : " from model.vocab_size") + ")");
+    if (!torch::isfinite(y).all().item<bool>())
+      throw ConfigError(where + ": forward on int64 ids [2, " + std::to_string(block_size_) +
+                        "] (all zeros) returned non-finite logits (NaN or infinite) from the module's initial parameters");
   }
-  torch::Tensor forward(const torch::Tensor& idx) override { return module_.forward({idx}).toTensor(); }
+  torch::Tensor forward(const torch::Tensor& idx) override {
+    c10::IValue out;
+    try {
+      out = module_.forward({idx});
+    } catch (const std::exception& e) {
+      throw ModelError(path_, script_error_text(e));
+    }
+    if (!out.isTensor()) throw ModelError(path_, "it returned " + out.tagKind() + ", not a tensor");
+    return out.toTensor();
+  }
   NamedTensors& parameters() override { return params_; }
   void train(bool on) override { module_.train(on); }
   bool training() const override { return module_.is_training(); }
@@ -122,6 +140,53 @@ class ScriptedModel final : public LanguageModel {
 };
 
 }  // namespace
+
+ModelError::ModelError(const std::string& path, const std::string& detail, const std::string& where)
+    : Error("model.path=" + path + ": forward failed" + (where.empty() ? "" : " " + where) + ": " + detail),
+      path_(path),
+      detail_(detail) {}
+
+ModelError::ModelError(const std::string& message) : Error(message) {}
+
+std::string script_error_text(const std::exception& e) {
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string text = c10_error != nullptr ? c10_error->what_without_backtrace() : std::string(e.what());
+  // Everything before C++ frames (c10's "Exception raised from ..." and "frame #N: ..." lines).
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) {
+    if (l.rfind("Exception raised from ", 0) == 0 || l.rfind("frame #", 0) == 0) break;
+    lines.push_back(l);
+  }
+  // A TorchScript traceback: sections of `  File "...", line N, in F` each followed by indented code with a
+  // "<--- HERE" marker; the innermost (original source when the module carries it) comes last, the error after it.
+  size_t first = 0, last_file = lines.size();
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (lines[i].rfind("  File \"", 0) == 0) last_file = i;
+  std::string location, code;
+  if (last_file < lines.size()) {
+    location = trimmed(lines[last_file]);
+    std::string previous;
+    size_t i = last_file + 1;
+    for (; i < lines.size() && (lines[i].empty() || lines[i][0] == ' '); ++i) {
+      if (lines[i].find("<--- HERE") != std::string::npos) {
+        if (code.empty()) code = trimmed(previous);
+      } else if (!trimmed(lines[i]).empty()) {
+        previous = lines[i];
+      }
+    }
+    first = i;
+  }
+  std::vector<std::string> message;
+  for (size_t i = first; i < lines.size() && message.size() < 5; ++i)
+    if (!trimmed(lines[i]).empty() && lines[i] != "The following operation failed in the TorchScript interpreter.")
+      message.push_back(trimmed(lines[i]));
+  std::string out;
+  for (const auto& m : message) out += (out.empty() ? "" : "\n") + m;
+  if (out.empty()) out = trimmed(first_line(text));
+  if (!location.empty()) out += " (" + location + (code.empty() ? "" : ": " + code) + ")";
+  return out;
+}
 
 std::unique_ptr<LanguageModel> make_language_model(ModelConfig* cfg, uint64_t seed, const torch::Device& device) {
   if (cfg->kind == "torchscript") return std::make_unique<ScriptedModel>(cfg, device);

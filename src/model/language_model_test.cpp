@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -162,6 +164,118 @@ TEST(ScriptedModel, ThreeInnerStepsMatchPyTorch) {
     ++compared;
   }
   EXPECT_EQ(compared, ref["params"].size());
+}
+
+// ---- Issue 29 item 11: a module that fails while training says which module, where, and what -----------------
+
+std::shared_ptr<const Corpus> small_corpus() {
+  std::vector<std::string> docs;
+  for (int i = 0; i < 12; ++i) docs.push_back("Fellow citizens, document " + std::to_string(i) + ": the work before us is great. ");
+  return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.2));
+}
+
+// A run config for a fixture without vocab_size / block_size attributes (V 300, T 16), batch 4.
+RunConfig scripted_config(const std::string& file) {
+  RunConfig cfg;
+  cfg.model.kind = "torchscript";
+  cfg.model.path = (fixtures() / file).string();
+  cfg.model.vocab_size = 300;
+  cfg.model.block_size = 16;
+  cfg.train.batch_size = 4;
+  cfg.train.steps = 3;
+  cfg.train.eval_tokens = 64;
+  return cfg;
+}
+
+// What train_step throws, as ModelError (empty when it throws none or something else).
+std::string model_error_of_step(Trainer& tr) {
+  try {
+    tr.train_step();
+  } catch (const ModelError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a ModelError: " << e.what();
+    return "";
+  }
+  return "";
+}
+
+void expect_no_cpp_frames(const std::string& m) {
+  for (const char* cpp : {"frame #", "Exception raised from", "Traceback of TorchScript", "code/__torch__"})
+    EXPECT_EQ(m.find(cpp), std::string::npos) << cpp << " in: " << m;
+}
+
+TEST(ScriptedModel, ForwardFailingWhileTrainingNamesTheModuleTheStepAndTheError) {
+  torch::set_num_threads(1);
+  const RunConfig cfg = scripted_config("fixed_batch.pt");
+  Trainer tr(cfg, small_corpus());  // its trial forward on [2, 16] passes
+  const std::string m = model_error_of_step(tr);
+  EXPECT_EQ(m.rfind("model.path=" + cfg.model.path + ": forward failed at step 1: RuntimeError: shape '[2, 16, 300]' is "
+                    "invalid for input of size 19200", 0),
+            0u)
+      << m;
+  // Where in the user's source: the fixture's own file and line of code.
+  EXPECT_NE(m.find("scripted_fixtures.py\", line "), std::string::npos) << m;
+  EXPECT_NE(m.find(".view(2, idx.size(1), 300)"), std::string::npos) << m;
+  expect_no_cpp_frames(m);
+  EXPECT_EQ(tr.step(), 0);
+  // Evaluation (batches of 4 windows) says so too.
+  try {
+    tr.evaluate();
+    ADD_FAILURE() << "evaluate() of fixed_batch.pt did not throw";
+  } catch (const ModelError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("model.path=" + cfg.model.path + ": forward failed in evaluation after step 0: ", 0), 0u)
+        << e.what();
+  }
+}
+
+TEST(ScriptedModel, NonFiniteLogitsOfTheModuleAreBlamedOnTheModuleNotTheLearningRate) {
+  torch::set_num_threads(1);
+  const RunConfig cfg = scripted_config("nan_on_data.pt");
+  Trainer tr(cfg, small_corpus());
+  std::map<std::string, at::Tensor> before;
+  for (const auto& [n, p] : tr.parameters()) before[n] = p.detach().clone();
+  const std::string m = model_error_of_step(tr);
+  EXPECT_EQ(m.rfind("model.path=" + cfg.model.path + ": the module's forward returned non-finite logits at step 1 (19200 NaN", 0),
+            0u)
+      << m;
+  EXPECT_NE(m.find("although every parameter is finite"), std::string::npos) << m;
+  EXPECT_EQ(m.find("lower train.lr"), std::string::npos) << m;
+  // Nothing was applied: the parameters are as they were.
+  for (const auto& [n, p] : tr.parameters()) EXPECT_TRUE(torch::equal(p, before[n])) << n;
+  // A module whose logits are never finite is refused before training.
+  ModelConfig c;
+  c.vocab_size = 300;
+  c.block_size = 16;
+  const std::string e = refusal(c, "nan_always.pt");
+  EXPECT_NE(e.find("nan_always.pt': forward on int64 ids [2, 16] (all zeros) returned non-finite logits"), std::string::npos) << e;
+}
+
+// The text of an error with C++ frames (what TORCH_SHOW_CPP_STACKTRACES=1 appends, and c10::Error's what()) keeps
+// only the error's own lines; without a TorchScript traceback, the message as it is.
+TEST(ScriptedModel, ScriptErrorTextDropsCppFramesAndTheSerializedCode) {
+  const std::runtime_error traced(
+      "The following operation failed in the TorchScript interpreter.\n"
+      "Traceback of TorchScript, serialized code (most recent call last):\n"
+      "  File \"code/__torch__.py\", line 13, in forward\n"
+      "    _1 = torch.view(_0, [2, torch.size(idx, 1), 300])\n"
+      "         ~~~~~~~~~~ <--- HERE\n"
+      "    return _1\n"
+      "\n"
+      "Traceback of TorchScript, original code (most recent call last):\n"
+      "  File \"/src/model.py\", line 7, in forward\n"
+      "    def forward(self, idx):\n"
+      "        return self.head(idx).view(2, -1)\n"
+      "               ~~~~~~~~~~~~~~~~~~ <--- HERE\n"
+      "RuntimeError: shape '[2, -1]' is invalid\n"
+      "shape '[2, -1]' is invalid\n"
+      "Exception raised from infer_size_impl at ../aten/src/ATen/InferSize.h:71 (most recent call first):\n"
+      "frame #0: c10::Error::Error(c10::SourceLocation, std::string) + 0x57 (0x7f in /usr/lib/libc10.so)\n");
+  EXPECT_EQ(script_error_text(traced),
+            "RuntimeError: shape '[2, -1]' is invalid\nshape '[2, -1]' is invalid (File \"/src/model.py\", line 7, in "
+            "forward: return self.head(idx).view(2, -1))");
+  EXPECT_EQ(script_error_text(std::runtime_error("index out of range in self\nException raised from x at y.cpp:1\nframe #0: z")),
+            "index out of range in self");
 }
 
 }  // namespace

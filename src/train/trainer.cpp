@@ -149,13 +149,37 @@ class Autocast {
 }  // namespace
 
 torch::Tensor Trainer::loss_of(const torch::Tensor& idx, const torch::Tensor& targets) {
-  if (cfg_.train.precision != "bf16") return model_->loss(idx, targets);
+  const bool scripted = cfg_.model.kind == "torchscript";
+  if (cfg_.train.precision != "bf16" && !scripted) return model_->loss(idx, targets);
   torch::Tensor logits;
   {
-    Autocast bf16(true, device_);
-    logits = model_->forward(idx);
+    Autocast bf16(cfg_.train.precision == "bf16", device_);
+    try {
+      logits = model_->forward(idx);
+    } catch (const ModelError& e) {
+      throw ModelError(e.path(), e.detail(), "at step " + std::to_string(step_ + 1));
+    }
   }
+  if (scripted) check_scripted_logits(logits);
   return next_token_loss(logits, targets);  // in float32, outside the autocast region (PyTorch's recipe)
+}
+
+// A user's module: non-finite logits from finite parameters are the module's doing, whatever the learning rate;
+// only with parameters already non-finite is divergence (train.lr) the likely cause. Costs one reduction over the
+// logits and a device sync per step, only for TorchScript models.
+void Trainer::check_scripted_logits(const torch::Tensor& logits) const {
+  if (torch::isfinite(logits).all().item<bool>()) return;
+  const int64_t nans = torch::isnan(logits).sum().item<int64_t>(), infs = torch::isinf(logits).sum().item<int64_t>();
+  const std::string what = "model.path=" + cfg_.model.path + ": the module's forward returned non-finite logits at step " +
+                           std::to_string(step_ + 1) + " (" + std::to_string(nans) + " NaN and " + std::to_string(infs) +
+                           " infinite of " + std::to_string(logits.numel()) + " values)";
+  for (const auto& [name, p] : params_)
+    if (!torch::isfinite(p).all().item<bool>())
+      throw ModelError(what + "; its parameter '" + name +
+                       "' is non-finite too: training diverged before this step (lower train.lr, or check what was "
+                       "loaded or merged into the parameters)");
+  throw ModelError(what + " although every parameter is finite: the module's own computation made them (look for "
+                   "a division by zero, a log or sqrt of a negative number, an overflow); it is not the learning rate");
 }
 
 Trainer::~Trainer() = default;
@@ -213,7 +237,12 @@ EvalResult Trainer::evaluate() {
   for (int64_t i = 0; i < N; i += B) {
     auto w = val_windows_.narrow(0, i, std::min(B, N - i));
     // Always in float32, whatever train.precision: validation losses stay comparable across precisions.
-    total += model_->loss(w.narrow(1, 0, T), w.narrow(1, 1, T)).item<double>() * static_cast<double>(w.size(0));
+    try {
+      total += model_->loss(w.narrow(1, 0, T), w.narrow(1, 1, T)).item<double>() * static_cast<double>(w.size(0));
+    } catch (const ModelError& e) {
+      model_->train(true);
+      throw ModelError(e.path(), e.detail(), "in evaluation after step " + std::to_string(step_));
+    }
   }
   model_->train(true);
   EvalResult r;

@@ -8,6 +8,9 @@ Writes into OUT_DIR:
   two_args.pt       forward(self, idx, mask): the wrong signature
   flat_logits.pt    forward returns [B, T] instead of [B, T, V]
   float64.pt        a float64 parameter
+  fixed_batch.pt    forward reshapes to a batch of 2: passes the trial forward ([2, T]), fails on any other batch
+  nan_on_data.pt    forward returns NaN logits for ids that are not all zero (finite on the trial forward's zeros)
+  nan_always.pt     forward returns NaN logits for every input
   not_a_module.pt   a text file
 """
 import os
@@ -49,6 +52,24 @@ class Float64(NoAttrs):
         return self.head(self.emb(idx)) * self.scale.float()
 
 
+class FixedBatch(NoAttrs):
+    def forward(self, idx):
+        return self.head(self.emb(idx)).view(2, idx.size(1), 300)
+
+
+class NanOnData(NoAttrs):
+    def forward(self, idx):
+        y = self.head(self.emb(idx))
+        if bool(idx.max() > 0):
+            y = y * float("nan")
+        return y
+
+
+class NanAlways(NoAttrs):
+    def forward(self, idx):
+        return self.head(self.emb(idx)) * float("nan")
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -58,6 +79,9 @@ def main():
     torch.jit.script(TwoArgs()).save(os.path.join(out, "two_args.pt"))
     torch.jit.script(FlatLogits()).save(os.path.join(out, "flat_logits.pt"))
     torch.jit.script(Float64()).save(os.path.join(out, "float64.pt"))
+    torch.jit.script(FixedBatch()).save(os.path.join(out, "fixed_batch.pt"))
+    torch.jit.script(NanOnData()).save(os.path.join(out, "nan_on_data.pt"))
+    torch.jit.script(NanAlways()).save(os.path.join(out, "nan_always.pt"))
     with open(os.path.join(out, "not_a_module.pt"), "w") as f:
         f.write("not a module\n")
 
