@@ -12,6 +12,8 @@
 //    (default "*val*") are validation; when none matches, the last val_fraction of the token stream is.
 //    A `tokens.json` beside the files (written by `deloco tokenize`) records the bytes of text behind each file;
 //    with it, losses convert to bits per byte comparable with byte-level models; without it bits per byte is NaN.
+//    Its "files" entries must be objects with an integer "tokens" (matching the file) and a number "bytes" (absent:
+//    bits per byte NaN); a field of another type is a DataError naming the file and the field.
 // Validation tokens are never trained on. data.holdout = dev | test keeps the first | second half of them.
 //
 // Shards: the training stream (the files one after another) is cut into M contiguous, disjoint ranges; learner i

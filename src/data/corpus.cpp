@@ -333,19 +333,59 @@ Corpus Corpus::from_documents(const std::vector<std::string>& docs, double val_f
   return c;
 }
 
+namespace {
+
+// "an object", "a string", ... for "must be <type>, got <type>" (numbers as integer or number, with the value).
+std::string json_kind(const nlohmann::json& v) {
+  if (v.is_number_integer()) return "the integer " + v.dump();
+  if (v.is_number()) return "the number " + v.dump();
+  if (v.is_string()) return "a string (" + (v.get<std::string>().size() <= 40 ? v.dump() : v.dump().substr(0, 40) + "...") + ")";
+  if (v.is_boolean()) return "a boolean (" + v.dump() + ")";
+  if (v.is_null()) return "null";
+  if (v.is_object()) return "an object";
+  if (v.is_array()) return "an array";
+  return v.type_name();
+}
+
+// tokens.json (written by `deloco tokenize`): {"files": {NAME: {"tokens": N, "bytes": B}, ...}, ...}, other fields
+// ignored. Returns "files", checked: every field of the wrong type is refused naming the file and the field.
+nlohmann::json read_tokens_json(const fs::path& path) {
+  const std::string where = "'" + path.string() + "'";
+  nlohmann::json root;
+  try {
+    root = nlohmann::json::parse(read_file(path.string()));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(where + " is not a deloco tokens.json: " + e.what());
+  }
+  auto refuse = [&](const std::string& field, const std::string& want, const nlohmann::json& got) {
+    throw DataError(where + ": field '" + field + "' must be " + want + ", got " + json_kind(got) +
+                    " (deloco tokenize writes {\"files\": {\"train.bin\": {\"tokens\": N, \"bytes\": B}, ...}})");
+  };
+  if (!root.is_object()) refuse("(the document)", "an object", root);
+  if (!root.contains("files")) throw DataError(where + ": field 'files' is missing (deloco tokenize writes it)");
+  const nlohmann::json& files = root["files"];
+  if (!files.is_object()) refuse("files", "an object", files);
+  for (const auto& [name, entry] : files.items()) {
+    const std::string field = "files." + name;
+    if (!entry.is_object()) refuse(field, "an object", entry);
+    if (!entry.contains("tokens")) throw DataError(where + ": field '" + field + ".tokens' is missing");
+    if (!entry["tokens"].is_number_integer() || entry["tokens"].get<int64_t>() < 0)
+      refuse(field + ".tokens", "a non-negative integer", entry["tokens"]);
+    if (entry.contains("bytes") && (!entry["bytes"].is_number() || entry["bytes"].get<double>() < 0))
+      refuse(field + ".bytes", "a non-negative number", entry["bytes"]);
+  }
+  return files;
+}
+
+}  // namespace
+
 Corpus Corpus::load_tokens(const DataConfig& cfg, const std::vector<std::string>& files) {
   if (files.empty()) throw DataError("token data '" + cfg.path + "' holds no *.bin files");
   // tokens.json (deloco tokenize): the bytes of text behind each file, by file name.
   const fs::path dir = fs::is_directory(cfg.path) ? fs::path(cfg.path) : fs::path(cfg.path).parent_path();
   nlohmann::json meta;
   std::error_code ec;
-  if (fs::exists(dir / "tokens.json", ec)) {
-    try {
-      meta = nlohmann::json::parse(read_file((dir / "tokens.json").string())).at("files");
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError("'" + (dir / "tokens.json").string() + "' is not a deloco tokens.json: " + e.what());
-    }
-  }
+  if (fs::exists(dir / "tokens.json", ec)) meta = read_tokens_json(dir / "tokens.json");
   Corpus c;
   c.is_text_ = false;
   c.num_documents_ = static_cast<int64_t>(files.size());
@@ -374,11 +414,12 @@ Corpus Corpus::load_tokens(const DataConfig& cfg, const std::vector<std::string>
     Counts& n = (by_pattern && is_val) ? val_n : train_n;
     n.tokens += s.tokens;
     if (meta.is_object() && meta.contains(name)) {
-      const int64_t recorded = meta[name].value("tokens", int64_t{-1});
+      const int64_t recorded = meta[name]["tokens"].get<int64_t>();  // read_tokens_json checked the types
       if (recorded != s.tokens)
         throw DataError("'" + (dir / "tokens.json").string() + "' records " + std::to_string(recorded) + " tokens for '" + name +
                         "' but the file holds " + std::to_string(s.tokens) + ": the metadata is stale");
-      n.bytes += meta[name].value("bytes", 0.0);
+      if (meta[name].contains("bytes")) n.bytes += meta[name]["bytes"].get<double>();
+      else n.known = false;  // bytes not recorded: bits per byte unknown
     } else {
       n.known = false;
     }

@@ -287,6 +287,54 @@ TEST_F(TokenFiles, TokensJsonGivesBytesPerTokenAndStaleMetadataIsRefused) {
   EXPECT_THROW(Corpus::load(cfg), DataError);  // every file would be validation
 }
 
+// Issue 29 item 11: a tokens.json field of the wrong type is refused naming the file and the field, not with a bare
+// json.exception.type_error.
+TEST_F(TokenFiles, TokensJsonOfTheWrongShapeIsRefusedNamingTheFileAndTheField) {
+  write_llmc_tokens((dir_ / "train.bin").string(), ramp(0, 1000));
+  write_llmc_tokens((dir_ / "val.bin").string(), ramp(5, 100));
+  DataConfig cfg;
+  cfg.path = dir_.string();
+  cfg.format = "tokens";
+  const std::string file = (dir_ / "tokens.json").string();
+  auto refusal = [&](const nlohmann::json& meta) {
+    write_file_atomic(file, meta.dump());
+    try {
+      Corpus::load(cfg);
+    } catch (const DataError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const nlohmann::json val = {{"tokens", 100}, {"bytes", 350}};
+  struct Case {
+    nlohmann::json meta;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{{"files", {{"train.bin", 1000}, {"val.bin", val}}}}, "field 'files.train.bin' must be an object, got the integer 1000"},
+      {{{"files", {{"train.bin", {{"tokens", "1000"}, {"bytes", 4000}}}, {"val.bin", val}}}},
+       "field 'files.train.bin.tokens' must be a non-negative integer, got a string (\"1000\")"},
+      {{{"files", {{"train.bin", {{"tokens", 1000.5}, {"bytes", 4000}}}, {"val.bin", val}}}},
+       "field 'files.train.bin.tokens' must be a non-negative integer, got the number 1000.5"},
+      {{{"files", {{"train.bin", {{"tokens", 1000}, {"bytes", "4 kB"}}}, {"val.bin", val}}}},
+       "field 'files.train.bin.bytes' must be a non-negative number, got a string (\"4 kB\")"},
+      {{{"files", {{"train.bin", {{"bytes", 4000}}}, {"val.bin", val}}}}, "field 'files.train.bin.tokens' is missing"},
+      {{{"files", nlohmann::json::array({"train.bin"})}}, "field 'files' must be an object, got an array"},
+      {{{"format", "deloco-tokens"}}, "field 'files' is missing"},
+      {nlohmann::json::array(), "field '(the document)' must be an object, got an array"},
+  };
+  for (const Case& c : cases) {
+    const std::string m = refusal(c.meta);
+    EXPECT_EQ(m.rfind("'" + file + "': " + c.says, 0), 0u) << c.meta.dump() << "\n -> " << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+  }
+  // Without "bytes" the tokens still load; bits per byte is unknown rather than computed from 0 bytes.
+  write_file_atomic(file, nlohmann::json{{"files", {{"train.bin", {{"tokens", 1000}}}, {"val.bin", val}}}}.dump());
+  const Corpus c = Corpus::load(cfg);
+  EXPECT_TRUE(std::isnan(c.train_bytes_per_token()));
+  EXPECT_DOUBLE_EQ(c.val_bytes_per_token(), 3.5);
+}
+
 TEST_F(TokenFiles, LearnerShardsOfATokenStreamAreDisjointAndDeterministic) {
   write_llmc_tokens((dir_ / "a.bin").string(), ramp(0, 3000, 60000));
   write_llmc_tokens((dir_ / "b.bin").string(), ramp(3000, 3000, 60000));
