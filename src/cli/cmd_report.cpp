@@ -37,8 +37,12 @@ void run(const ReportOptions& o) {
     for (int k = 2; names.count(name); ++k) name = r.name + " (" + std::to_string(k) + ")";
     r.name = name;
     names.insert(name);
-    if (r.bad_lines > 0)
-      std::cerr << "report: " << d << ": skipped " << r.bad_lines << " record line(s) that were not JSON objects\n";
+    if (r.bad_lines > 0 || r.long_lines > 0 || r.bad_times > 0) {
+      std::cerr << "report: " << r.name << ": skipped " << r.bad_lines << " line(s) that were not JSON records, "
+                << r.long_lines << " line(s) over " << (kMaxRecordLine >> 20) << " MiB and " << r.bad_times
+                << " record(s) with an impossible time; the page lists the first ones\n";
+    }
+    for (const auto& n : r.notes) std::cerr << "report: " << r.name << ": " << n << "\n";
     runs.push_back(std::move(r));
   }
   std::string title = o.title;
@@ -62,12 +66,12 @@ void run(const ReportOptions& o) {
   }
   std::vector<std::string> pngs;
   if (!o.png_dir.empty()) {
-    pngs = write_report_pngs(runs, o.png_dir);
+    pngs = write_report_pngs(runs, o.png_dir, o.max_points);
     for (const auto& p : pngs) std::cout << "  " << p << "\n";
   }
   if (!o.summary_path.empty()) {
     nlohmann::json s{{"command", "report"}, {"out", o.out}, {"runs", report_data(runs, o.max_points)}, {"pngs", pngs}};
-    write_file_atomic(o.summary_path, s.dump(2) + "\n");
+    write_file_atomic(o.summary_path, s.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
 }
 
@@ -87,8 +91,8 @@ void add_report_command(CLI::App& app) {
   sub->add_option("--title", opts->title, "the page title (default: the run names)");
   sub->add_option("--summary", opts->summary_path, "write the charts' data as JSON to FILE");
   sub->add_option("--max-points", opts->max_points,
-                  "thin each chart series (and the --summary data) to at most N evenly spaced records, the first "
-                  "and last kept (default 10000; 0 keeps every record)");
+                  "thin each chart series, the event list and the merge-rate buckets (and the --summary data) to at "
+                  "most N evenly spaced records, the first and last kept (default 10000; 0 keeps every record)");
   sub->callback([opts]() { run(*opts); });
 }
 

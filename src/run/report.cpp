@@ -6,17 +6,20 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
 
 #include "deloco/fs.h"
+#include "deloco/text.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -34,9 +37,18 @@ int64_t integer_or(const json& j, const char* key, int64_t fallback) {
   return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
 }
 
-double record_time(const json& j) {
-  const double t = num(j, "t");
-  return std::isfinite(t) ? t : num(j, "elapsed_s");
+// Text from a file for a name, a label or a note: valid UTF-8, control characters written as '?'.
+std::string printable(const std::string& s, size_t max_bytes) {
+  std::string o = clip_utf8(s, max_bytes);
+  for (char& c : o)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return o;
+}
+
+std::string number_text(double v) {
+  std::ostringstream o;
+  o << std::setprecision(6) << v;
+  return o.str();
 }
 
 // What the charts use of a record, taken out of its JSON once, when its line is read: a poll then goes over these
@@ -54,20 +66,42 @@ struct Status {  // a syncer's status record: the live summary while summary.jso
 struct Rec {
   Kind kind = Kind::kOther;
   int64_t learner = -1;       // kLearner, kLearnerDone: whose record it is
-  double t = 0;               // the record's time ("t", else "elapsed_s"); records without one are not kept
+  double t = std::numeric_limits<double>::quiet_NaN();  // the record's time ("t", else "elapsed_s"); NaN: none
   std::array<double, 3> v{};  // kEval: tokens, val_loss, val_bpb; kMerge: quorum, grace wait; kLearner: step, loss,
                               // tokens
-  std::string text;           // kReject: the reason; kEvent: what happened
+  std::string text;           // kReject: the reason; kEvent: what happened (at most kMaxRecordText bytes)
   std::shared_ptr<const Status> status;  // kStatus
 };
 
+// How a line read.
+enum class Parsed { kRecord, kNotARecord, kBadTime };
+
 // The record of a JSON object with a string "kind"; file_learner: N of learner-N.jsonl, -1 for the syncer's files.
-// A field of an unexpected type is read as missing.
-Rec interpret(const json& j, int64_t file_learner) {
-  Rec x;
-  x.t = record_time(j);
+// A field of an unexpected type is read as missing. *bad_time: the time found when it is a number but not a finite
+// time in [0, kMaxRecordTime] (then only that is read).
+Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time) {
+  Rec& x = *out;
+  x = Rec{};
+  // The record's time: "t" when it is a number, else "elapsed_s" when that is one.
+  for (const char* key : {"t", "elapsed_s"}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number()) continue;
+    const double t = it->get<double>();
+    if (!(t >= 0 && t <= kMaxRecordTime)) {  // NaN and infinities fail too
+      *bad_time = t;
+      return Parsed::kBadTime;
+    }
+    x.t = t;
+    break;
+  }
   const std::string& kind = j["kind"].get_ref<const std::string&>();
   const auto whose = [&] { return integer_or(j, "learner", std::max<int64_t>(file_learner, 0)); };
+  const auto text = [&](const char* key, std::string* to) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) return false;
+    *to = clip_utf8(it->get_ref<const std::string&>(), kMaxRecordText);
+    return true;
+  };
   if ((kind == "eval" || kind == "final_eval") && std::isfinite(num(j, "val_loss"))) {
     x.kind = Kind::kEval;
     x.v = {num(j, "tokens", 0), num(j, "val_loss"), num(j, "val_bpb", 0)};
@@ -82,17 +116,9 @@ Rec interpret(const json& j, int64_t file_learner) {
     x.learner = whose();
     x.v = {num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0)};
   } else if (kind == "reject") {
-    auto it = j.find("reason");
-    if (it != j.end() && it->is_string()) {
-      x.kind = Kind::kReject;
-      x.text = it->get<std::string>();
-    }
+    if (text("reason", &x.text)) x.kind = Kind::kReject;
   } else if (kind == "chaos") {
-    auto it = j.find("what");
-    if (it != j.end() && it->is_string()) {
-      x.kind = Kind::kEvent;
-      x.text = it->get<std::string>();
-    }
+    if (text("what", &x.text)) x.kind = Kind::kEvent;
   } else if (kind == "fail" || kind == "rejoin") {
     const double id = num(j, "learner", -1);
     x.kind = Kind::kEvent;
@@ -136,7 +162,7 @@ Rec interpret(const json& j, int64_t file_learner) {
   } else if (kind == "push" || kind == "apply") {
     x.kind = Kind::kPushOrApply;
   }
-  return x;
+  return Parsed::kRecord;
 }
 
 // What the records of one file add up to beyond the charted ones (kept in `recs`): how many there were, the
@@ -155,31 +181,92 @@ struct Seen {
   }
 };
 
-// Whether a record feeds a chart, a table or the live summary (and so is kept).
+// Whether a record feeds a chart or a table (and so is kept in `recs`; status records are reduced apart).
 bool charted(const Rec& x) {
-  return std::isfinite(x.t) && x.kind != Kind::kOther && x.kind != Kind::kRejoining && x.kind != Kind::kPushOrApply;
+  return std::isfinite(x.t) && x.kind != Kind::kOther && x.kind != Kind::kRejoining &&
+         x.kind != Kind::kPushOrApply && x.kind != Kind::kStatus;
+}
+
+// The status records of a file that the live summary can use: per shard the one with the latest time, and the
+// latest with a connected list (the later of equal times, as the records come).
+struct Statuses {
+  std::map<int64_t, Rec> per_shard;
+  std::optional<Rec> connected;
+
+  void add(const Rec& x) {
+    if (x.kind != Kind::kStatus || !std::isfinite(x.t)) return;
+    auto it = per_shard.find(x.status->shard);
+    if (it == per_shard.end() || it->second.t <= x.t) per_shard[x.status->shard] = x;
+    if (x.status->has_connected && (!connected || connected->t <= x.t)) connected = x;
+  }
+};
+
+void add_note(std::vector<std::string>* notes, std::string note) {
+  if (notes->size() < kMaxNotes) notes->push_back(std::move(note));
 }
 
 // One records file, read as it grows: what complete lines held so far, and the bytes of an unfinished last line.
 struct RecordFile {
-  std::uintmax_t offset = 0;  // bytes consumed (complete lines and `partial`)
-  std::string partial;        // a last line without its newline yet
-  std::vector<Rec> recs;      // the charted records of the complete lines, in their order
-  Seen seen;                  // all records of the complete lines
-  int64_t bad = 0;
+  std::uintmax_t offset = 0;       // bytes consumed (complete lines and the unfinished one)
+  std::string partial;             // the unfinished last line, while it is at most kMaxRecordLine bytes
+  std::uintmax_t long_bytes = 0;   // > 0: the unfinished line passed the bound; its length so far (not kept)
+  int64_t lines = 0;               // complete lines
+  std::vector<Rec> recs;           // the charted records of the complete lines, in their order
+  Statuses statuses;               // their status records, reduced
+  Seen seen;                       // all records of the complete lines
+  int64_t bad = 0, long_lines = 0, bad_times = 0;
+  std::vector<std::string> notes;  // the first kMaxNotes skips
 };
 
-// Parses one line; false for a line that is not a JSON object with a string "kind" (a torn last line of a running
-// process, or garbage).
-bool parse_record(const std::string& line, int64_t file_learner, Rec* out) {
+std::string long_line_note(const std::string& label, int64_t line, std::uintmax_t bytes, bool finished) {
+  return label + " line " + std::to_string(line) + ": " + (finished ? "" : "unfinished, already ") +
+         std::to_string(bytes) + " bytes, over the " + std::to_string(kMaxRecordLine >> 20) +
+         " MiB bound of a record line; skipped";
+}
+
+// Parses one line (at most kMaxRecordLine bytes). Counts and notes a skip; returns whether *out is a record.
+bool read_line(const std::string& line, const std::string& label, int64_t line_no, int64_t file_learner, Rec* out,
+               int64_t* bad, int64_t* bad_times, std::vector<std::string>* notes) {
   const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return false;
-  *out = interpret(j, file_learner);
+  double t = 0;
+  if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) {
+    ++*bad;
+    add_note(notes, label + " line " + std::to_string(line_no) + ": not a JSON object with a string \"kind\"; skipped");
+    return false;
+  }
+  if (interpret(j, file_learner, out, &t) == Parsed::kBadTime) {
+    ++*bad_times;
+    add_note(notes, label + " line " + std::to_string(line_no) + ": time " + number_text(t) +
+                        " is not a finite time in [0, " + number_text(kMaxRecordTime) + "] s; record skipped");
+    return false;
+  }
   return true;
 }
 
-// Reads what `path` gained since the last call. A file that shrank was replaced: it is read again from the start.
-void poll_records(const fs::path& path, int64_t learner, RecordFile* f) {
+// A complete line of f: a record, or a skip counted.
+void finish_line(const std::string& label, int64_t learner, RecordFile* f) {
+  ++f->lines;
+  if (f->long_bytes > 0) {
+    ++f->long_lines;
+    add_note(&f->notes, long_line_note(label, f->lines, f->long_bytes, true));
+    f->long_bytes = 0;
+    return;
+  }
+  if (!f->partial.empty()) {
+    Rec x;
+    if (read_line(f->partial, label, f->lines, learner, &x, &f->bad, &f->bad_times, &f->notes)) {
+      f->seen.add(x);
+      f->statuses.add(x);
+      if (charted(x)) f->recs.push_back(std::move(x));
+    }
+  }
+  if (f->partial.capacity() > (size_t{64} << 10)) std::string().swap(f->partial);  // a long line's buffer goes
+  f->partial.clear();
+}
+
+// Reads what `path` gained since the last call, a block at a time; a line's bytes are kept only up to
+// kMaxRecordLine. A file that shrank was replaced: it is read again from the start.
+void poll_records(const fs::path& path, const std::string& label, int64_t learner, RecordFile* f) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return;
   in.seekg(0, std::ios::end);
@@ -187,34 +274,60 @@ void poll_records(const fs::path& path, int64_t learner, RecordFile* f) {
   if (size < f->offset) *f = RecordFile{};
   if (size == f->offset) return;
   in.seekg(static_cast<std::streamoff>(f->offset));
-  std::string chunk(size - f->offset, '\0');
-  in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-  chunk.resize(static_cast<size_t>(in.gcount()));
-  f->offset += chunk.size();
-  std::string data = std::move(f->partial) + chunk;
-  size_t begin = 0;
-  for (size_t nl; (nl = data.find('\n', begin)) != std::string::npos; begin = nl + 1) {
-    const std::string line = data.substr(begin, nl - begin);
-    if (line.empty()) continue;
-    Rec x;
-    if (!parse_record(line, learner, &x)) {
-      ++f->bad;
-      continue;
+  std::uintmax_t left = size - f->offset;
+  std::vector<char> block(size_t{64} << 10);
+  while (left > 0) {
+    in.read(block.data(), static_cast<std::streamsize>(std::min<std::uintmax_t>(left, block.size())));
+    const auto n = static_cast<size_t>(in.gcount());
+    if (n == 0) break;
+    left -= n;
+    f->offset += n;
+    for (size_t begin = 0; begin < n;) {
+      const char* nl = static_cast<const char*>(std::memchr(block.data() + begin, '\n', n - begin));
+      const size_t end = nl ? static_cast<size_t>(nl - block.data()) : n;
+      const size_t len = end - begin;
+      if (f->long_bytes > 0) {
+        f->long_bytes += len;
+      } else if (f->partial.size() + len > kMaxRecordLine) {
+        f->long_bytes = f->partial.size() + len;
+        std::string().swap(f->partial);
+      } else {
+        f->partial.append(block.data() + begin, len);
+      }
+      if (!nl) break;
+      finish_line(label, learner, f);
+      begin = end + 1;
     }
-    f->seen.add(x);
-    if (charted(x)) f->recs.push_back(std::move(x));
   }
-  f->partial = data.substr(begin);
 }
 
 std::string kind_of(const fs::path& dir, const json& summary) {
-  const std::string cmd = summary.is_object() ? summary.value("command", std::string()) : std::string();
+  auto it = summary.is_object() ? summary.find("command") : summary.end();
+  const std::string cmd = summary.is_object() && it != summary.end() && it->is_string() ? it->get<std::string>() : "";
   if (cmd == "sim" || cmd == "train" || cmd == "run") return cmd;
   if (fs::exists(dir / "syncer.jsonl") || fs::exists(dir / "shard-0" / "syncer.jsonl") ||
       fs::exists(dir / "learner-0.jsonl"))
     return "run";
   if (summary.is_object() && summary.contains("outer_steps")) return "sim";
   return "train";
+}
+
+// The summary fields the page and the data show, and whether each is text (else a number). "learners" and
+// "steps" are passed on whatever they hold (a count, or sim's per-learner list); the page does not show them.
+struct ShownField {
+  const char* key;
+  enum { kNumber, kText, kAny } type;
+};
+constexpr ShownField kShownSummary[] = {
+    {"wall_seconds", ShownField::kNumber}, {"final_val_loss", ShownField::kNumber}, {"val_bpb", ShownField::kNumber},
+    {"loss_unit", ShownField::kText}, {"tokens", ShownField::kNumber}, {"outer_steps", ShownField::kNumber},
+    {"contributions_merged", ShownField::kNumber}, {"contributions_rejected", ShownField::kNumber},
+    {"uptime", ShownField::kNumber}, {"goodput", ShownField::kNumber}, {"bytes_sent", ShownField::kNumber},
+    {"learner_kills", ShownField::kNumber}, {"syncer_kills", ShownField::kNumber}, {"learners", ShownField::kAny},
+    {"steps", ShownField::kAny}, {"command", ShownField::kText}};
+
+bool shown_type_ok(const json& v, const ShownField& f) {
+  return f.type == ShownField::kAny || (f.type == ShownField::kText ? v.is_string() : v.is_number());
 }
 
 }  // namespace
@@ -239,14 +352,27 @@ ReportRun ReportRunReader::load() {
   r.dir = dir_in;
   r.name = fs::path(dir_in).lexically_normal().filename().string();
   if (r.name.empty() || r.name == ".") r.name = fs::absolute(dir).lexically_normal().parent_path().filename().string();
+  r.name = printable(r.name, 1024);
   const fs::path sj = dir / "summary.json";
   if (fs::exists(sj)) {
+    std::error_code ec;
+    const std::uintmax_t bytes = fs::file_size(sj, ec);
+    if (!ec && bytes > kMaxSummaryBytes)
+      throw IoError("report: '" + sj.string() + "' is " + std::to_string(bytes) + " bytes, over the " +
+                    std::to_string(kMaxSummaryBytes >> 20) + " MiB bound of a summary (a damaged summary)");
     r.summary = json::parse(read_file(sj.string()), nullptr, false);
     if (r.summary.is_discarded() || !r.summary.is_object())
       throw IoError("report: '" + sj.string() + "' is not a JSON object (a damaged summary)");
+    for (const ShownField& f : kShownSummary) {
+      auto it = r.summary.find(f.key);
+      if (it == r.summary.end() || shown_type_ok(*it, f)) continue;
+      add_note(&r.notes, std::string("summary.json: \"") + f.key + "\" is a " + it->type_name() + ", not a " +
+                             (f.type == ShownField::kText ? "string" : "number") + "; not shown");
+      r.summary.erase(it);
+    }
   }
   // The files in a fixed order (so the records are in the order a whole read would give), each read from where
-  // the last load() stopped. An unfinished last line counts as it is now: a record if it parses, else a bad line.
+  // the last load() stopped. An unfinished last line counts as it is now: a record if it parses, else a skip.
   std::vector<std::pair<fs::path, int64_t>> sources = {
       {dir / "metrics.jsonl", -1}, {dir / "syncer.jsonl", -1}, {dir / "events.jsonl", -1}};
   std::vector<fs::path> listing;
@@ -265,6 +391,9 @@ ReportRun ReportRunReader::load() {
   std::vector<Rec> tails;  // records of unfinished last lines, this load only
   tails.reserve(sources.size());
   std::vector<const Rec*> recs;
+  std::vector<const Statuses*> statuses;
+  std::vector<Statuses> tail_statuses;
+  tail_statuses.reserve(sources.size());
   int64_t records = 0;
   double t0 = std::numeric_limits<double>::infinity();
   std::map<int64_t, bool> rejoining;  // per learner file: its last record (but pushes and applies) was welcome/alone
@@ -275,22 +404,33 @@ ReportRun ReportRunReader::load() {
   };
   for (const auto& [path, learner] : sources) {
     RecordFile& f = impl_->files[path.string()];
-    poll_records(path, learner, &f);
+    const std::string label = printable(path.lexically_relative(dir).string(), 1024);
+    poll_records(path, label, learner, &f);
     for (const Rec& x : f.recs) recs.push_back(&x);
+    statuses.push_back(&f.statuses);
     count(f.seen, learner);
     r.bad_lines += f.bad;
-    if (!f.partial.empty()) {
+    r.long_lines += f.long_lines;
+    r.bad_times += f.bad_times;
+    for (const auto& n : f.notes) add_note(&r.notes, n);
+    if (f.long_bytes > 0) {
+      ++r.long_lines;
+      add_note(&r.notes, long_line_note(label, f.lines + 1, f.long_bytes, false));
+    } else if (!f.partial.empty()) {
       Rec x;
-      if (parse_record(f.partial, learner, &x)) {
+      if (read_line(f.partial, label, f.lines + 1, learner, &x, &r.bad_lines, &r.bad_times, &r.notes)) {
         Seen tail;
         tail.add(x);
         count(tail, learner);
+        if (x.kind == Kind::kStatus) {
+          tail_statuses.emplace_back();
+          tail_statuses.back().add(x);
+          statuses.push_back(&tail_statuses.back());
+        }
         if (charted(x)) {
           tails.push_back(std::move(x));
           recs.push_back(&tails.back());
         }
-      } else {
-        ++r.bad_lines;
       }
     }
   }
@@ -305,26 +445,30 @@ ReportRun ReportRunReader::load() {
   std::map<int64_t, std::pair<const Status*, double>> last_status;
   bool have_status = false;
   double status_t = -1;
+  for (const Statuses* s : statuses) {
+    for (const auto& [shard, x] : s->per_shard) {
+      const double t = x.t - t0;
+      auto it = last_status.find(shard);
+      if (it == last_status.end() || it->second.second <= t) last_status[shard] = {x.status.get(), t};
+    }
+    if (s->connected && s->connected->t - t0 >= status_t) {
+      have_status = true;
+      status_t = s->connected->t - t0;
+      connected = std::set<int64_t>(s->connected->status->connected.begin(), s->connected->status->connected.end());
+    }
+  }
   for (const Rec* x : recs) {
     const double t = x->t - t0;
     if (!std::isfinite(t)) continue;
     switch (x->kind) {
-      case Kind::kStatus: {
-        const Status& st = *x->status;
-        auto it = last_status.find(st.shard);
-        if (it == last_status.end() || it->second.second <= t) last_status[st.shard] = {&st, t};
-        if (st.has_connected && t >= status_t) {
-          have_status = true;
-          status_t = t;
-          connected = std::set<int64_t>(st.connected.begin(), st.connected.end());
-        }
-        break;
-      }
       case Kind::kLearnerDone: done.insert(x->learner); break;
       case Kind::kEval: r.evals.push_back({t, x->v[0], x->v[1], x->v[2]}); break;
       case Kind::kMerge: r.merges.push_back({t, x->v[0], x->v[1]}); break;
       case Kind::kLearner: r.learners[x->learner].push_back({t, x->v[0], x->v[1], x->v[2]}); break;
-      case Kind::kReject: ++r.rejects[x->text]; break;
+      case Kind::kReject:
+        if (r.rejects.size() < kMaxRejectReasons || r.rejects.count(x->text)) ++r.rejects[x->text];
+        else ++r.rejects["(other reasons)"];
+        break;
       case Kind::kEvent: r.events.push_back({t, x->text}); break;
       default: break;
     }
@@ -374,8 +518,12 @@ ReportRun ReportRunReader::load() {
   // The syncer's final reject counts, when it wrote them, are the whole truth (records are rate-limited).
   if (r.summary.is_object() && r.summary.contains("rejects") && r.summary["rejects"].is_object()) {
     r.rejects.clear();
-    for (const auto& [k, v] : r.summary["rejects"].items())
-      if (v.is_number_integer()) r.rejects[k] = v.get<int64_t>();
+    for (const auto& [k, v] : r.summary["rejects"].items()) {
+      if (!v.is_number_integer()) continue;
+      const std::string reason = clip_utf8(k, kMaxRecordText);
+      if (r.rejects.size() < kMaxRejectReasons || r.rejects.count(reason)) r.rejects[reason] += v.get<int64_t>();
+      else r.rejects["(other reasons)"] += v.get<int64_t>();
+    }
   }
   auto by_time = [](const auto& a, const auto& b) { return a[0] < b[0]; };
   std::stable_sort(r.evals.begin(), r.evals.end(), by_time);
@@ -404,15 +552,31 @@ namespace {
 
 json num_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-// Merges per minute: counts in 60 s buckets (or 1/20 of the run when it is shorter than 20 minutes).
-std::vector<std::array<double, 2>> merge_rate(const ReportRun& r) {
+// Merges per minute: counts in 60 s buckets (or 1/20 of the run when it is shorter than 20 minutes), made wider
+// where that would be more than max_points buckets (0: more than max(20, merges)), so their number never depends on
+// the span of the times. Merges at a time that is not finite or negative (only a ReportRun built by hand has them)
+// are not counted.
+std::vector<std::array<double, 2>> merge_rate(const ReportRun& r, size_t max_points) {
   std::vector<std::array<double, 2>> out;
-  if (r.merges.empty()) return out;
-  const double end = r.merges.back()[0];
-  const double width = std::max(1e-3, std::min(60.0, std::max(end, 1.0) / 20.0));
-  const size_t n = static_cast<size_t>(std::floor(end / width)) + 1;
+  const size_t cap = max_points > 0 ? max_points : std::max<size_t>(20, r.merges.size());
+  double end = 0;
+  bool any = false;
+  for (const auto& m : r.merges)
+    if (std::isfinite(m[0]) && m[0] >= 0) {
+      end = std::max(end, m[0]);
+      any = true;
+    }
+  if (!any) return out;
+  const double width = std::max({1e-3, std::min(60.0, std::max(end, 1.0) / 20.0), end / static_cast<double>(cap)});
+  const double last = std::floor(end / width);
+  const size_t n = last >= static_cast<double>(cap) ? cap : static_cast<size_t>(last) + 1;
   std::vector<double> count(n, 0);
-  for (const auto& m : r.merges) count[std::min(n - 1, static_cast<size_t>(m[0] / width))] += 1;
+  for (const auto& m : r.merges)
+    if (std::isfinite(m[0]) && m[0] >= 0) {
+      const double k = std::floor(m[0] / width);
+      count[k >= static_cast<double>(n - 1) ? n - 1 : static_cast<size_t>(k)] += 1;
+    }
+  out.reserve(n);
   for (size_t i = 0; i < n; ++i) out.push_back({(static_cast<double>(i) + 0.5) * width, count[i] * 60.0 / width});
   return out;
 }
@@ -420,7 +584,7 @@ std::vector<std::array<double, 2>> merge_rate(const ReportRun& r) {
 }  // namespace
 
 size_t longest_series(const ReportRun& run) {
-  size_t longest = std::max(run.evals.size(), run.merges.size());
+  size_t longest = std::max({run.evals.size(), run.merges.size(), run.events.size()});
   for (const auto& [id, v] : run.learners) longest = std::max(longest, v.size());
   return longest;
 }
@@ -428,7 +592,11 @@ size_t longest_series(const ReportRun& run) {
 json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
   json all = json::array();
   for (const auto& r : runs) {
-    json o{{"name", r.name}, {"dir", r.dir}, {"kind", r.kind}, {"bad_lines", r.bad_lines}};
+    json o{{"name", clip_utf8(r.name, 1024)}, {"dir", clip_utf8(r.dir, 4096)},
+           {"kind", r.kind},           {"bad_lines", r.bad_lines},
+           {"long_lines", r.long_lines}, {"bad_times", r.bad_times},
+           {"notes", json::array()}};
+    for (size_t i = 0; i < r.notes.size() && i < kMaxNotes; ++i) o["notes"].push_back(clip_utf8(r.notes[i], 1024));
     json ev = json::array(), mg = json::array(), rate = json::array(), lr = json::object(), evs = json::array();
     const bool thinned = max_points > 0 && longest_series(r) > max_points;
     // Calls add(i) for the records of a series of n to serve: all, or max_points evenly spaced, first and last kept.
@@ -448,7 +616,7 @@ json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
       ev.push_back({e[0], e[1], num_or_null(e[2]), num_or_null(e[3])});
     });
     each_kept(r.merges.size(), [&](size_t i) { mg.push_back({r.merges[i][0], r.merges[i][1], r.merges[i][2]}); });
-    for (const auto& m : merge_rate(r)) rate.push_back({m[0], m[1]});
+    for (const auto& m : merge_rate(r, max_points)) rate.push_back({m[0], m[1]});
     for (const auto& learner : r.learners) {
       const auto& v = learner.second;  // (a structured binding cannot be captured by a lambda before C++20)
       json pts = json::array();
@@ -456,13 +624,20 @@ json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
       lr[std::to_string(learner.first)] = std::move(pts);
     }
     if (thinned) o["thinned_to"] = max_points;
-    for (const auto& [t, what] : r.events) evs.push_back({t, what});
+    each_kept(r.events.size(), [&](size_t i) {
+      evs.push_back({num_or_null(r.events[i].first), clip_utf8(r.events[i].second, kMaxRecordText)});
+    });
     o["evals"] = std::move(ev);
     o["merges"] = std::move(mg);
     o["merge_rate"] = std::move(rate);
     o["learners"] = std::move(lr);
     o["events"] = std::move(evs);
-    o["rejects"] = r.rejects;
+    json rejects = json::object();
+    for (const auto& [reason, n] : r.rejects) {
+      const std::string key = clip_utf8(reason, kMaxRecordText);
+      rejects[key] = rejects.value(key, int64_t{0}) + n;
+    }
+    o["rejects"] = std::move(rejects);
     json now = json::object();
     for (const auto& [id, n] : r.learner_now)
       now[std::to_string(id)] = {{"state", n.state}, {"t", n.t}, {"step", n.step}, {"loss", num_or_null(n.loss)},
@@ -470,10 +645,11 @@ json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
     o["learner_now"] = std::move(now);
     json s = json::object();
     if (r.summary.is_object())
-      for (const char* k : {"wall_seconds", "final_val_loss", "val_bpb", "loss_unit", "tokens", "outer_steps",
-                            "contributions_merged", "contributions_rejected", "uptime", "goodput", "bytes_sent",
-                            "learner_kills", "syncer_kills", "learners", "steps", "command"})
-        if (r.summary.contains(k)) s[k] = r.summary[k];
+      for (const ShownField& f : kShownSummary) {
+        auto it = r.summary.find(f.key);
+        if (it == r.summary.end() || !shown_type_ok(*it, f)) continue;
+        s[f.key] = it->is_string() ? json(clip_utf8(it->get_ref<const std::string&>(), kMaxRecordText)) : *it;
+      }
     o["summary"] = std::move(s);
     all.push_back(std::move(o));
   }
@@ -494,7 +670,7 @@ std::string html_escape(const std::string& s) {
   return o;
 }
 
-// JSON inside <script>: "</" could close the element early.
+// The uPlot library inside <script>: "</" could close the element early (it holds no "<!--").
 std::string script_safe(const std::string& s) {
   std::string o;
   o.reserve(s.size());
@@ -509,12 +685,35 @@ std::string script_safe(const std::string& s) {
   return o;
 }
 
+// JSON text inside <script type="application/json">: every <, > and & (which only occur inside JSON strings) and
+// U+2028/U+2029 as \uXXXX escapes, which JSON.parse reads back as the same characters. No "</script>", "<!--" or
+// "<script" can then appear, so the block ends where the page ends it and the parser never changes state in it.
+std::string json_in_script(const std::string& s) {
+  std::string o;
+  o.reserve(s.size() + s.size() / 16);
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '<') o += "\\u003c";
+    else if (c == '>') o += "\\u003e";
+    else if (c == '&') o += "\\u0026";
+    else if (c == '\xe2' && i + 2 < s.size() && s[i + 1] == '\x80' && (s[i + 2] == '\xa8' || s[i + 2] == '\xa9')) {
+      o += s[i + 2] == '\xa8' ? "\\u2028" : "\\u2029";
+      i += 2;
+    } else {
+      o += c;
+    }
+  }
+  return o;
+}
+
 // The page's own code: a summary table and the charts, each run one series (colours in order).
 constexpr const char* kPageScript = R"JS(
 let runs = JSON.parse(document.getElementById('deloco-data').textContent);
 const colours = ['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b','#e377c2','#17becf','#7f7f7f','#bcbd22'];
-const fmt = (v, d) => (v === undefined || v === null) ? '–' : (typeof v === 'number' ? (Number.isInteger(v) ? v.toLocaleString('en') : v.toFixed(d === undefined ? 4 : d)) : String(v));
-const esc = v => String(v).replace(/[<>&"]/g, c => ({'<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;'}[c]));
+// Every value put into markup goes through esc or fmt: a number is formatted, anything else (a string where a number
+// was expected, an object) is shown as escaped text.
+const esc = v => String(v).replace(/[<>&"']/g, c => ({'<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;', "'": '&#39;'}[c]));
+const fmt = (v, d) => (v === undefined || v === null) ? '–' : (typeof v === 'number' ? (Number.isInteger(v) ? v.toLocaleString('en') : v.toFixed(d === undefined ? 4 : d)) : esc(v));
 function tables() {
   const cols = [['run','name'],['kind','kind'],['wall s','wall_seconds',0],['final val loss','final_val_loss'],['bits/byte','val_bpb',3],
     ['tokens','tokens'],['merges','outer_steps'],['merged','contributions_merged'],['rejected','contributions_rejected'],
@@ -527,15 +726,28 @@ function tables() {
       return '<td>' + cell + (k < 2 ? esc(v) : fmt(v, c[2])) + '</td>';
     }).join('') + '</tr>';
   });
-  const thinned = runs.filter(r => r.thinned_to).map(r => esc(r.name) + ' (' + r.thinned_to + ' per series)');
+  const thinned = runs.filter(r => r.thinned_to).map(r => esc(r.name) + ' (' + fmt(r.thinned_to) + ' per series)');
   document.getElementById('summary').innerHTML = h + '</table>' + (thinned.length ?
     '<p class="empty" id="thinned">Charts thinned to evenly spaced records, first and last kept: ' + thinned.join(', ') + '.</p>' : '');
   let t = '<table><tr><th>run</th><th>merged</th><th>rejected, by reason</th></tr>';
   runs.forEach(r => {
-    const parts = Object.entries(r.rejects).map(([k, v]) => esc(k) + ' ' + v);
+    const parts = Object.entries(r.rejects).map(([k, v]) => esc(k) + ' ' + fmt(v));
     t += '<tr><td>' + esc(r.name) + '</td><td>' + fmt(r.summary.contributions_merged) + '</td><td>' + (parts.join(', ') || 'none') + '</td></tr>';
   });
   document.getElementById('rejects').innerHTML = t + '</table>';
+  // What the reader skipped, as text nodes: the counts and the first notes (file, line, problem) of each run.
+  const skipped = document.getElementById('skipped');
+  skipped.textContent = '';
+  runs.filter(r => r.bad_lines || r.long_lines || r.bad_times || (r.notes && r.notes.length)).forEach(r => {
+    const p = document.createElement('p');
+    p.className = 'empty';
+    p.textContent = r.name + ': skipped ' + (r.bad_lines || 0) + ' line(s) that were not records, ' + (r.long_lines || 0) +
+      ' line(s) over 1 MiB, ' + (r.bad_times || 0) + ' record(s) with an impossible time';
+    const ul = document.createElement('ul');
+    (r.notes || []).forEach(n => { const li = document.createElement('li'); li.textContent = n; ul.appendChild(li); });
+    skipped.appendChild(p);
+    if (ul.childNodes.length) skipped.appendChild(ul);
+  });
   let l = '<table id="learners"><tr><th>run</th><th>learner</th><th>state</th><th>step</th><th>training loss</th><th>tokens/s</th><th>last record (s)</th></tr>';
   runs.forEach(r => Object.entries(r.learner_now).forEach(([id, n]) => {
     l += '<tr class="learner"><td>' + esc(r.name) + '</td><td>' + esc(id) + '</td><td class="state-' + esc(n.state || 'unknown') + '">' +
@@ -543,7 +755,7 @@ function tables() {
       '</td><td>' + fmt(n.t, 1) + '</td></tr>';
   }));
   document.getElementById('learner-table').innerHTML = l + '</table>';
-  const rows = runs.flatMap(r => r.events.map(e => '<tr><td>' + esc(r.name) + '</td><td>' + e[0].toFixed(1) + '</td><td>' + esc(e[1]) + '</td></tr>'));
+  const rows = runs.flatMap(r => r.events.map(e => '<tr><td>' + esc(r.name) + '</td><td>' + fmt(e[0], 1) + '</td><td>' + esc(e[1]) + '</td></tr>'));
   document.getElementById('events').innerHTML = rows.length ? '<table><tr><th>run</th><th>t (s)</th><th>event</th></tr>' + rows.join('') + '</table>' : '<p class="empty">no chaos or failure events</p>';
 }
 // One chart: x/y pairs per run, aligned on a shared x axis (uPlot wants one x array; gaps are null).
@@ -616,7 +828,7 @@ std::string report_html(const std::vector<ReportRun>& runs, const std::string& t
              : "Written by <code>deloco report</code> from " + std::to_string(runs.size()) +
                    (runs.size() == 1 ? " run folder" : " run folders") + "; self-contained.")
     << " Charts by uPlot (MIT), embedded. Dashed vertical lines: chaos and failures (kills, stops, failed learners).</p>\n"
-    << "<h2>Summary</h2><div id=\"summary\"></div>\n<h2>Learners now</h2><div id=\"learner-table\"></div>\n"
+    << "<h2>Summary</h2><div id=\"summary\"></div><div id=\"skipped\"></div>\n<h2>Learners now</h2><div id=\"learner-table\"></div>\n"
     << "<h2>Global model</h2><div class=\"chart\" id=\"loss-time\"></div><div class=\"chart\" id=\"loss-tokens\"></div>"
        "<div class=\"chart\" id=\"bpb-time\"></div>\n"
     << "<h2>Merges</h2><div class=\"chart\" id=\"merge-rate\"></div><div class=\"chart\" id=\"quorum\"></div>"
@@ -625,7 +837,9 @@ std::string report_html(const std::vector<ReportRun>& runs, const std::string& t
        "<div class=\"chart\" id=\"learner-step\"></div>\n"
     << "<h2>Events</h2><div id=\"events\"></div>\n"
     << "<script id=\"deloco-data\" type=\"application/json\">"
-    << (live ? std::string("[]") : script_safe(report_data(runs, max_points).dump())) << "</script>\n"
+    << (live ? std::string("[]")
+             : json_in_script(report_data(runs, max_points).dump(-1, ' ', false, json::error_handler_t::replace)))
+    << "</script>\n"
     << (live ? "<script>const LIVE = true;</script>\n" : "")
     << "<script>\n" << script_safe(uplot_js) << "\n</script>\n<script>" << kPageScript << "</script>\n</body></html>\n";
   return h.str();
@@ -633,15 +847,19 @@ std::string report_html(const std::vector<ReportRun>& runs, const std::string& t
 
 namespace {
 
-std::string gp_text(const std::string& s) {  // a single-quoted gnuplot string
+// The inside of a single-quoted gnuplot string: gnuplot substitutes nothing there (no `command`, no @macro, no
+// escapes) and ends it only at a lone ' or the end of the line, so every ' is doubled and every control character
+// (a newline would end the command, and a next line starting with ! would run a shell) is written as '?'.
+std::string gp_text(const std::string& s) {
   std::string o;
-  for (char c : s) o += c == '\'' ? std::string("''") : std::string(1, c);
+  for (char c : printable(s, 1024)) o += c == '\'' ? std::string("''") : std::string(1, c);
   return o;
 }
 
 }  // namespace
 
-std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir) {
+std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir,
+                                           size_t max_points) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw IoError("report: cannot create '" + dir + "': " + ec.message());
@@ -658,7 +876,7 @@ std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, c
       a.push_back({e[0], e[2]});
       b.push_back({e[1], e[2]});
     }
-    c = merge_rate(r);
+    c = merge_rate(r, max_points);
     charts[0].series.push_back({r.name, a});
     charts[1].series.push_back({r.name, b});
     charts[2].series.push_back({r.name, c});
@@ -670,7 +888,7 @@ std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, c
     d << std::setprecision(8);
     bool any = false;
     for (const auto& [name, pts] : ch.series) {
-      d << "# " << name << "\n";
+      d << "# " << printable(name, 1024) << "\n";  // one comment line, whatever the name holds
       for (const auto& p : pts) d << p[0] << " " << p[1] << "\n";
       if (pts.empty()) d << "nan nan\n";  // keeps the index of every run
       any = any || !pts.empty();
@@ -681,8 +899,8 @@ std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, c
     write_file_atomic(dat.string(), d.str());
     g << "# written by `deloco report`; run `gnuplot " << ch.stem << ".gp` in this folder\n"
       << "set terminal pngcairo size 900,520 enhanced font 'Sans,11'\nset output '" << ch.stem << ".png'\n"
-      << "set title '" << gp_text(ch.title) << "' noenhanced\nset xlabel '" << ch.xlabel << "'\nset ylabel '"
-      << ch.ylabel << "'\nset grid\nset key outside right noenhanced\nplot \\\n";
+      << "set title '" << gp_text(ch.title) << "' noenhanced\nset xlabel '" << gp_text(ch.xlabel)
+      << "'\nset ylabel '" << gp_text(ch.ylabel) << "'\nset grid\nset key outside right noenhanced\nplot \\\n";
     for (size_t i = 0; i < ch.series.size(); ++i)
       g << "  '" << ch.stem << ".dat' index " << i << " using 1:2 with "
         << (ch.stem == "merges_per_minute" ? "steps" : "linespoints pt 7 ps 0.5") << " lw 2 title '"

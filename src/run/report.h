@@ -5,15 +5,34 @@
 // Contract
 //  * load_report_run(dir) reads what the folder holds: summary.json (optional while a run is still going) and the
 //    records of metrics.jsonl (sim, train), syncer.jsonl or shard-*/syncer.jsonl, learner-*.jsonl and events.jsonl
-//    (`deloco run`). Records are untrusted text: a line that is not a JSON object with a string "kind" is counted
-//    in `bad_lines` and skipped; a field of an unexpected type skips that record. A folder with neither a summary
-//    nor any record throws IoError naming it.
+//    (`deloco run`). Records are untrusted text, read line by line:
+//      - a line longer than kMaxRecordLine bytes is never held in memory: it is skipped and counted in
+//        `long_lines` (its bytes are read past, not kept);
+//      - a line that is not a JSON object with a string "kind" is counted in `bad_lines` and skipped;
+//      - a record whose time ("t", else "elapsed_s") is a number but not a finite time in [0, kMaxRecordTime] s is
+//        skipped and counted in `bad_times`;
+//      - a field of an unexpected type is read as missing; texts (event lines, reject reasons) are cut to
+//        kMaxRecordText bytes of valid UTF-8; more than kMaxRejectReasons distinct reject reasons are counted
+//        together under "(other reasons)".
+//    Each skip of the first kMaxNotes adds a line to `notes` naming the file (relative to the run folder), the line
+//    number and the problem, e.g. "syncer.jsonl line 12: time 1e+300 is not a finite time in [0, 1e+10] s; record
+//    skipped". summary.json is read whole: one over kMaxSummaryBytes, or not a JSON object, throws IoError naming
+//    it; a shown summary field of the wrong type (a string where a number is expected) is dropped with a note.
+//    A folder with neither a summary nor any record throws IoError naming it. The run's name is its folder's name
+//    as valid UTF-8 with control characters written as '?'.
+//  * Memory: a load holds one line of at most kMaxRecordLine bytes at a time, and about 100-400 bytes per charted
+//    record (never a record's whole JSON, never anything sized by a record's time or a line's length); a syncer's
+//    status records are reduced to the latest per shard and file as they are read.
 //  * The series use seconds since the run's first record (the "t" field: wall clock for `deloco run`, virtual time
 //    for `deloco sim`; `elapsed_s` for `deloco train`).
 //  * report_html() embeds the chart library (uPlot, passed in) and the data: the page loads nothing at run time.
-//    Text from the records is JSON-escaped into a <script> block with "</" written as "<\/".
+//    The data is JSON inside a <script type="application/json"> block with every <, >, & and U+2028/U+2029
+//    written as \uXXXX, so no text of a record can end the block or start markup; the page's script puts every
+//    value it shows into the DOM escaped (or as textContent), whatever its JSON type.
 //  * write_report_pngs() writes DIR/<chart>.dat, .gp and, when gnuplot is installed, .png; returns the PNG paths
-//    (empty when gnuplot is missing, after saying so on stderr).
+//    (empty when gnuplot is missing, after saying so on stderr). Run names reach the .gp script only as
+//    single-quoted gnuplot strings (where gnuplot substitutes nothing) with every ' doubled and every control
+//    character written as '?', so a name cannot end its line or its string: no name runs a command.
 #pragma once
 
 #include <array>
@@ -46,8 +65,19 @@ struct ReportRun {
     double t = 0, step = 0, loss = std::numeric_limits<double>::quiet_NaN(), tokens_per_s = 0;
   };
   std::map<int64_t, LearnerNow> learner_now;
-  int64_t bad_lines = 0;
+  int64_t bad_lines = 0;   // lines that were not a JSON object with a string "kind"
+  int64_t long_lines = 0;  // lines over kMaxRecordLine bytes, skipped unread
+  int64_t bad_times = 0;   // records with a time that is not a finite time in [0, kMaxRecordTime]
+  std::vector<std::string> notes;  // the first kMaxNotes skips, each naming its file, line and problem
 };
+
+// The bounds of the reader (see the contract above).
+inline constexpr size_t kMaxRecordLine = size_t{1} << 20;       // 1 MiB: a record line (real ones are < 1 KiB)
+inline constexpr double kMaxRecordTime = 1e10;                  // s: a unix time (year 2286) or a run's seconds
+inline constexpr size_t kMaxRecordText = 256;                   // bytes of an event line or reject reason
+inline constexpr size_t kMaxRejectReasons = 64;                 // distinct reject reasons kept by name
+inline constexpr size_t kMaxSummaryBytes = size_t{16} << 20;    // 16 MiB: summary.json (real ones are < 10 KiB)
+inline constexpr size_t kMaxNotes = 20;                         // skip notes kept per run
 
 ReportRun load_report_run(const std::string& dir);
 
@@ -69,9 +99,13 @@ class ReportRunReader {
 };
 
 // The data block of the page (also what a live dashboard serves): one object per run.
-// max_points > 0 thins each chart series longer than that (the evaluations, the merges, each learner's records) to
-// max_points records evenly spaced in their order, the first and the last always kept, and marks the run with
-// "thinned_to": max_points; 0 keeps every record. learner_now, the summary and the event list are never thinned.
+// max_points > 0 thins each chart series longer than that (the evaluations, the merges, each learner's records, the
+// event list) to max_points records evenly spaced in their order, the first and the last always kept, and marks
+// the run with "thinned_to": max_points; 0 keeps every record. The merge rate has at most max_points buckets
+// (0: at most max(20, merges) buckets), whatever the span of the run's times. learner_now and the summary are
+// never thinned; the summary keeps only its shown fields, and only those of the expected JSON type (numbers; a
+// string for "command" and "loss_unit", cut to kMaxRecordText bytes). "dir" is the folder as given to the
+// reader (the live dashboard serves "." instead: it shows no absolute path).
 nlohmann::json report_data(const std::vector<ReportRun>& runs, size_t max_points = 0);
 
 // The number of records of the run's longest chart series (evaluations, merges, any learner's): report_data thins
@@ -86,6 +120,8 @@ inline constexpr size_t kLiveReportPoints = 2000;
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
                         const std::string& uplot_css, bool live = false, size_t max_points = 0);
 
-std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir);
+// max_points: the merge-rate chart's bucket bound, as report_data's.
+std::vector<std::string> write_report_pngs(const std::vector<ReportRun>& runs, const std::string& dir,
+                                           size_t max_points = 10000);
 
 }  // namespace deloco

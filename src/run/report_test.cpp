@@ -1,17 +1,21 @@
-// ReportRunReader: a folder read as it grows gives exactly what one whole read gives, at every moment.
-// report_data's thinning of long series (what the live dashboard serves).
+// ReportRunReader: a folder read as it grows gives exactly what one whole read gives, at every moment; hostile
+// records (long lines, absurd times, mistyped summaries) are skipped by name and bound nothing.
+// report_data's thinning of long series (what the live dashboard serves); the page's data block; the gnuplot
+// scripts of write_report_pngs.
 #include "run/report.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "deloco/fs.h"
+#include "util/shell.h"
 
 namespace deloco {
 namespace {
@@ -150,6 +154,116 @@ TEST_F(ReportReader, AFieldOfAnUnexpectedTypeIsReadAsMissingNotAnError) {
   EXPECT_EQ(r.summary["uptime"], 1.0);
 }
 
+// Defect: a merge at t = 1e8 after an eval at t = 100 made a bucket per minute of the span (441 MB); t = 1e300
+// converted an out-of-range double to size_t. Absurd times are now skipped by name; the buckets stay bounded.
+TEST_F(ReportReader, AnAbsurdTimeIsSkippedByNameAndTheSpanBoundsNothing) {
+  append("syncer.jsonl", R"({"kind":"eval","t":100,"val_loss":5.0,"val_bpb":1.5})" "\n"
+                         R"({"kind":"merge","t":1e8,"learners":[0]})" "\n"
+                         R"({"kind":"merge","t":1e300,"learners":[0]})" "\n"
+                         R"({"kind":"merge","t":-5,"learners":[0]})" "\n"
+                         R"({"kind":"merge","t":1e999,"learners":[0]})" "\n"
+                         R"({"kind":"merge","t":200,"learners":[0]})" "\n");
+  ReportRunReader reader(dir_.string());
+  const ReportRun r = reader.load();
+  EXPECT_EQ(r.bad_times, 2);
+  EXPECT_EQ(r.bad_lines, 1);       // 1e999 is no JSON number (out of a double's range): not a record
+  ASSERT_EQ(r.merges.size(), 2u);  // t = 1e8 is a possible time; only the span is odd
+  ASSERT_GE(r.notes.size(), 3u);
+  EXPECT_EQ(r.notes[0], "syncer.jsonl line 3: time 1e+300 is not a finite time in [0, 1e+10] s; record skipped");
+  EXPECT_NE(r.notes[1].find("line 4: time -5 is not"), std::string::npos) << r.notes[1];
+  EXPECT_EQ(r.notes[2], "syncer.jsonl line 5: not a JSON object with a string \"kind\"; skipped");
+  for (size_t max_points : {size_t{100}, size_t{2000}}) {
+    const nlohmann::json d = report_data({r}, max_points)[0];
+    EXPECT_LE(d["merge_rate"].size(), max_points);
+    EXPECT_LT(d.dump().size(), 200u * max_points);
+    EXPECT_EQ(d["bad_times"], 2);
+  }
+  EXPECT_LE(report_data({r}, 0)[0]["merge_rate"].size(), 20u);  // 0: at most max(20, merges) buckets
+  expect_same(reader, "after the absurd times");
+}
+
+// Defect: a 200 MB record line cost 1.65 GB (whole chunk, line copy and parse). A line over kMaxRecordLine is now
+// skipped as it is read, in pieces over several polls too, and counted by name; the records around it are read.
+TEST_F(ReportReader, ALineOverTheBoundIsSkippedAndCountedNotHeld) {
+  ReportRunReader reader(dir_.string());
+  append("learner-0.jsonl", R"({"kind":"learner","t":1,"step":1,"loss":5.0})" "\n");
+  const std::string what(kMaxRecordLine + 100, 'x');
+  const std::string line = R"({"kind":"chaos","t":2,"what":")" + what + "\"}";
+  append("learner-0.jsonl", line.substr(0, kMaxRecordLine / 2));
+  expect_same(reader, "half of the long line");
+  EXPECT_EQ(reader.load().long_lines, 0);
+  append("learner-0.jsonl", line.substr(kMaxRecordLine / 2, kMaxRecordLine / 2 + 50));
+  expect_same(reader, "the long line past the bound, unfinished");
+  ReportRun r = reader.load();
+  EXPECT_EQ(r.long_lines, 1);  // counted as it stands, like a torn line
+  EXPECT_EQ(r.bad_lines, 0);
+  append("learner-0.jsonl", line.substr(kMaxRecordLine + 50) + "\n" R"({"kind":"learner","t":3,"step":2,"loss":4.0})" "\n");
+  expect_same(reader, "the long line finished");
+  r = reader.load();
+  EXPECT_EQ(r.long_lines, 1);
+  EXPECT_TRUE(r.events.empty());  // the chaos record was never read
+  ASSERT_EQ(r.learners.at(0).size(), 2u);
+  ASSERT_EQ(r.notes.size(), 1u);
+  EXPECT_EQ(r.notes[0], "learner-0.jsonl line 2: " + std::to_string(line.size()) +
+                            " bytes, over the 1 MiB bound of a record line; skipped");
+  // A line of exactly the bound is still a record.
+  std::string fits = R"({"kind":"chaos","t":4,"what":"y"})";
+  fits.insert(fits.size() - 1, std::string(kMaxRecordLine - fits.size(), ' '));
+  ASSERT_EQ(fits.size(), kMaxRecordLine);
+  append("learner-0.jsonl", fits + "\n");
+  r = reader.load();
+  EXPECT_EQ(r.long_lines, 1);
+  ASSERT_EQ(r.events.size(), 1u);
+  expect_same(reader, "a line of exactly the bound");
+}
+
+// Defect: a string where a number is expected in summary.json reached the page's innerHTML; a "command" that is not
+// a string threw nlohmann's type_error out of the reader. Such fields are dropped with a note.
+TEST_F(ReportReader, ASummaryFieldOfTheWrongTypeIsDroppedWithANote) {
+  append("summary.json", R"({"final_val_loss":"<img src=x onerror=alert(1)>","command":5,"uptime":0.5,)"
+                         R"("loss_unit":"nats/byte","learners":[{"steps":3}]})");
+  const ReportRun r = ReportRunReader(dir_.string()).load();
+  EXPECT_EQ(r.kind, "train");
+  const nlohmann::json s = report_data({r})[0]["summary"];
+  EXPECT_FALSE(s.contains("final_val_loss"));
+  EXPECT_FALSE(s.contains("command"));
+  EXPECT_EQ(s["uptime"], 0.5);
+  EXPECT_EQ(s["loss_unit"], "nats/byte");
+  EXPECT_TRUE(s["learners"].is_array());  // sim's per-learner list passes (the page does not show it)
+  ASSERT_EQ(r.notes.size(), 2u);
+  EXPECT_EQ(r.notes[0], "summary.json: \"final_val_loss\" is a string, not a number; not shown");
+  EXPECT_EQ(r.notes[1], "summary.json: \"command\" is a number, not a string; not shown");
+  // report_data checks types itself too (a ReportRun can be made by hand).
+  ReportRun by_hand;
+  by_hand.summary = {{"wall_seconds", "<b>"}, {"goodput", 0.5}};
+  const nlohmann::json h = report_data({by_hand})[0]["summary"];
+  EXPECT_FALSE(h.contains("wall_seconds"));
+  EXPECT_EQ(h["goodput"], 0.5);
+}
+
+TEST_F(ReportReader, ASummaryOverItsBoundIsRefusedByName) {
+  append("summary.json", "{\"x\":\"" + std::string(kMaxSummaryBytes, 'a') + "\"}");
+  try {
+    ReportRunReader(dir_.string()).load();
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("over the 16 MiB bound of a summary"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ReportReader, TextsAreCutAndRejectReasonsBounded) {
+  std::string recs;
+  for (size_t i = 0; i < kMaxRejectReasons + 10; ++i)
+    recs += R"({"kind":"reject","t":1,"reason":"r)" + std::to_string(i) + "\"}\n";
+  recs += R"({"kind":"chaos","t":2,"what":")" + std::string(5000, 'w') + "\"}\n";
+  append("syncer.jsonl", recs);
+  const ReportRun r = ReportRunReader(dir_.string()).load();
+  EXPECT_EQ(r.rejects.size(), kMaxRejectReasons + 1);
+  EXPECT_EQ(r.rejects.at("(other reasons)"), 10);
+  ASSERT_EQ(r.events.size(), 1u);
+  EXPECT_LE(r.events[0].second.size(), kMaxRecordText);
+}
+
 // A run with long series, as a week of records would give.
 ReportRun long_run() {
   ReportRun r;
@@ -193,6 +307,104 @@ TEST(ReportData, KeepsEveryRecordWithoutALimitOrWhenTheSeriesFit) {
   const nlohmann::json one = report_data({r}, 1)[0];
   ASSERT_EQ(one["learners"]["0"].size(), 1u);
   EXPECT_EQ(one["learners"]["0"][0][0], 10006.0);  // the latest record
+}
+
+// Defect: with a 1e9 s span and no thinning the merge rate had a bucket per minute of it; with thinning, the event
+// list was served whole.
+TEST(ReportData, TheMergeRateAndTheEventsAreBoundedByMaxPoints) {
+  ReportRun r;
+  r.name = "span";
+  r.merges = {{0, 1, 0}, {1e9, 1, 0}};
+  for (int i = 0; i < 500; ++i) r.events.push_back({i * 1.0, "chaos: SIGKILL learner 0"});
+  for (size_t max_points : {size_t{1}, size_t{7}, size_t{100}}) {
+    const nlohmann::json d = report_data({r}, max_points)[0];
+    EXPECT_LE(d["merge_rate"].size(), max_points) << max_points;
+    EXPECT_EQ(d["events"].size(), max_points) << max_points;
+    EXPECT_EQ(d["events"].back()[0], 499.0);  // the latest kept
+  }
+  const nlohmann::json all = report_data({r}, 0)[0];
+  EXPECT_LE(all["merge_rate"].size(), 20u);
+  EXPECT_EQ(all["events"].size(), 500u);
+  // Times only a ReportRun made by hand can hold are not counted, and do not throw.
+  r.merges.push_back({std::numeric_limits<double>::quiet_NaN(), 1, 0});
+  r.merges.push_back({-1e300, 1, 0});
+  r.merges.push_back({1e300, 1, 0});
+  EXPECT_LE(report_data({r}, 50)[0]["merge_rate"].size(), 50u);
+}
+
+// The data block between <script id="deloco-data" type="application/json"> and the next </script>.
+std::string data_block(const std::string& html) {
+  const std::string open = R"(<script id="deloco-data" type="application/json">)";
+  const size_t a = html.find(open);
+  if (a == std::string::npos) return "";
+  const size_t b = html.find("</script>", a);
+  return html.substr(a + open.size(), b - a - open.size());
+}
+
+// Defect: "<!--<script>" in a record put the HTML parser into its double-escaped state, so the page's own
+// </script> no longer closed the data block: 0 charts, empty tables. Every <, >, & and U+2028/9 is now \uXXXX.
+TEST(ReportHtml, RecordTextCannotEndOrBreakTheDataBlock) {
+  ReportRun r;
+  r.name = "run \xe2\x80\xa8 <img src=x onerror=alert(1)>";
+  r.kind = "run";
+  r.evals = {{0, 100, 5.0, 1.5}, {1, 200, 4.0, 1.4}};
+  r.events = {{0.5, "<!--<script>"}, {0.7, "</script><script>document.title='pwned'</script>"},
+              {0.8, "a & b > c \xe2\x80\xa9"}};
+  r.rejects["</SCRIPT>"] = 2;
+  const std::string html = report_html({r}, "t", "", "", false, 100);
+  const std::string block = data_block(html);
+  ASSERT_FALSE(block.empty());
+  for (const char* bad : {"<", ">", "&", "\xe2\x80\xa8", "\xe2\x80\xa9"})
+    EXPECT_EQ(block.find(bad), std::string::npos) << "the data block holds " << bad;
+  // The escapes read back as the same data.
+  EXPECT_EQ(nlohmann::json::parse(block), report_data({r}, 100));
+  // Nothing after the block was swallowed: the page's script follows it.
+  EXPECT_NE(html.find("JSON.parse(document.getElementById('deloco-data').textContent)"), std::string::npos);
+}
+
+// A name that is not valid UTF-8 (a folder name is bytes) does not make the page throw.
+TEST(ReportHtml, ANameThatIsNotUtf8StillRenders) {
+  ReportRun r;
+  r.name = "bad \xff\xfe name";
+  r.dir = "/tmp/\xff";
+  r.evals = {{0, 100, 5.0, 1.5}};
+  std::string html;
+  ASSERT_NO_THROW(html = report_html({r}, "t", "", "", false, 10));
+  EXPECT_NE(data_block(html).find("bad \xef\xbf\xbd"), std::string::npos);  // U+FFFD
+}
+
+// Defect: the gnuplot script escaped only ': a run named "x<newline>!touch pwned #" ran touch. Names now reach the
+// script as single-quoted strings with no control character; the data file's comment stays one line.
+TEST(ReportPngs, ARunNameRunsNoCommandThroughGnuplot) {
+  const fs::path dir = fs::temp_directory_path() / ("deloco-report-png-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  ReportRun r;
+  r.name = "x\n!touch pwned #\r\n!touch pwned2\n'`touch pwned3`'@x\n\n\n1 2";
+  r.evals = {{0, 100, 5.0, 1.5}, {1, 200, 4.0, 1.4}};
+  r.merges = {{0, 1, 0}, {1, 1, 0}};
+  write_report_pngs({r}, dir.string());
+  for (const char* stem : {"val_loss_time", "val_loss_tokens", "merges_per_minute"}) {
+    std::ifstream gp(dir / (std::string(stem) + ".gp"));
+    ASSERT_TRUE(gp) << stem;
+    std::string line;
+    int plot_lines = 0;
+    while (std::getline(gp, line)) {
+      EXPECT_NE(line.rfind("!", 0), 0u) << stem << ": " << line;
+      for (char c : line) EXPECT_FALSE(static_cast<unsigned char>(c) < 0x20) << stem << ": " << line;
+      if (line.find(".dat' index") != std::string::npos) ++plot_lines;
+    }
+    EXPECT_EQ(plot_lines, 1) << stem;
+    std::ifstream dat(dir / (std::string(stem) + ".dat"));
+    std::stringstream text;
+    text << dat.rdbuf();
+    EXPECT_EQ(text.str().rfind("# x?!touch pwned #?" "?!touch pwned2?'`touch pwned3`'@x?" "?" "?1 2\n", 0), 0u) << text.str();
+    EXPECT_EQ(text.str().find("\n1 2\n"), std::string::npos);  // the name's digits are no data point
+  }
+  if (have_program("gnuplot")) {
+    for (const char* marker : {"pwned", "pwned2", "pwned3"}) EXPECT_FALSE(fs::exists(dir / marker)) << marker;
+    EXPECT_TRUE(fs::exists(dir / "val_loss_time.png"));
+  }
+  fs::remove_all(dir);
 }
 
 }  // namespace
