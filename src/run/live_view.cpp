@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -27,20 +28,36 @@ std::string fixed(double v, int digits) {
 void Tailer::poll(const std::function<void(const std::string&)>& on_line) {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
-  char buf[1 << 16];
+  std::vector<char> buf(size_t{1} << 16);
   for (;;) {
-    const ssize_t n = ::pread(fd, buf, sizeof(buf), offset_);
-    if (n <= 0) break;
-    offset_ += n;
-    partial_.append(buf, static_cast<size_t>(n));
+    const ssize_t got = ::pread(fd, buf.data(), buf.size(), offset_);
+    if (got <= 0) break;
+    offset_ += got;
+    const size_t n = static_cast<size_t>(got);
+    for (size_t begin = 0; begin < n;) {
+      const char* nl = static_cast<const char*>(std::memchr(buf.data() + begin, '\n', n - begin));
+      const size_t end = nl ? static_cast<size_t>(nl - buf.data()) : n;
+      const size_t len = end - begin;
+      if (long_bytes_ > 0) {
+        long_bytes_ += len;
+      } else if (partial_.size() + len > max_line_) {
+        long_bytes_ = partial_.size() + len;
+        std::string().swap(partial_);
+      } else {
+        partial_.append(buf.data() + begin, len);
+      }
+      if (!nl) break;
+      if (long_bytes_ > 0) {
+        ++skipped_;
+        long_bytes_ = 0;
+      } else {
+        on_line(partial_);
+      }
+      partial_.clear();
+      begin = end + 1;
+    }
   }
   ::close(fd);
-  size_t start = 0, nl;
-  while ((nl = partial_.find('\n', start)) != std::string::npos) {
-    on_line(partial_.substr(start, nl - start));
-    start = nl + 1;
-  }
-  partial_.erase(0, start);
 }
 
 int64_t next_milestone(int64_t m) {
@@ -233,7 +250,10 @@ void LiveView::draw() {
 void LiveView::event(const std::string& what) {
   const bool redraw = tty_ && drawn_lines_ > 0;
   clear();
-  out_ << "[" << std::setw(6) << format_duration(elapsed_()) << "] " << what << "\n";
+  std::string line = what;
+  for (char& c : line)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  out_ << "[" << std::setw(6) << format_duration(elapsed_()) << "] " << line << "\n";
   if (redraw) draw();
 }
 

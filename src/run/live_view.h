@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -25,17 +26,27 @@ namespace deloco::run {
 // `v` with `digits` decimals, or "-" when not finite.
 std::string fixed(double v, int digits);
 
-// Reads the complete new lines of a file that another process appends to (it may not exist yet).
+// The longest record line the live view reads (real records are under 1 KiB).
+inline constexpr size_t kMaxTailLine = size_t{1} << 20;
+
+// Reads the complete new lines of a file that another process appends to (it may not exist yet), 64 KiB at a time.
+// Memory: at most max_line bytes of an unfinished line plus one block, however much the file grew or however long
+// a line is: a line longer than max_line bytes is never held; it is skipped (on_line never sees it), counted in
+// skipped(), and reading goes on after its newline.
 class Tailer {
  public:
-  explicit Tailer(std::string path) : path_(std::move(path)) {}
+  explicit Tailer(std::string path, size_t max_line = kMaxTailLine) : path_(std::move(path)), max_line_(max_line) {}
   // Calls on_line for every complete line appended since the last call; keeps an incomplete last line.
   void poll(const std::function<void(const std::string&)>& on_line);
+  int64_t skipped() const { return skipped_; }  // lines over max_line bytes so far
 
  private:
   std::string path_;
+  size_t max_line_;
   off_t offset_ = 0;
-  std::string partial_;  // an incomplete last line, kept until its newline arrives
+  std::string partial_;   // an incomplete last line, kept until its newline arrives (at most max_line_ bytes)
+  uint64_t long_bytes_ = 0;  // > 0: the incomplete line passed max_line_ (its bytes are dropped)
+  int64_t skipped_ = 0;
 };
 
 struct LearnerView {
@@ -120,7 +131,8 @@ class LiveView {
   void draw();
   // tty: erases the block (before other output).
   void clear();
-  // "[ 1m58s] what"; in a terminal the block is redrawn below it.
+  // "[ 1m58s] what"; in a terminal the block is redrawn below it. `what` may quote records (a reject reason): its
+  // control characters are written as '?', so no record can move the cursor or recolour the terminal.
   void event(const std::string& what);
 
  private:

@@ -113,6 +113,36 @@ TEST(LiveView, TailerReturnsOnlyCompleteLines) {
   std::filesystem::remove(path);
 }
 
+// Defect: the tailer held a whole record line however long (a 1 GB line: bad_alloc in `deloco run`). A line over
+// its bound is skipped, also when it arrives over several polls, and the lines around it are read.
+TEST(LiveView, TailerSkipsALineOverItsBound) {
+  const auto path = std::filesystem::temp_directory_path() / ("deloco_tailer_long_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  Tailer t(path.string(), /*max_line=*/16);
+  std::vector<std::string> got;
+  auto collect = [&](const std::string& l) { got.push_back(l); };
+  std::ofstream(path, std::ios::app) << "short\n" << std::string(40, 'x') << "\nafter\n" << std::string(10, 'y');
+  t.poll(collect);
+  EXPECT_EQ(got, (std::vector<std::string>{"short", "after"}));
+  EXPECT_EQ(t.skipped(), 1);
+  std::ofstream(path, std::ios::app) << std::string(10, 'y');  // the unfinished line passes the bound
+  t.poll(collect);
+  std::ofstream(path, std::ios::app) << "yyy\n" << std::string(16, 'z') << "\n";  // exactly the bound: a line
+  t.poll(collect);
+  EXPECT_EQ(got, (std::vector<std::string>{"short", "after", std::string(16, 'z')}));
+  EXPECT_EQ(t.skipped(), 2);
+  std::filesystem::remove(path);
+}
+
+// Defect: event lines quote records (a reject reason) and went to the terminal as they were: an escape sequence
+// in a record could clear or recolour it.
+TEST(LiveView, EventLinesWriteControlCharactersAsQuestionMarks) {
+  std::ostringstream out;
+  LiveView view(out, /*tty=*/false, [] { return status_lines(two_learners()); }, [] { return 1.0; });
+  view.event("learner-0 was rejected: \x1b[2J\x1b]0;title\x07 gone\nfake line");
+  EXPECT_EQ(out.str(), "[    1s] learner-0 was rejected: ?[2J?]0;title? gone?fake line\n");
+}
+
 // A sharded syncer: the shards' records are summed — merges and rejects added, uptime the lowest, the validation
 // loss shard 0's — and the status line says how many shards are up.
 TEST(LiveView, ShardedSyncerRecordsAreSummed) {
