@@ -661,7 +661,16 @@ void SyncerNode::serve_dashboard(std::string page_html) {
   auto shared = std::make_shared<Shared>(dir);
   I.metrics->add_get("/api/data", [shared](const std::string&) {
     std::lock_guard<std::mutex> lock(shared->mu);
-    return MetricsServer::Reply{200, "application/json", report_data({shared->reader.load()}, kLiveReportPoints).dump()};
+    ReportRun run;
+    try {
+      run = shared->reader.load();
+    } catch (const IoError&) {  // no records yet; its message would name the folder's absolute path
+      return MetricsServer::Reply{503, "text/plain", "the run folder holds no records yet\n"};
+    }
+    run.dir = ".";  // the data names paths relative to the run folder, never the absolute one
+    return MetricsServer::Reply{200, "application/json",
+                                report_data({run}, kLiveReportPoints).dump(-1, ' ', false,
+                                                                           nlohmann::json::error_handler_t::replace)};
   });
 }
 
