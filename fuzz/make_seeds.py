@@ -110,3 +110,26 @@ write("fuzz_report", "learner", bytes([1, 60]) + learner)
 write("fuzz_report", "mistyped", bytes([0, 255]) + records({"kind": "started", "t": 1, "resumed": "yes"},
                                                               {"kind": "status", "t": "x", "shard": "y"},
                                                               {"kind": "fail", "t": 2, "learner": 1e300}))
+
+# --- run-record bounds: a max-points byte, a files byte (bit 0: learner file, bit 1: also summary.json), the text;
+# each 0x01 byte stands for 300 KiB of 'x' (fuzz_report_bounds.cpp) ------------------------------------------------
+write("fuzz_report_bounds", "absurd_times", bytes([10, 0]) + records(
+    {"kind": "eval", "t": 100, "val_loss": 5.0, "val_bpb": 1.5}, {"kind": "merge", "t": 1e8, "learners": [0]},
+    {"kind": "merge", "t": 1e300, "learners": [0]}, {"kind": "merge", "t": -5, "learners": [0]},
+    {"kind": "merge", "t": 1e9, "learners": [0]}, {"kind": "train", "elapsed_s": 1e10, "loss": 4.0}))
+write("fuzz_report_bounds", "absurd_times_unthinned", bytes([0, 0]) + records(
+    {"kind": "merge", "t": 0, "learners": [0]}, {"kind": "merge", "t": 9.9e9, "learners": [0, 1]}))
+write("fuzz_report_bounds", "long_line", bytes([5, 1]) + b'{"kind":"learner","t":1,"loss":5.0}\n'
+      b'{"kind":"chaos","t":2,"what":"' + b"\x01\x01\x01\x01" + b'"}\n{"kind":"learner","t":3,"loss":4.0}\n'
+      b'{"kind":"chaos","t":4,"what":"' + b"\x01")
+write("fuzz_report_bounds", "markup", bytes([3, 0]) + records(
+    {"kind": "chaos", "t": 1, "what": "<!--<script>"}, {"kind": "chaos", "t": 2, "what": "</script><b>&amp;\u2028\u2029"},
+    {"kind": "reject", "t": 3, "reason": "<img src=x onerror=alert(1)>"},
+    {"kind": "status", "t": 4, "connected": [0, "x"], "uptime": "<i>"},
+    {"final_val_loss": "<img src=x onerror=alert(1)>", "command": 5, "uptime": 0.5}))
+write("fuzz_report_bounds", "many_events", bytes([2, 0]) + records(
+    *[{"kind": "chaos", "t": i, "what": "chaos: SIGKILL learner %d" % i} for i in range(40)],
+    *[{"kind": "reject", "t": i, "reason": "r%d" % i} for i in range(80)]))
+write("fuzz_report_bounds", "summary_types", bytes([4, 2]) + records(
+    {"kind": "note", "t": 1, "final_val_loss": "<img src=x onerror=alert(1)>", "command": 5, "uptime": 0.5,
+     "loss_unit": "\u2028</script>", "learners": [{"steps": 1}], "rejects": {"<b>": 3, "x": "y"}}))
