@@ -117,6 +117,11 @@ class LearnerCore {
   // so the wait rule no longer waits for it. An answer already received is kept. Its counters were reset when it
   // was sent: the refused steps still live in θ, and the next push (Θ^v − θ) carries them.
   void refused(int64_t fragment);
+  // A refusal that would repeat (refusal_drops_drift, deloco/sync.h): besides refused(), drops the learner's local
+  // drift of `fragment`: θ_p ← Θ_p^v (the version it holds), its counters and error-feedback residual reset. An
+  // answer already received stays pending; the inner optimizer's state is the caller's and is kept. Throws
+  // SyncError for an unknown fragment (nothing changed).
+  void drop_drift(int64_t fragment);
 
   int64_t version(int64_t fragment) const { return held_version_.at(static_cast<size_t>(fragment)); }
   const std::vector<int64_t>& versions() const { return held_version_; }

@@ -158,6 +158,12 @@ void apply_global(at::Tensor& local, const at::Tensor& global, double alpha);
 // biases, or an all-zero toy model, has ‖Θ_p‖ = 0).
 constexpr double kDeltaRmsFloor = 1.0;
 
+// Whether a rejection reason of Syncer::receive would repeat for the learner's next push of the fragment, so that
+// the learner must drop its local drift of it (LearnerCore::drop_drift): the norm bounds (norm_bound, norm_ratio,
+// norm_outlier). A refused push's progress stays in θ, so the next Δ = Θ^v − θ carries it again, larger: without the
+// drop, that fragment would never merge again for that learner.
+bool refusal_drops_drift(const std::string& reason);
+
 // The slack of the step check, in units of sync_every (see Syncer::receive).
 constexpr int64_t kStepSlackPeriods = 1;
 

@@ -87,7 +87,9 @@ struct TransportStats {
   uint64_t messages_in = 0, messages_out = 0;
   uint64_t bytes_in = 0, bytes_out = 0;     // header + payload bytes
   uint64_t dropped_out = 0;                 // sends refused (unknown peer, not connected, queue full)
-  uint64_t auth_denied = 0;                 // CURVE handshakes refused by the allow-list
+  // CURVE handshakes refused by the allow-list. Server: those it refused. Client: those the server refused (our key
+  // is not in its allow-list; libzmq reports the server's refusal, and keeps reconnecting with backoff).
+  uint64_t auth_denied = 0;
   // Failed handshakes as libzmq reports them: wrong mechanism or server key, a malformed greeting, and allow-list
   // refusals (so those count here and in auth_denied), and connections that did not finish their handshake
   // within handshake_timeout. Junk that does not even look like ZMTP 3 is refused too, but libzmq closes it

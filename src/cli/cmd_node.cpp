@@ -192,6 +192,7 @@ void run_learner(const NodeArgs& a) {
   std::cerr << "deloco learner " << id << ": step " << s["step"] << ", " << s["pushes"] << " pushes, "
             << s["broadcasts"] << " merged fragments received\n";
   write_summary(a.common, s);
+  if (s.contains("error")) throw TransportError("deloco learner " + std::to_string(id) + ": " + s["error"].get<std::string>());
 }
 
 }  // namespace

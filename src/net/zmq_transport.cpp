@@ -528,6 +528,7 @@ class ZmqClient final : public ClientTransport {
         if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) connected_ = true;
         if (event == ZMQ_EVENT_DISCONNECTED) connected_ = false;
         if (event & kHandshakeFailureEvents) c_.handshake_failures++;
+        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c_.auth_denied++;
       }
       zmq_msg_close(&m[0]);
       zmq_msg_close(&m[1]);

@@ -128,12 +128,13 @@ class Faults : public ::testing::Test {
     write_keypair((dir_ / "keys/stranger").string(), generate_keypair());
   }
   // Starts the syncer and waits for its "started" record; sets endpoint_.
+  // same_endpoint: bind the endpoint of the previous syncer (a fresh syncer in its place, not resumed).
   std::unique_ptr<Proc> start_syncer(int steps, bool plaintext, bool resume = false,
-                                     std::vector<std::string> extra = {}) {
+                                     std::vector<std::string> extra = {}, bool same_endpoint = false) {
     auto a = base(steps, plaintext);
     a.insert(a.begin(), "syncer");
     a.insert(a.end(), {"--out", run_.string(), "--set", "syncer.metrics=127.0.0.1:0"});
-    if (!endpoint_.empty() && resume) a.insert(a.end(), {"--bind", endpoint_});
+    if (!endpoint_.empty() && (resume || same_endpoint)) a.insert(a.end(), {"--bind", endpoint_});
     else a.insert(a.end(), {"--bind", "tcp://127.0.0.1:0"});
     if (resume) a.push_back("--resume");
     a.insert(a.end(), extra.begin(), extra.end());
@@ -452,6 +453,114 @@ TEST_F(Faults, CurveRefusesStrangersAndStolenIds) {
   auto s = summary();
   EXPECT_GT(s["contributions_merged"].get<int>(), 0);
   EXPECT_GE(s["rejects"].value("key_id_mismatch", 0), 1);
+}
+
+// Issue 29, defect 7: a learner whose key the syncer refuses says so (auth_refused, with the reason) while it
+// retries, and does not count as finished: its summary says finished = false and it exits non-zero naming the
+// refusal. The syncer records the refusals too (auth_denied), not only its counter.
+TEST_F(Faults, RefusedKeyIsReportedByBothSidesAndIsNotAFinish) {
+  run_ = dir_ / "run";
+  make_keys();
+  auto syncer = start_syncer(20, /*plaintext=*/false);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  auto a = learner_args(1, 20, false, (dir_ / "keys/stranger.key").string(), (dir_ / "stranger").string());
+  a.insert(a.end(), {"--set", "net.join_timeout=2", "--summary", (dir_ / "stranger-summary.json").string()});
+  Proc stranger(a, (dir_ / "stranger.log").string());
+  EXPECT_EQ(stranger.wait(120), 1) << stranger.log();
+  EXPECT_NE(stranger.log().find("refused this learner's CURVE key"), std::string::npos) << stranger.log();
+  const auto refused = wait_record(dir_ / "stranger/learner-1.jsonl", "auth_refused", 1);
+  ASSERT_FALSE(refused.is_null());
+  EXPECT_NE(refused["detail"].get<std::string>().find("net.allow"), std::string::npos) << refused.dump();
+  const auto done = wait_record(dir_ / "stranger/learner-1.jsonl", "learner_done", 1);
+  ASSERT_FALSE(done.is_null());
+  EXPECT_FALSE(done["finished"].get<bool>()) << done.dump();
+  EXPECT_EQ(done["step"].get<int>(), 20) << "it trained on alone meanwhile";
+  EXPECT_FALSE(wait_record(run_ / "syncer.jsonl", "auth_denied", 10).is_null());
+  syncer->signal(SIGTERM);
+  EXPECT_EQ(syncer->wait(30), 0) << syncer->log();
+}
+
+// Issue 29, defect 0: with sync.wait_for_answer, a learner whose push was in flight when the syncer died waited
+// forever for its answer once it had joined the new syncer (which never got that push). Here the push is held by a
+// syncer waiting for a quorum of 2 that never comes, the syncer is SIGKILLed and a fresh one takes its endpoint: the
+// learner (which does not notice the silence: net.dead_after 30 s) is told not_joined, joins again, settles that
+// push as refused, and trains on to its next push. A push refused for not being joined names its fragment.
+TEST_F(Faults, SyncerRestartSettlesThePushInFlight) {
+  run_ = dir_ / "run";
+  const std::vector<std::string> sync{"--set", "sync.quorum=2", "--set", "sync.wait_for_answer=true",
+                                      "--set", "net.dead_after=30", "--set", "syncer.checkpoint_every=0"};
+  auto syncer = start_syncer(400, true, false, sync);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  auto la = learner_args(0, 400, true);
+  la.insert(la.end(), sync.begin(), sync.end());
+  Proc l0(la, (dir_ / "l0.log").string());
+  const auto first = wait_record(run_ / "learner-0.jsonl", "push", 60);
+  ASSERT_FALSE(first.is_null()) << l0.log();
+  // Blocked: the syncer holds the push below its quorum, so no answer comes.
+  ASSERT_FALSE(wait_record(run_ / "syncer.jsonl", "status", 10, [](const nlohmann::json& j) {
+                 return j["alive"] == 1;
+               }).is_null());
+  const int64_t s0 = first["step"].get<int64_t>();
+  syncer->kill9();
+  syncer->wait(10);
+  auto fresh = start_syncer(400, true, false, sync, /*same_endpoint=*/true);
+  const auto settled = wait_record(run_ / "learner-0.jsonl", "pushes_settled", 60);
+  ASSERT_FALSE(settled.is_null()) << l0.log();
+  const auto later = wait_record(run_ / "learner-0.jsonl", "push", 60,
+                                 [&](const nlohmann::json& j) { return j["step"].get<int64_t>() > s0; });
+  EXPECT_FALSE(later.is_null()) << "the learner stayed blocked on the push the dead syncer took with it\n" << l0.log();
+  l0.kill9();
+  fresh->kill9();
+}
+
+// Issue 29, defect 0: a joined learner that stopped advancing (here a hand-made one beating the same step) makes
+// the syncer report the run blocked (learners_blocked, status.blocked, counted as stalled), not "up".
+TEST_F(Faults, SyncerReportsLearnersThatAllStoppedAdvancing) {
+  run_ = dir_ / "run";
+  auto syncer = start_syncer(400, true);
+  ASSERT_FALSE(endpoint_.empty()) << syncer->log();
+  RawLearner l(endpoint_);
+  l.hello(0, 0, 7, false);
+  ASSERT_TRUE(l.next(MessageKind::kWelcome, 20)) << syncer->log();
+  // A push from a connection that never joined is refused naming the pushed fragment.
+  RawLearner stranger(endpoint_);
+  MessageHeader h;
+  h.kind = MessageKind::kFragmentPush;
+  h.learner_id = 1;
+  h.fragment_id = 1;
+  h.encoding = Encoding::kFp32;
+  h.element_count = 4;
+  stranger.send(h, std::string(16, '\0'));
+  const auto rej = stranger.next(MessageKind::kReject, 20);
+  ASSERT_TRUE(rej);
+  EXPECT_EQ(proto::reject_reason_of(rej->first), proto::RejectReason::kNotJoined);
+  EXPECT_EQ(rej->first.fragment_id, 1u);
+  // Heartbeats at the same step for longer than the patience (4 · net.dead_after = 6 s).
+  proto::Beat b;
+  b.step = 3;
+  const auto deadline = clk::now() + std::chrono::seconds(20);
+  nlohmann::json blocked;
+  while (clk::now() < deadline && blocked.is_null()) {
+    l.control(MessageKind::kHeartbeat, 0, proto::encode_beat(b));
+    blocked = wait_record(run_ / "syncer.jsonl", "learners_blocked", 0.2);
+  }
+  ASSERT_FALSE(blocked.is_null()) << syncer->log();
+  EXPECT_EQ(blocked["learners"], nlohmann::json::array({0}));
+  l.control(MessageKind::kHeartbeat, 0, proto::encode_beat(b));
+  EXPECT_FALSE(wait_record(run_ / "syncer.jsonl", "status", 5, [](const nlohmann::json& j) {
+                 return j.value("blocked", false) && j.value("stalled", false);
+               }).is_null());
+  // It advances again: no longer blocked.
+  b.step = 4;
+  nlohmann::json advancing;
+  const auto deadline2 = clk::now() + std::chrono::seconds(10);
+  while (clk::now() < deadline2 && advancing.is_null()) {
+    l.control(MessageKind::kHeartbeat, 0, proto::encode_beat(b));
+    advancing = wait_record(run_ / "syncer.jsonl", "learners_advancing", 0.2);
+  }
+  EXPECT_FALSE(advancing.is_null());
+  syncer->signal(SIGTERM);
+  EXPECT_EQ(syncer->wait(30), 0) << syncer->log();
 }
 
 // A learner whose model differs (another n_embd) is refused with the fingerprints named and exits 1.

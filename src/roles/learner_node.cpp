@@ -69,6 +69,9 @@ struct LearnerNode::Impl {
     std::vector<bool> dl_have;
     int64_t dl_count = 0;
     bool first_join_recorded = false;
+    // CURVE refusals by this syncer (shard): our key is not in its allow-list. libzmq keeps reconnecting with its
+    // backoff; each refusal is counted, and recorded at the 1st, 2nd, 4th, 8th, ... (auth_refused).
+    uint64_t auth_refusals = 0, auth_logged_at = 0;
   };
   // The connection to one syncer shard (the only one when syncer.shards = 1): the fragments it serves, and whether
   // the learner is joined to it, holds its part of the state and was answered its goodbye. Guarded by mu except
@@ -76,9 +79,13 @@ struct LearnerNode::Impl {
   struct Link {
     std::unique_ptr<ClientTransport> tx;
     proto::ShardPlan plan;
-    bool joined = false, have_state = false, left = false;
+    bool joined = false, have_state = false, left = false, ever_joined = false;
     std::optional<State> state_ready;  // a verified download of this shard's part, waiting to be installed
     int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
+    // Fragments pushed on this link while joined, since it last (re)joined. A (re)join settles each of them as
+    // refused: the syncer that answers now may not hold them (a restarted syncer never got them, or lost them
+    // with its memory), and waiting for an answer that no syncer holds would block the learner for good.
+    std::set<int64_t> unsettled;
     Comms c;
   };
   std::vector<Link> links;
@@ -87,6 +94,7 @@ struct LearnerNode::Impl {
   std::deque<Push> outbox;                 // at most one entry per fragment (a newer push replaces an older)
   std::map<int64_t, Answer> inbox;         // newest merged fragment per fragment id
   std::set<int64_t> refused_pushes;      // fragments whose outstanding push the syncer refused (reject naming it)
+  std::set<int64_t> drop_drifts;         // of those, refused by a norm bound: the learner drops its drift of them
   std::optional<int64_t> resume_step;      // the highest of the shards' first welcomes
   std::vector<int64_t> held_versions;      // the core's versions, as last published by the main thread
   bool welcomed_once = false;
@@ -179,10 +187,21 @@ struct LearnerNode::Impl {
     }
   }
 
-  // One link's housekeeping: goodbye, hello, noticing a silent shard, heartbeats.
+  // One link's housekeeping: goodbye, hello, noticing a silent shard, heartbeats, a refused key.
   void tend(Link& L, proto::Beat b, const std::string& reason) {
     Comms& c = L.c;
     const double t = now();
+    if (const uint64_t refused = L.tx->stats().auth_denied; refused > c.auth_refusals) {
+      c.auth_refusals = refused;
+      if (refused >= 2 * c.auth_logged_at || c.auth_logged_at == 0) {
+        c.auth_logged_at = refused;
+        emit(L, {{"kind", "auth_refused"}, {"refusals", refused}, {"step", b.step},
+                 {"detail", std::string("the syncer") + (sharded() ? " shard " + std::to_string(L.plan.shard) : "") +
+                                " refused this learner's CURVE key (its public key is not in that syncer's net.allow "
+                                "folder); retrying with backoff" +
+                                (sharded() ? "; the fragments it serves are not merged meanwhile" : "")}});
+      }
+    }
     bool is_joined, want_leave;
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -256,6 +275,12 @@ struct LearnerNode::Impl {
     }
     std::lock_guard<std::mutex> lock(mu);
     (sent ? pushes : pushes_dropped) += 1;
+    if (sent) {
+      L.unsettled.insert(p.fragment);
+    } else {  // not sent (not joined, or the transport refused it): no answer will come for it
+      refused_pushes.insert(p.fragment);
+      cv.notify_all();
+    }
   }
 
   void handle(Link& L, const Envelope& env) {
@@ -322,7 +347,16 @@ struct LearnerNode::Impl {
         }
       }
     }
+    if (!L.joined && !L.unsettled.empty()) {
+      std::vector<int64_t> settled(L.unsettled.begin(), L.unsettled.end());
+      refused_pushes.insert(settled.begin(), settled.end());
+      L.unsettled.clear();
+      emit(L, {{"kind", "pushes_settled"}, {"fragments", settled},
+               {"detail", "joined again: pushes sent before the join count as refused (their progress goes in the "
+                          "next push)"}});
+    }
     L.joined = true;
+    L.ever_joined = true;
     // Every shard remembers the learner's step: the highest of the first welcomes (before training starts) wins.
     if (!welcomed_once || !resume_step || *resume_step < w.resume_step) resume_step = w.resume_step;
     welcomed_once = true;
@@ -385,6 +419,7 @@ struct LearnerNode::Impl {
     auto it = inbox.find(p);
     if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
       inbox[p] = Answer{static_cast<int64_t>(h.round), flat};
+    L.unsettled.erase(p);  // an answer for p answers our push of p too (the core clears it when it applies)
     ++broadcasts;
     cv.notify_all();
   }
@@ -395,10 +430,15 @@ struct LearnerNode::Impl {
     std::lock_guard<std::mutex> lock(mu);
     ++rejected;
     emit(L, {{"kind", "rejected"}, {"reason", why}, {"code", reject_reason_name(code)}});
-    if (code == RejectReason::kNotJoined) L.joined = false;
+    if (code == RejectReason::kNotJoined) {
+      L.joined = false;
+      cv.notify_all();
+    }
     // A refused push of fragment p: its answer will not come (the main thread tells the core, take_received).
     if (h.fragment_id != proto::kNoFragment && h.fragment_id < core->fragments().size()) {
       refused_pushes.insert(static_cast<int64_t>(h.fragment_id));
+      L.unsettled.erase(static_cast<int64_t>(h.fragment_id));
+      if (code == RejectReason::kDeltaTooLarge) drop_drifts.insert(static_cast<int64_t>(h.fragment_id));
       cv.notify_all();
     }
     if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - L.c.start > cfg.net.join_timeout)) {
@@ -409,11 +449,12 @@ struct LearnerNode::Impl {
   }
 
   // ================================ main thread ================================
-  // Hands downloaded states and received answers to the core. Returns the fragments a state was installed for.
+  // Hands downloaded states, refusals and received answers to the core. Returns the fragments whose parameters it
+  // overwrote (a state installed, a drift dropped).
   std::vector<int64_t> take_received() {
     std::vector<std::pair<size_t, State>> states;
     std::map<int64_t, Answer> answers;
-    std::set<int64_t> refused;
+    std::set<int64_t> refused, drops;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (size_t s = 0; s < links.size(); ++s)
@@ -423,6 +464,7 @@ struct LearnerNode::Impl {
         }
       answers.swap(inbox);
       refused.swap(refused_pushes);
+      drops.swap(drop_drifts);
     }
     std::vector<int64_t> installed;
     for (auto& [s, st] : states) {
@@ -433,7 +475,18 @@ struct LearnerNode::Impl {
         core->install_fragments(fr, st.flat, st.welcome.versions);
       installed.insert(installed.end(), fr.begin(), fr.end());
     }
-    for (int64_t p : refused) core->refused(p);
+    for (int64_t p : refused) {
+      if (!drops.count(p)) {
+        core->refused(p);
+        continue;
+      }
+      // A norm bound refused it: the same drift would be refused again (deloco/sync.h, refusal_drops_drift).
+      core->drop_drift(p);
+      installed.push_back(p);
+      emit({{"kind", "drift_dropped"}, {"fragment", p}, {"step", work->step()}, {"version", core->version(p)},
+            {"detail", "the syncer refused this fragment's push by a norm bound; its local drift is replaced by the "
+                       "global version held (optimizer state kept)"}});
+    }
     for (auto& [p, a] : answers) core->receive(p, a.version, a.flat);
     return installed;
   }
@@ -674,15 +727,30 @@ struct LearnerNode::Impl {
                      {"pushes_dropped", pushes_dropped},
                      {"broadcasts", broadcasts},
                      {"rejected", rejected},
-                     {"finished", done},
+                     {"finished", done && refused_links().empty()},
                      {"bytes_sent", bytes_out},
                      {"bytes_received", bytes_in},
                      {"ranks", group ? group->size() : 1},
                      {"group_comm_seconds", group ? group->communication_seconds() : 0.0}};
+    if (const auto refused = refused_links(); !refused.empty()) {
+      // Trained every step, but a syncer (shard) it needs never let it in: its part was never merged. Not finished.
+      s["unreached_shards"] = refused;
+      s["error"] = "syncer shard(s) " + nlohmann::json(refused).dump() +
+                   " refused this learner's CURVE key for the whole run (not in net.allow): their fragments were "
+                   "never merged";
+    }
     nlohmann::json r = s;
     r["kind"] = "learner_done";
     emit(r);
     return s;
+  }
+
+  // The shards that refused our key and never let us join (comms stopped: read after stop_comms()).
+  std::vector<int64_t> refused_links() const {
+    std::vector<int64_t> out;
+    for (const auto& L : links)
+      if (!L.ever_joined && L.c.auth_refusals > 0) out.push_back(L.plan.shard);
+    return out;
   }
 
   nlohmann::json run(const std::atomic<bool>& stop) {

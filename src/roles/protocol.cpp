@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/sync.h"
 #include "deloco/text.h"
 
 namespace deloco::proto {
@@ -201,6 +202,7 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::kRefusedByCore: return "refused_by_core";
     case RejectReason::kUnboundKey: return "unbound_key";
     case RejectReason::kHandlerError: return "handler_error";
+    case RejectReason::kDeltaTooLarge: return "delta_too_large";
     case RejectReason::kOther: break;
   }
   return "other";
@@ -211,6 +213,7 @@ RejectReason reject_reason_from_core(const std::string& why) {
   if (why == "non_finite") return RejectReason::kNonFinite;
   if (why == "unknown_fragment") return RejectReason::kUnknownFragment;
   if (why == "unknown_learner") return RejectReason::kUnknownLearner;
+  if (refusal_drops_drift(why)) return RejectReason::kDeltaTooLarge;
   return RejectReason::kRefusedByCore;
 }
 

@@ -122,12 +122,15 @@ enum class RejectReason : uint8_t {
   kRefusedByCore = 12,  // the syncer core's own checks (deloco/sync.h): named in the text
   kUnboundKey = 13,     // CURVE key whose allow-list name is not learner-N: it may not join as any learner
   kHandlerError = 14,   // handling the message failed inside the syncer (counted and logged; the syncer carries on)
+  kDeltaTooLarge = 15,  // the core's norm bounds (norm_bound, norm_ratio, norm_outlier): a refusal that would repeat,
+                        // so the learner drops its drift of the fragment (LearnerCore::drop_drift)
 };
-constexpr RejectReason kLastRejectReason = RejectReason::kHandlerError;
+constexpr RejectReason kLastRejectReason = RejectReason::kDeltaTooLarge;
 // A reject frame's fragment_id: the fragment of the refused push, or kNoFragment when the reject is not about one.
 constexpr uint32_t kNoFragment = 0xffffffffu;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)
-// The reason the core's rejection string maps to (wrong_shape, non_finite, unknown_fragment; else kRefusedByCore).
+// The reason the core's rejection string maps to (wrong_shape, non_finite, unknown_fragment, delta_too_large for
+// the norm bounds; else kRefusedByCore).
 RejectReason reject_reason_from_core(const std::string& why);
 // The code of a reject frame's header (kOther for an unknown value).
 RejectReason reject_reason_of(const MessageHeader& h);

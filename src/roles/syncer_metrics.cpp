@@ -53,6 +53,12 @@ void SyncerNode::Impl::update_prometheus() {
   metric("state_requests_dropped_total", "counter",
          "Hellos asking for the state while a download to the learner was outstanding (no new copy).",
          static_cast<double>(state_requests_dropped));
+  metric("learners_blocked", "gauge",
+         "1 while every connected learner has stopped advancing although nothing waits at the syncer.",
+         blocked ? 1.0 : 0.0);
+  metric("drift_resets_total", "counter",
+         "Pushes refused by a norm bound; each makes its learner drop its drift of the fragment.",
+         static_cast<double>(drift_resets));
   metric("record_errors_total", "counter", "Records the record sink failed to take.", static_cast<double>(record_errors));
   if (have_eval) metric("validation_loss", "gauge", ("Validation loss of the global model (" + last_eval_result.loss_unit + ").").c_str(),
                         last_eval_result.loss);
@@ -93,6 +99,8 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"state_downloads", state_downloads},
                    {"state_requests_dropped", state_requests_dropped},
                    {"record_errors", record_errors},
+                   {"blocked_spells", blocked_spells},
+                   {"drift_resets", drift_resets},
                    {"auth_denied", st.auth_denied},
                    {"handshake_failures", st.handshake_failures},
                    {"connections", st.connections},

@@ -82,7 +82,14 @@ void SyncerNode::Impl::ack_leave(const std::string& route, const MessageHeader& 
 void SyncerNode::Impl::handler_error(const Envelope& env, const std::string& what) noexcept {
   try {
     auto it = route_to_id.find(env.peer);
-    reject(env.peer, it == route_to_id.end() ? -1 : it->second, -1, RejectReason::kHandlerError,
+    // The fragment of a push whose handling failed, so its sender stops waiting for the answer.
+    int64_t fragment = -1;
+    try {
+      const MessageHeader h = decode_header(env.header.data(), env.header.size(), limits);
+      if (h.kind == MessageKind::kFragmentPush) fragment = static_cast<int64_t>(h.fragment_id);
+    } catch (const WireError&) {
+    }
+    reject(env.peer, it == route_to_id.end() ? -1 : it->second, fragment, RejectReason::kHandlerError,
            "the syncer failed handling this message and dropped it: " + what);
   } catch (...) {  // even the reject failed (out of memory?): the count is what is left
     try {
@@ -130,8 +137,11 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     reject(env.peer, -1, -1, RejectReason::kMalformedFrame, e.what());
     return;
   }
+  // Every reject names the fragment its message carried (a push's), so the learner settles that push: it stops
+  // waiting for an answer that will not come (issue 29, defect 0).
+  const int64_t carried = h.kind == MessageKind::kFragmentPush ? static_cast<int64_t>(h.fragment_id) : -1;
   if (h.fingerprint != fingerprint) {
-    reject(env.peer, h.learner_id, -1, RejectReason::kFingerprintMismatch,
+    reject(env.peer, h.learner_id, carried, RejectReason::kFingerprintMismatch,
            "peer model " + fingerprint_hex(h.fingerprint) + " differs from the syncer's " + fingerprint_hex(fingerprint));
     return;
   }
@@ -143,17 +153,17 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     try {
       ack_leave(env.peer, h, proto::parse_leave(env.payload.data(), env.payload.size()));
     } catch (const WireError& e) {
-      reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
+      reject(env.peer, h.learner_id, carried, RejectReason::kMalformedFrame, e.what());
     }
     return;
   }
   if (it == route_to_id.end()) {
-    reject(env.peer, h.learner_id, -1, RejectReason::kNotJoined, "say hello first");
+    reject(env.peer, h.learner_id, carried, RejectReason::kNotJoined, "say hello first");
     return;
   }
   const int64_t m = it->second;
   if (static_cast<int64_t>(h.learner_id) != m) {
-    reject(env.peer, h.learner_id, -1, RejectReason::kLearnerIdMismatch,
+    reject(env.peer, h.learner_id, carried, RejectReason::kLearnerIdMismatch,
            "connection joined as learner " + std::to_string(m) + " but sent id " + std::to_string(h.learner_id));
     return;
   }
@@ -169,6 +179,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
       case MessageKind::kHeartbeat: {
         if (env.payload.empty()) return;
         auto b = proto::parse_beat(env.payload.data(), env.payload.size());
+        if (b.step > P.step) P.advanced_at = t;
         P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
         P.tokens = std::max(P.tokens, b.tokens);
         P.busy = b.busy_seconds;
@@ -345,7 +356,10 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.alive = !retired[m];
   P.last_heard = t;
   P.step = resume_step;
-  if (!repeat) ++P.joins;
+  if (!repeat) {
+    ++P.joins;
+    P.advanced_at = t;  // a (re)join starts its patience afresh
+  }
   route_to_id[env.peer] = m;
   if (!retired[m]) core->set_connected(m, true);
   if (first_join < 0) first_join = t;
@@ -396,7 +410,14 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   }
   c.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
   const std::string why = core->receive(t, std::move(c));
-  if (!why.empty()) return reject(env.peer, m, g, proto::reject_reason_from_core(why), "refused by the syncer core: " + why, why);
+  if (!why.empty()) {
+    const RejectReason code = proto::reject_reason_from_core(why);
+    if (code == RejectReason::kDeltaTooLarge) ++drift_resets;  // the learner drops its drift of g when told
+    return reject(env.peer, m, g, code,
+                  "refused by the syncer core: " + why +
+                      (code == RejectReason::kDeltaTooLarge ? " (drop your drift of this fragment)" : ""),
+                  why);
+  }
   try_merge(p);
 }
 
@@ -523,6 +544,18 @@ void SyncerNode::Impl::evaluate(const char* kind) {
   emit(std::move(rec));
 }
 
+bool SyncerNode::Impl::blocked_learners(double t) const {
+  bool any = false;
+  for (int64_t m = 0; m < M; ++m) {
+    const syncer_detail::Peer& P = peers[m];
+    if (!P.alive || retired[m] || P.step >= cfg.run.train.steps) continue;
+    any = true;
+    const double patience = std::max(4 * cfg.net.dead_after, 20 * P.step_time);
+    if (t - P.advanced_at <= patience) return false;
+  }
+  return any;
+}
+
 double SyncerNode::Impl::goodput() const {
   double busy = 0;
   for (const auto& p : peers) busy += p.busy + p.busy_done;
@@ -532,9 +565,32 @@ double SyncerNode::Impl::goodput() const {
 
 void SyncerNode::Impl::housekeeping() {
   const double t = now();
-  // Uptime: global training is stalled while a fragment waits below its quorum or no learner is connected.
-  // The clock starts with the first learner's hello (a syncer waiting for its cluster to boot is not down).
-  const bool stall = !all_retired() && (core->stalled() || alive_count() == 0);
+  // Uptime: global training is stalled while a fragment waits below its quorum, no learner is connected, or every
+  // connected learner stopped advancing (blocked_learners). The clock starts with the first learner's hello (a
+  // syncer waiting for its cluster to boot is not down).
+  const bool now_blocked = blocked_learners(t);
+  if (now_blocked != blocked) {
+    blocked = now_blocked;
+    if (blocked) {
+      ++blocked_spells;
+      std::vector<int64_t> who;
+      for (int64_t m = 0; m < M; ++m)
+        if (peers[m].alive && !retired[m]) who.push_back(m);
+      emit({{"kind", "learners_blocked"}, {"learners", who},
+            {"detail", "no connected learner has advanced its step within max(4 net.dead_after, 20 step times) "
+                       "although nothing waits at the syncer; counted as stalled"}});
+    } else {
+      emit({{"kind", "learners_advancing"}});
+    }
+  }
+  const bool stall = !all_retired() && (core->stalled() || alive_count() == 0 || blocked);
+  // CURVE refusals happen inside the transport (no message reaches us): say so in the records, rate-limited.
+  if (const uint64_t denied = tx->stats().auth_denied; denied > auth_denied_seen) {
+    log_limited("auth_denied", {{"kind", "auth_denied"}, {"total", denied}, {"new", denied - auth_denied_seen},
+                                {"detail", "refused a CURVE handshake: the client's public key is not in net.allow (" +
+                                               cfg.net.allow + ")"}});
+    auth_denied_seen = denied;
+  }
   if (stall && first_join >= 0) stalled += t - last_account;
   last_account = t;
   for (int64_t m = 0; m < M; ++m) {
@@ -570,7 +626,7 @@ void SyncerNode::Impl::housekeeping() {
     for (int64_t m = 0; m < M; ++m)
       if (peers[m].alive) connected.push_back(m);
     const auto st = tx->stats();
-    emit({{"kind", "status"}, {"alive", alive_count()}, {"connected", connected}, {"stalled", stall},
+    emit({{"kind", "status"}, {"alive", alive_count()}, {"connected", connected}, {"stalled", stall}, {"blocked", blocked},
           {"uptime", uptime()}, {"goodput", goodput()}, {"merges", merges}, {"rejected", total_rejects()},
           {"bytes_in", st.bytes_in},
           {"bytes_out", st.bytes_out}, {"tokens", total_tokens()}});

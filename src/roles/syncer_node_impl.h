@@ -32,6 +32,7 @@ struct Peer {
   double busy = 0;          // busy seconds of the current instance
   double busy_done = 0;     // busy seconds of earlier instances
   double step_time = 0;
+  double advanced_at = -1e9;  // steady time its reported step last went up (or it joined)
   int64_t joins = 0;
   // The global-state download outstanding to this learner (on_hello in syncer_node.cpp): queued whole on
   // connection `route` at steady time dl_sent (< 0: none) with welcome round dl_round.
@@ -79,6 +80,11 @@ struct SyncerNode::Impl {
   double first_join = -1;  // steady time of the first hello (or of the resume): the uptime clock's origin
   double stalled = 0, last_account = 0, last_status = -1e9, last_eval = 0, last_merge_t = -1;
   int64_t merges = 0, merges_at_ckpt = 0, evals = 0, grace_waits = 0;
+  // Learners connected but none advancing (blocked_learners()): counted as stalled; drift_resets: pushes refused by
+  // a norm bound, each of which makes its learner drop its drift of the fragment (RejectReason::kDeltaTooLarge).
+  bool blocked = false;
+  uint64_t auth_denied_seen = 0;  // the transport's CURVE refusals already recorded (auth_denied records)
+  int64_t blocked_spells = 0, drift_resets = 0;
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
   std::map<std::string, std::pair<double, int64_t>> reject_log;  // log key → (window start, records logged)
@@ -120,6 +126,10 @@ struct SyncerNode::Impl {
     for (const auto& p : peers) n += p.tokens;
     return n;
   }
+  // Every connected, unfinished learner's reported step has stood still longer than its patience,
+  // max(4·net.dead_after, 20·its step time): training is not advancing although nothing waits at the syncer (a
+  // deadlock, or learners all blocked). False when no such learner is connected.
+  bool blocked_learners(double t) const;
   bool all_retired() const {
     for (int64_t m = 0; m < M; ++m)
       if (!retired[m]) return false;
@@ -175,7 +185,7 @@ struct SyncerNode::Impl {
   // ---- evaluation, checkpoints, status -----------------------------------------------------------------------
   // Time the syncer spent not listening (an evaluation, a checkpoint) is not the learners' silence.
   void excuse_peers(double busy_seconds) {
-    for (auto& p : peers) p.last_heard += busy_seconds;
+    for (auto& p : peers) p.last_heard += busy_seconds, p.advanced_at += busy_seconds;
   }
 
   void evaluate(const char* kind);

@@ -92,7 +92,7 @@ void SimConfig::validate(const RunConfig& run) const {
 
 namespace {
 
-enum EventKind { kStepDone, kArrive, kTimer, kAnswer, kFail, kRejoin, kRestore, kStragglerOn, kStragglerOff,
+enum EventKind { kStepDone, kArrive, kTimer, kAnswer, kRefused, kFail, kRejoin, kRestore, kStragglerOn, kStragglerOff,
                  kPauseOn, kPauseOff, kEval };
 
 struct Snapshot {  // a merged fragment in flight, decoded once and shared by every receiver of one broadcast
@@ -106,6 +106,7 @@ struct Event {
   uint64_t seq = 0;
   EventKind kind = kStepDone;
   int64_t learner = -1, fragment = -1, epoch = 0;
+  bool drop_drift = false;  // kRefused: a refusal that would repeat (refusal_drops_drift, deloco/sync.h)
   std::shared_ptr<Contribution> contribution;
   std::shared_ptr<const Snapshot> snapshot;
 };
@@ -140,7 +141,8 @@ struct Simulator::Impl {
   double now = 0, stalled_time = 0;
   double first_done_t = -1, stalled_at_first_done = 0;  // uptime while all M learners still train
   bool paused = false;
-  std::vector<std::shared_ptr<Contribution>> deferred;  // arrivals during a syncer pause
+  // Arrivals during a syncer pause, with the sender's epoch.
+  std::vector<std::pair<std::shared_ptr<Contribution>, int64_t>> deferred;
   std::function<void(const nlohmann::json&)> record;
   Simulator* self = nullptr;
   int64_t inflight = 0;  // contributions on the network
@@ -234,21 +236,50 @@ struct Simulator::Impl {
       a.t = now + transfer(bytes);
       a.kind = kArrive;
       a.contribution = c;
+      a.epoch = L.epoch;
       push(a);
     }
     boundary(e.learner);
   }
 
-  void on_arrive(std::shared_ptr<Contribution> c, bool from_network = true) {
+  void on_arrive(std::shared_ptr<Contribution> c, int64_t epoch, bool from_network = true) {
     if (from_network) --inflight;
     if (paused) {
-      deferred.push_back(std::move(c));
+      deferred.emplace_back(std::move(c), epoch);
       return;
     }
     const int64_t m = c->learner, p = c->fragment;
     const std::string why = syncer->receive(now, std::move(*c));
-    if (!why.empty()) emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", why}});
+    if (!why.empty()) {
+      emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", why}});
+      tell_refused(m, p, epoch, refusal_drops_drift(why));
+    }
     try_merge(p);
+  }
+
+  // The reject frame the syncer node sends for a refused push, on its way to the learner.
+  void tell_refused(int64_t m, int64_t p, int64_t epoch, bool drop) {
+    Event r;
+    r.t = now + transfer(frame_bytes(0));
+    r.kind = kRefused;
+    r.learner = m;
+    r.fragment = p;
+    r.epoch = epoch;
+    r.drop_drift = drop;
+    push(r);
+  }
+
+  void on_refused(const Event& e) {
+    Learner& L = learners[e.learner];
+    if (e.epoch != L.epoch || !L.up || L.done) return;
+    if (e.drop_drift) {
+      L.core->drop_drift(e.fragment);
+      emit({{"kind", "drift_dropped"}, {"learner", e.learner}, {"fragment", e.fragment},
+            {"version", L.core->version(e.fragment)}, {"step", L.work->step()}});
+    } else {
+      L.core->refused(e.fragment);
+    }
+    if (L.waiting) boundary(e.learner);
   }
 
   void try_merge(int64_t p) {
@@ -267,8 +298,10 @@ struct Simulator::Impl {
     const double grace = syncer->grace();
     MergeOutcome out = syncer->merge(p);
     if (!out.ok()) {  // rolled back: nothing changed, nothing to broadcast; its contributions were rejected
-      for (int64_t m : out.learners)
+      for (int64_t m : out.learners) {
         emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", out.rejected}, {"detail", out.detail}});
+        tell_refused(m, p, learners[m].epoch, false);
+      }
       return;
     }
     ++merges;
@@ -528,7 +561,8 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     I.now = e.t;
     switch (e.kind) {
       case kStepDone: I.on_step_done(e); break;
-      case kArrive: I.on_arrive(e.contribution); break;
+      case kArrive: I.on_arrive(e.contribution, e.epoch); break;
+      case kRefused: I.on_refused(e); break;
       case kTimer: I.try_merge(e.fragment); break;
       case kAnswer: I.on_answer(e); break;
       case kFail: I.on_fail(e); break;
@@ -545,7 +579,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
         I.emit({{"kind", "syncer_resume"}});
         auto pending = std::move(I.deferred);
         I.deferred.clear();
-        for (auto& c : pending) I.on_arrive(c, false);
+        for (auto& [c, epoch] : pending) I.on_arrive(c, epoch, false);
         for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p) I.try_merge(p);
         break;
       }

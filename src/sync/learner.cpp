@@ -2,6 +2,7 @@
 // with error feedback, the τ answer rule, the wait rule, apply-and-reset, the step-time estimate.
 #include "deloco/learner.h"
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -280,6 +281,20 @@ void LearnerCore::refused(int64_t fragment) {
     throw SyncError("refused: fragment " + std::to_string(fragment) + " is not in [0, " +
                     std::to_string(fragments_.size()) + ")");
   sent_at_[static_cast<size_t>(fragment)] = -1;
+}
+
+void LearnerCore::drop_drift(int64_t fragment) {
+  refused(fragment);
+  const size_t p = static_cast<size_t>(fragment);
+  torch::NoGradGuard ng;
+  auto views = unflatten(held_[p], layouts_[p]);
+  for (size_t i = 0; i < index_[p].size(); ++i) {
+    at::Tensor& local = params_[index_[p][i]].second;
+    local.copy_(views[i].to(local.device()));
+  }
+  c_steps_[p] = 0;
+  c_tokens_[p] = 0;
+  std::fill(residual_[p].begin(), residual_[p].end(), 0.0f);
 }
 
 double LearnerCore::step_time() const {

@@ -4,7 +4,9 @@
 #include <torch/torch.h>
 
 #include "deloco/learner.h"
+#include "deloco/merge.h"
 #include "deloco/quantize.h"
+#include "deloco/sync.h"
 
 namespace deloco {
 namespace {
@@ -201,6 +203,55 @@ TEST(LearnerCore, ARefusedPushIsNoLongerWaitedFor) {
       for (float v : decode(pushes[0])) EXPECT_FLOAT_EQ(v, -4.0f);
     }
   }
+}
+
+// Issue 29, defect 10: a push refused by a norm bound left its progress in θ, so every later push of that fragment
+// carried it again and was refused again: the fragment never merged again for that learner. drop_drift replaces the
+// drift by the held version, so the next round's push is an ordinary one and merges. Driven through the real Syncer.
+TEST(LearnerCore, ANormRefusalDropsTheDriftAndTheFragmentMergesAgain) {
+  for (const bool drop : {false, true}) {
+    Toy toy(1, 1);
+    LearnerCore core(opts(1, 0, false), toy.frags, toy.params, 100);
+    SyncOptions o = opts(1, 0, false);
+    o.max_delta_ratio = 2.0;  // ‖Θ‖ = 0: the bound is 2 · √10 · kDeltaRmsFloor
+    std::vector<std::pair<std::string, at::Tensor>> global;
+    for (const auto& [n, t] : toy.params) global.emplace_back(n, t.clone());
+    Syncer syncer(o, toy.frags, global, MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+    auto round = [&](int64_t step, float move) {
+      {
+        torch::NoGradGuard ng;
+        for (auto& [n, t] : toy.params) t.add_(move);
+      }
+      auto pushes = core.after_step(step, 1, 1.0);
+      EXPECT_EQ(pushes.size(), 1u);
+      const std::string why = syncer.receive(static_cast<double>(step), decode_push(0, pushes.at(0), core.layout(0)));
+      if (why.empty()) {
+        const MergeOutcome out = syncer.merge(0);
+        EXPECT_TRUE(out.ok());
+        core.receive(0, out.version, torch::cat({syncer.fragment_tensors(0)[0].flatten(),
+                                                 syncer.fragment_tensors(0)[1].flatten()}));
+        core.apply_due(step);
+      } else if (drop && refusal_drops_drift(why)) {
+        core.drop_drift(0);
+      } else {
+        core.refused(0);
+      }
+      return why;
+    };
+    EXPECT_EQ(round(1, 100.0f), "norm_ratio");  // a loss spike: ‖Δ‖ = 100 · √10
+    EXPECT_TRUE(refusal_drops_drift("norm_ratio"));
+    if (drop) {
+      for (const auto& [n, t] : toy.params) EXPECT_EQ(t.abs().max().item<float>(), 0.0f) << n << ": back at Θ^0";
+      EXPECT_EQ(core.c_steps(0), 0);
+      EXPECT_EQ(core.outstanding(0), -1);
+    }
+    // The next round moves θ by an ordinary +1: merged with the drop, refused again without it (the wedge).
+    EXPECT_EQ(round(2, 1.0f), drop ? "" : "norm_ratio");
+    EXPECT_EQ(round(3, 1.0f), drop ? "" : "norm_ratio");
+    EXPECT_EQ(syncer.merged_contributions(), drop ? 2 : 0);
+  }
+  EXPECT_FALSE(refusal_drops_drift("future_base"));
+  EXPECT_FALSE(refusal_drops_drift("non_finite"));
 }
 
 TEST(LearnerCore, OlderAnswersAreIgnoredAndAlphaMixes) {

@@ -396,6 +396,10 @@ std::string Syncer::check_counters(const Contribution& c) const {
   return "";
 }
 
+bool refusal_drops_drift(const std::string& reason) {
+  return reason == "norm_bound" || reason == "norm_ratio" || reason == "norm_outlier";
+}
+
 std::string Syncer::check(const Contribution& c, double* norm) const {
   if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return "unknown_fragment";
   if (c.learner < 0 || c.learner >= opts_.learners) return "unknown_learner";
