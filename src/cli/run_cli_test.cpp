@@ -505,5 +505,24 @@ TEST_F(RunCli, ProcessFailingRepeatedlyStopsTheRunWithItsLog) {
   EXPECT_NE(r.out.find("no-such-corpus"), std::string::npos) << r.out;
 }
 
+// Issue 29 item 8: a learner process that exits 0 without its learner having finished (here `true`, which never
+// joins) is a failure, not "done": it is restarted, said so, and its crash loop ends the run with an error naming
+// it, where the run used to wait forever for a learner it counted as done.
+TEST_F(RunCli, LearnerExitingZeroWithoutFinishingIsACrashLoopNotAHang) {
+  auto r = run("run " + tiny(100000, true) + " --learner-command 1=true", dir_ / "out.log", 180);
+  ASSERT_NE(r.code, 124) << "deloco run did not end by itself:\n" << r.out;
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_NE(r.out.find("learner-1 exited 0 before finishing (it never joined the syncer); restarting it"), std::string::npos)
+      << r.out;
+  // The crash-loop policy ends it (3 failures within 10 s; 5 within 120 s on a machine slow enough to space them).
+  const size_t failed = r.out.find("learner-1 failed ");
+  ASSERT_NE(failed, std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" times within ", failed), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(last: exit status 0 before finishing: it never joined the syncer)", failed), std::string::npos)
+      << r.out;
+  const std::string log = read_file((dir_ / "run" / "logs" / "learner-1.log").string());
+  EXPECT_NE(log.find("=== deloco run: start #3"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace deloco

@@ -106,6 +106,8 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
     }
   }
   group_port_.assign(static_cast<size_t>(M_), 0);
+  done_record_.assign(static_cast<size_t>(M_), -1);
+  joins_at_start_.assign(static_cast<size_t>(M_), 0);
 }
 
 void LocalCluster::prepare() {
@@ -250,6 +252,12 @@ void LocalCluster::start(Child& c) {
   // A learner given by --learner-command runs the user's program instead of this binary.
   const auto found = c.learner >= 0 ? children_.learner_commands.find(c.learner) : children_.learner_commands.end();
   const std::string* command = found != children_.learner_commands.end() ? &found->second : nullptr;
+  if (c.learner >= 0 && c.rank == 0) {  // a new incarnation: what it finishes is its own
+    const size_t n = static_cast<size_t>(c.learner);
+    poll_learner(n);  // the previous incarnation's records first
+    done_record_[n] = -1;
+    joins_at_start_[n] = records_.learners()[n].joins;
+  }
   {
     std::ofstream l(log, std::ios::app);
     l << "=== deloco run: start #" << c.starts + 1 << " at +" << fixed(elapsed(), 1) << " s:";
@@ -308,6 +316,15 @@ void LocalCluster::reap() {
     }
   for (Child* c : all()) {
     if (!collect_exit(*c)) continue;
+    // A learner that exits 0 has finished only if its records say so (cluster.h); otherwise it failed.
+    std::string unfinished;
+    if (c->learner >= 0 && c->done) {
+      unfinished = unfinished_reason(static_cast<size_t>(c->learner));
+      if (!unfinished.empty()) {
+        c->done = false;
+        c->last_exit = "exit status 0 before finishing: " + unfinished;
+      }
+    }
     if (c->learner >= 0 && !c->done) stop_group(c->learner);
     if (c->done) {
       if (c->learner >= 0 && all_learners_done()) learners_done_at_ = elapsed();
@@ -325,8 +342,9 @@ void LocalCluster::reap() {
     if (!loop.empty())
       throw std::runtime_error(c->name + " failed " + loop + " (last: " + c->last_exit + "); log " + log +
                                " ends with:\n" + tail_of(log, 20));
-    note(c->name + " exited unexpectedly (" + c->last_exit + "); restarting it in " +
-                fixed(kFailureRestartDelay, 1) + " s");
+    note(c->name + (unfinished.empty() ? " exited unexpectedly (" + c->last_exit + ")"
+                                        : " exited 0 before finishing (" + unfinished + ")") +
+         "; restarting it in " + fixed(kFailureRestartDelay, 1) + " s");
     c->restart_at = now + kFailureRestartDelay;
   }
 }
@@ -450,8 +468,32 @@ void LocalCluster::note(const std::string& what) {
 void LocalCluster::poll_records() {
   for (size_t k = 0; k < syncer_tails_.size(); ++k)
     syncer_tails_[k].poll([&](const std::string& line) { records_.on_line(line, -1, static_cast<int64_t>(k)); });
-  for (size_t n = 0; n < tailers_.size(); ++n)
-    tailers_[n].poll([&](const std::string& line) { records_.on_line(line, static_cast<int64_t>(n)); });
+  for (size_t n = 0; n < tailers_.size(); ++n) poll_learner(n);
+}
+
+void LocalCluster::poll_learner(size_t n) {
+  tailers_[n].poll([&](const std::string& line) {
+    records_.on_line(line, static_cast<int64_t>(n));
+    if (line.find("\"learner_done\"") == std::string::npos) return;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return;
+    const auto kind = j.find("kind");
+    if (kind == j.end() || !kind->is_string() || kind->get<std::string>() != "learner_done") return;
+    // No "finished" field: a learner_done of a writer that does not say; anything but true or absent: not finished.
+    const auto f = j.find("finished");
+    done_record_[n] = f == j.end() || (f->is_boolean() && f->get<bool>()) ? 1 : 0;
+  });
+}
+
+std::string LocalCluster::unfinished_reason(size_t n) {
+  poll_learner(n);  // the process is gone: everything it wrote is in the file
+  if (done_record_[n] == 1) return "";
+  const LearnerView& v = records_.learners()[n];
+  if (done_record_[n] == 0)
+    return "its learner_done record says it stopped at step " + std::to_string(v.step) + " of " +
+           std::to_string(cfg_.run.train.steps);
+  if (v.joins == joins_at_start_[n]) return "it never joined the syncer";
+  return "it wrote no learner_done record to learner-" + std::to_string(n) + ".jsonl";
 }
 
 std::vector<std::string> LocalCluster::status() const {

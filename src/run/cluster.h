@@ -22,7 +22,11 @@
 //     shards in turn; each resumes from its own folder. The live view and the summary sum the shards (summary
 //     "shards": each shard's own figures); cmd_run.cpp assembles and evaluates the global model afterwards.
 //   * Failures: a child that exits non-zero without having been killed by chaos is restarted after 1 s; a crash
-//     loop (supervisor.h) ends run() with std::runtime_error carrying that process's log tail. A syncer still up
+//     loop (supervisor.h) ends run() with std::runtime_error carrying that process's log tail. A learner (rank 0,
+//     `deloco learner` or a learner command alike) that exits 0 has finished only when the last learner_done record
+//     its incarnation wrote to learner-N.jsonl does not say "finished": false; one that exits 0 without such a record
+//     (it never joined, or stopped early) is a failure like any other: said so ("learner-N exited 0 before
+//     finishing (...)"), restarted, and counted by the crash-loop policy. A syncer still up
 //     120 s after the last learner finished is stopped (summary: "syncer_forced_stop").
 //   * Thread: run() blocks the calling thread; the object is not thread-safe.
 #pragma once
@@ -94,6 +98,10 @@ class LocalCluster {
   void chaos();
   Child* pick_learner();
   void poll_records();
+  // Reads learner n's new records (live view, and whether its current incarnation finished).
+  void poll_learner(size_t n);
+  // Why learner n's incarnation that just exited 0 has not finished ("" when it has: its learner_done said so).
+  std::string unfinished_reason(size_t n);
   // A notable thing `deloco run` itself did or saw (chaos, a restart, an exit): printed in the live view and
   // appended to RUN/events.jsonl ({"kind":"chaos","what":...,"t":...}) for `deloco report`.
   void note(const std::string& what);
@@ -126,6 +134,10 @@ class LocalCluster {
   RunRecords records_;
   std::vector<Tailer> syncer_tails_;  // per shard
   std::vector<Tailer> tailers_;
+  // Per learner, about its current incarnation: its last learner_done record said "finished" (-1: none yet, 0: it
+  // said false, 1: it did), and the learner's joins before it started.
+  std::vector<int> done_record_;
+  std::vector<int> joins_at_start_;
   double next_status_ = 2.0;
   double learners_done_at_ = 0;
   bool forced_syncer_stop_ = false;
