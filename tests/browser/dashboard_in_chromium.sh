@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The live dashboard of a running `deloco run`, loaded twice in headless Chromium from the URL the run prints:
-# the charts have data points, the learner table shows every learner, values grow between the two reads, and
-# the page wrote nothing to the console. Usage: dashboard_in_chromium.sh DELOCO_BINARY SOURCE_DIR.
-# Exits 77 (skipped) when no chromium is installed.
+# the charts have data points, the learner table shows every learner, values grow between the two reads, the
+# page wrote nothing to the console, and its data (api/data) names no absolute path.
+# Usage: dashboard_in_chromium.sh DELOCO_BINARY SOURCE_DIR. Exits 77 (skipped) when no chromium is installed.
 set -euo pipefail
 deloco=$1 src=$2
 browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
@@ -46,6 +46,11 @@ for id in 0 1; do
     { echo "FAIL: the learner table does not show learner $id training"; fail=1; }
 done
 grep -q 'data-reads="[1-9]' "$tmp/second.html" || { echo "FAIL: the page never read api/data"; fail=1; }
+# The data names no absolute path: the run folder is "." (issue 29: it showed the syncer's out_dir).
+python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+  "${url}api/data" > "$tmp/api.json" || { echo "FAIL: api/data did not answer"; fail=1; }
+if grep -qF "$tmp" "$tmp/api.json"; then echo "FAIL: api/data names the absolute run folder $tmp/run"; fail=1; fi
+grep -q '"dir":"\."' "$tmp/api.json" || { echo "FAIL: api/data does not name the run folder '.'"; fail=1; }
 if grep -q CONSOLE "$tmp/first.log" "$tmp/second.log"; then echo "FAIL: the page wrote to the console:"; grep -h CONSOLE "$tmp"/*.log; fail=1; fi
 [ "$fail" = 0 ] && echo "dashboard OK"
 exit "$fail"
