@@ -17,6 +17,8 @@
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
 #include "deloco/runtime.h"
+#include "deloco/train.h"
+#include "deloco/workload.h"
 #include "protocol.h"
 #include "support/await_kind.h"
 
@@ -315,6 +317,88 @@ TEST(SyncerNode, EveryGoodbyeIsAnsweredAndRepeatedUntilItIs) {
   EXPECT_EQ(undelivered, 0);
   EXPECT_EQ(summary["rejects"].value("not_joined", 0), 0) << summary.dump();
   EXPECT_EQ(summary["rejects"].value("handler_error", 0), 0) << summary.dump();
+  fs::remove_all(dir);
+}
+
+
+// A workload whose parameters jump by +50 after inner step `at` (a loss spike, a bad batch): the next push of every
+// fragment is far over sync.max_delta_ratio. Everything else is the built-in GPT's.
+class SpikeWorkload final : public Workload {
+ public:
+  SpikeWorkload(std::unique_ptr<Workload> inner, int64_t at) : inner_(std::move(inner)), at_(at) {}
+  std::vector<std::pair<std::string, at::Tensor>>& parameters() override { return inner_->parameters(); }
+  StepResult inner_step() override {
+    StepResult r = inner_->inner_step();
+    if (inner_->step() == at_) {
+      torch::NoGradGuard ng;
+      for (auto& [n, t] : inner_->parameters()) t.add_(50.0);
+    }
+    return r;
+  }
+  EvalResult evaluate() override { return inner_->evaluate(); }
+  int64_t step() const override { return inner_->step(); }
+  void set_step(int64_t step) override { inner_->set_step(step); }
+  std::map<std::string, at::Tensor> optimizer_state() const override { return inner_->optimizer_state(); }
+  void load_optimizer_state(const std::map<std::string, at::Tensor>& s) override { inner_->load_optimizer_state(s); }
+  std::string fingerprint() const override { return inner_->fingerprint(); }
+
+ private:
+  std::unique_ptr<Workload> inner_;
+  int64_t at_;
+};
+
+// Issue 29, defect 10: a push refused by the norm bound used to leave its progress in θ, so every later push of that
+// fragment was refused again and the fragment never merged again for that learner. Now the syncer's reject
+// (delta_too_large, naming the fragment) makes the learner drop its drift of it: each fragment's first push after
+// the spike is refused, and the next one (one round later) is merged.
+TEST(SyncerNode, ANormRefusedFragmentMergesAgainWithinTwoRounds) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_norm_wedge_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 1;
+  cfg.run.train.steps = 24;
+  cfg.sync.sync_every = 4;
+  cfg.sync.max_delta_ratio = 10.0;
+  cfg.sync.wait_for_answer = true;  // each push's answer (or refusal) arrives before the learner trains on
+  auto hub = make_inproc_hub();
+  std::mutex mu;
+  std::vector<nlohmann::json> syncer_records, learner_records;
+  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    syncer_records.push_back(j);
+  });
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  {
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"),
+                     std::make_unique<SpikeWorkload>(gpt_workloads(cfg.run, corpus())(0, 1), /*at=*/1),
+                     [&](const nlohmann::json& j) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       learner_records.push_back(j);
+                     });
+    const nlohmann::json s = node.run(never);
+    EXPECT_EQ(s["step"].get<int64_t>(), 24);
+  }
+  st.join();
+  std::lock_guard<std::mutex> lock(mu);
+  // Per fragment: the step of its first refused push and of its merges.
+  std::map<int64_t, int64_t> dropped_at;
+  for (const auto& j : learner_records)
+    if (j["kind"] == "drift_dropped") dropped_at.emplace(j["fragment"].get<int64_t>(), j["step"].get<int64_t>());
+  ASSERT_EQ(dropped_at.size(), 2u) << "each fragment's first push after the spike is refused once";
+  std::map<int64_t, int64_t> merges;
+  for (const auto& j : syncer_records) {
+    if (j["kind"] == "merge") ++merges[j["fragment"].get<int64_t>()];
+    if (j["kind"] == "reject") EXPECT_EQ(j["reason"], "norm_ratio") << j.dump();
+  }
+  // 24 steps, H = 4: 6 pushes per fragment; the first is refused, the other 5 merge (the second one included).
+  for (int64_t p = 0; p < 2; ++p) EXPECT_EQ(merges[p], 5) << "fragment " << p;
+  EXPECT_EQ(summary["drift_resets"].get<int64_t>(), 2);
+  EXPECT_EQ(summary["rejects"].value("norm_ratio", 0), 2);
   fs::remove_all(dir);
 }
 
