@@ -188,6 +188,16 @@ std::unique_ptr<ClientTransport> make_inproc_client(const std::shared_ptr<Inproc
 //    kMaxRequestBytes; a response must be taken within kResponseDeadline. At most kQueue accepted connections
 //    wait for a worker; beyond that a connection is answered 503 and closed at once. The destructor returns
 //    promptly, cutting requests in progress.
+//  * Response size: a response's body is its handler's body, byte for byte: Range headers are ignored (answered
+//    200 with the whole body, as RFC 9110 allows), so no request can make the server build a response larger than
+//    the handler's. A handler body over kMaxResponseBytes is not sent: the answer is 500 naming its size and the
+//    cap. So the server holds at most about kThreads × kMaxResponseBytes of responses at once, whoever asks.
+//  * Host check (against DNS rebinding: a web page whose name an attacker points at this machine): a request is
+//    served only when its Host header names localhost, 127.0.0.1, [::1], the host this server was bound to, or
+//    the local address the connection arrived on; any port is accepted (ssh -L tunnels change it). Others get
+//    403 with a one-line reason. An HTTP/1.1 request without Host, or with two, gets 400; HTTP/1.0 may omit it.
+//  * Exposure: bound beyond loopback (every interface, or a routable address), exposure_warning() says so,
+//    naming the real bound address; the server itself writes nothing, its owner shows the warning.
 class MetricsServer {
  public:
   static constexpr int kThreads = 4;
@@ -195,6 +205,7 @@ class MetricsServer {
   static constexpr std::chrono::milliseconds kRequestDeadline{3000};
   static constexpr std::chrono::milliseconds kResponseDeadline{5000};
   static constexpr size_t kMaxRequestBytes = 64 * 1024;
+  static constexpr size_t kMaxResponseBytes = 16 * 1024 * 1024;  // a handler's body, at most
 
   struct Reply {
     int status = 200;
@@ -207,6 +218,13 @@ class MetricsServer {
   MetricsServer(const std::string& host_port, std::function<std::string()> render);
   ~MetricsServer();
   int port() const;
+  // The address the socket is bound to, numeric, with its port: "127.0.0.1:9464", "0.0.0.0:9464", "[::]:9464".
+  std::string bound_address() const;
+  // True when bound to a loopback address (127.0.0.0/8 or ::1): only this machine can connect.
+  bool loopback_only() const;
+  // "" when loopback_only(); otherwise one sentence saying the server is reachable beyond this machine, naming
+  // bound_address() (and "every interface" for a wildcard bind), for the owner to print as a warning.
+  std::string exposure_warning() const;
   // Serves GET `path` (exact match, starting with '/') with `handler` from now on; replaces an earlier route of
   // the same path, including / and /metrics. A handler that throws answers 500 with the exception's message.
   void add_get(const std::string& path, Handler handler);

@@ -17,6 +17,12 @@
 //    called, since it closes the descriptor from another thread while accept() may be about to use it.
 //  * Every request is answered by our pre-routing handler (exact paths, GET only), so httplib's regex routes,
 //    file handlers and body readers never run.
+//  * Range: httplib parses a Range header before routing and, after our handler, cuts the response to the ranges:
+//    one copy of the body per range for a multi-range request (an 8 KB header of "0-," ranges made a 61 KB page a
+//    165 MB response, per request). The setup hook that process_request() runs between parsing and routing
+//    empties the parsed ranges, so every response is the handler's body as it is (200, not 206). A malformed
+//    Range header is still answered 416 by httplib, with an empty body.
+//  * Host: checked first of all in answer(), against the names this server may be reached at (see the header).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -30,12 +36,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,6 +74,73 @@ std::pair<std::string, int> split_host_port(const std::string& hp) {
   if (port < 0 || port > 65535)
     throw TransportError("metrics address '" + hp + "': port '" + port_text + "' is not a number in 0..65535");
   return {host, port};
+}
+
+// A host as compared by the Host check: a numeric address in its canonical text (IPv4-mapped IPv6 as IPv4, so
+// "::ffff:127.0.0.1" is "127.0.0.1"), a name lower-cased. Brackets must already be off.
+std::string canonical_host(const std::string& host) {
+  in6_addr a6{};
+  in_addr a4{};
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (::inet_pton(AF_INET6, host.c_str(), &a6) == 1) {
+    if (IN6_IS_ADDR_V4MAPPED(&a6)) {
+      std::memcpy(&a4, &a6.s6_addr[12], 4);
+      ::inet_ntop(AF_INET, &a4, buf, sizeof buf);
+    } else {
+      ::inet_ntop(AF_INET6, &a6, buf, sizeof buf);
+    }
+    return buf;
+  }
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1) {
+    ::inet_ntop(AF_INET, &a4, buf, sizeof buf);
+    return buf;
+  }
+  std::string out = host;
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// The host of a Host header value ("name", "name:port", "[v6]", "[v6]:port"), canonical; "" when the value is not
+// of that form (a bare IPv6 address, a port that is not a number).
+std::string host_of_header(const std::string& value) {
+  std::string host, port;
+  if (!value.empty() && value[0] == '[') {
+    const size_t close = value.find(']');
+    if (close == std::string::npos) return "";
+    host = value.substr(1, close - 1);
+    const std::string rest = value.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') return "";
+    if (!rest.empty()) port = rest.substr(1);
+  } else {
+    const size_t colon = value.find(':');
+    host = value.substr(0, colon);
+    if (colon != std::string::npos) port = value.substr(colon + 1);
+  }
+  if (host.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos) return "";
+  return canonical_host(host);
+}
+
+// A value from a request, for a one-line error body: printable ASCII only, at most 80 characters.
+std::string printable(const std::string& v) {
+  std::string out;
+  for (char c : v.substr(0, 80)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out + (v.size() > 80 ? "..." : "");
+}
+
+bool is_loopback(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr) >> 24) == 127;
+  if (a.ss_family == AF_INET6) {
+    const in6_addr& a6 = reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+bool is_wildcard(const sockaddr_storage& a) {
+  if (a.ss_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(&a)->sin_addr.s_addr == htonl(INADDR_ANY);
+  if (a.ss_family == AF_INET6) return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr);
+  return false;
 }
 
 // Waits until `fd` is ready for `events`, the deadline passes or `stop_fd` becomes readable; true only when `fd`
@@ -264,7 +339,9 @@ struct MetricsServer::Impl {
         DeadlineStream stream(sock, owner_->stop_pipe[0], t_accepted);
         bool closed = true;
         try {
-          ok = process_request(stream, /*close_connection=*/true, closed, nullptr);
+          // Between parsing and routing: forget the parsed Range, so the response is never cut into ranges.
+          ok = process_request(stream, /*close_connection=*/true, closed,
+                               [](httplib::Request& req) { req.ranges.clear(); });
         } catch (...) {
           ok = false;  // httplib reports handler errors itself; anything else only costs this connection
         }
@@ -279,6 +356,11 @@ struct MetricsServer::Impl {
 
   int listen_fd = -1;
   int port = 0;
+  std::string bound_ip;     // numeric, as getsockname() reports it
+  bool bound_v6 = false;
+  bool loopback = false;    // bound to a loopback address
+  bool wildcard = false;    // bound to every interface
+  std::set<std::string> hosts;  // canonical Host names always accepted: localhost, loopback, the bound host
   int stop_pipe[2] = {-1, -1};  // becomes readable when the server stops; every wait watches it
   std::atomic<bool> stopping{false};
   std::mutex routes_mu;
@@ -302,9 +384,28 @@ struct MetricsServer::Impl {
     }
   }
 
+  // "" when the request's Host header may be served, else the reason to refuse it (and *status, 400 or 403).
+  std::string refuse_host(const httplib::Request& req, int* status) const {
+    const size_t n = req.get_header_value_count("Host");
+    *status = 400;
+    if (n > 1) return "a request must have one Host header, this one has " + std::to_string(n) + "\n";
+    if (n == 0) return req.version == "HTTP/1.0" ? "" : "an HTTP/1.1 request needs a Host header\n";
+    const std::string value = req.get_header_value("Host");
+    const std::string host = host_of_header(value);
+    if (!host.empty() && (hosts.count(host) || host == canonical_host(req.local_addr))) return "";
+    *status = 403;
+    return "refused: Host '" + printable(value) + "' names neither localhost nor this server's address " +
+           "(a guard against DNS rebinding); use http://127.0.0.1:" + std::to_string(port) +
+           "/ on this machine or the address the server listens on\n";
+  }
+
   void answer(const httplib::Request& req, httplib::Response& res) {
     Reply reply;
-    if (req.method != "GET") {
+    int host_status = 0;
+    const std::string host_refusal = refuse_host(req, &host_status);
+    if (!host_refusal.empty()) {
+      reply = Reply{host_status, "text/plain", host_refusal};
+    } else if (req.method != "GET") {
       reply = Reply{405, "text/plain", "only GET is supported\n"};
     } else {
       Handler h;
@@ -326,8 +427,13 @@ struct MetricsServer::Impl {
         }
       }
     }
+    if (reply.body.size() > kMaxResponseBytes)
+      reply = Reply{500, "text/plain",
+                    "the response of " + std::to_string(reply.body.size()) + " bytes is over the server's cap of " +
+                        std::to_string(kMaxResponseBytes) + " bytes (MetricsServer::kMaxResponseBytes)\n"};
     res.status = reply.status;
-    res.set_content(reply.body, reply.content_type.c_str());
+    res.set_content(std::string(), reply.content_type);
+    res.body = std::move(reply.body);  // moved, not copied: one copy of the body per response in flight
   }
 
   // The listener thread: httplib's accept loop on a dup() of our socket. The loop returns when accept() fails:
@@ -377,8 +483,12 @@ MetricsServer::MetricsServer(const std::string& host_port, std::function<std::st
   sockaddr_storage bound{};
   socklen_t len = sizeof bound;
   ::getsockname(I.listen_fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  std::string ignored;
-  ip_and_port(bound, ignored, I.port);
+  ip_and_port(bound, I.bound_ip, I.port);
+  I.bound_v6 = bound.ss_family == AF_INET6;
+  I.loopback = is_loopback(bound);
+  I.wildcard = is_wildcard(bound);
+  I.hosts = {"localhost", "127.0.0.1", "::1"};
+  if (!host.empty() && !I.wildcard) I.hosts.insert(canonical_host(host));
   if (::pipe2(I.stop_pipe, O_CLOEXEC) != 0) {
     const std::string err = std::strerror(errno);
     ::close(I.listen_fd);
@@ -417,6 +527,26 @@ MetricsServer::~MetricsServer() {
 }
 
 int MetricsServer::port() const { return impl_->port; }
+
+std::string MetricsServer::bound_address() const {
+  const Impl& I = *impl_;
+  return (I.bound_v6 ? "[" + I.bound_ip + "]" : I.bound_ip) + ":" + std::to_string(I.port);
+}
+
+bool MetricsServer::loopback_only() const { return impl_->loopback; }
+
+std::string MetricsServer::exposure_warning() const {
+  const Impl& I = *impl_;
+  if (I.loopback) return "";
+  const std::string local = "127.0.0.1:" + std::to_string(I.port);
+  if (I.wildcard)
+    return "the metrics server listens on every interface (" + bound_address() +
+           "): anyone who can reach this machine on port " + std::to_string(I.port) +
+           " can read what it serves; bind it to " + local + " to keep it on this machine";
+  return "the metrics server listens on " + bound_address() +
+         ", not a loopback address: anyone who can reach that address can read what it serves; bind it to " + local +
+         " to keep it on this machine";
+}
 
 void MetricsServer::add_get(const std::string& path, Handler handler) {
   if (path.empty() || path[0] != '/') throw TransportError("metrics route '" + path + "' must start with '/'");
