@@ -84,6 +84,7 @@ SyncerView RunRecords::syncer() const {
     v.rejected += s.rejected;
     v.starts += s.starts;
     if (std::isfinite(s.uptime)) v.uptime = std::isfinite(v.uptime) ? std::min(v.uptime, s.uptime) : s.uptime;
+    v.blocked = v.blocked || s.blocked;
   }
   return v;
 }
@@ -130,6 +131,16 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard) {
   } else if (kind == "status") {
     s.uptime = j.value("uptime", s.uptime);
     s.rejected = j.value("rejected", s.rejected);
+    s.blocked = j.value("blocked", false);
+  } else if (kind == "learners_blocked") {
+    s.blocked = true;
+    event_(who + ": every connected learner stopped advancing (blocked); counted as stalled");
+  } else if (kind == "learners_advancing") {
+    s.blocked = false;
+    event_(who + ": learners advancing again");
+  } else if (kind == "auth_denied") {
+    event_(who + " refused " + std::to_string(j.value("new", int64_t{1})) +
+           " CURVE handshake(s): a key not in net.allow");
   }
 }
 
@@ -159,9 +170,20 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
   } else if (kind == "push") {
     rejoins_->pushed(n, t);
   } else if (kind == "learner_done") {
-    v.finished = true;
     v.step = j.value("step", v.step);
-    event_(name + " finished " + std::to_string(v.step) + " steps");
+    // A learner_done that says "finished": false (stopped early, or a syncer shard never let it in) is no finish.
+    v.finished = !(j.contains("finished") && j["finished"].is_boolean() && !j["finished"].get<bool>());
+    if (v.finished)
+      event_(name + " finished " + std::to_string(v.step) + " steps");
+    else
+      event_(name + " ended at step " + std::to_string(v.step) + " without finishing" +
+             (j.contains("error") && j["error"].is_string() ? ": " + j["error"].get<std::string>() : std::string()));
+  } else if (kind == "auth_refused") {
+    event_(name + ": " + j.value("detail", std::string("its CURVE key was refused")) + " (" +
+           std::to_string(j.value("refusals", int64_t{1})) + " refusals)");
+  } else if (kind == "drift_dropped") {
+    event_(name + " dropped its drift of fragment " + std::to_string(j.value("fragment", int64_t{-1})) +
+           " (its push was over the syncer's norm bound)");
   } else if (kind == "syncer_lost") {
     event_(name + " lost the syncer" + (j.contains("shard") ? " shard " + std::to_string(j.value("shard", int64_t{0})) : std::string()) +
            " at step " + std::to_string(j.value("step", int64_t{0})));
@@ -198,7 +220,7 @@ std::vector<std::string> status_lines(const StatusInput& in) {
   if (in.shards > 1 && !sp.done && in.shards_up > 0 && in.shards_up < in.shards)
     h << in.shards_up << "/" << in.shards << " shards up";
   else
-    h << (sp.done ? "done" : !sp.running ? (in.stopping ? "stopped" : "DOWN") : "up")
+    h << (sp.done ? "done" : !sp.running ? (in.stopping ? "stopped" : "DOWN") : s.blocked ? "up, LEARNERS BLOCKED" : "up")
       << (in.shards > 1 ? " (" + std::to_string(in.shards) + " shards)" : "");
   h << " | merges " << s.merges;
   if (s.quorum >= 0) h << " (last quorum " << s.quorum << ")";

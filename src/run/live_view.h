@@ -64,10 +64,12 @@ struct SyncerView {
   double uptime = NAN;
   int64_t rejected = 0;
   int starts = 0;
+  bool blocked = false;  // its latest status: every connected learner stopped advancing (learners_blocked)
 };
 
 // The state of the run as its records tell it. `event` receives one line per notable record (a resumed syncer,
-// merge milestones 10, 20, 50, 100, ..., evaluations, learners rejoining, finishing, losing the syncer, rejected);
+// merge milestones 10, 20, 50, 100, ..., evaluations, learners rejoining, finishing or ending unfinished, losing the
+// syncer, rejected, refused by a syncer's CURVE allow-list, dropping a fragment's drift; learners all blocked);
 // joined and push records of learners killed by chaos close their entries in `rejoins`.
 // A sharded syncer (shards > 1): every shard's records are kept apart and syncer() sums them — merges, rejects and
 // starts added, uptime the lowest, quorum the latest merge's, the validation loss shard 0's (it evaluates the

@@ -183,5 +183,37 @@ TEST(LiveView, ShardedSyncerRecordsAreSummed) {
   EXPECT_EQ(status_lines(in)[0].substr(0, 40), "[ 1m58s] syncer 1/2 shards up | merges 2");
 }
 
+// Issue 29: what the runtime now says reaches the live view — learners all blocked (the status line says so, not
+// just "up"), a learner refused by a syncer's allow-list, a dropped drift, and a learner_done that is no finish.
+TEST(LiveView, BlockedLearnersRefusedKeysAndUnfinishedEndsAreShown) {
+  RejoinLog rejoins(2);
+  std::vector<std::string> events;
+  RunRecords r(2, &rejoins, [&](const std::string& e) { events.push_back(e); });
+  r.on_line(R"({"kind":"learners_blocked","learners":[0,1],"t":10})", -1);
+  r.on_line(R"({"kind":"status","blocked":true,"uptime":0.9,"t":11})", -1);
+  EXPECT_TRUE(r.syncer().blocked);
+  StatusInput in = two_learners();
+  in.syncer = r.syncer();
+  EXPECT_NE(status_lines(in)[0].find("syncer up, LEARNERS BLOCKED |"), std::string::npos) << status_lines(in)[0];
+  r.on_line(R"({"kind":"status","blocked":false,"uptime":0.9,"t":12})", -1);
+  EXPECT_FALSE(r.syncer().blocked);
+  r.on_line(R"({"kind":"auth_refused","refusals":4,"detail":"the syncer shard 1 refused this learner's CURVE key","t":13})", 1);
+  r.on_line(R"({"kind":"drift_dropped","fragment":3,"t":14})", 0);
+  r.on_line(R"({"kind":"learner_done","step":40,"finished":false,"error":"shard 1 refused it","t":15})", 1);
+  EXPECT_FALSE(r.learners()[1].finished);
+  r.on_line(R"({"kind":"learner_done","step":40,"finished":true,"t":16})", 0);
+  EXPECT_TRUE(r.learners()[0].finished);
+  const std::string all = [&] {
+    std::string s;
+    for (const auto& e : events) s += e + "\n";
+    return s;
+  }();
+  EXPECT_NE(all.find("syncer: every connected learner stopped advancing"), std::string::npos) << all;
+  EXPECT_NE(all.find("learner-1: the syncer shard 1 refused this learner's CURVE key (4 refusals)"), std::string::npos) << all;
+  EXPECT_NE(all.find("learner-0 dropped its drift of fragment 3"), std::string::npos) << all;
+  EXPECT_NE(all.find("learner-1 ended at step 40 without finishing: shard 1 refused it"), std::string::npos) << all;
+  EXPECT_NE(all.find("learner-0 finished 40 steps"), std::string::npos) << all;
+}
+
 }  // namespace
 }  // namespace deloco::run
