@@ -235,6 +235,8 @@ class SyncerNode {
   // path. Call before run().
   void serve_dashboard(std::string page_html);
   int metrics_port() const;          // the metrics endpoint's port (0 when off)
+  // MetricsServer::exposure_warning(): "" when off or bound to loopback; else a sentence naming the real address.
+  std::string metrics_warning() const;
 
  private:
   struct Impl;

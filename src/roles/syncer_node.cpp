@@ -732,6 +732,10 @@ void SyncerNode::serve_dashboard(std::string page_html) {
 
 int SyncerNode::metrics_port() const { return impl_->metrics ? impl_->metrics->port() : 0; }
 
+std::string SyncerNode::metrics_warning() const {
+  return impl_->metrics ? impl_->metrics->exposure_warning() : std::string();
+}
+
 std::string SyncerNode::prometheus() const {
   std::lock_guard<std::mutex> lock(impl_->prom_mu);
   return impl_->prom_text;
