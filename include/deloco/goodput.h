@@ -124,6 +124,9 @@ RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t se
 // threads: per spec, its runs in seed order. run_goodput()'s building block, so a spec's runs equal its row's.
 // `p`'s model keys must be valid (validate_goodput); its chips and learners lists are not used.
 std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const std::vector<RunSpec>& specs);
+// How many runs simulate_specs() has simulated in this process so far, over every thread and call (one per spec
+// and seed). A diagnostic: lets a test count a caller's simulations without trusting the caller's own count.
+int64_t goodput_runs_simulated();
 
 struct GoodputRow {
   std::string scheme;

@@ -20,11 +20,23 @@
 //    columns are ignored, so the --csv output of `deloco goodput` is a valid table). scheme ∈ {dp, elastic_dp, diloco}; learners empty or 1 for DP rows, a positive integer
 //    for diloco; chips a positive whole number of goodput.slice_chips slices that the learners divide; goodput a
 //    fraction in [0, 1] or a percentage ("87.5%"; a column whose plain numbers exceed 1 is read as percentages).
-//    Blank lines and lines starting with '#' are skipped. Anything else throws ConfigError
-//    "FILE:LINE: <problem>".
+//    Blank lines and lines starting with '#' are skipped. Every row is checked against the simulator's limits
+//    at `base` (validate_goodput with that row alone: slices and spares, expected failures per run), not only
+//    the first. Anything else throws ConfigError "FILE:LINE: <problem>"; an invalid `base` (a key, not a row)
+//    throws its plain validate_goodput error.
 //  * fit_goodput: `base` supplies every parameter not fitted (validated first); `names` are keys of
 //    goodput_fit_parameters() (ConfigError otherwise). The starting point is base's values clamped into the
-//    bounds. Deterministic for given inputs and independent of `threads`. No I/O, no clock.
+//    bounds. Every row is checked against the simulator's limits at the start and with every fitted parameter at
+//    its lower and at its upper bound (the limits are monotone in each, e.g. spares grow with spare_fraction),
+//    so no evaluation can meet a row beyond them; a row that fails throws ConfigError "goodput --fit:
+//    TABLE:LINE: ..." (opts.table; "line N" without it). Deterministic for given inputs and independent of
+//    `threads`. No I/O, no clock.
+//  * Evaluation limit: opts.max_evaluations (≥ 1) caps every evaluation of the simulator (one evaluation
+//    simulates every row over base.seeds seeds): the start, the scan, the search and the Jacobian of the
+//    standard errors. The start comes first; the Jacobian's 2·parameters evaluations are set aside first when
+//    the limit leaves at least one evaluation besides them and the start; otherwise no errors are estimated
+//    (stderrs_estimated false, every stderr NaN); the scan is cut short and the search skipped when the rest
+//    runs out. The result is the best point evaluated.
 #pragma once
 
 #include <cstdint>
@@ -58,19 +70,21 @@ std::vector<std::string> default_goodput_fit_names();
 
 struct GoodputFitOptions {
   std::vector<std::string> names = default_goodput_fit_names();
-  int64_t max_evaluations = 400;  // objective evaluations of the scan and the search (the Jacobian's come on top)
+  int64_t max_evaluations = 400;  // simulator evaluations in all, the Jacobian's included (see the contract)
   double xtol = 1e-3;             // relative tolerance on the scaled parameters
+  std::string table;              // the table's name (a file) for error messages; "" = "line N"
 };
 
 struct GoodputFitResult {
   GoodputParams params;                // base with the fitted values in place (reproduces `fitted`)
   std::vector<std::string> names;      // fitted keys
-  std::vector<double> values, stderrs; // per name; stderr +inf = unidentified, NaN = not estimable
+  std::vector<double> values, stderrs; // per name; stderr +inf = unidentified, NaN = not estimable or not estimated
+  bool stderrs_estimated = true;       // false: the evaluation limit left no room for the Jacobian
   std::vector<bool> at_bound;          // the value sits on a bound
   std::vector<double> fitted;          // per target: the simulator's mean goodput at the fitted values
   double rms = 0, worst = 0;           // of the residuals fitted − target
   double start_rms = 0;                // at the starting point
-  int64_t evaluations = 0;             // objective evaluations, including the Jacobian's
+  int64_t evaluations = 0;             // simulator evaluations, including the Jacobian's (≤ max_evaluations)
   std::string stop_reason;             // NLopt's
 };
 

@@ -187,6 +187,7 @@ void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& s
       if (!cur.empty()) fo.names.push_back(cur);
   }
   fo.max_evaluations = o.fit_evals;
+  fo.table = o.fit_path;
   std::string names;
   for (const auto& n : fo.names) names += (names.empty() ? "" : ", ") + n;
   std::cout << "deloco goodput --fit " << o.fit_path << ": " << targets.size() << " rows, fitting " << fo.names.size()
@@ -201,6 +202,7 @@ void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& s
     std::ostringstream line;
     line << "  " << std::left << std::setw(20) << r.names[i] << std::right << std::setw(12) << fixed(r.values[i], 4);
     if (std::isinf(r.stderrs[i])) line << "   unidentified: no row depends on it";
+    else if (!r.stderrs_estimated) line << "   ± n/a (--fit-evals left no evaluations for the standard errors)";
     else if (std::isnan(r.stderrs[i])) line << "   ± n/a (no more rows than parameters)";
     else line << " ± " << fixed(r.stderrs[i], 4);
     if (r.at_bound[i]) line << "   (at a bound)";
@@ -270,6 +272,7 @@ void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& s
     nlohmann::json q{{"name", r.names[i]}, {"value", r.values[i]}, {"at_bound", static_cast<bool>(r.at_bound[i])}};
     q["stderr"] = std::isfinite(r.stderrs[i]) ? nlohmann::json(r.stderrs[i]) : nlohmann::json(nullptr);
     q["identified"] = !std::isinf(r.stderrs[i]);
+    q["stderr_estimated"] = r.stderrs_estimated;
     summary["parameters"].push_back(q);
   }
   summary["rows"] = nlohmann::json::array();
@@ -369,7 +372,9 @@ void add_goodput_command(CLI::App& app) {
                   "with --fit: the goodput.* keys to fit, comma-separated (default restart_minutes,downscale_seconds,"
                   "upscale_seconds,swap_minutes,spare_fraction,reset_fraction,step_time_cv)");
   sub->add_option("--fit-out", opts->fit_out, "with --fit: where to write the fitted TOML (default: FILE.fit.toml)");
-  sub->add_option("--fit-evals", opts->fit_evals, "with --fit: the optimizer's evaluation limit (default 400)")
+  sub->add_option("--fit-evals", opts->fit_evals,
+                  "with --fit: at most this many evaluations of the simulator in all (each simulates every row; the "
+                  "start, the scan, the search and the standard errors' 2 per parameter; default 400)")
       ->check(CLI::Range(1, 100000));
   const auto& docs = goodput_key_docs();
   opts->flag_values.resize(docs.size());

@@ -104,11 +104,43 @@ bool invert(std::vector<std::vector<double>> a, std::vector<std::vector<double>>
   return true;
 }
 
+// `p` with the one row `t` as its whole grid, for validate_goodput.
+GoodputParams with_row(const GoodputParams& p, const GoodputTarget& t) {
+  GoodputParams q = p;
+  q.chips = {t.chips};
+  q.learners = {t.scheme == Scheme::kDecoupledDiLoCo ? t.learners : 1};
+  q.dp = t.scheme == Scheme::kDataParallel;
+  q.elastic_dp = t.scheme == Scheme::kElasticDP;
+  q.diloco = t.scheme == Scheme::kDecoupledDiLoCo;
+  return q;
+}
+
+// Checks `p`'s keys with a one-slice DP row standing in for the grid: errors that are no row's doing.
+void validate_model(const GoodputParams& p) {
+  GoodputParams q = p;
+  q.chips = {std::max<int64_t>(1, p.slice_chips)};
+  q.learners = {1};
+  q.dp = true;
+  q.elastic_dp = q.diloco = false;
+  validate_goodput(q);
+}
+
+// "TABLE:LINE" of a row for messages ("line N" without a table name, "row N" for a row from no file).
+std::string row_name(const std::string& table, const GoodputTarget& t, size_t index) {
+  if (t.line <= 0) return "row " + std::to_string(index + 1);
+  return table.empty() ? "line " + std::to_string(t.line) : table + ":" + std::to_string(t.line);
+}
+
 struct Problem {
   GoodputParams base;
   std::vector<GoodputTarget> targets;
   std::vector<GoodputFitParameter> params;
-  int64_t evaluations = 0;
+  int64_t evaluations = 0;   // of the simulator, every one
+  int64_t search_limit = 0;  // the start, the scan and the search stop at this many evaluations
+  nlopt_opt opt = nullptr;   // while the search runs: stopped at search_limit
+  // The best point evaluated (start, scan or search) and its residuals.
+  std::vector<double> best_x, best_r;
+  double best = std::numeric_limits<double>::infinity();
 
   GoodputParams at(const double* x) const {
     GoodputParams p = base;
@@ -125,9 +157,17 @@ struct Problem {
     for (size_t i = 0; i < sim.size(); ++i) r[i] = sim[i] - targets[i].goodput;
     return r;
   }
+  // The sum of squared residuals at x (one evaluation), remembering the best point. Precondition:
+  // evaluations < search_limit.
   double objective(const double* x) {
+    const std::vector<double> r = residuals(x);
     double s = 0;
-    for (double r : residuals(x)) s += r * r;
+    for (double v : r) s += v * v;
+    if (s < best) {
+      best = s;
+      best_x.assign(x, x + params.size());
+      best_r = r;
+    }
     return s;
   }
 };
@@ -135,7 +175,12 @@ struct Problem {
 double nlopt_objective(unsigned n, const double* x, double* grad, void* data) {
   (void)n;
   (void)grad;  // derivative-free
-  return static_cast<Problem*>(data)->objective(x);
+  Problem& pr = *static_cast<Problem*>(data);
+  if (pr.evaluations >= pr.search_limit) {  // the cap is ours to keep, whatever NLopt counts
+    nlopt_force_stop(pr.opt);
+    return pr.best;
+  }
+  return pr.objective(x);
 }
 
 std::string nlopt_reason(nlopt_result r) {
@@ -171,6 +216,7 @@ std::vector<std::string> default_goodput_fit_names() {
 
 std::vector<GoodputTarget> parse_goodput_csv(const std::string& text, const std::string& name,
                                              const GoodputParams& base) {
+  validate_model(base);  // before any row: slice_chips divides below
   std::vector<GoodputTarget> out;
   std::istringstream in(text);
   std::string line;
@@ -224,6 +270,11 @@ std::vector<GoodputTarget> parse_goodput_csv(const std::string& text, const std:
     if (slices % g.learners != 0)
       fail(std::to_string(g.learners) + " learners do not divide the " + std::to_string(slices) + " slices of " + chips +
            " chips");
+    try {
+      validate_goodput(with_row(base, g));  // this row against the simulator's limits (every row, not the first)
+    } catch (const ConfigError& e) {
+      fail(std::string("this row is beyond the simulator's limits: ") + e.what());
+    }
     std::string gp = f[col["goodput"]];
     const bool pct = !gp.empty() && gp.back() == '%';
     if (pct) gp = trim(gp.substr(0, gp.size() - 1));
@@ -281,61 +332,89 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
       if (q.name == nm) throw ConfigError("goodput --fit: '" + nm + "' is listed twice");
     pr.params.push_back(*it);
   }
-  // Check everything but the chip/learner lists once (the targets were checked against slice_chips).
-  {
-    GoodputParams check = base;
-    check.chips = {targets.front().chips};
-    check.learners = {1};
-    validate_goodput(check);
-  }
+  validate_model(base);  // the keys that are no row's doing, plainly
   const size_t np = pr.params.size();
   std::vector<double> x(np), lo(np, 0.0), hi(np, 1.0);
   for (size_t i = 0; i < np; ++i) {
     const auto& q = pr.params[i];
     x[i] = std::clamp((param_value(base, q.name) - q.lower) / (q.upper - q.lower), 0.0, 1.0);
   }
-  GoodputFitResult res;
-  double best = pr.objective(x.data());
-  res.start_rms = std::sqrt(best / static_cast<double>(targets.size()));
-  // A coarse scan first, one parameter at a time over 9 points of its range: table rows that sit at 0 (DP at
-  // scale) make wide flat regions in which a local search started far away cannot find its way.
-  for (size_t j = 0; j < np; ++j) {
-    double keep = x[j];
-    for (int k = 0; k <= 8; ++k) {
-      std::vector<double> y = x;
-      y[j] = k / 8.0;
-      const double v = pr.objective(y.data());
-      if (v < best) {
-        best = v;
-        keep = y[j];
+  // Every row against the simulator's limits, at the start and at either end of every fitted range.
+  const std::pair<const char*, const double*> checks[] = {
+      {"", x.data()},
+      {" with the fitted parameters at their lower bounds", lo.data()},
+      {" with the fitted parameters at their upper bounds", hi.data()}};
+  for (const auto& [where, at] : checks) {
+    const GoodputParams p = pr.at(at);
+    for (size_t i = 0; i < targets.size(); ++i) {
+      try {
+        validate_goodput(with_row(p, targets[i]));
+      } catch (const ConfigError& e) {
+        throw ConfigError("goodput --fit: " + row_name(opts.table, targets[i], i) +
+                          ": this row is beyond the simulator's limits" + where + ": " + e.what());
       }
     }
-    x[j] = keep;
+  }
+  // The evaluation limit: the Jacobian's evaluations are set aside when the limit leaves the search at least one
+  // besides the start; otherwise no standard errors.
+  const int64_t jacobian = 2 * static_cast<int64_t>(np);
+  const bool with_errors = opts.max_evaluations >= 1 + 1 + jacobian;
+  pr.search_limit = opts.max_evaluations - (with_errors ? jacobian : 0);
+
+  GoodputFitResult res;
+  res.start_rms = std::sqrt(pr.objective(x.data()) / static_cast<double>(targets.size()));
+  // A coarse scan first, one parameter at a time over 9 points of its range: table rows that sit at 0 (DP at
+  // scale) make wide flat regions in which a local search started far away cannot find its way. Each parameter
+  // moves from the best point so far.
+  bool cut = false;
+  for (size_t j = 0; j < np && !cut; ++j) {
+    for (int k = 0; k <= 8; ++k) {
+      if (pr.evaluations >= pr.search_limit) {
+        cut = true;
+        break;
+      }
+      std::vector<double> y = pr.best_x;
+      y[j] = k / 8.0;
+      pr.objective(y.data());
+    }
+  }
+  x = pr.best_x;
+
+  if (pr.evaluations >= pr.search_limit) {
+    res.stop_reason = cut ? "evaluation limit reached during the scan (no search)" : "evaluation limit reached (no search)";
+  } else {
+    nlopt_opt opt = nlopt_create(NLOPT_LN_SBPLX, static_cast<unsigned>(np));
+    if (!opt) throw std::runtime_error("goodput --fit: NLopt could not create its optimizer");
+    pr.opt = opt;
+    nlopt_set_lower_bounds(opt, lo.data());
+    nlopt_set_upper_bounds(opt, hi.data());
+    nlopt_set_min_objective(opt, nlopt_objective, &pr);
+    nlopt_set_xtol_rel(opt, opts.xtol);
+    nlopt_set_ftol_abs(opt, 1e-10);
+    nlopt_set_maxeval(opt, static_cast<int>(pr.search_limit - pr.evaluations));
+    std::vector<double> step(np, 0.05);
+    nlopt_set_initial_step(opt, step.data());
+    double minf = 0;
+    const nlopt_result rc = nlopt_optimize(opt, x.data(), &minf);
+    nlopt_destroy(opt);
+    pr.opt = nullptr;
+    if (rc == NLOPT_FORCED_STOP || rc == NLOPT_MAXEVAL_REACHED)
+      res.stop_reason = nlopt_reason(NLOPT_MAXEVAL_REACHED);
+    else if (rc < 0 && rc != NLOPT_ROUNDOFF_LIMITED)
+      throw std::runtime_error("goodput --fit: the optimizer " + nlopt_reason(rc));
+    else
+      res.stop_reason = nlopt_reason(rc);
+    x = pr.best_x;  // the best point evaluated (NLopt's x, or better)
   }
 
-  nlopt_opt opt = nlopt_create(NLOPT_LN_SBPLX, static_cast<unsigned>(np));
-  if (!opt) throw std::runtime_error("goodput --fit: NLopt could not create its optimizer");
-  nlopt_set_lower_bounds(opt, lo.data());
-  nlopt_set_upper_bounds(opt, hi.data());
-  nlopt_set_min_objective(opt, nlopt_objective, &pr);
-  nlopt_set_xtol_rel(opt, opts.xtol);
-  nlopt_set_ftol_abs(opt, 1e-10);
-  nlopt_set_maxeval(opt, static_cast<int>(std::max<int64_t>(1, opts.max_evaluations - pr.evaluations)));
-  std::vector<double> step(np, 0.05);
-  nlopt_set_initial_step(opt, step.data());
-  double minf = 0;
-  const nlopt_result rc = nlopt_optimize(opt, x.data(), &minf);
-  nlopt_destroy(opt);
-  if (rc < 0 && rc != NLOPT_ROUNDOFF_LIMITED)
-    throw std::runtime_error("goodput --fit: the optimizer " + nlopt_reason(rc));
-  res.stop_reason = nlopt_reason(rc);
-
-  // Residuals and the Jacobian (central differences in the scaled space, one-sided at a bound).
-  const std::vector<double> r0 = pr.residuals(x.data());
+  // Residuals (the best point's, already evaluated) and the Jacobian (central differences in the scaled space,
+  // one-sided at a bound), when the limit left room for it.
+  const std::vector<double> r0 = pr.best_r;
   const size_t n = r0.size();
   std::vector<std::vector<double>> J(n, std::vector<double>(np, 0.0));
   const double h = 0.02;
-  for (size_t j = 0; j < np; ++j) {
+  res.stderrs_estimated = with_errors;
+  for (size_t j = 0; j < np && with_errors; ++j) {
     std::vector<double> xp = x, xm = x;
     xp[j] = std::min(1.0, x[j] + h);
     xm[j] = std::max(0.0, x[j] - h);
@@ -370,7 +449,9 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
     res.values.push_back(param_value(res.params, q.name));
     res.at_bound.push_back(x[j] <= 1e-9 || x[j] >= 1 - 1e-9);
     double se = std::numeric_limits<double>::infinity();
-    if (!zero_column[j]) {
+    if (!with_errors) {
+      se = std::numeric_limits<double>::quiet_NaN();
+    } else if (!zero_column[j]) {
       se = std::numeric_limits<double>::infinity();
       if (!estimable) se = std::numeric_limits<double>::quiet_NaN();
       else if (invertible) {

@@ -240,6 +240,104 @@ TEST(GoodputFit, TableParsingAndItsErrorsNameTheLine) {
   expect_csv_error("", "no header");
 }
 
+// Every row is checked against the simulator's limits (slices with spares, expected failures), not only the
+// first: a later row beyond them used to run for minutes. The error names the row's line.
+TEST(GoodputFit, EveryRowIsCheckedAgainstTheSimulatorsLimits) {
+  GoodputParams p = base_params();
+  p.mtbi_chip_years = 0.01;  // 800 chips: ~8e4 failures a run; 4e6 chips: ~4e8, over the limit of 2e8
+  try {
+    parse_goodput_csv("scheme,learners,chips,goodput\ndp,,800,0.5\nelastic_dp,,800,0.5\ndp,,4000000,0.5\n", "t.csv", p);
+    ADD_FAILURE() << "a row of 4e8 expected failures was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.csv:4: this row is beyond the simulator's limits"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("failures per run"), std::string::npos) << e.what();
+  }
+  p = base_params();
+  p.slice_chips = 50;
+  p.mtbi_chip_years = 1e6;
+  try {
+    parse_goodput_csv("scheme,learners,chips,goodput\ndp,,800,0.5\n\ndp,,60000000,0.5\n", "t.csv", p);
+    ADD_FAILURE() << "a row of 1.2e6 slices was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("t.csv:4: this row is beyond"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("1200000 slices"), std::string::npos) << e.what();
+  }
+}
+
+// A row within the limits at the start can leave them where the fit may go: 9e5 slices are fine without spares,
+// but spare_fraction's upper bound (0.25) makes 1.125e6. fit_goodput refuses it before any evaluation.
+TEST(GoodputFit, EveryRowIsCheckedOverTheFittedRange) {
+  GoodputParams p = base_params();
+  p.mtbi_chip_years = 1e6;  // hardly a failure: a run is cheap whatever its size
+  p.days = 1;
+  p.seeds = 1;
+  const std::vector<GoodputTarget> targets{{Scheme::kElasticDP, 1, 800, 0.9, 2},
+                                           {Scheme::kElasticDP, 1, 90000000, 0.9, 7}};
+  GoodputFitOptions o;
+  o.names = {"spare_fraction"};
+  o.max_evaluations = 4;
+  const int64_t before = goodput_runs_simulated();
+  try {
+    fit_goodput(p, targets, o);
+    ADD_FAILURE() << "a row of 1.125e6 slices at spare_fraction = 0.25 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("goodput --fit: line 7: this row is beyond the simulator's limits"),
+              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("upper bounds"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(goodput_runs_simulated(), before);  // refused before simulating anything
+}
+
+// --fit-evals N: at most N evaluations of the simulator, counted by the simulator itself (one evaluation is
+// rows × seeds runs). N = 2 used to run 80 (the scan and the Jacobian came on top).
+TEST(GoodputFit, TheEvaluationLimitIsACap) {
+  GoodputParams p = base_params();
+  set_slice_mtbf(&p, 50.0);
+  p.days = 10;
+  p.seeds = 2;
+  const std::vector<GoodputTarget> targets{{Scheme::kDataParallel, 1, 800, 0.9, 2},
+                                           {Scheme::kElasticDP, 1, 1600, 0.85, 3},
+                                           {Scheme::kDecoupledDiLoCo, 2, 3200, 0.8, 4}};
+  const int64_t per_evaluation = static_cast<int64_t>(targets.size()) * p.seeds;
+  GoodputFitOptions o;  // the default 7 parameters: the scan alone is 63 evaluations, the Jacobian 14
+  for (int64_t n : {1, 2, 5, 16, 40, 120}) {
+    o.max_evaluations = n;
+    const int64_t before = goodput_runs_simulated();
+    const GoodputFitResult r = fit_goodput(p, targets, o);
+    const int64_t runs = goodput_runs_simulated() - before;
+    EXPECT_LE(runs, n * per_evaluation) << "--fit-evals " << n;
+    EXPECT_EQ(runs, r.evaluations * per_evaluation) << "--fit-evals " << n;
+    if (n <= 40) EXPECT_EQ(r.evaluations, n) << "the scan alone needs more";
+    // The result is the best point evaluated, and reproduces its fitted column.
+    EXPECT_LE(r.rms, r.start_rms);
+    EXPECT_EQ(simulate_targets(r.params, targets), r.fitted) << "--fit-evals " << n;
+  }
+}
+
+// Below 2 + 2·parameters evaluations there is no room for the Jacobian: no standard errors, said so.
+TEST(GoodputFit, StandardErrorsNeedTheirShareOfTheLimit) {
+  GoodputParams p = base_params();
+  set_slice_mtbf(&p, 50.0);
+  p.days = 10;
+  p.seeds = 2;
+  const std::vector<GoodputTarget> targets{{Scheme::kDataParallel, 1, 800, 0.9, 2},
+                                           {Scheme::kElasticDP, 1, 1600, 0.85, 3},
+                                           {Scheme::kElasticDP, 1, 3200, 0.8, 4}};
+  GoodputFitOptions o;
+  o.names = {"restart_minutes", "downscale_seconds"};
+  o.max_evaluations = 5;  // < 2 + 4
+  GoodputFitResult r = fit_goodput(p, targets, o);
+  EXPECT_FALSE(r.stderrs_estimated);
+  for (double se : r.stderrs) EXPECT_TRUE(std::isnan(se));
+  EXPECT_EQ(r.evaluations, 5);
+  o.max_evaluations = 6;
+  r = fit_goodput(p, targets, o);
+  EXPECT_TRUE(r.stderrs_estimated);
+  EXPECT_EQ(r.evaluations, 6);
+  for (double se : r.stderrs) EXPECT_FALSE(std::isnan(se));
+}
+
 TEST(GoodputFit, EveryFitParameterIsABoundNumberKeyWithinItsRange) {
   GoodputParams p;
   ConfigSchema schema;

@@ -613,6 +613,12 @@ RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t se
   return simulate(p, spec, seed, efficiency_table(spec.chips / p.slice_chips / m, p.step_time_cv));
 }
 
+namespace {
+std::atomic<int64_t> g_runs_simulated{0};
+}  // namespace
+
+int64_t goodput_runs_simulated() { return g_runs_simulated.load(); }
+
 std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const std::vector<RunSpec>& specs) {
   int64_t kmax = 1;
   for (const auto& spec : specs) kmax = std::max(kmax, spec.chips / p.slice_chips);
@@ -632,6 +638,7 @@ std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const
       if (k >= n_runs) return;
       const size_t i = order[k];
       results[i] = simulate(p, specs[i / seeds], run_seed(p.seed, static_cast<int64_t>(i % seeds)), eff);
+      g_runs_simulated.fetch_add(1, std::memory_order_relaxed);
     }
   };
   size_t n_threads = p.threads > 0 ? static_cast<size_t>(p.threads) : std::max(1u, std::thread::hardware_concurrency());
