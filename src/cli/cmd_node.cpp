@@ -110,7 +110,8 @@ void run_syncer(const NodeArgs& a) {
   }
   // Bound beyond loopback (e.g. syncer.metrics = ":0"): whoever reaches the address reads the metrics and the
   // dashboard. Say so, naming the real address (the URL above is only the local way in).
-  if (const std::string w = node.metrics_warning(); !w.empty()) std::cerr << "deloco syncer: WARNING: " << w << " (syncer.metrics = \"" << cfg.syncer.metrics << "\")\n";
+  if (const std::string w = node.metrics_warning(); !w.empty())
+    std::cerr << "deloco syncer: WARNING: " << w << " (syncer.metrics = \"" << cfg.syncer.metrics << "\")\n";
   std::cerr << "deloco syncer" << (cfg.syncer.shards > 1 ? " shard " + std::to_string(shard) + " of " +
                                                                  std::to_string(cfg.syncer.shards)
                                                            : std::string())
