@@ -19,7 +19,13 @@
 //   syncer → learner  leave        the answer (same reason). The learner repeats its leave every net.heartbeat until
 //                                  answered and closes only then; the syncer answers every leave, repeats included
 //   syncer → learner  reject       header round = the reason code (src/roles/protocol.h RejectReason), text
-//                                  "name: detail" (fingerprint mismatch, duplicate id, not joined, key/id mismatch …)
+//                                  "name: detail" (fingerprint mismatch, duplicate id, not joined, key/id mismatch …);
+//                                  fragment_id = the fragment of the push it refuses (0xffffffff: not about a push).
+//                                  delta_too_large (a norm bound) tells the learner to drop its drift of that
+//                                  fragment (LearnerCore::drop_drift): the same drift would be refused again.
+// Settling pushes: a learner waits (sync.wait_for_answer) only for pushes some syncer may still answer. A reject naming
+// a push's fragment settles it; so does the learner's (re)join: every push sent on that link before it counts as
+// refused (its progress stays in θ and goes in the next push), as does a push that could not be sent.
 // Identity (CURVE): a key is bound to the one learner id its allow-list name "learner-N" says; a key with another
 // name joins as no learner (reject unbound_key); a connection's learner id never changes. Plaintext has no identity.
 // State downloads come from one shared snapshot per set of fragment versions, at most one outstanding per learner
@@ -44,9 +50,17 @@
 //                 {"kind":"syncer_lost","learner","step"}   {"kind":"rejected","learner","reason"}
 //                 (sharded syncer: records about one link — welcome, joined, push, syncer_lost, rejected,
 //                  leave_undelivered — carry "shard"; {"kind":"shard_missing","shard"} a shard silent at the start)
+//                 {"kind":"pushes_settled","fragments"} (a rejoin settled these pushes as refused)
+//                 {"kind":"drift_dropped","fragment","step","version"} (refused by a norm bound: θ_p ← Θ_p^v)
+//                 {"kind":"auth_refused","refusals","detail"[,"shard"]} a syncer refused our CURVE key (1st, 2nd, 4th…)
 //                 {"kind":"learner_done","learner","step","tokens","wall_seconds","steps_per_second",
-//                  "comm_wait_seconds"}
-//   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port","shard","shards","fragments"}
+//                  "comm_wait_seconds","finished"[,"unreached_shards","error"]} (finished: train.steps reached and
+//                  no syncer shard refused the learner for the whole run)
+//   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port","shard","shards","fragments",
+//                  "metrics_warning"} (metrics_warning: "" unless the metrics server is reachable beyond loopback)
+//                 {"kind":"learners_blocked","learners"} / {"kind":"learners_advancing"}: every connected unfinished
+//                  learner's step stood still for max(4·net.dead_after, 20 step times) / one advanced again
+//                 {"kind":"auth_denied","total","new","detail"} CURVE handshakes refused (rate-limited)
 //                 {"kind":"join","learner","instance","restart","state_bytes"}  {"kind":"lost","learner"}
 //                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason","detail"}
 //                 {"kind":"rejoin", ...join} a hello repeated on a joined connection (rate-limited like rejects)
@@ -60,8 +74,8 @@
 //                  of the model assembled from its fragments and the other shards' latest checkpoints: "shards" lists
 //                  the merges of each shard's part it used)
 //                 {"kind":"checkpoint","path","merges"}
-//                 {"kind":"status","alive","connected","stalled","uptime","goodput","merges","rejected","bytes_in",
-//                  "bytes_out"} once per second
+//                 {"kind":"status","alive","connected","stalled","blocked","uptime","goodput","merges","rejected",
+//                  "bytes_in","bytes_out"} once per second (stalled: below a quorum, no learner, or blocked)
 //                 {"kind":"done", ...summary}
 //
 // Contract

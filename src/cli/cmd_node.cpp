@@ -31,7 +31,16 @@
 
 namespace deloco::cli {
 namespace fs = std::filesystem;
+
 namespace {
+// The last component of a folder path ("runs/demo-1/" → "demo-1"): what the dashboard's title shows (no absolute
+// path of the syncer's machine reaches a page).
+std::string folder_name(const std::string& dir) {
+  fs::path p = fs::absolute(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return p.filename().string();
+}
+
 
 // The host part of syncer.metrics for a URL: an address bound to every interface is reached locally at 127.0.0.1.
 std::string dashboard_host(const std::string& host_port) {
@@ -104,7 +113,7 @@ void run_syncer(const NodeArgs& a) {
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
   // The live dashboard at the metrics endpoint's / (docs/report.md), when the build has its chart library.
   if (node.metrics_port() > 0 && std::string(kUplotJs).size() > 0) {
-    node.serve_dashboard(report_html({}, "deloco syncer: " + dir, kUplotJs, kUplotCss, /*live=*/true));
+    node.serve_dashboard(report_html({}, "deloco syncer: " + folder_name(dir), kUplotJs, kUplotCss, /*live=*/true));
     std::cerr << "deloco syncer: dashboard at http://" << dashboard_host(cfg.syncer.metrics) << ":" << node.metrics_port()
               << "/\n";
   }

@@ -747,7 +747,8 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   I.emit({{"kind", "started"}, {"resumed", I.resumed}, {"merges", I.merges}, {"endpoint", I.tx->endpoint()},
           {"metrics_port", I.metrics ? I.metrics->port() : 0}, {"learners", I.M},
           {"fingerprint", fingerprint_hex(I.fingerprint)}, {"versions", I.core->versions()}, {"shard", I.shard.shard},
-          {"shards", I.shard.shards}, {"fragments", I.shard.fragments}});
+          {"shards", I.shard.shards}, {"fragments", I.shard.fragments},
+          {"metrics_warning", I.metrics ? I.metrics->exposure_warning() : std::string()}});
   while (!stop.load() && !I.all_retired()) {
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;

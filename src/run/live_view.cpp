@@ -113,6 +113,9 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard) {
     if (port > 0 && shard == 0 && port != dashboard_port_) {
       dashboard_port_ = port;
       event_("dashboard: http://127.0.0.1:" + std::to_string(port) + "/");
+      // Bound beyond loopback (syncer.metrics = ":0"): the syncer's warning names the real address.
+      if (j.contains("metrics_warning") && j["metrics_warning"].is_string() && !j["metrics_warning"].empty())
+        event_("WARNING: " + j["metrics_warning"].get<std::string>());
     }
   } else if (kind == "merge") {
     s.merges = j.value("merges", s.merges + 1);

@@ -189,6 +189,7 @@ TEST(LiveView, BlockedLearnersRefusedKeysAndUnfinishedEndsAreShown) {
   RejoinLog rejoins(2);
   std::vector<std::string> events;
   RunRecords r(2, &rejoins, [&](const std::string& e) { events.push_back(e); });
+  r.on_line(R"({"kind":"started","metrics_port":9464,"metrics_warning":"the metrics server listens on every interface (0.0.0.0:9464)","t":9})", -1);
   r.on_line(R"({"kind":"learners_blocked","learners":[0,1],"t":10})", -1);
   r.on_line(R"({"kind":"status","blocked":true,"uptime":0.9,"t":11})", -1);
   EXPECT_TRUE(r.syncer().blocked);
@@ -213,6 +214,7 @@ TEST(LiveView, BlockedLearnersRefusedKeysAndUnfinishedEndsAreShown) {
   EXPECT_NE(all.find("learner-0 dropped its drift of fragment 3"), std::string::npos) << all;
   EXPECT_NE(all.find("learner-1 ended at step 40 without finishing: shard 1 refused it"), std::string::npos) << all;
   EXPECT_NE(all.find("learner-0 finished 40 steps"), std::string::npos) << all;
+  EXPECT_NE(all.find("WARNING: the metrics server listens on every interface (0.0.0.0:9464)"), std::string::npos) << all;
 }
 
 }  // namespace
