@@ -9,6 +9,8 @@
 //    and nan (TOML and strtod accept them) are refused for every number key and list, by the binder itself, so no
 //    key's own check has to remember it. A failed load leaves earlier
 //    fields as they were: values are parsed and checked first and written only when the whole file is valid.
+//  * load_config() is the one load order of every command that reads a config (the CLI, the embedded learner of
+//    deloco/embed.h, `deloco merge`, `deloco goodput`): file, environment, --set, flags; later wins.
 //  * Not thread-safe; configure once at start-up, then read the structs.
 #pragma once
 
@@ -46,8 +48,9 @@ class ConfigSchema {
   // Parses a TOML document held in memory; `origin` names it in errors.
   void load_string(const std::string& toml_text, const std::string& origin);
   // Applies one "section.key=value" override. The value is parsed by the bound field's type; lists are
-  // written comma-separated ("goodput.chips=1000,2000").
-  void apply_override(const std::string& assignment);
+  // written comma-separated ("goodput.chips=1000,2000"). Errors begin with `origin` (where the override came
+  // from: "--set", "DELOCO_SET", "--chips '1,x'") and name the key.
+  void apply_override(const std::string& assignment, const std::string& origin = "--set");
   // Runs every `check`; throws ConfigError listing the first failure.
   void validate() const;
 
@@ -56,6 +59,9 @@ class ConfigSchema {
   nlohmann::json to_json() const;
   // Loads values from JSON produced by to_json(); unknown keys throw (used when resuming a checkpoint).
   void from_json(const nlohmann::json& j, const std::string& origin);
+  // Every bound key in binding order: [{"key", "type" ("integer" | "number" | "boolean" | "string" |
+  // "integer list" | "number list"), "value" (the field's current value: its default before any load), "help"}].
+  nlohmann::json describe() const;
 
  private:
   struct Entry {
@@ -67,5 +73,27 @@ class ConfigSchema {
   const Entry* find(const std::string& key) const;
   std::vector<Entry> entries_;
 };
+
+// ---- The load order ------------------------------------------------------------------------------------------
+// Where a command's configuration comes from, in the order load_config() applies it; every stage is optional.
+struct ConfigSources {
+  // 1. The base: the config file, or the command's starting point without one (the demo config, a checkpoint's
+  //    manifest); empty: the bound defaults.
+  std::function<void()> base;
+  // 2. The environment: first the command's own variables (`deloco syncer`/`learner`: DELOCO_SYNCER,
+  //    DELOCO_SECRET_KEY, ...), then every override of DELOCO_SET (environment_sets()).
+  std::function<void()> environment;
+  // 3. The overrides: first the flags that are another spelling of a key (`deloco goodput --chips 1,2`: pairs of
+  //    origin for errors, e.g. "--chips '1,2'", and "goodput.chips=1,2"), then every --set in order.
+  std::vector<std::pair<std::string, std::string>> key_flags;
+  std::vector<std::string> sets;
+  // 4. The command's own flags (--connect, --bind, `deloco merge --method`), which win over everything.
+  std::function<void()> flags;
+};
+// Applies `sources` to `schema` in that order, then runs schema.validate(). Throws ConfigError naming the origin
+// (file, DELOCO_SET, --set, flag) and the key.
+void load_config(ConfigSchema& schema, const ConfigSources& sources);
+// The overrides of DELOCO_SET: one "section.key=value" a line (empty lines skipped); none when it is unset or empty.
+std::vector<std::string> environment_sets();
 
 }  // namespace deloco

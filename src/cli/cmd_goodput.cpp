@@ -294,23 +294,21 @@ void run(GoodputOptions& o) {
   GoodputParams p;
   ConfigSchema schema;
   bind_goodput_config(schema, p);
-  // Precedence: config file, then the per-key flags, then --set.
-  if (!o.common.config_path.empty()) schema.load_file(o.common.config_path);
+  // The one load order (deloco/config.h): the config file, DELOCO_SET, the per-key flags (another spelling of
+  // --set), --set.
+  ConfigSources src;
+  src.base = [&] {
+    if (!o.common.config_path.empty()) schema.load_file(o.common.config_path);
+  };
   const auto& docs = goodput_key_docs();
   for (size_t i = 0; i < docs.size(); ++i) {
     if (o.flag_values[i].empty()) continue;
-    try {
-      schema.apply_override(docs[i].key + "=" + o.flag_values[i]);
-    } catch (const ConfigError& e) {
-      std::string flag = docs[i].key.substr(8);
-      for (auto& c : flag) if (c == '_') c = '-';
-      std::string msg = e.what();
-      if (msg.rfind("--set: ", 0) == 0) msg = msg.substr(7);
-      throw ConfigError("--" + flag + " '" + o.flag_values[i] + "': " + msg);
-    }
+    std::string flag = docs[i].key.substr(8);
+    for (auto& c : flag) if (c == '_') c = '-';
+    src.key_flags.emplace_back("--" + flag + " '" + o.flag_values[i] + "'", docs[i].key + "=" + o.flag_values[i]);
   }
-  for (const auto& s : o.common.sets) schema.apply_override(s);
-  schema.validate();
+  src.sets = o.common.sets;
+  load_config(schema, src);
   if (!o.fit_path.empty()) return run_fit(o, p, schema);
   validate_goodput(p);
 

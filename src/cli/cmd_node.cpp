@@ -61,15 +61,16 @@ struct NodeArgs {
   std::optional<std::string> master_addr;
 };
 
-// Loads the config with environment fallbacks applied before --set (so --set still wins).
+// Loads the config in the one load order: file, environment (addresses, keys, DELOCO_SET), --set, --bind/--connect.
 RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
   RuntimeConfig cfg;
   cfg.bind(schema);
-  load_base_config(schema, a.common, NoConfig::kDemo);
-  apply_node_environment(cfg, syncer ? NodeRole::kSyncer : NodeRole::kLearner);
-  for (const auto& s : a.common.sets) schema.apply_override(s);
-  if (!a.address.empty()) cfg.net.address = a.address;
-  schema.validate();
+  apply_config(
+      schema, a.common, NoConfig::kDemo,
+      [&] { apply_node_environment(cfg, syncer ? NodeRole::kSyncer : NodeRole::kLearner); },
+      [&] {
+        if (!a.address.empty()) cfg.net.address = a.address;
+      });
   cfg.validate();
   return cfg;
 }

@@ -33,10 +33,14 @@ void load_base_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig 
   }
 }
 
-void apply_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback) {
-  load_base_config(schema, opts, fallback);
-  for (const auto& s : opts.sets) schema.apply_override(s);
-  schema.validate();
+void apply_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback,
+                  std::function<void()> environment, std::function<void()> flags) {
+  ConfigSources src;
+  src.base = [&] { load_base_config(schema, opts, fallback); };
+  src.environment = std::move(environment);
+  src.sets = opts.sets;
+  src.flags = std::move(flags);
+  load_config(schema, src);
 }
 
 std::string new_run_dir(const std::string& configured, const CommonOptions& opts, const std::string& fallback_stem,

@@ -1,6 +1,7 @@
 // src/cli/common.h — options every subcommand shares: --config, --set, --summary.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,8 +25,11 @@ void add_common_options(CLI::App* sub, CommonOptions* opts, bool with_config = t
 enum class NoConfig { kBoundDefaults, kDemo };
 // Loads opts.config_path into `schema` (or, without one, the demo config when `fallback` is kDemo).
 void load_base_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback);
-// load_base_config, then every --set, then validates.
-void apply_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback = NoConfig::kBoundDefaults);
+// The one load order (deloco/config.h's load_config): load_base_config, then the environment (`environment`, the
+// command's own variables, then DELOCO_SET), then every --set, then `flags` (the command's own options), then
+// validates. Every command that reads a config calls this.
+void apply_config(ConfigSchema& schema, const CommonOptions& opts, NoConfig fallback = NoConfig::kBoundDefaults,
+                  std::function<void()> environment = nullptr, std::function<void()> flags = nullptr);
 // Whether this command runs the built-in demo config (no --config, and the command falls back to the demo).
 inline bool runs_demo(const CommonOptions& opts, NoConfig fallback) {
   return opts.config_path.empty() && fallback == NoConfig::kDemo;

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include <c10/util/Exception.h>
@@ -81,24 +80,23 @@ void load_config_file(ConfigSchema& schema, const std::string& path) {
   }
 }
 
-// The config file, DELOCO_SET, the options' sets, the environment and the options' connect/keys, validated.
+// The one load order (deloco/config.h's load_config): the config file, the environment (addresses and keys, then
+// DELOCO_SET), the options' sets, the options' connect/keys; validated.
 void load_learner_config(ConfigSchema& schema, RuntimeConfig& cfg, const EmbeddedLearnerOptions& opts) {
   const std::string path = !opts.config.empty() ? opts.config : environment_string("DELOCO_CONFIG");
   if (path.empty())
     throw ConfigError("give the run's config: config=PATH (a TOML file, or RUN/config.json of `deloco run`) or "
                       "DELOCO_CONFIG");
-  load_config_file(schema, path);
-  apply_node_environment(cfg, NodeRole::kLearner);
-  if (const char* v = std::getenv("DELOCO_SET"); v != nullptr) {
-    std::istringstream lines(v);
-    for (std::string line; std::getline(lines, line);)
-      if (!line.empty()) schema.apply_override(line);
-  }
-  for (const auto& s : opts.sets) schema.apply_override(s);
-  if (!opts.connect.empty()) cfg.net.address = opts.connect;
-  if (!opts.secret_key.empty()) cfg.net.secret_key = opts.secret_key;
-  if (!opts.syncer_key.empty()) cfg.net.server_key = opts.syncer_key;
-  schema.validate();
+  ConfigSources src;
+  src.base = [&] { load_config_file(schema, path); };
+  src.environment = [&] { apply_node_environment(cfg, NodeRole::kLearner); };
+  src.sets = opts.sets;
+  src.flags = [&] {
+    if (!opts.connect.empty()) cfg.net.address = opts.connect;
+    if (!opts.secret_key.empty()) cfg.net.secret_key = opts.secret_key;
+    if (!opts.syncer_key.empty()) cfg.net.server_key = opts.syncer_key;
+  };
+  load_config(schema, src);
   cfg.validate();
 }
 

@@ -1,6 +1,7 @@
 #include "deloco/config.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -201,19 +202,19 @@ void ConfigSchema::load_string(const std::string& text, const std::string& origi
   for (const auto& [e, v] : staged) store(e->field, v);
 }
 
-void ConfigSchema::apply_override(const std::string& assignment) {
+void ConfigSchema::apply_override(const std::string& assignment, const std::string& origin) {
   auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
-    throw ConfigError("--set '" + assignment + "' must have the form section.key=value");
+    throw ConfigError(origin + " '" + assignment + "' must have the form section.key=value");
   std::string key = assignment.substr(0, eq);
   std::string text = assignment.substr(eq + 1);
   const Entry* e = find(key);
-  if (!e) throw ConfigError("--set: unknown key '" + key + "'");
+  if (!e) throw ConfigError(origin + ": unknown key '" + key + "'");
   Value v;
   if (!from_text(text, e->field, &v))
-    throw ConfigError("--set: key '" + key + "' must be " + type_name(e->field) + ", got '" + text + "'");
+    throw ConfigError(origin + ": key '" + key + "' must be " + type_name(e->field) + ", got '" + text + "'");
   if (const std::string bad = non_finite(v); !bad.empty())
-    throw ConfigError("--set: key '" + key + "' must be finite, got " + bad);
+    throw ConfigError(origin + ": key '" + key + "' must be finite, got " + bad);
   store(e->field, v);
 }
 
@@ -238,6 +239,17 @@ nlohmann::json ConfigSchema::to_json() const {
     std::visit([&](auto* ptr) { (*node)[rest] = *ptr; }, e.field);
   }
   return j;
+}
+
+nlohmann::json ConfigSchema::describe() const {
+  static const char* kTypes[] = {"integer", "number", "boolean", "string", "integer list", "number list"};
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& e : entries_) {
+    nlohmann::json value;
+    std::visit([&](auto* ptr) { value = *ptr; }, e.field);
+    out.push_back({{"key", e.key}, {"type", kTypes[e.field.index()]}, {"value", value}, {"help", e.help}});
+  }
+  return out;
 }
 
 void ConfigSchema::from_json(const nlohmann::json& j, const std::string& origin) {
@@ -277,6 +289,26 @@ void ConfigSchema::from_json(const nlohmann::json& j, const std::string& origin)
     staged.emplace_back(e, std::move(v));
   }
   for (const auto& [e, v] : staged) store(e->field, v);
+}
+
+std::vector<std::string> environment_sets() {
+  std::vector<std::string> out;
+  const char* v = std::getenv("DELOCO_SET");
+  if (v == nullptr) return out;
+  std::istringstream lines(v);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+void load_config(ConfigSchema& schema, const ConfigSources& sources) {
+  if (sources.base) sources.base();
+  if (sources.environment) sources.environment();
+  for (const auto& s : environment_sets()) schema.apply_override(s, "DELOCO_SET");
+  for (const auto& [origin, assignment] : sources.key_flags) schema.apply_override(assignment, origin);
+  for (const auto& s : sources.sets) schema.apply_override(s);
+  if (sources.flags) sources.flags();
+  schema.validate();
 }
 
 }  // namespace deloco

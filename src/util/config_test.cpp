@@ -1,4 +1,6 @@
 // The config binder: types, unknown keys, and non-finite numbers refused for every number key in one place.
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -64,6 +66,93 @@ TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
   }
   EXPECT_THROW(f.schema.apply_override("train.nope=1"), ConfigError);
   EXPECT_THROW(f.schema.load_string("[train]\nlr = \"fast\"\n", "x.toml"), ConfigError);
+}
+
+// The one load order: file, environment (the command's variables, then DELOCO_SET), key flags, --set, flags; later
+// wins, each stage sees what the earlier ones wrote, validation runs once at the end.
+TEST(ConfigLoad, StagesApplyInOrderAndLaterWins) {
+  struct Env {
+    Env(const char* v) { ::setenv("DELOCO_SET", v, 1); }
+    ~Env() { ::unsetenv("DELOCO_SET"); }
+  };
+  std::vector<std::string> order;
+  std::string a = "default", b = "default", c = "default", d = "default", e = "default", f = "default";
+  ConfigSchema s;
+  const std::vector<std::pair<std::string, std::string*>> fields = {{"x.a", &a}, {"x.b", &b}, {"x.c", &c},
+                                                                     {"x.d", &d}, {"x.e", &e}, {"x.f", &f}};
+  for (const auto& [key, field] : fields)
+    s.bind(key, field, "", [&order, key = key] {
+      if (key == "x.a") order.push_back("validate");
+      return std::string();
+    });
+  ConfigSources src;
+  src.base = [&] {
+    order.push_back("base");
+    s.load_string("[x]\na = \"file\"\nb = \"file\"\nc = \"file\"\nd = \"file\"\ne = \"file\"\n", "t.toml");
+  };
+  src.environment = [&] {
+    order.push_back("environment");
+    EXPECT_EQ(b, "file");
+    b = c = d = e = "env";
+  };
+  src.key_flags = {{"--c-flag 'keyflag'", "x.c=keyflag"}, {"--d-flag 'keyflag'", "x.d=keyflag"}};
+  src.sets = {"x.d=set", "x.e=set"};
+  src.flags = [&] {
+    order.push_back("flags");
+    EXPECT_EQ(d, "set");
+    e = "flag";
+  };
+  {
+    Env env("x.c=deloco_set\n\nx.b=deloco_set");
+    load_config(s, src);
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"base", "environment", "flags", "validate"}));
+  EXPECT_EQ(a, "file");
+  EXPECT_EQ(b, "deloco_set");  // DELOCO_SET after the command's own variables
+  EXPECT_EQ(c, "keyflag");     // key flags after DELOCO_SET
+  EXPECT_EQ(d, "set");         // --set after the key flags
+  EXPECT_EQ(e, "flag");        // the command's flags last
+  EXPECT_EQ(f, "default");
+}
+
+TEST(ConfigLoad, EachOverrideIsNamedByWhereItCameFrom) {
+  std::string a;
+  int64_t n = 0;
+  ConfigSchema s;
+  s.bind("x.a", &a, "");
+  s.bind("x.n", &n, "");
+  auto error = [&](ConfigSources src, const char* deloco_set) {
+    if (deloco_set) ::setenv("DELOCO_SET", deloco_set, 1);
+    std::string what;
+    try {
+      load_config(s, src);
+    } catch (const ConfigError& e) {
+      what = e.what();
+    }
+    ::unsetenv("DELOCO_SET");
+    return what;
+  };
+  EXPECT_EQ(error({}, "x.nope=1"), "DELOCO_SET: unknown key 'x.nope'");
+  ConfigSources sets;
+  sets.sets = {"x.nope=1"};
+  EXPECT_EQ(error(sets, nullptr), "--set: unknown key 'x.nope'");
+  ConfigSources flags;
+  flags.key_flags = {{"--n 'two'", "x.n=two"}};
+  EXPECT_EQ(error(flags, nullptr), "--n 'two': key 'x.n' must be an integer, got 'two'");
+  EXPECT_EQ(error({}, ""), "");  // an empty DELOCO_SET sets nothing
+  EXPECT_TRUE(environment_sets().empty());
+}
+
+TEST(ConfigLoad, DescribeListsEveryKeyWithTypeDefaultAndHelp) {
+  Fields f;
+  const nlohmann::json d = f.schema.describe();
+  ASSERT_EQ(d.size(), 4u);
+  EXPECT_EQ(d[0]["key"], "train.lr");
+  EXPECT_EQ(d[0]["type"], "number");
+  EXPECT_EQ(d[0]["value"], 0.1);
+  EXPECT_EQ(d[0]["help"], "learning rate");
+  EXPECT_EQ(d[2]["type"], "integer");
+  EXPECT_EQ(d[3]["type"], "number list");
 }
 
 }  // namespace
