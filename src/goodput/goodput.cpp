@@ -9,6 +9,7 @@
 #include <queue>
 #include <sstream>
 #include <thread>
+#include <variant>
 
 #include "deloco/config.h"
 
@@ -439,121 +440,121 @@ std::string check_key(const GoodputParams& p, const std::string& key) {
   return "";
 }
 
-}  // namespace
+// The goodput.* keys, declared once: the key's name (and the field of GoodputParams it sets), its help and the reason
+// for its default. goodput_key_docs(), bind_goodput_config() and the flags of `deloco goodput` are made from it.
+struct GoodputKey {
+  const char* name;
+  std::variant<std::vector<int64_t> GoodputParams::*, int64_t GoodputParams::*, double GoodputParams::*,
+               bool GoodputParams::*, std::string GoodputParams::*>
+      field;
+  const char* help;
+  const char* reason;
+};
 
-const std::vector<GoodputKeyDoc>& goodput_key_docs() {
-  static const std::vector<GoodputKeyDoc> docs = {
-      {"goodput.chips", "chip counts N to simulate (one table row each)",
+const std::vector<GoodputKey>& goodput_keys() {
+  static const std::vector<GoodputKey> keys = {
+      {"chips", &GoodputParams::chips, "chip counts N to simulate (one table row each)",
        "150k to 2.4M doubling: the scales at which synchronous training is claimed to break down"},
-      {"goodput.learners", "learner counts M for Decoupled DiLoCo",
+      {"learners", &GoodputParams::learners, "learner counts M for Decoupled DiLoCo",
        "1 to 16 doubling: from one elastic job to learners small enough to rarely be reconfiguring"},
-      {"goodput.slice_chips", "chips per slice, the unit that fails, is repaired and is added or removed",
+      {"slice_chips", &GoodputParams::slice_chips,
+       "chips per slice, the unit that fails, is repaired and is added or removed",
        "625 chips is of the order of a model-parallel group (a multi-host TPU slice or a few GPU racks) and "
        "makes every default chip count a whole number of slices divisible by 16 (150k = 240 slices)"},
-      {"goodput.mtbi_chip_years", "mean time between interruptions of one chip, in years",
+      {"mtbi_chip_years", &GoodputParams::mtbi_chip_years, "mean time between interruptions of one chip, in years",
        "about one interruption per chip-year (hardware faults, host and network incidents, preemptions) is the "
        "order reported for large accelerator fleets; the design document fixes it as the default"},
-      {"goodput.repair_hours", "mean time a failed slice is unavailable, in hours",
+      {"repair_hours", &GoodputParams::repair_hours, "mean time a failed slice is unavailable, in hours",
        "one hour: automated drain, reboot or host swap takes tens of minutes; hardware replacement takes longer "
        "but is rare, which the log-normal tail represents"},
-      {"goodput.repair_dist", "repair-time distribution: exponential, lognormal or fixed",
+      {"repair_dist", &GoodputParams::repair_dist, "repair-time distribution: exponential, lognormal or fixed",
        "log-normal: most repairs are quick, a few take many times the mean"},
-      {"goodput.repair_cv", "coefficient of variation of the log-normal repair time",
+      {"repair_cv", &GoodputParams::repair_cv, "coefficient of variation of the log-normal repair time",
        "1.0: a standard deviation equal to the mean, a moderately heavy tail"},
-      {"goodput.restart_minutes",
+      {"restart_minutes", &GoodputParams::restart_minutes,
        "DP without elasticity: time to restart the whole job once every slice is back (reload a checkpoint, "
        "rebuild the collectives, recompute lost steps)",
        "10 minutes: a checkpoint reload and job re-launch at scale takes minutes, plus half a checkpoint "
        "interval of lost work"},
-      {"goodput.downscale_seconds", "elastic schemes: reconfiguration time to drop a failed slice (or swap in a spare)",
+      {"downscale_seconds", &GoodputParams::downscale_seconds,
+       "elastic schemes: reconfiguration time to drop a failed slice (or swap in a spare)",
        "30 s: rebuilding the communicators and re-sharding the data order without a restart"},
-      {"goodput.upscale_seconds", "elastic schemes: reconfiguration time to admit a repaired slice",
+      {"upscale_seconds", &GoodputParams::upscale_seconds,
+       "elastic schemes: reconfiguration time to admit a repaired slice",
        "30 s: the same work as a down-scale, plus copying the current parameters to the new slice, overlapped"},
-      {"goodput.step_time_cv", "coefficient of variation of per-step step time across slices (stragglers)",
+      {"step_time_cv", &GoodputParams::step_time_cv,
+       "coefficient of variation of per-step step time across slices (stragglers)",
        "2%: typical jitter of a well-tuned step; a synchronous step waits for the slowest of its slices"},
-      {"goodput.quorum", "Decoupled DiLoCo: the syncer advances while at least ceil(quorum*M) learners run",
+      {"quorum", &GoodputParams::quorum,
+       "Decoupled DiLoCo: the syncer advances while at least ceil(quorum*M) learners run",
        "one half: a majority-style quorum that tolerates half the learners being down"},
-      {"goodput.spare_fraction", "spare slices as a fraction of the job's slices (allocated, so they count in goodput)",
+      {"spare_fraction", &GoodputParams::spare_fraction,
+       "spare slices as a fraction of the job's slices (allocated, so they count in goodput)",
        "0: compare the schemes on the same allocation; try 0.05 to see what spares buy"},
-      {"goodput.swap_minutes", "time to swap a spare slice from the hot-spare pool in for a failed one, in minutes",
+      {"swap_minutes", &GoodputParams::swap_minutes,
+       "time to swap a spare slice from the hot-spare pool in for a failed one, in minutes",
        "0: the first model's instant swap; a fleet that swaps hot spares by software takes minutes"},
-      {"goodput.reset_fraction",
+      {"reset_fraction", &GoodputParams::reset_fraction,
        "share of chip interrupts that are a short host reset (the slice is out for reset_minutes) rather than a "
        "repair",
        "0: every interrupt is a repair, as in the first model; fleets report most interrupts cleared by a reset"},
-      {"goodput.reset_minutes", "how long a host reset takes its slice out, in minutes",
+      {"reset_minutes", &GoodputParams::reset_minutes, "how long a host reset takes its slice out, in minutes",
        "5: reboot a host and rejoin it to its slice"},
-      {"goodput.domain_slices", "slices per correlated-failure domain (rack, power domain); 0 = none",
+      {"domain_slices", &GoodputParams::domain_slices,
+       "slices per correlated-failure domain (rack, power domain); 0 = none",
        "0: no correlated failures, as in the first model"},
-      {"goodput.domain_mtbf_days", "mean days between failures of one domain (all its slices at once)",
+      {"domain_mtbf_days", &GoodputParams::domain_mtbf_days,
+       "mean days between failures of one domain (all its slices at once)",
        "0 (off); with domains on, a power or network domain failing a few times a year is a common order"},
-      {"goodput.syncer_mtbf_hours",
+      {"syncer_mtbf_hours", &GoodputParams::syncer_mtbf_hours,
        "Decoupled DiLoCo: mean hours between syncer failures (0 = never); global training stops until it is back",
        "0: the first model's perfect syncer; a few CPU hosts fail far more rarely than a chip fleet"},
-      {"goodput.syncer_restart_minutes", "Decoupled DiLoCo: time for a failed syncer to be back from its checkpoint",
+      {"syncer_restart_minutes", &GoodputParams::syncer_restart_minutes,
+       "Decoupled DiLoCo: time for a failed syncer to be back from its checkpoint",
        "5: restart the process and load the checkpoint of the last merge"},
-      {"goodput.catchup_minutes",
+      {"catchup_minutes", &GoodputParams::catchup_minutes,
        "Decoupled DiLoCo: extra time a learner that lost every slice spends downloading the global model when it "
        "has one again",
        "0: the first model; the download is a few seconds per GB on a data-centre link"},
-      {"goodput.quorum_learners", "Decoupled DiLoCo: a fixed quorum of min(K, M) learners when K > 0 (overrides quorum)",
+      {"quorum_learners", &GoodputParams::quorum_learners,
+       "Decoupled DiLoCo: a fixed quorum of min(K, M) learners when K > 0 (overrides quorum)",
        "0: use the quorum fraction; set 1 for the papers' main setting K = 1"},
-      {"goodput.days", "simulated days measured per run", "30: a month-long pre-training run"},
-      {"goodput.warmup_hours", "simulated hours discarded before measuring (the job starts with every slice healthy)",
+      {"days", &GoodputParams::days, "simulated days measured per run", "30: a month-long pre-training run"},
+      {"warmup_hours", &GoodputParams::warmup_hours,
+       "simulated hours discarded before measuring (the job starts with every slice healthy)",
        "12 h: many mean repair times, so the number of slices in repair has reached its steady state"},
-      {"goodput.seeds", "independent runs per row, for the confidence intervals",
+      {"seeds", &GoodputParams::seeds, "independent runs per row, for the confidence intervals",
        "5: intervals of a few tenths of a percent at the default month; the default table stays under 10 s"},
-      {"goodput.seed", "base random seed", "1: any fixed value makes runs reproducible"},
-      {"goodput.threads", "worker threads (0 = all hardware threads); results do not depend on it",
+      {"seed", &GoodputParams::seed, "base random seed", "1: any fixed value makes runs reproducible"},
+      {"threads", &GoodputParams::threads, "worker threads (0 = all hardware threads); results do not depend on it",
        "0: the runs are independent, so every core helps"},
-      {"goodput.dp", "include DP without elasticity", "true"},
-      {"goodput.elastic_dp", "include elastic DP", "true"},
-      {"goodput.diloco", "include Decoupled DiLoCo (one row per learner count)", "true"},
+      {"dp", &GoodputParams::dp, "include DP without elasticity", "true"},
+      {"elastic_dp", &GoodputParams::elastic_dp, "include elastic DP", "true"},
+      {"diloco", &GoodputParams::diloco, "include Decoupled DiLoCo (one row per learner count)", "true"},
   };
+  return keys;
+}
+}  // namespace
+
+const std::vector<GoodputKeyDoc>& goodput_key_docs() {
+  static const std::vector<GoodputKeyDoc> docs = [] {
+    std::vector<GoodputKeyDoc> d;
+    for (const auto& k : goodput_keys()) d.push_back({std::string("goodput.") + k.name, k.help, k.reason});
+    return d;
+  }();
   return docs;
 }
 
 void bind_goodput_config(ConfigSchema& schema, GoodputParams& p) {
-  auto help = [](const std::string& key) {
-    for (const auto& d : goodput_key_docs())
-      if (d.key == key) return d.help;
-    return std::string();
-  };
-  auto bind = [&](const std::string& name, ConfigSchema::Field f) {
-    const std::string key = "goodput." + name;
+  for (const auto& k : goodput_keys()) {
     GoodputParams* pp = &p;
-    schema.bind(key, f, help(key), [pp, name]() { return check_key(*pp, name); });
-  };
-  bind("chips", &p.chips);
-  bind("learners", &p.learners);
-  bind("slice_chips", &p.slice_chips);
-  bind("mtbi_chip_years", &p.mtbi_chip_years);
-  bind("repair_hours", &p.repair_hours);
-  bind("repair_dist", &p.repair_dist);
-  bind("repair_cv", &p.repair_cv);
-  bind("restart_minutes", &p.restart_minutes);
-  bind("downscale_seconds", &p.downscale_seconds);
-  bind("upscale_seconds", &p.upscale_seconds);
-  bind("step_time_cv", &p.step_time_cv);
-  bind("quorum", &p.quorum);
-  bind("spare_fraction", &p.spare_fraction);
-  bind("swap_minutes", &p.swap_minutes);
-  bind("reset_fraction", &p.reset_fraction);
-  bind("reset_minutes", &p.reset_minutes);
-  bind("domain_slices", &p.domain_slices);
-  bind("domain_mtbf_days", &p.domain_mtbf_days);
-  bind("syncer_mtbf_hours", &p.syncer_mtbf_hours);
-  bind("syncer_restart_minutes", &p.syncer_restart_minutes);
-  bind("catchup_minutes", &p.catchup_minutes);
-  bind("quorum_learners", &p.quorum_learners);
-  bind("days", &p.days);
-  bind("warmup_hours", &p.warmup_hours);
-  bind("seeds", &p.seeds);
-  bind("seed", &p.seed);
-  bind("threads", &p.threads);
-  bind("dp", &p.dp);
-  bind("elastic_dp", &p.elastic_dp);
-  bind("diloco", &p.diloco);
+    const std::string name = k.name;
+    std::visit(
+        [&](auto member) {
+          schema.bind("goodput." + name, &(p.*member), k.help, [pp, name]() { return check_key(*pp, name); });
+        },
+        k.field);
+  }
 }
 
 void validate_goodput(const GoodputParams& p) {
