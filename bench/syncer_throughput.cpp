@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
           sizes_bytes.emplace_back(global.back().first, d * d * 4);
         }
         AlgorithmConfig a;
-        a.merge_preset = preset;
+        a.merge.preset = preset;
         a.resolve();
         SyncOptions o;
         o.learners = M;

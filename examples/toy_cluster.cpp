@@ -31,7 +31,7 @@ int main() {
   algo.sync.fragments = 2;    // w and b travel separately, staggered
   algo.sync.sync_every = 10;  // H
   algo.sync.wait_for_answer = false;
-  algo.merge_preset = "diloco";
+  algo.merge.preset = "diloco";
   algo.encoding = "int8";
   algo.resolve();  // the preset's outer η and μ
   algo.validate();

@@ -3,9 +3,10 @@
 //
 // A preset names a merge plan and an outer optimizer with the rates its paper uses. The preset's outer kind, η and
 // μ apply unless the config names them (outer.kind, outer.lr, outer.momentum); they are filled in by resolve(),
-// which ConfigSchema::validate() runs through the merge.preset key, so the config a run records holds the values
+// which ConfigSchema::validate() runs through the outer.kind key, so the config a run records holds the values
 // it used. The default preset is "diloco" (mean merge, Nesterov η 0.7, μ 0.9), matching the synchronous defaults
-// of SyncOptions.
+// of SyncOptions. The merge.* keys are MergeConfig's (deloco/merge_config.h), one binding shared with `deloco merge`;
+// `deloco config presets` prints this table.
 //
 //   preset      merge plan                                   outer       η     μ    source
 //   diloco      mean                                         nesterov    0.7   0.9  DiLoCo
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "deloco/merge.h"
+#include "deloco/merge_config.h"
 #include "deloco/outer.h"
 #include "deloco/sync.h"
 #include "deloco/wire.h"
@@ -45,15 +47,14 @@ const std::vector<AlgorithmPreset>& algorithm_presets();
 
 struct AlgorithmConfig {
   SyncOptions sync;
-  std::string merge_preset = "diloco";
-  std::string merge_method;    // "" : the preset's plan; else this method for every tensor (vectors: the mean)
+  MergeConfig merge;           // merge.*: merge.preset (also the outer optimizer's), merge.method, rules, options
   OuterOptions outer = unresolved_outer();  // kind "" and NaN rates until resolve()
   // The codecs are part of the algorithm (they change what is merged), so both drivers apply them.
   std::string encoding = "fp32";            // net.encoding: pushes (outer gradients): fp32 | bf16 | int8 | int4 | int2
   std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners
   bool error_feedback = true;               // net.error_feedback: carry the push quantization residual
 
-  // Binds sync.*, merge.preset, merge.method, outer.kind, outer.lr, outer.momentum, net.encoding,
+  // Binds sync.*, merge.* (MergeConfig::Use::kTraining), outer.kind, outer.lr, outer.momentum, net.encoding,
   // net.broadcast_encoding, net.error_feedback.
   void bind(ConfigSchema& schema);
   // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
@@ -61,7 +62,7 @@ struct AlgorithmConfig {
   void resolve();
   // Throws ConfigError naming the first bad key (also an unresolved outer optimizer).
   void validate() const;
-  MergePlan merge_plan() const;
+  MergePlan merge_plan() const { return merge.plan(); }
   Encoding push_encoding() const { return parse_encoding(encoding); }
   Encoding answer_encoding() const { return parse_encoding(broadcast_encoding); }
 

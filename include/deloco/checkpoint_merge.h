@@ -11,11 +11,11 @@
 //    tensor has the base tensor's dtype. Results do not depend on the number of threads (see merge_tensors()).
 //  * Output: `out` (safetensors, metadata {"format": "deloco-merge", "method": method}) is written to a temporary
 //    file and renamed into place only when complete; the manifest is then written atomically to
-//    "<out>.manifest.json". The manifest is also returned: format, version, formula, method, plan, alpha,
-//    weights, compute_dtype, seed, options, base, inputs, output, tensors_merged, tensors_copied, methods_used,
-//    per_tensor (name → method) and wall_seconds.
+//    "<out>.manifest.json". The manifest is also returned: format, version, formula, method (MergeConfig::label()),
+//    plan, alpha, weights, compute_dtype, seed, options, base, inputs, output, tensors_merged, tensors_copied,
+//    methods_used, per_tensor (name → method) and wall_seconds.
 //  * Errors: MergeError for bad settings (checked before any file is opened: no inputs, weights not one per input,
-//    non-finite alpha, an unknown dtype, method, rule or option value), missing/extra tensors, shape or dtype
+//    non-finite alpha, an unknown preset, dtype, method, rule or option value), missing/extra tensors, shape or dtype
 //    mismatches and NaN/Inf values (naming the tensor and file); SafetensorsError for unreadable or malformed
 //    files; IoError when the output cannot be written. An error before the output is complete leaves no output file.
 //  * Not thread-safe with respect to `out`: one merge per output path at a time.
@@ -27,22 +27,19 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deloco/merge_config.h"
+
 namespace deloco {
 
 struct CheckpointMergeOptions {
   std::string base;                  // base checkpoint
   std::vector<std::string> inputs;   // fine-tuned checkpoints (T ≥ 1)
   std::string out;                   // output .safetensors path
-  std::string method = "mean";       // a merger name (merger_names()) or a plan preset: diloco, decoupled, isoloco
-  std::string rules;                 // "glob=method,..." tried before the preset's own rules (first match wins)
-  std::string vector_method = "mean";  // method for tensors of rank < 2 that no rule names
-  std::string dtype = "fp32";        // compute precision: fp32 | fp64
-  double alpha = 1.0;                // scale of the merged task vector
   std::vector<double> weights;       // one non-negative weight per input (empty: uniform)
-  int64_t seed = 0;                  // for random methods (dare)
-  int64_t threads = 0;               // worker threads (≤ 0: one per core)
-  double ties_keep = 0.9, dare_drop = 0.1, iso_cts_common = 0.8;  // MergeOptions of deloco/merge.h
-  int64_t iso_fast_polish = 1;
+  // The plan and its options (merge.preset / merge.method, rules, vector method, dtype, seed, the methods'
+  // options), α (merge.alpha) and the workers (merge.threads, ≤ 0: one per core): the [merge] keys of
+  // deloco/merge_config.h, the same as a training run's. The default is the diloco preset's plan: the mean.
+  MergeConfig merge;
 };
 
 nlohmann::json merge_checkpoints(const CheckpointMergeOptions& opts);

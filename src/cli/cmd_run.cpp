@@ -103,8 +103,8 @@ void run_run(const RunArgs& args) {
   cluster.prepare();
   std::cerr << "deloco run: " << M << " learner" << (M == 1 ? "" : "s") << (auto_m ? " (one per core)" : "")
             << ", K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments << ", H=" << cfg.sync.sync_every
-            << (cfg.sync.grace ? ", grace" : "") << ", merge " << cfg.merge_preset
-            << (cfg.merge_method.empty() ? "" : "/" + cfg.merge_method) << ", outer " << cfg.outer.kind
+            << (cfg.sync.grace ? ", grace" : "") << ", merge " << cfg.merge.preset
+            << (cfg.merge.method.empty() ? "" : "/" + cfg.merge.method) << ", outer " << cfg.outer.kind
             << (cfg.net.plaintext ? ", plaintext" : ", CURVE") << (cfg.chaos.enabled ? ", chaos on" : "")
             << "\nconfig: " << (demo ? std::string(kDemoConfigOrigin) : args.common.config_path)
             << "\nrun folder: " << dir << " (logs in " << dir << "/logs)\n";

@@ -45,7 +45,7 @@ void run_sim(const SimArgs& args) {
   if (!metrics) throw IoError("cannot open '" + dir + "/metrics.jsonl' for writing");
   std::cerr << "deloco sim: " << cfg.sync.learners << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
             << ", H=" << cfg.sync.sync_every << ", tau=" << cfg.sync.overlap << (cfg.sync.grace ? ", grace" : "")
-            << ", merge " << cfg.merge_preset << (cfg.merge_method.empty() ? "" : "/" + cfg.merge_method) << ", outer "
+            << ", merge " << cfg.merge.preset << (cfg.merge.method.empty() ? "" : "/" + cfg.merge.method) << ", outer "
             << cfg.outer.kind << " lr " << cfg.outer.lr << "; run folder " << dir << "\n";
   const auto t0 = std::chrono::steady_clock::now();
   SimResult res = sim.run([&](const nlohmann::json& j) {

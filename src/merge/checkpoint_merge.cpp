@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
+#include "deloco/config.h"
 #include "deloco/fs.h"
 #include "deloco/merge.h"
 #include "io/tensor_stream.h"
@@ -41,21 +42,17 @@ nlohmann::json merge_checkpoints(const CheckpointMergeOptions& a) {
   if (!a.weights.empty() && a.weights.size() != a.inputs.size())
     throw MergeError("--weights: " + std::to_string(a.weights.size()) + " weights given for " +
                      std::to_string(a.inputs.size()) + " inputs");
-  if (!std::isfinite(a.alpha)) throw MergeError("--alpha must be finite");
-  if (a.dtype != "fp32" && a.dtype != "fp64") throw MergeError("--dtype must be fp32 or fp64, not '" + a.dtype + "'");
+  const MergeConfig& mc = a.merge;
+  if (!std::isfinite(mc.alpha)) throw MergeError("--alpha must be finite");
+  if (mc.dtype != "fp32" && mc.dtype != "fp64") throw MergeError("--dtype must be fp32 or fp64, not '" + mc.dtype + "'");
 
   MergePlan plan;
-  const bool preset = a.method == "diloco" || a.method == "decoupled" || a.method == "isoloco";
-  if (preset) plan = MergePlan::preset(a.method);
-  else plan.method = a.method;
-  for (auto& r : MergePlan::parse_rules(a.rules)) plan.rules.insert(plan.rules.begin(), r);  // user rules first
-  plan.vector_method = a.vector_method;
-  plan.options.compute_dtype = a.dtype == "fp64" ? at::kDouble : at::kFloat;
-  plan.options.seed = static_cast<uint64_t>(a.seed);
-  plan.options.ties_keep = a.ties_keep;
-  plan.options.dare_drop = a.dare_drop;
-  plan.options.iso_cts_common = a.iso_cts_common;
-  plan.options.iso_fast_polish = static_cast<int>(a.iso_fast_polish);
+  try {
+    plan = mc.plan();  // user rules before the plan's own
+  } catch (const ConfigError& e) {
+    throw MergeError(e.what());  // an unknown merge.preset
+  }
+  const std::string label = mc.label();
   MergeSelector selector(plan);  // validates method names and options before any I/O
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -89,7 +86,7 @@ nlohmann::json merge_checkpoints(const CheckpointMergeOptions& a) {
     if (!at::isfinite(t).all().item<bool>())
       throw MergeError("tensor '" + name + "' in " + file + " contains NaN or Inf");
   };
-  std::map<std::string, std::string> meta{{"format", "deloco-merge"}, {"method", a.method}};
+  std::map<std::string, std::string> meta{{"format", "deloco-merge"}, {"method", label}};
   SafetensorsStreamWriter writer(a.out, base.index(), meta);
   auto load = [&](const std::string& name) {
     at::Tensor b = base.tensor(name).to(ct);
@@ -104,10 +101,10 @@ nlohmann::json merge_checkpoints(const CheckpointMergeOptions& a) {
   };
   auto store = [&](const std::string& name, const at::Tensor& merged) {
     at::Tensor b = base.tensor(name);
-    at::Tensor out = b.to(ct).add_(merged.to(ct), a.alpha).to(b.scalar_type());
+    at::Tensor out = b.to(ct).add_(merged.to(ct), mc.alpha).to(b.scalar_type());
     writer.write(name, out);
   };
-  auto used = merge_tensors(selector, merge_names, load, store, static_cast<int>(a.threads));
+  auto used = merge_tensors(selector, merge_names, load, store, static_cast<int>(mc.threads));
   for (const auto& name : copy_names) writer.write(name, base.tensor(name));
   writer.commit();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -122,15 +119,15 @@ nlohmann::json merge_checkpoints(const CheckpointMergeOptions& a) {
       {"format", "deloco-merge"},
       {"version", 1},
       {"formula", "theta = theta_base + alpha * Merge(theta_i - theta_base)"},
-      {"method", a.method},
+      {"method", label},
       {"plan", {{"default", plan.method}, {"rules", rules}, {"vector_method", plan.vector_method}}},
-      {"alpha", a.alpha},
+      {"alpha", mc.alpha},
       {"weights", a.weights},
-      {"compute_dtype", a.dtype},
-      {"seed", a.seed},
+      {"compute_dtype", mc.dtype},
+      {"seed", mc.seed},
       {"options",
-       {{"ties_keep", a.ties_keep}, {"dare_drop", a.dare_drop}, {"iso_cts_common", a.iso_cts_common},
-        {"iso_fast_polish", a.iso_fast_polish}}},
+       {{"ties_keep", mc.ties_keep}, {"dare_drop", mc.dare_drop}, {"iso_cts_common", mc.iso_cts_common},
+        {"iso_fast_polish", mc.iso_fast_polish}}},
       {"base", {{"path", base.path()}, {"bytes", base.file_size()}}},
       {"inputs", inputs_json},
       {"output", a.out},

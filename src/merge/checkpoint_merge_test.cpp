@@ -51,7 +51,7 @@ class CheckpointMerge : public ::testing::Test {
     o.base = path("base");
     o.inputs = {path("in0"), path("in1")};
     o.out = path("out");
-    o.threads = 2;
+    o.merge.threads = 2;
     return o;
   }
   fs::path dir_;
@@ -61,7 +61,7 @@ class CheckpointMerge : public ::testing::Test {
 
 TEST_F(CheckpointMerge, MeanOfTaskVectorsScaledByAlphaWithManifest) {
   CheckpointMergeOptions o = options();
-  o.alpha = 0.5;
+  o.merge.alpha = 0.5;
   const nlohmann::json m = merge_checkpoints(o);
   const TensorFile out = load_safetensors(o.out);
   for (const char* name : {"w", "b"}) {
@@ -82,7 +82,10 @@ TEST_F(CheckpointMerge, RefusesBadSettingsAndMismatchedInputsWithoutWritingOutpu
   o.weights = {1.0};
   EXPECT_THROW(merge_checkpoints(o), MergeError);
   o = options();
-  o.method = "no_such_method";
+  o.merge.method = "no_such_method";
+  EXPECT_THROW(merge_checkpoints(o), MergeError);
+  o = options();
+  o.merge.preset = "no_such_preset";
   EXPECT_THROW(merge_checkpoints(o), MergeError);
   TensorFile extra = inputs_[1];
   extra.tensors["extra"] = at::zeros({2});

@@ -65,7 +65,7 @@ void algorithm(AlgorithmConfig& a) {
   a.sync.overlap = 1;
   a.sync.wait_for_answer = true;
   a.sync.grace = false;
-  a.merge_preset = "decoupled";
+  a.merge.preset = "decoupled";
   a.encoding = "int8";
   a.broadcast_encoding = "bf16";
 }

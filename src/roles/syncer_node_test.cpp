@@ -50,7 +50,7 @@ RuntimeConfig config(const fs::path& dir) {
   cfg.sync.quorum = 1;
   cfg.sync.fragments = 2;
   cfg.sync.sync_every = 4;
-  cfg.merge_preset = "decoupled";
+  cfg.merge.preset = "decoupled";
   cfg.net.plaintext = true;
   cfg.net.heartbeat = 0.2;
   cfg.net.dead_after = 60.0;  // the hand-made learners send no heartbeats of their own unless told to

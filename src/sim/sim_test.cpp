@@ -76,7 +76,7 @@ SimConfig decoupled(int64_t M) {
   cfg.sync.fragments = 2;
   cfg.sync.wait_for_answer = false;
   cfg.sync.grace = true;
-  cfg.merge_preset = "decoupled";
+  cfg.merge.preset = "decoupled";
   cfg.sim.jitter = 0.1;
   cfg.sim.latency = 0.05;
   cfg.sim.merge_time = 0.05;

@@ -58,7 +58,7 @@ OuterOptions AlgorithmConfig::unresolved_outer() {
 }
 
 void AlgorithmConfig::resolve() {
-  const AlgorithmPreset& p = algorithm_preset(merge_preset);
+  const AlgorithmPreset& p = algorithm_preset(merge.preset);
   if (outer.kind.empty()) outer.kind = p.outer.kind;
   if (std::isnan(outer.lr)) outer.lr = p.outer.lr;
   if (std::isnan(outer.momentum)) outer.momentum = p.outer.momentum;
@@ -66,26 +66,15 @@ void AlgorithmConfig::resolve() {
 
 void AlgorithmConfig::bind(ConfigSchema& s) {
   sync.bind(s);
-  // The check of merge.preset resolves the outer optimizer first, so the checks of outer.* see final values.
-  s.bind("merge.preset", &merge_preset, "diloco | decoupled | isoloco | iso_c_sgd | iso_cts | tsv | ties | dare", [this] {
+  merge.bind(s, MergeConfig::Use::kTraining);
+  // outer.kind's check resolves the preset's outer optimizer first (merge.preset's check has named a bad preset by
+  // then), so the checks of outer.* see final values.
+  auto outer_check = [this] {
     try {
       resolve();
+    } catch (const ConfigError&) {
       return std::string();
-    } catch (const ConfigError& e) {
-      return std::string(e.what());
     }
-  });
-  s.bind("merge.method", &merge_method, "one merge method for every tensor (\"\": the preset's plan)", [this] {
-    if (merge_method.empty()) return std::string();
-    try {
-      make_merger(merge_method);
-      return std::string();
-    } catch (const MergeError& e) {
-      return "merge.method: " + std::string(e.what());
-    }
-  });
-  auto outer_check = [this] {
-    if (outer.kind.empty() || std::isnan(outer.lr) || std::isnan(outer.momentum)) return std::string();
     try {
       outer.validate();
       return std::string();
@@ -119,7 +108,7 @@ void AlgorithmConfig::validate() const {
   } catch (const SyncError& e) {
     throw ConfigError(e.what());
   }
-  algorithm_preset(merge_preset);
+  algorithm_preset(merge.preset);
   if (outer.kind.empty() || std::isnan(outer.lr) || std::isnan(outer.momentum))
     throw ConfigError("outer optimizer not resolved: call AlgorithmConfig::resolve() (or validate the schema) first");
   try {
@@ -130,15 +119,6 @@ void AlgorithmConfig::validate() const {
   } catch (const std::exception& e) {
     throw ConfigError(e.what());
   }
-}
-
-MergePlan AlgorithmConfig::merge_plan() const {
-  MergePlan p = algorithm_preset(merge_preset).plan;
-  if (!merge_method.empty()) {
-    p.method = merge_method;
-    p.rules.clear();
-  }
-  return p;
 }
 
 LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners, int64_t ranks) {
