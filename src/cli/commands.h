@@ -16,5 +16,6 @@ void add_node_commands(CLI::App& app);     // syncer, learner       (cmd_node.cp
 void add_run_command(CLI::App& app);       // run                   (cmd_run.cpp)
 void add_tokenize_command(CLI::App& app);  // tokenize              (cmd_tokenize.cpp)
 void add_report_command(CLI::App& app);    // report                (cmd_report.cpp)
+void add_config_command(CLI::App& app);    // config keys, presets  (cmd_config.cpp)
 
 }  // namespace deloco::cli

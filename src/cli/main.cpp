@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   deloco::cli::add_node_commands(app);
   deloco::cli::add_tokenize_command(app);
   deloco::cli::add_run_command(app);
+  deloco::cli::add_config_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
