@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The papers' claims in the deterministic simulator, with seeds, tuning and 95% intervals (issue 14).
 
-    scripts/science.py [--quick] [--out DIR] [--jobs N] [--deloco PATH] [--only e1,e3] [--report-only] [--doc FILE]
+    scripts/science.py [--quick] [--out DIR] [--jobs N] [--deloco PATH] [--only e1,e3] [--report-only] [--plan]
+                       [--doc FILE]
 
 Every point is one `deloco sim` run (the algorithm core under a virtual clock). A point's result is one JSON line
 in the results file (--quick: DIR/results.jsonl; the full suite: docs/science/results-full.jsonl, kept in the
@@ -16,6 +17,10 @@ Rules (issue 14):
     grows on that side (MAX_EXTENSIONS), and a choice still on an edge is reported as such; every reported number is
     measured on data.holdout = test, the second half, which no choice saw;
   * labels: every claim is marked reproduced, partly or not reproduced by a stated rule, with a sentence of why.
+
+The binary is the authority on the configuration: the presets' outer optimizers (kind, η, μ) come from
+`deloco config presets --json`, and every key a planned run sets is checked against `deloco config keys --for sim
+--json` before anything runs. --plan prints the planned runs (JSON lines) without running them.
 
 The scale: --quick is the byte-level tiny model (about 0.1M parameters) for CI; the full suite is a bf16 model of
 4.24M parameters on SentencePiece tokens (made by `deloco tokenize` into DIR/tokens when missing), sized to about
@@ -92,21 +97,54 @@ def ensure_tokens(args, out):
 
 
 # ---- the experiments -------------------------------------------------------------------------------------------
-# A method: its merge preset, outer optimizer kind and the preset's own η and μ (README), around which its grid lies:
-# η × the scale's lr_factors, and μ from the scale's momenta (Nesterov) or 0 (SGD).
-METHODS = {
-    "diloco": dict(sets=["merge.preset=diloco", "outer.kind=nesterov"], lr=0.7, mu=0.9),
-    "isoloco": dict(sets=["merge.preset=isoloco", "outer.kind=nesterov"], lr=1.8, mu=0.8),
-    "mean_sgd": dict(sets=["merge.preset=diloco", "outer.kind=sgd"], lr=1.0, mu=0.0),
-    "iso_c_sgd": dict(sets=["merge.preset=iso_c_sgd", "outer.kind=sgd"], lr=2.1, mu=0.0),
-    "iso_cts": dict(sets=["merge.preset=iso_cts", "outer.kind=nesterov"], lr=3.1, mu=0.8),
-    "tsv": dict(sets=["merge.preset=tsv", "outer.kind=nesterov"], lr=0.6, mu=0.8),
-    "ties": dict(sets=["merge.preset=ties", "outer.kind=nesterov"], lr=0.7, mu=0.8),
-    "dare": dict(sets=["merge.preset=dare", "outer.kind=nesterov"], lr=1.5, mu=0.8),
-    "rda": dict(sets=["merge.preset=decoupled", "outer.kind=nesterov"], lr=0.7, mu=0.9),
+# A method: the merge preset it runs and where it departs from that preset's outer optimizer. Its grid lies around
+# its η and μ: η × the scale's lr_factors, and μ from the scale's momenta (Nesterov) or 0 (SGD). The presets' own
+# kind, η and μ are read from the binary (`deloco config presets --json`, the table of deloco/algorithm.h) by
+# load_methods(), never copied here.
+METHOD_SPECS = {
+    "diloco": dict(preset="diloco"),
+    "isoloco": dict(preset="isoloco"),
+    "mean_sgd": dict(preset="diloco", kind="sgd", lr=1.0, mu=0.0),  # the mean under plain SGD at η = 1
+    "iso_c_sgd": dict(preset="iso_c_sgd"),
+    "iso_cts": dict(preset="iso_cts"),
+    "tsv": dict(preset="tsv"),
+    "ties": dict(preset="ties"),
+    "dare": dict(preset="dare"),
+    "rda": dict(preset="decoupled"),
     # The token-weighted mean, tuned where RDA is (Decoupled DiLoCo, K = 1) on RDA's grid: experiment 4's fair peer.
-    "mean_k1": dict(sets=["merge.preset=diloco", "outer.kind=nesterov"], lr=0.7, mu=0.9),
+    "mean_k1": dict(preset="diloco"),
 }
+METHODS = {}  # method -> dict(sets=["merge.preset=P", "outer.kind=K"], lr=η, mu=μ), filled by load_methods()
+
+
+def deloco_json(args, *argv):
+    """The JSON a `deloco` command prints (`config presets --json`, `config keys --json`)."""
+    try:
+        r = subprocess.run([args.deloco, *argv], capture_output=True, text=True)
+    except OSError as e:
+        sys.exit(f"science: cannot run {args.deloco} ({e}); build it (cmake --build build) or pass --deloco PATH")
+    if r.returncode != 0:
+        sys.exit(f"science: {args.deloco} {' '.join(argv)} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def load_methods(args):
+    presets = {p["name"]: p["outer"] for p in deloco_json(args, "config", "presets", "--json")["presets"]}
+    for meth, spec in METHOD_SPECS.items():
+        outer = presets[spec["preset"]]
+        METHODS[meth] = dict(sets=[f"merge.preset={spec['preset']}", f"outer.kind={spec.get('kind', outer['kind'])}"],
+                             lr=spec.get("lr", outer["lr"]), mu=spec.get("mu", outer["momentum"]))
+
+
+def check_keys(args, runs):
+    """Stops before anything runs when a planned run sets a key `deloco sim` does not have (the keys are the
+    experiments' own text; the binary's list, `deloco config keys --for sim --json`, is the authority)."""
+    known = {k["key"] for k in deloco_json(args, "config", "keys", "--for", "sim", "--json")}
+    unknown = sorted({s.split("=", 1)[0] for sets in runs for s in sets} - known)
+    if unknown:
+        sys.exit(f"science: keys that `{args.deloco} sim` does not know: {', '.join(unknown)}")
+
+
 TUNED_AT_K1 = ("rda", "mean_k1")  # tuned in Decoupled DiLoCo's setting; every other method in synchronous DiLoCo's
 
 
@@ -392,6 +430,16 @@ def reported_jobs(S, pts, best):
             s = S["base"] + extra + sets + ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
             jobs.append((dict(exp=exp, variant=variant, method=meth, seed=seed, holdout="test"), s))
     return jobs
+
+
+def planned_runs(S, pts, meths):
+    """Every run the suite would start before any result is in: each method's tuning grid (no extensions), then the
+    reported runs with each method at the centre of its grid (its preset's η and μ). One dict per run, with the
+    sets and their key (the results file's identity of a setting): what --plan prints."""
+    runs = [dict(job, key=key_of(sets), sets=sets) for job, sets in tuning_jobs(Results(os.devnull), S, meths)]
+    centre = {m: (METHODS[m]["lr"], METHODS[m]["mu"]) for m in meths}
+    runs += [dict(job, key=key_of(sets), sets=sets) for job, sets in reported_jobs(S, pts, centre)]
+    return runs
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
@@ -831,20 +879,30 @@ def main():
                     help="the results file (default: the full suite's docs/science/results-full.jsonl, which is kept "
                          "in the repository so that the hours of the full suite add up across sessions; --quick: "
                          "OUT/results.jsonl)")
+    ap.add_argument("--plan", action="store_true",
+                    help="print the runs the suite would start (tuning grids, then the reported runs at each grid's "
+                         "centre) as JSON lines, and exit: nothing is run or written")
     args = ap.parse_args()
     out = os.path.abspath(args.out or os.path.join(ROOT, "runs", "science-quick" if args.quick else "science"))
     global RESULTS_FILE
     RESULTS_FILE = os.path.abspath(args.results or (os.path.join(out, "results.jsonl") if args.quick else
                                                     os.path.join(ROOT, "docs", "science", "results-full.jsonl")))
-    os.makedirs(out, exist_ok=True)
     S = scale(args.quick, out)
-    if not args.quick and not args.report_only:
-        ensure_tokens(args, out)
+    load_methods(args)
     pts = plan(S)
     if args.only:
         keep = set(args.only.split(","))
         pts = [p for p in pts if p[0] in keep]
     tuned = sorted({meth for _, _, meth, _ in pts if meth is not None})
+    planned = planned_runs(S, pts, tuned)
+    check_keys(args, [r["sets"] for r in planned])
+    if args.plan:
+        for r in planned:
+            print(json.dumps(r))
+        return
+    os.makedirs(out, exist_ok=True)
+    if not args.quick and not args.report_only:
+        ensure_tokens(args, out)
     res = Results(RESULTS_FILE) if args.report_only else run_suite(args, out, S, pts, tuned)
     best = chosen(res, S, tuned)
     res.keep_only({key_of(sets) for _, sets in reported_jobs(S, pts, best)})
