@@ -151,15 +151,15 @@ int main(int argc, char** argv) {
             c.c_steps = 40;
             c.c_tokens = 40 * 1024;
             c.step_time = 0.1;
-            const std::string why = syncer.receive(static_cast<double>(r), std::move(c));
-            if (!why.empty()) {
-              std::cerr << "contribution refused: " << why << "\n";
+            const SyncReject why = syncer.receive(static_cast<double>(r), std::move(c));
+            if (why != SyncReject::kNone) {
+              std::cerr << "contribution refused: " << sync_reject_name(why) << "\n";
               return 1;
             }
           }
           const MergeOutcome out = syncer.merge(0);
           if (!out.ok()) {
-            std::cerr << "merge rejected: " << out.rejected << " " << out.detail << "\n";
+            std::cerr << "merge rejected: " << sync_reject_name(out.rejected) << " " << out.detail << "\n";
             return 1;
           }
           if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());

@@ -5,7 +5,8 @@
 // go to its own target; the merged global model must go to the average target (Ā, c̄), the minimiser of the sum.
 // The program drives both halves of deloco's core exactly as deloco's own drivers do:
 //   learner: LearnerCore::after_step → pushes (int8 outer gradients with error feedback) → decode_push for the syncer
-//   syncer:  Syncer::receive → decide → merge (quorum K = 3 of 3, the "diloco" preset: mean + Nesterov)
+//   syncer:  Syncer::receive → on_round: decide, merge, the new Θ_p flat (quorum K = 3 of 3, the "diloco" preset:
+//            mean + Nesterov)
 //   back:    the merged fragment → LearnerCore::receive → apply_due at the next boundary
 // Build it in-tree (target example_toy_cluster) or against an installed deloco (examples/CMakeLists.txt:
 // find_package(deloco) and link deloco::deloco). Exit status 0 when the global model reached the average target.
@@ -55,11 +56,11 @@ int main() {
     mean_b += L.target_b / M;
   }
 
-  const auto fragments = deloco::plan_fragments({{"w", 16 * 16 * 4}, {"b", 16 * 4}}, algo.sync.fragments,
-                                                algo.sync.sync_every);
-  deloco::Syncer syncer(algo.sync, fragments, {{"w", w0}, {"b", b0}}, algo.merge_plan(), algo.outer);
+  // The model plan: the fragments and their flat layouts, the same on every side.
+  const deloco::ModelPlan plan = deloco::plan_model(learners[0].params, algo.sync.fragments, algo.sync.sync_every);
+  deloco::Syncer syncer(algo.sync, plan.fragments, {{"w", w0}, {"b", b0}}, algo.merge_plan(), algo.outer);
   for (int64_t m = 0; m < M; ++m) {
-    learners[m].core = std::make_unique<deloco::LearnerCore>(algo.sync, fragments, learners[m].params, steps,
+    learners[m].core = std::make_unique<deloco::LearnerCore>(algo.sync, plan, learners[m].params, steps,
                                                              algo.push_encoding(), algo.error_feedback);
     syncer.note_joined(m);
   }
@@ -77,16 +78,14 @@ int main() {
       }
       for (const deloco::Push& p : L.core->after_step(step, /*tokens=*/100, /*seconds=*/1.0)) {
         // What a syncer node does with a fragment_push: decode the payload, hand it to the core.
-        const auto& layout = L.core->layout(p.fragment);
-        deloco::Contribution c = deloco::decode_push(m, p, layout);
-        const std::string why = syncer.receive(t, std::move(c));
-        if (!why.empty()) std::printf("rejected: %s\n", why.c_str());
-        if (syncer.decide(t, p.fragment).kind != deloco::RoundDecision::kMerge) continue;
-        const deloco::MergeOutcome out = syncer.merge(p.fragment);
+        deloco::Contribution c = deloco::decode_push(m, p, plan.fragment_layouts[p.fragment]);
+        const deloco::SyncReject why = syncer.receive(t, std::move(c));
+        if (why != deloco::SyncReject::kNone) std::printf("rejected: %s\n", deloco::sync_reject_name(why));
+        // The round (no grace window here: a merge happens at once or not at all, so no timer to arm).
+        const deloco::RoundResult r = syncer.on_round(t, p.fragment);
+        if (!r.merged()) continue;
         // Broadcast: every learner receives the new Θ_p (flat fp32).
-        at::Tensor answer = torch::empty({layout.elements});
-        deloco::flatten_into(syncer.fragment_tensors(p.fragment), answer.data_ptr<float>());
-        for (auto& other : learners) other.core->receive(p.fragment, out.version, answer);
+        for (auto& other : learners) other.core->receive(p.fragment, r.outcome.version, r.flat);
       }
     }
     if (step % 100 == 0) {

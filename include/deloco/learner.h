@@ -36,18 +36,7 @@
 
 namespace deloco {
 
-// How a list of tensors maps onto one flat fp32 vector (in the list's order).
-struct FlatLayout {
-  std::vector<std::string> names;
-  std::vector<std::vector<int64_t>> shapes;
-  std::vector<int64_t> offsets;  // element offset of each tensor
-  int64_t elements = 0;
-};
-FlatLayout make_flat_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors);
-// Copies tensors (any device, float32) into out[0..elements).
-void flatten_into(const std::vector<at::Tensor>& tensors, float* out);
-// Views of a flat CPU float tensor of `layout.elements` elements, shaped like the layout.
-std::vector<at::Tensor> unflatten(const at::Tensor& flat, const FlatLayout& layout);
+// FlatLayout, flatten_into, unflatten and the model plan (ModelPlan, plan_model): deloco/sync.h.
 
 // One fragment push, ready for the wire (the simulator decodes it exactly as the syncer node does).
 struct Push {
@@ -78,11 +67,12 @@ struct Applied {
 
 class LearnerCore {
  public:
-  // params: the model's named parameters (bound, see above). fragments: plan_fragments() over them. The learner
-  // starts holding version 0 of every fragment = the current parameters (every node initialises identically).
-  LearnerCore(const SyncOptions& opts, std::vector<Fragment> fragments,
-              std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
-              Encoding push_encoding = Encoding::kFp32, bool error_feedback = true);
+  // params: the model's named parameters (bound, see above). plan: plan_model() over them (deloco/sync.h): the
+  // core takes its fragments and layouts from it and throws SyncError when the parameters' names or shapes are not
+  // the plan's. The learner starts holding version 0 of every fragment = the current parameters (every node
+  // initialises identically).
+  LearnerCore(const SyncOptions& opts, const ModelPlan& plan, std::vector<std::pair<std::string, at::Tensor>> params,
+              int64_t total_steps, Encoding push_encoding = Encoding::kFp32, bool error_feedback = true);
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
   const FlatLayout& layout(int64_t fragment) const { return layouts_.at(static_cast<size_t>(fragment)); }

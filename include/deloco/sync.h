@@ -4,8 +4,10 @@
 // Contract
 //  * No I/O and no clock: every method that depends on time takes `now` (seconds, any monotone origin) as an
 //    argument. Given the same calls in the same order, results are bit-identical.
-//  * Fragments: plan_fragments() packs tensors into P fragments of near-equal bytes (largest tensor first into
+//  * The model plan: plan_fragments() packs tensors into P fragments of near-equal bytes (largest tensor first into
 //    the lightest fragment); fragment p is due on a learner after local step t when t mod H == offset_p.
+//    plan_model() is the one plan of a model every part uses: the fragments, each fragment's flat layout and the
+//    whole model's (the syncer, the learner core, the simulator and the nodes); plan_shard() cuts it per syncer shard.
 //  * Quorum and grace: decide_round() is a pure function of (now, round state, options, grace window). A round
 //    merges once it holds K contributions and either every connected learner has contributed, the grace window
 //    (adaptive, §2.4) has passed since the quorum, or grace is off.
@@ -18,6 +20,12 @@
 //    current Θ_p (delta_anchor = global: Δ_m = Δ̂ + Θ_p − Θ_p^v) or the held Θ_p^v (base: Δ_m = Δ̂), token or
 //    uniform weights (capped by sync.max_share), merges (random methods draw per outer step), applies the outer
 //    step and returns the new Θ_p.
+//  * The round: on_round() is the whole merge round of one fragment as every driver runs it — decide, merge (or
+//    roll back), flatten the new Θ_p — and drain() the same for every fragment still holding contributions at the
+//    end of a run. A driver keeps events, time, bytes, encoding and sending: it arms a timer for kWaitUntil,
+//    encodes and sends the flat fragment, tells the refused contributors, reports the transfer times
+//    (observe_sync) and writes its records.
+//  * Rejections are a SyncReject code from receive() to the records (sync_reject_name: the text records show).
 //  * Trust: a learner is authenticated but not trusted. What it sends can be refused but can neither crash the
 //    syncer nor make Θ non-finite: (1) ‖Δ̂‖ is computed in double (no overflow for any float input) and bounded
 //    relative to the fragment (sync.max_delta_ratio) and to the median of the fragment's recent accepted norms
@@ -25,6 +33,8 @@
 //    are checked against what the syncer can verify (receive()); (3) sync.max_share optionally caps one
 //    learner's share of a merge; (4) merge() is a transaction: a merge that fails or yields a non-finite Θ_p or
 //    outer state is rolled back exactly and its contributions rejected; (5) restore() refuses non-finite state.
+//  * Run accounting: run_uptime() and run_goodput() are the one definition of the uptime and goodput every driver
+//    reports.
 //  * Errors: bad options throw SyncError with a sentence naming the key. Not thread-safe.
 #pragma once
 
@@ -105,6 +115,46 @@ std::vector<int64_t> assign_shards(const std::vector<Fragment>& fragments, int64
 // The fragments shard s serves, in increasing id order (its local order: local index k ↔ global id result[k]).
 std::vector<int64_t> shard_fragments(const std::vector<int64_t>& assignment, int64_t s);
 
+// How a list of tensors maps onto one flat fp32 vector (in the list's order): the payload of pushes, answers and
+// state downloads.
+struct FlatLayout {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> offsets;  // element offset of each tensor
+  int64_t elements = 0;
+};
+FlatLayout make_flat_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors);
+// Copies tensors (any device, float32) into out[0..elements).
+void flatten_into(const std::vector<at::Tensor>& tensors, float* out);
+// Views of a flat CPU float tensor of `layout.elements` elements, shaped like the layout.
+std::vector<at::Tensor> unflatten(const at::Tensor& flat, const FlatLayout& layout);
+
+// The model plan: how every part cuts the model, identically given the same parameters and (P, H).
+struct ModelPlan {
+  std::vector<Fragment> fragments;          // plan_fragments over the tensors' byte sizes
+  std::vector<FlatLayout> fragment_layouts; // per fragment, its tensors in the fragment's name order
+  FlatLayout model;                         // the whole model in parameter order
+};
+// params: the model's named tensors in model order. Throws SyncError as plan_fragments does.
+ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H);
+
+// What one shard of a sharded syncer (syncer.shards = S) serves, identically on the shard and on every learner:
+// its fragments (assign_shards) in local order, and the layout of its part of the model — the fragments' layouts
+// concatenated in local order — over which its welcome, state download and checkpoints run. Fragment ids on the wire
+// are global (the model's); `local` maps them to the shard's order (−1: another shard's).
+struct ShardPlan {
+  int64_t shard = 0, shards = 1;
+  std::vector<int64_t> owner;                  // per global fragment: the shard that serves it
+  std::vector<int64_t> fragments;              // global ids, local order
+  std::vector<int64_t> local;                  // per global fragment: local index, or −1
+  std::vector<Fragment> local_fragments;       // the fragments with id = local index (what the shard's core holds)
+  std::vector<FlatLayout> fragment_layouts;    // local order
+  FlatLayout model;                            // the shard's part of the model: names of its fragments in order
+                                               // (S = 1: plan.model, the whole model in model order)
+};
+// Throws SyncError (S > P, S < 1) or ConfigError (s outside [0, S)).
+ShardPlan plan_shard(const ModelPlan& plan, int64_t S, int64_t s);
+
 // ---- Weights, moving averages, grace window, quorum -------------------------------------------------------
 // token: c_tokens · (c_tokens / c_steps) (0 when c_steps == 0); uniform: 1. Throws SyncError for other modes.
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps);
@@ -158,11 +208,33 @@ void apply_global(at::Tensor& local, const at::Tensor& global, double alpha);
 // biases, or an all-zero toy model, has ‖Θ_p‖ = 0).
 constexpr double kDeltaRmsFloor = 1.0;
 
-// Whether a rejection reason of Syncer::receive would repeat for the learner's next push of the fragment, so that
-// the learner must drop its local drift of it (LearnerCore::drop_drift): the norm bounds (norm_bound, norm_ratio,
+// Why the syncer core refused a contribution (Syncer::receive, in the order it checks) or dropped a round's
+// contributions (Syncer::merge rolled it back). Drivers act on the code; sync_reject_name() is the text the records,
+// Syncer::rejected() and the summaries' rejected_by_reason show.
+enum class SyncReject : uint8_t {
+  kNone = 0,           // accepted / merged
+  kUnknownFragment,    // unknown_fragment
+  kUnknownLearner,     // unknown_learner
+  kWrongTensorCount,   // wrong_tensor_count
+  kFutureBase,         // future_base
+  kCounterOutOfRange,  // counter_out_of_range
+  kWrongShape,         // wrong_shape
+  kNonFinite,          // non_finite
+  kNormBound,          // norm_bound
+  kNormRatio,          // norm_ratio
+  kNormOutlier,        // norm_outlier
+  kMergeNonFinite,     // merge_non_finite (a rolled-back round)
+  kMergeFailed,        // merge_failed (a rolled-back round)
+};
+constexpr SyncReject kLastSyncReject = SyncReject::kMergeFailed;
+// "unknown_fragment", ... as listed above; "" for kNone.
+const char* sync_reject_name(SyncReject r);
+
+// Whether a rejection of Syncer::receive would repeat for the learner's next push of the fragment, so that the
+// learner must drop its local drift of it (LearnerCore::drop_drift): the norm bounds (norm_bound, norm_ratio,
 // norm_outlier). A refused push's progress stays in θ, so the next Δ = Θ^v − θ carries it again, larger: without the
 // drop, that fragment would never merge again for that learner.
-bool refusal_drops_drift(const std::string& reason);
+bool refusal_drops_drift(SyncReject reason);
 
 // The slack of the step check, in units of sync_every (see Syncer::receive).
 constexpr int64_t kStepSlackPeriods = 1;
@@ -192,13 +264,35 @@ struct MergeOutcome {
   std::vector<int64_t> learners;         // whose contributions were merged (or dropped, when rolled back)
   std::vector<double> weights;           // normalised weights used
   double delta_norm = 0;                 // ‖merged Δ‖ over the fragment
-  // "" : merged. Else the round was rolled back — Θ, the outer state, the version and the kept history are exactly
-  // as before the call — and its contributions dropped and counted under this reason: merge_non_finite (the new
-  // Θ_p or outer state, or a merged outer gradient, held NaN/Inf) or merge_failed (the merge method threw; `detail`).
-  std::string rejected;
+  // kNone: merged. Else the round was rolled back — Θ, the outer state, the version and the kept history are
+  // exactly as before the call — and its contributions dropped and counted under this reason: kMergeNonFinite (the
+  // new Θ_p or outer state, or a merged outer gradient, held NaN/Inf) or kMergeFailed (the merge method threw;
+  // `detail`).
+  SyncReject rejected = SyncReject::kNone;
   std::string detail;
-  bool ok() const { return rejected.empty(); }
+  bool ok() const { return rejected == SyncReject::kNone; }
 };
+
+// One merge round of a fragment (Syncer::on_round, Syncer::drain).
+struct RoundResult {
+  RoundDecision decision;  // kWait: nothing to do; kWaitUntil: call on_round again at decision.until; kMerge: merged,
+                           // or rolled back (outcome.ok() says which)
+  MergeOutcome outcome;    // kMerge only
+  double grace = 0;        // the grace window when the round merged (ξ_grace, seconds)
+  double grace_wait = 0;   // now − the time the round reached its quorum (0: it never marked one)
+  at::Tensor flat;         // merged: the new Θ_p, flat fp32 CPU in the fragment's layout (what the learners receive)
+  bool merged() const { return decision.kind == RoundDecision::kMerge && outcome.ok(); }
+  bool rolled_back() const { return decision.kind == RoundDecision::kMerge && !outcome.ok(); }
+};
+
+// ---- Run accounting: the one definition every driver reports ----------------------------------------------------
+// Uptime: the fraction of `elapsed` seconds in which global training advanced, 1 − stalled / elapsed (1 while no time
+// has elapsed).
+inline double run_uptime(double stalled, double elapsed) { return elapsed > 0 ? 1.0 - stalled / elapsed : 1.0; }
+// Goodput: the learners' seconds in completed inner steps over M × elapsed (0 while no time has elapsed).
+inline double run_goodput(double busy, int64_t learners, double elapsed) {
+  return elapsed > 0 ? busy / (static_cast<double>(learners) * elapsed) : 0.0;
+}
 
 class Syncer {
  public:
@@ -224,7 +318,8 @@ class Syncer {
   // What learner m's counters are checked against (see receive()); before this call only their signs are.
   void set_budget(int64_t learner, const LearnerBudget& budget);
 
-  // A contribution arrives. Returns "" when accepted, else the rejection reason (also counted), checked in order:
+  // A contribution arrives. Returns kNone when accepted, else the rejection reason (also counted under its name),
+  // checked in order:
   //  * unknown_fragment, unknown_learner, wrong_tensor_count, future_base (a base version this syncer never
   //    produced);
   //  * counter_out_of_range — the counters claim more than the syncer can verify (rejected, never clamped):
@@ -242,13 +337,20 @@ class Syncer {
   //  * norm_ratio: ‖Δ̂‖ > max_delta_ratio · max(‖Θ_p‖, √n_p · kDeltaRmsFloor) (when > 0; n_p elements);
   //  * norm_outlier: ‖Δ̂‖ > max_delta_outlier · the median of the last delta_window accepted ‖Δ̂‖ of this fragment,
   //    once delta_warmup of them were seen and that median is > 0 (when > 0).
-  std::string receive(double now, Contribution c);
+  SyncReject receive(double now, Contribution c);
   // The decision for fragment p at time `now`.
   RoundDecision decide(double now, int64_t fragment) const;
   // Merges whatever fragment p holds (≥ 1 contribution), applies the outer step and checks that the new Θ_p and
   // outer state are finite; on failure rolls everything back (MergeOutcome::rejected). Never throws for what the
   // contributions hold; throws SyncError when the round is empty.
   MergeOutcome merge(int64_t fragment);
+  // The merge round of fragment p at time `now`: decide(); on kMerge, merge() and, when it merged, the new Θ_p
+  // flattened (RoundResult::flat). Call it after every arrival for p, at a kWaitUntil's time, and when the learners'
+  // connections change.
+  RoundResult on_round(double now, int64_t fragment);
+  // The end of a run (nobody will send again): merges every fragment still holding contributions, whatever the
+  // quorum, in fragment order; one result (decision kMerge) per fragment merged or rolled back.
+  std::vector<RoundResult> drain(double now);
   // Feeds ξ_sync: the time one synchronisation of a fragment costs besides the quorum wait — the upload of a
   // contribution, the merge and the broadcast — as measured or modelled by the driver.
   void observe_sync(double upload_seconds, double merge_seconds, double broadcast_seconds) {
@@ -287,8 +389,10 @@ class Syncer {
   RoundState round_state(int64_t fragment) const;
   // Records the time fragment p's round first holds the effective quorum (it opens the grace window, feeds ξ_quorum).
   void mark_quorum(double now, int64_t fragment);
-  std::string check(const Contribution& c, double* norm) const;
-  std::string check_counters(const Contribution& c) const;
+  SyncReject check(const Contribution& c, double* norm) const;
+  SyncReject check_counters(const Contribution& c) const;
+  // on_round's kMerge: merge() plus the result's grace figures and flat fragment.
+  void merge_round(double now, int64_t fragment, RoundResult* result);
   at::Tensor& global_tensor(const std::string& name);
   // ‖Θ_p‖ (double), kept in theta_norm_ and refreshed whenever Θ_p changes.
   double fragment_norm(int64_t fragment) const;

@@ -184,14 +184,14 @@ uint64_t tiny_fingerprint() {
 }
 
 // How every node cuts the tiny model (configs/tiny.toml, P = 2, H = 5): the fragments' sizes for hand-made pushes.
-proto::ModelPlan tiny_plan() {
+ModelPlan tiny_plan() {
   ModelConfig mc;
   mc.block_size = 32;
   mc.n_layer = 2;
   mc.n_head = 2;
   mc.n_embd = 48;
   GPT g(mc, 1);
-  return proto::plan_model(named_parameters(*g), 2, 5);
+  return plan_model(named_parameters(*g), 2, 5);
 }
 
 // A learner made by hand over the real transport (CURVE when given key files): sends what it is told, reads what
@@ -657,7 +657,7 @@ TEST_F(Faults, PeerTextAndOddMessagesNeverEndTheSyncer) {
   raw.hello(1, 1, 42, false, wide);
   ASSERT_TRUE(raw.next(MessageKind::kReject, 20).has_value());
   // 13c: an int8 push whose block scale is NaN is non_finite, not malformed_frame.
-  const proto::ModelPlan plan = tiny_plan();
+  const ModelPlan plan = tiny_plan();
   const int64_t n0 = plan.fragment_layouts[0].elements;
   std::vector<float> zeros(static_cast<size_t>(n0), 0.f);
   std::string payload = encode_floats(zeros.data(), zeros.size(), Encoding::kInt8);

@@ -78,7 +78,7 @@ struct LearnerNode::Impl {
   // `tx` and `c` (comms thread only).
   struct Link {
     std::unique_ptr<ClientTransport> tx;
-    proto::ShardPlan plan;
+    ShardPlan plan;
     bool joined = false, have_state = false, left = false, ever_joined = false;
     std::optional<State> state_ready;  // a verified download of this shard's part, waiting to be installed
     int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
@@ -811,17 +811,17 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
   std::random_device rd;
   I.instance = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
                static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-  proto::ModelPlan plan = proto::plan_model(I.work->parameters(), I.cfg.sync.fragments, I.cfg.sync.sync_every);
+  const ModelPlan plan = plan_model(I.work->parameters(), I.cfg.sync.fragments, I.cfg.sync.sync_every);
   I.layouts = plan.fragment_layouts;
-  I.limits = plan.limits;
+  I.limits = proto::wire_limits(plan);
   SyncOptions so = I.cfg.sync;
   so.learners = I.M;
-  I.core = std::make_unique<LearnerCore>(so, plan.fragments, I.work->parameters(), I.cfg.run.train.steps,
+  I.core = std::make_unique<LearnerCore>(so, plan, I.work->parameters(), I.cfg.run.train.steps,
                                          I.cfg.push_encoding(), I.cfg.error_feedback);
   I.held_versions = I.core->versions();
   I.links.resize(shards.size());
   for (size_t s = 0; s < shards.size(); ++s) {
-    I.links[s].plan = proto::plan_shard(plan, static_cast<int64_t>(shards.size()), static_cast<int64_t>(s));
+    I.links[s].plan = plan_shard(plan, static_cast<int64_t>(shards.size()), static_cast<int64_t>(s));
     I.links[s].tx = std::move(shards[s]);
   }
 }

@@ -134,56 +134,11 @@ Frame make_frame(const MessageHeader& h_in, Bytes payload, const WireLimits& lim
   return Frame{Bytes::copy(head.data(), head.size()), std::move(payload)};
 }
 
-ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H) {
-  ModelPlan plan;
-  std::vector<std::pair<std::string, int64_t>> sizes;
-  std::map<std::string, at::Tensor> by_name;
-  std::vector<std::string> names;
-  std::vector<at::Tensor> all;
-  for (const auto& [n, t] : params) {
-    sizes.emplace_back(n, t.numel() * static_cast<int64_t>(t.element_size()));
-    by_name[n] = t;
-    names.push_back(n);
-    all.push_back(t);
-  }
-  plan.fragments = plan_fragments(sizes, P, H);
-  for (const auto& f : plan.fragments) {
-    std::vector<at::Tensor> ts;
-    for (const auto& n : f.names) ts.push_back(by_name.at(n));
-    plan.fragment_layouts.push_back(make_flat_layout(f.names, ts));
-  }
-  plan.model = make_flat_layout(names, all);
-  plan.limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(plan.model.elements, 1 << 16));
-  plan.limits.max_payload_bytes = plan.limits.max_elements * 4 + 4096;
-  return plan;
-}
-
-ShardPlan plan_shard(const ModelPlan& plan, int64_t S, int64_t s) {
-  ShardPlan sp;
-  sp.owner = assign_shards(plan.fragments, S);
-  if (s < 0 || s >= S)
-    throw ConfigError("shard " + std::to_string(s) + " is not in [0, syncer.shards=" + std::to_string(S) + ")");
-  sp.shard = s;
-  sp.shards = S;
-  sp.fragments = shard_fragments(sp.owner, s);
-  sp.local.assign(plan.fragments.size(), -1);
-  for (size_t k = 0; k < sp.fragments.size(); ++k) {
-    const auto p = static_cast<size_t>(sp.fragments[k]);
-    sp.local[p] = static_cast<int64_t>(k);
-    Fragment f = plan.fragments[p];
-    f.id = static_cast<int64_t>(k);
-    sp.local_fragments.push_back(f);
-    const Layout& L = plan.fragment_layouts[p];
-    sp.fragment_layouts.push_back(L);
-    for (size_t i = 0; i < L.names.size(); ++i) {
-      sp.model.names.push_back(L.names[i]);
-      sp.model.shapes.push_back(L.shapes[i]);
-      sp.model.offsets.push_back(sp.model.elements + L.offsets[i]);
-    }
-    sp.model.elements += L.elements;
-  }
-  if (S == 1) sp.model = plan.model;  // unsharded: the whole model in model order, the layout of plan_model
-  return sp;
+WireLimits wire_limits(const ModelPlan& plan) {
+  WireLimits limits;
+  limits.max_elements = static_cast<uint64_t>(std::max<int64_t>(plan.model.elements, 1 << 16));
+  limits.max_payload_bytes = limits.max_elements * 4 + 4096;
+  return limits;
 }
 
 const char* reject_reason_name(RejectReason r) {
@@ -208,12 +163,22 @@ const char* reject_reason_name(RejectReason r) {
   return "other";
 }
 
-RejectReason reject_reason_from_core(const std::string& why) {
-  if (why == "wrong_shape" || why == "wrong_tensor_count") return RejectReason::kWrongShape;
-  if (why == "non_finite") return RejectReason::kNonFinite;
-  if (why == "unknown_fragment") return RejectReason::kUnknownFragment;
-  if (why == "unknown_learner") return RejectReason::kUnknownLearner;
-  if (refusal_drops_drift(why)) return RejectReason::kDeltaTooLarge;
+RejectReason reject_reason_from_core(SyncReject why) {
+  switch (why) {
+    case SyncReject::kWrongShape:
+    case SyncReject::kWrongTensorCount: return RejectReason::kWrongShape;
+    case SyncReject::kNonFinite: return RejectReason::kNonFinite;
+    case SyncReject::kUnknownFragment: return RejectReason::kUnknownFragment;
+    case SyncReject::kUnknownLearner: return RejectReason::kUnknownLearner;
+    case SyncReject::kNormBound:
+    case SyncReject::kNormRatio:
+    case SyncReject::kNormOutlier: return RejectReason::kDeltaTooLarge;  // exactly refusal_drops_drift (a test says so)
+    case SyncReject::kNone:
+    case SyncReject::kFutureBase:
+    case SyncReject::kCounterOutOfRange:
+    case SyncReject::kMergeNonFinite:
+    case SyncReject::kMergeFailed: break;
+  }
   return RejectReason::kRefusedByCore;
 }
 

@@ -74,35 +74,12 @@ inline Frame make_frame(const MessageHeader& h, const std::string& payload, cons
   return make_frame(h, Bytes::from_string(payload), limits);
 }
 
-// How a list of tensors maps onto one flat fp32 vector: deloco/learner.h (FlatLayout, flatten_into, unflatten).
+// How a list of tensors maps onto one flat fp32 vector: deloco/sync.h (FlatLayout, flatten_into, unflatten), as is
+// the model plan every node cuts the model by (ModelPlan, plan_model, ShardPlan, plan_shard).
 using Layout = FlatLayout;
 
-// How every node cuts the model, identically given the same config: the P fragments (plan_fragments), each
-// fragment's flat layout, the whole model's layout, and wire limits sized to the model.
-struct ModelPlan {
-  std::vector<Fragment> fragments;
-  std::vector<Layout> fragment_layouts;
-  Layout model;
-  WireLimits limits;
-};
-ModelPlan plan_model(const std::vector<std::pair<std::string, at::Tensor>>& params, int64_t P, int64_t H);
-
-// What one shard of a sharded syncer (syncer.shards = S) serves, identically on the shard and on every learner:
-// its fragments (assign_shards, deloco/sync.h) in local order, and the layout of its part of the model — the
-// fragments' layouts concatenated in local order — over which its welcome, state download and checkpoints run.
-// Fragment ids on the wire are global (the model's); `local` maps them to the shard's order (−1: another shard's).
-struct ShardPlan {
-  int64_t shard = 0, shards = 1;
-  std::vector<int64_t> owner;                  // per global fragment: the shard that serves it
-  std::vector<int64_t> fragments;              // global ids, local order
-  std::vector<int64_t> local;                  // per global fragment: local index, or −1
-  std::vector<Fragment> local_fragments;       // the fragments with id = local index (what the shard's core holds)
-  std::vector<Layout> fragment_layouts;        // local order
-  Layout model;                                // the shard's part of the model: names of its fragments in order
-                                               // (S = 1: plan.model, the whole model in model order)
-};
-// Throws SyncError (S > P, S < 1) or ConfigError (s outside [0, S)).
-ShardPlan plan_shard(const ModelPlan& plan, int64_t S, int64_t s);
+// Wire limits sized to the model: no float payload above the whole model's elements (at least 2^16).
+WireLimits wire_limits(const ModelPlan& plan);
 
 // Why the syncer refused a message. A reject frame carries the code in its header's `round` field and a text
 // "name: detail" as its payload; learners act on the code, people read the text.
@@ -129,9 +106,10 @@ constexpr RejectReason kLastRejectReason = RejectReason::kDeltaTooLarge;
 // A reject frame's fragment_id: the fragment of the refused push, or kNoFragment when the reject is not about one.
 constexpr uint32_t kNoFragment = 0xffffffffu;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)
-// The reason the core's rejection string maps to (wrong_shape, non_finite, unknown_fragment, delta_too_large for
-// the norm bounds; else kRefusedByCore).
-RejectReason reject_reason_from_core(const std::string& why);
+// The code a core rejection (deloco/sync.h) is sent with: wrong_shape (also wrong_tensor_count), non_finite,
+// unknown_fragment, unknown_learner, delta_too_large for the norm bounds (refusal_drops_drift), else
+// kRefusedByCore (the frame's text names the core's reason).
+RejectReason reject_reason_from_core(SyncReject why);
 // The code of a reject frame's header (kOther for an unknown value).
 RejectReason reject_reason_of(const MessageHeader& h);
 // Refusals that retrying cannot fix: the learner stops.

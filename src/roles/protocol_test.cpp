@@ -165,5 +165,22 @@ TEST(Protocol, AShardPlanIsItsFragmentsLaidOutInOrder) {
   EXPECT_THROW(plan_shard(plan, 2, 2), ConfigError);
 }
 
+// The code a core rejection travels with: delta_too_large exactly for the refusals the learner must drop its drift
+// for, the shape and finiteness codes for theirs, refused_by_core for the rest (the text names the reason).
+TEST(Protocol, CoreRejectionsMapToWireCodes) {
+  for (int i = 0; i <= static_cast<int>(kLastSyncReject); ++i) {
+    const auto why = static_cast<SyncReject>(i);
+    EXPECT_EQ(reject_reason_from_core(why) == RejectReason::kDeltaTooLarge, refusal_drops_drift(why))
+        << sync_reject_name(why);
+  }
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kWrongTensorCount), RejectReason::kWrongShape);
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kWrongShape), RejectReason::kWrongShape);
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kNonFinite), RejectReason::kNonFinite);
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kUnknownFragment), RejectReason::kUnknownFragment);
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kUnknownLearner), RejectReason::kUnknownLearner);
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kCounterOutOfRange), RejectReason::kRefusedByCore);
+  EXPECT_EQ(reject_reason_from_core(SyncReject::kMergeFailed), RejectReason::kRefusedByCore);
+}
+
 }  // namespace
 }  // namespace deloco::proto

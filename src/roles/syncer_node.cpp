@@ -409,55 +409,51 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
     return reject(env.peer, m, g, RejectReason::kMalformedFrame, e.what());
   }
   c.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
-  const std::string why = core->receive(t, std::move(c));
-  if (!why.empty()) {
+  const SyncReject why = core->receive(t, std::move(c));
+  if (why != SyncReject::kNone) {
     const RejectReason code = proto::reject_reason_from_core(why);
     if (code == RejectReason::kDeltaTooLarge) ++drift_resets;  // the learner drops its drift of g when told
     return reject(env.peer, m, g, code,
-                  "refused by the syncer core: " + why +
+                  std::string("refused by the syncer core: ") + sync_reject_name(why) +
                       (code == RejectReason::kDeltaTooLarge ? " (drop your drift of this fragment)" : ""),
-                  why);
+                  sync_reject_name(why));
   }
   try_merge(p);
 }
 
-void SyncerNode::Impl::try_merge(int64_t p, bool force) {
+void SyncerNode::Impl::try_merge(int64_t p) {
   const double t = now();
-  RoundDecision d = core->decide(t, p);
-  if (force) d.kind = RoundDecision::kMerge;
-  if (d.kind == RoundDecision::kWaitUntil) {
-    timers[p] = d.until;
-    return;
-  }
-  timers[p] = -1;
-  if (d.kind != RoundDecision::kMerge || core->pending(p) == 0) return;
-  const double qt = core->quorum_time(p);
-  const double grace = core->grace();
   const auto start = std::chrono::steady_clock::now();
-  MergeOutcome out = core->merge(p);
-  if (!out.ok()) {
-    // Rolled back by the core (Θ, momentum, version unchanged): nothing is checkpointed or broadcast, and each
-    // contributor is told why its push was dropped. The core counted them; so does the node's reject().
+  const RoundResult r = core->on_round(t, p);
+  timers[p] = r.decision.kind == RoundDecision::kWaitUntil ? r.decision.until : -1;
+  finish_round(p, t, start, r);
+}
+
+void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clock::time_point start,
+                                    const RoundResult& r) {
+  const MergeOutcome& out = r.outcome;
+  if (r.rolled_back()) {
+    // Θ, momentum and version unchanged: nothing is checkpointed or broadcast, and each contributor is told why its
+    // push was dropped. The core counted them; so does the node's reject().
     emit({{"kind", "merge_rolled_back"}, {"fragment", global_id(p)}, {"version", out.version}, {"learners", out.learners},
-          {"reason", out.rejected}, {"detail", out.detail}});
+          {"reason", sync_reject_name(out.rejected)}, {"detail", out.detail}});
     for (int64_t m : out.learners)
       reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
-             "the merge of this round was rolled back: " + out.detail, out.rejected);
+             "the merge of this round was rolled back: " + out.detail, sync_reject_name(out.rejected));
     return;
   }
+  if (!r.merged()) return;
   ++merges;
   last_merge_t = t;
-  if (qt >= 0 && t - qt > 1e-3) {
+  if (r.grace_wait > 1e-3) {
     ++grace_waits;
-    grace_wait_total += t - qt;
+    grace_wait_total += r.grace_wait;
   }
   // Durable before anyone sees it: with checkpoint_every = 1 no merge a learner received can be lost.
   if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) checkpoint();
   const auto merged_at = std::chrono::steady_clock::now();
   // Broadcast Θ_p: encode once, share the payload with every live learner.
   const proto::Layout& L = layouts[p];
-  std::vector<float> flat(static_cast<size_t>(L.elements));
-  flatten_into(core->fragment_tensors(p), flat.data());
   MessageHeader bh;
   bh.kind = MessageKind::kFragmentBroadcast;
   bh.encoding = broadcast_enc;
@@ -468,7 +464,8 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
   Bytes payload;
   bool encoded = true;
   try {
-    payload = Bytes::from_string(encode_floats(flat.data(), flat.size(), broadcast_enc));
+    payload = Bytes::from_string(
+        encode_floats(r.flat.data_ptr<float>(), static_cast<size_t>(r.flat.numel()), broadcast_enc));
   } catch (const WireError& e) {
     // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
     // malformed frame: say so, and let the learners catch up with the next merge or a state download.
@@ -487,9 +484,8 @@ void SyncerNode::Impl::try_merge(int64_t p, bool force) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
   core->observe_sync(broadcast_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
   emit({{"kind", "merge"}, {"fragment", global_id(p)}, {"version", out.version}, {"quorum", out.learners.size()},
-        {"learners", out.learners}, {"weights", out.weights}, {"grace", grace},
-        {"grace_wait", qt >= 0 ? t - qt : 0.0}, {"delta_norm", out.delta_norm}, {"tokens", total_tokens()},
-        {"merges", merges}});
+        {"learners", out.learners}, {"weights", out.weights}, {"grace", r.grace}, {"grace_wait", r.grace_wait},
+        {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}, {"merges", merges}});
 }
 
 void SyncerNode::Impl::evaluate(const char* kind) {
@@ -559,8 +555,7 @@ bool SyncerNode::Impl::blocked_learners(double t) const {
 double SyncerNode::Impl::goodput() const {
   double busy = 0;
   for (const auto& p : peers) busy += p.busy + p.busy_done;
-  const double el = elapsed();
-  return el > 0 ? busy / (static_cast<double>(M) * el) : 0.0;
+  return run_goodput(busy, M, elapsed());
 }
 
 void SyncerNode::Impl::housekeeping() {
@@ -661,8 +656,8 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.fingerprint = parse_fingerprint_hex(I.evaluator->fingerprint());
   std::vector<std::pair<std::string, at::Tensor>> global;
   for (const auto& [n, t] : I.evaluator->parameters()) global.emplace_back(n, t.detach().to(torch::kCPU));
-  proto::ModelPlan plan = proto::plan_model(global, I.cfg.sync.fragments, I.cfg.sync.sync_every);
-  I.shard = proto::plan_shard(plan, I.cfg.syncer.shards, I.cfg.syncer.shard);
+  const ModelPlan plan = plan_model(global, I.cfg.sync.fragments, I.cfg.sync.sync_every);
+  I.shard = plan_shard(plan, I.cfg.syncer.shards, I.cfg.syncer.shard);
   // The core holds this shard's fragments only (all of them when unsharded), in the shard's layout order.
   std::map<std::string, at::Tensor> by_name(global.begin(), global.end());
   std::vector<std::pair<std::string, at::Tensor>> own;
@@ -677,7 +672,7 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   }
   I.layouts = I.shard.fragment_layouts;
   I.model_layout = I.shard.model;
-  I.limits = plan.limits;
+  I.limits = proto::wire_limits(plan);
   I.broadcast_enc = I.cfg.answer_encoding();
   I.peers.resize(static_cast<size_t>(I.M));
   I.retired.assign(static_cast<size_t>(I.M), false);
@@ -756,9 +751,14 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     I.housekeeping();
   }
   // Merge whatever still waits (the learners that finished cannot send again), then evaluate and checkpoint.
-  if (I.all_retired())
-    for (int64_t p = 0; p < static_cast<int64_t>(I.layouts.size()); ++p)
-      if (I.core->pending(p) > 0) I.try_merge(p, /*force=*/true);
+  if (I.all_retired()) {
+    const double t = I.now();
+    const auto start = std::chrono::steady_clock::now();
+    for (const RoundResult& r : I.core->drain(t)) {
+      I.timers[r.outcome.fragment] = -1;
+      I.finish_round(r.outcome.fragment, t, start, r);
+    }
+  }
   if (I.shard.shard == 0) I.evaluate("final_eval");
   I.checkpoint(/*final=*/I.all_retired());
   I.update_prometheus();

@@ -62,7 +62,7 @@ struct SyncerNode::Impl {
   std::unique_ptr<Syncer> core;
   // A sharded syncer: this shard's fragments. The core, layouts, timers and versions are in the shard's local
   // order; the wire, the records and the checkpoints' "fragments" name global fragment ids (shard.fragments[p]).
-  proto::ShardPlan shard;
+  ShardPlan shard;
   int64_t global_id(int64_t local) const { return shard.fragments[static_cast<size_t>(local)]; }
   std::vector<proto::Layout> layouts;  // per fragment of this shard (local order)
   proto::Layout model_layout;          // this shard's part of the model (all of it when syncer.shards = 1)
@@ -179,8 +179,12 @@ struct SyncerNode::Impl {
   void on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t);
 
   // ---- merging --------------------------------------------------------------------------------------------
-  // force: merge whatever waits regardless of the quorum (at the end, when nobody can send again).
-  void try_merge(int64_t p, bool force = false);
+  // The core's round of fragment p now (Syncer::on_round): arms its timer, then finish_round().
+  void try_merge(int64_t p);
+  // What the node does with a round's result (on_round, or drain at the end): tells the contributors of a rolled-back
+  // round, or counts the merge, checkpoints, encodes and broadcasts the flat Θ_p, reports ξ_sync (the merge timed
+  // from `start`) and records it.
+  void finish_round(int64_t p, double t, std::chrono::steady_clock::time_point start, const RoundResult& r);
 
   // ---- evaluation, checkpoints, status -----------------------------------------------------------------------
   // Time the syncer spent not listening (an evaluation, a checkpoint) is not the learners' silence.
@@ -198,10 +202,7 @@ struct SyncerNode::Impl {
   void restore_from(const std::string& out_dir);
 
   double elapsed() const { return prior_elapsed + (first_join >= 0 ? now() - first_join : 0.0); }
-  double uptime() const {
-    const double el = elapsed();
-    return el > 0 ? 1.0 - (prior_stalled + stalled) / el : 1.0;
-  }
+  double uptime() const { return run_uptime(prior_stalled + stalled, elapsed()); }
   double goodput() const;
 
   void housekeeping();

@@ -40,7 +40,7 @@ uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t mod
 TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& model, NodeRole role) {
   RuntimeConfig cfg = cfg_in;
   cfg.resolve();
-  const proto::ModelPlan plan = proto::plan_model(model.parameters(), cfg.sync.fragments, cfg.sync.sync_every);
+  const ModelPlan plan = plan_model(model.parameters(), cfg.sync.fragments, cfg.sync.sync_every);
   int64_t largest = 0;
   for (const auto& l : plan.fragment_layouts) largest = std::max(largest, l.elements);
   TransportOptions t = cfg.net.transport();

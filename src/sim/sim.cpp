@@ -4,8 +4,9 @@
 // (deloco/learner.h) bumps its counters and returns the pushes due, encoded exactly as on the wire → each arrives
 // after latency + bytes/bandwidth and is decoded as the syncer node decodes it → at the step boundary the core
 // applies the answers whose time has come and says whether to wait; else the next step starts. The syncer side is
-// on_arrive() → Syncer::receive → try_merge() → Syncer::merge → broadcast (encoded and decoded in the broadcast
-// codec). The simulator keeps no algorithm logic of its own: only events, time and accounting.
+// on_arrive() → Syncer::receive → try_merge() → Syncer::on_round (decide, merge, the flat new Θ_p) → broadcast
+// (encoded and decoded in the broadcast codec). The simulator keeps no algorithm logic of its own: only events,
+// time, bytes and accounting.
 #include "deloco/sim.h"
 
 #include <algorithm>
@@ -249,9 +250,9 @@ struct Simulator::Impl {
       return;
     }
     const int64_t m = c->learner, p = c->fragment;
-    const std::string why = syncer->receive(now, std::move(*c));
-    if (!why.empty()) {
-      emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", why}});
+    const SyncReject why = syncer->receive(now, std::move(*c));
+    if (why != SyncReject::kNone) {
+      emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", sync_reject_name(why)}});
       tell_refused(m, p, epoch, refusal_drops_drift(why));
     }
     try_merge(p);
@@ -284,33 +285,31 @@ struct Simulator::Impl {
 
   void try_merge(int64_t p) {
     if (paused) return;
-    RoundDecision d = syncer->decide(now, p);
-    if (d.kind == RoundDecision::kWaitUntil) {
+    RoundResult r = syncer->on_round(now, p);
+    if (r.decision.kind == RoundDecision::kWaitUntil) {
       Event e;
-      e.t = d.until;
+      e.t = r.decision.until;
       e.kind = kTimer;
       e.fragment = p;
       push(e);
       return;
     }
-    if (d.kind != RoundDecision::kMerge) return;
-    const double qt = syncer->quorum_time(p);
-    const double grace = syncer->grace();
-    MergeOutcome out = syncer->merge(p);
-    if (!out.ok()) {  // rolled back: nothing changed, nothing to broadcast; its contributions were rejected
+    const MergeOutcome& out = r.outcome;
+    if (r.rolled_back()) {  // nothing changed, nothing to broadcast; its contributions were rejected
       for (int64_t m : out.learners) {
-        emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", out.rejected}, {"detail", out.detail}});
+        emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", sync_reject_name(out.rejected)},
+              {"detail", out.detail}});
         tell_refused(m, p, learners[m].epoch, false);
       }
       return;
     }
+    if (!r.merged()) return;
     ++merges;
     // The broadcast payload, encoded and decoded as the learner node receives it.
     auto snap = std::make_shared<Snapshot>();
     snap->fragment = p;
     snap->version = out.version;
-    snap->flat = torch::empty({layouts[p].elements}, torch::kFloat);
-    flatten_into(syncer->fragment_tensors(p), snap->flat.data_ptr<float>());
+    snap->flat = r.flat;
     if (answer_enc != Encoding::kFp32) {
       const std::string wire = encode_floats(snap->flat.data_ptr<float>(), static_cast<size_t>(layouts[p].elements), answer_enc);
       decode_floats_into(wire.data(), wire.size(), answer_enc, static_cast<size_t>(layouts[p].elements),
@@ -333,8 +332,8 @@ struct Simulator::Impl {
     }
     syncer->observe_sync(transfer(fragment_frame_bytes(p, cfg.push_encoding())), cfg.sim.merge_time, transfer(down));
     emit({{"kind", "merge"}, {"fragment", p}, {"version", out.version}, {"quorum", out.learners.size()},
-          {"learners", out.learners}, {"weights", out.weights}, {"grace", grace},
-          {"grace_wait", qt >= 0 ? now - qt : 0.0}, {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}});
+          {"learners", out.learners}, {"weights", out.weights}, {"grace", r.grace}, {"grace_wait", r.grace_wait},
+          {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}});
   }
 
   void on_answer(const Event& e) {
@@ -474,28 +473,22 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
       for (size_t i = 0; i < p0.size(); ++i) pm[i].second.copy_(p0[i].second);
     }
   }
-  std::vector<std::pair<std::string, int64_t>> sizes;
-  std::vector<std::pair<std::string, at::Tensor>> global;
-  for (auto& [n, t] : p0) {
-    sizes.emplace_back(n, t.numel() * static_cast<int64_t>(t.element_size()));
-    global.emplace_back(n, t);
-  }
-  std::vector<Fragment> frags;
+  ModelPlan plan;
   try {
-    frags = plan_fragments(sizes, cfg.sync.fragments, cfg.sync.sync_every);
+    plan = plan_model(p0, cfg.sync.fragments, cfg.sync.sync_every);
   } catch (const SyncError& e) {
     throw ConfigError(e.what());
   }
-  I.syncer = std::make_unique<Syncer>(cfg.sync, frags, global, cfg.merge_plan(), cfg.outer);
+  I.syncer = std::make_unique<Syncer>(cfg.sync, plan.fragments, p0, cfg.merge_plan(), cfg.outer);
   for (int64_t m = 0; m < M; ++m) I.syncer->set_budget(m, learner_budget(run, m, M));
   for (int64_t m = 0; m < M; ++m) {
     Learner& L = I.learners[m];
-    L.core = std::make_unique<LearnerCore>(cfg.sync, frags, L.work->parameters(), run.train.steps, cfg.push_encoding(),
+    L.core = std::make_unique<LearnerCore>(cfg.sync, plan, L.work->parameters(), run.train.steps, cfg.push_encoding(),
                                            cfg.error_feedback);
     I.syncer->note_joined(m);
   }
-  for (int64_t p = 0; p < static_cast<int64_t>(frags.size()); ++p) I.layouts.push_back(I.learners[0].core->layout(p));
-  I.model_layout = I.learners[0].core->model_layout();
+  I.layouts = plan.fragment_layouts;
+  I.model_layout = plan.model;
 }
 
 Simulator::~Simulator() = default;
@@ -594,10 +587,8 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     }
   }
   // Contributions still waiting (sent with the last steps) are merged before the final evaluation.
-  if (!hit_max) {
-    for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p)
-      if (I.syncer->pending(p) > 0 && I.syncer->merge(p).ok()) ++I.merges;
-  }
+  if (!hit_max)
+    for (const RoundResult& r : I.syncer->drain(I.now)) I.merges += r.merged() ? 1 : 0;
   I.evaluate_global("final_eval");
   const double T = I.now;
   double useful = 0, waited = 0, lost = 0;
@@ -622,10 +613,10 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"inner_steps", steps},
       {"virtual_seconds", T},
       {"outer_steps", I.merges},
-      {"uptime", T > 0 ? 1.0 - I.stalled_time / T : 1.0},
-      {"goodput", T > 0 ? useful / (static_cast<double>(M) * T) : 0.0},
-      {"uptime_until_first_done",
-       I.first_done_t > 0 ? 1.0 - I.stalled_at_first_done / I.first_done_t : (T > 0 ? 1.0 - I.stalled_time / T : 1.0)},
+      {"uptime", run_uptime(I.stalled_time, T)},
+      {"goodput", run_goodput(useful, M, T)},
+      {"uptime_until_first_done", I.first_done_t > 0 ? run_uptime(I.stalled_at_first_done, I.first_done_t)
+                                                     : run_uptime(I.stalled_time, T)},
       {"stalled_seconds", I.stalled_time},
       {"waited_seconds", waited},
       {"lost_seconds", lost},

@@ -12,36 +12,6 @@
 
 namespace deloco {
 
-FlatLayout make_flat_layout(const std::vector<std::string>& names, const std::vector<at::Tensor>& tensors) {
-  FlatLayout l;
-  l.names = names;
-  for (const auto& t : tensors) {
-    l.shapes.push_back(t.sizes().vec());
-    l.offsets.push_back(l.elements);
-    l.elements += t.numel();
-  }
-  return l;
-}
-
-void flatten_into(const std::vector<at::Tensor>& tensors, float* out) {
-  int64_t off = 0;
-  for (const auto& t : tensors) {
-    auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
-    std::memcpy(out + off, c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float));
-    off += c.numel();
-  }
-}
-
-std::vector<at::Tensor> unflatten(const at::Tensor& flat, const FlatLayout& layout) {
-  std::vector<at::Tensor> out;
-  for (size_t i = 0; i < layout.shapes.size(); ++i) {
-    int64_t n = 1;
-    for (auto d : layout.shapes[i]) n *= d;
-    out.push_back(flat.narrow(0, layout.offsets[i], n).view(layout.shapes[i]));
-  }
-  return out;
-}
-
 Contribution decode_push(int64_t learner, int64_t fragment, const FlatLayout& layout, Encoding encoding,
                          const void* payload, size_t bytes, int64_t base_version, int64_t c_steps, int64_t c_tokens,
                          double step_time) {
@@ -63,37 +33,37 @@ Contribution decode_push(int64_t learner, const Push& p, const FlatLayout& layou
                      p.c_steps, p.c_tokens, p.step_time);
 }
 
-LearnerCore::LearnerCore(const SyncOptions& opts, std::vector<Fragment> fragments,
+LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
                          std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
                          Encoding push_encoding, bool error_feedback)
     : opts_(opts),
-      fragments_(std::move(fragments)),
+      fragments_(plan.fragments),
       params_(std::move(params)),
+      layouts_(plan.fragment_layouts),
+      model_layout_(plan.model),
       total_steps_(total_steps),
       encoding_(push_encoding),
       error_feedback_(error_feedback) {
   if (encoding_ == Encoding::kRaw) throw SyncError("the push encoding must be a float encoding");
+  if (params_.size() != model_layout_.names.size() || layouts_.size() != fragments_.size())
+    throw SyncError("the model plan describes " + std::to_string(model_layout_.names.size()) +
+                    " parameter tensors, the learner has " + std::to_string(params_.size()));
   std::map<std::string, size_t> by_name;
-  std::vector<std::string> names;
-  std::vector<at::Tensor> all;
   for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].first != model_layout_.names[i] || params_[i].second.sizes().vec() != model_layout_.shapes[i])
+      throw SyncError("parameter " + std::to_string(i) + " '" + params_[i].first +
+                      "' is not the model plan's (another name, order or shape)");
     by_name[params_[i].first] = i;
-    names.push_back(params_[i].first);
-    all.push_back(params_[i].second);
   }
-  model_layout_ = make_flat_layout(names, all);
   const size_t P = fragments_.size();
   for (const auto& f : fragments_) {
     std::vector<size_t> idx;
-    std::vector<at::Tensor> ts;
     for (const auto& n : f.names) {
       auto it = by_name.find(n);
       if (it == by_name.end()) throw SyncError("fragment " + std::to_string(f.id) + " names unknown tensor '" + n + "'");
       idx.push_back(it->second);
-      ts.push_back(params_[it->second].second);
     }
     index_.push_back(std::move(idx));
-    layouts_.push_back(make_flat_layout(f.names, ts));
   }
   c_steps_.assign(P, 0);
   c_tokens_.assign(P, 0);

@@ -13,10 +13,9 @@ namespace {
 
 struct Toy {
   std::vector<std::pair<std::string, at::Tensor>> params{{"w", torch::zeros({2, 3})}, {"b", torch::zeros({4})}};
+  ModelPlan plan;
   std::vector<Fragment> frags;
-  explicit Toy(int64_t P, int64_t H) {
-    frags = plan_fragments({{"w", 24}, {"b", 16}}, P, H);
-  }
+  explicit Toy(int64_t P, int64_t H) : plan(plan_model(params, P, H)), frags(plan.fragments) {}
   // Simulates an inner step: every parameter moves by +1.
   void train() {
     torch::NoGradGuard ng;
@@ -42,7 +41,7 @@ std::vector<float> decode(const Push& p) {
 
 TEST(LearnerCore, PushesTheOuterGradientAgainstTheHeldVersion) {
   Toy toy(1, 2);
-  LearnerCore core(opts(2, 0, false), toy.frags, toy.params, 100);
+  LearnerCore core(opts(2, 0, false), toy.plan, toy.params, 100);
   toy.train();
   EXPECT_TRUE(core.after_step(1, 10, 1.0).empty());
   toy.train();
@@ -75,7 +74,7 @@ TEST(LearnerCore, PushesTheOuterGradientAgainstTheHeldVersion) {
 // others keep their parameters, versions, counters and outstanding sends.
 TEST(LearnerCore, InstallingOneShardsPartLeavesTheOtherFragmentsAlone) {
   Toy toy(2, 2);
-  LearnerCore core(opts(2, 0, false), toy.frags, toy.params, 100);
+  LearnerCore core(opts(2, 0, false), toy.plan, toy.params, 100);
   toy.train();
   core.after_step(1, 10, 1.0);
   toy.train();
@@ -115,7 +114,7 @@ TEST(LearnerCore, InstallingOneShardsPartLeavesTheOtherFragmentsAlone) {
 
 TEST(LearnerCore, AnAnswerWithinTauIsAppliedAtSendPlusTauAndClearsTheWait) {
   Toy toy(1, 4);
-  LearnerCore core(opts(4, 2, true), toy.frags, toy.params, 100);
+  LearnerCore core(opts(4, 2, true), toy.plan, toy.params, 100);
   for (int64_t s = 1; s <= 4; ++s) {
     toy.train();
     core.after_step(s, 1, 1.0);
@@ -151,7 +150,7 @@ TEST(LearnerCore, AnAnswerWithinTauIsAppliedAtSendPlusTauAndClearsTheWait) {
 
 TEST(LearnerCore, WithoutWaitingALateAnswerIsAppliedOnArrivalAndAnEarlyOneAtSendPlusTau) {
   Toy toy(1, 4);
-  LearnerCore core(opts(4, 3, false), toy.frags, toy.params, 100);
+  LearnerCore core(opts(4, 3, false), toy.plan, toy.params, 100);
   for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
   for (int64_t s = 5; s <= 8; ++s) {
     EXPECT_FALSE(core.must_wait(s));  // never waits
@@ -175,7 +174,7 @@ TEST(LearnerCore, WithoutWaitingALateAnswerIsAppliedOnArrivalAndAnEarlyOneAtSend
 
 TEST(LearnerCore, AtTheEndOfTrainingAWaitingLearnerWaitsForItsLastAnswer) {
   Toy toy(1, 4);
-  LearnerCore core(opts(4, 3, true), toy.frags, toy.params, /*total_steps=*/4);
+  LearnerCore core(opts(4, 3, true), toy.plan, toy.params, /*total_steps=*/4);
   for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
   EXPECT_TRUE(core.must_wait(4));  // step 4 is the last: send + τ is never reached
   core.receive(0, 1, answer(core, 0, 0.0f));
@@ -187,7 +186,7 @@ TEST(LearnerCore, AtTheEndOfTrainingAWaitingLearnerWaitsForItsLastAnswer) {
 // leave its learner waiting for an answer that will never come; an answer received earlier still applies.
 TEST(LearnerCore, ARefusedPushIsNoLongerWaitedFor) {
   Toy toy(1, 4);
-  LearnerCore core(opts(4, 0, true), toy.frags, toy.params, /*total_steps=*/100);
+  LearnerCore core(opts(4, 0, true), toy.plan, toy.params, /*total_steps=*/100);
   for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
   EXPECT_TRUE(core.must_wait(4));
   core.refused(0);
@@ -211,7 +210,7 @@ TEST(LearnerCore, ARefusedPushIsNoLongerWaitedFor) {
 TEST(LearnerCore, ANormRefusalDropsTheDriftAndTheFragmentMergesAgain) {
   for (const bool drop : {false, true}) {
     Toy toy(1, 1);
-    LearnerCore core(opts(1, 0, false), toy.frags, toy.params, 100);
+    LearnerCore core(opts(1, 0, false), toy.plan, toy.params, 100);
     SyncOptions o = opts(1, 0, false);
     o.max_delta_ratio = 2.0;  // ‖Θ‖ = 0: the bound is 2 · √10 · kDeltaRmsFloor
     std::vector<std::pair<std::string, at::Tensor>> global;
@@ -224,12 +223,14 @@ TEST(LearnerCore, ANormRefusalDropsTheDriftAndTheFragmentMergesAgain) {
       }
       auto pushes = core.after_step(step, 1, 1.0);
       EXPECT_EQ(pushes.size(), 1u);
-      const std::string why = syncer.receive(static_cast<double>(step), decode_push(0, pushes.at(0), core.layout(0)));
-      if (why.empty()) {
-        const MergeOutcome out = syncer.merge(0);
-        EXPECT_TRUE(out.ok());
-        core.receive(0, out.version, torch::cat({syncer.fragment_tensors(0)[0].flatten(),
-                                                 syncer.fragment_tensors(0)[1].flatten()}));
+      const SyncReject why =
+          syncer.receive(static_cast<double>(step), decode_push(0, pushes.at(0), core.layout(0)));
+      if (why == SyncReject::kNone) {
+        const RoundResult r = syncer.on_round(static_cast<double>(step), 0);
+        EXPECT_TRUE(r.merged());
+        EXPECT_TRUE(torch::equal(r.flat, torch::cat({syncer.fragment_tensors(0)[0].flatten(),
+                                                     syncer.fragment_tensors(0)[1].flatten()})));
+        core.receive(0, r.outcome.version, r.flat);
         core.apply_due(step);
       } else if (drop && refusal_drops_drift(why)) {
         core.drop_drift(0);
@@ -238,27 +239,27 @@ TEST(LearnerCore, ANormRefusalDropsTheDriftAndTheFragmentMergesAgain) {
       }
       return why;
     };
-    EXPECT_EQ(round(1, 100.0f), "norm_ratio");  // a loss spike: ‖Δ‖ = 100 · √10
-    EXPECT_TRUE(refusal_drops_drift("norm_ratio"));
+    EXPECT_EQ(round(1, 100.0f), SyncReject::kNormRatio);  // a loss spike: ‖Δ‖ = 100 · √10
+    EXPECT_TRUE(refusal_drops_drift(SyncReject::kNormRatio));
     if (drop) {
       for (const auto& [n, t] : toy.params) EXPECT_EQ(t.abs().max().item<float>(), 0.0f) << n << ": back at Θ^0";
       EXPECT_EQ(core.c_steps(0), 0);
       EXPECT_EQ(core.outstanding(0), -1);
     }
     // The next round moves θ by an ordinary +1: merged with the drop, refused again without it (the wedge).
-    EXPECT_EQ(round(2, 1.0f), drop ? "" : "norm_ratio");
-    EXPECT_EQ(round(3, 1.0f), drop ? "" : "norm_ratio");
+    EXPECT_EQ(round(2, 1.0f), drop ? SyncReject::kNone : SyncReject::kNormRatio);
+    EXPECT_EQ(round(3, 1.0f), drop ? SyncReject::kNone : SyncReject::kNormRatio);
     EXPECT_EQ(syncer.merged_contributions(), drop ? 2 : 0);
   }
-  EXPECT_FALSE(refusal_drops_drift("future_base"));
-  EXPECT_FALSE(refusal_drops_drift("non_finite"));
+  EXPECT_FALSE(refusal_drops_drift(SyncReject::kFutureBase));
+  EXPECT_FALSE(refusal_drops_drift(SyncReject::kNonFinite));
 }
 
 TEST(LearnerCore, OlderAnswersAreIgnoredAndAlphaMixes) {
   Toy toy(1, 2);
   SyncOptions o = opts(2, 0, false);
   o.alpha = 0.25;
-  LearnerCore core(o, toy.frags, toy.params, 100);
+  LearnerCore core(o, toy.plan, toy.params, 100);
   toy.train();  // θ = 1
   core.receive(0, 3, answer(core, 0, 5.0f));
   core.receive(0, 2, answer(core, 0, 100.0f));  // older than what is pending: ignored
@@ -271,7 +272,7 @@ TEST(LearnerCore, OlderAnswersAreIgnoredAndAlphaMixes) {
 
 TEST(LearnerCore, FragmentsAreDueStaggeredAndCountedSeparately) {
   Toy toy(2, 4);
-  LearnerCore core(opts(4, 0, false), toy.frags, toy.params, 100);
+  LearnerCore core(opts(4, 0, false), toy.plan, toy.params, 100);
   std::vector<std::pair<int64_t, int64_t>> sent;  // (step, fragment)
   for (int64_t s = 1; s <= 8; ++s)
     for (const auto& p : core.after_step(s, 3, 1.0)) sent.emplace_back(s, p.fragment);
@@ -288,7 +289,7 @@ TEST(LearnerCore, FragmentsAreDueStaggeredAndCountedSeparately) {
 
 TEST(LearnerCore, StepTimeIsTheMeanSinceThePreviousPush) {
   Toy toy(1, 3);
-  LearnerCore core(opts(3, 0, false), toy.frags, toy.params, 100);
+  LearnerCore core(opts(3, 0, false), toy.plan, toy.params, 100);
   core.after_step(1, 1, 1.0);
   core.after_step(2, 1, 2.0);
   EXPECT_DOUBLE_EQ(core.step_time(), 1.5);  // running mean before the first push
@@ -303,7 +304,7 @@ TEST(LearnerCore, StepTimeIsTheMeanSinceThePreviousPush) {
 
 TEST(LearnerCore, Int4PushesWithErrorFeedbackTrackTheTrueOuterGradients) {
   Toy toy(1, 1);
-  LearnerCore core(opts(1, 0, false), toy.frags, toy.params, 100, Encoding::kInt4, /*error_feedback=*/true);
+  LearnerCore core(opts(1, 0, false), toy.plan, toy.params, 100, Encoding::kInt4, /*error_feedback=*/true);
   torch::manual_seed(3);
   // θ drifts randomly; the learner never receives an answer, so every push is against Θ^0 = 0: Δ_s = −θ_s.
   std::vector<double> true_sum(10, 0.0), sent_sum(10, 0.0);
@@ -328,7 +329,7 @@ TEST(LearnerCore, Int4PushesWithErrorFeedbackTrackTheTrueOuterGradients) {
 
 TEST(LearnerCore, InstallResetsEverything) {
   Toy toy(1, 2);
-  LearnerCore core(opts(2, 1, true), toy.frags, toy.params, 100);
+  LearnerCore core(opts(2, 1, true), toy.plan, toy.params, 100);
   core.after_step(1, 1, 1.0);
   core.after_step(2, 1, 1.0);
   core.after_step(3, 1, 1.0);
@@ -340,6 +341,24 @@ TEST(LearnerCore, InstallResetsEverything) {
   EXPECT_EQ(toy.params[0].second[1][1].item<float>(), 4.0f);
   EXPECT_THROW(core.install(torch::zeros({9}), {7}), SyncError);
   EXPECT_THROW(core.install(torch::zeros({10}), {7, 8}), SyncError);
+}
+
+// The core takes its fragments and layouts from the model plan, and refuses parameters that are not the plan's.
+TEST(LearnerCore, TakesTheModelPlanAndRefusesOtherParameters) {
+  Toy toy(2, 4);
+  LearnerCore core(opts(4, 0, false), toy.plan, toy.params, 100);
+  EXPECT_EQ(core.fragments().size(), 2u);
+  EXPECT_EQ(core.model_layout().elements, 10);
+  for (int64_t p = 0; p < 2; ++p) EXPECT_EQ(core.layout(p).names, toy.plan.fragment_layouts[p].names);
+  auto reshaped = toy.params;
+  reshaped[0].second = torch::zeros({3, 2});
+  EXPECT_THROW(LearnerCore(opts(4, 0, false), toy.plan, reshaped, 100), SyncError);
+  auto renamed = toy.params;
+  renamed[1].first = "c";
+  EXPECT_THROW(LearnerCore(opts(4, 0, false), toy.plan, renamed, 100), SyncError);
+  auto fewer = toy.params;
+  fewer.pop_back();
+  EXPECT_THROW(LearnerCore(opts(4, 0, false), toy.plan, fewer, 100), SyncError);
 }
 
 }  // namespace

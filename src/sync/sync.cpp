@@ -75,68 +75,6 @@ void SyncOptions::bind(ConfigSchema& s) {
   s.bind("sync.max_share", &max_share, "cap on one contribution's share of a merge, in (0, 1] (1 = off)");
 }
 
-std::vector<Fragment> plan_fragments(const std::vector<std::pair<std::string, int64_t>>& tensors, int64_t P,
-                                     int64_t H) {
-  if (P < 1) throw SyncError("sync.fragments must be ≥ 1");
-  if (H < 1) throw SyncError("sync.sync_every must be ≥ 1");
-  if (P > static_cast<int64_t>(tensors.size()))
-    throw SyncError("sync.fragments=" + std::to_string(P) + " is larger than the number of parameter tensors (" +
-                    std::to_string(tensors.size()) + ")");
-  std::vector<size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return tensors[a].second > tensors[b].second; });
-  std::vector<Fragment> frags(static_cast<size_t>(P));
-  std::vector<std::vector<size_t>> members(frags.size());
-  for (size_t i : order) {
-    size_t best = 0;
-    for (size_t f = 1; f < frags.size(); ++f)
-      if (frags[f].bytes < frags[best].bytes) best = f;
-    frags[best].bytes += tensors[i].second;
-    members[best].push_back(i);
-  }
-  for (size_t f = 0; f < frags.size(); ++f) {
-    std::sort(members[f].begin(), members[f].end());
-    for (size_t i : members[f]) frags[f].names.push_back(tensors[i].first);
-    frags[f].id = static_cast<int64_t>(f);
-    frags[f].offset = (static_cast<int64_t>(f) * H / P) % H;
-  }
-  return frags;
-}
-
-std::vector<int64_t> assign_shards(const std::vector<Fragment>& fragments, int64_t S) {
-  const int64_t P = static_cast<int64_t>(fragments.size());
-  if (S < 1) throw SyncError("syncer.shards must be ≥ 1");
-  if (S > P)
-    throw SyncError("syncer.shards=" + std::to_string(S) + " is larger than sync.fragments=" + std::to_string(P) +
-                    ": every shard serves at least one fragment, so set sync.fragments ≥ syncer.shards");
-  std::vector<size_t> order(fragments.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return fragments[a].bytes > fragments[b].bytes; });
-  std::vector<int64_t> load(static_cast<size_t>(S), 0), count(static_cast<size_t>(S), 0);
-  std::vector<int64_t> shard(fragments.size(), 0);
-  for (size_t i : order) {
-    // A shard still without a fragment goes first (P ≥ S fragments: each gets one), then the lightest.
-    size_t best = 0;
-    for (size_t s = 1; s < load.size(); ++s) {
-      const bool empty_s = count[s] == 0, empty_b = count[best] == 0;
-      if (empty_s != empty_b ? empty_s : load[s] < load[best]) best = s;
-    }
-    load[best] += fragments[i].bytes;
-    ++count[best];
-    shard[i] = static_cast<int64_t>(best);
-  }
-  return shard;
-}
-
-std::vector<int64_t> shard_fragments(const std::vector<int64_t>& assignment, int64_t s) {
-  std::vector<int64_t> out;
-  for (size_t p = 0; p < assignment.size(); ++p)
-    if (assignment[p] == s) out.push_back(static_cast<int64_t>(p));
-  return out;
-}
-
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps) {
   if (mode == "uniform") return 1.0;
   if (mode != "token") throw SyncError("unknown weighting '" + mode + "' (token, uniform)");
@@ -378,70 +316,89 @@ int64_t credited_step(int64_t seen, int64_t reported, int64_t total) {
 }
 }  // namespace
 
-std::string Syncer::check_counters(const Contribution& c) const {
-  if (c.c_steps < 0 || c.c_tokens < 0) return "counter_out_of_range";
+SyncReject Syncer::check_counters(const Contribution& c) const {
+  if (c.c_steps < 0 || c.c_tokens < 0) return SyncReject::kCounterOutOfRange;
   const LearnerBudget& b = budgets_[static_cast<size_t>(c.learner)];
   if (b.tokens_per_step > 0) {
     // c_tokens > c_steps · T, without overflowing the product.
     const bool product_fits = c.c_steps <= std::numeric_limits<int64_t>::max() / b.tokens_per_step;
-    if (product_fits && c.c_tokens > c.c_steps * b.tokens_per_step) return "counter_out_of_range";
+    if (product_fits && c.c_tokens > c.c_steps * b.tokens_per_step) return SyncReject::kCounterOutOfRange;
   }
   if (b.total_steps > 0) {
-    if (c.c_steps > b.total_steps) return "counter_out_of_range";  // more than the whole run (also keeps the sum small)
+    if (c.c_steps > b.total_steps) return SyncReject::kCounterOutOfRange;  // more than the whole run (also keeps the sum small)
     const int64_t s = credited_step(seen_step_[static_cast<size_t>(c.learner)], c.step, b.total_steps);
     const LastAccepted& last = last_[static_cast<size_t>(c.learner)][static_cast<size_t>(c.fragment)];
     const int64_t since = last.base == c.base_version ? last.anchor : last.step;
-    if (c.c_steps > (s - since) + kStepSlackPeriods * opts_.sync_every) return "counter_out_of_range";
+    if (c.c_steps > (s - since) + kStepSlackPeriods * opts_.sync_every) return SyncReject::kCounterOutOfRange;
   }
-  return "";
+  return SyncReject::kNone;
 }
 
-bool refusal_drops_drift(const std::string& reason) {
-  return reason == "norm_bound" || reason == "norm_ratio" || reason == "norm_outlier";
+const char* sync_reject_name(SyncReject r) {
+  switch (r) {
+    case SyncReject::kNone: return "";
+    case SyncReject::kUnknownFragment: return "unknown_fragment";
+    case SyncReject::kUnknownLearner: return "unknown_learner";
+    case SyncReject::kWrongTensorCount: return "wrong_tensor_count";
+    case SyncReject::kFutureBase: return "future_base";
+    case SyncReject::kCounterOutOfRange: return "counter_out_of_range";
+    case SyncReject::kWrongShape: return "wrong_shape";
+    case SyncReject::kNonFinite: return "non_finite";
+    case SyncReject::kNormBound: return "norm_bound";
+    case SyncReject::kNormRatio: return "norm_ratio";
+    case SyncReject::kNormOutlier: return "norm_outlier";
+    case SyncReject::kMergeNonFinite: return "merge_non_finite";
+    case SyncReject::kMergeFailed: return "merge_failed";
+  }
+  return "unknown";
 }
 
-std::string Syncer::check(const Contribution& c, double* norm) const {
-  if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return "unknown_fragment";
-  if (c.learner < 0 || c.learner >= opts_.learners) return "unknown_learner";
+bool refusal_drops_drift(SyncReject reason) {
+  return reason == SyncReject::kNormBound || reason == SyncReject::kNormRatio || reason == SyncReject::kNormOutlier;
+}
+
+SyncReject Syncer::check(const Contribution& c, double* norm) const {
+  if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return SyncReject::kUnknownFragment;
+  if (c.learner < 0 || c.learner >= opts_.learners) return SyncReject::kUnknownLearner;
   const size_t p = static_cast<size_t>(c.fragment);
   const Fragment& f = fragments_[p];
-  if (c.deltas.size() != f.names.size()) return "wrong_tensor_count";
-  if (c.base_version < 0 || c.base_version > rounds_[p].version) return "future_base";
-  const std::string counters = check_counters(c);
-  if (!counters.empty()) return counters;
+  if (c.deltas.size() != f.names.size()) return SyncReject::kWrongTensorCount;
+  if (c.base_version < 0 || c.base_version > rounds_[p].version) return SyncReject::kFutureBase;
+  const SyncReject counters = check_counters(c);
+  if (counters != SyncReject::kNone) return counters;
   for (size_t i = 0; i < f.names.size(); ++i) {
     const at::Tensor& t = c.deltas[i];
-    if (!t.defined() || t.sizes() != global_[index_.at(f.names[i])].second.sizes()) return "wrong_shape";
+    if (!t.defined() || t.sizes() != global_[index_.at(f.names[i])].second.sizes()) return SyncReject::kWrongShape;
   }
   double sq = 0;
   for (const auto& t : c.deltas) sq += squared_norm(t);
   const double n = std::sqrt(sq);
   *norm = n;
-  if (!std::isfinite(n)) return "non_finite";
-  if (opts_.max_delta_norm > 0 && n > opts_.max_delta_norm) return "norm_bound";
+  if (!std::isfinite(n)) return SyncReject::kNonFinite;
+  if (opts_.max_delta_norm > 0 && n > opts_.max_delta_norm) return SyncReject::kNormBound;
   if (opts_.max_delta_ratio > 0) {
     const double scale = std::max(theta_norm_[p], std::sqrt(static_cast<double>(elements_[p])) * kDeltaRmsFloor);
-    if (n > opts_.max_delta_ratio * scale) return "norm_ratio";
+    if (n > opts_.max_delta_ratio * scale) return SyncReject::kNormRatio;
   }
   const auto& recent = recent_norms_[p];
   if (opts_.max_delta_outlier > 0 && static_cast<int64_t>(recent.size()) >= opts_.delta_warmup) {
     std::vector<double> v(recent);
     auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
     std::nth_element(v.begin(), mid, v.end());
-    if (*mid > 0 && n > opts_.max_delta_outlier * *mid) return "norm_outlier";  // a zero median bounds nothing
+    if (*mid > 0 && n > opts_.max_delta_outlier * *mid) return SyncReject::kNormOutlier;  // a zero median bounds nothing
   }
-  return "";
+  return SyncReject::kNone;
 }
 
-std::string Syncer::receive(double now, Contribution c) {
+SyncReject Syncer::receive(double now, Contribution c) {
   double norm = 0;
-  const std::string why = check(c, &norm);
+  const SyncReject why = check(c, &norm);
   if (c.learner >= 0 && c.learner < opts_.learners) {  // the highest step heard, whatever became of the push
     auto& seen = seen_step_[static_cast<size_t>(c.learner)];
     seen = credited_step(seen, c.step, budgets_[static_cast<size_t>(c.learner)].total_steps);
   }
-  if (!why.empty()) {
-    ++rejected_[why];
+  if (why != SyncReject::kNone) {
+    ++rejected_[sync_reject_name(why)];
     return why;
   }
   if (c.step_time > 0) stats_.step.add(c.step_time, opts_.ema);
@@ -464,7 +421,7 @@ std::string Syncer::receive(double now, Contribution c) {
   fl = std::max(fl, c.base_version);  // it will never again reference an older version of this fragment
   r.waiting[learner] = std::move(c);
   mark_quorum(now, fragment);
-  return "";
+  return SyncReject::kNone;
 }
 
 void Syncer::mark_quorum(double now, int64_t fragment) {
@@ -522,7 +479,7 @@ MergeOutcome Syncer::merge(int64_t fragment) {
   double sq = 0;
   int64_t stale = 0;
   try {
-    for (size_t i = 0; i < f.names.size() && out.rejected.empty(); ++i) {
+    for (size_t i = 0; i < f.names.size() && out.ok(); ++i) {
       const std::string& name = f.names[i];
       at::Tensor& theta = global_tensor(name);
       MergeInput in;
@@ -546,7 +503,7 @@ MergeOutcome Syncer::merge(int64_t fragment) {
       at::Tensor merged = selector_.select(name, theta.dim()).merge(in);
       const double msq = merged.to(torch::kDouble).pow(2).sum().item<double>();
       if (!std::isfinite(msq)) {
-        out.rejected = "merge_non_finite";
+        out.rejected = SyncReject::kMergeNonFinite;
         out.detail = "the merged outer gradient of '" + name + "' holds NaN or Inf";
         break;
       }
@@ -554,24 +511,24 @@ MergeOutcome Syncer::merge(int64_t fragment) {
       outer_->step(name, theta, merged);
       const at::Tensor buf = outer_->buffer(name);
       if (!torch::isfinite(theta).all().item<bool>() || (buf.defined() && !torch::isfinite(buf).all().item<bool>())) {
-        out.rejected = "merge_non_finite";
+        out.rejected = SyncReject::kMergeNonFinite;
         out.detail = "the outer step made '" + name + "' (or its momentum) NaN or Inf";
       }
     }
   } catch (const std::exception& e) {  // a merge method or the outer step refused these inputs
-    out.rejected = "merge_failed";
+    out.rejected = SyncReject::kMergeFailed;
     out.detail = e.what();
   }
   const int64_t n = static_cast<int64_t>(r.waiting.size());
   r.waiting.clear();
   r.quorum_time = -1;
-  if (!out.rejected.empty()) {
+  if (!out.ok()) {
     // Roll back: Θ_p and the momentum exactly as before; version, history, counters untouched.
     for (size_t i = 0; i < f.names.size(); ++i) {
       global_tensor(f.names[i]).copy_(before[i]);
       outer_->set_buffer(f.names[i], buffers[i]);
     }
-    rejected_[out.rejected] += n;
+    rejected_[sync_reject_name(out.rejected)] += n;
     out.version = r.version;
     return out;
   }
@@ -583,6 +540,35 @@ MergeOutcome Syncer::merge(int64_t fragment) {
   prune_history(fragment);
   theta_norm_[static_cast<size_t>(fragment)] = fragment_norm(fragment);
   return out;
+}
+
+RoundResult Syncer::on_round(double now, int64_t fragment) {
+  RoundResult r;
+  r.decision = decide(now, fragment);
+  if (r.decision.kind == RoundDecision::kMerge) merge_round(now, fragment, &r);
+  return r;
+}
+
+std::vector<RoundResult> Syncer::drain(double now) {
+  std::vector<RoundResult> out;
+  for (int64_t p = 0; p < static_cast<int64_t>(rounds_.size()); ++p) {
+    if (pending(p) == 0) continue;
+    RoundResult r;
+    r.decision.kind = RoundDecision::kMerge;  // whatever the quorum: nobody can send again
+    merge_round(now, p, &r);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+void Syncer::merge_round(double now, int64_t fragment, RoundResult* r) {
+  const double qt = quorum_time(fragment);
+  r->grace = grace();
+  r->grace_wait = qt >= 0 ? now - qt : 0.0;
+  r->outcome = merge(fragment);
+  if (!r->outcome.ok()) return;
+  r->flat = torch::empty({elements_[static_cast<size_t>(fragment)]}, torch::kFloat);
+  flatten_into(fragment_tensors(fragment), r->flat.data_ptr<float>());
 }
 
 }  // namespace deloco

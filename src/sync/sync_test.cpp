@@ -201,9 +201,9 @@ TEST(SyncSyncer, TokenWeightedMeanWithSgdOne) {
   OuterOptions outer{"sgd", 1.0, 0.0};
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), outer);
   // Learners at θ = 1 and θ = 4 from Θ = 0: outer gradients −1 and −4.
-  EXPECT_EQ(s.receive(0.0, contrib(0, -1.0f, 10, 100)), "");
+  EXPECT_EQ(s.receive(0.0, contrib(0, -1.0f, 10, 100)), SyncReject::kNone);
   EXPECT_EQ(s.decide(0.0, 0).kind, RoundDecision::kWait);
-  EXPECT_EQ(s.receive(1.0, contrib(2, -4.0f, 20, 200)), "");  // twice the tokens at the same rate: weight ×2
+  EXPECT_EQ(s.receive(1.0, contrib(2, -4.0f, 20, 200)), SyncReject::kNone);  // twice the tokens at the same rate: weight ×2
   EXPECT_EQ(s.decide(1.0, 0).kind, RoundDecision::kMerge);
   auto out = s.merge(0);
   ASSERT_EQ(out.learners, (std::vector<int64_t>{0, 2}));
@@ -226,22 +226,22 @@ TEST(SyncSyncer, RejectsBadContributions) {
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
   auto nan = contrib(0, 1.0f, 1, 1);
   nan.deltas[0][0][1] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_EQ(s.receive(0, nan), "non_finite");
+  EXPECT_EQ(s.receive(0, nan), SyncReject::kNonFinite);
   auto shape = contrib(0, 1.0f, 1, 1);
   shape.deltas[1] = torch::zeros({3});
-  EXPECT_EQ(s.receive(0, shape), "wrong_shape");
+  EXPECT_EQ(s.receive(0, shape), SyncReject::kWrongShape);
   auto big = contrib(1, 100.0f, 1, 1);
-  EXPECT_EQ(s.receive(0, big), "norm_bound");
+  EXPECT_EQ(s.receive(0, big), SyncReject::kNormBound);
   auto few = contrib(1, 1.0f, 1, 1);
   few.deltas.pop_back();
-  EXPECT_EQ(s.receive(0, few), "wrong_tensor_count");
-  EXPECT_EQ(s.receive(0, contrib(1, 1.0f, 1, 1, /*base=*/3)), "future_base");  // a version never produced
+  EXPECT_EQ(s.receive(0, few), SyncReject::kWrongTensorCount);
+  EXPECT_EQ(s.receive(0, contrib(1, 1.0f, 1, 1, /*base=*/3)), SyncReject::kFutureBase);  // a version never produced
   EXPECT_EQ(s.rejected_contributions(), 5);
   EXPECT_EQ(s.pending(0), 0);
   EXPECT_EQ(s.decide(0, 0).kind, RoundDecision::kWait);
   // Θ untouched.
   EXPECT_EQ(s.global()[0].second.abs().sum().item<float>(), 0.0f);
-  EXPECT_EQ(s.receive(0, contrib(1, 1.0f, 1, 1)), "");
+  EXPECT_EQ(s.receive(0, contrib(1, 1.0f, 1, 1)), SyncReject::kNone);
   EXPECT_EQ(s.pending(0), 1);
 }
 
@@ -255,9 +255,9 @@ float anchored(const std::string& anchor) {
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
   s.note_joined(0);
   s.note_joined(1);
-  EXPECT_EQ(s.receive(0, contrib(1, -2.0f, 1, 1, 0)), "");
+  EXPECT_EQ(s.receive(0, contrib(1, -2.0f, 1, 1, 0)), SyncReject::kNone);
   s.merge(0);  // Θ = 2
-  EXPECT_EQ(s.receive(1, contrib(0, -1.0f, 1, 1, 0)), "");
+  EXPECT_EQ(s.receive(1, contrib(0, -1.0f, 1, 1, 0)), SyncReject::kNone);
   s.merge(0);
   EXPECT_EQ(s.stale_bases(), 0);
   return s.global()[0].second[1][1].item<float>();
@@ -276,20 +276,20 @@ TEST(SyncSyncer, OldVersionsAreKeptOnlyWhileALearnerMayHoldThem) {
   s.note_joined(0);
   s.note_joined(1);
   for (int v = 0; v < 3; ++v) {  // learner 1 pushes against each new version; learner 0 stays at version 0
-    ASSERT_EQ(s.receive(0, contrib(1, -1.0f, 1, 1, v)), "");
+    ASSERT_EQ(s.receive(0, contrib(1, -1.0f, 1, 1, v)), SyncReject::kNone);
     s.merge(0);
   }
   // Θ = 3. Learner 0 (θ = 1 from version 0: Δ̂ = −1) is anchored correctly at the current Θ: Δ = 3 − 1 = 2 → Θ = 1.
-  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 0)), "");
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 0)), SyncReject::kNone);
   s.merge(0);
   EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), 1.0f, 1e-6);
   EXPECT_EQ(s.stale_bases(), 0);
   // Both push against version 4: no learner can hold an older version any more, so versions 0..3 are dropped and
   // a (confused or hostile) push against version 0 is anchored at the current Θ and counted.
-  ASSERT_EQ(s.receive(0, contrib(0, 0.0f, 1, 1, 4)), "");
-  ASSERT_EQ(s.receive(0, contrib(1, 0.0f, 1, 1, 4)), "");
+  ASSERT_EQ(s.receive(0, contrib(0, 0.0f, 1, 1, 4)), SyncReject::kNone);
+  ASSERT_EQ(s.receive(0, contrib(1, 0.0f, 1, 1, 4)), SyncReject::kNone);
   s.merge(0);
-  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 0)), "");
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 0)), SyncReject::kNone);
   s.merge(0);
   EXPECT_EQ(s.stale_bases(), 1);
 }
@@ -302,8 +302,8 @@ TEST(SyncSyncer, AQuorumLoweredByARetirementStillGetsItsGraceWindow) {
   o.sync_every = 10;
   o.grace = true;
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  ASSERT_EQ(s.receive(0.0, contrib(0, -1.0f, 1, 1)), "");
-  ASSERT_EQ(s.receive(0.0, contrib(2, -1.0f, 1, 1)), "");
+  ASSERT_EQ(s.receive(0.0, contrib(0, -1.0f, 1, 1)), SyncReject::kNone);
+  ASSERT_EQ(s.receive(0.0, contrib(2, -1.0f, 1, 1)), SyncReject::kNone);
   EXPECT_EQ(s.decide(0.5, 0).kind, RoundDecision::kWait);  // 2 of 3
   s.retire(1.0, 2);  // learner 2 finished: the quorum is now 2, reached at t = 1; learner 1 may still come
   // ξ_step = 1, ξ_quorum = 1 (first arrival 0 → quorum 1), ξ_sync = 0: grace = 0.8 · (5·1 − 1) = 3.2.
@@ -343,7 +343,7 @@ TEST(SyncSyncer, DareDrawsANewMaskEveryOuterStep) {
     c.deltas = {torch::full({64, 64}, -1.0f)};
     c.base_version = v;
     c.c_steps = c.c_tokens = 1;
-    ASSERT_EQ(s.receive(0, std::move(c)), "");
+    ASSERT_EQ(s.receive(0, std::move(c)), SyncReject::kNone);
     const at::Tensor before = s.global()[0].second.clone();
     s.merge(0);
     never &= s.global()[0].second.eq(before);
@@ -413,19 +413,19 @@ TEST(SyncCounters, SelfAssignedWeightIsRefused) {
   s.set_budget(1, {T, 100});
   auto honest = contrib(0, -1.0f, 10, 10 * T);
   honest.step = 10;
-  EXPECT_EQ(s.receive(0, honest), "");
+  EXPECT_EQ(s.receive(0, honest), SyncReject::kNone);
   auto greedy = contrib(1, -4.0f, 1, int64_t{1} << 62);
   greedy.step = 10;
-  EXPECT_EQ(s.receive(0, greedy), "counter_out_of_range");
+  EXPECT_EQ(s.receive(0, greedy), SyncReject::kCounterOutOfRange);
   // 2^63 + 1 on the wire reads as a negative int64: refused too, even without a budget.
   auto wrapped = contrib(1, -4.0f, -5, 10);
-  EXPECT_EQ(s.receive(0, wrapped), "counter_out_of_range");
+  EXPECT_EQ(s.receive(0, wrapped), SyncReject::kCounterOutOfRange);
   // Tokens exactly c_steps · T are fine; one more is not.
   auto exact = contrib(1, -4.0f, 10, 10 * T + 1);
   exact.step = 10;
-  EXPECT_EQ(s.receive(0, exact), "counter_out_of_range");
+  EXPECT_EQ(s.receive(0, exact), SyncReject::kCounterOutOfRange);
   exact.c_tokens = 10 * T;
-  EXPECT_EQ(s.receive(0, exact), "");
+  EXPECT_EQ(s.receive(0, exact), SyncReject::kNone);
   auto out = s.merge(0);
   ASSERT_TRUE(out.ok());
   EXPECT_NEAR(out.weights[0], 0.5, 1e-12);
@@ -448,30 +448,30 @@ TEST(SyncCounters, StepsAreBoundedByTheReportedProgress) {
     return s.receive(0, c);
   };
   // First push at step 10: anything up to 10 + H is possible (it may have been heard late).
-  EXPECT_EQ(push(10, 21, 0), "counter_out_of_range");
-  EXPECT_EQ(push(10, 20, 0), "");
+  EXPECT_EQ(push(10, 21, 0), SyncReject::kCounterOutOfRange);
+  EXPECT_EQ(push(10, 20, 0), SyncReject::kNone);
   // A learner claiming the whole run in one push, or more than the run: refused.
-  EXPECT_EQ(push(10, 1000, 0), "counter_out_of_range");
-  EXPECT_EQ(push(10, 1001, 0), "counter_out_of_range");
+  EXPECT_EQ(push(10, 1000, 0), SyncReject::kCounterOutOfRange);
+  EXPECT_EQ(push(10, 1001, 0), SyncReject::kCounterOutOfRange);
   // Nothing applied since (same base 0): its counter ran on since the start. At step 20: 20 − 0 + H = 30.
-  EXPECT_EQ(push(20, 31, 0), "counter_out_of_range");
-  EXPECT_EQ(push(20, 30, 0), "");
+  EXPECT_EQ(push(20, 31, 0), SyncReject::kCounterOutOfRange);
+  EXPECT_EQ(push(20, 30, 0), SyncReject::kNone);
   // Running on does not accumulate the slack: at step 30 still 30 − 0 + H.
-  EXPECT_EQ(push(30, 41, 0), "counter_out_of_range");
-  EXPECT_EQ(push(30, 40, 0), "");
+  EXPECT_EQ(push(30, 41, 0), SyncReject::kCounterOutOfRange);
+  EXPECT_EQ(push(30, 40, 0), SyncReject::kNone);
   s.merge(0);  // version 1
   // It applied version 1 after that push, which reset its counter: at step 40, at most 40 − 30 + H.
-  EXPECT_EQ(push(40, 21, 1), "counter_out_of_range");
-  EXPECT_EQ(push(40, 10, 1), "");
-  EXPECT_EQ(push(50, 30, 1), "");  // ran on (base 1 again): 50 − 30 + H
-  EXPECT_EQ(push(50, 31, 1), "counter_out_of_range");
+  EXPECT_EQ(push(40, 21, 1), SyncReject::kCounterOutOfRange);
+  EXPECT_EQ(push(40, 10, 1), SyncReject::kNone);
+  EXPECT_EQ(push(50, 30, 1), SyncReject::kNone);  // ran on (base 1 again): 50 − 30 + H
+  EXPECT_EQ(push(50, 31, 1), SyncReject::kCounterOutOfRange);
   s.merge(0);  // version 2
   // A step report beyond train.steps is credited as train.steps, no more: the liar's one big claim ...
-  EXPECT_EQ(push(1 << 30, 960, 2), "");  // 1000 − 50 + H
+  EXPECT_EQ(push(1 << 30, 960, 2), SyncReject::kNone);  // 1000 − 50 + H
   s.merge(0);  // version 3
   // ... after which nothing is left but the slack.
-  EXPECT_EQ(push(1 << 30, 11, 3), "counter_out_of_range");
-  EXPECT_EQ(push(1 << 30, 10, 3), "");
+  EXPECT_EQ(push(1 << 30, 11, 3), SyncReject::kCounterOutOfRange);
+  EXPECT_EQ(push(1 << 30, 10, 3), SyncReject::kNone);
   EXPECT_EQ(s.rejected().at("counter_out_of_range"), 8);
 }
 
@@ -482,13 +482,13 @@ TEST(SyncBounds, EnormousFiniteDeltaIsRefusedByTheRatioBound) {
   o.learners = 2;
   o.quorum = 1;
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"nesterov", 0.7, 0.9});
-  EXPECT_EQ(s.receive(0, contrib(1, 3e38f, 1, 1)), "norm_ratio");
-  EXPECT_EQ(s.receive(0, contrib(1, -3e38f, 1, 1)), "norm_ratio");
+  EXPECT_EQ(s.receive(0, contrib(1, 3e38f, 1, 1)), SyncReject::kNormRatio);
+  EXPECT_EQ(s.receive(0, contrib(1, -3e38f, 1, 1)), SyncReject::kNormRatio);
   // ‖Θ_p‖ = 0 here: the floor (RMS kDeltaRmsFloor) gives the scale, so ordinary contributions pass.
   const double limit = o.max_delta_ratio * std::sqrt(6.0) * kDeltaRmsFloor;  // 6 elements
   const float just_under = static_cast<float>(0.99 * limit / std::sqrt(6.0));
-  EXPECT_EQ(s.receive(0, contrib(1, just_under, 1, 1)), "");
-  EXPECT_EQ(s.receive(0, contrib(0, 1.02f * just_under / 0.99f, 1, 1)), "norm_ratio");
+  EXPECT_EQ(s.receive(0, contrib(1, just_under, 1, 1)), SyncReject::kNone);
+  EXPECT_EQ(s.receive(0, contrib(0, 1.02f * just_under / 0.99f, 1, 1)), SyncReject::kNormRatio);
   EXPECT_EQ(s.global()[0].second.abs().sum().item<float>(), 0.0f);
   EXPECT_EQ(s.rejected().at("norm_ratio"), 3);
 }
@@ -503,13 +503,13 @@ TEST(SyncBounds, OutlierBoundAfterWarmUp) {
   o.delta_window = 8;
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
   // During the warm-up nothing is an outlier.
-  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), "");
-  EXPECT_EQ(s.receive(0, contrib(1, 500.0f, 1, 1)), "");  // median of 2 norms: no bound yet
-  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), "");
-  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), "");
+  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), SyncReject::kNone);
+  EXPECT_EQ(s.receive(0, contrib(1, 500.0f, 1, 1)), SyncReject::kNone);  // median of 2 norms: no bound yet
+  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), SyncReject::kNone);
+  EXPECT_EQ(s.receive(0, contrib(0, 1.0f, 1, 1)), SyncReject::kNone);
   // Norms seen: [√6, 500√6, √6, √6]: the median is √6 → the bound is 100·√6.
-  EXPECT_EQ(s.receive(0, contrib(1, 101.0f, 1, 1)), "norm_outlier");
-  EXPECT_EQ(s.receive(0, contrib(1, 99.0f, 1, 1)), "");
+  EXPECT_EQ(s.receive(0, contrib(1, 101.0f, 1, 1)), SyncReject::kNormOutlier);
+  EXPECT_EQ(s.receive(0, contrib(1, 99.0f, 1, 1)), SyncReject::kNone);
   EXPECT_EQ(s.rejected().at("norm_outlier"), 1);
 }
 
@@ -526,7 +526,7 @@ TEST(SyncMerge, NonFiniteResultIsRolledBackExactly) {
   Syncer b(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), nesterov);
   for (Syncer* s : {&a, &b}) {
     for (int64_t m = 0; m < 3; ++m) s->note_joined(m);
-    ASSERT_EQ(s->receive(0, contrib(0, -1.0f, 10, 100)), "");
+    ASSERT_EQ(s->receive(0, contrib(0, -1.0f, 10, 100)), SyncReject::kNone);
     ASSERT_TRUE(s->merge(0).ok());  // version 1, momentum set, version 0 kept in the history (learner 1 holds it)
   }
   const at::Tensor theta = a.global()[0].second.clone();
@@ -535,11 +535,11 @@ TEST(SyncMerge, NonFiniteResultIsRolledBackExactly) {
   // outer gradient of b is finite (2.7e38) but the outer step overflows — after w was already stepped.
   auto poison = contrib(2, -1.0f, 10, 300, 1);
   poison.deltas[1] = torch::full({2}, 3e38f);
-  ASSERT_EQ(a.receive(0, poison), "");
-  ASSERT_EQ(a.receive(0, contrib(0, -1.0f, 10, 100, 1)), "");
+  ASSERT_EQ(a.receive(0, poison), SyncReject::kNone);
+  ASSERT_EQ(a.receive(0, contrib(0, -1.0f, 10, 100, 1)), SyncReject::kNone);
   auto bad = a.merge(0);
   EXPECT_FALSE(bad.ok());
-  EXPECT_EQ(bad.rejected, "merge_non_finite");
+  EXPECT_EQ(bad.rejected, SyncReject::kMergeNonFinite);
   EXPECT_EQ(bad.learners, (std::vector<int64_t>{0, 2}));
   EXPECT_EQ(bad.version, 1);
   EXPECT_EQ(a.version(0), 1);
@@ -551,7 +551,7 @@ TEST(SyncMerge, NonFiniteResultIsRolledBackExactly) {
   EXPECT_EQ(a.outer_state().size(), outer.size());
   // Learner 1 still holds version 0 (kept in the history): both syncers anchor it identically.
   for (Syncer* s : {&a, &b}) {
-    ASSERT_EQ(s->receive(0, contrib(1, -2.0f, 10, 100, 0)), "");
+    ASSERT_EQ(s->receive(0, contrib(1, -2.0f, 10, 100, 0)), SyncReject::kNone);
     ASSERT_TRUE(s->merge(0).ok());
   }
   EXPECT_EQ(a.stale_bases(), 0);
@@ -566,7 +566,7 @@ TEST(SyncRestore, RefusesNonFiniteState) {
   o.learners = 1;
   o.quorum = 1;
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"nesterov", 0.7, 0.9});
-  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1)), "");
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1)), SyncReject::kNone);
   ASSERT_TRUE(s.merge(0).ok());
   std::map<std::string, at::Tensor> g;
   for (const auto& [n, t] : s.global()) g[n] = t.clone();
@@ -599,15 +599,15 @@ TEST(SyncShares, MaxShareCapsAMergeAndLeavesSingleMergesAlone) {
   o.quorum = 2;
   o.max_share = 0.6;
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 10, 100)), "");
-  ASSERT_EQ(s.receive(0, contrib(1, -4.0f, 10, 300)), "");  // token weights 1 : 9 → 0.1, 0.9 → capped 0.4, 0.6
+  ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 10, 100)), SyncReject::kNone);
+  ASSERT_EQ(s.receive(0, contrib(1, -4.0f, 10, 300)), SyncReject::kNone);  // token weights 1 : 9 → 0.1, 0.9 → capped 0.4, 0.6
   auto out = s.merge(0);
   EXPECT_NEAR(out.weights[0], 0.4, 1e-12);
   EXPECT_NEAR(out.weights[1], 0.6, 1e-12);
   EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), 0.4f * 1 + 0.6f * 4, 1e-5);
   o.quorum = 1;
   Syncer one(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  ASSERT_EQ(one.receive(0, contrib(1, -4.0f, 10, 300)), "");
+  ASSERT_EQ(one.receive(0, contrib(1, -4.0f, 10, 300)), SyncReject::kNone);
   EXPECT_EQ(one.merge(0).weights, std::vector<double>{1.0});
 }
 
@@ -617,6 +617,77 @@ TEST(SyncApply, OverwriteAndMix) {
   EXPECT_NEAR(local[0].item<float>(), 0.25f * 2 + 0.75f * 4, 1e-6);
   apply_global(local, torch::full({3}, 7.0f), 0.0);
   EXPECT_EQ(local[2].item<float>(), 7.0f);
+}
+
+// The merge round as every driver runs it: on_round decides, merges and flattens; it says when to call again inside
+// the grace window; a rolled-back round carries no fragment; drain merges what waits below the quorum at the end.
+TEST(SyncRound, OnRoundDecidesMergesAndFlattens) {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 1;
+  o.overlap = 5;
+  o.grace = true;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  EXPECT_EQ(s.on_round(0.0, 0).decision.kind, RoundDecision::kWait);  // nothing waits
+  ASSERT_EQ(s.receive(0.0, contrib(0, -1.0f, 10, 100)), SyncReject::kNone);
+  // ξ_step = 1 (the contribution's step time), τ = 5: a grace window of 0.8 · 5 = 4 s after the quorum at t = 0.
+  RoundResult wait = s.on_round(1.0, 0);
+  ASSERT_EQ(wait.decision.kind, RoundDecision::kWaitUntil);
+  EXPECT_DOUBLE_EQ(wait.decision.until, 4.0);
+  EXPECT_FALSE(wait.merged());
+  EXPECT_FALSE(wait.flat.defined());
+  EXPECT_EQ(s.pending(0), 1);
+  RoundResult r = s.on_round(4.0, 0);
+  ASSERT_TRUE(r.merged());
+  EXPECT_EQ(r.outcome.version, 1);
+  EXPECT_EQ(r.outcome.learners, (std::vector<int64_t>{0}));
+  EXPECT_DOUBLE_EQ(r.grace, 4.0);
+  EXPECT_DOUBLE_EQ(r.grace_wait, 4.0);
+  EXPECT_TRUE(torch::equal(r.flat, torch::cat({s.global()[0].second.flatten(), s.global()[1].second.flatten()})));
+  EXPECT_EQ(s.pending(0), 0);
+}
+
+TEST(SyncRound, ARolledBackRoundCarriesNoFragmentAndDrainIgnoresTheQuorum) {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 3;
+  o.max_delta_ratio = 0;
+  o.max_delta_outlier = 0;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 2.0, 0.0});
+  EXPECT_TRUE(s.drain(0.0).empty());  // nothing waits
+  ASSERT_EQ(s.receive(0.0, contrib(0, -1.0f, 10, 100)), SyncReject::kNone);
+  EXPECT_EQ(s.on_round(0.0, 0).decision.kind, RoundDecision::kWait);  // 1 of K = 3
+  auto rounds = s.drain(1.0);
+  ASSERT_EQ(rounds.size(), 1u);
+  EXPECT_EQ(rounds[0].decision.kind, RoundDecision::kMerge);
+  ASSERT_TRUE(rounds[0].merged());
+  EXPECT_EQ(rounds[0].outcome.fragment, 0);
+  EXPECT_EQ(rounds[0].grace_wait, 0.0);  // it never held its quorum
+  EXPECT_EQ(s.version(0), 1);
+  // A poisoned round: Θ − 2 · (−3e38) overflows, the round is rolled back and its contributors are named.
+  auto poison = contrib(1, -3e38f, 10, 100, 1);
+  ASSERT_EQ(s.receive(2.0, poison), SyncReject::kNone);
+  ASSERT_EQ(s.receive(2.0, contrib(2, -3e38f, 10, 100, 1)), SyncReject::kNone);
+  ASSERT_EQ(s.receive(2.0, contrib(0, -3e38f, 10, 100, 1)), SyncReject::kNone);
+  RoundResult bad = s.on_round(2.0, 0);
+  ASSERT_TRUE(bad.rolled_back());
+  EXPECT_FALSE(bad.merged());
+  EXPECT_EQ(bad.outcome.rejected, SyncReject::kMergeNonFinite);
+  EXPECT_EQ(bad.outcome.learners, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_FALSE(bad.flat.defined());
+  EXPECT_EQ(s.version(0), 1);
+}
+
+TEST(SyncReject, EveryReasonHasItsOwnNameAndOnlyTheNormBoundsDropTheDrift) {
+  std::set<std::string> seen;
+  for (int i = 0; i <= static_cast<int>(kLastSyncReject); ++i) {
+    const auto r = static_cast<SyncReject>(i);
+    const std::string name = sync_reject_name(r);
+    EXPECT_EQ(name.empty(), r == SyncReject::kNone);
+    EXPECT_TRUE(seen.insert(name).second) << name;
+    const bool norm = name == "norm_bound" || name == "norm_ratio" || name == "norm_outlier";
+    EXPECT_EQ(refusal_drops_drift(r), norm) << name;
+  }
 }
 
 }  // namespace
