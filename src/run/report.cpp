@@ -16,6 +16,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 
 #include "deloco/fs.h"
@@ -706,143 +707,61 @@ std::string json_in_script(const std::string& s) {
   return o;
 }
 
-// The page's own code: a summary table and the charts, each run one series (colours in order).
-constexpr const char* kPageScript = R"JS(
-let runs = JSON.parse(document.getElementById('deloco-data').textContent);
-const colours = ['#1f77b4','#d62728','#2ca02c','#ff7f0e','#9467bd','#8c564b','#e377c2','#17becf','#7f7f7f','#bcbd22'];
-// Every value put into markup goes through esc or fmt: a number is formatted, anything else (a string where a number
-// was expected, an object) is shown as escaped text.
-const esc = v => String(v).replace(/[<>&"']/g, c => ({'<': '&lt;', '>': '&gt;', '&': '&amp;', '"': '&quot;', "'": '&#39;'}[c]));
-const fmt = (v, d) => (v === undefined || v === null) ? '–' : (typeof v === 'number' ? (Number.isInteger(v) ? v.toLocaleString('en') : v.toFixed(d === undefined ? 4 : d)) : esc(v));
-function tables() {
-  const cols = [['run','name'],['kind','kind'],['wall s','wall_seconds',0],['final val loss','final_val_loss'],['bits/byte','val_bpb',3],
-    ['tokens','tokens'],['merges','outer_steps'],['merged','contributions_merged'],['rejected','contributions_rejected'],
-    ['uptime','uptime',3],['goodput','goodput',3],['bytes sent','bytes_sent'],['learner kills','learner_kills'],['syncer kills','syncer_kills']];
-  let h = '<table><tr>' + cols.map(c => '<th>' + c[0] + '</th>').join('') + '</tr>';
-  runs.forEach((r, i) => {
-    h += '<tr>' + cols.map((c, k) => {
-      const v = k < 2 ? r[c[1]] : r.summary[c[1]];
-      const cell = k === 0 ? '<span class="sw" style="background:' + colours[i % colours.length] + '"></span>' : '';
-      return '<td>' + cell + (k < 2 ? esc(v) : fmt(v, c[2])) + '</td>';
-    }).join('') + '</tr>';
-  });
-  const thinned = runs.filter(r => r.thinned_to).map(r => esc(r.name) + ' (' + fmt(r.thinned_to) + ' per series)');
-  document.getElementById('summary').innerHTML = h + '</table>' + (thinned.length ?
-    '<p class="empty" id="thinned">Charts thinned to evenly spaced records, first and last kept: ' + thinned.join(', ') + '.</p>' : '');
-  let t = '<table><tr><th>run</th><th>merged</th><th>rejected, by reason</th></tr>';
-  runs.forEach(r => {
-    const parts = Object.entries(r.rejects).map(([k, v]) => esc(k) + ' ' + fmt(v));
-    t += '<tr><td>' + esc(r.name) + '</td><td>' + fmt(r.summary.contributions_merged) + '</td><td>' + (parts.join(', ') || 'none') + '</td></tr>';
-  });
-  document.getElementById('rejects').innerHTML = t + '</table>';
-  // What the reader skipped, as text nodes: the counts and the first notes (file, line, problem) of each run.
-  const skipped = document.getElementById('skipped');
-  skipped.textContent = '';
-  runs.filter(r => r.bad_lines || r.long_lines || r.bad_times || (r.notes && r.notes.length)).forEach(r => {
-    const p = document.createElement('p');
-    p.className = 'empty';
-    p.textContent = r.name + ': skipped ' + (r.bad_lines || 0) + ' line(s) that were not records, ' + (r.long_lines || 0) +
-      ' line(s) over 1 MiB, ' + (r.bad_times || 0) + ' record(s) with an impossible time';
-    const ul = document.createElement('ul');
-    (r.notes || []).forEach(n => { const li = document.createElement('li'); li.textContent = n; ul.appendChild(li); });
-    skipped.appendChild(p);
-    if (ul.childNodes.length) skipped.appendChild(ul);
-  });
-  let l = '<table id="learners"><tr><th>run</th><th>learner</th><th>state</th><th>step</th><th>training loss</th><th>tokens/s</th><th>last record (s)</th></tr>';
-  runs.forEach(r => Object.entries(r.learner_now).forEach(([id, n]) => {
-    l += '<tr class="learner"><td>' + esc(r.name) + '</td><td>' + esc(id) + '</td><td class="state-' + esc(n.state || 'unknown') + '">' +
-      esc(n.state || '–') + '</td><td>' + fmt(n.step, 0) + '</td><td>' + fmt(n.loss) + '</td><td>' + fmt(Math.round(n.tokens_per_s)) +
-      '</td><td>' + fmt(n.t, 1) + '</td></tr>';
-  }));
-  document.getElementById('learner-table').innerHTML = l + '</table>';
-  const rows = runs.flatMap(r => r.events.map(e => '<tr><td>' + esc(r.name) + '</td><td>' + fmt(e[0], 1) + '</td><td>' + esc(e[1]) + '</td></tr>'));
-  document.getElementById('events').innerHTML = rows.length ? '<table><tr><th>run</th><th>t (s)</th><th>event</th></tr>' + rows.join('') + '</table>' : '<p class="empty">no chaos or failure events</p>';
+// The page (src/run/web/, compiled in by cmake/page_assets.cmake): the template with its @@NAME@@ fields, the
+// page's own script (a summary table and the charts, each run one series; in a live page, updated in place from
+// api/data) and its style.
+constexpr const char* kPageTemplate =
+#include "page_report_html.inc"
+    ;
+constexpr const char* kPageScript =
+#include "page_report_js.inc"
+    ;
+constexpr const char* kPageStyle =
+#include "page_report_css.inc"
+    ;
+
+// The template filled in: each @@NAME@@ becomes fields' NAME, and a line starting with "@@!" (a comment of the
+// template) is dropped. What is put in is never scanned again, so no title or record can add a field.
+std::string fill_page(const std::string& tpl, const std::map<std::string, std::string>& fields) {
+  std::string out;
+  size_t i = 0;
+  for (size_t at; (at = tpl.find("@@", i)) != std::string::npos;) {
+    out.append(tpl, i, at - i);
+    if (at + 2 < tpl.size() && tpl[at + 2] == '!') {
+      const size_t eol = tpl.find('\n', at);
+      i = eol == std::string::npos ? tpl.size() : eol + 1;
+      continue;
+    }
+    const size_t end = tpl.find("@@", at + 2);
+    const auto it = end == std::string::npos ? fields.end() : fields.find(tpl.substr(at + 2, end - at - 2));
+    if (it == fields.end()) throw std::logic_error("report page template: an unknown or unclosed field at byte " +
+                                                   std::to_string(at));
+    out += it->second;
+    i = end + 2;
+  }
+  out.append(tpl, i, std::string::npos);
+  return out;
 }
-// One chart: x/y pairs per run, aligned on a shared x axis (uPlot wants one x array; gaps are null).
-function chart(id, title, xlabel, ylabel, seriesOf, opts) {
-  const per = [];
-  runs.forEach((r, i) => seriesOf(r).forEach(s => per.push({label: s.label, pts: s.pts, colour: colours[i % colours.length], dash: s.dash})));
-  const xs = Array.from(new Set(per.flatMap(s => s.pts.map(p => p[0])))).sort((a, b) => a - b);
-  const index = new Map(xs.map((x, k) => [x, k]));
-  const data = [xs];
-  per.forEach(s => { const y = new Array(xs.length).fill(null); s.pts.forEach(p => { y[index.get(p[0])] = p[1]; }); data.push(y); });
-  const el = document.getElementById(id);
-  el.innerHTML = '';
-  el.dataset.points = String(per.reduce((n, s) => n + s.pts.length, 0));
-  if (!xs.length) { el.innerHTML = '<p class="empty">' + title + ': no data yet</p>'; return; }
-  const series = [{label: xlabel}].concat(per.map(s => ({label: s.label, stroke: s.colour, width: 1.5, dash: s.dash, spanGaps: true,
-    points: {show: (opts && opts.points) || s.pts.length < 60}, paths: (opts && opts.bars) ? uPlot.paths.stepped({align: 1}) : undefined})));
-  // Markers for what struck (a kill, a stop, a failure); the restarts that follow are in the events table only.
-  const events = (opts && opts.events) ? runs.flatMap((r, i) => r.events.filter(e => !/^restarted/.test(e[1])).map(e => ({t: e[0], colour: colours[i % colours.length]}))) : [];
-  new uPlot({title: title, width: Math.min(1100, window.innerWidth - 40), height: 300, series: series,
-    scales: {x: {time: false}}, axes: [{label: xlabel}, {label: ylabel}],
-    hooks: {draw: [u => {
-      const ctx = u.ctx; ctx.save();
-      events.forEach(e => { const x = u.valToPos(e.t, 'x', true); if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) return;
-        ctx.strokeStyle = e.colour; ctx.setLineDash([4, 4]); ctx.beginPath(); ctx.moveTo(x, u.bbox.top); ctx.lineTo(x, u.bbox.top + u.bbox.height); ctx.stroke(); });
-      ctx.restore(); }]}}, data, el);
-  el.dataset.rendered = '1';
-}
-function render() {
-  const multi = runs.length > 1;
-  const named = (r, what) => multi ? r.name + ' ' + what : what;
-  tables();
-  chart('loss-time', 'Validation loss of the global model', 'seconds', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[0], e[2]])}], {events: true});
-  chart('loss-tokens', 'Validation loss against tokens', 'tokens', 'val loss', r => [{label: named(r, 'val loss'), pts: r.evals.map(e => [e[1], e[2]])}]);
-  chart('bpb-time', 'Bits per byte', 'seconds', 'bits/byte', r => [{label: named(r, 'bits/byte'), pts: r.evals.filter(e => e[3] !== null).map(e => [e[0], e[3]])}], {events: true});
-  chart('merge-rate', 'Merges per minute', 'seconds', 'merges/min', r => [{label: named(r, 'merges/min'), pts: r.merge_rate}], {events: true, bars: true});
-  chart('quorum', 'Contributions in each merge (quorum size)', 'seconds', 'contributions', r => [{label: named(r, 'merged'), pts: r.merges.map(m => [m[0], m[1]])}], {points: true});
-  chart('grace', 'Grace wait of each merge', 'seconds', 'seconds', r => [{label: named(r, 'grace wait'), pts: r.merges.map(m => [m[0], m[2]])}], {points: true});
-  chart('learner-loss', 'Learners: training loss', 'seconds', 'loss', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.filter(p => p[2] !== null).map(p => [p[0], p[2]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
-  chart('learner-step', 'Learners: step', 'seconds', 'step', r => Object.entries(r.learners).map(([id, v], k) => ({label: named(r, 'learner ' + id), pts: v.map(p => [p[0], p[1]]), dash: k % 2 ? [6, 3] : undefined})), {events: true});
-}
-if (typeof LIVE !== 'undefined' && LIVE) {
-  // The dashboard of a running syncer: the same page, refreshed from its api every 2 s.
-  let reads = 0;
-  const poll = () => fetch('api/data', {cache: 'no-store'}).then(r => r.ok ? r.json() : Promise.reject(r.status)).then(d => {
-    runs = d; reads += 1; document.body.dataset.reads = String(reads);
-    document.getElementById('live').textContent = 'live: updated ' + new Date().toLocaleTimeString() + ' (every 2 s)';
-    render();
-  }).catch(e => { document.getElementById('live').textContent = 'live: the syncer did not answer (' + e + '); retrying'; })
-    .finally(() => setTimeout(poll, 2000));
-  poll();
-} else {
-  render();
-}
-)JS";
 
 }  // namespace
 
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
                         const std::string& uplot_css, bool live, size_t max_points) {
-  std::ostringstream h;
-  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>" << html_escape(title)
-    << "</title>\n<style>\n" << uplot_css << "\n"
-    << "body{font-family:system-ui,sans-serif;margin:20px;color:#222}h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em}"
-       "table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
-       "td:first-child,th:first-child{text-align:left}.sw{display:inline-block;width:10px;height:10px;margin-right:5px}"
-       ".empty{color:#888}.chart{margin:10px 0}.state-down{color:#c00}.state-rejoining{color:#e80}"
-       ".state-training{color:#080}\n</style></head><body>\n"
-    << "<h1>" << html_escape(title) << "</h1>\n<p>"
-    << (live ? std::string("The live dashboard of <code>deloco syncer</code>: <span id=\"live\">connecting</span>.")
-             : "Written by <code>deloco report</code> from " + std::to_string(runs.size()) +
-                   (runs.size() == 1 ? " run folder" : " run folders") + "; self-contained.")
-    << " Charts by uPlot (MIT), embedded. Dashed vertical lines: chaos and failures (kills, stops, failed learners).</p>\n"
-    << "<h2>Summary</h2><div id=\"summary\"></div><div id=\"skipped\"></div>\n<h2>Learners now</h2><div id=\"learner-table\"></div>\n"
-    << "<h2>Global model</h2><div class=\"chart\" id=\"loss-time\"></div><div class=\"chart\" id=\"loss-tokens\"></div>"
-       "<div class=\"chart\" id=\"bpb-time\"></div>\n"
-    << "<h2>Merges</h2><div class=\"chart\" id=\"merge-rate\"></div><div class=\"chart\" id=\"quorum\"></div>"
-       "<div class=\"chart\" id=\"grace\"></div><div id=\"rejects\"></div>\n"
-    << "<h2>Learners</h2><div class=\"chart\" id=\"learner-loss\"></div>"
-       "<div class=\"chart\" id=\"learner-step\"></div>\n"
-    << "<h2>Events</h2><div id=\"events\"></div>\n"
-    << "<script id=\"deloco-data\" type=\"application/json\">"
-    << (live ? std::string("[]")
-             : json_in_script(report_data(runs, max_points).dump(-1, ' ', false, json::error_handler_t::replace)))
-    << "</script>\n"
-    << (live ? "<script>const LIVE = true;</script>\n" : "")
-    << "<script>\n" << script_safe(uplot_js) << "\n</script>\n<script>" << kPageScript << "</script>\n</body></html>\n";
-  return h.str();
+  const std::string intro =
+      live ? std::string("The live dashboard of <code>deloco syncer</code>: <span id=\"live\">connecting</span>.")
+           : "Written by <code>deloco report</code> from " + std::to_string(runs.size()) +
+                 (runs.size() == 1 ? " run folder" : " run folders") + "; self-contained.";
+  return fill_page(kPageTemplate,
+                   {{"TITLE", html_escape(title)},
+                    {"INTRO", intro},
+                    {"UPLOT_CSS", uplot_css},
+                    {"PAGE_CSS", kPageStyle},
+                    {"DATA", live ? std::string("[]")
+                                  : json_in_script(report_data(runs, max_points)
+                                                       .dump(-1, ' ', false, json::error_handler_t::replace))},
+                    {"LIVE", live ? "<script>const LIVE = true;</script>\n" : ""},
+                    {"UPLOT_JS", script_safe(uplot_js)},
+                    {"PAGE_JS", kPageScript}});
 }
 
 namespace {

@@ -373,6 +373,47 @@ TEST(ReportHtml, ANameThatIsNotUtf8StillRenders) {
   EXPECT_NE(data_block(html).find("bad \xef\xbf\xbd"), std::string::npos);  // U+FFFD
 }
 
+// The page is built from src/run/web/ (template, script, style compiled in): every field of the template is filled,
+// none of its comment lines ships, and the embedded script and style cannot end their element early: a page
+// holds exactly the <script> and <style> elements the template opens, with a title or data that try to add more.
+TEST(ReportHtml, ThePageIsTheTemplateWithEveryFieldFilledOnce) {
+  ReportRun r;
+  r.name = "@@DATA@@";
+  r.kind = "run";
+  r.evals = {{0, 100, 5.0, 1.5}};
+  const std::string title = "@@PAGE_JS@@ </script><!-- @@!";
+  auto count = [](const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (bool live : {false, true}) {
+    const std::string html = report_html({r}, title, "/*uplot js*/", "/*uplot css*/", live, 10);
+    SCOPED_TRACE(live ? "live" : "static");
+    // Each field filled once, its text never scanned again: what remains of @@ is the title's and the name's.
+    for (const char* field : {"TITLE", "INTRO", "UPLOT_CSS", "PAGE_CSS", "LIVE", "UPLOT_JS"})
+      EXPECT_EQ(html.find(std::string("@@") + field + "@@"), std::string::npos) << field;
+    EXPECT_EQ(count(html, "@@PAGE_JS@@"), 2u);
+    EXPECT_EQ(count(html, "@@DATA@@"), live ? 0u : 1u);
+    EXPECT_EQ(count(html, "@@"), live ? 6u : 8u);
+    EXPECT_EQ(html.find("Lines like these are dropped"), std::string::npos);
+    EXPECT_EQ(count(html, "<title>@@PAGE_JS@@ &lt;/script&gt;&lt;!-- @@!</title>"), 1u);
+    EXPECT_EQ(count(html, "<h1>@@PAGE_JS@@ &lt;/script&gt;&lt;!-- @@!</h1>"), 1u);
+    EXPECT_EQ(count(html, "<script"), live ? 4u : 3u);  // the data, (LIVE,) uPlot, the page's script
+    EXPECT_EQ(count(html, "</script"), live ? 4u : 3u);
+    EXPECT_EQ(count(html, "<style"), 1u);
+    EXPECT_EQ(count(html, "</style"), 1u);
+    EXPECT_EQ(html.find("<!--"), std::string::npos);
+    EXPECT_NE(html.find("/*uplot js*/"), std::string::npos);
+    EXPECT_NE(html.find("/*uplot css*/"), std::string::npos);
+    EXPECT_NE(html.find(".state-training{color:#080}"), std::string::npos);  // report.css
+    EXPECT_NE(html.find("function chart(id, title"), std::string::npos);      // report.js
+    EXPECT_EQ(html.rfind("</body></html>\n"), html.size() - 15);
+    EXPECT_EQ(html.find("<!DOCTYPE html>"), 0u);
+    EXPECT_EQ(html.find("const LIVE = true;") != std::string::npos, live);
+  }
+}
+
 // Defect: the gnuplot script escaped only ': a run named "x<newline>!touch pwned #" ran touch. Names now reach the
 // script as single-quoted strings with no control character; the data file's comment stays one line.
 TEST(ReportPngs, ARunNameRunsNoCommandThroughGnuplot) {

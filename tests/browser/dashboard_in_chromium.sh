@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # The live dashboard of a running `deloco run`, loaded twice in headless Chromium from the URL the run prints:
 # the charts have data points, the learner table shows every learner, values grow between the two reads, the
-# page wrote nothing to the console, and its data (api/data) names no absolute path.
+# page wrote nothing to the console, and its data (api/data) names no absolute path. Then, through a proxy that
+# adds a check script to the page, a chart zoomed in (setScale) keeps its zoom across a poll that brought more data:
+# the charts are updated in place (setData), not drawn anew.
 # Usage: dashboard_in_chromium.sh DELOCO_BINARY SOURCE_DIR. Exits 77 (skipped) when no chromium is installed.
 set -euo pipefail
 deloco=$1 src=$2
 browser=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 if [ -z "$browser" ]; then echo "skipped: no chromium (scripts/setup.sh installs it)"; exit 77; fi
 tmp=$(mktemp -d)
-pid=""
-cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
+pid="" proxy=""
+cleanup() { [ -n "$proxy" ] && kill "$proxy" 2>/dev/null; [ -n "$pid" ] && kill "$pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"; }
 trap cleanup EXIT
 export OMP_WAIT_POLICY=PASSIVE
 "$deloco" run --config "$src/configs/tiny.toml" --set data.path="$src/data/sotu" --set train.steps=100000 \
@@ -25,9 +27,9 @@ for _ in $(seq 1 240); do
 done
 [ -n "$url" ] || { echo "FAIL: deloco run printed no dashboard URL"; cat "$tmp/run.log"; exit 1; }
 echo "dashboard at $url"
-read_page() {  # $1: output name. Waits (in virtual time) for two refreshes of the page's data.
+read_page() {  # $1: output name; $2: the URL (default: the dashboard). Waits (in virtual time) for two refreshes.
   timeout 120 "$browser" --headless=new --no-sandbox --disable-gpu --enable-logging=stderr --v=0 \
-    --virtual-time-budget=5000 --dump-dom "$url" > "$tmp/$1.html" 2> "$tmp/$1.log"
+    --virtual-time-budget=5000 --dump-dom "${2:-$url}" > "$tmp/$1.html" 2> "$tmp/$1.log"
 }
 points() { grep -o "id=\"$2\" data-points=\"[0-9]*\" data-rendered=\"1\"" "$tmp/$1.html" | grep -o 'points="[0-9]*' | tr -dc 0-9 || true; }
 read_page first
@@ -51,6 +53,66 @@ python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
   "${url}api/data" > "$tmp/api.json" || { echo "FAIL: api/data did not answer"; fail=1; }
 if grep -qF "$tmp" "$tmp/api.json"; then echo "FAIL: api/data names the absolute run folder $tmp/run"; fail=1; fi
 grep -q '"dir":"\."' "$tmp/api.json" || { echo "FAIL: api/data does not name the run folder '.'"; fail=1; }
-if grep -q CONSOLE "$tmp/first.log" "$tmp/second.log"; then echo "FAIL: the page wrote to the console:"; grep -h CONSOLE "$tmp"/*.log; fail=1; fi
+# Zoom survives a poll. The proxy serves the dashboard's page with zoom_check.js added and its api/data, holding each
+# answer after the first until the run's data changed (at most 30 s), so the poll after the zoom brings more data.
+cat > "$tmp/zoom_check.js" <<'JS'
+(() => {
+  const say = v => { document.body.dataset.zoomCheck = v; };
+  let u0, zoom, n0, reads0;
+  const tick = () => {
+    const p = plots['learner-step'], reads = +(document.body.dataset.reads || 0);
+    if (!u0) {
+      if (!p || reads < 1) return setTimeout(tick, 50);
+      u0 = p.u; reads0 = reads; n0 = u0.data[0].length;
+      const x = u0.data[0], lo = x[0], hi = x[x.length - 1];
+      zoom = [lo + (hi - lo) / 4, lo + (hi - lo) / 2];
+      u0.setScale('x', {min: zoom[0], max: zoom[1]});
+      return setTimeout(tick, 50);
+    }
+    if (reads <= reads0) return setTimeout(tick, 50);
+    const u = plots['learner-step'].u, sx = u.scales.x, n = u.data[0].length;
+    if (u !== u0) return say('fail: the chart was drawn anew');
+    if (sx.min !== zoom[0] || sx.max !== zoom[1]) return say('fail: the zoom ' + zoom + ' became ' + [sx.min, sx.max]);
+    if (n <= n0) return say('fail: the data did not grow (' + n0 + ' then ' + n + ' x values)');
+    const v = plots['learner-loss'].u, vx = v.data[0];  // not zoomed: its x scale follows the data
+    if (v.scales.x.max < vx[vx.length - 1]) return say('fail: an unzoomed chart does not show its newest data');
+    say('ok: zoom kept, ' + n0 + ' then ' + n + ' x values');
+  };
+  tick();
+})();
+JS
+python3 - "$url" "$tmp/zoom_check.js" "$tmp/proxy.port" > "$tmp/proxy.log" 2>&1 <<'PY' &
+import http.server, sys, time, urllib.request
+base, check, portfile = sys.argv[1], open(sys.argv[2]).read(), sys.argv[3]
+last = [None]
+def get(path): return urllib.request.urlopen(base + path, timeout=10).read()
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a): pass
+    def do_GET(self):
+        if self.path == '/api/data':
+            body = get('api/data')
+            end = time.time() + 30
+            while last[0] is not None and body == last[0] and time.time() < end:
+                time.sleep(0.3); body = get('api/data')
+            last[0] = body
+        elif self.path == '/':
+            body = get('').replace(b'</body>', b'<script>' + check.encode() + b'</script></body>')
+        else:
+            self.send_error(404); return
+        self.send_response(200); self.send_header('Content-Type', 'text/html' if self.path == '/' else 'application/json')
+        self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)
+s = http.server.HTTPServer(('127.0.0.1', 0), H)
+open(portfile, 'w').write(str(s.server_port))
+s.serve_forever()
+PY
+proxy=$!
+for _ in $(seq 1 50); do [ -s "$tmp/proxy.port" ] && break; sleep 0.1; done
+read_page zoom "http://127.0.0.1:$(cat "$tmp/proxy.port")/"
+zoom=$(grep -o 'data-zoom-check="[^"]*"' "$tmp/zoom.html" || true)
+case "$zoom" in
+  *'"ok:'*) echo "zoom across a poll: ${zoom#*=}";;
+  *) echo "FAIL: a zoomed chart across a poll: ${zoom:-no result (the check did not finish)}"; cat "$tmp/proxy.log"; fail=1;;
+esac
+if grep -q CONSOLE "$tmp/first.log" "$tmp/second.log" "$tmp/zoom.log"; then echo "FAIL: the page wrote to the console:"; grep -h CONSOLE "$tmp"/*.log; fail=1; fi
 [ "$fail" = 0 ] && echo "dashboard OK"
 exit "$fail"
