@@ -28,6 +28,7 @@
 #include "deloco/quantize.h"
 #include "deloco/runtime.h"
 #include "deloco/text.h"
+#include "learner_state.h"
 #include "protocol.h"
 
 namespace deloco {
@@ -496,39 +497,31 @@ struct LearnerNode::Impl {
     held_versions = core->versions();
   }
 
-  // Learner-local state (the inner optimizer's moments), so a restarted learner keeps them as in the simulator.
-  fs::path state_path() const {
-    return fs::path(cfg.learner.state_dir) / ("learner-" + std::to_string(id)) / "state";
-  }
+  // Learner-local state (the inner optimizer's moments), so a restarted learner keeps them as in the simulator:
+  // committed like a checkpoint, so a crash leaves the previous state or the new one (learner_state.h).
+  std::string state_path() const { return learner_state_dir(cfg.learner.state_dir, id); }
   void save_state() {
     if (cfg.learner.state_dir.empty()) return;
-    const fs::path dir = state_path();
-    const fs::path tmp = dir.string() + ".new";
-    fs::remove_all(tmp);
-    fs::create_directories(dir.parent_path());
-    TensorFile model, opt;
+    TensorFile opt;
     opt.tensors = work->optimizer_state();
     nlohmann::json manifest{{"kind", "learner"}, {"learner", id}, {"step", work->step()},
                             {"model_fingerprint", work->fingerprint()}};
-    write_checkpoint(tmp.string(), manifest, model, &opt);
-    fs::remove_all(dir);
-    fs::rename(tmp, dir);
+    save_learner_state(state_path(), work->step(), manifest, opt);
   }
   void load_state() {
     if (cfg.learner.state_dir.empty()) return;
-    fs::path dir = state_path();
-    if (!fs::exists(dir)) {
-      if (!fs::exists(dir.string() + ".new")) return;
-      dir = dir.string() + ".new";  // a crash between the two renames above
-    }
+    const std::string dir = state_path();
     try {
-      Checkpoint ck = read_checkpoint(dir.string(), /*with_optimizer=*/true);
-      if (ck.manifest.value("model_fingerprint", std::string()) != work->fingerprint())
+      std::optional<Checkpoint> ck = load_learner_state(dir);
+      if (!ck) return;
+      if (ck->manifest.value("model_fingerprint", std::string()) != work->fingerprint())
         throw CheckpointError("it was written for another model");
-      work->load_optimizer_state(ck.optimizer.tensors);
-      emit({{"kind", "state_restored"}, {"path", dir.string()}, {"step", ck.manifest.value("step", int64_t{0})}});
+      work->load_optimizer_state(ck->optimizer.tensors);
+      emit({{"kind", "state_restored"}, {"path", ck->dir}, {"step", ck->manifest.value("step", int64_t{0})}});
     } catch (const std::exception& e) {  // a damaged local state costs the moments, never the run
-      emit({{"kind", "state_unusable"}, {"path", dir.string()}, {"detail", e.what()}});
+      emit({{"kind", "state_unusable"}, {"path", dir}, {"detail", e.what()}});
+      std::error_code ec;
+      fs::remove_all(dir, ec);  // so the next save commits into an empty folder, not beside what cannot be read
     }
   }
 
