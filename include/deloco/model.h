@@ -1,11 +1,12 @@
-// deloco/model.h — the decoder-only transformer (GPT) every learner trains.
+// deloco/model.h — the models a learner trains: the built-in decoder-only transformer (GPT), the LanguageModel the
+// trainer sees (the GPT or a user's TorchScript module, make_language_model), and text generation from either.
 //
-// Shapes, written once: B = batch, T = sequence length (<= block_size), C = n_embd, V = vocab_size (256 bytes),
-// nh = n_head, hs = C / nh.
+// Shapes of the GPT, written once: B = batch, T = sequence length (<= block_size), C = n_embd, V = vocab_size
+// (256 for byte-level text; a tokenizer's vocabulary for tokenized data), nh = n_head, hs = C / nh.
 //   idx [B,T] int64 -> wte [B,T,C] + wpe [T,C] -> n_layer x Block -> ln_f -> head -> logits [B,T,V]
 //   Block: x += attn(ln_1(x)); x += mlp(ln_2(x)); attn is causal multi-head self-attention, mlp is C->4C->C, GELU.
 //
-// Contract
+// Contract (the GPT)
 //  * Parameter names are stable and GPT-2 style ("wte.weight", "h.0.attn.c_attn.weight", "ln_f.bias", ...);
 //    they are the keys of checkpoints and of fragments. named_parameters() lists them in a fixed order.
 //  * With tie_embeddings the head reuses wte.weight and no "lm_head.weight" exists.

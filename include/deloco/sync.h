@@ -1,5 +1,5 @@
 // deloco/sync.h — the algorithm core of DiLoCo / Streaming DiLoCo / Decoupled DiLoCo (DESIGN.md §1–2), written
-// once and driven by the simulator (virtual clock) and later by the real runtime (wall clock).
+// once and driven by the simulator (virtual clock) and by the runtime's syncer node (wall clock).
 //
 // Contract
 //  * No I/O and no clock: every method that depends on time takes `now` (seconds, any monotone origin) as an

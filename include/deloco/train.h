@@ -1,10 +1,12 @@
-// deloco/train.h — one learner's inner loop: sample a batch from its shard, forward, backward, clip, AdamW.
+// deloco/train.h — one learner's inner loop: sample a batch from its shard, forward, backward, clip, AdamW; and the
+// run configuration (model, data, train) it is made from.
 //
-// The Trainer owns a model replica and its optimizer and knows nothing of files, clocks or terminals: drivers
-// (`deloco train`, later the simulator and the learner process) call train_step()/evaluate() and decide when to
-// checkpoint. Everything it computes is a function of the config and the step counter, so a Trainer restored
-// from a checkpoint continues bit-exactly where the saved one stopped (same device and thread count).
-// Not thread-safe.
+// The Trainer owns a model replica and its optimizer and knows nothing of clocks or terminals, and of files only
+// the TorchScript module it loads when built (model.kind = "torchscript", make_language_model of deloco/model.h):
+// drivers decide when to evaluate and checkpoint. `deloco train` calls train_step()/evaluate(); the simulator and
+// the learner nodes drive it as a Workload (deloco/workload.h), one per learner from gpt_workloads(). Everything it
+// computes is a function of the config and the step counter, so a Trainer restored from a checkpoint continues
+// bit-exactly where the saved one stopped (same device and thread count). Not thread-safe.
 #pragma once
 
 #include <cstdint>

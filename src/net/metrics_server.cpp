@@ -1,5 +1,6 @@
-// MetricsServer: Prometheus scrapes (and later a few more GET routes) over HTTP, on cpp-httplib (see
-// deloco/transport.h for the contract).
+// MetricsServer: Prometheus scrapes (/metrics, and / until a route replaces it) and the GET routes its owner adds
+// (add_get: the syncer's live dashboard, / and /api/data), over HTTP, on cpp-httplib (see deloco/transport.h for
+// the contract).
 //
 // What httplib does: parsing the request line and headers, writing responses. What this file adds, because
 // httplib 0.11's server has only a per-read timeout (a client sending a byte now and then holds a worker forever)
