@@ -25,7 +25,8 @@
 //    status records are reduced to the latest per shard and file as they are read.
 //  * The series use seconds since the run's first record (the "t" field: wall clock for `deloco run`, virtual time
 //    for `deloco sim`; `elapsed_s` for `deloco train`).
-//  * report_html() embeds the chart library (uPlot, passed in) and the data: the page loads nothing at run time.
+//  * report_html() fills the page's template (src/run/web/report.html, with its report.js and report.css, compiled
+//    in) with the chart library (uPlot, passed in) and the data: the page loads nothing at run time.
 //    The data is JSON inside a <script type="application/json"> block with every <, >, & and U+2028/U+2029
 //    written as \uXXXX, so no text of a record can end the block or start markup; the page's script puts every
 //    value it shows into the DOM escaped (or as textContent), whatever its JSON type.
@@ -116,7 +117,8 @@ size_t longest_series(const ReportRun& run);
 inline constexpr size_t kLiveReportPoints = 2000;
 
 // live = true: the page of a running syncer's dashboard. It starts empty and fetches `api/data` (report_data() of
-// the run folder) every 2 s, redrawing; the runs given are then ignored. max_points: as report_data's.
+// the run folder) every 2 s, updating the charts in place (a chart the user zoomed into keeps its zoom); the runs
+// given are then ignored. max_points: as report_data's.
 std::string report_html(const std::vector<ReportRun>& runs, const std::string& title, const std::string& uplot_js,
                         const std::string& uplot_css, bool live = false, size_t max_points = 0);
 
