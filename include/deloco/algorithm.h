@@ -30,11 +30,11 @@
 #include "deloco/outer.h"
 #include "deloco/sync.h"
 #include "deloco/wire.h"
+#include "deloco/workload.h"
 
 namespace deloco {
 
 class ConfigSchema;
-struct RunConfig;
 
 struct AlgorithmPreset {
   std::string name;
@@ -69,11 +69,11 @@ struct AlgorithmConfig {
   static OuterOptions unresolved_outer();
 };
 
-// What the syncer core checks learner m's counters against (Syncer::set_budget, deloco/sync.h), from the run
-// config every node shares: tokens per step = m's batch (RunConfig::for_learner(m, M).train.batch_size) ×
-// model.block_size × `ranks` (learner.ranks: a group counts the tokens of all its ranks), as the built-in Trainer
-// counts them; total steps = train.steps. The one source of these
-// figures for the simulator and the syncer node alike.
-LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners, int64_t ranks = 1);
+// What the syncer core checks learner m's counters against (Syncer::set_budget, deloco/sync.h): tokens per step =
+// what the workload says one inner step of learner m of M consumes on one rank (Workload::step_tokens, 0: unknown,
+// the check off) × `ranks` (learner.ranks: a group counts the tokens of all its ranks); total steps = the run's
+// train.steps. The one source of these figures for the simulator and the syncer node alike.
+LearnerBudget learner_budget(const Workload& workload, int64_t learner, int64_t learners, int64_t total_steps,
+                             int64_t ranks = 1);
 
 }  // namespace deloco

@@ -70,6 +70,9 @@ WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus
 class Trainer : public Workload {
  public:
   Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus);
+  // Learner `learner` of `learners` of the run `run` (gpt_workloads): trains on run.for_learner(learner, learners)
+  // and knows the run's per-learner batch sizes (step_tokens).
+  Trainer(const RunConfig& run, int64_t learner, int64_t learners, std::shared_ptr<const Corpus> corpus);
   ~Trainer() override;
 
   // One inner step on this learner's batch for the current step; returns its training loss. A TorchScript model
@@ -88,6 +91,10 @@ class Trainer : public Workload {
   std::map<std::string, at::Tensor> optimizer_state() const override;
   void load_optimizer_state(const std::map<std::string, at::Tensor>& state) override;
   std::string fingerprint() const override { return fingerprint_; }
+  // Learner m's batch of the run (RunConfig::for_learner) × the model's context length, for one rank.
+  int64_t step_tokens(int64_t learner, int64_t learners) const override {
+    return run_.for_learner(learner, learners).train.batch_size * cfg_.model.block_size;
+  }
   // One rank of a learner group: this rank's batch_size rows of the group's batch of batch_size × ranks, gradients
   // averaged over the group (bucketed, during backward), tokens counted for the whole group. A collective: every
   // rank calls it, and all take rank 0's parameters.
@@ -115,6 +122,7 @@ class Trainer : public Workload {
   void check_scripted_logits(const torch::Tensor& logits) const;
 
   RunConfig cfg_;
+  RunConfig run_;  // the run cfg_ was made from (for_learner): every learner's batch size, for step_tokens()
   std::shared_ptr<const Corpus> corpus_;
   torch::Device device_;
   std::unique_ptr<LanguageModel> model_;

@@ -59,6 +59,10 @@ class Workload {
   virtual void load_optimizer_state(const std::map<std::string, at::Tensor>& state) = 0;
   virtual std::string fingerprint() const = 0;
   virtual void join_group(std::shared_ptr<LearnerGroup> group);
+  // Tokens one inner step of learner `learner` of `learners` consumes on one rank (its StepResult::tokens), for the
+  // workloads of the factory that made this one: a syncer bounds each learner's counters by it (learner_budget,
+  // deloco/algorithm.h). 0: not known, and that check stays off (the default).
+  virtual int64_t step_tokens(int64_t /*learner*/, int64_t /*learners*/) const { return 0; }
 };
 
 // Makes the workload of learner `learner` of `learners` (learner = 0, learners = 1: an evaluator or a single

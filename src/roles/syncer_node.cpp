@@ -663,7 +663,8 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   std::vector<std::pair<std::string, at::Tensor>> own;
   for (const auto& n : I.shard.model.names) own.emplace_back(n, by_name.at(n));
   I.core = std::make_unique<Syncer>(I.cfg.sync, I.shard.local_fragments, own, I.cfg.merge_plan(), I.cfg.outer);
-  for (int64_t m = 0; m < I.M; ++m) I.core->set_budget(m, learner_budget(I.cfg.run, m, I.M, I.cfg.learner.ranks));
+  for (int64_t m = 0; m < I.M; ++m)
+    I.core->set_budget(m, learner_budget(*I.evaluator, m, I.M, I.cfg.run.train.steps, I.cfg.learner.ranks));
   // Shard 0 evaluates the whole model: the other shards' fragments start at version 0, the evaluator's own values.
   if (I.shard.shards > 1 && I.shard.shard == 0) {
     std::set<std::string> mine(I.shard.model.names.begin(), I.shard.model.names.end());

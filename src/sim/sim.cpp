@@ -480,7 +480,7 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
     throw ConfigError(e.what());
   }
   I.syncer = std::make_unique<Syncer>(cfg.sync, plan.fragments, p0, cfg.merge_plan(), cfg.outer);
-  for (int64_t m = 0; m < M; ++m) I.syncer->set_budget(m, learner_budget(run, m, M));
+  for (int64_t m = 0; m < M; ++m) I.syncer->set_budget(m, learner_budget(*I.learners[m].work, m, M, run.train.steps));
   for (int64_t m = 0; m < M; ++m) {
     Learner& L = I.learners[m];
     L.core = std::make_unique<LearnerCore>(cfg.sync, plan, L.work->parameters(), run.train.steps, cfg.push_encoding(),

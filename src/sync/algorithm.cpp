@@ -5,7 +5,6 @@
 #include <limits>
 
 #include "deloco/config.h"
-#include "deloco/train.h"
 
 namespace deloco {
 
@@ -121,10 +120,11 @@ void AlgorithmConfig::validate() const {
   }
 }
 
-LearnerBudget learner_budget(const RunConfig& run, int64_t learner, int64_t learners, int64_t ranks) {
+LearnerBudget learner_budget(const Workload& workload, int64_t learner, int64_t learners, int64_t total_steps,
+                             int64_t ranks) {
   LearnerBudget b;
-  b.tokens_per_step = run.for_learner(learner, learners).train.batch_size * run.model.block_size * ranks;
-  b.total_steps = run.train.steps;
+  b.tokens_per_step = workload.step_tokens(learner, learners) * ranks;
+  b.total_steps = total_steps;
   return b;
 }
 

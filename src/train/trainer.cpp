@@ -74,7 +74,7 @@ RunConfig RunConfig::for_learner(int64_t m, int64_t M) const {
 
 WorkloadFactory gpt_workloads(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus) {
   return [cfg, corpus](int64_t m, int64_t M) -> std::unique_ptr<Workload> {
-    return std::make_unique<Trainer>(cfg.for_learner(m, M), corpus);
+    return std::make_unique<Trainer>(cfg, m, M, corpus);
   };
 }
 
@@ -86,9 +86,15 @@ const RunConfig& checked_vocab(const RunConfig& cfg, const Corpus& corpus) {
 }
 }  // namespace
 
+Trainer::Trainer(const RunConfig& run, int64_t learner, int64_t learners, std::shared_ptr<const Corpus> corpus)
+    : Trainer(run.for_learner(learner, learners), std::move(corpus)) {
+  run_ = run;
+}
+
 // The model comes first: a TorchScript module fixes V and T (written into cfg_.model) before the data is cut.
 Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
     : cfg_(cfg),
+      run_(cfg),
       corpus_(std::move(corpus)),
       device_(cfg.train.device),
       model_(make_language_model(&cfg_.model, static_cast<uint64_t>(cfg.train.seed), device_)),
