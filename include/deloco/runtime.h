@@ -35,7 +35,7 @@
 // The syncer counts a learner gone after net.dead_after seconds of silence (Syncer::set_connected(false)).
 //
 // Sharded syncer (syncer.shards = S > 1): S syncer processes (`deloco syncer --shard s`), each serving the fragments
-// assign_shards() gives it (deloco/sync.h; src/roles/protocol.h plan_shard: every node computes the same split). A
+// assign_shards() gives it (deloco/sync.h, plan_shard: every node computes the same split from the one model plan). A
 // learner speaks the protocol above with every shard on its own connection: hello, welcome and state download
 // cover that shard's part only (welcome.versions and elements over its fragments, in its local order); pushes go to
 // the fragment's shard; fragment ids on the wire are the model's (global) ids, and a push to the wrong shard is
