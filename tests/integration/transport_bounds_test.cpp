@@ -20,7 +20,7 @@
 #include "deloco/runtime.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
-#include "protocol.h"
+#include "roles/protocol.h"
 #include "support/proc.h"
 #include "support/raw_zmtp.h"
 

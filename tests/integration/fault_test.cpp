@@ -31,7 +31,7 @@
 #include "deloco/quantize.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
-#include "protocol.h"
+#include "roles/protocol.h"
 #include "support/await_kind.h"
 #include "support/proc.h"
 
