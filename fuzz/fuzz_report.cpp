@@ -18,31 +18,15 @@
 #include <string>
 
 #include "deloco/fs.h"
+#include "fuzz_util.h"
 #include "run/report.h"
 
 namespace {
 namespace fs = std::filesystem;
 
-[[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "fuzz_report: property violated: %s\n", what);
-  std::abort();
-}
+[[noreturn]] void fail(const char* what) { deloco::fuzz::property_violated("fuzz_report", what); }
 
-// The scratch folder, made once and removed when the fuzzer exits.
-char scratch[] = "/tmp/deloco-fuzz-report-XXXXXX";
-
-fs::path folder() {
-  static const bool made = [] {
-    if (!::mkdtemp(scratch)) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(scratch, ec);
-    });
-    return true;
-  }();
-  (void)made;
-  return fs::path(scratch);
-}
+fs::path folder() { return deloco::fuzz::scratch_folder("fuzz-report"); }
 
 void append(const fs::path& p, const std::string& text) {
   std::ofstream(p, std::ios::app | std::ios::binary) << text;

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/fs.h"
+#include "fuzz_util.h"
 #include "run/report.h"
 
 namespace {
@@ -29,24 +30,10 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 [[noreturn]] void fail(const char* what, const std::string& detail = "") {
-  std::fprintf(stderr, "fuzz_report_bounds: property violated: %s %s\n", what, detail.c_str());
-  std::abort();
+  deloco::fuzz::property_violated("fuzz_report_bounds", what, detail);
 }
 
-char scratch[] = "/tmp/deloco-fuzz-report-bounds-XXXXXX";
-
-fs::path folder() {
-  static const bool made = [] {
-    if (!::mkdtemp(scratch)) std::abort();
-    std::atexit([] {
-      std::error_code ec;
-      fs::remove_all(scratch, ec);
-    });
-    return true;
-  }();
-  (void)made;
-  return fs::path(scratch);
-}
+fs::path folder() { return deloco::fuzz::scratch_folder("fuzz-report-bounds"); }
 
 void check_time(const json& t) {
   if (t.is_null()) return;  // a value that is not a number is served as null
