@@ -710,7 +710,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
         w("## Where a claim falls short: what the results themselves show\n")
         w("\n".join(f"* {n}" for n in notes) + "\n")
     w("## Regenerate\n")
-    w("```\nscripts/science.sh --quick         # the quick scale, 123 runs, about 6 minutes on 2 cores\n"
+    w("```\nscripts/science.sh --quick         # the quick scale, 123 runs, 7.5 minutes on 2 busy cores\n"
       "scripts/science.sh --smoke         # the quick scale with one seed and no grid, 41 runs, about 1 minute (CI)\n"
       "scripts/science.sh                 # the full suite (runs/science; hours; resumable)\n"
       "scripts/science.py --report-only [--quick] [--out DIR] --doc docs/science.md\n```\n")
