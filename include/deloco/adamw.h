@@ -35,7 +35,7 @@ class AdamW {
   int64_t steps() const { return t_; }
   // "exp_avg/<name>", "exp_avg_sq/<name>" and "step" (a 0-d int64 tensor).
   std::map<std::string, torch::Tensor> state() const;
-  // Restores state(); throws std::runtime_error naming the tensor on a missing entry or a shape mismatch.
+  // Restores state(); throws CheckpointError naming the tensor on a missing entry or a shape mismatch.
   void load_state(const std::map<std::string, torch::Tensor>& state);
 
  private:

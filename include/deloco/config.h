@@ -27,12 +27,6 @@
 
 namespace deloco {
 
-// Thrown for every user-facing configuration problem. what() is a complete sentence for the terminal.
-class ConfigError : public Error {
- public:
-  using Error::Error;
-};
-
 class ConfigSchema {
  public:
   using Field = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*,

@@ -42,11 +42,6 @@ namespace deloco {
 
 class ConfigSchema;
 
-class DataError : public Error {
- public:
-  using Error::Error;
-};
-
 struct DataConfig {
   std::string path = "data/sotu";
   std::string format = "text";       // "text" (UTF-8, byte tokens) or "tokens" (token files)

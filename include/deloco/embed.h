@@ -23,8 +23,9 @@
 //    (learner.state_dir) is not written: the caller owns its optimizer and saves it itself. learner.ranks must be 1.
 //  * Records go to OUT/learner-N.jsonl as `deloco learner` writes them, so `deloco run`'s live view, summaries and
 //    `deloco report` read a caller-trained learner like any other.
-//  * Errors: ConfigError (config, id, parameters), IoError (records file), std::runtime_error (refused by the
-//    syncer, comms failure), std::logic_error (calls out of order), each with a message naming the problem.
+//  * Errors: ConfigError (config, id, parameters), IoError (records file), RefusedError (refused by the
+//    syncer for good), TransportError (comms failure), std::logic_error (calls out of order), each with a message
+//    naming the problem (all but the last are deloco::Error, deloco/error.h).
 //  * Not thread-safe: one thread calls it (the comms thread is deloco's own).
 #pragma once
 

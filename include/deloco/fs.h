@@ -27,11 +27,6 @@
 
 namespace deloco {
 
-class IoError : public Error {
- public:
-  using Error::Error;
-};
-
 class FileOps {
  public:
   virtual ~FileOps() = default;

@@ -54,7 +54,7 @@ class GradientSync;
 class LearnerGroup {
  public:
   // Rendezvous: rank 0 serves a TCPStore at master_addr:master_port, the others connect; returns once all `size`
-  // ranks have formed the Gloo process group. Throws std::runtime_error (naming the address) on a timeout.
+  // ranks have formed the Gloo process group. Throws GroupError (naming the address) on a timeout.
   static std::shared_ptr<LearnerGroup> connect(const GroupOptions& options);
   ~LearnerGroup();
   LearnerGroup(const LearnerGroup&) = delete;

@@ -34,11 +34,6 @@
 
 namespace deloco {
 
-class CheckpointError : public Error {
- public:
-  using Error::Error;
-};
-
 constexpr const char* kCheckpointFormat = "deloco-checkpoint";
 constexpr int kCheckpointVersion = 2;
 constexpr size_t kMaxManifestBytes = size_t{64} << 20;

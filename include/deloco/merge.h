@@ -46,11 +46,6 @@
 
 namespace deloco {
 
-class MergeError : public Error {
- public:
-  using Error::Error;
-};
-
 struct MergeOptions {
   at::ScalarType compute_dtype = at::kFloat;  // kFloat or kDouble
   uint64_t seed = 0;                          // for dare (and any other random method)

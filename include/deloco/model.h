@@ -122,21 +122,6 @@ torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& 
 // parameters. It then writes the V and T it uses into *cfg.
 std::unique_ptr<LanguageModel> make_language_model(ModelConfig* cfg, uint64_t seed, const torch::Device& device);
 
-// A user's TorchScript module (model.kind = "torchscript") failed while running, after make_language_model had
-// accepted it: its forward threw, or (Trainer) returned non-finite logits. The message names model.path and never
-// carries C++ stack frames.
-class ModelError : public Error {
- public:
-  // what(): "model.path=PATH: forward failed[ WHERE]: DETAIL", WHERE e.g. "at step 12" ("" : nothing).
-  ModelError(const std::string& path, const std::string& detail, const std::string& where = "");
-  // what(): `message` as it is (it names model.path itself); path() and detail() are empty.
-  explicit ModelError(const std::string& message);
-  const std::string& path() const { return path_; }
-  const std::string& detail() const { return detail_; }
-
- private:
-  std::string path_, detail_;
-};
 // The message of an exception a TorchScript module threw, for a person: the error's own lines (e.g. "RuntimeError:
 // shape '[2, 16, 300]' is invalid for input of size 19200"), then where in the module's source it happened when the
 // TorchScript traceback says so ("(File "model.py", line 7, in forward: <that line>)"); no C++ stack frames (a

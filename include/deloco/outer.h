@@ -27,11 +27,6 @@
 
 namespace deloco {
 
-class OuterError : public Error {
- public:
-  using Error::Error;
-};
-
 struct OuterOptions {
   std::string kind = "nesterov";  // "sgd" (plain or heavy-ball momentum) or "nesterov"
   double lr = 0.7;                // η

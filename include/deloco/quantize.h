@@ -24,19 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "deloco/error.h"  // NonFiniteError
 #include "deloco/wire.h"
 
 namespace deloco {
 
 constexpr size_t kQuantBlock = 64;
-
-// A well-formed float payload whose numbers are not finite: a NaN or ±Inf element (fp32, bf16), a NaN or ±Inf
-// block scale (int8, int4, int2), or a finite scale times a value that overflows. The sender's numbers are bad, not its
-// framing (the syncer counts it as non_finite, not malformed_frame).
-class NonFiniteError : public WireError {
- public:
-  using WireError::WireError;
-};
 
 // Writes encoded_bytes(e, n) bytes to `out`. e must be a float encoding (not kRaw).
 void encode_floats_into(const float* x, size_t n, Encoding e, char* out);

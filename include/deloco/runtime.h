@@ -285,8 +285,9 @@ class LearnerNode {
   //            remembers for this learner id, so a restarted learner resumes there (0 for a new one).
   //   next():  the step boundary: installs a downloaded state, applies the merged fragments whose time has come to
   //            the parameters in place, waits when the algorithm says (sync.wait_for_answer). Returns whether to
-  //            train another step: false once train.steps are done or `stop` is set. Throws std::runtime_error
-  //            with the reason when the syncer refused this learner for good (another model, a wrong key …).
+  //            train another step: false once train.steps are done or `stop` is set. Throws RefusedError
+  //            with the reason when the syncer refused this learner for good (another model, a wrong key …),
+  //            TransportError when its comms thread failed.
   //   stepped(): one step was trained in `seconds` (the caller's clock) on result.tokens tokens: counts it, and
   //            hands the pushes due to the comms thread (encoded on this thread). Calls out of order throw
   //            std::logic_error.

@@ -23,11 +23,6 @@
 
 namespace deloco {
 
-class SafetensorsError : public Error {
- public:
-  using Error::Error;
-};
-
 struct TensorFile {
   std::map<std::string, at::Tensor> tensors;        // sorted by name
   std::map<std::string, std::string> metadata;      // the "__metadata__" object

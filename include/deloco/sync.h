@@ -55,11 +55,6 @@ namespace deloco {
 
 class ConfigSchema;
 
-class SyncError : public Error {
- public:
-  using Error::Error;
-};
-
 struct SyncOptions {
   int64_t learners = 4;             // M
   int64_t quorum = 4;               // K: minimum contributions per merge (1 ≤ K ≤ M)

@@ -24,11 +24,6 @@ namespace deloco {
 
 struct DataConfig;
 
-class TokenizerError : public Error {
- public:
-  using Error::Error;
-};
-
 class Tokenizer {
  public:
   // Loads a SentencePiece model file (tokenizer.model).

@@ -50,11 +50,6 @@
 
 namespace deloco {
 
-class TransportError : public Error {
- public:
-  using Error::Error;
-};
-
 // An immutable, shared byte buffer (a view plus whatever keeps the bytes alive). Cheap to copy.
 class Bytes {
  public:

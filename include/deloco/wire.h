@@ -27,7 +27,7 @@
 //    kind's allowed encodings, element_count ≤ limits.max_elements, payload_bytes ≤ limits.max_payload_bytes,
 //    payload_bytes == encoded_bytes(encoding, element_count), frame length == header + payload_bytes, checksum.
 //    Nothing is allocated from a size read off the wire; sizes are compared against the limits first.
-//  * Errors: every failure throws deloco::WireError (a std::runtime_error) whose message names the field and the
+//  * Errors: every failure throws deloco::WireError (a deloco::Error, deloco/error.h) whose message names the field and the
 //    values seen. Peers should count and log these, never crash on them.
 //  * Ownership: DecodedMessage::payload points into the caller's buffer (zero copy); it is valid only while that
 //    buffer is. encode_message() returns a new owning string; encode_header() lets a transport send the header
@@ -44,11 +44,6 @@
 #include "deloco/error.h"
 
 namespace deloco {
-
-class WireError : public Error {
- public:
-  explicit WireError(const std::string& what) : Error(what) {}
-};
 
 constexpr uint32_t kWireMagic = 0x57434C44u;  // bytes "DLCW" when written little-endian
 constexpr uint16_t kWireVersion = 1;

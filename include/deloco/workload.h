@@ -11,12 +11,12 @@
 //    consumed. step() counts inner steps; set_step() repositions it (schedule and data) after a restart.
 //  * evaluate(): the held-out loss of the current parameters; must not change them or the training position.
 //  * optimizer_state()/load_optimizer_state(): the inner optimizer's state as named CPU tensors (for learner-local
-//    checkpoints); load throws std::runtime_error naming the tensor on a mismatch and then changes nothing.
+//    checkpoints); load throws CheckpointError naming the tensor on a mismatch and then changes nothing.
 //  * fingerprint(): 16 hex chars identifying the parameter names, shapes and dtypes: nodes with different models
 //    refuse each other.
 //  * join_group(): train as one rank of a data-parallel learner group (deloco/group.h): read this rank's part of
 //    each batch, average gradients across the group every step, count the group's tokens. Optional: the default
-//    throws std::runtime_error saying the workload cannot.
+//    throws GroupError saying the workload cannot.
 //  * Not thread-safe: one driver thread calls it.
 #pragma once
 

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "deloco/config.h"
+#include "deloco/error.h"
 #include "util/config_toml.h"
 
 namespace deloco {
@@ -384,7 +385,7 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
     res.stop_reason = cut ? "evaluation limit reached during the scan (no search)" : "evaluation limit reached (no search)";
   } else {
     nlopt_opt opt = nlopt_create(NLOPT_LN_SBPLX, static_cast<unsigned>(np));
-    if (!opt) throw std::runtime_error("goodput --fit: NLopt could not create its optimizer");
+    if (!opt) throw GoodputError("goodput --fit: NLopt could not create its optimizer");
     pr.opt = opt;
     nlopt_set_lower_bounds(opt, lo.data());
     nlopt_set_upper_bounds(opt, hi.data());
@@ -401,7 +402,7 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
     if (rc == NLOPT_FORCED_STOP || rc == NLOPT_MAXEVAL_REACHED)
       res.stop_reason = nlopt_reason(NLOPT_MAXEVAL_REACHED);
     else if (rc < 0 && rc != NLOPT_ROUNDOFF_LIMITED)
-      throw std::runtime_error("goodput --fit: the optimizer " + nlopt_reason(rc));
+      throw GoodputError("goodput --fit: the optimizer " + nlopt_reason(rc));
     else
       res.stop_reason = nlopt_reason(rc);
     x = pr.best_x;  // the best point evaluated (NLopt's x, or better)

@@ -23,6 +23,7 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/error.h"
 #include "deloco/group.h"
 #include "deloco/learner.h"
 #include "deloco/quantize.h"
@@ -100,6 +101,7 @@ struct LearnerNode::Impl {
   std::vector<int64_t> held_versions;      // the core's versions, as last published by the main thread
   bool welcomed_once = false;
   std::string fatal;                        // set by comms: a refusal that retrying cannot fix
+  bool fatal_refused = false;               // fatal is the syncer refusing us (RefusedError), not a comms failure
   proto::Beat beat;
   std::string leave_reason;                 // set by main at the end
   bool comms_stop = false;
@@ -296,6 +298,7 @@ struct LearnerNode::Impl {
     }
     if (h.fingerprint != fingerprint && h.kind != MessageKind::kReject) {  // a reject says why itself
       std::lock_guard<std::mutex> lock(mu);
+      fatal_refused = true;
       fatal = "the syncer serves another model: fingerprint " + fingerprint_hex(h.fingerprint) + ", ours " +
               fingerprint_hex(fingerprint) + " (fingerprint_mismatch; check the model section of both configs)";
       cv.notify_all();
@@ -443,6 +446,7 @@ struct LearnerNode::Impl {
       cv.notify_all();
     }
     if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - L.c.start > cfg.net.join_timeout)) {
+      fatal_refused = true;
       fatal = "the syncer" + (sharded() ? " shard " + std::to_string(L.plan.shard) : std::string()) +
               " refused learner " + std::to_string(id) + ": " + why;
       cv.notify_all();
@@ -545,7 +549,13 @@ struct LearnerNode::Impl {
 
   void throw_if_fatal() {
     std::lock_guard<std::mutex> lock(mu);
-    if (!fatal.empty()) throw std::runtime_error(fatal);
+    if (!fatal.empty()) throw_fatal();
+  }
+
+  // fatal as its error: RefusedError when the syncer refused us for good, TransportError when comms failed.
+  [[noreturn]] void throw_fatal() const {
+    if (fatal_refused) throw RefusedError(fatal);
+    throw TransportError(fatal);
   }
 
   // Starts the comms thread and joins: waits (bounded) for the global state so a (re)started learner trains from Θ,
@@ -558,6 +568,7 @@ struct LearnerNode::Impl {
         comms_loop();
       } catch (const std::exception& e) {  // a bug or resource failure: surface it on the main thread
         std::lock_guard<std::mutex> lock(mu);
+        fatal_refused = false;
         fatal = std::string("comms thread failed: ") + e.what();
         cv.notify_all();
       }
@@ -576,7 +587,7 @@ struct LearnerNode::Impl {
       while (!all_have_state() && !some_down() && fatal.empty() && !stop.load() &&
              std::chrono::steady_clock::now() < deadline)
         cv.wait_for(lock, std::chrono::milliseconds(50));
-      if (!fatal.empty()) throw std::runtime_error(fatal);
+      if (!fatal.empty()) throw_fatal();
       if (!all_have_state() && some_down()) {
         for (const auto& L : links)
           if (!L.have_state)

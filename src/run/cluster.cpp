@@ -18,6 +18,7 @@
 
 #include "deloco/checkpoint_store.h"
 #include "deloco/clock.h"
+#include "deloco/error.h"
 #include "deloco/malloc_tuning.h"
 #include "deloco/transport.h"
 #include "util/env.h"
@@ -30,7 +31,7 @@ namespace {
 // A free TCP port on 127.0.0.1 (the kernel's choice; released again before the syncer binds it).
 int free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw std::runtime_error(std::string("cannot create a socket: ") + std::strerror(errno));
+  if (fd < 0) throw RunError(std::string("cannot create a socket: ") + std::strerror(errno));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -39,7 +40,7 @@ int free_loopback_port() {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
     ::close(fd);
-    throw std::runtime_error(std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(errno));
+    throw RunError(std::string("cannot find a free port on 127.0.0.1: ") + std::strerror(errno));
   }
   ::close(fd);
   return ntohs(a.sin_port);
@@ -157,7 +158,7 @@ json LocalCluster::run(const StopSignals& stop) {
   stop_children(children, sig != 0 ? sig : SIGTERM, kStopWait, std::cerr);
   poll_records();
   view_.draw();  // the final state stays on screen
-  if (!fatal.empty()) throw std::runtime_error(fatal);
+  if (!fatal.empty()) throw RunError(fatal);
   json summary = make_summary();
   if (sig != 0) summary["interrupted"] = strsignal(sig);
   return summary;
@@ -340,8 +341,8 @@ void LocalCluster::reap() {
     const std::string loop = record_failure(*c, now);
     const std::string log = (dir_ / "logs" / (c->name + ".log")).string();
     if (!loop.empty())
-      throw std::runtime_error(c->name + " failed " + loop + " (last: " + c->last_exit + "); log " + log +
-                               " ends with:\n" + tail_of(log, 20));
+      throw RunError(c->name + " failed " + loop + " (last: " + c->last_exit + "); log " + log +
+                     " ends with:\n" + tail_of(log, 20));
     note(c->name + (unfinished.empty() ? " exited unexpectedly (" + c->last_exit + ")"
                                         : " exited 0 before finishing (" + unfinished + ")") +
          "; restarting it in " + fixed(kFailureRestartDelay, 1) + " s");

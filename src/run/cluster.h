@@ -22,7 +22,7 @@
 //     shards in turn; each resumes from its own folder. The live view and the summary sum the shards (summary
 //     "shards": each shard's own figures); cmd_run.cpp assembles and evaluates the global model afterwards.
 //   * Failures: a child that exits non-zero without having been killed by chaos is restarted after 1 s; a crash
-//     loop (supervisor.h) ends run() with std::runtime_error carrying that process's log tail. A learner (rank 0,
+//     loop (supervisor.h) ends run() with RunError carrying that process's log tail. A learner (rank 0,
 //     `deloco learner` or a learner command alike) that exits 0 has finished only when the last learner_done record
 //     its incarnation wrote to learner-N.jsonl does not say "finished": false; one that exits 0 without such a record
 //     (it never joined, or stopped early) is a failure like any other: said so ("learner-N exited 0 before

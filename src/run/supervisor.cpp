@@ -16,6 +16,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "deloco/error.h"
 #include "deloco/fs.h"
 
 extern char** environ;
@@ -56,7 +57,7 @@ pid_t spawn_program(const std::string& program, const std::vector<std::string>& 
   if (pid < 0) {
     ::close(fd);
     if (null_fd >= 0) ::close(null_fd);
-    throw std::runtime_error(std::string("fork failed: ") + std::strerror(errno));
+    throw RunError(std::string("fork failed: ") + std::strerror(errno));
   }
   if (pid == 0) {  // child: async-signal-safe calls only
     ::setpgid(0, 0);

@@ -5,7 +5,7 @@
 //  * spawn_self() starts /proc/self/exe in its own process group (Ctrl-C at the terminal reaches only the
 //    supervisor, which forwards it), with PR_SET_PDEATHSIG = SIGKILL so no child outlives the supervisor, stdin
 //    from /dev/null and stdout+stderr appended to a log file. Throws IoError when the log cannot be opened and
-//    std::runtime_error when fork fails.
+//    RunError (deloco/error.h) when fork fails.
 //  * Children are tracked in Child records owned by the caller; the functions here only update the record they
 //    are given. Not thread-safe: one supervising thread.
 //  * The crash-loop policy (record_failure): three unexpected exits of one process within 10 s, or five within

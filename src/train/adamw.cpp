@@ -120,10 +120,10 @@ std::map<std::string, torch::Tensor> AdamW::state() const {
 void AdamW::load_state(const std::map<std::string, torch::Tensor>& state) {
   auto get = [&](const std::string& key, const torch::Tensor& like) {
     auto it = state.find(key);
-    if (it == state.end()) throw std::runtime_error("optimizer state lacks '" + key + "'");
+    if (it == state.end()) throw CheckpointError("optimizer state lacks '" + key + "'");
     if (it->second.sizes() != like.sizes())
-      throw std::runtime_error("optimizer state '" + key + "' has shape " + c10::str(it->second.sizes()) +
-                               " but the parameter has " + c10::str(like.sizes()));
+      throw CheckpointError("optimizer state '" + key + "' has shape " + c10::str(it->second.sizes()) +
+                            " but the parameter has " + c10::str(like.sizes()));
     return it->second.to(like.device(), like.scalar_type()).contiguous();
   };
   std::vector<torch::Tensor> m, v;
@@ -132,7 +132,7 @@ void AdamW::load_state(const std::map<std::string, torch::Tensor>& state) {
     v.push_back(get("exp_avg_sq/" + params_[i].first, params_[i].second).clone());
   }
   auto it = state.find("step");
-  if (it == state.end() || it->second.numel() != 1) throw std::runtime_error("optimizer state lacks 'step'");
+  if (it == state.end() || it->second.numel() != 1) throw CheckpointError("optimizer state lacks 'step'");
   m_ = std::move(m);
   v_ = std::move(v);
   t_ = it->second.item<int64_t>();

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "deloco/config.h"
+#include "deloco/error.h"
 #include "deloco/workload.h"
 #include "util/env.h"
 
@@ -80,8 +81,8 @@ std::shared_ptr<LearnerGroup> LearnerGroup::connect(const GroupOptions& o) {
   } catch (const ConfigError&) {
     throw;
   } catch (const std::exception& e) {
-    throw std::runtime_error("learner group: rank " + std::to_string(o.rank) + " of " + std::to_string(o.size) +
-                             " could not form the group at " + where + ": " + e.what());
+    throw GroupError("learner group: rank " + std::to_string(o.rank) + " of " + std::to_string(o.size) +
+                     " could not form the group at " + where + ": " + e.what());
   }
   return g;
 }
@@ -314,14 +315,14 @@ int64_t LearnerGroup::follow(Workload& work) {
     auto c = ctrl.accessor<int64_t, 1>();
     if (c[0] == static_cast<int64_t>(Command::kStop)) return trained;
     if (c[0] != static_cast<int64_t>(Command::kStep) || c[3] < 0 || c[3] > n)
-      throw std::runtime_error("learner group: rank 0 sent a malformed control message");
+      throw GroupError("learner group: rank 0 sent a malformed control message");
     if (c[2] == 1) {
       sync_everything(work, c[1]);
     } else {
       std::vector<at::Tensor> recv;
       for (int64_t k = 0; k < c[3]; ++k) {
         const int64_t i = c[kHeader + k];
-        if (i < 0 || i >= n) throw std::runtime_error("learner group: rank 0 named parameter " + std::to_string(i));
+        if (i < 0 || i >= n) throw GroupError("learner group: rank 0 named parameter " + std::to_string(i));
         recv.push_back(params[static_cast<size_t>(i)].second);
       }
       broadcast(recv);
@@ -336,6 +337,6 @@ int64_t LearnerGroup::follow(Workload& work) {
 
 namespace deloco {
 void Workload::join_group(std::shared_ptr<LearnerGroup>) {
-  throw std::runtime_error("this workload cannot train as a learner group (learner.ranks > 1 needs join_group)");
+  throw GroupError("this workload cannot train as a learner group (learner.ranks > 1 needs join_group)");
 }
 }  // namespace deloco
