@@ -523,9 +523,14 @@ struct LearnerNode::Impl {
       work->load_optimizer_state(ck->optimizer.tensors);
       emit({{"kind", "state_restored"}, {"path", ck->dir}, {"step", ck->manifest.value("step", int64_t{0})}});
     } catch (const std::exception& e) {  // a damaged local state costs the moments, never the run
-      emit({{"kind", "state_unusable"}, {"path", dir}, {"detail", e.what()}});
+      // Kept aside (never deleted: a state_dir pointed at the wrong folder loses nothing), so the next save commits
+      // into an empty folder, not beside what cannot be read. An older aside copy is replaced.
+      const std::string aside = dir + ".unusable";
       std::error_code ec;
-      fs::remove_all(dir, ec);  // so the next save commits into an empty folder, not beside what cannot be read
+      fs::remove_all(aside, ec);
+      fs::rename(dir, aside, ec);
+      emit({{"kind", "state_unusable"}, {"path", dir}, {"detail", e.what()},
+            {"kept_at", ec ? std::string() : aside}});
     }
   }
 

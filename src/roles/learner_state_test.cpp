@@ -212,6 +212,9 @@ TEST_F(LearnerState, ALearnerNodeCommitsItsStateAndARestartReadsIt) {
   auto third = run_once(3);
   EXPECT_TRUE(kinds(third, "state_restored").empty());
   ASSERT_EQ(kinds(third, "state_unusable").size(), 1u);
+  // Nothing was deleted: the unreadable state was moved aside, where the record says.
+  EXPECT_EQ(kinds(third, "state_unusable")[0]["kept_at"], dir + ".unusable");
+  EXPECT_TRUE(fs::exists(fs::path(dir + ".unusable") / "checkpoints"));
   auto again = load_learner_state(dir);
   ASSERT_TRUE(again.has_value());
   EXPECT_FALSE(again->optimizer.tensors.empty());
