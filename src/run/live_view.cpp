@@ -114,8 +114,10 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard) {
       dashboard_port_ = port;
       event_("dashboard: http://127.0.0.1:" + std::to_string(port) + "/");
       // Bound beyond loopback (syncer.metrics = ":0"): the syncer's warning names the real address.
-      if (j.contains("metrics_warning") && j["metrics_warning"].is_string() && !j["metrics_warning"].empty())
-        event_("WARNING: " + j["metrics_warning"].get<std::string>());
+      if (j.contains("metrics_warning") && j["metrics_warning"].is_string()) {
+        const std::string& w = j["metrics_warning"].get_ref<const std::string&>();
+        if (!w.empty()) event_("WARNING: " + w);
+      }
     }
   } else if (kind == "merge") {
     s.merges = j.value("merges", s.merges + 1);
