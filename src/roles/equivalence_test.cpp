@@ -12,6 +12,8 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -130,10 +132,24 @@ Outcome run_nodes(const fs::path& dir) {
   auto hub = make_inproc_hub();
   Outcome o;
   std::mutex mu;
+  std::condition_variable merged;
   SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
     std::lock_guard<std::mutex> lock(mu);
-    if (j["kind"] == "merge") o.merges.push_back(from_json(j));
+    if (j["kind"] == "merge") {
+      o.merges.push_back(from_json(j));
+      merged.notify_all();
+    }
   });
+  // The merge that takes learner 1's last push before its failure: its step-10 push of fragment 1 (steps 2, 6, 10).
+  const int64_t last_fragment = 1, last_version = (kFailAfter - 2) / 4 + 1;
+  auto downtime_over = [&] {
+    std::unique_lock<std::mutex> lock(mu);
+    return merged.wait_for(lock, std::chrono::seconds(120), [&] {
+      for (const auto& m : o.merges)
+        if (m.fragment == last_fragment && m.version >= last_version) return true;
+      return false;
+    });
+  };
   std::atomic<bool> stop_syncer{false};
   std::thread st([&] { syncer.run(stop_syncer); });
 
@@ -149,7 +165,9 @@ Outcome run_nodes(const fs::path& dir) {
   nlohmann::json s0, s1a, s1b;
   std::thread l0([&] { learner(0, 0, &s0); });
   learner(1, kFailAfter, &s1a);  // the first life of learner 1
-  learner(1, 0, &s1b);           // the restarted process: downloads Θ, resumes its step and AdamW moments
+  const bool restart_after_merge = downtime_over();
+  EXPECT_TRUE(restart_after_merge) << "no merge of fragment 1 v" << last_version << " within 120 s";
+  learner(1, 0, &s1b);  // the restarted process: downloads Θ, resumes its step and AdamW moments
   l0.join();
   st.join();  // the syncer stops once both learners retired
   EXPECT_EQ(s1a["step"].get<int64_t>(), kFailAfter);
