@@ -13,8 +13,8 @@
 
 #include <torch/torch.h>
 
-#include "deloco/adamw.h"
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
+#include "train/adamw.h"
 
 using namespace deloco;
 using Clock = std::chrono::steady_clock;

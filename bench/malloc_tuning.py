@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""What keeping freed memory in the process buys (deloco/malloc_tuning.h), measured side by side in one run.
+"""What keeping freed memory in the process buys (util/malloc_tuning.h), measured side by side in one run.
 
 The same short `deloco sim` (the science suite's full-scale model by default: bf16 GPT 4 x 256, T = 128, batch 8,
 SentencePiece 4096 tokens from runs/science/tokens; byte-level data/sotu when those are missing) runs in alternating

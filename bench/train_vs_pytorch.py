@@ -4,7 +4,7 @@
 Runs them in turn, round after round, in one invocation, so all see the same machine state, and reports the median
 tokens/s of each, their ratios, model FLOPs utilisation against the measured matrix-multiply peak of each precision,
 and the peak resident memory of each process (from wait4). When deloco corrected OpenBLAS's kernel choice
-(include/deloco/blas.h), a third row runs PyTorch with the same OPENBLAS_CORETYPE set by hand: PyTorch as users
+(src/util/blas.h), a third row runs PyTorch with the same OPENBLAS_CORETYPE set by hand: PyTorch as users
 run it, and PyTorch on the same kernels. Usage, from the repository root after scripts/setup.sh:
 
     /usr/bin/python3 bench/train_vs_pytorch.py [--config configs/small.toml] [--steps 60] [--rounds 3] [--threads 2]
@@ -138,7 +138,7 @@ def main():
     env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", OMP_NUM_THREADS=str(args.threads))
     cfg = tomllib.load(open(args.config, "rb"))
     precisions = [p for p in args.precisions.split(",") if p]
-    # deloco corrects OpenBLAS's kernel choice on CPUs newer than the library (include/deloco/blas.h); PyTorch
+    # deloco corrects OpenBLAS's kernel choice on CPUs newer than the library (src/util/blas.h); PyTorch
     # does not. "pytorch+core" is PyTorch given the same OPENBLAS_CORETYPE by hand: the kernel-for-kernel peer.
     variants = [(impl, prec) for prec in precisions for impl in ("deloco", "pytorch", "pytorch+core")]
     res = {f"{impl} {prec}": [] for impl, prec in variants}

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "deloco/quantize.h"
 #include "deloco/wire.h"
+#include "wire/quantize.h"
 
 int main(int argc, char** argv) {
   using namespace deloco;

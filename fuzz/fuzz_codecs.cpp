@@ -1,4 +1,4 @@
-// libFuzzer target: the float payload codecs (deloco/quantize.h) alone, both directions.
+// libFuzzer target: the float payload codecs (wire/quantize.h) alone, both directions.
 //
 // Input: byte 0 picks the encoding, bytes 1-2 the element count n (≤ 65535), the rest is the payload to decode and
 // also, read as floats, an input to encode. Properties: decoding a payload of the wrong size, or any payload, throws
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "deloco/quantize.h"
 #include "deloco/wire.h"
+#include "wire/quantize.h"
 
 namespace {
 [[noreturn]] void fail(const char* what, size_t i) {

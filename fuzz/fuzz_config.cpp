@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/config.h"
-#include "deloco/goodput.h"
+#include "goodput/goodput.h"
 
 namespace {
 struct Fields {

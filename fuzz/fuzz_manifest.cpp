@@ -1,4 +1,4 @@
-// libFuzzer target: the checkpoint manifest parser (deloco/manifest.h), as a checkpoint folder on disk presents it.
+// libFuzzer target: the checkpoint manifest parser (util/manifest.h), as a checkpoint folder on disk presents it.
 //
 // Input: the manifest.json text. Properties: parse_checkpoint_manifest throws only CheckpointError (anything else
 // escaping is a crash); a manifest it accepts renders back (render_checkpoint_manifest) into text it accepts again,
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "deloco/manifest.h"
+#include "util/manifest.h"
 
 namespace {
 [[noreturn]] void fail(const char* what) {

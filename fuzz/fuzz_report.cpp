@@ -17,9 +17,9 @@
 #include <optional>
 #include <string>
 
-#include "deloco/fs.h"
 #include "fuzz_util.h"
 #include "run/report.h"
+#include "util/fs.h"
 
 namespace {
 namespace fs = std::filesystem;

@@ -21,9 +21,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/fs.h"
 #include "fuzz_util.h"
 #include "run/report.h"
+#include "util/fs.h"
 
 namespace {
 namespace fs = std::filesystem;

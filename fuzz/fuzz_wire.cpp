@@ -1,4 +1,4 @@
-// libFuzzer target: the wire decoder (deloco/wire.h) and the payload codecs behind it (deloco/quantize.h), on a
+// libFuzzer target: the wire decoder (deloco/wire.h) and the payload codecs behind it (wire/quantize.h), on a
 // frame as a peer would send it.
 //
 // Input: one byte of mode, then the frame. Random bytes would almost never get past the payload checksum, so unless
@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "deloco/quantize.h"
 #include "deloco/wire.h"
+#include "wire/quantize.h"
 
 namespace {
 

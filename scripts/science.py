@@ -73,7 +73,7 @@ def scale(quick, out):
                     lr_factors=[0.6, 1.0, 1.5], momenta=[], model="tiny byte-level GPT (2 × 48, T = 32)")
     # The full scale is sized to the budget, about 8 hours on 2 cores, by measurement (bf16 inner steps of
     # 8 × 128 tokens, single-threaded, one `deloco sim` run per core, on this machine). With deloco's kept-memory
-    # malloc (deloco/malloc_tuning.h; before it, page faults doubled these): 6 × 384 (12.3M parameters) costs 0.43 s
+    # malloc (util/malloc_tuning.h; before it, page faults doubled these): 6 × 384 (12.3M parameters) costs 0.43 s
     # of CPU per learner step and 4 × 256 (4.24M) 0.18 s (80-step runs, measured side by side). The plan is about
     # 150 runs of 1600 steps (the grids, their extensions, 3 seeds per reported point), so 12.3M would take about
     # 150 × 1600 × 0.43 s / 2 cores ≈ 14 h and 4.24M about 6 h; tuning runs took 260-290 s each, two at a time.

@@ -5,7 +5,7 @@
 // μ apply unless the config names them (outer.kind, outer.lr, outer.momentum); they are filled in by resolve(),
 // which ConfigSchema::validate() runs through the outer.kind key, so the config a run records holds the values
 // it used. The default preset is "diloco" (mean merge, Nesterov η 0.7, μ 0.9), matching the synchronous defaults
-// of SyncOptions. The merge.* keys are MergeConfig's (deloco/merge_config.h), one binding shared with `deloco merge`;
+// of SyncOptions. The merge.* keys are MergeConfig's (deloco/merge.h), one binding shared with `deloco merge`;
 // `deloco config presets` prints this table.
 //
 //   preset      merge plan                                   outer       η     μ    source
@@ -26,7 +26,6 @@
 #include <vector>
 
 #include "deloco/merge.h"
-#include "deloco/merge_config.h"
 #include "deloco/outer.h"
 #include "deloco/sync.h"
 #include "deloco/wire.h"

@@ -1,5 +1,5 @@
-// deloco/merge.h — merging contributions Δ_1..Δ_T of one tensor into one (DESIGN.md §2.5), and merging a whole
-// model tensor by tensor.
+// deloco/merge.h — merging contributions Δ_1..Δ_T of one tensor into one (docs/merge.md), merging a whole model
+// tensor by tensor, the [merge] config section (MergeConfig) and merging whole checkpoints (merge_checkpoints).
 //
 // Contract
 //  * A Merger is a small immutable object with one verb, merge(). Make one by name with make_merger(); the
@@ -41,10 +41,13 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
 
 #include "deloco/error.h"
 
 namespace deloco {
+
+class ConfigSchema;
 
 struct MergeOptions {
   at::ScalarType compute_dtype = at::kFloat;  // kFloat or kDouble
@@ -144,5 +147,92 @@ std::map<std::string, std::string> merge_tensors(
     const MergeSelector& selector, const std::vector<std::string>& names,
     const std::function<MergeInput(const std::string&)>& load,
     const std::function<void(const std::string&, const at::Tensor&)>& store, int threads);
+
+// ---- The [merge] config section ---------------------------------------------------------------------------
+// The [merge] section of a config, bound once for training (`deloco sim`, `run`, `syncer`,
+// `learner`, through AlgorithmConfig) and for `deloco merge` alike: every key means the same under both.
+//
+//   merge.preset          the algorithm preset (deloco/algorithm.h) whose merge plan is used; training also takes
+//                         its outer optimizer from it
+//   merge.method          "" : the preset's plan; a merger name (merger_names()): that method for every tensor of
+//                         rank ≥ 2; a plan name (diloco, decoupled, isoloco): that plan (MergePlan::preset)
+//   merge.rules           "glob=method,..." tried before the plan's own rules (first match wins)
+//   merge.vector_method   the method for tensors of rank < 2 that no rule names
+//   merge.dtype           compute precision: fp32 | fp64
+//   merge.seed            seed of random methods (dare)
+//   merge.ties_keep, merge.dare_drop, merge.iso_cts_common, merge.iso_fast_polish   MergeOptions (above)
+//   merge.alpha, merge.threads   `deloco merge` only (the task vector's scale, the file merge's workers): bound
+//                         for Use::kCheckpoints, so a training config that names them is refused as unknown keys
+//
+// The defaults give the plan training always used: the diloco preset's (the mean everywhere), fp32, seed 0, and
+// MergeOptions' defaults. Errors: the keys' checks (run by ConfigSchema::validate()) name the key; plan() throws
+// ConfigError or MergeError. Not thread-safe.
+
+struct MergeConfig {
+  std::string preset = "diloco";
+  std::string method;
+  std::string rules;
+  std::string vector_method = "mean";
+  std::string dtype = "fp32";
+  int64_t seed = 0;
+  double ties_keep = 0.9;
+  double dare_drop = 0.1;
+  double iso_cts_common = 0.8;
+  int64_t iso_fast_polish = 1;
+  // `deloco merge` only.
+  double alpha = 1.0;
+  int64_t threads = 0;
+
+  enum class Use { kTraining, kCheckpoints };
+  // Binds the keys above (alpha and threads only for kCheckpoints), each with its check. This object must outlive
+  // `schema`.
+  void bind(ConfigSchema& schema, Use use);
+  // The merge plan these keys name (see the table above). Throws ConfigError for an unknown preset and MergeError
+  // for a malformed rule; MergeSelector(plan()) checks the method names and option values.
+  MergePlan plan() const;
+  // What the plan is called in a manifest: merge.method when given, else the preset's one method when its plan has
+  // no rules ("mean" for diloco), else the preset's name.
+  std::string label() const;
+  MergeOptions options() const;
+};
+
+// The names merge.method accepts besides the merger names: "diloco", "decoupled", "isoloco".
+const std::vector<std::string>& merge_plan_names();
+
+// ---- Whole checkpoints (`deloco merge`) ------------------------------------------------------------------
+// Merging whole checkpoints as task vectors against a base (`deloco merge`):
+//   τ_i = θ_i − θ_base,   θ = θ_base + α·Merge(τ_1..τ_T)   with the per-tensor methods above.
+//
+// Contract
+//  * Inputs: `base` and every entry of `inputs` name a .safetensors file or a checkpoint folder (which stands for
+//    its model.safetensors). Each input must hold exactly the base's tensor names, with the same shapes; floating
+//    point tensors may differ in float dtype and are merged, other tensors must have the base's dtype and are
+//    copied from the base unchanged.
+//  * Files are memory-mapped; tensors are merged on `threads` workers (≤ 0: one per core) and written as they
+//    finish, so memory holds only the tensors in flight. Arithmetic runs in `dtype` (fp32 | fp64); each output
+//    tensor has the base tensor's dtype. Results do not depend on the number of threads (see merge_tensors()).
+//  * Output: `out` (safetensors, metadata {"format": "deloco-merge", "method": method}) is written to a temporary
+//    file and renamed into place only when complete; the manifest is then written atomically to
+//    "<out>.manifest.json". The manifest is also returned: format, version, formula, method (MergeConfig::label()),
+//    plan, alpha, weights, compute_dtype, seed, options, base, inputs, output, tensors_merged, tensors_copied,
+//    methods_used, per_tensor (name → method) and wall_seconds.
+//  * Errors: MergeError for bad settings (checked before any file is opened: no inputs, weights not one per input,
+//    non-finite alpha, an unknown preset, dtype, method, rule or option value), missing/extra tensors, shape or dtype
+//    mismatches and NaN/Inf values (naming the tensor and file); SafetensorsError for unreadable or malformed
+//    files; IoError when the output cannot be written. An error before the output is complete leaves no output file.
+//  * Not thread-safe with respect to `out`: one merge per output path at a time.
+
+struct CheckpointMergeOptions {
+  std::string base;                  // base checkpoint
+  std::vector<std::string> inputs;   // fine-tuned checkpoints (T ≥ 1)
+  std::string out;                   // output .safetensors path
+  std::vector<double> weights;       // one non-negative weight per input (empty: uniform)
+  // The plan and its options (merge.preset / merge.method, rules, vector method, dtype, seed, the methods'
+  // options), α (merge.alpha) and the workers (merge.threads, ≤ 0: one per core): the [merge] keys of
+  // MergeConfig above, the same as a training run's. The default is the diloco preset's plan: the mean.
+  MergeConfig merge;
+};
+
+nlohmann::json merge_checkpoints(const CheckpointMergeOptions& opts);
 
 }  // namespace deloco

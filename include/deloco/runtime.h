@@ -99,13 +99,14 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/algorithm.h"
-#include "deloco/train.h"
-#include "deloco/workload.h"
+#include "deloco/gpt/config.h"
 #include "deloco/transport.h"
+#include "deloco/workload.h"
 
 namespace deloco {
 
 class ConfigSchema;
+class Corpus;  // deloco/gpt/data.h
 class LearnerGroup;
 
 struct NetOptions {

@@ -27,12 +27,13 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/algorithm.h"
-#include "deloco/train.h"
+#include "deloco/gpt/config.h"
 #include "deloco/workload.h"
 
 namespace deloco {
 
 class ConfigSchema;
+class Corpus;  // deloco/gpt/data.h
 
 struct SimOptions {
   double step_time = 1.0;              // seconds per inner step of a speed-1 learner

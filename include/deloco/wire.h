@@ -13,11 +13,11 @@
 //   12   4  fragment_id (u32) 64   8  checksum: FNV-1a-64 of the payload bytes
 //   16   8  model fingerprint (u64; shown as 16 lowercase hex chars)
 //
-// Payload encodings (include/deloco/quantize.h has the float codecs):
+// Payload encodings (src/wire/quantize.h has the float codecs):
 //   kRaw  opaque bytes (JSON, a reason text); element_count == payload_bytes
 //   kFp32 4 bytes per element; kBf16 2 bytes per element (round to nearest even)
 //   kInt8 / kInt4 / kInt2: ceil(n/64) fp32 block scales, then n int8 values / ceil(n/2) bytes of packed int4
-//   values / ceil(n/4) bytes of packed ternary int2 values (deloco/quantize.h)
+//   values / ceil(n/4) bytes of packed ternary int2 values (src/wire/quantize.h)
 // Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk, fragment_push
 // and fragment_broadcast carry a float encoding (kFp32, kBf16, kInt8, kInt4, kInt2).
 //

@@ -1,5 +1,5 @@
 // deloco/workload.h — the seam between the algorithm's drivers and a model: what the simulator and the learner and
-// syncer processes need of "something that trains", and nothing more. The built-in byte-level GPT (deloco/train.h,
+// syncer processes need of "something that trains", and nothing more. The built-in byte-level GPT (deloco/gpt/train.h,
 // Trainer) is one implementation; other models plug in by implementing this interface.
 //
 // Contract
@@ -31,6 +31,9 @@
 #include <ATen/core/Tensor.h>
 
 namespace deloco {
+
+// A model's parameters by their stable names, in a fixed order (the keys of checkpoints and fragments).
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 struct StepResult {
   double loss = 0;      // training loss of the step (nats per token for the GPT)

@@ -15,7 +15,7 @@
 
 #include "deloco/config.h"
 #include "deloco/embed.h"
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 namespace py = pybind11;
 

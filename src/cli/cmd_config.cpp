@@ -12,11 +12,11 @@
 #include "commands.h"
 #include "deloco/algorithm.h"
 #include "deloco/config.h"
-#include "deloco/goodput.h"
-#include "deloco/merge_config.h"
+#include "deloco/gpt/train.h"
+#include "deloco/merge.h"
 #include "deloco/runtime.h"
 #include "deloco/sim.h"
-#include "deloco/train.h"
+#include "goodput/goodput.h"
 
 namespace deloco::cli {
 namespace {

@@ -14,10 +14,10 @@
 
 #include "commands.h"
 #include "common.h"
-#include "deloco/fs.h"
-#include "deloco/goodput.h"
+#include "goodput/fit.h"
+#include "goodput/goodput.h"
+#include "util/fs.h"
 #include "util/shell.h"
-#include "deloco/goodput_fit.h"
 
 namespace deloco::cli {
 namespace {

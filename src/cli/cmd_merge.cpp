@@ -1,7 +1,7 @@
 // `deloco merge`: merge fine-tuned checkpoints (or any safetensors files with matching names and shapes) as
 // task vectors against a base:  τ_i = θ_i − θ_base,  θ = θ_base + α·Merge(τ_1..τ_T). This file only maps flags
 // and config keys ([merge], bound by MergeConfig as for training) onto merge_checkpoints()
-// (deloco/checkpoint_merge.h), which does the work and writes the output and its manifest.
+// (deloco/merge.h), which does the work and writes the output and its manifest.
 #include <iostream>
 #include <memory>
 
@@ -9,9 +9,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "deloco/checkpoint_merge.h"
 #include "deloco/config.h"
-#include "deloco/merge_config.h"
+#include "deloco/merge.h"
 
 namespace deloco::cli {
 
@@ -23,7 +22,7 @@ void add_merge_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "merge", "merge checkpoints as task vectors against a base: theta = base + alpha*Merge(theta_i - base)");
   add_common_options(sub, common.get());
-  // The flags are the [merge] keys a training run has too (deloco/merge_config.h), plus alpha and threads.
+  // The flags are the [merge] keys a training run has too (deloco/merge.h), plus alpha and threads.
   sub->add_option("--method", m.method,
                   "merge method (mean, rda, iso_c, iso_c_fast, iso_cts, tsv, ties, dare) or plan "
                   "(diloco, decoupled, isoloco) [merge.method; default: merge.preset's plan, the mean]");

@@ -13,21 +13,21 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common.h"
-#include "run/report.h"
-#include "web_assets.h"
 #include "commands.h"
-#include "deloco/blas.h"
-#include "deloco/malloc_tuning.h"
-#include "deloco/group.h"
-#include "deloco/checkpoint_store.h"
+#include "common.h"
 #include "deloco/config.h"
-#include "deloco/data.h"
-#include "deloco/fs.h"
-#include "deloco/records.h"
+#include "deloco/gpt/data.h"
+#include "deloco/gpt/train.h"
+#include "deloco/group.h"
 #include "deloco/runtime.h"
-#include "deloco/stop_signals.h"
-#include "deloco/train.h"
+#include "run/report.h"
+#include "util/blas.h"
+#include "util/checkpoint_store.h"
+#include "util/fs.h"
+#include "util/malloc_tuning.h"
+#include "util/records.h"
+#include "util/stop_signals.h"
+#include "web_assets.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;

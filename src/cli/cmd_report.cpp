@@ -8,8 +8,8 @@
 
 #include "commands.h"
 #include "common.h"
-#include "deloco/fs.h"
 #include "run/report.h"
+#include "util/fs.h"
 #include "web_assets.h"
 
 namespace deloco::cli {

@@ -10,17 +10,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common.h"
 #include "commands.h"
-#include "demo_config.h"
+#include "common.h"
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
-#include "deloco/data.h"
-#include "deloco/fs.h"
+#include "deloco/gpt/data.h"
+#include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
-#include "deloco/stop_signals.h"
+#include "demo_config.h"
 #include "run/cluster.h"
 #include "run/summary.h"
+#include "util/fs.h"
+#include "util/stop_signals.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;

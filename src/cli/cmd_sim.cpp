@@ -9,12 +9,12 @@
 
 #include <torch/torch.h>
 
-#include "common.h"
 #include "commands.h"
+#include "common.h"
 #include "deloco/config.h"
-#include "deloco/fs.h"
+#include "deloco/gpt/train.h"
 #include "deloco/sim.h"
-#include "deloco/train.h"
+#include "util/fs.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// `deloco tokenize`: SentencePiece BPE token files from a text corpus (deloco/tokenizer.h).
+// `deloco tokenize`: SentencePiece BPE token files from a text corpus (data/tokenizer.h).
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -6,8 +6,8 @@
 
 #include "commands.h"
 #include "common.h"
-#include "deloco/data.h"
-#include "deloco/tokenizer.h"
+#include "data/tokenizer.h"
+#include "deloco/gpt/data.h"
 
 namespace deloco::cli {
 

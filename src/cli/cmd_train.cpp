@@ -14,18 +14,19 @@
 
 #include <torch/torch.h>
 
-#include "common.h"
 #include "commands.h"
-#include "deloco/blas.h"
-#include "deloco/malloc_tuning.h"
+#include "common.h"
+#include "data/tokenizer.h"
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
-#include "deloco/clock.h"
-#include "deloco/fs.h"
-#include "deloco/model.h"
-#include "deloco/stop_signals.h"
-#include "deloco/tokenizer.h"
-#include "deloco/train.h"
+#include "deloco/gpt/model.h"
+#include "deloco/gpt/train.h"
+#include "train/run_checkpoint.h"
+#include "util/blas.h"
+#include "util/clock.h"
+#include "util/fs.h"
+#include "util/malloc_tuning.h"
+#include "util/stop_signals.h"
 
 namespace deloco::cli {
 namespace fs = std::filesystem;
@@ -42,7 +43,7 @@ std::string checkpoint_name(int64_t step) {
   return o.str();
 }
 
-// Commits a checkpoint of `tr` into run folder `run` (deloco/checkpoint_store.h: recovery, commit by rename,
+// Commits a checkpoint of `tr` into run folder `run` (util/checkpoint_store.h: recovery, commit by rename,
 // "latest", pruning to the newest `keep`); a run resumed from an older checkpoint that reaches a step it already
 // checkpointed gets a new folder, never a refusal or a skip.
 std::string save_train_checkpoint(Trainer& tr, const ConfigSchema& schema, const std::string& run, int64_t keep) {

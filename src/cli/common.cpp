@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 namespace deloco::cli {
 

@@ -10,9 +10,9 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#include "deloco/blas.h"
-#include "deloco/malloc_tuning.h"
 #include "common.h"
+#include "util/blas.h"
+#include "util/malloc_tuning.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ namespace {
 // - libgomp's OMP_WAIT_POLICY: spinning OpenMP workers halve the speed of two training threads on a two-core
 //   machine, so deloco asks for the passive policy when the user set none;
 // - OpenBLAS's OPENBLAS_CORETYPE: on a CPU model newer than the library, OpenBLAS falls back to generic SSE3
-//   kernels (deloco/blas.h), so deloco names the kernels the CPU runs when the user named none.
+//   kernels (util/blas.h), so deloco names the kernels the CPU runs when the user named none.
 // If exec fails we simply continue as we are.
 void prepare_environment(char** argv) {
   bool changed = false;
@@ -46,7 +46,7 @@ void prepare_environment(char** argv) {
 
 int main(int argc, char** argv) {
   prepare_environment(argv);
-  deloco::tune_malloc_for_training();  // before anything large is allocated (deloco/malloc_tuning.h)
+  deloco::tune_malloc_for_training();  // before anything large is allocated (util/malloc_tuning.h)
   deloco::cli::set_program(argv[0]);
   CLI::App app{"deloco: resilient, low-communication distributed training (DiLoCo, Decoupled DiLoCo, IsoLoCo)"};
   app.require_subcommand(1);

@@ -16,8 +16,8 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/data.h"
-#include "deloco/fs.h"
+#include "deloco/gpt/data.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

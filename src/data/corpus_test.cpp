@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "deloco/data.h"
-#include "deloco/fs.h"
+#include "deloco/gpt/data.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

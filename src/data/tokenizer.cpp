@@ -1,5 +1,5 @@
-// SentencePiece BPE tokenizers (contract in include/deloco/tokenizer.h).
-#include "deloco/tokenizer.h"
+// SentencePiece BPE tokenizers (contract in src/data/tokenizer.h).
+#include "data/tokenizer.h"
 
 #include <dlfcn.h>
 
@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/data.h"
-#include "deloco/fs.h"
+#include "deloco/gpt/data.h"
 #include "spm/spm_shim.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

@@ -1,13 +1,13 @@
-// SentencePiece tokenizers (deloco/tokenizer.h) and `deloco tokenize`'s corpus conversion, on the real corpus.
+// SentencePiece tokenizers (data/tokenizer.h) and `deloco tokenize`'s corpus conversion, on the real corpus.
 #include <filesystem>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deloco/data.h"
-#include "deloco/fs.h"
-#include "deloco/tokenizer.h"
+#include "data/tokenizer.h"
+#include "deloco/gpt/data.h"
 #include "support/proc.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -1,5 +1,5 @@
-// Calibration of the goodput simulator against a table (see include/deloco/goodput_fit.h).
-#include "deloco/goodput_fit.h"
+// Calibration of the goodput simulator against a table (see src/goodput/fit.h).
+#include "goodput/fit.h"
 
 #include <nlopt.h>
 

@@ -1,7 +1,7 @@
 // Tests of the goodput simulator's further failure modes (hot spares with a swap time, host resets, correlated
 // domains, syncer failures, catch-up, a fixed quorum) against closed forms, and of the calibration
-// (deloco/goodput_fit.h): recovering known parameters from a table the simulator made, CSV errors, the TOML.
-#include "deloco/goodput_fit.h"
+// (goodput/fit.h): recovering known parameters from a table the simulator made, CSV errors, the TOML.
+#include "goodput/fit.h"
 
 #include <cmath>
 

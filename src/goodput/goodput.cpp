@@ -1,5 +1,5 @@
-// The chip-scale goodput simulator (see include/deloco/goodput.h for the model and the contract).
-#include "deloco/goodput.h"
+// The chip-scale goodput simulator (see src/goodput/goodput.h for the model and the contract).
+#include "goodput/goodput.h"
 
 #include <algorithm>
 #include <atomic>

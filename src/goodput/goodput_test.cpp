@@ -1,5 +1,5 @@
 // Tests of the chip-scale goodput simulator: closed-form cases, monotonicity, determinism, bad input.
-#include "deloco/goodput.h"
+#include "goodput/goodput.h"
 
 #include <cmath>
 

@@ -1,7 +1,7 @@
 // src/goodput/test_util.h — what the goodput tests share: a small, fast configuration and the slice MTBF knob.
 #pragma once
 
-#include "deloco/goodput.h"
+#include "goodput/goodput.h"
 
 namespace deloco::goodput_test {
 

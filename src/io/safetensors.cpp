@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -3,9 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "deloco/fs.h"
 #include "deloco/safetensors.h"
 #include "io/tensor_stream.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "deloco/fs.h"
 #include "deloco/safetensors.h"
 #include "util/checked.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -1,6 +1,6 @@
 // Checkpoint (task-vector) merging: memory-mapped inputs, per-tensor merge_tensors(), streamed output and a
-// manifest (contract in include/deloco/checkpoint_merge.h).
-#include "deloco/checkpoint_merge.h"
+// manifest (contract in include/deloco/merge.h).
+#include "deloco/merge.h"
 
 #include <sys/stat.h>
 
@@ -13,9 +13,8 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
-#include "deloco/fs.h"
-#include "deloco/merge.h"
 #include "io/tensor_stream.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -1,5 +1,5 @@
 // merge_checkpoints() as a library call (the `deloco merge` process is tested in src/cli/merge_cli_test.cpp).
-#include "deloco/checkpoint_merge.h"
+#include "deloco/merge.h"
 
 #include <unistd.h>
 
@@ -10,8 +10,7 @@
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
-#include "deloco/data.h"
-#include "deloco/merge.h"
+#include "deloco/gpt/data.h"
 #include "deloco/outer.h"
 #include "deloco/safetensors.h"
 #include "deloco/sync.h"

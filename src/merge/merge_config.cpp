@@ -1,5 +1,5 @@
-// The [merge] section, bound once for training and `deloco merge` (deloco/merge_config.h).
-#include "deloco/merge_config.h"
+// The [merge] section, bound once for training and `deloco merge` (deloco/merge.h).
+#include "deloco/merge.h"
 
 #include <algorithm>
 

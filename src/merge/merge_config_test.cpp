@@ -1,13 +1,13 @@
-// The [merge] keys (deloco/merge_config.h): one binding, the same plan for a training run's syncer and for
+// The [merge] keys (deloco/merge.h): one binding, the same plan for a training run's syncer and for
 // `deloco merge`, the defaults that training always had, and refused values named by key.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "deloco/algorithm.h"
 #include "deloco/config.h"
-#include "deloco/merge_config.h"
+#include "deloco/gpt/train.h"
+#include "deloco/merge.h"
 #include "deloco/sim.h"
-#include "deloco/train.h"
 
 namespace deloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
 
 #include <cmath>
 #include <sstream>
@@ -6,7 +6,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 namespace deloco {
 

@@ -1,4 +1,4 @@
-// The LanguageModel seam (contract in include/deloco/model.h): the built-in GPT, and a user's TorchScript module
+// The LanguageModel seam (contract in include/deloco/gpt/model.h): the built-in GPT, and a user's TorchScript module
 // checked before anything trains it.
 #include <algorithm>
 #include <sstream>
@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
 
 namespace deloco {
 

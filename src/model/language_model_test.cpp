@@ -15,11 +15,11 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/data.h"
-#include "deloco/fs.h"
-#include "deloco/model.h"
-#include "deloco/train.h"
+#include "deloco/gpt/data.h"
+#include "deloco/gpt/model.h"
+#include "deloco/gpt/train.h"
 #include "support/proc.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

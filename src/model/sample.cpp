@@ -1,11 +1,11 @@
-// Text generation from a GPT (contract in include/deloco/model.h).
+// Text generation from a GPT (contract in include/deloco/gpt/model.h).
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include <torch/torch.h>
 
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
 
 namespace deloco {
 

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
 
 namespace deloco {
 namespace {

@@ -15,11 +15,11 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/config.h"
-#include "deloco/fs.h"
-#include "deloco/model.h"
-#include "deloco/records.h"
+#include "deloco/gpt/model.h"
 #include "deloco/runtime.h"
 #include "util/env.h"
+#include "util/fs.h"
+#include "util/records.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

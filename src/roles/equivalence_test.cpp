@@ -20,6 +20,7 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
 #include "deloco/sim.h"
 

@@ -24,13 +24,14 @@
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
 #include "deloco/error.h"
+#include "deloco/gpt/train.h"
 #include "deloco/group.h"
 #include "deloco/learner.h"
-#include "deloco/quantize.h"
 #include "deloco/runtime.h"
-#include "deloco/text.h"
 #include "learner_state.h"
 #include "protocol.h"
+#include "util/text.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

@@ -1,7 +1,7 @@
 // src/roles/learner_state.h — a learner's local state on disk (its inner optimizer's moments), so that a restarted
 // learner process keeps them (learner.state_dir, deloco/runtime.h).
 //
-// <state_dir>/learner-N/state is a run folder of deloco/checkpoint_store.h. save_learner_state commits one
+// <state_dir>/learner-N/state is a run folder of util/checkpoint_store.h. save_learner_state commits one
 // checkpoint into it by that protocol — recovery of a crashed save's temporaries, every file and the folder
 // fsynced, one rename (the commit), the parent fsynced — and keeps only the newest. A crash at any moment leaves
 // the previous state or the new one, never a torn one (learner_state_test.cpp crashes it after every file
@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/checkpoint.h"
+#include "train/run_checkpoint.h"
 
 namespace deloco {
 

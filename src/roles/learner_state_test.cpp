@@ -13,12 +13,12 @@
 #include <mutex>
 #include <thread>
 
-#include "deloco/checkpoint_store.h"
 #include "deloco/config.h"
-#include "deloco/data.h"
+#include "deloco/gpt/data.h"
+#include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
-#include "deloco/train.h"
 #include "support/fault_file_ops.h"
+#include "util/checkpoint_store.h"
 
 namespace deloco {
 namespace {

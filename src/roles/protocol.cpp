@@ -10,7 +10,7 @@
 
 #include "deloco/config.h"
 #include "deloco/sync.h"
-#include "deloco/text.h"
+#include "util/text.h"
 
 namespace deloco::proto {
 namespace {

@@ -5,7 +5,7 @@
 //
 // Contract: parse_* functions take untrusted bytes and throw WireError naming the field for anything missing,
 // of the wrong type or out of range; they never allocate more than the payload's size, and any peer text they
-// quote in a message is cut with clip_utf8 (deloco/text.h), so the message is valid UTF-8. Pure and reentrant.
+// quote in a message is cut with clip_utf8 (util/text.h), so the message is valid UTF-8. Pure and reentrant.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +16,10 @@
 #include <ATen/core/Tensor.h>
 
 #include "deloco/learner.h"
-#include "deloco/clock.h"
 #include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
+#include "util/clock.h"
 
 namespace deloco::proto {
 
@@ -119,7 +119,7 @@ bool reject_is_permanent(RejectReason r);
 // (no sign, no leading zero, at most 9 digits) binds the key to learner N; any other name binds it to none.
 std::optional<int64_t> learner_of_key_name(const std::string& name);
 
-// Seconds since the Unix epoch: the "t" of every metrics record (deloco/clock.h).
+// Seconds since the Unix epoch: the "t" of every metrics record (util/clock.h).
 using ::deloco::unix_now;
 
 }  // namespace deloco::proto

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/config.h"
-#include "deloco/text.h"
 #include "protocol.h"
+#include "util/text.h"
 
 namespace deloco::proto {
 namespace {

@@ -9,8 +9,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "deloco/checkpoint.h"
-#include "deloco/checkpoint_store.h"
 #include "deloco/runtime.h"
+#include "train/run_checkpoint.h"
+#include "util/checkpoint_store.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

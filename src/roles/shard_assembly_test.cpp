@@ -11,6 +11,7 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/runtime.h"
+#include "train/run_checkpoint.h"
 
 namespace deloco {
 namespace {

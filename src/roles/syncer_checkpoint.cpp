@@ -9,9 +9,10 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
-#include "deloco/train.h"
-#include "deloco/fs.h"
+#include "deloco/gpt/train.h"
 #include "syncer_node_impl.h"
+#include "train/run_checkpoint.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -67,7 +68,7 @@ void SyncerNode::Impl::checkpoint(bool final) {
   // while it reads them (a clone would double the shard's peak memory at every checkpoint).
   for (const auto& [n, t] : core->global()) model.tensors[n] = t.detach().to(torch::kCPU);
   for (const auto& [n, t] : core->outer_state()) opt.tensors[n] = t.detach().to(torch::kCPU);
-  // Recovery, commit by rename, "latest", keep the three newest (deloco/checkpoint_store.h). A checkpoint at a
+  // Recovery, commit by rename, "latest", keep the three newest (util/checkpoint_store.h). A checkpoint at a
   // merge count already written (the final one after a periodic one, or after a resume) is a new folder, not a
   // skip: it holds newer counters, and a skipped checkpoint once lost a broadcast merge.
   const fs::path dir = save_run_checkpoint(cfg.syncer.out_dir, name.str(), manifest, model, &opt, /*keep=*/3).dir;
@@ -79,7 +80,7 @@ void SyncerNode::Impl::checkpoint(bool final) {
 
 void SyncerNode::Impl::restore_from(const std::string& out_dir) {
   // Clear what a crash left (uncommitted temporaries, a stale "latest"), then take the newest committed
-  // checkpoint, found by scanning checkpoints/ (deloco/checkpoint_store.h).
+  // checkpoint, found by scanning checkpoints/ (util/checkpoint_store.h).
   if (!recover_run_folder(out_dir))
     throw CheckpointError("run folder '" + out_dir + "' holds no committed syncer checkpoint to resume from");
   Checkpoint ck = read_checkpoint(out_dir, /*with_optimizer=*/true);

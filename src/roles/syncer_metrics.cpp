@@ -9,8 +9,8 @@
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
-#include "deloco/fs.h"
 #include "syncer_node_impl.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

@@ -18,15 +18,16 @@
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
-#include "deloco/checkpoint_store.h"
 #include "deloco/config.h"
-#include "deloco/fs.h"
-#include "deloco/quantize.h"
+#include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
-#include "deloco/text.h"
 #include "protocol.h"
 #include "run/report.h"
 #include "syncer_node_impl.h"
+#include "util/checkpoint_store.h"
+#include "util/fs.h"
+#include "util/text.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -403,7 +404,7 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   try {
     c = decode_push(m, p, L, h.encoding, env.payload.data(), env.payload.size(), static_cast<int64_t>(h.round),
                     static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time);
-  } catch (const NonFiniteError& e) {  // NaN/Inf values or block scales (deloco/quantize.h)
+  } catch (const NonFiniteError& e) {  // NaN/Inf values or block scales (wire/quantize.h)
     return reject(env.peer, m, g, RejectReason::kNonFinite, e.what());
   } catch (const WireError& e) {
     return reject(env.peer, m, g, RejectReason::kMalformedFrame, e.what());

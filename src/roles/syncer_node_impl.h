@@ -103,7 +103,7 @@ struct SyncerNode::Impl {
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
   // Never throws: a record the sink cannot take (a full disk, a sink's own error) is counted, not fatal. Peer text
-  // in records is cut with clip_utf8 (deloco/text.h) before it gets here, and `deloco syncer`'s sink dumps with
+  // in records is cut with clip_utf8 (util/text.h) before it gets here, and `deloco syncer`'s sink dumps with
   // invalid UTF-8 replaced, so a peer's bytes cannot make a record throw either.
   void emit(nlohmann::json j) noexcept {
     try {

@@ -16,8 +16,8 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
+#include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
-#include "deloco/train.h"
 #include "deloco/workload.h"
 #include "protocol.h"
 #include "support/await_kind.h"

@@ -16,12 +16,12 @@
 #include <stdexcept>
 #include <tuple>
 
-#include "deloco/checkpoint_store.h"
-#include "deloco/clock.h"
 #include "deloco/error.h"
-#include "deloco/malloc_tuning.h"
 #include "deloco/transport.h"
+#include "util/checkpoint_store.h"
+#include "util/clock.h"
 #include "util/env.h"
+#include "util/malloc_tuning.h"
 
 namespace deloco::run {
 namespace fs = std::filesystem;
@@ -220,7 +220,7 @@ std::vector<std::string> LocalCluster::learner_command_environment(int64_t learn
                                     "DELOCO_LEARNER_ID=" + std::to_string(learner),
                                     "DELOCO_SYNCER=" + dial_addr_,
                                     "DELOCO_OUT=" + dir_.string()};
-  // PyTorch allocates through glibc too: the same kept memory as deloco's own processes (deloco/malloc_tuning.h).
+  // PyTorch allocates through glibc too: the same kept memory as deloco's own processes (util/malloc_tuning.h).
   for (std::string& e : malloc_environment()) extra.push_back(std::move(e));
   if (!cfg_.net.plaintext) {
     extra.push_back("DELOCO_SECRET_KEY=" + (keys / ("learner-" + std::to_string(learner) + ".key")).string());

@@ -42,11 +42,11 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/runtime.h"
-#include "deloco/stop_signals.h"
 #include "run/chaos.h"
 #include "run/live_view.h"
 #include "run/summary.h"
 #include "run/supervisor.h"
+#include "util/stop_signals.h"
 
 namespace deloco::run {
 

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/clock.h"
+#include "util/clock.h"
 
 namespace deloco::run {
 using nlohmann::json;

@@ -19,8 +19,8 @@
 #include <stdexcept>
 #include <utility>
 
-#include "deloco/fs.h"
-#include "deloco/text.h"
+#include "util/fs.h"
+#include "util/text.h"
 
 namespace deloco {
 namespace fs = std::filesystem;

@@ -14,7 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deloco/fs.h"
+#include "util/fs.h"
 #include "util/shell.h"
 
 namespace deloco {

@@ -10,9 +10,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "deloco/clock.h"
-#include "deloco/fs.h"
 #include "run/live_view.h"
+#include "util/clock.h"
+#include "util/fs.h"
 
 namespace deloco::run {
 

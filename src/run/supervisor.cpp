@@ -17,7 +17,7 @@
 #include <stdexcept>
 
 #include "deloco/error.h"
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 extern char** environ;
 

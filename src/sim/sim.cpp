@@ -7,6 +7,7 @@
 // on_arrive() → Syncer::receive → try_merge() → Syncer::on_round (decide, merge, the flat new Θ_p) → broadcast
 // (encoded and decoded in the broadcast codec). The simulator keeps no algorithm logic of its own: only events,
 // time, bytes and accounting.
+#include "deloco/gpt/train.h"
 #include "deloco/sim.h"
 
 #include <algorithm>
@@ -18,7 +19,7 @@
 
 #include "deloco/config.h"
 #include "deloco/learner.h"
-#include "deloco/quantize.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
 #include "deloco/sim.h"
 

@@ -8,7 +8,7 @@
 
 #include <torch/torch.h>
 
-#include "deloco/quantize.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 

@@ -5,8 +5,8 @@
 
 #include "deloco/learner.h"
 #include "deloco/merge.h"
-#include "deloco/quantize.h"
 #include "deloco/sync.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "deloco/adamw.h"
+#include "train/adamw.h"
 
 #include <cmath>
 

@@ -1,10 +1,13 @@
 #include "deloco/checkpoint.h"
+#include "train/run_checkpoint.h"
 
 #include <filesystem>
 
 #include <torch/torch.h>
 
-#include "deloco/fs.h"
+#include "deloco/gpt/model.h"
+#include "util/fs.h"
+#include "util/manifest.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -108,3 +111,5 @@ TensorFile parameters_to_file(const NamedTensors& params) {
 }
 
 }  // namespace deloco
+
+static_assert(deloco::kCheckpointVersion == 2, "update Checkpoint::version's default in deloco/checkpoint.h");

@@ -12,9 +12,10 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
-#include "deloco/hash.h"
-#include "deloco/train.h"
+#include "deloco/gpt/train.h"
 #include "support/fault_file_ops.h"
+#include "train/run_checkpoint.h"
+#include "util/hash.h"
 
 namespace deloco {
 namespace {

@@ -16,7 +16,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/train.h"
+#include "deloco/gpt/train.h"
 
 namespace deloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "deloco/train.h"
+#include "deloco/gpt/train.h"
 
 #include <cmath>
 
@@ -7,6 +7,7 @@
 
 #include "deloco/config.h"
 #include "deloco/group.h"
+#include "train/adamw.h"
 
 namespace deloco {
 namespace {

@@ -7,7 +7,8 @@
 
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
-#include "deloco/train.h"
+#include "deloco/gpt/train.h"
+#include "train/adamw.h"
 
 namespace deloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "deloco/blas.h"
+#include "util/blas.h"
 
 #include <dlfcn.h>
 

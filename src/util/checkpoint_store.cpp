@@ -1,5 +1,5 @@
-// Checkpoint folders and run folders on disk (contract and commit protocol in include/deloco/checkpoint_store.h).
-#include "deloco/checkpoint_store.h"
+// Checkpoint folders and run folders on disk (contract and commit protocol in src/util/checkpoint_store.h).
+#include "util/checkpoint_store.h"
 
 #include <unistd.h>
 

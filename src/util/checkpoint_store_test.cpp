@@ -1,7 +1,7 @@
 // The checkpoint commit protocol under a crash after every file operation (tests/support/fault_file_ops.h), and
 // the regressions of issue 11 item 8: a checkpoint is never skipped, stale temporaries are removed, a stale or
 // missing "latest" does not send a resume to an older checkpoint.
-#include "deloco/checkpoint_store.h"
+#include "util/checkpoint_store.h"
 
 #include <unistd.h>
 

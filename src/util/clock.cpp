@@ -1,5 +1,5 @@
-// The wall clock and duration text (contract in include/deloco/clock.h).
-#include "deloco/clock.h"
+// The wall clock and duration text (contract in src/util/clock.h).
+#include "util/clock.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "deloco/clock.h"
+#include "util/clock.h"
 
 #include <chrono>
 #include <cmath>

@@ -8,9 +8,9 @@
 #include <gtest/gtest.h>
 
 #include "deloco/config.h"
-#include "deloco/fs.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -1,4 +1,4 @@
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 #include <unistd.h>
 
@@ -6,9 +6,9 @@
 
 #include <gtest/gtest.h>
 
-#include "deloco/hash.h"
 #include "deloco/wire.h"
 #include "support/fault_file_ops.h"
+#include "util/hash.h"
 
 namespace deloco {
 namespace {

@@ -1,5 +1,5 @@
-// Content hashes (contract in include/deloco/hash.h).
-#include "deloco/hash.h"
+// Content hashes (contract in src/util/hash.h).
+#include "util/hash.h"
 
 #include <sodium.h>
 

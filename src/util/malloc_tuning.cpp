@@ -1,4 +1,4 @@
-#include "deloco/malloc_tuning.h"
+#include "util/malloc_tuning.h"
 
 #include <climits>
 #include <cstdlib>

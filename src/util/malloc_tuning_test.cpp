@@ -1,5 +1,5 @@
 // Each case runs in a freshly executed process (a "threadsafe" death test), so each sees malloc as a program starts.
-#include "deloco/malloc_tuning.h"
+#include "util/malloc_tuning.h"
 
 #include <cstdlib>
 #include <cstring>

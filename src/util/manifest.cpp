@@ -1,9 +1,9 @@
-// Checkpoint manifests (contract in include/deloco/manifest.h).
-#include "deloco/manifest.h"
+// Checkpoint manifests (contract in src/util/manifest.h).
+#include "util/manifest.h"
 
 #include <limits>
 
-#include "deloco/hash.h"
+#include "util/hash.h"
 
 namespace deloco {
 namespace {

@@ -1,10 +1,10 @@
-#include "deloco/manifest.h"
+#include "util/manifest.h"
 
 #include <random>
 
 #include <gtest/gtest.h>
 
-#include "deloco/hash.h"
+#include "util/hash.h"
 
 namespace deloco {
 namespace {

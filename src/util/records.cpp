@@ -1,6 +1,6 @@
-#include "deloco/records.h"
+#include "util/records.h"
 
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 namespace deloco {
 

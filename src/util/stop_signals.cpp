@@ -1,5 +1,5 @@
-// SIGINT/SIGTERM as a stop request (contract in include/deloco/stop_signals.h).
-#include "deloco/stop_signals.h"
+// SIGINT/SIGTERM as a stop request (contract in src/util/stop_signals.h).
+#include "util/stop_signals.h"
 
 #include <signal.h>
 

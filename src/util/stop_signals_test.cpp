@@ -1,4 +1,4 @@
-#include "deloco/stop_signals.h"
+#include "util/stop_signals.h"
 
 #include <signal.h>
 

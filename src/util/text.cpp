@@ -1,5 +1,5 @@
-// Untrusted text for logs and records (deloco/text.h).
-#include "deloco/text.h"
+// Untrusted text for logs and records (util/text.h).
+#include "util/text.h"
 
 #include <algorithm>
 

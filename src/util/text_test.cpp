@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deloco/text.h"
+#include "util/text.h"
 
 namespace deloco {
 namespace {

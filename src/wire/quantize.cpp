@@ -1,5 +1,5 @@
 // Float payload codecs: fp32, bf16 (round to nearest even), block-scaled int8, int4 and int2 (contract in quantize.h).
-#include "deloco/quantize.h"
+#include "wire/quantize.h"
 
 #include <algorithm>
 #include <cmath>

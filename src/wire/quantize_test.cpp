@@ -1,5 +1,5 @@
 // Tests for the float payload codecs: error bounds of each encoding, error feedback, and bad input.
-#include "deloco/quantize.h"
+#include "wire/quantize.h"
 
 #include <gtest/gtest.h>
 

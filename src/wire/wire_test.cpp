@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "deloco/quantize.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 namespace {

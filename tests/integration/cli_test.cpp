@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
-#include "deloco/blas.h"
 #include "deloco/checkpoint.h"
-#include "deloco/fs.h"
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
+#include "util/blas.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {
@@ -107,7 +107,7 @@ TEST_F(Cli, DefaultConfigRuns) {
 }
 
 // OpenBLAS falls back to generic SSE3 kernels on CPU models newer than itself; deloco then names the kernels the
-// CPU runs (deloco/blas.h). Whatever this machine is, the process must end up with kernels no worse than the CPU
+// CPU runs (util/blas.h). Whatever this machine is, the process must end up with kernels no worse than the CPU
 // allows, while a user's own OPENBLAS_CORETYPE, or DELOCO_KEEP_BLAS_CORE=1, is obeyed.
 TEST_F(Cli, OpenBlasRunsTheKernelsTheCpuHasUnlessTheUserChose) {
   const std::string clean = "env -u OPENBLAS_CORETYPE -u DELOCO_OPENBLAS_FALLBACK -u DELOCO_KEEP_BLAS_CORE";

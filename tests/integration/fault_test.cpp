@@ -26,14 +26,15 @@
 #include <zmq.hpp>
 
 #include "deloco/checkpoint.h"
-#include "deloco/fs.h"
-#include "deloco/model.h"
-#include "deloco/quantize.h"
+#include "deloco/gpt/model.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "roles/protocol.h"
 #include "support/await_kind.h"
 #include "support/proc.h"
+#include "train/run_checkpoint.h"
+#include "util/fs.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 namespace {

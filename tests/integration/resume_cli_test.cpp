@@ -12,8 +12,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deloco/checkpoint_store.h"
-#include "deloco/fs.h"
+#include "util/checkpoint_store.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -16,8 +16,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deloco/fs.h"
 #include "support/proc.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

@@ -11,9 +11,9 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "deloco/checkpoint_store.h"
-#include "deloco/fs.h"
 #include "support/proc.h"
+#include "util/checkpoint_store.h"
+#include "util/fs.h"
 
 namespace deloco {
 namespace {

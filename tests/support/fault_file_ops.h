@@ -1,4 +1,4 @@
-// tests/support/fault_file_ops.h — a FileOps (deloco/fs.h) that "crashes" after its k-th operation, for proving
+// tests/support/fault_file_ops.h — a FileOps (util/fs.h) that "crashes" after its k-th operation, for proving
 // crash safety the way leveldb's fault-injection Env does (header-only).
 //
 // FaultFileOps performs operations on the real file system until `crash_after` of them have succeeded; the next
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "deloco/fs.h"
+#include "util/fs.h"
 
 namespace deloco::test {
 

@@ -1,4 +1,4 @@
-// deloco/hash.h — content hashes of files on disk (checkpoint manifests).
+// util/hash.h — content hashes of files on disk (checkpoint manifests).
 //
 // Contract
 //  * blake2b256_hex: BLAKE2b with a 32-byte digest (libsodium's crypto_generichash, no key), 64 lowercase hex

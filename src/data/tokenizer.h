@@ -1,4 +1,4 @@
-// deloco/tokenizer.h — SentencePiece BPE tokenizers: training one on a text corpus (`deloco tokenize`), and
+// data/tokenizer.h — SentencePiece BPE tokenizers: training one on a text corpus (`deloco tokenize`), and
 // encoding and decoding with it (`deloco sample` on a model trained on token files).
 //
 // Contract

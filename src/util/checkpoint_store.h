@@ -1,8 +1,8 @@
-// deloco/checkpoint_store.h — checkpoint folders and run folders on disk, without libtorch: the commit protocol
+// util/checkpoint_store.h — checkpoint folders and run folders on disk, without libtorch: the commit protocol
 // of `deloco train` and the syncer, and the recovery that makes it crash-safe. deloco/checkpoint.h encodes the
 // tensors and calls these.
 //
-// Layout: a run folder RUN holds RUN/checkpoints/<name>/ (files + manifest.json, deloco/manifest.h) and RUN/latest,
+// Layout: a run folder RUN holds RUN/checkpoints/<name>/ (files + manifest.json, util/manifest.h) and RUN/latest,
 // a one-line hint naming the newest checkpoint.
 //
 // Commit protocol (commit_run_checkpoint)
@@ -20,7 +20,7 @@
 //   one more than the largest in the run folder: commit order, which defines "newest" (not the name, not latest).
 //
 // Recovery (recover_run_folder): removes uncommitted garbage — RUN/checkpoints/.*.tmp.<pid> folders and files
-// and RUN/latest.tmp.<pid> — left by a process that is gone (deloco/fs.h is_stale_temp_name), finds the newest
+// and RUN/latest.tmp.<pid> — left by a process that is gone (util/fs.h is_stale_temp_name), finds the newest
 // committed checkpoint by scanning RUN/checkpoints (largest sequence, then name; checkpoints without a sequence,
 // from manifest version 1, count as 0), and rewrites RUN/latest to name it (removes it when there is none).
 //
@@ -44,8 +44,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "deloco/fs.h"
-#include "deloco/manifest.h"
+#include "util/fs.h"
+#include "util/manifest.h"
 
 namespace deloco {
 

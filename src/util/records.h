@@ -1,4 +1,4 @@
-// deloco/records.h — the JSON-lines record files every node writes (syncer.jsonl, learner-N.jsonl).
+// util/records.h — the JSON-lines record files every node writes (syncer.jsonl, learner-N.jsonl).
 //
 // Contract
 //  * JsonlWriter appends to its file (a restarted process continues the same file), one flushed line per record:

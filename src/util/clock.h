@@ -1,4 +1,4 @@
-// deloco/clock.h — the wall clock as every record and report shows it.
+// util/clock.h — the wall clock as every record and report shows it.
 //
 // Contract: unix_now() is the system clock in seconds since the Unix epoch (the "t" of every JSON-lines metrics
 // record, comparable across processes on one machine); it may jump with the system clock, so measure intervals

@@ -1,4 +1,4 @@
-// deloco/data.h — the corpus, its train/validation split, and per-learner shards of tokens.
+// deloco/gpt/data.h — the corpus, its train/validation split, and per-learner shards of tokens.
 //
 // Two formats (data.format):
 //  * "text" (the default): tokens are bytes (vocabulary 256). The corpus is a UTF-8 text file or a folder of them
@@ -37,24 +37,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "deloco/error.h"
+#include "deloco/gpt/config.h"
 
 namespace deloco {
-
-class ConfigSchema;
-
-struct DataConfig {
-  std::string path = "data/sotu";
-  std::string format = "text";       // "text" (UTF-8, byte tokens) or "tokens" (token files)
-  std::string dtype = "auto";        // tokens: "auto" (llm.c header required), "uint16" or "uint32" (raw files)
-  std::string val_pattern = "*val*"; // tokens: file names (glob) that form the validation set
-  double val_fraction = 0.05;
-  // Which held-out tokens evaluations see: "all"; "dev", the first half of them, to tune hyper-parameters on;
-  // "test", the second half, to report (scripts/science.py tunes on dev and reports test, so no reported number
-  // was chosen on the data it is measured on).
-  std::string holdout = "all";
-  std::string tokenizer;             // SentencePiece model for `deloco sample` ("": <data.path>/tokenizer.model)
-  void bind(ConfigSchema& schema);
-};
 
 // A read-only sequence of token ids made of segments: the bytes of a text, or the tokens of mapped files one
 // after another. Copies share the segments' storage (reference counted), so a stream outlives the Corpus that

@@ -1,4 +1,4 @@
-// deloco/goodput_fit.h — calibrating the chip-scale goodput simulator (deloco/goodput.h) against a table of
+// goodput/fit.h — calibrating the chip-scale goodput simulator (goodput/goodput.h) against a table of
 // published or observed goodput figures: `deloco goodput --fit FILE.csv` (docs/goodput.md, "Calibration").
 //
 // The parameters behind published goodput tables (restart, reconfiguration and swap times, the spare pool, what
@@ -43,7 +43,7 @@
 #include <string>
 #include <vector>
 
-#include "deloco/goodput.h"
+#include "goodput/goodput.h"
 
 namespace deloco {
 

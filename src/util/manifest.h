@@ -1,4 +1,4 @@
-// deloco/manifest.h — the manifest.json of a checkpoint folder: parsing and validation without libtorch (so a
+// util/manifest.h — the manifest.json of a checkpoint folder: parsing and validation without libtorch (so a
 // fuzzer can drive it), and the per-file size and hash records.
 //
 // A manifest is a JSON object:
@@ -19,7 +19,7 @@
 //    except std::bad_alloc (the libFuzzer target relies on this).
 //  * verify_checkpoint_file checks bytes against their record (size first, then hash) and throws CheckpointError
 //    naming `path` ("truncated or replaced", "corrupt"). A version 1 "fnv1a64" record is accepted with the
-//    standard FNV-1a basis or with the short basis deloco wrongly used before commit c2749d1 (deloco/hash.h), so
+//    standard FNV-1a basis or with the short basis deloco wrongly used before commit c2749d1 (util/hash.h), so
 //    every checkpoint written by earlier versions still verifies.
 //  * render_checkpoint_manifest completes a writer's manifest (format, version, sequence, files) as text.
 #pragma once

@@ -1,4 +1,4 @@
-// deloco/stop_signals.h — SIGINT and SIGTERM as a stop request for a process's main loop (`deloco train`,
+// util/stop_signals.h — SIGINT and SIGTERM as a stop request for a process's main loop (`deloco train`,
 // `deloco syncer`, `deloco learner`, `deloco run`).
 //
 // Contract

@@ -1,4 +1,4 @@
-// deloco/malloc_tuning.h — keeping freed memory in the process, the other setting deloco corrects at start-up.
+// util/malloc_tuning.h — keeping freed memory in the process, the other setting deloco corrects at start-up.
 //
 // glibc's malloc returns freed memory to the kernel eagerly: a block of 128 KiB or more is its own mmap, unmapped
 // when freed, and the heap's free top is trimmed past 128 KiB (the thresholds adapt upward only up to 32 MiB).

@@ -1,4 +1,4 @@
-// deloco/text.h — putting text that came from outside (a peer's message, a file) into logs, records and errors.
+// util/text.h — putting text that came from outside (a peer's message, a file) into logs, records and errors.
 //
 // Contract
 //  * clip_utf8(s, max_bytes) returns valid UTF-8 of at most max_bytes bytes: s itself when it is valid UTF-8 and

@@ -1,4 +1,4 @@
-// deloco/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8, int4 and int2).
+// wire/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8, int4 and int2).
 //
 // Layouts (little-endian; n elements; blocks of kQuantBlock = 64 consecutive elements, the last one may be short):
 //   kFp32  n × 4 bytes (IEEE binary32, exact)

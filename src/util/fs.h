@@ -1,9 +1,9 @@
-// deloco/fs.h — small file helpers with crash-safe writes, and the file-operation layer they go through.
+// util/fs.h — small file helpers with crash-safe writes, and the file-operation layer they go through.
 //
 // Contract
 //  * FileOps is the set of mutating file-system operations a crash-safe writer needs (make directories, create
 //    and write a file, fsync a file or a directory, rename, remove). Writers that must survive a crash at any
-//    moment (write_file_atomic, the checkpoint writer of deloco/checkpoint_store.h) take a FileOps so a test can
+//    moment (write_file_atomic, the checkpoint writer of util/checkpoint_store.h) take a FileOps so a test can
 //    substitute one that "crashes" after the k-th operation (tests/support/fault_file_ops.h) and check what a
 //    restart finds. real_file_ops() is the POSIX implementation: every operation throws IoError naming the path
 //    on failure; sync_dir is best effort (some file systems refuse to fsync a directory). Reads are not routed
@@ -11,7 +11,7 @@
 //  * write_file_atomic writes "<path>.tmp.<pid>", fsyncs it, renames it over `path` and fsyncs the directory, so
 //    a reader sees either the old file or the complete new one, never a torn file. On an error (IoError) it
 //    removes the temporary file; after a crash one may remain, which recovery of the folder's owner removes
-//    (e.g. recover_run_folder of deloco/checkpoint_store.h for "latest").
+//    (e.g. recover_run_folder of util/checkpoint_store.h for "latest").
 //  * is_stale_temp_name(name, stem) says whether a directory entry is a temporary of this layer's naming
 //    ("<stem>.tmp.<pid>", or any ".<name>.tmp.<pid>" when stem is empty) left by a process that is gone (or by
 //    this process): those are garbage a recovery pass may delete. A temporary of another live process is not.
@@ -23,7 +23,7 @@
 #include <string>
 
 #include "deloco/error.h"
-#include "deloco/hash.h"
+#include "util/hash.h"
 
 namespace deloco {
 

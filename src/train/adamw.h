@@ -1,4 +1,4 @@
-// deloco/adamw.h — the inner optimizer: AdamW with state addressable by parameter name.
+// train/adamw.h — the inner optimizer: AdamW with state addressable by parameter name.
 //
 // Update per parameter (identical to torch.optim.AdamW with amsgrad=False):
 //   p *= 1 - lr*wd (matrices and embeddings only; biases and norm gains are not decayed)
@@ -15,7 +15,7 @@
 #include <map>
 #include <string>
 
-#include "deloco/model.h"
+#include "deloco/gpt/model.h"
 
 namespace deloco {
 

@@ -1,4 +1,4 @@
-// deloco/model.h — the models a learner trains: the built-in decoder-only transformer (GPT), the LanguageModel the
+// deloco/gpt/model.h — the models a learner trains: the built-in decoder-only transformer (GPT), the LanguageModel the
 // trainer sees (the GPT or a user's TorchScript module, make_language_model), and text generation from either.
 //
 // Shapes of the GPT, written once: B = batch, T = sequence length (<= block_size), C = n_embd, V = vocab_size
@@ -31,30 +31,10 @@
 #include <torch/types.h>
 
 #include "deloco/error.h"
+#include "deloco/gpt/config.h"
+#include "deloco/workload.h"  // NamedTensors
 
 namespace deloco {
-
-class ConfigSchema;
-
-struct ModelConfig {
-  // "gpt": the built-in GPT below, from the sizes here. "torchscript": a module saved by torch.jit.save (`path`),
-  // whose forward(idx: int64 [B, T]) returns logits [B, T, V]; V and T come from its integer attributes
-  // vocab_size / block_size when it has them, else from the keys here (make_language_model checks both).
-  std::string kind = "gpt";
-  std::string path;
-  int64_t vocab_size = 256;
-  int64_t block_size = 256;
-  int64_t n_layer = 4;
-  int64_t n_head = 4;
-  int64_t n_embd = 256;
-  bool tie_embeddings = true;
-
-  void bind(ConfigSchema& schema);
-  // Number of parameters this config produces (without building the model).
-  int64_t num_params() const;
-  // Forward+backward FLOPs per token: 6 * (non-embedding params + head) + attention (12 * n_layer * C * T).
-  double flops_per_token() const;
-};
 
 class BlockImpl : public torch::nn::Module {
  public:
@@ -86,18 +66,17 @@ class GPTImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GPT);
 
-using NamedTensors = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // The parameters in their stable order.
 NamedTensors named_parameters(torch::nn::Module& model);
 // Hash of parameter names, shapes and dtypes: two models can exchange parameters iff fingerprints match.
 std::string model_fingerprint(const NamedTensors& params);
-// The same over FNV-1a's short basis (deloco/hash.h): the fingerprints deloco recorded before commit c2749d1, only
+// The same over FNV-1a's short basis (util/hash.h): the fingerprints deloco recorded before commit c2749d1, only
 // to recognise checkpoints of that time (fingerprint_matches of deloco/checkpoint.h).
 std::string model_fingerprint_short_basis(const NamedTensors& params);
 
 // ---- Any causal language model (src/model/language_model.cpp) ---------------------------------------------
-// What the trainer (deloco/train.h) trains: the built-in GPT or a user's TorchScript module.
+// What the trainer (deloco/gpt/train.h) trains: the built-in GPT or a user's TorchScript module.
 //  * parameters(): named float32 tensors, fixed order and names (the module's own for TorchScript), handles that
 //    stay valid for the model's life (updated in place by the optimizer and the drivers).
 //  * forward(idx [B,T] int64 on the model's device) -> logits [B,T,V]; loss(): mean cross-entropy in float32.
