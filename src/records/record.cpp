@@ -1,0 +1,86 @@
+#include "records/record.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "deloco/error.h"
+#include "util/text.h"
+
+namespace deloco::rec {
+
+std::string clip_text(const std::string& s, size_t max) { return clip_utf8(s, max); }
+
+std::string record_kind(const nlohmann::json& j) {
+  if (!j.is_object()) return {};
+  auto k = j.find("kind");
+  return k != j.end() && k->is_string() ? k->get<std::string>() : std::string();
+}
+
+RecordWriter::RecordWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
+  if (!out_) throw IoError("cannot open '" + path + "' for appending");
+}
+
+void RecordWriter::write_json(const nlohmann::json& record) {
+  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::lock_guard<std::mutex> lock(mu_);
+  out_ << line << "\n";
+  out_.flush();
+}
+
+RecordTailer::RecordTailer(std::string path, size_t max_line) : path_(std::move(path)), max_line_(max_line) {}
+
+void RecordTailer::poll(const std::function<void(const std::string&)>& on_line) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0) {
+    // Another file at the path (rotated), or the same one cut shorter than what was read (truncated): read the
+    // file from its start, dropping any unfinished line of the old one.
+    const bool replaced = seen_ && (st.st_dev != dev_ || st.st_ino != ino_);
+    const bool shrank = st.st_size < offset_;
+    if (replaced || shrank) {
+      offset_ = 0;
+      partial_.clear();
+      long_bytes_ = 0;
+      ++restarts_;
+    }
+    dev_ = st.st_dev;
+    ino_ = st.st_ino;
+    seen_ = true;
+  }
+  std::vector<char> buf(size_t{1} << 16);
+  for (;;) {
+    const ssize_t got = ::pread(fd, buf.data(), buf.size(), offset_);
+    if (got <= 0) break;
+    offset_ += got;
+    const size_t n = static_cast<size_t>(got);
+    for (size_t begin = 0; begin < n;) {
+      const char* nl = static_cast<const char*>(std::memchr(buf.data() + begin, '\n', n - begin));
+      const size_t end = nl ? static_cast<size_t>(nl - buf.data()) : n;
+      const size_t len = end - begin;
+      if (long_bytes_ > 0) {
+        long_bytes_ += len;
+      } else if (partial_.size() + len > max_line_) {
+        long_bytes_ = partial_.size() + len;
+        std::string().swap(partial_);
+      } else {
+        partial_.append(buf.data() + begin, len);
+      }
+      if (!nl) break;
+      if (long_bytes_ > 0) {
+        ++skipped_;
+        long_bytes_ = 0;
+      } else {
+        on_line(partial_);
+      }
+      partial_.clear();
+      begin = end + 1;
+    }
+  }
+  ::close(fd);
+}
+
+}  // namespace deloco::rec
