@@ -25,6 +25,23 @@ template <class S, class V> void typed_fields(S& s, V& v) {
   v("bytes_sent", s.bytes_sent);
 }
 
+// Reads a typed field; a present but mistyped one is named in *wrong. Either way it leaves `extra`.
+struct SummaryReader {
+  const nlohmann::json* j;
+  nlohmann::json* extra;
+  std::vector<std::string>* wrong;
+  template <class T> void operator()(const char* name, std::optional<T>& v) {
+    auto it = j->find(name);
+    if (it == j->end()) return;
+    T x{};
+    if (!it->is_null()) {
+      if (detail::value_from_json(*it, &x)) v = std::move(x);
+      else if (wrong) wrong->push_back(name);
+    }
+    extra->erase(name);
+  }
+};
+
 }  // namespace
 
 nlohmann::json RunSummary::to_json() const {
@@ -45,21 +62,7 @@ RunSummary RunSummary::from_json(const nlohmann::json& j, std::vector<std::strin
     else if (wrong_types) wrong_types->push_back("command");
     s.extra.erase("command");
   }
-  struct Reader {
-    const nlohmann::json* j;
-    nlohmann::json* extra;
-    std::vector<std::string>* wrong;
-    template <class T> void operator()(const char* name, std::optional<T>& v) {
-      auto it = j->find(name);
-      if (it == j->end()) return;
-      T x{};
-      if (!it->is_null()) {
-        if (detail::value_from_json(*it, &x)) v = std::move(x);
-        else if (wrong) wrong->push_back(name);
-      }
-      extra->erase(name);
-    }
-  } rd{&j, &s.extra, wrong_types};
+  SummaryReader rd{&j, &s.extra, wrong_types};
   typed_fields(s, rd);
   return s;
 }
