@@ -47,47 +47,169 @@ struct Merge : RecordBase {
   }
 };
 
-// A contribution refused (by the core, or the node before it).
-struct Reject : RecordBase {
-  static constexpr const char* kKind = "reject";
-  int64_t learner = -1, fragment = -1;
-  std::string reason;
-  std::optional<std::string> detail;
+// A round rolled back by the core (a non-finite or refused merge): nothing changed, its contributors are told.
+struct MergeRolledBack : RecordBase {
+  static constexpr const char* kKind = "merge_rolled_back";
+  int64_t fragment = -1, version = 0;
+  std::vector<int64_t> learners;
+  std::string reason, detail;
   template <class V> void fields(V& v) {
-    v("learner", learner); v("fragment", fragment); v("reason", reason); v("detail", detail);
+    v("fragment", fragment); v("version", version); v("learners", learners); v("reason", reason); v("detail", detail);
   }
 };
 
-// The evaluation of the global model.
+// A merged fragment that could not be encoded for its broadcast (the syncer's failure; learners catch up later).
+struct BroadcastFailed : RecordBase {
+  static constexpr const char* kKind = "broadcast_failed";
+  int64_t fragment = -1, version = 0;
+  std::string detail;
+  template <class V> void fields(V& v) { v("fragment", fragment); v("version", version); v("detail", detail); }
+};
+
+// A contribution refused (by the core, or the node before it); `learner` (RecordBase) names its sender.
+struct Reject : RecordBase {
+  static constexpr const char* kKind = "reject";
+  int64_t fragment = -1;
+  std::string reason;
+  std::optional<std::string> detail;
+  template <class V> void fields(V& v) { v("fragment", fragment); v("reason", reason); v("detail", detail); }
+};
+
+// An evaluation of the global model during the run (syncer shard 0, simulator; `deloco train`: the trainer's).
 struct Eval : RecordBase {
   static constexpr const char* kKind = "eval";
   double val_loss = 0, val_bpb = 0;
   std::string loss_unit;
   int64_t tokens = 0;
-  std::optional<int64_t> outer_steps;  // merges so far (simulator, syncer node)
-  std::optional<int64_t> step;         // `deloco train`
+  std::optional<int64_t> outer_steps;       // merges so far (simulator)
+  std::optional<int64_t> merges;            // merges so far (syncer node)
+  std::optional<nlohmann::json> shards;     // a sharded syncer: which checkpoint of each shard was evaluated
+  std::optional<int64_t> step;              // `deloco train`
   std::optional<double> elapsed_s, eval_s;  // `deloco train`
   template <class V> void fields(V& v) {
     v("val_loss", val_loss); v("val_bpb", val_bpb); v("loss_unit", loss_unit); v("tokens", tokens);
-    v("outer_steps", outer_steps); v("step", step); v("elapsed_s", elapsed_s); v("eval_s", eval_s);
+    v("outer_steps", outer_steps); v("merges", merges); v("shards", shards); v("step", step);
+    v("elapsed_s", elapsed_s); v("eval_s", eval_s);
   }
 };
 
-// ---- The inner loop -------------------------------------------------------------------------------------------
+// The evaluation at the end of the run: Eval's fields.
+struct FinalEval : Eval {
+  static constexpr const char* kKind = "final_eval";
+};
 
-// A learner's progress: every log_every steps (simulator, learner node).
+// ---- The syncer node's life ---------------------------------------------------------------------------------
+
+// The syncer started (or resumed from its checkpoint).
+struct Started : RecordBase {
+  static constexpr const char* kKind = "started";
+  bool resumed = false;
+  int64_t merges = 0;
+  std::string endpoint;
+  int64_t metrics_port = 0;
+  int64_t learners = 0;
+  std::string fingerprint;
+  std::vector<int64_t> versions;
+  int64_t shards = 1;
+  std::vector<int64_t> fragments;
+  std::string metrics_warning;
+  template <class V> void fields(V& v) {
+    v("resumed", resumed); v("merges", merges); v("endpoint", endpoint); v("metrics_port", metrics_port);
+    v("learners", learners); v("fingerprint", fingerprint); v("versions", versions); v("shards", shards);
+    v("fragments", fragments); v("metrics_warning", metrics_warning);
+  }
+};
+
+// The syncer's periodic status.
+struct Status : RecordBase {
+  static constexpr const char* kKind = "status";
+  int64_t alive = 0, connected = 0;
+  bool stalled = false, blocked = false;
+  double uptime = 0, goodput = 0;
+  int64_t merges = 0, rejected = 0, bytes_in = 0, bytes_out = 0, tokens = 0;
+  template <class V> void fields(V& v) {
+    v("alive", alive); v("connected", connected); v("stalled", stalled); v("blocked", blocked); v("uptime", uptime);
+    v("goodput", goodput); v("merges", merges); v("rejected", rejected); v("bytes_in", bytes_in);
+    v("bytes_out", bytes_out); v("tokens", tokens);
+  }
+};
+
+// A learner's hello accepted: it joined (or joined again: restart).
+struct Join : RecordBase {
+  static constexpr const char* kKind = "join";
+  std::string instance;
+  bool restart = false;
+  std::optional<int64_t> step;
+  std::optional<int64_t> state_bytes;
+  std::string identity;
+  template <class V> void fields(V& v) {
+    v("instance", instance); v("restart", restart); v("step", step); v("state_bytes", state_bytes);
+    v("identity", identity);
+  }
+};
+
+// A learner that left ("leave") or went silent past net.dead_after ("silent").
+struct Lost : RecordBase {
+  static constexpr const char* kKind = "lost";
+  std::string reason;
+  std::optional<double> silent_seconds;
+  template <class V> void fields(V& v) { v("reason", reason); v("silent_seconds", silent_seconds); }
+};
+
+// A learner finished for good (`how`: done, ...).
+struct Retired : RecordBase {
+  static constexpr const char* kKind = "retired";
+  std::string how;
+  template <class V> void fields(V& v) { v("how", how); }
+};
+
+// A state request dropped: a download to that connection is still outstanding.
+struct StateRequestDropped : RecordBase {
+  static constexpr const char* kKind = "state_request_dropped";
+  std::string detail;
+  template <class V> void fields(V& v) { v("detail", detail); }
+};
+
+// Every connected learner stopped advancing for max(4·dead_after, 20 step times) (`learners` names them).
+struct LearnersBlocked : RecordBase {
+  static constexpr const char* kKind = "learners_blocked";
+  std::vector<int64_t> learners;
+  std::string detail;
+  template <class V> void fields(V& v) { v("learners", learners); v("detail", detail); }
+};
+
+// Learners advance again after learners_blocked.
+struct LearnersAdvancing : RecordBase {
+  static constexpr const char* kKind = "learners_advancing";
+  template <class V> void fields(V&) {}
+};
+
+// Connections refused by the CURVE allow-list (`total` so far, `new` since the last record).
+struct AuthDenied : RecordBase {
+  static constexpr const char* kKind = "auth_denied";
+  int64_t total = 0, fresh = 0;
+  std::string detail;
+  template <class V> void fields(V& v) { v("total", total); v("new", fresh); v("detail", detail); }
+};
+
+// A checkpoint of the syncer committed.
+struct CheckpointSaved : RecordBase {
+  static constexpr const char* kKind = "checkpoint";
+  std::string path;
+  int64_t merges = 0;
+  template <class V> void fields(V& v) { v("path", path); v("merges", merges); }
+};
+
+// ---- The inner loop (simulator, learner node, embedded learner, `deloco train`) -------------------------------
+
+// A learner's progress every log_every steps.
 struct Learner : RecordBase {
   static constexpr const char* kKind = "learner";
-  std::optional<int64_t> learner;      // simulator (one file for all); a learner node's file is its own
   int64_t step = 0;
   std::optional<double> loss;
   std::optional<int64_t> tokens;
   std::optional<double> step_time;
-  std::optional<std::string> model_fingerprint;  // the first record of a learner node
-  template <class V> void fields(V& v) {
-    v("learner", learner); v("step", step); v("loss", loss); v("tokens", tokens); v("step_time", step_time);
-    v("model_fingerprint", model_fingerprint);
-  }
+  template <class V> void fields(V& v) { v("step", step); v("loss", loss); v("tokens", tokens); v("step_time", step_time); }
 };
 
 // `deloco train`'s progress.
@@ -104,44 +226,156 @@ struct Train : RecordBase {
 // A merged fragment applied by a learner at step `step`.
 struct Apply : RecordBase {
   static constexpr const char* kKind = "apply";
-  std::optional<int64_t> learner;
   int64_t fragment = -1, version = 0, step = 0;
-  template <class V> void fields(V& v) {
-    v("learner", learner); v("fragment", fragment); v("version", version); v("step", step);
-  }
+  template <class V> void fields(V& v) { v("fragment", fragment); v("version", version); v("step", step); }
 };
 
 // A learner dropped its drift of a fragment after a refusal that says it cannot be merged.
 struct DriftDropped : RecordBase {
   static constexpr const char* kKind = "drift_dropped";
-  std::optional<int64_t> learner;
   int64_t fragment = -1, version = 0, step = 0;
   std::optional<std::string> detail;
   template <class V> void fields(V& v) {
-    v("learner", learner); v("fragment", fragment); v("version", version); v("step", step); v("detail", detail);
+    v("fragment", fragment); v("version", version); v("step", step); v("detail", detail);
   }
 };
 
 // A learner trained its last step.
 struct LearnerDone : RecordBase {
   static constexpr const char* kKind = "learner_done";
-  std::optional<int64_t> learner;
   int64_t step = 0;
-  template <class V> void fields(V& v) { v("learner", learner); v("step", step); }
+  template <class V> void fields(V& v) { v("step", step); }
 };
 
-// ---- Failures (simulator) -------------------------------------------------------------------------------------
+// ---- The learner node's link to the syncer --------------------------------------------------------------------
+
+// A fragment pushed (after step `step`, against version `base_version`).
+struct Push : RecordBase {
+  static constexpr const char* kKind = "push";
+  int64_t fragment = -1, step = 0, bytes = 0, base_version = 0;
+  template <class V> void fields(V& v) { v("fragment", fragment); v("step", step); v("bytes", bytes); v("base_version", base_version); }
+};
+
+// The learner holds Θ (downloaded at join): it trains on from `step` (`resume_step`: the syncer's record of it).
+struct Joined : RecordBase {
+  static constexpr const char* kKind = "joined";
+  int64_t step = 0, syncer_round = 0, download_bytes = 0;
+  double download_seconds = 0;
+  int64_t resume_step = 0;
+  template <class V> void fields(V& v) {
+    v("step", step); v("syncer_round", syncer_round); v("download_bytes", download_bytes);
+    v("download_seconds", download_seconds); v("resume_step", resume_step);
+  }
+};
+
+// The syncer refused this learner (a reject frame): `code` names the reject reason.
+struct Rejected : RecordBase {
+  static constexpr const char* kKind = "rejected";
+  std::string reason, code;
+  template <class V> void fields(V& v) { v("reason", reason); v("code", code); }
+};
+
+// The syncer's CURVE allow-list refused this learner's key (retrying with backoff).
+struct AuthRefused : RecordBase {
+  static constexpr const char* kKind = "auth_refused";
+  int64_t refusals = 0, step = 0;
+  std::string detail;
+  template <class V> void fields(V& v) { v("refusals", refusals); v("step", step); v("detail", detail); }
+};
+
+// No frame from the syncer for `silent_seconds`.
+struct SyncerLost : RecordBase {
+  static constexpr const char* kKind = "syncer_lost";
+  int64_t step = 0;
+  double silent_seconds = 0;
+  template <class V> void fields(V& v) { v("step", step); v("silent_seconds", silent_seconds); }
+};
+
+// The syncer holds an older version of a fragment than this learner (it restarted from an older checkpoint).
+struct SyncerBehind : RecordBase {
+  static constexpr const char* kKind = "syncer_behind";
+  int64_t fragment = -1, syncer_version = 0, held_version = 0;
+  template <class V> void fields(V& v) { v("fragment", fragment); v("syncer_version", syncer_version); v("held_version", held_version); }
+};
+
+// Joined again: the pushes of `fragments` sent before the join count as refused.
+struct PushesSettled : RecordBase {
+  static constexpr const char* kKind = "pushes_settled";
+  std::vector<int64_t> fragments;
+  std::string detail;
+  template <class V> void fields(V& v) { v("fragments", fragments); v("detail", detail); }
+};
+
+// A frame that could not be read (or a state whose hash did not match).
+struct BadFrame : RecordBase {
+  static constexpr const char* kKind = "bad_frame";
+  std::string detail;
+  template <class V> void fields(V& v) { v("detail", detail); }
+};
+
+// The learner-local state (AdamW moments) read back at start.
+struct StateRestored : RecordBase {
+  static constexpr const char* kKind = "state_restored";
+  std::string path;
+  int64_t step = 0;
+  template <class V> void fields(V& v) { v("path", path); v("step", step); }
+};
+
+// The learner-local state could not be read: moved aside to `kept_at` ("" when it could not be moved).
+struct StateUnusable : RecordBase {
+  static constexpr const char* kKind = "state_unusable";
+  std::string path, detail, kept_at;
+  template <class V> void fields(V& v) { v("path", path); v("detail", detail); v("kept_at", kept_at); }
+};
+
+// A syncer shard sent no state within net.dead_after; training goes on.
+struct ShardMissing : RecordBase {
+  static constexpr const char* kKind = "shard_missing";
+  std::string detail;
+  template <class V> void fields(V& v) { v("detail", detail); }
+};
+
+// No welcome within net.join_timeout; training goes on alone.
+struct Alone : RecordBase {
+  static constexpr const char* kKind = "alone";
+  std::string detail;
+  template <class V> void fields(V& v) { v("detail", detail); }
+};
+
+// A wait for an answer given up (not joined).
+struct WaitAbandoned : RecordBase {
+  static constexpr const char* kKind = "wait_abandoned";
+  int64_t step = 0;
+  std::string detail;
+  template <class V> void fields(V& v) { v("step", step); v("detail", detail); }
+};
+
+// The stop of a learner group could not reach every rank.
+struct GroupStopUndelivered : RecordBase {
+  static constexpr const char* kKind = "group_stop_undelivered";
+  std::string detail;
+  template <class V> void fields(V& v) { v("detail", detail); }
+};
+
+// The leave message could not be sent.
+struct LeaveUndelivered : RecordBase {
+  static constexpr const char* kKind = "leave_undelivered";
+  std::string reason;
+  template <class V> void fields(V& v) { v("reason", reason); }
+};
+
+// ---- Failures in the simulator --------------------------------------------------------------------------------
 
 struct Fail : RecordBase {
   static constexpr const char* kKind = "fail";
-  int64_t learner = -1, step = 0;
-  template <class V> void fields(V& v) { v("learner", learner); v("step", step); }
+  int64_t step = 0;
+  template <class V> void fields(V& v) { v("step", step); }
 };
 
 struct Rejoin : RecordBase {
   static constexpr const char* kKind = "rejoin";
-  int64_t learner = -1, step = 0;
-  template <class V> void fields(V& v) { v("learner", learner); v("step", step); }
+  int64_t step = 0;
+  template <class V> void fields(V& v) { v("step", step); }
 };
 
 struct SyncerPause : RecordBase {
@@ -162,5 +396,9 @@ struct Chaos : RecordBase {
   std::string what;
   template <class V> void fields(V& v) { v("what", what); }
 };
+
+// The record that replaces the records of one rate-limit key beyond 20 in 10 s at a syncer: kind
+// "<kind>_suppressed", reason = the key. Its kind is not fixed, so suppressed_record() builds it, not a struct.
+nlohmann::json suppressed_record(const std::string& kind, const std::string& key);
 
 }  // namespace deloco::rec

@@ -1,5 +1,7 @@
 #include "records/record.h"
 
+#include "records/kinds.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +19,11 @@ std::string record_kind(const nlohmann::json& j) {
   if (!j.is_object()) return {};
   auto k = j.find("kind");
   return k != j.end() && k->is_string() ? k->get<std::string>() : std::string();
+}
+
+nlohmann::json suppressed_record(const std::string& kind, const std::string& key) {
+  return {{"kind", (kind.empty() ? std::string("record") : kind) + "_suppressed"}, {"reason", key},
+          {"detail", "more than 20 in 10 s; still counted"}};
 }
 
 RecordWriter::RecordWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {

@@ -5,8 +5,10 @@
 // A record type R is a plain struct with
 //   static constexpr const char* kKind = "merge";          // the "kind" field
 //   template <class V> void fields(V& v) { v("fragment", fragment); v("version", version); ... }
-// Every record also carries the common fields of RecordBase: "t" (unix seconds for the nodes, virtual seconds for
-// the simulator; set by the writer's caller), and "learner" / "shard" where a kind names them itself.
+// Every record may also carry the envelope fields of RecordBase, set by the driver that emits it: "t" (unix seconds
+// for the nodes, virtual seconds for the simulator), "learner" (the learner it concerns: every record of a learner
+// node, the simulator's per-learner records, the syncer's records about one learner) and "shard" (the syncer shard
+// a learner's record about one link concerns).
 // Field types: bool, int64_t, double, std::string, std::vector of int64_t / double / std::string, nlohmann::json
 // (free-form: a config, a map of counts), and std::optional<T> of any of these (written only when set).
 //
@@ -125,9 +127,11 @@ struct Reader {
 
 }  // namespace detail
 
-// The fields every record may carry: its time.
+// The envelope fields every record may carry.
 struct RecordBase {
-  std::optional<double> t;  // unix seconds (nodes, `deloco run`), virtual seconds (`deloco sim`)
+  std::optional<double> t;         // unix seconds (nodes, `deloco run`), virtual seconds (`deloco sim`)
+  std::optional<int64_t> learner;  // the learner the record concerns
+  std::optional<int64_t> shard;    // the syncer shard (a learner's record about one link of a sharded syncer)
 };
 
 template <class R> nlohmann::json to_json(const R& r) {
@@ -135,6 +139,8 @@ template <class R> nlohmann::json to_json(const R& r) {
   j["kind"] = R::kKind;
   detail::Writer w{&j};
   w("t", r.t);
+  w("learner", r.learner);
+  w("shard", r.shard);
   const_cast<R&>(r).fields(w);
   return j;
 }
@@ -149,6 +155,8 @@ template <class R> std::optional<R> from_json(const nlohmann::json& j) {
   R r;
   detail::Reader rd{&j};
   rd("t", r.t);
+  rd("learner", r.learner);
+  rd("shard", r.shard);
   r.fields(rd);
   return r;
 }
