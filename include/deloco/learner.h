@@ -1,4 +1,4 @@
-// deloco/learner.h — the learner half of the algorithm core (DESIGN.md §1–2), written once and driven by the
+// deloco/learner.h — the learner half of the algorithm core (README: Algorithm options), written once and driven by the
 // simulator (virtual clock) and by the learner process (wall clock). deloco/sync.h is the syncer half.
 //
 // What a learner does between inner steps, and nothing else:

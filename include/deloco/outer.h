@@ -1,4 +1,4 @@
-// deloco/outer.h — outer optimizers applied by the syncer to the merged outer gradient (DESIGN.md §2.6).
+// deloco/outer.h — outer optimizers applied by the syncer to the merged outer gradient (README: Algorithm options).
 //
 // Contract
 //  * step(name, param, grad) updates `param` in place with the merged outer gradient `grad` (same shape; any

@@ -241,7 +241,7 @@ class SyncerNode {
              std::unique_ptr<Workload> evaluator, bool resume, RecordSink record);
   ~SyncerNode();
   // Serves until every learner retired (then a final merge of what waits, a final evaluation and checkpoint) or
-  // until `stop`. Returns the summary (DESIGN.md §4 fields plus runtime specifics).
+  // until `stop`. Returns the summary (the fields every run summary shares, plus runtime specifics).
   nlohmann::json run(const std::atomic<bool>& stop);
   std::string prometheus() const;    // the metrics text (thread-safe)
   // The live dashboard on the metrics endpoint (when syncer.metrics is on): `page_html` at "/", and at

@@ -1,4 +1,4 @@
-// deloco/sim.h — the deterministic discrete-event simulator behind `deloco sim` (DESIGN.md §1, driver 1).
+// deloco/sim.h — the deterministic discrete-event simulator behind `deloco sim` (docs/sim.md).
 //
 // M learners, each a real Trainer (own model replica, own data shard, AdamW), and one Syncer (deloco/sync.h) live
 // in one process. Time is virtual: an event queue ordered by (time, sequence number) drives everything, so a run
@@ -72,7 +72,8 @@ struct SimConfig : AlgorithmConfig {
   void validate(const RunConfig& run) const;
 };
 
-// Summary fields (DESIGN.md §4) plus simulator specifics.
+// Summary: the fields every run summary shares (command, final_val_loss, val_bpb, loss_unit, tokens, outer_steps,
+// uptime, goodput, ...) plus simulator specifics.
 struct SimResult {
   nlohmann::json summary;
 };

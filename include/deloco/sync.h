@@ -1,4 +1,4 @@
-// deloco/sync.h — the algorithm core of DiLoCo / Streaming DiLoCo / Decoupled DiLoCo (DESIGN.md §1–2), written
+// deloco/sync.h — the algorithm core of DiLoCo / Streaming DiLoCo / Decoupled DiLoCo (README: Algorithm options), written
 // once and driven by the simulator (virtual clock) and by the runtime's syncer node (wall clock).
 //
 // Contract

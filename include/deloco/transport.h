@@ -1,4 +1,4 @@
-// deloco/transport.h — moving wire frames between the syncer and its learners (DESIGN.md §5).
+// deloco/transport.h — moving wire frames between the syncer and its learners (docs/transport.md).
 //
 // Two small interfaces: a ServerTransport (the syncer: one endpoint, many peers) and a ClientTransport (a learner:
 // one server). Two implementations of each: in-process (a hub in memory, for tests) and ZeroMQ (ROUTER on the

@@ -1,4 +1,4 @@
-// deloco/wire.h — the wire protocol between learners and the syncer (DESIGN.md §2.7).
+// deloco/wire.h — the wire protocol between learners and the syncer (docs/wire.md).
 //
 // The one place for the message schema. Every message is one frame: a fixed 72-byte header followed by a payload.
 // All integers are little-endian and written byte by byte (never a memcpy of a struct), so the layout does not

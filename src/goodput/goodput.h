@@ -1,4 +1,4 @@
-// goodput/goodput.h — the chip-scale chaos simulator behind `deloco goodput` (DESIGN.md §3).
+// goodput/goodput.h — the chip-scale chaos simulator behind `deloco goodput` (docs/goodput.md).
 //
 // A discrete-event model, no tensors. N chips are grouped in slices of S chips. Every chip is interrupted as a
 // Poisson process with mean time between interruptions MTBI_chip, so a healthy slice fails at rate S/MTBI_chip

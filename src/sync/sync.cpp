@@ -1,4 +1,4 @@
-// The algorithm core: fragments, weights, grace window, quorum decisions and the syncer (DESIGN.md §2.2–2.4).
+// The algorithm core: fragments, weights, grace window, quorum decisions and the syncer (README: Algorithm options).
 #include "deloco/sync.h"
 
 #include <algorithm>
