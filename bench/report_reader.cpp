@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "run/report.h"
+#include "report/report.h"
 
 namespace {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-// libFuzzer target: the run-record reader of `deloco report` and the live dashboard (src/run/report.h), over real
+// libFuzzer target: the run-record reader of `deloco report` and the live dashboard (src/report/report.h), over real
 // files, differentially: the incremental ReportRunReader against a whole read.
 //
 // Input: byte 0 picks the file the records go into (bit 0: learner-3.jsonl, else syncer.jsonl; bit 1: a second copy
@@ -18,7 +18,7 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "run/report.h"
+#include "report/report.h"
 #include "util/fs.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // libFuzzer target: the bounds of the run-record reader of `deloco report` and the live dashboard
-// (src/run/report.h) over hostile records: absurd times, long lines, mistyped fields and summaries, markup.
+// (src/report/report.h) over hostile records: absurd times, long lines, mistyped fields and summaries, markup.
 //
 // Input: byte 0 picks max_points (0, or 1..63), byte 1 the files (bit 0: learner-2.jsonl, else syncer.jsonl; bit 1:
 // the rest also as summary.json); the rest is the records' text, where each byte 0x01 (at most 4 of them) stands for
@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_util.h"
-#include "run/report.h"
+#include "report/report.h"
 #include "util/fs.h"
 
 namespace {

@@ -20,7 +20,7 @@
 #include "deloco/gpt/train.h"
 #include "deloco/group.h"
 #include "deloco/runtime.h"
-#include "run/report.h"
+#include "report/report.h"
 #include "util/blas.h"
 #include "util/checkpoint_store.h"
 #include "util/fs.h"

@@ -1,5 +1,5 @@
 // `deloco report RUN_DIR... --out report.html [--png DIR]`: one self-contained HTML page from the records of run
-// folders of `deloco run`, `deloco sim` or `deloco train`, several runs overlaid (src/run/report.h).
+// folders of `deloco run`, `deloco sim` or `deloco train`, several runs overlaid (src/report/report.h).
 #include <algorithm>
 #include <filesystem>
 #include <iostream>
@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "common.h"
-#include "run/report.h"
+#include "report/report.h"
 #include "util/fs.h"
 #include "web_assets.h"
 

@@ -39,7 +39,8 @@ void RecordWriter::write_json(const nlohmann::json& record) {
 
 RecordTailer::RecordTailer(std::string path, size_t max_line) : path_(std::move(path)), max_line_(max_line) {}
 
-void RecordTailer::poll(const std::function<void(const std::string&)>& on_line) {
+void RecordTailer::poll(const std::function<void(const std::string&)>& on_line,
+                        const std::function<void(uint64_t)>& on_skip, const std::function<void()>& on_restart) {
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return;
   struct stat st {};
@@ -53,6 +54,7 @@ void RecordTailer::poll(const std::function<void(const std::string&)>& on_line) 
       partial_.clear();
       long_bytes_ = 0;
       ++restarts_;
+      if (on_restart) on_restart();
     }
     dev_ = st.st_dev;
     ino_ = st.st_ino;
@@ -79,10 +81,13 @@ void RecordTailer::poll(const std::function<void(const std::string&)>& on_line) 
       if (!nl) break;
       if (long_bytes_ > 0) {
         ++skipped_;
+        const uint64_t bytes = long_bytes_;
         long_bytes_ = 0;
+        if (on_skip) on_skip(bytes);
       } else {
         on_line(partial_);
       }
+      if (partial_.capacity() > (size_t{64} << 10)) std::string().swap(partial_);  // a long line's buffer goes
       partial_.clear();
       begin = end + 1;
     }

@@ -113,15 +113,19 @@ struct Writer {
 
 struct Reader {
   const nlohmann::json* j;
+  std::vector<std::string>* wrong = nullptr;  // names of fields present but of another JSON type
   template <class T> void operator()(const char* name, T& v) {
     auto it = j->find(name);
     if (it == j->end() || it->is_null()) return;
+    bool ok;
     if constexpr (is_optional<T>::value) {
       typename T::value_type x{};
-      if (value_from_json(*it, &x)) v = std::move(x);
+      ok = value_from_json(*it, &x);
+      if (ok) v = std::move(x);
     } else {
-      value_from_json(*it, &v);
+      ok = value_from_json(*it, &v);
     }
+    if (!ok && wrong) wrong->push_back(name);
   }
 };
 
@@ -148,12 +152,14 @@ template <class R> nlohmann::json to_json(const R& r) {
 // The kind of a line's record; "" when it is not an object with a string "kind".
 std::string record_kind(const nlohmann::json& j);
 
-template <class R> std::optional<R> from_json(const nlohmann::json& j) {
+// wrong_types: when given, receives the name of every field of R (or the envelope) that is present but of another
+// JSON type (read as missing), for a reader that ignores such a record or notes it.
+template <class R> std::optional<R> from_json(const nlohmann::json& j, std::vector<std::string>* wrong_types = nullptr) {
   if (!j.is_object()) return std::nullopt;
   auto k = j.find("kind");
   if (k == j.end() || !k->is_string() || k->get_ref<const std::string&>() != R::kKind) return std::nullopt;
   R r;
-  detail::Reader rd{&j};
+  detail::Reader rd{&j, wrong_types};
   rd("t", r.t);
   rd("learner", r.learner);
   rd("shard", r.shard);
@@ -179,12 +185,19 @@ class RecordTailer {
  public:
   explicit RecordTailer(std::string path, size_t max_line = kMaxRecordLine);
   // Calls on_line for every complete line appended since the last call (after a truncation or rotation: every
-  // line of the new file); keeps an incomplete last line for the next call.
-  void poll(const std::function<void(const std::string&)>& on_line);
+  // line of the new file); keeps an incomplete last line for the next call. A reader that numbers lines or keeps
+  // state per file passes the optional on_skip (a line over max_line, with its length in bytes, in its place among
+  // the lines) and on_restart (called before the first line of a file read again from its start).
+  void poll(const std::function<void(const std::string&)>& on_line,
+            const std::function<void(uint64_t bytes)>& on_skip = {}, const std::function<void()>& on_restart = {});
   const std::string& path() const { return path_; }
   int64_t skipped() const { return skipped_; }    // lines over max_line bytes so far
   int64_t restarts() const { return restarts_; }  // times the file shrank or was replaced and was read again
   uint64_t offset() const { return static_cast<uint64_t>(offset_); }
+  // The incomplete last line as it is now: its bytes while at most max_line (else empty), and its length so far
+  // once it passed max_line (else 0; its bytes are not kept).
+  const std::string& partial() const { return partial_; }
+  uint64_t partial_long_bytes() const { return long_bytes_; }
 
  private:
   std::string path_;

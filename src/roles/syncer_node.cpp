@@ -22,7 +22,7 @@
 #include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
-#include "run/report.h"
+#include "report/report.h"
 #include "syncer_node_impl.h"
 #include "util/checkpoint_store.h"
 #include "util/fs.h"

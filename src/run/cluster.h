@@ -42,6 +42,7 @@
 #include <nlohmann/json.hpp>
 
 #include "deloco/runtime.h"
+#include "records/record.h"
 #include "run/chaos.h"
 #include "run/live_view.h"
 #include "run/summary.h"
@@ -132,8 +133,8 @@ class LocalCluster {
   RejoinLog rejoins_;
   LiveView view_;
   RunRecords records_;
-  std::vector<Tailer> syncer_tails_;  // per shard
-  std::vector<Tailer> tailers_;
+  std::vector<rec::RecordTailer> syncer_tails_;  // per shard
+  std::vector<rec::RecordTailer> tailers_;
   // Per learner, about its current incarnation: its last learner_done record said "finished" (-1: none yet, 0: it
   // said false, 1: it did), and the learner's joins before it started.
   std::vector<int> done_record_;

@@ -1,18 +1,21 @@
 // The live view of `deloco run` (contract in live_view.h).
 #include "run/live_view.h"
 
-#include <fcntl.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <iomanip>
+#include <initializer_list>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "records/kinds.h"
+#include "records/record.h"
 #include "util/clock.h"
 
 namespace deloco::run {
@@ -23,41 +26,6 @@ std::string fixed(double v, int digits) {
   std::ostringstream o;
   o << std::fixed << std::setprecision(digits) << v;
   return o.str();
-}
-
-void Tailer::poll(const std::function<void(const std::string&)>& on_line) {
-  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;
-  std::vector<char> buf(size_t{1} << 16);
-  for (;;) {
-    const ssize_t got = ::pread(fd, buf.data(), buf.size(), offset_);
-    if (got <= 0) break;
-    offset_ += got;
-    const size_t n = static_cast<size_t>(got);
-    for (size_t begin = 0; begin < n;) {
-      const char* nl = static_cast<const char*>(std::memchr(buf.data() + begin, '\n', n - begin));
-      const size_t end = nl ? static_cast<size_t>(nl - buf.data()) : n;
-      const size_t len = end - begin;
-      if (long_bytes_ > 0) {
-        long_bytes_ += len;
-      } else if (partial_.size() + len > max_line_) {
-        long_bytes_ = partial_.size() + len;
-        std::string().swap(partial_);
-      } else {
-        partial_.append(buf.data() + begin, len);
-      }
-      if (!nl) break;
-      if (long_bytes_ > 0) {
-        ++skipped_;
-        long_bytes_ = 0;
-      } else {
-        on_line(partial_);
-      }
-      partial_.clear();
-      begin = end + 1;
-    }
-  }
-  ::close(fd);
 }
 
 int64_t next_milestone(int64_t m) {
@@ -100,70 +68,86 @@ void RunRecords::on_line(const std::string& line, int64_t learner, int64_t shard
   }
 }
 
+namespace {
+
+// The record of kind R in j, read through the schema (records/kinds.h), or nullopt when j is another kind or one of
+// the fields the view uses (`used`) has an unexpected JSON type: the view ignores that record.
+template <class R> std::optional<R> read(const json& j, std::initializer_list<const char*> used) {
+  std::vector<std::string> wrong;
+  std::optional<R> r = rec::from_json<R>(j, &wrong);
+  for (const auto& w : wrong)
+    for (const char* u : used)
+      if (w == u) return std::nullopt;
+  return r;
+}
+
+// Whether j has `key` (not null): a schema field the view tells apart from its default (it keeps its state then).
+bool has(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && !it->is_null();
+}
+
+}  // namespace
+
 void RunRecords::on_syncer_record(const json& j, int64_t shard) {
-  const std::string kind = j["kind"];
   SyncerView& s = shards_[static_cast<size_t>(shard)];
   const std::string who = shards_.size() > 1 ? "syncer shard " + std::to_string(shard) : "syncer";
-  if (kind == "started") {
+  if (auto st = read<rec::Started>(j, {"resumed", "merges", "metrics_port", "metrics_warning"})) {
     ++s.starts;
-    if (j.value("resumed", false))
-      event_(who + " resumed at " + std::to_string(j.value("merges", int64_t{0})) + " merges");
+    if (st->resumed) event_(who + " resumed at " + std::to_string(st->merges) + " merges");
     // Its dashboard (the metrics endpoint's /), once per port: a restarted syncer listens on a new one.
-    const int64_t port = j.value("metrics_port", int64_t{0});
+    const int64_t port = st->metrics_port;
     if (port > 0 && shard == 0 && port != dashboard_port_) {
       dashboard_port_ = port;
       event_("dashboard: http://127.0.0.1:" + std::to_string(port) + "/");
       // Bound beyond loopback (syncer.metrics = ":0"): the syncer's warning names the real address.
-      if (j.contains("metrics_warning") && j["metrics_warning"].is_string()) {
-        const std::string& w = j["metrics_warning"].get_ref<const std::string&>();
-        if (!w.empty()) event_("WARNING: " + w);
-      }
+      if (!st->metrics_warning.empty()) event_("WARNING: " + st->metrics_warning);
     }
-  } else if (kind == "merge") {
-    s.merges = j.value("merges", s.merges + 1);
-    s.quorum = j.value("quorum", s.quorum);
+  } else if (auto m = read<rec::Merge>(j, {"merges", "quorum"})) {
+    s.merges = m->merges.value_or(s.merges + 1);
+    if (has(j, "quorum")) s.quorum = m->quorum;
     last_quorum_ = s.quorum;
     const int64_t total = syncer().merges;
     if (total >= next_milestone_) {
       event_(std::to_string(total) + " merges");
       next_milestone_ = next_milestone(total);
     }
-  } else if (kind == "eval") {
-    s.val_loss = j.value("val_loss", NAN);
-    s.val_bpb = j.value("val_bpb", NAN);
-    event_("eval: val loss " + fixed(s.val_loss, 4) + " " + j.value("loss_unit", std::string("nats/byte")) + ", " + fixed(s.val_bpb, 3) + " bits/byte after " +
-           std::to_string(shards_.size() > 1 ? syncer().merges : j.value("merges", s.merges)) + " merges");
-  } else if (kind == "status") {
-    s.uptime = j.value("uptime", s.uptime);
-    s.rejected = j.value("rejected", s.rejected);
-    s.blocked = j.value("blocked", false);
-  } else if (kind == "learners_blocked") {
+  } else if (auto e = read<rec::Eval>(j, {"val_loss", "val_bpb", "loss_unit", "merges"})) {
+    s.val_loss = has(j, "val_loss") ? e->val_loss : NAN;
+    s.val_bpb = has(j, "val_bpb") ? e->val_bpb : NAN;
+    event_("eval: val loss " + fixed(s.val_loss, 4) + " " + (has(j, "loss_unit") ? e->loss_unit : "nats/byte") + ", " +
+           fixed(s.val_bpb, 3) + " bits/byte after " +
+           std::to_string(shards_.size() > 1 ? syncer().merges : e->merges.value_or(s.merges)) + " merges");
+  } else if (auto u = read<rec::Status>(j, {"uptime", "rejected", "blocked"})) {
+    if (has(j, "uptime")) s.uptime = u->uptime;
+    if (has(j, "rejected")) s.rejected = u->rejected;
+    s.blocked = u->blocked;
+  } else if (read<rec::LearnersBlocked>(j, {})) {
     s.blocked = true;
     event_(who + ": every connected learner stopped advancing (blocked); counted as stalled");
-  } else if (kind == "learners_advancing") {
+  } else if (read<rec::LearnersAdvancing>(j, {})) {
     s.blocked = false;
     event_(who + ": learners advancing again");
-  } else if (kind == "auth_denied") {
-    event_(who + " refused " + std::to_string(j.value("new", int64_t{1})) +
+  } else if (auto d = read<rec::AuthDenied>(j, {"new"})) {
+    event_(who + " refused " + std::to_string(has(j, "new") ? d->fresh : 1) +
            " CURVE handshake(s): a key not in net.allow");
   }
 }
 
 void RunRecords::on_learner_record(const json& j, int64_t n) {
-  const std::string kind = j["kind"];
   LearnerView& v = learners_[static_cast<size_t>(n)];
-  const double t = j.value("t", unix_now());
   const std::string name = "learner-" + std::to_string(n);
-  if (kind == "learner") {
-    v.step = j.value("step", v.step);
-    v.loss = j.value("loss", v.loss);
-  } else if (kind == "joined") {
+  const auto when = [](const rec::RecordBase& r) { return r.t.value_or(unix_now()); };
+  if (auto l = read<rec::Learner>(j, {"t", "step", "loss"})) {
+    if (has(j, "step")) v.step = l->step;
+    v.loss = l->loss.value_or(v.loss);
+  } else if (auto r = read<rec::Joined>(j, {"t", "shard", "step", "resume_step"})) {
     // A sharded syncer: a learner joins every shard; its joins are counted on shard 0's link, and a kill closes
     // with whichever shard it joins first.
-    const bool counted = j.value("shard", int64_t{0}) == 0;
+    const bool counted = r->shard.value_or(0) == 0;
     if (counted) ++v.joins;
-    const int64_t resumed_at = std::max(j.value("step", int64_t{0}), j.value("resume_step", int64_t{0}));
-    const double rejoin = rejoins_->joined(n, t);
+    const int64_t resumed_at = std::max(r->step, r->resume_step);
+    const double rejoin = rejoins_->joined(n, when(*r));
     const bool announced = v.rejoin_announced;  // by another shard's join of the same restart
     v.rejoin_announced = rejoin >= 0 && !counted;
     if (counted) v.rejoin_announced = false;
@@ -171,29 +155,29 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
       event_(name + " rejoined " + fixed(rejoin, 1) + " s after its kill, resuming at step " + std::to_string(resumed_at));
     else if (counted && v.joins > 1 && !announced)
       event_(name + " rejoined at step " + std::to_string(resumed_at));
-    v.step = std::max({v.step, j.value("step", v.step), j.value("resume_step", v.step)});
-  } else if (kind == "push") {
-    rejoins_->pushed(n, t);
-  } else if (kind == "learner_done") {
-    v.step = j.value("step", v.step);
+    v.step = std::max({v.step, has(j, "step") ? r->step : v.step, has(j, "resume_step") ? r->resume_step : v.step});
+  } else if (auto p = read<rec::Push>(j, {"t"})) {
+    rejoins_->pushed(n, when(*p));
+  } else if (auto d = read<rec::LearnerDone>(j, {"step", "finished", "error"})) {
+    if (has(j, "step")) v.step = d->step;
     // A learner_done that says "finished": false (stopped early, or a syncer shard never let it in) is no finish.
-    v.finished = !(j.contains("finished") && j["finished"].is_boolean() && !j["finished"].get<bool>());
+    v.finished = d->finished.value_or(true);
     if (v.finished)
       event_(name + " finished " + std::to_string(v.step) + " steps");
     else
       event_(name + " ended at step " + std::to_string(v.step) + " without finishing" +
-             (j.contains("error") && j["error"].is_string() ? ": " + j["error"].get<std::string>() : std::string()));
-  } else if (kind == "auth_refused") {
-    event_(name + ": " + j.value("detail", std::string("its CURVE key was refused")) + " (" +
-           std::to_string(j.value("refusals", int64_t{1})) + " refusals)");
-  } else if (kind == "drift_dropped") {
-    event_(name + " dropped its drift of fragment " + std::to_string(j.value("fragment", int64_t{-1})) +
+             (d->error ? ": " + *d->error : std::string()));
+  } else if (auto a = read<rec::AuthRefused>(j, {"detail", "refusals"})) {
+    event_(name + ": " + (has(j, "detail") ? a->detail : std::string("its CURVE key was refused")) + " (" +
+           std::to_string(has(j, "refusals") ? a->refusals : 1) + " refusals)");
+  } else if (auto dd = read<rec::DriftDropped>(j, {"fragment"})) {
+    event_(name + " dropped its drift of fragment " + std::to_string(dd->fragment) +
            " (its push was over the syncer's norm bound)");
-  } else if (kind == "syncer_lost") {
-    event_(name + " lost the syncer" + (j.contains("shard") ? " shard " + std::to_string(j.value("shard", int64_t{0})) : std::string()) +
-           " at step " + std::to_string(j.value("step", int64_t{0})));
-  } else if (kind == "rejected") {
-    event_(name + " was rejected: " + j.value("reason", std::string("?")));
+  } else if (auto sl = read<rec::SyncerLost>(j, {"shard", "step"})) {
+    event_(name + " lost the syncer" + (sl->shard ? " shard " + std::to_string(*sl->shard) : std::string()) +
+           " at step " + std::to_string(sl->step));
+  } else if (auto rj = read<rec::Rejected>(j, {"reason"})) {
+    event_(name + " was rejected: " + (has(j, "reason") ? rj->reason : std::string("?")));
   }
 }
 

@@ -2,8 +2,10 @@
 // the learners (deloco/runtime.h lists them), keeps the latest state of each, turns notable records into event
 // lines, and draws a status block (in a terminal: redrawn in place; otherwise one plain line per update).
 //
-// Contract: records are untrusted text: a line that is not a JSON object with a string "kind", or has a field of an
-// unexpected type, is ignored. Formatting functions are pure. Not thread-safe: one supervising thread.
+// Contract: records are untrusted text, read through the record schema (records/kinds.h: rec::from_json): a line that
+// is not a JSON object with a string "kind", or has a field the view uses of an unexpected type, is ignored; texts
+// are cut to rec::kMaxRecordText bytes. The record files are tailed by rec::RecordTailer (records/record.h: a line
+// over 1 MiB is skipped, a truncated or rotated file read again from its start). Formatting functions are pure. Not thread-safe: one supervising thread.
 #pragma once
 
 #include <sys/types.h>
@@ -25,29 +27,6 @@ namespace deloco::run {
 
 // `v` with `digits` decimals, or "-" when not finite.
 std::string fixed(double v, int digits);
-
-// The longest record line the live view reads (real records are under 1 KiB).
-inline constexpr size_t kMaxTailLine = size_t{1} << 20;
-
-// Reads the complete new lines of a file that another process appends to (it may not exist yet), 64 KiB at a time.
-// Memory: at most max_line bytes of an unfinished line plus one block, however much the file grew or however long
-// a line is: a line longer than max_line bytes is never held; it is skipped (on_line never sees it), counted in
-// skipped(), and reading goes on after its newline.
-class Tailer {
- public:
-  explicit Tailer(std::string path, size_t max_line = kMaxTailLine) : path_(std::move(path)), max_line_(max_line) {}
-  // Calls on_line for every complete line appended since the last call; keeps an incomplete last line.
-  void poll(const std::function<void(const std::string&)>& on_line);
-  int64_t skipped() const { return skipped_; }  // lines over max_line bytes so far
-
- private:
-  std::string path_;
-  size_t max_line_;
-  off_t offset_ = 0;
-  std::string partial_;   // an incomplete last line, kept until its newline arrives (at most max_line_ bytes)
-  uint64_t long_bytes_ = 0;  // > 0: the incomplete line passed max_line_ (its bytes are dropped)
-  int64_t skipped_ = 0;
-};
 
 struct LearnerView {
   int64_t step = -1;

@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include "records/record.h"
+
 namespace deloco::run {
 namespace {
 
@@ -100,7 +102,7 @@ TEST(LiveView, RecordsUpdateTheViewAndRaiseEvents) {
 TEST(LiveView, TailerReturnsOnlyCompleteLines) {
   const auto path = std::filesystem::temp_directory_path() / ("deloco_tailer_" + std::to_string(::getpid()));
   std::filesystem::remove(path);
-  Tailer t(path.string());
+  rec::RecordTailer t(path.string());
   std::vector<std::string> got;
   auto collect = [&](const std::string& l) { got.push_back(l); };
   t.poll(collect);  // no file yet
@@ -118,7 +120,7 @@ TEST(LiveView, TailerReturnsOnlyCompleteLines) {
 TEST(LiveView, TailerSkipsALineOverItsBound) {
   const auto path = std::filesystem::temp_directory_path() / ("deloco_tailer_long_" + std::to_string(::getpid()));
   std::filesystem::remove(path);
-  Tailer t(path.string(), /*max_line=*/16);
+  rec::RecordTailer t(path.string(), /*max_line=*/16);
   std::vector<std::string> got;
   auto collect = [&](const std::string& l) { got.push_back(l); };
   std::ofstream(path, std::ios::app) << "short\n" << std::string(40, 'x') << "\nafter\n" << std::string(10, 'y');
@@ -131,6 +133,28 @@ TEST(LiveView, TailerSkipsALineOverItsBound) {
   t.poll(collect);
   EXPECT_EQ(got, (std::vector<std::string>{"short", "after", std::string(16, 'z')}));
   EXPECT_EQ(t.skipped(), 2);
+  std::filesystem::remove(path);
+}
+
+// Defect: the live view's own tailer read a record file on from its old offset after the file was cut short
+// (nothing more was read until it grew past that offset) or replaced at its path (the new file's lines were read
+// from the middle). `deloco run` tails with rec::RecordTailer, which reads such a file again from its start.
+TEST(LiveView, TailerReadsATruncatedOrRotatedFileAgainFromItsStart) {
+  const auto path = std::filesystem::temp_directory_path() / ("deloco_tailer_rot_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  rec::RecordTailer t(path.string());
+  std::vector<std::string> got;
+  auto collect = [&](const std::string& l) { got.push_back(l); };
+  std::ofstream(path, std::ios::app) << "first\nsecond\n";
+  t.poll(collect);
+  std::ofstream(path, std::ios::trunc) << "new\n";  // truncated: shorter than what was read
+  t.poll(collect);
+  EXPECT_EQ(got, (std::vector<std::string>{"first", "second", "new"}));
+  std::ofstream(path.string() + ".next") << "rotated one\nrotated two\n";  // longer than the file it replaces
+  std::filesystem::rename(path.string() + ".next", path);
+  t.poll(collect);
+  EXPECT_EQ(got, (std::vector<std::string>{"first", "second", "new", "rotated one", "rotated two"}));
+  EXPECT_EQ(t.restarts(), 2);
   std::filesystem::remove(path);
 }
 

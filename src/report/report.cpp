@@ -1,14 +1,12 @@
-// `deloco report`: run folders' records -> chart series -> one self-contained HTML page / PNGs (src/run/report.h).
-#include "run/report.h"
-#include "util/shell.h"
+// `deloco report`: run folders' records -> chart series -> one self-contained HTML page / PNGs (src/report/report.h).
+#include "report/report.h"
+
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <limits>
@@ -19,7 +17,11 @@
 #include <stdexcept>
 #include <utility>
 
+#include "records/kinds.h"
+#include "records/record.h"
+#include "records/summary.h"
 #include "util/fs.h"
+#include "util/shell.h"
 #include "util/text.h"
 
 namespace deloco {
@@ -77,90 +79,114 @@ struct Rec {
 // How a line read.
 enum class Parsed { kRecord, kNotARecord, kBadTime };
 
-// The record of a JSON object with a string "kind"; file_learner: N of learner-N.jsonl, -1 for the syncer's files.
-// A field of an unexpected type is read as missing. *bad_time: the time found when it is a number but not a finite
-// time in [0, kMaxRecordTime] (then only that is read).
+// Whether j has `key` as a number: a schema field the reader must tell apart from its default (a record's time, an
+// evaluation's loss, a status's uptime: a non-finite number is written as null, and so is not charted as 0).
+bool has_number(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number();
+}
+
+// The record of a JSON object with a string "kind", read through the schema (records/kinds.h: rec::from_json, which
+// reads a field of an unexpected type as missing and cuts texts to kMaxRecordText bytes of valid UTF-8);
+// file_learner: N of learner-N.jsonl, -1 for the syncer's files. *bad_time: the time found when it is a number but
+// not a finite time in [0, kMaxRecordTime] (then only that is read).
 Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time) {
   Rec& x = *out;
   x = Rec{};
-  // The record's time: "t" when it is a number, else "elapsed_s" when that is one.
-  for (const char* key : {"t", "elapsed_s"}) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number()) continue;
-    const double t = it->get<double>();
-    if (!(t >= 0 && t <= kMaxRecordTime)) {  // NaN and infinities fail too
-      *bad_time = t;
+  // The record's time: "t" (the envelope) when it is a number, else "elapsed_s" (`deloco train`) when that is one.
+  std::optional<double> t, elapsed_s;
+  rec::detail::Reader fields{&j};
+  fields("t", t);
+  fields("elapsed_s", elapsed_s);
+  if (!t) t = elapsed_s;
+  if (t) {
+    if (!(*t >= 0 && *t <= kMaxRecordTime)) {  // NaN and infinities fail too
+      *bad_time = *t;
       return Parsed::kBadTime;
     }
-    x.t = t;
-    break;
+    x.t = *t;
   }
-  const std::string& kind = j["kind"].get_ref<const std::string&>();
-  const auto whose = [&] { return integer_or(j, "learner", std::max<int64_t>(file_learner, 0)); };
-  const auto text = [&](const char* key, std::string* to) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_string()) return false;
-    *to = clip_utf8(it->get_ref<const std::string&>(), kMaxRecordText);
-    return true;
-  };
-  if ((kind == "eval" || kind == "final_eval") && std::isfinite(num(j, "val_loss"))) {
+  const std::string kind = rec::record_kind(j);
+  const auto whose = [&](const rec::RecordBase& r) { return r.learner.value_or(std::max<int64_t>(file_learner, 0)); };
+  const auto eval = [&](const rec::Eval& e) {
+    if (!has_number(j, "val_loss") || !std::isfinite(e.val_loss)) return;
     x.kind = Kind::kEval;
-    x.v = {num(j, "tokens", 0), num(j, "val_loss"), num(j, "val_bpb", 0)};
-  } else if (kind == "merge") {
-    double quorum = num(j, "quorum");
-    auto it = j.find("learners");
-    if (!std::isfinite(quorum) && it != j.end() && it->is_array()) quorum = static_cast<double>(it->size());
+    x.v = {static_cast<double>(e.tokens), e.val_loss, e.val_bpb};
+  };
+  if (auto e = rec::from_json<rec::Eval>(j)) {
+    eval(*e);
+  } else if (auto fe = rec::from_json<rec::FinalEval>(j)) {
+    eval(*fe);
+  } else if (auto m = rec::from_json<rec::Merge>(j)) {
+    // Every writer writes the quorum; a merge without one counts its learners.
+    const double quorum = has_number(j, "quorum") ? static_cast<double>(m->quorum) : static_cast<double>(m->learners.size());
     x.kind = Kind::kMerge;
-    x.v = {std::isfinite(quorum) ? quorum : 0.0, num(j, "grace_wait", 0), 0};
-  } else if ((kind == "learner" || kind == "train") && j.contains("loss")) {
+    x.v = {quorum, m->grace_wait, 0};
+  } else if (auto l = rec::from_json<rec::Learner>(j)) {
+    if (!j.contains("loss")) return Parsed::kRecord;  // "loss": null is a non-finite loss, charted as a gap
     x.kind = Kind::kLearner;
-    x.learner = whose();
-    x.v = {num(j, "step", 0), num(j, "loss"), num(j, "tokens", 0)};
-  } else if (kind == "reject") {
-    if (text("reason", &x.text)) x.kind = Kind::kReject;
-  } else if (kind == "chaos") {
-    if (text("what", &x.text)) x.kind = Kind::kEvent;
-  } else if (kind == "fail" || kind == "rejoin") {
-    const double id = num(j, "learner", -1);
-    x.kind = Kind::kEvent;
-    x.text = kind + " learner " + std::to_string(std::isfinite(id) && std::fabs(id) < 1e18 ? static_cast<int64_t>(id) : -1);
-  } else if (kind == "started") {
-    auto it = j.find("resumed");
-    if (it != j.end() && it->is_boolean() && it->get<bool>()) {
+    x.learner = whose(*l);
+    x.v = {static_cast<double>(l->step), l->loss.value_or(std::numeric_limits<double>::quiet_NaN()),
+           static_cast<double>(l->tokens.value_or(0))};
+  } else if (auto tr = rec::from_json<rec::Train>(j)) {
+    if (!j.contains("loss")) return Parsed::kRecord;
+    x.kind = Kind::kLearner;
+    x.learner = whose(*tr);
+    x.v = {static_cast<double>(tr->step),
+           has_number(j, "loss") ? tr->loss : std::numeric_limits<double>::quiet_NaN(), static_cast<double>(tr->tokens)};
+  } else if (auto rj = rec::from_json<rec::Reject>(j)) {
+    if (j.contains("reason") && j["reason"].is_string()) {
+      x.kind = Kind::kReject;
+      x.text = rj->reason;
+    }
+  } else if (auto c = rec::from_json<rec::Chaos>(j)) {
+    if (j.contains("what") && j["what"].is_string()) {
       x.kind = Kind::kEvent;
-      x.text = "syncer" +
-               (j.contains("shard") && integer_or(j, "shards", 1) > 1
-                    ? " shard " + std::to_string(integer_or(j, "shard", 0))
-                    : std::string()) +
+      x.text = c->what;
+    }
+  } else if (auto f = rec::from_json<rec::Fail>(j)) {
+    x.kind = Kind::kEvent;
+    x.text = "fail learner " + std::to_string(f->learner.value_or(-1));
+  } else if (auto rj2 = rec::from_json<rec::Rejoin>(j)) {
+    x.kind = Kind::kEvent;
+    x.text = "rejoin learner " + std::to_string(rj2->learner.value_or(-1));
+  } else if (auto st = rec::from_json<rec::Started>(j)) {
+    if (st->resumed) {
+      x.kind = Kind::kEvent;
+      x.text = "syncer" + (st->shard && st->shards > 1 ? " shard " + std::to_string(*st->shard) : std::string()) +
                " resumed";
     }
-  } else if (kind == "syncer_pause" || kind == "syncer_resume") {
+  } else if (rec::from_json<rec::SyncerPause>(j) || rec::from_json<rec::SyncerResume>(j)) {
     x.kind = Kind::kEvent;
-    x.text = kind == "syncer_pause" ? "syncer down" : "syncer back";
-  } else if (kind == "status") {
-    auto st = std::make_shared<Status>();
-    st->shard = integer_or(j, "shard", 0);
+    x.text = kind == rec::SyncerPause::kKind ? "syncer down" : "syncer back";
+  } else if (auto sr = rec::from_json<rec::Status>(j)) {
+    auto s = std::make_shared<Status>();
+    s->shard = sr->shard.value_or(0);
+    // The connected list: its presence says the syncer names its learners; an element that is not an id is
+    // dropped (the others stand).
     auto it = j.find("connected");
     if (it != j.end() && it->is_array()) {
-      st->has_connected = true;
+      s->has_connected = true;
       for (const auto& c : *it)
-        if (c.is_number_integer()) st->connected.push_back(c.get<int64_t>());
+        if (c.is_number_integer()) s->connected.push_back(c.get<int64_t>());
     }
-    st->uptime = num(j, "uptime", 1);
-    st->has_goodput = j.contains("goodput");
-    st->goodput = num(j, "goodput", 1);
-    st->merges = num(j, "merges", 0);
-    st->rejected = num(j, "rejected", 0);
-    st->bytes_out = num(j, "bytes_out", 0);
-    st->tokens = num(j, "tokens", 0);
+    s->uptime = has_number(j, "uptime") ? sr->uptime : 1;
+    s->has_goodput = j.contains("goodput");
+    s->goodput = has_number(j, "goodput") ? sr->goodput : 1;
+    s->merges = static_cast<double>(sr->merges);
+    s->rejected = static_cast<double>(sr->rejected);
+    s->bytes_out = static_cast<double>(sr->bytes_out);
+    s->tokens = static_cast<double>(sr->tokens);
     x.kind = Kind::kStatus;
-    x.status = std::move(st);
-  } else if (kind == "learner_done") {
+    x.status = std::move(s);
+  } else if (auto d = rec::from_json<rec::LearnerDone>(j)) {
     x.kind = Kind::kLearnerDone;
-    x.learner = whose();
-  } else if (kind == "welcome" || kind == "alone") {
+    x.learner = whose(*d);
+  } else if (rec::from_json<rec::Joined>(j) || rec::from_json<rec::Alone>(j)) {
+    // The learner node (re)joined (it holds the global state and trains on from it) or gave up waiting and trains
+    // alone: "rejoining" until its next progress record.
     x.kind = Kind::kRejoining;
-  } else if (kind == "push" || kind == "apply") {
+  } else if (rec::from_json<rec::Push>(j) || rec::from_json<rec::Apply>(j)) {
     x.kind = Kind::kPushOrApply;
   }
   return Parsed::kRecord;
@@ -168,7 +194,7 @@ Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time
 
 // What the records of one file add up to beyond the charted ones (kept in `recs`): how many there were, the
 // earliest time (the charts' origin is the run's first record, of any kind) and whether the last record that was not
-// a push or an apply was a rejoining learner's (welcome, alone).
+// a push or an apply was a rejoining learner's (joined, alone).
 struct Seen {
   int64_t records = 0;
   double min_t = std::numeric_limits<double>::infinity();
@@ -206,17 +232,22 @@ void add_note(std::vector<std::string>* notes, std::string note) {
   if (notes->size() < kMaxNotes) notes->push_back(std::move(note));
 }
 
-// One records file, read as it grows: what complete lines held so far, and the bytes of an unfinished last line.
-struct RecordFile {
-  std::uintmax_t offset = 0;       // bytes consumed (complete lines and the unfinished one)
-  std::string partial;             // the unfinished last line, while it is at most kMaxRecordLine bytes
-  std::uintmax_t long_bytes = 0;   // > 0: the unfinished line passed the bound; its length so far (not kept)
+// What the complete lines of one records file held so far (read again from nothing when the file is).
+struct FileRecords {
   int64_t lines = 0;               // complete lines
   std::vector<Rec> recs;           // the charted records of the complete lines, in their order
   Statuses statuses;               // their status records, reduced
   Seen seen;                       // all records of the complete lines
   int64_t bad = 0, long_lines = 0, bad_times = 0;
   std::vector<std::string> notes;  // the first kMaxNotes skips
+};
+
+// One records file, read as it grows by the records' tailer (records/record.h: a line over kMaxRecordLine bytes is
+// never held; a file truncated or rotated is read again from its start).
+struct RecordFile {
+  explicit RecordFile(const std::string& path) : tail(path, kMaxRecordLine) {}
+  rec::RecordTailer tail;  // also holds the unfinished last line (tail.partial(), tail.partial_long_bytes())
+  FileRecords got;
 };
 
 std::string long_line_note(const std::string& label, int64_t line, std::uintmax_t bytes, bool finished) {
@@ -244,72 +275,35 @@ bool read_line(const std::string& line, const std::string& label, int64_t line_n
   return true;
 }
 
-// A complete line of f: a record, or a skip counted.
-void finish_line(const std::string& label, int64_t learner, RecordFile* f) {
-  ++f->lines;
-  if (f->long_bytes > 0) {
-    ++f->long_lines;
-    add_note(&f->notes, long_line_note(label, f->lines, f->long_bytes, true));
-    f->long_bytes = 0;
-    return;
-  }
-  if (!f->partial.empty()) {
-    Rec x;
-    if (read_line(f->partial, label, f->lines, learner, &x, &f->bad, &f->bad_times, &f->notes)) {
-      f->seen.add(x);
-      f->statuses.add(x);
-      if (charted(x)) f->recs.push_back(std::move(x));
-    }
-  }
-  if (f->partial.capacity() > (size_t{64} << 10)) std::string().swap(f->partial);  // a long line's buffer goes
-  f->partial.clear();
-}
-
-// Reads what `path` gained since the last call, a block at a time; a line's bytes are kept only up to
-// kMaxRecordLine. A file that shrank was replaced: it is read again from the start.
-void poll_records(const fs::path& path, const std::string& label, int64_t learner, RecordFile* f) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return;
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<std::uintmax_t>(std::max<std::streamoff>(in.tellg(), 0));
-  if (size < f->offset) *f = RecordFile{};
-  if (size == f->offset) return;
-  in.seekg(static_cast<std::streamoff>(f->offset));
-  std::uintmax_t left = size - f->offset;
-  std::vector<char> block(size_t{64} << 10);
-  while (left > 0) {
-    in.read(block.data(), static_cast<std::streamsize>(std::min<std::uintmax_t>(left, block.size())));
-    const auto n = static_cast<size_t>(in.gcount());
-    if (n == 0) break;
-    left -= n;
-    f->offset += n;
-    for (size_t begin = 0; begin < n;) {
-      const char* nl = static_cast<const char*>(std::memchr(block.data() + begin, '\n', n - begin));
-      const size_t end = nl ? static_cast<size_t>(nl - block.data()) : n;
-      const size_t len = end - begin;
-      if (f->long_bytes > 0) {
-        f->long_bytes += len;
-      } else if (f->partial.size() + len > kMaxRecordLine) {
-        f->long_bytes = f->partial.size() + len;
-        std::string().swap(f->partial);
-      } else {
-        f->partial.append(block.data() + begin, len);
-      }
-      if (!nl) break;
-      finish_line(label, learner, f);
-      begin = end + 1;
-    }
-  }
+// Reads the lines `f` gained since the last call: each complete line a record, or a skip counted and noted.
+void poll_records(const std::string& label, int64_t learner, RecordFile* f) {
+  FileRecords& g = f->got;
+  f->tail.poll(
+      [&](const std::string& line) {
+        ++g.lines;
+        if (line.empty()) return;
+        Rec x;
+        if (read_line(line, label, g.lines, learner, &x, &g.bad, &g.bad_times, &g.notes)) {
+          g.seen.add(x);
+          g.statuses.add(x);
+          if (charted(x)) g.recs.push_back(std::move(x));
+        }
+      },
+      [&](uint64_t bytes) {
+        ++g.lines;
+        ++g.long_lines;
+        add_note(&g.notes, long_line_note(label, g.lines, bytes, true));
+      },
+      [&] { g = FileRecords{}; });
 }
 
 std::string kind_of(const fs::path& dir, const json& summary) {
-  auto it = summary.is_object() ? summary.find("command") : summary.end();
-  const std::string cmd = summary.is_object() && it != summary.end() && it->is_string() ? it->get<std::string>() : "";
-  if (cmd == "sim" || cmd == "train" || cmd == "run") return cmd;
+  const rec::RunSummary sum = rec::RunSummary::from_json(summary);  // (null: an empty summary)
+  if (sum.command == "sim" || sum.command == "train" || sum.command == "run") return sum.command;
   if (fs::exists(dir / "syncer.jsonl") || fs::exists(dir / "shard-0" / "syncer.jsonl") ||
       fs::exists(dir / "learner-0.jsonl"))
     return "run";
-  if (summary.is_object() && summary.contains("outer_steps")) return "sim";
+  if (sum.outer_steps) return "sim";
   return "train";
 }
 
@@ -397,29 +391,30 @@ ReportRun ReportRunReader::load() {
   tail_statuses.reserve(sources.size());
   int64_t records = 0;
   double t0 = std::numeric_limits<double>::infinity();
-  std::map<int64_t, bool> rejoining;  // per learner file: its last record (but pushes and applies) was welcome/alone
+  std::map<int64_t, bool> rejoining;  // per learner file: its last record (but pushes and applies) was joined/alone
   const auto count = [&](const Seen& seen, int64_t learner) {
     records += seen.records;
     t0 = std::min(t0, seen.min_t);
     if (learner >= 0 && seen.rejoining >= 0) rejoining[learner] = seen.rejoining == 1;
   };
   for (const auto& [path, learner] : sources) {
-    RecordFile& f = impl_->files[path.string()];
+    RecordFile& f = impl_->files.try_emplace(path.string(), path.string()).first->second;
     const std::string label = printable(path.lexically_relative(dir).string(), 1024);
-    poll_records(path, label, learner, &f);
-    for (const Rec& x : f.recs) recs.push_back(&x);
-    statuses.push_back(&f.statuses);
-    count(f.seen, learner);
-    r.bad_lines += f.bad;
-    r.long_lines += f.long_lines;
-    r.bad_times += f.bad_times;
-    for (const auto& n : f.notes) add_note(&r.notes, n);
-    if (f.long_bytes > 0) {
+    poll_records(label, learner, &f);
+    const FileRecords& g = f.got;
+    for (const Rec& x : g.recs) recs.push_back(&x);
+    statuses.push_back(&g.statuses);
+    count(g.seen, learner);
+    r.bad_lines += g.bad;
+    r.long_lines += g.long_lines;
+    r.bad_times += g.bad_times;
+    for (const auto& n : g.notes) add_note(&r.notes, n);
+    if (f.tail.partial_long_bytes() > 0) {
       ++r.long_lines;
-      add_note(&r.notes, long_line_note(label, f.lines + 1, f.long_bytes, false));
-    } else if (!f.partial.empty()) {
+      add_note(&r.notes, long_line_note(label, g.lines + 1, f.tail.partial_long_bytes(), false));
+    } else if (!f.tail.partial().empty()) {
       Rec x;
-      if (read_line(f.partial, label, f.lines + 1, learner, &x, &r.bad_lines, &r.bad_times, &r.notes)) {
+      if (read_line(f.tail.partial(), label, g.lines + 1, learner, &x, &r.bad_lines, &r.bad_times, &r.notes)) {
         Seen tail;
         tail.add(x);
         count(tail, learner);
@@ -707,7 +702,7 @@ std::string json_in_script(const std::string& s) {
   return o;
 }
 
-// The page (src/run/web/, compiled in by cmake/page_assets.cmake): the template with its @@NAME@@ fields, the
+// The page (src/report/web/, compiled in by cmake/page_assets.cmake): the template with its @@NAME@@ fields, the
 // page's own script (a summary table and the charts, each run one series; in a live page, updated in place from
 // api/data) and its style.
 constexpr const char* kPageTemplate =

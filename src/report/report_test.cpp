@@ -2,7 +2,7 @@
 // records (long lines, absurd times, mistyped summaries) are skipped by name and bound nothing.
 // report_data's thinning of long series (what the live dashboard serves); the page's data block; the gnuplot
 // scripts of write_report_pngs.
-#include "run/report.h"
+#include "report/report.h"
 
 #include <unistd.h>
 
@@ -83,6 +83,25 @@ TEST_F(ReportReader, AFileThatShrankIsReadAgainFromItsStart) {
   expect_same(reader, "after the rewrite");
 }
 
+// Defect: a record file replaced by another at its path (rotated: written to a new file, renamed over the old one)
+// was read on from the old file's offset, in the middle of the new file's lines, as long as it was not shorter. It
+// is read again from its start, as a whole read reads it.
+TEST_F(ReportReader, AFileReplacedAtItsPathIsReadAgainFromItsStart) {
+  ReportRunReader reader(dir_.string());
+  append("syncer.jsonl", R"({"kind":"merge","t":1.0,"learners":[0]})" "\n" R"({"kind":"merge","t":2.0,"learners":[0]})" "\n");
+  EXPECT_EQ(reader.load().merges.size(), 2u);
+  {
+    std::ofstream out(dir_ / "syncer.jsonl.new", std::ios::binary);
+    for (int i = 0; i < 3; ++i) out << R"({"kind":"merge","t":)" << 5 + i << R"(,"quorum":2,"learners":[0,1]})" "\n";
+  }
+  fs::rename(dir_ / "syncer.jsonl.new", dir_ / "syncer.jsonl");
+  const ReportRun r = reader.load();
+  EXPECT_EQ(r.bad_lines, 0);
+  ASSERT_EQ(r.merges.size(), 3u);
+  for (const auto& m : r.merges) EXPECT_EQ(m[1], 2.0);
+  expect_same(reader, "after the rotation");
+}
+
 TEST_F(ReportReader, AFolderWithoutRecordsOrSummaryIsRefusedByName) {
   ReportRunReader reader(dir_.string());
   try {
@@ -96,24 +115,24 @@ TEST_F(ReportReader, AFolderWithoutRecordsOrSummaryIsRefusedByName) {
 TEST_F(ReportReader, EachLearnersStateFollowsItsLastRecordsAndTheSyncersStatus) {
   ReportRunReader reader(dir_.string());
   append("syncer.jsonl", R"({"kind":"status","t":10,"connected":[0,2,3]})" "\n");
-  append("learner-0.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n" R"({"kind":"welcome"})" "\n");
+  append("learner-0.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n" R"({"kind":"joined"})" "\n");
   append("learner-1.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n");
-  append("learner-2.jsonl", R"({"kind":"learner","t":8,"loss":5.0})" "\n" R"({"kind":"welc)");
-  append("learner-3.jsonl", R"({"kind":"welcome","t":8})" "\n" R"({"kind":"learner","t":9,"loss":5.0})" "\n");
+  append("learner-2.jsonl", R"({"kind":"learner","t":8,"loss":5.0})" "\n" R"({"kind":"joi)");
+  append("learner-3.jsonl", R"({"kind":"joined","t":8})" "\n" R"({"kind":"learner","t":9,"loss":5.0})" "\n");
   append("learner-4.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n");
-  expect_same(reader, "learner 2's welcome torn");
+  expect_same(reader, "learner 2's joined record torn");
   ReportRun r = reader.load();
   EXPECT_EQ(r.learner_now.at(2).state, "training");
-  // The welcome completes and a push follows (pushes and applies do not change a learner's state); learner 4
+  // The joined record completes and a push follows (pushes and applies do not change a learner's state); learner 4
   // finishes.
-  append("learner-2.jsonl", R"(ome","t":11})" "\n" R"({"kind":"push","t":12})" "\n");
+  append("learner-2.jsonl", R"(ned","t":11})" "\n" R"({"kind":"push","t":12})" "\n");
   append("learner-4.jsonl", R"({"kind":"learner_done","t":10})" "\n");
   expect_same(reader, "learner 2 rejoining");
   r = reader.load();
   EXPECT_EQ(r.learner_now.at(0).state, "training");  // a record without a time changes nothing
   EXPECT_EQ(r.learner_now.at(1).state, "down");      // not in the status's connected list
   EXPECT_EQ(r.learner_now.at(2).state, "rejoining");
-  EXPECT_EQ(r.learner_now.at(3).state, "training");  // a training record after its welcome
+  EXPECT_EQ(r.learner_now.at(3).state, "training");  // a training record after its joined record
   EXPECT_EQ(r.learner_now.at(4).state, "done");
   EXPECT_EQ(r.learners.at(0)[0][0], 1.0);  // time from the run's first record (t = 8), of whatever kind
 }
@@ -373,7 +392,7 @@ TEST(ReportHtml, ANameThatIsNotUtf8StillRenders) {
   EXPECT_NE(data_block(html).find("bad \xef\xbf\xbd"), std::string::npos);  // U+FFFD
 }
 
-// The page is built from src/run/web/ (template, script, style compiled in): every field of the template is filled,
+// The page is built from src/report/web/ (template, script, style compiled in): every field of the template is filled,
 // none of its comment lines ships, and the embedded script and style cannot end their element early: a page
 // holds exactly the <script> and <style> elements the template opens, with a title or data that try to add more.
 TEST(ReportHtml, ThePageIsTheTemplateWithEveryFieldFilledOnce) {

@@ -1,4 +1,4 @@
-// src/run/web/report.js — the page's own script (the page: report.html; compiled in by cmake/page_assets.cmake).
+// src/report/web/report.js — the page's own script (the page: report.html; compiled in by cmake/page_assets.cmake).
 // It reads the runs from the JSON block #deloco-data (a live page: from api/data every 2 s) and fills the tables and
 // the uPlot charts. Every value it puts into markup goes through esc or fmt, or is set as textContent.
 let runs = JSON.parse(document.getElementById('deloco-data').textContent);

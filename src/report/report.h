@@ -1,11 +1,11 @@
-// src/run/report.h — `deloco report RUN_DIR... --out report.html [--png DIR]`: one self-contained HTML page (and,
+// src/report/report.h — `deloco report RUN_DIR... --out report.html [--png DIR]`: one self-contained HTML page (and,
 // optionally, PNG charts through gnuplot) from the JSON-lines records of finished or running runs of `deloco run`,
 // `deloco sim` or `deloco train`, several runs overlaid for comparison.
 //
 // Contract
 //  * load_report_run(dir) reads what the folder holds: summary.json (optional while a run is still going) and the
 //    records of metrics.jsonl (sim, train), syncer.jsonl or shard-*/syncer.jsonl, learner-*.jsonl and events.jsonl
-//    (`deloco run`). Records are untrusted text, read line by line:
+//    (`deloco run`). Records are untrusted text, read line by line through the record schema (records/kinds.h):
 //      - a line longer than kMaxRecordLine bytes is never held in memory: it is skipped and counted in
 //        `long_lines` (its bytes are read past, not kept);
 //      - a line that is not a JSON object with a string "kind" is counted in `bad_lines` and skipped;
@@ -25,7 +25,7 @@
 //    status records are reduced to the latest per shard and file as they are read.
 //  * The series use seconds since the run's first record (the "t" field: wall clock for `deloco run`, virtual time
 //    for `deloco sim`; `elapsed_s` for `deloco train`).
-//  * report_html() fills the page's template (src/run/web/report.html, with its report.js and report.css, compiled
+//  * report_html() fills the page's template (src/report/web/report.html, with its report.js and report.css, compiled
 //    in) with the chart library (uPlot, passed in) and the data: the page loads nothing at run time.
 //    The data is JSON inside a <script type="application/json"> block with every <, >, & and U+2028/U+2029
 //    written as \uXXXX, so no text of a record can end the block or start markup; the page's script puts every
@@ -45,6 +45,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "records/record.h"
 
 namespace deloco {
 
@@ -73,9 +75,9 @@ struct ReportRun {
 };
 
 // The bounds of the reader (see the contract above).
-inline constexpr size_t kMaxRecordLine = size_t{1} << 20;       // 1 MiB: a record line (real ones are < 1 KiB)
+inline constexpr size_t kMaxRecordLine = rec::kMaxRecordLine;  // 1 MiB: a record line (real ones are < 1 KiB)
 inline constexpr double kMaxRecordTime = 1e10;                  // s: a unix time (year 2286) or a run's seconds
-inline constexpr size_t kMaxRecordText = 256;                   // bytes of an event line or reject reason
+inline constexpr size_t kMaxRecordText = rec::kMaxRecordText;  // 256 bytes of an event line or reject reason
 inline constexpr size_t kMaxRejectReasons = 64;                 // distinct reject reasons kept by name
 inline constexpr size_t kMaxSummaryBytes = size_t{16} << 20;    // 16 MiB: summary.json (real ones are < 10 KiB)
 inline constexpr size_t kMaxNotes = 20;                         // skip notes kept per run
@@ -84,8 +86,8 @@ ReportRun load_report_run(const std::string& dir);
 
 // The same folder read again and again, as a live dashboard asks every 2 s: each load() returns what
 // load_report_run(dir) would return at that moment, but reads only the bytes the record files gained since the
-// previous load() (a file that shrank is read again from its start), so a poll costs the new records, not the
-// run's whole history. summary.json is read whole each time. Not thread-safe: one caller at a time.
+// previous load() (a file that shrank, or was replaced by another at its path, is read again from its start:
+// records/record.h, RecordTailer), so a poll costs the new records, not the run's whole history. summary.json is read whole each time. Not thread-safe: one caller at a time.
 class ReportRunReader {
  public:
   explicit ReportRunReader(std::string dir);
