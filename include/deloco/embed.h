@@ -56,8 +56,10 @@ struct EmbeddedLearnerOptions {
 nlohmann::json read_learner_config(const EmbeddedLearnerOptions& opts);
 
 class LearnerNode;
-class JsonlWriter;
 struct RuntimeConfig;
+namespace rec {
+class RecordWriter;
+}
 
 class EmbeddedLearner {
  public:
@@ -94,7 +96,7 @@ class EmbeddedLearner {
   double last_ = 0;  // steady-clock seconds when the caller's current step began
   nlohmann::json config_json_, summary_;
   std::atomic<bool> stop_{false};
-  std::unique_ptr<JsonlWriter> records_;
+  std::unique_ptr<rec::RecordWriter> records_;
   std::unique_ptr<LearnerNode> node_;
 };
 

@@ -20,12 +20,13 @@
 #include "deloco/gpt/train.h"
 #include "deloco/group.h"
 #include "deloco/runtime.h"
+#include "records/record.h"
+#include "records/summary.h"
 #include "report/report.h"
 #include "util/blas.h"
 #include "util/checkpoint_store.h"
 #include "util/fs.h"
 #include "util/malloc_tuning.h"
-#include "util/records.h"
 #include "util/stop_signals.h"
 #include "web_assets.h"
 
@@ -100,7 +101,7 @@ void run_syncer(const NodeArgs& a) {
   fs::create_directories(dir);
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
-  JsonlWriter log((fs::path(dir) / "syncer.jsonl").string());
+  rec::RecordWriter log((fs::path(dir) / "syncer.jsonl").string());
   // The evaluator's model fixes the transport's frame bound (node_transport_options), so it is built first.
   std::unique_ptr<Workload> evaluator = gpt_workloads(cfg.run, corpus)(0, 1);
   // A TorchScript module fixes V and T: checkpoint manifests and syncer-config.json must say the module's values,
@@ -110,7 +111,7 @@ void run_syncer(const NodeArgs& a) {
   auto transport = make_zmq_server(cfg.net.address, topts);
   const std::string endpoint = transport->endpoint();
   SyncerNode node(cfg, std::move(transport), std::move(evaluator), a.resume,
-                  [&](const nlohmann::json& j) { log.write(j); });
+                  [&](const nlohmann::json& j) { log.write_json(j); });
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
   // The live dashboard at the metrics endpoint's / (docs/report.md), when the build has its chart library.
   if (node.metrics_port() > 0 && std::string(kUplotJs).size() > 0) {
@@ -153,7 +154,7 @@ void run_learner(const NodeArgs& a) {
   if (cfg.learner.state_dir.empty()) cfg.learner.state_dir = dir;  // AdamW moments survive a restart
   configure_threads(cfg.run.train.threads);
   auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
-  JsonlWriter log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
+  rec::RecordWriter log((fs::path(dir) / ("learner-" + std::to_string(id) + ".jsonl")).string());
   if (id < 0 || id >= cfg.resolved_learners())  // before building a replica for it
     throw ConfigError("learner id " + std::to_string(id) + " is not in [0, sync.learners=" +
                       std::to_string(cfg.resolved_learners()) + ")");
@@ -196,7 +197,7 @@ void run_learner(const NodeArgs& a) {
   const TransportOptions topts = node_transport_options(cfg, *replica, NodeRole::kLearner);
   std::vector<std::unique_ptr<ClientTransport>> links;
   for (const auto& e : endpoints) links.push_back(make_zmq_client(e, topts));
-  LearnerNode node(cfg, id, std::move(links), std::move(replica), [&](const nlohmann::json& j) { log.write(j); });
+  LearnerNode node(cfg, id, std::move(links), std::move(replica), [&](const nlohmann::json& j) { log.write_json(j); });
   if (group) node.lead_group(group);
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
@@ -236,7 +237,10 @@ void add_node_commands(CLI::App& app) {
     std::cout << "assembled " << aargs->shards.size() << " shards (" << m.merges << " merges"
               << (m.final ? ", final" : "") << ") into " << m.dir << "\n"
               << "evaluate it: " << self_command() << " eval --checkpoint " << aargs->out << "\n";
-    write_summary(aargs->common, {{"command", "assemble"}, {"checkpoint", m.dir}, {"merges", m.merges}, {"final", m.final}});
+    rec::RunSummary summary;
+    summary.command = "assemble";
+    summary.extra = {{"checkpoint", m.dir}, {"merges", m.merges}, {"final", m.final}};
+    write_summary(aargs->common, summary.to_json());
   });
 
   auto largs = std::make_shared<NodeArgs>();

@@ -18,6 +18,7 @@
 #include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
 #include "demo_config.h"
+#include "records/summary.h"
 #include "run/cluster.h"
 #include "run/summary.h"
 #include "util/fs.h"
@@ -63,23 +64,23 @@ std::map<int64_t, std::string> parse_learner_commands(const std::vector<std::str
 // A sharded syncer: every shard checkpointed only its fragments. The global model is their union, committed as the
 // run folder's own checkpoint (so `deloco eval --checkpoint RUN` and the commands use_the_model prints work as for
 // one syncer), and its validation loss is the run's final one.
-void assemble_and_evaluate(const RuntimeConfig& cfg, const std::string& dir, json& summary) {
+void assemble_and_evaluate(const RuntimeConfig& cfg, const std::string& dir, rec::RunSummary& summary) {
   std::vector<std::string> shards;
   for (int64_t s = 0; s < cfg.syncer.shards; ++s) shards.push_back((fs::path(dir) / ("shard-" + std::to_string(s))).string());
   try {
     const AssembledModel m = assemble_shards(shards, dir);
-    summary["checkpoint"] = m.dir;
+    summary.extra["checkpoint"] = m.dir;
     auto corpus = std::make_shared<const Corpus>(Corpus::load(cfg.run.data));
     std::unique_ptr<Workload> w = gpt_workloads(cfg.run, corpus)(0, 1);
     const Checkpoint ck = read_checkpoint(m.dir, /*with_optimizer=*/false);
     load_parameters(w->parameters(), ck.model, ck.dir);
     const EvalResult r = w->evaluate();
-    summary["final_val_loss"] = r.loss;
-    summary["val_bpb"] = r.bpb;
-    summary["loss_unit"] = r.loss_unit;
-    summary["final_eval"] = "assembled from " + std::to_string(shards.size()) + " shards (" + std::to_string(m.merges) + " merges)";
+    summary.final_val_loss = r.loss;
+    summary.val_bpb = r.bpb;
+    summary.loss_unit = r.loss_unit;
+    summary.extra["final_eval"] = "assembled from " + std::to_string(shards.size()) + " shards (" + std::to_string(m.merges) + " merges)";
   } catch (const std::exception& e) {
-    summary["assemble_error"] = e.what();
+    summary.extra["assemble_error"] = e.what();
     std::cerr << "deloco run: could not assemble the global model from the shards: " << e.what() << "\n";
   }
 }
@@ -109,21 +110,24 @@ void run_run(const RunArgs& args) {
             << (cfg.net.plaintext ? ", plaintext" : ", CURVE") << (cfg.chaos.enabled ? ", chaos on" : "")
             << "\nconfig: " << (demo ? std::string(kDemoConfigOrigin) : args.common.config_path)
             << "\nrun folder: " << dir << " (logs in " << dir << "/logs)\n";
-  json summary;
+  // The cluster's summary (the syncer's, with the run's own fields) is kept whole; the assembled model's evaluation
+  // sets the typed loss fields over it.
+  rec::RunSummary run_summary;
   try {
-    summary = cluster.run(install_stop_signals());
+    run_summary.extra = cluster.run(install_stop_signals());
   } catch (...) {
     restore_stop_signals();
     throw;
   }
   restore_stop_signals();
-  if (cfg.syncer.shards > 1 && !summary.contains("interrupted")) assemble_and_evaluate(cfg, dir, summary);
-  summary["config"] = schema.to_json();
+  if (cfg.syncer.shards > 1 && !run_summary.extra.contains("interrupted")) assemble_and_evaluate(cfg, dir, run_summary);
+  run_summary.extra["config"] = schema.to_json();
   const std::string summary_file = (fs::path(dir) / "summary.json").string();
-  write_file_atomic(summary_file, summary.dump(2) + "\n");
+  rec::write_summary_file(summary_file, run_summary);
+  const json summary = run_summary.to_json();
   write_summary(args.common, summary);
   if (summary.contains("interrupted"))
-    throw std::runtime_error("interrupted (" + summary["interrupted"].get<std::string>() +
+    throw std::runtime_error("interrupted (" + summary.at("interrupted").get<std::string>() +
                              "): every process was stopped; partial summary in " + summary_file);
   std::cout << run::final_report(summary, summary_file) << run::use_the_model(self_command(), dir);
   if (summary.contains("syncer_summary_missing"))

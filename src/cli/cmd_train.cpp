@@ -21,6 +21,9 @@
 #include "deloco/config.h"
 #include "deloco/gpt/model.h"
 #include "deloco/gpt/train.h"
+#include "records/kinds.h"
+#include "records/record.h"
+#include "records/summary.h"
 #include "train/run_checkpoint.h"
 #include "util/blas.h"
 #include "util/clock.h"
@@ -122,8 +125,7 @@ void run_train(const TrainArgs& args) {
   fs::create_directories(run_dir);
   if (!args.resume.empty()) recover_run_folder(run_dir);
   if (args.resume.empty()) write_file_atomic((fs::path(run_dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
-  std::ofstream metrics((fs::path(run_dir) / "metrics.jsonl").string(), std::ios::app);
-  if (!metrics) throw IoError("cannot open '" + run_dir + "/metrics.jsonl' for writing");
+  rec::RecordWriter metrics((fs::path(run_dir) / "metrics.jsonl").string());
 
   int64_t n_params = 0;
   for (const auto& [name, p] : tr.parameters()) n_params += p.numel();
@@ -152,10 +154,15 @@ void run_train(const TrainArgs& args) {
     auto t0 = Clock::now();
     last_eval = tr.evaluate();
     have_eval = true;
-    nlohmann::json rec = {{"kind", "eval"}, {"step", tr.step()}, {"tokens", tr.tokens_seen()}, {"val_loss", last_eval.loss},
-                          {"val_bpb", last_eval.bpb},
-      {"loss_unit", last_eval.loss_unit}, {"elapsed_s", seconds_since(t_start)}, {"eval_s", seconds_since(t0)}};
-    metrics << rec.dump() << "\n" << std::flush;
+    rec::Eval e;
+    e.step = tr.step();
+    e.tokens = tr.tokens_seen();
+    e.val_loss = last_eval.loss;
+    e.val_bpb = last_eval.bpb;
+    e.loss_unit = last_eval.loss_unit;
+    e.elapsed_s = seconds_since(t_start);
+    e.eval_s = seconds_since(t0);
+    metrics.write(e);
     std::ostringstream o;
     o << "eval @ step " << tr.step() << ": val loss " << std::fixed << std::setprecision(4) << last_eval.loss << ", "
       << std::setprecision(3) << last_eval.bpb << " bits/byte";
@@ -177,10 +184,14 @@ void run_train(const TrainArgs& args) {
     loss_ema = (tr.step() - start_step == 1) ? loss : 0.9 * loss_ema + 0.1 * loss;
     const double tps = timed_steps > 0 ? timed_steps * tokens_per_step / train_seconds : tokens_per_step / dt;
     if (tr.step() % cfg.train.log_every == 0 || tr.step() == end_step) {
-      metrics << nlohmann::json{{"kind", "train"}, {"step", tr.step()}, {"tokens", tr.tokens_seen()}, {"loss", loss},
-                                {"lr", lr}, {"tokens_per_s", tps}, {"elapsed_s", seconds_since(t_start)}}
-                     .dump()
-              << "\n";
+      rec::Train t;
+      t.step = tr.step();
+      t.tokens = tr.tokens_seen();
+      t.loss = loss;
+      t.lr = lr;
+      t.tokens_per_s = tps;
+      t.elapsed_s = seconds_since(t_start);
+      metrics.write(t);
       progress.update(tr.step(), loss_ema, tps, lr, (cfg.train.steps - tr.step()) * tokens_per_step / std::max(tps, 1e-9));
     }
     if (cfg.train.eval_every > 0 && tr.step() % cfg.train.eval_every == 0 && tr.step() != cfg.train.steps) do_eval();
@@ -193,20 +204,21 @@ void run_train(const TrainArgs& args) {
   const double wall = seconds_since(t_start);
   const double tps = timed_steps > 0 ? timed_steps * tokens_per_step / train_seconds : 0.0;
 
-  nlohmann::json summary = {
-      {"command", "train"},
-      {"final_val_loss", last_eval.loss},
-      {"val_bpb", last_eval.bpb},
-      {"tokens", tr.tokens_seen()},
+  rec::RunSummary summary;
+  summary.command = "train";
+  summary.final_val_loss = last_eval.loss;
+  summary.val_bpb = last_eval.bpb;
+  summary.tokens = tr.tokens_seen();
+  summary.wall_seconds = wall;
+  summary.outer_steps = 0;  // one learner: no merges, no downtime, nothing sent
+  summary.uptime = 1.0;
+  summary.goodput = 1.0;
+  summary.bytes_sent = 0;
+  summary.contributions_merged = 0;
+  summary.contributions_rejected = 0;
+  summary.extra = {
       {"steps", tr.step()},
-      {"wall_seconds", wall},
       {"tokens_per_s", tps},
-      {"outer_steps", 0},
-      {"uptime", 1.0},
-      {"goodput", 1.0},
-      {"bytes_sent", 0},
-      {"contributions_merged", 0},
-      {"contributions_rejected", 0},
       {"params", n_params},
       {"threads", torch::get_num_threads()},
       {"blas", blas_description()},
@@ -216,8 +228,8 @@ void run_train(const TrainArgs& args) {
       {"checkpoint", last_ckpt},
       {"interrupted", stop.requested.load()},
   };
-  write_file_atomic((fs::path(run_dir) / "summary.json").string(), summary.dump(2) + "\n");
-  write_summary(args.common, summary);
+  rec::write_summary_file((fs::path(run_dir) / "summary.json").string(), summary);
+  write_summary(args.common, summary.to_json());
   std::cout << "checkpoint: " << last_ckpt << "\nsummary:    " << (fs::path(run_dir) / "summary.json").string()
             << "\nval loss " << std::fixed << std::setprecision(4) << last_eval.loss << (corpus->is_text() ? " nats/byte, " : " nats/token, ") << std::setprecision(3)
             << last_eval.bpb << " bits/byte after " << tr.tokens_seen() << " tokens in " << format_duration(wall)
@@ -298,8 +310,13 @@ void add_train_commands(CLI::App& app) {
               << std::setprecision(4) << r.loss << (l.cfg.data.format == "text" ? " nats/byte, " : " nats/token, ")
               << std::setprecision(3) << r.bpb << " bits/byte over "
               << r.tokens << " tokens\n";
-    write_summary(eval_args->first, {{"command", "eval"}, {"checkpoint", l.ck.dir}, {"step", l.trainer->step()},
-                                     {"final_val_loss", r.loss}, {"val_bpb", r.bpb}, {"tokens", r.tokens}});
+    rec::RunSummary summary;
+    summary.command = "eval";
+    summary.final_val_loss = r.loss;
+    summary.val_bpb = r.bpb;
+    // "tokens": the validation tokens scored (not RunSummary::tokens, the tokens trained on)
+    summary.extra = {{"checkpoint", l.ck.dir}, {"step", l.trainer->step()}, {"tokens", r.tokens}};
+    write_summary(eval_args->first, summary.to_json());
   });
 
   struct SampleArgs {
@@ -328,8 +345,10 @@ void add_train_commands(CLI::App& app) {
       out = tok.decode(sample_tokens(l.trainer->model(), prompt, tok.vocab_size(), sa->opts));
     }
     std::cout << sa->prompt << out << "\n";
-    write_summary(sa->common, {{"command", "sample"}, {"checkpoint", l.ck.dir}, {"prompt", sa->prompt},
-                               {"bytes", static_cast<int64_t>(out.size())}});
+    rec::RunSummary summary;
+    summary.command = "sample";
+    summary.extra = {{"checkpoint", l.ck.dir}, {"prompt", sa->prompt}, {"bytes", static_cast<int64_t>(out.size())}};
+    write_summary(sa->common, summary.to_json());
   });
 }
 

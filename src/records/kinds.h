@@ -244,7 +244,23 @@ struct DriftDropped : RecordBase {
 struct LearnerDone : RecordBase {
   static constexpr const char* kKind = "learner_done";
   int64_t step = 0;
-  template <class V> void fields(V& v) { v("step", step); }
+  // The learner node's summary (learner node, embedded learner): counts, times and bytes of its whole run.
+  std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, broadcasts, rejected, bytes_sent,
+      bytes_received, ranks;
+  std::optional<double> wall_seconds, busy_seconds, steps_per_second, train_steps_per_second, comm_seconds,
+      comm_fraction, wait_seconds, group_comm_seconds;
+  std::optional<bool> finished;                        // trained every step and every shard let it in
+  std::optional<std::vector<int64_t>> unreached_shards;  // shards that refused its key for the whole run
+  std::optional<std::string> error;
+  template <class V> void fields(V& v) {
+    v("step", step); v("steps_trained", steps_trained); v("tokens", tokens); v("wall_seconds", wall_seconds);
+    v("busy_seconds", busy_seconds); v("steps_per_second", steps_per_second);
+    v("train_steps_per_second", train_steps_per_second); v("comm_seconds", comm_seconds);
+    v("comm_fraction", comm_fraction); v("wait_seconds", wait_seconds); v("pushes", pushes);
+    v("pushes_dropped", pushes_dropped); v("broadcasts", broadcasts); v("rejected", rejected);
+    v("finished", finished); v("bytes_sent", bytes_sent); v("bytes_received", bytes_received); v("ranks", ranks);
+    v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
+  }
 };
 
 // ---- The learner node's link to the syncer --------------------------------------------------------------------
@@ -256,16 +272,25 @@ struct Push : RecordBase {
   template <class V> void fields(V& v) { v("fragment", fragment); v("step", step); v("bytes", bytes); v("base_version", base_version); }
 };
 
-// The learner holds Θ (downloaded at join): it trains on from `step` (`resume_step`: the syncer's record of it).
+// The learner holds Θ: it trains on from `step` (`resume_step`: the syncer's record of it). Downloaded at this join:
+// download_bytes and download_seconds; joined again without a download (the state it holds is current):
+// hello_seconds, the time from the hello to the welcome.
 struct Joined : RecordBase {
   static constexpr const char* kKind = "joined";
-  int64_t step = 0, syncer_round = 0, download_bytes = 0;
-  double download_seconds = 0;
+  int64_t step = 0, syncer_round = 0;
+  std::optional<int64_t> download_bytes;
+  std::optional<double> download_seconds, hello_seconds;
   int64_t resume_step = 0;
   template <class V> void fields(V& v) {
     v("step", step); v("syncer_round", syncer_round); v("download_bytes", download_bytes);
-    v("download_seconds", download_seconds); v("resume_step", resume_step);
+    v("download_seconds", download_seconds); v("resume_step", resume_step); v("hello_seconds", hello_seconds);
   }
+};
+
+// The first welcome of a join that downloads the state: Joined's fields (hello_seconds); "joined" follows once the
+// download is verified.
+struct Welcome : Joined {
+  static constexpr const char* kKind = "welcome";
 };
 
 // The syncer refused this learner (a reject frame): `code` names the reject reason.

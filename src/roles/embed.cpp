@@ -17,9 +17,9 @@
 #include "deloco/config.h"
 #include "deloco/gpt/model.h"
 #include "deloco/runtime.h"
+#include "records/record.h"
 #include "util/env.h"
 #include "util/fs.h"
-#include "util/records.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -134,15 +134,15 @@ EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
   if (dir.empty()) dir = cfg.syncer.out_dir;
   if (dir.empty()) dir = "runs/learner-" + std::to_string(id_);
   fs::create_directories(dir);
-  records_ = std::make_unique<JsonlWriter>((fs::path(dir) / ("learner-" + std::to_string(id_) + ".jsonl")).string());
+  records_ = std::make_unique<rec::RecordWriter>((fs::path(dir) / ("learner-" + std::to_string(id_) + ".jsonl")).string());
 
   auto model = std::make_unique<CallerTrainedModel>(std::move(params));
   const TransportOptions topts = node_transport_options(cfg, *model, NodeRole::kLearner);
   std::vector<std::unique_ptr<ClientTransport>> links;
   for (const auto& e : shard_endpoints(cfg.net.address, cfg.syncer.shards)) links.push_back(make_zmq_client(e, topts));
-  JsonlWriter* sink = records_.get();
+  rec::RecordWriter* sink = records_.get();
   node_ = std::make_unique<LearnerNode>(cfg, id_, std::move(links), std::move(model),
-                                        [sink](const nlohmann::json& j) { sink->write(j); });
+                                        [sink](const nlohmann::json& j) { sink->write_json(j); });
   start_step_ = node_->start(stop_);
   done_ = !node_->next(stop_);  // the first boundary: a state installed at the join is applied before step 0
   last_ = seconds_now();

@@ -30,6 +30,7 @@
 #include "deloco/runtime.h"
 #include "learner_state.h"
 #include "protocol.h"
+#include "records/kinds.h"
 #include "util/text.h"
 #include "wire/quantize.h"
 
@@ -130,16 +131,24 @@ struct LearnerNode::Impl {
   }
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
-  void emit(nlohmann::json j) {
-    j["t"] = unix_now();
-    j["learner"] = id;
+  // Every record of this learner (records/kinds.h) carries the time and the learner id.
+  template <class R> void emit(R r) {
+    r.t = unix_now();
+    r.learner = id;
+    const nlohmann::json j = rec::to_json(r);
     std::lock_guard<std::mutex> lock(record_mu);
     if (record) record(j);
   }
   // A record about one link: names the shard when the syncer is sharded.
-  void emit(const Link& L, nlohmann::json j) {
-    if (sharded()) j["shard"] = L.plan.shard;
-    emit(std::move(j));
+  template <class R> void emit(const Link& L, R r) {
+    if (sharded()) r.shard = L.plan.shard;
+    emit(std::move(r));
+  }
+
+  static rec::BadFrame bad_frame(std::string detail) {
+    rec::BadFrame r;
+    r.detail = std::move(detail);
+    return r;
   }
 
   MessageHeader header(MessageKind k) const {
@@ -199,11 +208,14 @@ struct LearnerNode::Impl {
       c.auth_refusals = refused;
       if (refused >= 2 * c.auth_logged_at || c.auth_logged_at == 0) {
         c.auth_logged_at = refused;
-        emit(L, {{"kind", "auth_refused"}, {"refusals", refused}, {"step", b.step},
-                 {"detail", std::string("the syncer") + (sharded() ? " shard " + std::to_string(L.plan.shard) : "") +
-                                " refused this learner's CURVE key (its public key is not in that syncer's net.allow "
-                                "folder); retrying with backoff" +
-                                (sharded() ? "; the fragments it serves are not merged meanwhile" : "")}});
+        rec::AuthRefused r;
+        r.refusals = static_cast<int64_t>(refused);
+        r.step = b.step;
+        r.detail = std::string("the syncer") + (sharded() ? " shard " + std::to_string(L.plan.shard) : "") +
+                   " refused this learner's CURVE key (its public key is not in that syncer's net.allow folder); "
+                   "retrying with backoff" +
+                   (sharded() ? "; the fragments it serves are not merged meanwhile" : "");
+        emit(L, r);
       }
     }
     bool is_joined, want_leave;
@@ -232,7 +244,10 @@ struct LearnerNode::Impl {
       // A download in progress is kept: its chunks may still be on the way, and the syncer sends no second copy
       // while one is outstanding on this connection. The next welcome that carries chunks replaces it.
       cv.notify_all();
-      emit(L, {{"kind", "syncer_lost"}, {"step", b.step}, {"silent_seconds", t - c.last_heard}});
+      rec::SyncerLost r;
+      r.step = b.step;
+      r.silent_seconds = t - c.last_heard;
+      emit(L, r);
     }
     if (is_joined && t - c.last_beat >= cfg.net.heartbeat) {
       send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
@@ -273,9 +288,14 @@ struct LearnerNode::Impl {
       h.element_count = static_cast<uint64_t>(p.elements);
       const size_t bytes = p.payload.size() + kWireHeaderBytes;
       sent = send(L, h, Bytes::from_string(p.payload));
-      if (sent)
-        emit(L, {{"kind", "push"}, {"fragment", p.fragment}, {"step", p.step}, {"bytes", bytes},
-                 {"base_version", p.base_version}});
+      if (sent) {
+        rec::Push r;
+        r.fragment = p.fragment;
+        r.step = p.step;
+        r.bytes = static_cast<int64_t>(bytes);
+        r.base_version = p.base_version;
+        emit(L, r);
+      }
     }
     std::lock_guard<std::mutex> lock(mu);
     (sent ? pushes : pushes_dropped) += 1;
@@ -294,7 +314,7 @@ struct LearnerNode::Impl {
       h = decode_header(env.header.data(), env.header.size(), limits);
       verify_payload(h, env.payload.data(), env.payload.size());
     } catch (const WireError& e) {
-      emit(L, {{"kind", "bad_frame"}, {"detail", e.what()}});
+      emit(L, bad_frame(e.what()));
       return;
     }
     if (h.fingerprint != fingerprint && h.kind != MessageKind::kReject) {  // a reject says why itself
@@ -325,7 +345,7 @@ struct LearnerNode::Impl {
         default: throw WireError(std::string("unexpected ") + kind_name(h.kind) + " from the syncer");
       }
     } catch (const WireError& e) {
-      emit(L, {{"kind", "bad_frame"}, {"detail", e.what()}});
+      emit(L, bad_frame(e.what()));
     }
   }
 
@@ -345,8 +365,11 @@ struct LearnerNode::Impl {
         const int64_t p = L.plan.fragments[k];
         if (p < static_cast<int64_t>(held_versions.size()) && w.versions[k] < held_versions[static_cast<size_t>(p)]) {
           L.have_state = false;
-          emit(L, {{"kind", "syncer_behind"}, {"fragment", p}, {"syncer_version", w.versions[k]},
-                   {"held_version", held_versions[static_cast<size_t>(p)]}});
+          rec::SyncerBehind r;
+          r.fragment = p;
+          r.syncer_version = static_cast<int64_t>(w.versions[k]);
+          r.held_version = held_versions[static_cast<size_t>(p)];
+          emit(L, r);
           c.last_hello = -1e9;  // hello again at once, asking for the state
           return;
         }
@@ -356,9 +379,10 @@ struct LearnerNode::Impl {
       std::vector<int64_t> settled(L.unsettled.begin(), L.unsettled.end());
       refused_pushes.insert(settled.begin(), settled.end());
       L.unsettled.clear();
-      emit(L, {{"kind", "pushes_settled"}, {"fragments", settled},
-               {"detail", "joined again: pushes sent before the join count as refused (their progress goes in the "
-                          "next push)"}});
+      rec::PushesSettled r;
+      r.fragments = settled;
+      r.detail = "joined again: pushes sent before the join count as refused (their progress goes in the next push)";
+      emit(L, r);
     }
     L.joined = true;
     L.ever_joined = true;
@@ -372,9 +396,15 @@ struct LearnerNode::Impl {
       c.dl_have.assign(static_cast<size_t>(w.chunks), false);
       c.dl_count = 0;
     }
-    if (!c.first_join_recorded || w.chunks == 0)
-      emit(L, {{"kind", w.chunks > 0 ? "welcome" : "joined"}, {"step", beat.step}, {"syncer_round", w.round},
-               {"resume_step", w.resume_step}, {"hello_seconds", now() - c.hello_sent_at}});
+    if (!c.first_join_recorded || w.chunks == 0) {
+      rec::Joined r;  // a download follows: "welcome" now, "joined" when it is verified
+      r.step = beat.step;
+      r.syncer_round = static_cast<int64_t>(w.round);
+      r.resume_step = w.resume_step;
+      r.hello_seconds = now() - c.hello_sent_at;
+      if (w.chunks > 0) emit(L, rec::Welcome{r});
+      else emit(L, r);
+    }
     c.first_join_recorded = true;
     cv.notify_all();
   }
@@ -396,15 +426,19 @@ struct LearnerNode::Impl {
     const uint64_t hash = fnv1a64(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
     std::lock_guard<std::mutex> lock(mu);
     if (hash != c.dl->state_hash) {
-      emit(L, {{"kind", "bad_frame"}, {"detail", "global state hash mismatch; downloading again"}});
+      emit(L, bad_frame("global state hash mismatch; downloading again"));
       L.joined = false;  // hello again with want_state
     } else {
       L.state_ready = State{*c.dl, c.dl_flat};
       L.have_state = true;
       L.state_round = static_cast<int64_t>(c.dl->round);  // tells the syncer the download arrived
-      emit(L, {{"kind", "joined"}, {"step", beat.step}, {"syncer_round", c.dl->round},
-               {"download_bytes", c.dl->elements * 4}, {"download_seconds", now() - c.hello_sent_at},
-               {"resume_step", c.dl->resume_step}});
+      rec::Joined r;
+      r.step = beat.step;
+      r.syncer_round = static_cast<int64_t>(c.dl->round);
+      r.download_bytes = c.dl->elements * 4;
+      r.download_seconds = now() - c.hello_sent_at;
+      r.resume_step = c.dl->resume_step;
+      emit(L, r);
       cv.notify_all();
     }
     c.dl.reset();
@@ -434,7 +468,10 @@ struct LearnerNode::Impl {
     const RejectReason code = reject_reason_of(h);
     std::lock_guard<std::mutex> lock(mu);
     ++rejected;
-    emit(L, {{"kind", "rejected"}, {"reason", why}, {"code", reject_reason_name(code)}});
+    rec::Rejected r;
+    r.reason = why;
+    r.code = reject_reason_name(code);
+    emit(L, r);
     if (code == RejectReason::kNotJoined) {
       L.joined = false;
       cv.notify_all();
@@ -489,9 +526,13 @@ struct LearnerNode::Impl {
       // A norm bound refused it: the same drift would be refused again (deloco/sync.h, refusal_drops_drift).
       core->drop_drift(p);
       installed.push_back(p);
-      emit({{"kind", "drift_dropped"}, {"fragment", p}, {"step", work->step()}, {"version", core->version(p)},
-            {"detail", "the syncer refused this fragment's push by a norm bound; its local drift is replaced by the "
-                       "global version held (optimizer state kept)"}});
+      rec::DriftDropped r;
+      r.fragment = p;
+      r.step = work->step();
+      r.version = core->version(p);
+      r.detail = "the syncer refused this fragment's push by a norm bound; its local drift is replaced by the global "
+                 "version held (optimizer state kept)";
+      emit(r);
     }
     for (auto& [p, a] : answers) core->receive(p, a.version, a.flat);
     return installed;
@@ -522,7 +563,10 @@ struct LearnerNode::Impl {
       if (ck->manifest.value("model_fingerprint", std::string()) != work->fingerprint())
         throw CheckpointError("it was written for another model");
       work->load_optimizer_state(ck->optimizer.tensors);
-      emit({{"kind", "state_restored"}, {"path", ck->dir}, {"step", ck->manifest.value("step", int64_t{0})}});
+      rec::StateRestored r;
+      r.path = ck->dir;
+      r.step = ck->manifest.value("step", int64_t{0});
+      emit(r);
     } catch (const std::exception& e) {  // a damaged local state costs the moments, never the run
       // Kept aside (never deleted: a state_dir pointed at the wrong folder loses nothing), so the next save commits
       // into an empty folder, not beside what cannot be read. An older aside copy is replaced.
@@ -530,8 +574,11 @@ struct LearnerNode::Impl {
       std::error_code ec;
       fs::remove_all(aside, ec);
       fs::rename(dir, aside, ec);
-      emit({{"kind", "state_unusable"}, {"path", dir}, {"detail", e.what()},
-            {"kept_at", ec ? std::string() : aside}});
+      rec::StateUnusable r;
+      r.path = dir;
+      r.detail = e.what();
+      r.kept_at = ec ? std::string() : aside;
+      emit(r);
     }
   }
 
@@ -597,12 +644,11 @@ struct LearnerNode::Impl {
       if (!all_have_state() && some_down()) {
         for (const auto& L : links)
           if (!L.have_state)
-            emit(L, {{"kind", "shard_missing"},
-                     {"detail", "no state from this shard within net.dead_after; training on, its part installs when it answers"}});
+            emit(L, rec::ShardMissing{{}, "no state from this shard within net.dead_after; training on, its part "
+                                          "installs when it answers"});
       } else if (!all_have_state() && !stop.load())
-        emit({{"kind", "alone"},
-              {"detail", std::string("no welcome") + (sharded() ? " from every syncer shard" : "") +
-                             " within net.join_timeout; training on, joining when the syncer appears"}});
+        emit(rec::Alone{{}, std::string("no welcome") + (sharded() ? " from every syncer shard" : "") +
+                                " within net.join_timeout; training on, joining when the syncer appears"});
       if (resume_step && *resume_step > work->step()) work->set_step(std::min(*resume_step, cfg.run.train.steps));
     }
     state_every = cfg.learner.state_every > 0 ? cfg.learner.state_every : std::max<int64_t>(100, cfg.sync.sync_every);
@@ -621,8 +667,13 @@ struct LearnerNode::Impl {
       const std::vector<int64_t> installed = take_received();
       const int64_t step = work->step();
       const std::vector<Applied> applied = core->apply_due(step);
-      for (const auto& a : applied)
-        emit({{"kind", "apply"}, {"fragment", a.fragment}, {"version", a.version}, {"step", step}});
+      for (const auto& a : applied) {
+        rec::Apply r;
+        r.fragment = a.fragment;
+        r.version = a.version;
+        r.step = step;
+        emit(r);
+      }
       if (!installed.empty() || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
       if (group) {
         for (int64_t p : installed)
@@ -648,7 +699,10 @@ struct LearnerNode::Impl {
         if (Link* L = gone()) {
           lock.unlock();
           core->forget_in_flight(L->plan.fragments);
-          emit(*L, {{"kind", "wait_abandoned"}, {"step", step}, {"detail", "not joined"}});
+          rec::WaitAbandoned r;
+          r.step = step;
+          r.detail = "not joined";
+          emit(*L, r);
         } else {
           cv.wait_for(lock, std::chrono::milliseconds(20), [&] {
             return !inbox.empty() || !refused_pushes.empty() || any_state_ready() || gone() || !fatal.empty();
@@ -669,9 +723,12 @@ struct LearnerNode::Impl {
     tokens += r.tokens;
     const int64_t now_step = work->step();
     if (now_step % cfg.run.train.log_every == 0 || now_step == steps) {
-      nlohmann::json rec{{"kind", "learner"}, {"step", now_step}, {"tokens", tokens}, {"step_time", dt}};
-      if (std::isfinite(r.loss)) rec["loss"] = r.loss;  // a caller-trained learner may not say
-      emit(std::move(rec));
+      rec::Learner l;
+      l.step = now_step;
+      l.tokens = tokens;
+      l.step_time = dt;
+      if (std::isfinite(r.loss)) l.loss = r.loss;  // a caller-trained learner may not say
+      emit(l);
     }
     auto c3 = clk::now();
     std::vector<Push> due = core->after_step(now_step, r.tokens, dt);
@@ -705,7 +762,7 @@ struct LearnerNode::Impl {
       try {
         group->lead(LearnerGroup::Command::kStop, *work, {});
       } catch (const std::exception& e) {
-        emit({{"kind", "group_stop_undelivered"}, {"detail", e.what()}});
+        emit(rec::GroupStopUndelivered{{}, e.what()});
       }
     }
     save_state();
@@ -715,43 +772,45 @@ struct LearnerNode::Impl {
       const double patience = done ? cfg.net.join_timeout : 2.0;
       cv.wait_for(lock, std::chrono::duration<double>(patience), [this] { return all_left() || !fatal.empty(); });
       for (const auto& L : links)
-        if (!L.left) emit(L, {{"kind", "leave_undelivered"}, {"reason", leave_reason}});
+        if (!L.left) emit(L, rec::LeaveUndelivered{{}, leave_reason});
     }
     stop_comms();
     uint64_t bytes_out = 0, bytes_in = 0;
     for (const auto& L : links) bytes_out += L.tx->stats().bytes_out, bytes_in += L.tx->stats().bytes_in;
     const double wall = secs(run_start, clk::now());
     const int64_t trained = work->step() - first_step;
-    nlohmann::json s{{"learner", id},
-                     {"step", work->step()},
-                     {"steps_trained", trained},
-                     {"tokens", tokens},
-                     {"wall_seconds", wall},
-                     {"busy_seconds", busy},
-                     {"steps_per_second", wall > 0 ? trained / wall : 0.0},
-                     {"train_steps_per_second", busy > 0 ? trained / busy : 0.0},
-                     {"comm_seconds", comm_seconds},
-                     {"comm_fraction", wall > 0 ? comm_seconds / wall : 0.0},
-                     {"wait_seconds", wait_seconds},
-                     {"pushes", pushes},
-                     {"pushes_dropped", pushes_dropped},
-                     {"broadcasts", broadcasts},
-                     {"rejected", rejected},
-                     {"finished", done && refused_links().empty()},
-                     {"bytes_sent", bytes_out},
-                     {"bytes_received", bytes_in},
-                     {"ranks", group ? group->size() : 1},
-                     {"group_comm_seconds", group ? group->communication_seconds() : 0.0}};
+    // The summary is the learner_done record (without its kind and time).
+    rec::LearnerDone d;
+    d.learner = id;
+    d.step = work->step();
+    d.steps_trained = trained;
+    d.tokens = tokens;
+    d.wall_seconds = wall;
+    d.busy_seconds = busy;
+    d.steps_per_second = wall > 0 ? trained / wall : 0.0;
+    d.train_steps_per_second = busy > 0 ? trained / busy : 0.0;
+    d.comm_seconds = comm_seconds;
+    d.comm_fraction = wall > 0 ? comm_seconds / wall : 0.0;
+    d.wait_seconds = wait_seconds;
+    d.pushes = pushes;
+    d.pushes_dropped = pushes_dropped;
+    d.broadcasts = broadcasts;
+    d.rejected = rejected;
+    d.finished = done && refused_links().empty();
+    d.bytes_sent = static_cast<int64_t>(bytes_out);
+    d.bytes_received = static_cast<int64_t>(bytes_in);
+    d.ranks = group ? static_cast<int64_t>(group->size()) : 1;
+    d.group_comm_seconds = group ? group->communication_seconds() : 0.0;
     if (const auto refused = refused_links(); !refused.empty()) {
       // Trained every step, but a syncer (shard) it needs never let it in: its part was never merged. Not finished.
-      s["unreached_shards"] = refused;
-      s["error"] = "syncer shard(s) " + nlohmann::json(refused).dump() +
-                   " refused this learner's CURVE key for the whole run (not in net.allow): their fragments were "
-                   "never merged";
+      d.unreached_shards = refused;
+      d.error = "syncer shard(s) " + nlohmann::json(refused).dump() +
+                " refused this learner's CURVE key for the whole run (not in net.allow): their fragments were "
+                "never merged";
     }
-    nlohmann::json r = s;
-    r["kind"] = "learner_done";
-    emit(r);
+    nlohmann::json s = rec::to_json(d);
+    s.erase("kind");
+    emit(d);
     return s;
   }
 

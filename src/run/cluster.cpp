@@ -18,6 +18,9 @@
 
 #include "deloco/error.h"
 #include "deloco/transport.h"
+#include "records/kinds.h"
+#include "records/record.h"
+#include "records/summary.h"
 #include "util/checkpoint_store.h"
 #include "util/clock.h"
 #include "util/env.h"
@@ -462,8 +465,13 @@ void LocalCluster::chaos() {
 
 void LocalCluster::note(const std::string& what) {
   view_.event(what);
-  std::ofstream out(dir_ / "events.jsonl", std::ios::app);  // best effort: the live view has it anyway
-  if (out) out << nlohmann::json{{"kind", "chaos"}, {"what", what}, {"t", unix_now()}}.dump() << "\n";
+  rec::Chaos r;
+  r.what = what;
+  r.t = unix_now();
+  try {
+    rec::RecordWriter((dir_ / "events.jsonl").string()).write(r);
+  } catch (const std::exception&) {  // best effort: the live view has it anyway
+  }
 }
 
 void LocalCluster::poll_records() {
@@ -555,24 +563,27 @@ json LocalCluster::sharded_summary() const {
   return s;
 }
 
+// The syncer's summary (kept whole, as it wrote it) with the run's own fields.
 json LocalCluster::make_summary() {
-  json s = S_ == 1 ? read_syncer_summary((dir_ / "syncer-summary.json").string()) : sharded_summary();
-  s["wall_seconds"] = elapsed();
-  s["learners"] = M_;
-  s["run_dir"] = dir_.string();
-  s["endpoint"] = dial_addr_;
-  s["plaintext"] = cfg_.net.plaintext;
-  s["learner_kills"] = learner_kills_;
-  s["learner_stops"] = learner_stops_;
-  s["syncer_kills"] = syncer_kills_;
-  s["rejoin_seconds"] = rejoins_.rejoin_seconds();
-  s["recontribute_seconds"] = rejoins_.recontribute_seconds();
+  rec::RunSummary s;
+  s.extra = S_ == 1 ? read_syncer_summary((dir_ / "syncer-summary.json").string()) : sharded_summary();
+  s.wall_seconds = elapsed();
+  json& x = s.extra;
+  x["learners"] = M_;
+  x["run_dir"] = dir_.string();
+  x["endpoint"] = dial_addr_;
+  x["plaintext"] = cfg_.net.plaintext;
+  x["learner_kills"] = learner_kills_;
+  x["learner_stops"] = learner_stops_;
+  x["syncer_kills"] = syncer_kills_;
+  x["rejoin_seconds"] = rejoins_.rejoin_seconds();
+  x["recontribute_seconds"] = rejoins_.recontribute_seconds();
   json restarts = json::object();
   for (Child* c : all()) restarts[c->name] = std::max(0, c->starts - 1);
-  s["syncer_shards"] = S_;
-  s["restarts"] = restarts;
-  if (forced_syncer_stop_) s["syncer_forced_stop"] = true;
-  return s;
+  x["syncer_shards"] = S_;
+  x["restarts"] = restarts;
+  if (forced_syncer_stop_) x["syncer_forced_stop"] = true;
+  return s.to_json();
 }
 
 }  // namespace deloco::run
