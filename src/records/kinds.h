@@ -123,7 +123,8 @@ struct Started : RecordBase {
 // The syncer's periodic status.
 struct Status : RecordBase {
   static constexpr const char* kKind = "status";
-  int64_t alive = 0, connected = 0;
+  int64_t alive = 0;
+  std::vector<int64_t> connected;  // the learners connected
   bool stalled = false, blocked = false;
   double uptime = 0, goodput = 0;
   int64_t merges = 0, rejected = 0, bytes_in = 0, bytes_out = 0, tokens = 0;
@@ -397,10 +398,19 @@ struct Fail : RecordBase {
   template <class V> void fields(V& v) { v("step", step); }
 };
 
+// The simulator: a failed learner is back. The syncer node: the same process said hello again on the connection
+// that holds its id while joined (not a new join; Join's fields, rate-limited).
 struct Rejoin : RecordBase {
   static constexpr const char* kKind = "rejoin";
   int64_t step = 0;
-  template <class V> void fields(V& v) { v("step", step); }
+  std::optional<std::string> instance;      // syncer node
+  std::optional<bool> restart;              // syncer node
+  std::optional<int64_t> state_bytes;       // syncer node
+  std::optional<std::string> identity;      // syncer node
+  template <class V> void fields(V& v) {
+    v("step", step); v("instance", instance); v("restart", restart); v("state_bytes", state_bytes);
+    v("identity", identity);
+  }
 };
 
 struct SyncerPause : RecordBase {

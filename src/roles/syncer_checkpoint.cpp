@@ -75,7 +75,10 @@ void SyncerNode::Impl::checkpoint(bool final) {
   merges_at_ckpt = merges;
   last_checkpoint = dir.string();
   excuse_peers(now() - start);
-  emit({{"kind", "checkpoint"}, {"path", dir.string()}, {"merges", merges}});
+  rec::CheckpointSaved cs;
+  cs.path = dir.string();
+  cs.merges = merges;
+  emit(std::move(cs));
 }
 
 void SyncerNode::Impl::restore_from(const std::string& out_dir) {

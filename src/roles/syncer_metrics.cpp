@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include "deloco/checkpoint.h"
+#include "records/summary.h"
 #include "syncer_node_impl.h"
 #include "util/fs.h"
 
@@ -80,19 +81,21 @@ int64_t peak_rss_bytes() {
 
 nlohmann::json SyncerNode::Impl::summary(double wall) const {
   const auto st = tx->stats();
-  int64_t tokens = total_tokens();
-  nlohmann::json s{{"final_val_loss", have_eval ? last_eval_result.loss : std::nan("")},
-                   {"val_bpb", have_eval ? last_eval_result.bpb : std::nan("")},
-                   {"loss_unit", last_eval_result.loss_unit},
-                   {"tokens", tokens},
-                   {"wall_seconds", wall},
-                   {"outer_steps", merges},
-                   {"uptime", uptime()},
-                   {"goodput", goodput()},
-                   {"bytes_sent", st.bytes_out},
-                   {"bytes_received", st.bytes_in},
-                   {"contributions_merged", core->merged_contributions()},
-                   {"contributions_rejected", total_rejects()},
+  rec::RunSummary sum;
+  // No evaluation yet: written as null (unknown).
+  sum.final_val_loss = have_eval ? last_eval_result.loss : std::nan("");
+  sum.val_bpb = have_eval ? last_eval_result.bpb : std::nan("");
+  sum.loss_unit = last_eval_result.loss_unit;
+  sum.tokens = total_tokens();
+  sum.wall_seconds = wall;
+  sum.outer_steps = merges;
+  sum.uptime = uptime();
+  sum.goodput = goodput();
+  sum.bytes_sent = static_cast<int64_t>(st.bytes_out);
+  sum.contributions_merged = core->merged_contributions();
+  sum.contributions_rejected = total_rejects();
+  // The syncer node's own fields.
+  nlohmann::json s{{"bytes_received", st.bytes_in},
                    {"rejects", rejects},
                    {"grace_waits", grace_waits},
                    {"state_snapshots", state_snapshots},
@@ -118,7 +121,8 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
     s["shards"] = shard.shards;
     s["fragments"] = shard.fragments;
   }
-  return s;
+  sum.extra = std::move(s);
+  return sum.to_json();
 }
 
 }  // namespace deloco

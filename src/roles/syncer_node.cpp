@@ -36,18 +36,13 @@ using proto::RejectReason;
 using proto::unix_now;
 using syncer_detail::Peer;
 
-void SyncerNode::Impl::log_limited(const std::string& key, nlohmann::json record) {
-  // At most 20 records per key and 10 s window, so a flood of garbage cannot fill the disk; the counters
-  // (summary, Prometheus) stay exact.
+int64_t SyncerNode::Impl::log_turn(const std::string& key) {
+  // At most 20 records per key and 10 s window (log_limited), so a flood of garbage cannot fill the disk; the
+  // counters (summary, Prometheus) stay exact.
   auto& [window, logged] = reject_log[key];
   const double t = now();
   if (t - window > 10.0) window = t, logged = 0;
-  if (++logged <= 20) {
-    emit(std::move(record));
-  } else if (logged == 21) {
-    emit({{"kind", record.value("kind", std::string("record")) + "_suppressed"}, {"reason", key},
-          {"detail", "more than 20 in 10 s; still counted"}});
-  }
+  return ++logged;
 }
 
 void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t fragment, RejectReason code,
@@ -55,8 +50,12 @@ void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t
   const std::string reason = counter.empty() ? proto::reject_reason_name(code) : counter;
   ++rejects[reason];
   const std::string text = clip_utf8(detail, 400);  // may quote the peer
-  log_limited(reason, {{"kind", "reject"}, {"learner", learner}, {"fragment", fragment}, {"reason", reason},
-                       {"detail", text}});
+  rec::Reject rj;
+  rj.learner = learner;
+  rj.fragment = fragment;
+  rj.reason = reason;
+  rj.detail = text;
+  log_limited(reason, std::move(rj));
   if (route.empty()) return;
   MessageHeader h;
   h.kind = MessageKind::kReject;
@@ -107,7 +106,10 @@ void SyncerNode::Impl::retire(int64_t m, const char* how) {
   retired[m] = true;
   peers[m].alive = false;
   peers[m].dl_sent = -1;
-  emit({{"kind", "retired"}, {"learner", m}, {"how", how}});
+  rec::Retired rt;
+  rt.learner = m;
+  rt.how = how;
+  emit(rt);
   for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
   if (cfg.syncer.checkpoint_every > 0) checkpoint();
 }
@@ -198,7 +200,10 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
           route_to_id.erase(P.route);
           P.route.clear();
           core->set_connected(m, false);
-          emit({{"kind", "lost"}, {"learner", m}, {"reason", "leave"}});
+          rec::Lost lost;
+          lost.learner = m;
+          lost.reason = "leave";
+          emit(lost);
         }
         ack_leave(env.peer, h, why);
         return;
@@ -292,9 +297,10 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   if (hello.want_state && download_outstanding(P, t) && (!other_route || !quiet)) {
     ++state_requests_dropped;
     if (P.route == env.peer) P.last_heard = t;
-    log_limited("state_request_dropped",
-                {{"kind", "state_request_dropped"}, {"learner", m},
-                 {"detail", "a state download to this connection is outstanding; no new copy"}});
+    rec::StateRequestDropped d;
+    d.learner = m;
+    d.detail = "a state download to this connection is outstanding; no new copy";
+    log_limited("state_request_dropped", std::move(d));
     return;
   }
 
@@ -373,14 +379,25 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
       P.dl_round = snap->round;
     }
   }
-  nlohmann::json rec{{"kind", "join"}, {"learner", m}, {"instance", fingerprint_hex(hello.instance)}, {"restart", restart},
-                     {"step", P.step}, {"state_bytes", hello.want_state ? model_layout.elements * 4 : 0},
-                     {"identity", env.identity}};
+  const int64_t state_bytes = hello.want_state ? model_layout.elements * 4 : 0;
   if (!repeat) {
-    emit(std::move(rec));
+    rec::Join j;
+    j.learner = m;
+    j.instance = fingerprint_hex(hello.instance);
+    j.restart = restart;
+    j.step = P.step;
+    j.state_bytes = state_bytes;
+    j.identity = env.identity;
+    emit(std::move(j));
   } else {  // rate-limited: a flood of hellos cannot fill the disk
-    rec["kind"] = "rejoin";
-    log_limited("rejoin", std::move(rec));
+    rec::Rejoin j;
+    j.learner = m;
+    j.instance = fingerprint_hex(hello.instance);
+    j.restart = restart;
+    j.step = P.step;
+    j.state_bytes = state_bytes;
+    j.identity = env.identity;
+    log_limited("rejoin", std::move(j));
   }
 }
 
@@ -436,8 +453,13 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   if (r.rolled_back()) {
     // Θ, momentum and version unchanged: nothing is checkpointed or broadcast, and each contributor is told why its
     // push was dropped. The core counted them; so does the node's reject().
-    emit({{"kind", "merge_rolled_back"}, {"fragment", global_id(p)}, {"version", out.version}, {"learners", out.learners},
-          {"reason", sync_reject_name(out.rejected)}, {"detail", out.detail}});
+    rec::MergeRolledBack rb;
+    rb.fragment = global_id(p);
+    rb.version = out.version;
+    rb.learners = out.learners;
+    rb.reason = sync_reject_name(out.rejected);
+    rb.detail = out.detail;
+    emit(std::move(rb));
     for (int64_t m : out.learners)
       reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
              "the merge of this round was rolled back: " + out.detail, sync_reject_name(out.rejected));
@@ -471,7 +493,11 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
     // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
     // malformed frame: say so, and let the learners catch up with the next merge or a state download.
     encoded = false;
-    emit({{"kind", "broadcast_failed"}, {"fragment", global_id(p)}, {"version", out.version}, {"detail", e.what()}});
+    rec::BroadcastFailed bf;
+    bf.fragment = global_id(p);
+    bf.version = out.version;
+    bf.detail = e.what();
+    emit(std::move(bf));
   }
   for (int64_t m = 0; m < M && encoded; ++m) {
     if (!peers[m].alive || retired[m]) continue;
@@ -484,12 +510,21 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   const double broadcast_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
   core->observe_sync(broadcast_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
-  emit({{"kind", "merge"}, {"fragment", global_id(p)}, {"version", out.version}, {"quorum", out.learners.size()},
-        {"learners", out.learners}, {"weights", out.weights}, {"grace", r.grace}, {"grace_wait", r.grace_wait},
-        {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}, {"merges", merges}});
+  rec::Merge mr;
+  mr.fragment = global_id(p);
+  mr.version = out.version;
+  mr.quorum = static_cast<int64_t>(out.learners.size());
+  mr.learners = out.learners;
+  mr.weights = out.weights;
+  mr.grace = r.grace;
+  mr.grace_wait = r.grace_wait;
+  mr.delta_norm = out.delta_norm;
+  mr.tokens = total_tokens();
+  mr.merges = merges;
+  emit(std::move(mr));
 }
 
-void SyncerNode::Impl::evaluate(const char* kind) {
+void SyncerNode::Impl::evaluate(bool final) {
   if (!evaluator) return;  // a shard other than 0
   const double start = now();
   torch::NoGradGuard ng;
@@ -535,10 +570,20 @@ void SyncerNode::Impl::evaluate(const char* kind) {
   ++evals;
   last_eval = now();
   excuse_peers(last_eval - start);
-  nlohmann::json rec{{"kind", kind}, {"val_loss", last_eval_result.loss}, {"val_bpb", last_eval_result.bpb},
-                     {"loss_unit", last_eval_result.loss_unit}, {"tokens", total_tokens()}, {"merges", merges}};
-  if (shard.shards > 1) rec["shards"] = sources;
-  emit(std::move(rec));
+  rec::Eval ev;
+  ev.val_loss = last_eval_result.loss;
+  ev.val_bpb = last_eval_result.bpb;
+  ev.loss_unit = last_eval_result.loss_unit;
+  ev.tokens = total_tokens();
+  ev.merges = merges;
+  if (shard.shards > 1) ev.shards = std::move(sources);
+  if (final) {
+    rec::FinalEval fe;
+    static_cast<rec::Eval&>(fe) = std::move(ev);
+    emit(std::move(fe));
+  } else {
+    emit(std::move(ev));
+  }
 }
 
 bool SyncerNode::Impl::blocked_learners(double t) const {
@@ -572,19 +617,23 @@ void SyncerNode::Impl::housekeeping() {
       std::vector<int64_t> who;
       for (int64_t m = 0; m < M; ++m)
         if (peers[m].alive && !retired[m]) who.push_back(m);
-      emit({{"kind", "learners_blocked"}, {"learners", who},
-            {"detail", "no connected learner has advanced its step within max(4 net.dead_after, 20 step times) "
-                       "although nothing waits at the syncer; counted as stalled"}});
+      rec::LearnersBlocked lb;
+      lb.learners = std::move(who);
+      lb.detail = "no connected learner has advanced its step within max(4 net.dead_after, 20 step times) "
+                  "although nothing waits at the syncer; counted as stalled";
+      emit(std::move(lb));
     } else {
-      emit({{"kind", "learners_advancing"}});
+      emit(rec::LearnersAdvancing{});
     }
   }
   const bool stall = !all_retired() && (core->stalled() || alive_count() == 0 || blocked);
   // CURVE refusals happen inside the transport (no message reaches us): say so in the records, rate-limited.
   if (const uint64_t denied = tx->stats().auth_denied; denied > auth_denied_seen) {
-    log_limited("auth_denied", {{"kind", "auth_denied"}, {"total", denied}, {"new", denied - auth_denied_seen},
-                                {"detail", "refused a CURVE handshake: the client's public key is not in net.allow (" +
-                                               cfg.net.allow + ")"}});
+    rec::AuthDenied ad;
+    ad.total = static_cast<int64_t>(denied);
+    ad.fresh = static_cast<int64_t>(denied - auth_denied_seen);
+    ad.detail = "refused a CURVE handshake: the client's public key is not in net.allow (" + cfg.net.allow + ")";
+    log_limited("auth_denied", std::move(ad));
     auth_denied_seen = denied;
   }
   if (stall && first_join >= 0) stalled += t - last_account;
@@ -595,7 +644,11 @@ void SyncerNode::Impl::housekeeping() {
       P.alive = false;
       P.dl_sent = -1;  // a silent connection's download is moot (see on_hello)
       core->set_connected(m, false);
-      emit({{"kind", "lost"}, {"learner", m}, {"reason", "silent"}, {"silent_seconds", t - P.last_heard}});
+      rec::Lost lost;
+      lost.learner = m;
+      lost.reason = "silent";
+      lost.silent_seconds = t - P.last_heard;
+      emit(std::move(lost));
       // Its last heartbeat said it had finished: its goodbye was lost (e.g. sent while the syncer was down).
       if (P.step >= cfg.run.train.steps) retire(m, "finished_silently");
       for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
@@ -615,17 +668,26 @@ void SyncerNode::Impl::housekeeping() {
     if (timers[p] >= 0 && t >= timers[p]) try_merge(p);
   // A sharded syncer's shard 0 evaluates the global model (assembled, see evaluate()); the other shards do not.
   if (cfg.syncer.eval_interval > 0 && t - last_eval >= cfg.syncer.eval_interval && merges > 0 && shard.shard == 0)
-    evaluate("eval");
+    evaluate(/*final=*/false);
   if (t - last_status >= 1.0) {
     last_status = t;
     std::vector<int64_t> connected;
     for (int64_t m = 0; m < M; ++m)
       if (peers[m].alive) connected.push_back(m);
     const auto st = tx->stats();
-    emit({{"kind", "status"}, {"alive", alive_count()}, {"connected", connected}, {"stalled", stall}, {"blocked", blocked},
-          {"uptime", uptime()}, {"goodput", goodput()}, {"merges", merges}, {"rejected", total_rejects()},
-          {"bytes_in", st.bytes_in},
-          {"bytes_out", st.bytes_out}, {"tokens", total_tokens()}});
+    rec::Status sr;
+    sr.alive = alive_count();
+    sr.connected = std::move(connected);
+    sr.stalled = stall;
+    sr.blocked = blocked;
+    sr.uptime = uptime();
+    sr.goodput = goodput();
+    sr.merges = merges;
+    sr.rejected = total_rejects();
+    sr.bytes_in = static_cast<int64_t>(st.bytes_in);
+    sr.bytes_out = static_cast<int64_t>(st.bytes_out);
+    sr.tokens = total_tokens();
+    emit(std::move(sr));
   }
   update_prometheus();
 }
@@ -741,11 +803,21 @@ std::string SyncerNode::prometheus() const {
 nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   Impl& I = *impl_;
   const auto start = std::chrono::steady_clock::now();
-  I.emit({{"kind", "started"}, {"resumed", I.resumed}, {"merges", I.merges}, {"endpoint", I.tx->endpoint()},
-          {"metrics_port", I.metrics ? I.metrics->port() : 0}, {"learners", I.M},
-          {"fingerprint", fingerprint_hex(I.fingerprint)}, {"versions", I.core->versions()}, {"shard", I.shard.shard},
-          {"shards", I.shard.shards}, {"fragments", I.shard.fragments},
-          {"metrics_warning", I.metrics ? I.metrics->exposure_warning() : std::string()}});
+  {
+    rec::Started st;
+    st.resumed = I.resumed;
+    st.merges = I.merges;
+    st.endpoint = I.tx->endpoint();
+    st.metrics_port = I.metrics ? I.metrics->port() : 0;
+    st.learners = I.M;
+    st.fingerprint = fingerprint_hex(I.fingerprint);
+    st.versions = I.core->versions();
+    st.shard = I.shard.shard;  // this syncer's shard
+    st.shards = I.shard.shards;
+    st.fragments = I.shard.fragments;
+    st.metrics_warning = I.metrics ? I.metrics->exposure_warning() : std::string();
+    I.emit(std::move(st));
+  }
   while (!stop.load() && !I.all_retired()) {
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
@@ -761,7 +833,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
       I.finish_round(r.outcome.fragment, t, start, r);
     }
   }
-  if (I.shard.shard == 0) I.evaluate("final_eval");
+  if (I.shard.shard == 0) I.evaluate(/*final=*/true);
   I.checkpoint(/*final=*/I.all_retired());
   I.update_prometheus();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -769,7 +841,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   nlohmann::json done = s;
   done["kind"] = "done";
   done["stopped"] = stop.load();
-  I.emit(done);
+  I.emit_json(done);
   return s;
 }
 

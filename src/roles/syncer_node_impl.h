@@ -16,6 +16,7 @@
 
 #include "deloco/runtime.h"
 #include "protocol.h"
+#include "records/kinds.h"
 
 namespace deloco {
 
@@ -105,17 +106,34 @@ struct SyncerNode::Impl {
   // Never throws: a record the sink cannot take (a full disk, a sink's own error) is counted, not fatal. Peer text
   // in records is cut with clip_utf8 (util/text.h) before it gets here, and `deloco syncer`'s sink dumps with
   // invalid UTF-8 replaced, so a peer's bytes cannot make a record throw either.
-  void emit(nlohmann::json j) noexcept {
+  // A typed record (records/kinds.h), stamped with the unix time.
+  template <class R> void emit(R r) noexcept {
     try {
-      j["t"] = unix_now();
+      r.t = proto::unix_now();
+      if (record) record(rec::to_json(r));
+    } catch (...) {
+      ++record_errors;
+    }
+  }
+  // A record already in JSON form (the suppressed note, the summary's "done"), stamped with the unix time.
+  void emit_json(nlohmann::json j) noexcept {
+    try {
+      j["t"] = proto::unix_now();
       if (record) record(j);
     } catch (...) {
       ++record_errors;
     }
   }
-  // Emits `record` unless 20 records under `key` were already logged in the current 10 s window; the 21st becomes
-  // one "<kind>_suppressed" note. Counting is the caller's (exact); this only keeps a flood from filling the disk.
-  void log_limited(const std::string& key, nlohmann::json record);
+  // Emits `r` unless 20 records under `key` were already logged in the current 10 s window; the 21st becomes one
+  // "<kind>_suppressed" note (rec::suppressed_record). Counting is the caller's (exact); this only keeps a flood
+  // from filling the disk.
+  template <class R> void log_limited(const std::string& key, R r) {
+    const int64_t turn = log_turn(key);
+    if (turn <= 20) emit(std::move(r));
+    else if (turn == 21) emit_json(rec::suppressed_record(R::kKind, key));
+  }
+  // The count of records under `key` in its current 10 s window, this one included.
+  int64_t log_turn(const std::string& key);
   int64_t alive_count() const {
     int64_t n = 0;
     for (const auto& p : peers) n += p.alive ? 1 : 0;
@@ -192,7 +210,8 @@ struct SyncerNode::Impl {
     for (auto& p : peers) p.last_heard += busy_seconds, p.advanced_at += busy_seconds;
   }
 
-  void evaluate(const char* kind);
+  // final: the "final_eval" record (the end of the run), else "eval".
+  void evaluate(bool final);
 
   nlohmann::json counters() const;
 

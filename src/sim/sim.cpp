@@ -19,6 +19,8 @@
 
 #include "deloco/config.h"
 #include "deloco/learner.h"
+#include "records/kinds.h"
+#include "records/summary.h"
 #include "wire/quantize.h"
 
 namespace deloco {
@@ -156,9 +158,10 @@ struct Simulator::Impl {
     e.seq = seq++;
     queue.push(std::move(e));
   }
-  void emit(nlohmann::json j) {
-    j["t"] = now;
-    if (record) record(j);
+  // Stamps the record with the virtual time and hands it to the caller's sink.
+  template <class R> void emit(R r) {
+    r.t = now;
+    if (record) record(rec::to_json(r));
   }
   double transfer(int64_t bytes) const {
     return cfg.sim.latency + (cfg.sim.bandwidth > 0 ? static_cast<double>(bytes) / cfg.sim.bandwidth : 0.0);
@@ -192,8 +195,14 @@ struct Simulator::Impl {
   void boundary(int64_t m) {
     Learner& L = learners[m];
     const int64_t step = L.work->step();
-    for (const auto& a : L.core->apply_due(step))
-      emit({{"kind", "apply"}, {"learner", m}, {"fragment", a.fragment}, {"version", a.version}, {"step", step}});
+    for (const auto& a : L.core->apply_due(step)) {
+      rec::Apply ap;
+      ap.learner = m;
+      ap.fragment = a.fragment;
+      ap.version = a.version;
+      ap.step = step;
+      emit(ap);
+    }
     if (L.core->must_wait(step)) {
       if (!L.waiting) L.wait_started = now;
       L.waiting = true;
@@ -209,7 +218,10 @@ struct Simulator::Impl {
           stalled_at_first_done = stalled_time;
         }
         syncer->retire(now, m);
-        emit({{"kind", "learner_done"}, {"learner", m}, {"step", step}});
+        rec::LearnerDone d;
+        d.learner = m;
+        d.step = step;
+        emit(d);
         for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
       }
       return;
@@ -225,8 +237,13 @@ struct Simulator::Impl {
     const int64_t step = L.work->step();
     L.tokens += r.tokens;
     L.useful += L.step_duration;
-    if (step % cfg.sim.log_every == 0 || step == run.train.steps)
-      emit({{"kind", "learner"}, {"learner", e.learner}, {"step", step}, {"loss", r.loss}});
+    if (step % cfg.sim.log_every == 0 || step == run.train.steps) {
+      rec::Learner l;
+      l.learner = e.learner;
+      l.step = step;
+      l.loss = r.loss;
+      emit(l);
+    }
     for (Push& out : L.core->after_step(step, r.tokens, L.step_duration)) {
       // Decoded exactly as the syncer node decodes a fragment_push.
       auto c = std::make_shared<Contribution>(decode_push(e.learner, out, layouts[out.fragment]));
@@ -253,7 +270,11 @@ struct Simulator::Impl {
     const int64_t m = c->learner, p = c->fragment;
     const SyncReject why = syncer->receive(now, std::move(*c));
     if (why != SyncReject::kNone) {
-      emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", sync_reject_name(why)}});
+      rec::Reject rj;
+      rj.learner = m;
+      rj.fragment = p;
+      rj.reason = sync_reject_name(why);
+      emit(rj);
       tell_refused(m, p, epoch, refusal_drops_drift(why));
     }
     try_merge(p);
@@ -276,8 +297,12 @@ struct Simulator::Impl {
     if (e.epoch != L.epoch || !L.up || L.done) return;
     if (e.drop_drift) {
       L.core->drop_drift(e.fragment);
-      emit({{"kind", "drift_dropped"}, {"learner", e.learner}, {"fragment", e.fragment},
-            {"version", L.core->version(e.fragment)}, {"step", L.work->step()}});
+      rec::DriftDropped d;
+      d.learner = e.learner;
+      d.fragment = e.fragment;
+      d.version = L.core->version(e.fragment);
+      d.step = L.work->step();
+      emit(d);
     } else {
       L.core->refused(e.fragment);
     }
@@ -298,8 +323,12 @@ struct Simulator::Impl {
     const MergeOutcome& out = r.outcome;
     if (r.rolled_back()) {  // nothing changed, nothing to broadcast; its contributions were rejected
       for (int64_t m : out.learners) {
-        emit({{"kind", "reject"}, {"learner", m}, {"fragment", p}, {"reason", sync_reject_name(out.rejected)},
-              {"detail", out.detail}});
+        rec::Reject rj;
+        rj.learner = m;
+        rj.fragment = p;
+        rj.reason = sync_reject_name(out.rejected);
+        rj.detail = out.detail;
+        emit(rj);
         tell_refused(m, p, learners[m].epoch, false);
       }
       return;
@@ -332,9 +361,17 @@ struct Simulator::Impl {
       bytes_down += down;
     }
     syncer->observe_sync(transfer(fragment_frame_bytes(p, cfg.push_encoding())), cfg.sim.merge_time, transfer(down));
-    emit({{"kind", "merge"}, {"fragment", p}, {"version", out.version}, {"quorum", out.learners.size()},
-          {"learners", out.learners}, {"weights", out.weights}, {"grace", r.grace}, {"grace_wait", r.grace_wait},
-          {"delta_norm", out.delta_norm}, {"tokens", total_tokens()}});
+    rec::Merge mr;
+    mr.fragment = p;
+    mr.version = out.version;
+    mr.quorum = static_cast<int64_t>(out.learners.size());
+    mr.learners = out.learners;
+    mr.weights = out.weights;
+    mr.grace = r.grace;
+    mr.grace_wait = r.grace_wait;
+    mr.delta_norm = out.delta_norm;
+    mr.tokens = total_tokens();
+    emit(mr);
   }
 
   void on_answer(const Event& e) {
@@ -369,7 +406,10 @@ struct Simulator::Impl {
     ++L.epoch;
     L.core->forget_in_flight();
     syncer->set_connected(e.learner, false);
-    emit({{"kind", "fail"}, {"learner", e.learner}, {"step", L.work->step()}});
+    rec::Fail f;
+    f.learner = e.learner;
+    f.step = L.work->step();
+    emit(f);
     Event r;
     r.t = now + cfg.sim.downtime;
     r.kind = kRejoin;
@@ -403,21 +443,35 @@ struct Simulator::Impl {
     syncer->note_joined(e.learner);
     L.up = true;
     syncer->set_connected(e.learner, true);
-    emit({{"kind", "rejoin"}, {"learner", e.learner}, {"step", L.work->step()}});
+    rec::Rejoin rj;
+    rj.learner = e.learner;
+    rj.step = L.work->step();
+    emit(rj);
     if (self->on_rejoin) self->on_rejoin(e.learner, L.work->parameters(), syncer->global());
     schedule_failure(e.learner);
     boundary(e.learner);
   }
 
-  void evaluate_global(const char* kind) {
+  // final: the "final_eval" record, else "eval" (the same fields).
+  void evaluate_global(bool final) {
     torch::NoGradGuard ng;
     auto& params = evaluator->parameters();
     const auto& g = syncer->global();
     for (size_t i = 0; i < g.size(); ++i) params[i].second.copy_(g[i].second);
     last_eval = evaluator->evaluate();
-    emit({{"kind", kind}, {"val_loss", last_eval.loss}, {"val_bpb", last_eval.bpb}, {"loss_unit", last_eval.loss_unit},
-          {"tokens", total_tokens()},
-          {"outer_steps", merges}});
+    rec::Eval ev;
+    ev.val_loss = last_eval.loss;
+    ev.val_bpb = last_eval.bpb;
+    ev.loss_unit = last_eval.loss_unit;
+    ev.tokens = total_tokens();
+    ev.outer_steps = merges;
+    if (final) {
+      rec::FinalEval fe;
+      static_cast<rec::Eval&>(fe) = ev;
+      emit(fe);
+    } else {
+      emit(ev);
+    }
   }
 
   bool all_done() const {
@@ -503,7 +557,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
   I.record = record;
   const auto& S = I.cfg.sim;
   const int64_t M = static_cast<int64_t>(I.learners.size());
-  I.evaluate_global("eval");
+  I.evaluate_global(/*final=*/false);
   I.initial_val_loss = I.last_eval.loss;
   for (size_t i = 0; i < S.fail_times.size(); ++i) {
     Event f;
@@ -566,11 +620,11 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       case kStragglerOff: I.learners[e.learner].straggle = 1.0; break;
       case kPauseOn:
         I.paused = true;
-        I.emit({{"kind", "syncer_pause"}});
+        I.emit(rec::SyncerPause{});
         break;
       case kPauseOff: {
         I.paused = false;
-        I.emit({{"kind", "syncer_resume"}});
+        I.emit(rec::SyncerResume{});
         auto pending = std::move(I.deferred);
         I.deferred.clear();
         for (auto& [c, epoch] : pending) I.on_arrive(c, epoch, false);
@@ -578,7 +632,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
         break;
       }
       case kEval: {
-        I.evaluate_global("eval");
+        I.evaluate_global(/*final=*/false);
         Event ev;
         ev.t = I.now + S.eval_interval;
         ev.kind = kEval;
@@ -590,7 +644,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
   // Contributions still waiting (sent with the last steps) are merged before the final evaluation.
   if (!hit_max)
     for (const RoundResult& r : I.syncer->drain(I.now)) I.merges += r.merged() ? 1 : 0;
-  I.evaluate_global("final_eval");
+  I.evaluate_global(/*final=*/true);
   const double T = I.now;
   double useful = 0, waited = 0, lost = 0;
   int64_t steps = 0;
@@ -603,35 +657,38 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     per_learner.push_back({{"steps", L.work->step()}, {"tokens", L.tokens}, {"useful_s", L.useful},
                            {"waited_s", L.waited}, {"lost_s", L.lost}, {"speed", L.speed}});
   }
-  SimResult r;
-  r.summary = {
-      {"command", "sim"},
-      {"final_val_loss", I.last_eval.loss},
-      {"val_bpb", I.last_eval.bpb},
-      {"loss_unit", I.last_eval.loss_unit},
-      {"initial_val_loss", I.initial_val_loss},
-      {"tokens", I.total_tokens()},
+  rec::RunSummary s;
+  s.command = "sim";
+  s.final_val_loss = I.last_eval.loss;
+  s.val_bpb = I.last_eval.bpb;
+  s.loss_unit = I.last_eval.loss_unit;
+  s.initial_val_loss = I.initial_val_loss;
+  s.tokens = I.total_tokens();
+  s.outer_steps = I.merges;
+  s.uptime = run_uptime(I.stalled_time, T);
+  s.goodput = run_goodput(useful, M, T);
+  s.failures = I.failures;
+  s.bytes_sent = I.bytes_up + I.bytes_down;
+  s.contributions_merged = I.syncer->merged_contributions();
+  s.contributions_rejected = I.syncer->rejected_contributions();
+  // The simulator's own fields.
+  s.extra = {
       {"inner_steps", steps},
       {"virtual_seconds", T},
-      {"outer_steps", I.merges},
-      {"uptime", run_uptime(I.stalled_time, T)},
-      {"goodput", run_goodput(useful, M, T)},
       {"uptime_until_first_done", I.first_done_t > 0 ? run_uptime(I.stalled_at_first_done, I.first_done_t)
                                                      : run_uptime(I.stalled_time, T)},
       {"stalled_seconds", I.stalled_time},
       {"waited_seconds", waited},
       {"lost_seconds", lost},
-      {"failures", I.failures},
-      {"bytes_sent", I.bytes_up + I.bytes_down},
       {"bytes_up", I.bytes_up},
       {"bytes_down", I.bytes_down},
-      {"contributions_merged", I.syncer->merged_contributions()},
-      {"contributions_rejected", I.syncer->rejected_contributions()},
       {"rejected_by_reason", I.syncer->rejected()},
       {"stale_bases", I.syncer->stale_bases()},
       {"reached_max_time", hit_max},
       {"learners", per_learner},
   };
+  SimResult r;
+  r.summary = s.to_json();
   return r;
 }
 
