@@ -436,4 +436,8 @@ struct Chaos : RecordBase {
 // "<kind>_suppressed", reason = the key. Its kind is not fixed, so suppressed_record() builds it, not a struct.
 nlohmann::json suppressed_record(const std::string& kind, const std::string& key);
 
+// The syncer node's last record: its summary (records/summary.h) with kind "done" and "stopped" (whether it was
+// stopped before every learner retired). Its fields are the summary's, so done_record() builds it, not a struct.
+nlohmann::json done_record(const nlohmann::json& summary, bool stopped);
+
 }  // namespace deloco::rec

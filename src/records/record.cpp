@@ -26,6 +26,13 @@ nlohmann::json suppressed_record(const std::string& kind, const std::string& key
           {"detail", "more than 20 in 10 s; still counted"}};
 }
 
+nlohmann::json done_record(const nlohmann::json& summary, bool stopped) {
+  nlohmann::json j = summary.is_object() ? summary : nlohmann::json::object();
+  j["kind"] = "done";
+  j["stopped"] = stopped;
+  return j;
+}
+
 RecordWriter::RecordWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
   if (!out_) throw IoError("cannot open '" + path + "' for appending");
 }

@@ -182,9 +182,9 @@ Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time
   } else if (auto d = rec::from_json<rec::LearnerDone>(j)) {
     x.kind = Kind::kLearnerDone;
     x.learner = whose(*d);
-  } else if (rec::from_json<rec::Joined>(j) || rec::from_json<rec::Alone>(j)) {
-    // The learner node (re)joined (it holds the global state and trains on from it) or gave up waiting and trains
-    // alone: "rejoining" until its next progress record.
+  } else if (rec::from_json<rec::Welcome>(j) || rec::from_json<rec::Joined>(j) || rec::from_json<rec::Alone>(j)) {
+    // The learner node was welcomed (its state download follows), (re)joined (it holds the global state and trains
+    // on from it) or gave up waiting and trains alone: "rejoining" until its next progress record.
     x.kind = Kind::kRejoining;
   } else if (rec::from_json<rec::Push>(j) || rec::from_json<rec::Apply>(j)) {
     x.kind = Kind::kPushOrApply;
@@ -194,7 +194,7 @@ Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time
 
 // What the records of one file add up to beyond the charted ones (kept in `recs`): how many there were, the
 // earliest time (the charts' origin is the run's first record, of any kind) and whether the last record that was not
-// a push or an apply was a rejoining learner's (joined, alone).
+// a push or an apply was a rejoining learner's (welcome, joined, alone).
 struct Seen {
   int64_t records = 0;
   double min_t = std::numeric_limits<double>::infinity();

@@ -114,12 +114,13 @@ TEST_F(ReportReader, AFolderWithoutRecordsOrSummaryIsRefusedByName) {
 
 TEST_F(ReportReader, EachLearnersStateFollowsItsLastRecordsAndTheSyncersStatus) {
   ReportRunReader reader(dir_.string());
-  append("syncer.jsonl", R"({"kind":"status","t":10,"connected":[0,2,3]})" "\n");
+  append("syncer.jsonl", R"({"kind":"status","t":10,"connected":[0,2,3,5]})" "\n");
   append("learner-0.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n" R"({"kind":"joined"})" "\n");
   append("learner-1.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n");
   append("learner-2.jsonl", R"({"kind":"learner","t":8,"loss":5.0})" "\n" R"({"kind":"joi)");
   append("learner-3.jsonl", R"({"kind":"joined","t":8})" "\n" R"({"kind":"learner","t":9,"loss":5.0})" "\n");
   append("learner-4.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n");
+  append("learner-5.jsonl", R"({"kind":"learner","t":9,"loss":5.0})" "\n" R"({"kind":"welcome","t":10})" "\n");
   expect_same(reader, "learner 2's joined record torn");
   ReportRun r = reader.load();
   EXPECT_EQ(r.learner_now.at(2).state, "training");
@@ -134,6 +135,7 @@ TEST_F(ReportReader, EachLearnersStateFollowsItsLastRecordsAndTheSyncersStatus) 
   EXPECT_EQ(r.learner_now.at(2).state, "rejoining");
   EXPECT_EQ(r.learner_now.at(3).state, "training");  // a training record after its joined record
   EXPECT_EQ(r.learner_now.at(4).state, "done");
+  EXPECT_EQ(r.learner_now.at(5).state, "rejoining");  // welcomed: its state download is under way
   EXPECT_EQ(r.learners.at(0)[0][0], 1.0);  // time from the run's first record (t = 8), of whatever kind
 }
 

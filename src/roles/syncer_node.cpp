@@ -838,10 +838,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   I.update_prometheus();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   nlohmann::json s = I.summary(wall);
-  nlohmann::json done = s;
-  done["kind"] = "done";
-  done["stopped"] = stop.load();
-  I.emit_json(done);
+  I.emit_json(rec::done_record(s, stop.load()));
   return s;
 }
 
