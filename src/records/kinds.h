@@ -26,6 +26,13 @@
 
 namespace deloco::rec {
 
+// A kind whose one field is a text saying what happened ("detail").
+template <const char* K> struct DetailRecord : RecordBase {
+  static constexpr const char* kKind = K;
+  std::string detail;
+  template <class V> void fields(V& v) { v("detail", detail); }
+};
+
 // ---- The syncer's merge rounds (syncer node and simulator) ------------------------------------------------------
 
 // A fragment merged: version `version` of fragment `fragment` from `learners` with `weights`.
@@ -165,11 +172,8 @@ struct Retired : RecordBase {
 };
 
 // A state request dropped: a download to that connection is still outstanding.
-struct StateRequestDropped : RecordBase {
-  static constexpr const char* kKind = "state_request_dropped";
-  std::string detail;
-  template <class V> void fields(V& v) { v("detail", detail); }
-};
+inline constexpr char kStateRequestDroppedKind[] = "state_request_dropped";
+using StateRequestDropped = DetailRecord<kStateRequestDroppedKind>;
 
 // Every connected learner stopped advancing for max(4·dead_after, 20 step times) (`learners` names them).
 struct LearnersBlocked : RecordBase {
@@ -333,11 +337,8 @@ struct PushesSettled : RecordBase {
 };
 
 // A frame that could not be read (or a state whose hash did not match).
-struct BadFrame : RecordBase {
-  static constexpr const char* kKind = "bad_frame";
-  std::string detail;
-  template <class V> void fields(V& v) { v("detail", detail); }
-};
+inline constexpr char kBadFrameKind[] = "bad_frame";
+using BadFrame = DetailRecord<kBadFrameKind>;
 
 // The learner-local state (AdamW moments) read back at start.
 struct StateRestored : RecordBase {
@@ -355,18 +356,12 @@ struct StateUnusable : RecordBase {
 };
 
 // A syncer shard sent no state within net.dead_after; training goes on.
-struct ShardMissing : RecordBase {
-  static constexpr const char* kKind = "shard_missing";
-  std::string detail;
-  template <class V> void fields(V& v) { v("detail", detail); }
-};
+inline constexpr char kShardMissingKind[] = "shard_missing";
+using ShardMissing = DetailRecord<kShardMissingKind>;
 
 // No welcome within net.join_timeout; training goes on alone.
-struct Alone : RecordBase {
-  static constexpr const char* kKind = "alone";
-  std::string detail;
-  template <class V> void fields(V& v) { v("detail", detail); }
-};
+inline constexpr char kAloneKind[] = "alone";
+using Alone = DetailRecord<kAloneKind>;
 
 // A wait for an answer given up (not joined).
 struct WaitAbandoned : RecordBase {
@@ -377,11 +372,8 @@ struct WaitAbandoned : RecordBase {
 };
 
 // The stop of a learner group could not reach every rank.
-struct GroupStopUndelivered : RecordBase {
-  static constexpr const char* kKind = "group_stop_undelivered";
-  std::string detail;
-  template <class V> void fields(V& v) { v("detail", detail); }
-};
+inline constexpr char kGroupStopUndeliveredKind[] = "group_stop_undelivered";
+using GroupStopUndelivered = DetailRecord<kGroupStopUndeliveredKind>;
 
 // The leave message could not be sent.
 struct LeaveUndelivered : RecordBase {
