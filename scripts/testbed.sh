@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# scripts/testbed.sh — hosts on one machine for runs across real links: each host a network namespace with its own
+# address in 198.18.0.0/15 (reserved for benchmarking), attached by a veth pair to a bridge in a namespace of its
+# own, its link shaped in both directions with `tc tbf`. No route leads out: traffic goes only between the
+# testbed's hosts. Needs root (ip netns, veth, tc).
+#
+#   scripts/testbed.sh up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES]
+#   scripts/testbed.sh shape HOST RATE        # change one host's link while a run goes on ("none": unshaped)
+#   scripts/testbed.sh link HOST up|down      # take a host's link down (a partition) or bring it back
+#   scripts/testbed.sh exec HOST COMMAND...   # run COMMAND inside host HOST (0 .. N-1)
+#   scripts/testbed.sh addr HOST              # the host's address
+#   scripts/testbed.sh counters HOST          # bytes sent and received on the host's link (its interface's own counters)
+#   scripts/testbed.sh status                 # hosts, addresses, shaping, whether delay (netem) can be emulated
+#   scripts/testbed.sh down                   # remove everything `up` made
+#
+# RATE is tc's syntax: 10mbit, 1mbit, 1gbit, ... or "none". Defaults: 3 hosts, unshaped; burst 32 KiB and a queue
+# of 256 KiB (queue limit per direction; at low rates a full queue adds delay, as on a real slow link).
+# TESTBED_NAME (default "dlt") prefixes every namespace and names the state file /run/<name>.testbed, so two
+# testbeds can coexist. `up` on a failure removes what it made; `down` is safe to repeat.
+# Delay and loss need the kernel's netem qdisc; where it is absent (`status` says so) links have rate limits and
+# queues but no added propagation delay.
+set -Eeuo pipefail
+
+NAME=${TESTBED_NAME:-dlt}
+STATE=/run/${NAME}.testbed
+BR_NS=${NAME}-br
+SUBNET=198.18.0
+MAX_HOSTS=200
+
+die() { echo "testbed: $*" >&2; exit 1; }
+need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespaces, veth pairs and tc); nothing was made"; }
+host_ns() { echo "${NAME}-h$1"; }
+host_addr() { echo "${SUBNET}.$(( $1 + 1 ))"; }
+hosts() { [ -f "$STATE" ] || die "no testbed '$NAME' is up (scripts/testbed.sh up)"; sed -n 's/^hosts=//p' "$STATE"; }
+check_host() {
+  local n; n=$(hosts)
+  [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -lt "$n" ] || die "no host '$1' (hosts are 0 .. $((n - 1)))"
+}
+valid_rate() { [ "$1" = none ] || [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]]; }
+
+# Shapes one direction: the egress of `dev` in namespace `ns`.
+shape_dev() {
+  local ns=$1 dev=$2 rate=$3 burst=$4 limit=$5
+  ip netns exec "$ns" tc qdisc del dev "$dev" root 2>/dev/null || true
+  [ "$rate" = none ] && return 0
+  ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" limit "$limit"
+}
+shape_host() {
+  local h=$1 rate=$2 burst limit
+  burst=$(sed -n 's/^burst=//p' "$STATE"); limit=$(sed -n 's/^limit=//p' "$STATE")
+  shape_dev "$(host_ns "$h")" eth0 "$rate" "$burst" "$limit"   # host -> bridge
+  shape_dev "$BR_NS" "h$h" "$rate" "$burst" "$limit"            # bridge -> host
+  sed -i "/^rate$h=/d" "$STATE"
+  echo "rate$h=$rate" >> "$STATE"
+}
+
+netem_available() {
+  local ns=${NAME}-probe ok=no
+  ip netns add "$ns" 2>/dev/null || return 1
+  ip netns exec "$ns" ip link set lo up
+  if ip netns exec "$ns" tc qdisc add dev lo root netem delay 1ms 2>/dev/null; then ok=yes; fi
+  ip netns del "$ns"
+  [ "$ok" = yes ]
+}
+
+cmd_down() {
+  need_root
+  local made=0
+  for ns in $(ip netns list | awk '{print $1}'); do
+    case "$ns" in "${NAME}"-h[0-9]* | "${BR_NS}" | "${NAME}"-probe) ip netns del "$ns" && made=$((made + 1)) ;; esac
+  done
+  rm -f "$STATE"
+  echo "testbed '$NAME' down ($made namespaces removed)"
+}
+
+cmd_up() {
+  need_root
+  local n=3 rate=none burst=32kb limit=256kb
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --hosts) n=$2; shift 2 ;;
+      --rate) rate=$2; shift 2 ;;
+      --burst) burst=$2; shift 2 ;;
+      --limit) limit=$2; shift 2 ;;
+      *) die "unknown option '$1' (up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES])" ;;
+    esac
+  done
+  [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAX_HOSTS ] || die "--hosts must be 1 .. $MAX_HOSTS (got '$n')"
+  valid_rate "$rate" || die "--rate must be like 10mbit, 1gbit or none (got '$rate')"
+  [ -f "$STATE" ] && die "testbed '$NAME' is already up (scripts/testbed.sh down first, or set TESTBED_NAME)"
+  ip netns list | awk '{print $1}' | grep -qx "$BR_NS" && die "namespace $BR_NS exists but no state file: scripts/testbed.sh down"
+  # Anything that fails from here removes what was made.
+  trap 'echo "testbed: up failed; removing what was made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
+  printf 'hosts=%s\nburst=%s\nlimit=%s\n' "$n" "$burst" "$limit" > "$STATE"
+  ip netns add "$BR_NS"
+  ip netns exec "$BR_NS" ip link set lo up
+  ip netns exec "$BR_NS" ip link add br0 type bridge
+  ip netns exec "$BR_NS" ip link set br0 up
+  for ((h = 0; h < n; h++)); do
+    local ns; ns=$(host_ns "$h")
+    ip netns add "$ns"
+    ip netns exec "$ns" ip link set lo up
+    # The pair is made inside the host's namespace, then one end moved to the bridge's: nothing touches the
+    # machine's own namespace.
+    ip netns exec "$ns" ip link add eth0 type veth peer name "h$h"
+    ip netns exec "$ns" ip link set "h$h" netns "$BR_NS"
+    ip netns exec "$ns" ip addr add "$(host_addr "$h")/16" dev eth0
+    ip netns exec "$ns" ip link set eth0 up
+    ip netns exec "$BR_NS" ip link set "h$h" master br0
+    ip netns exec "$BR_NS" ip link set "h$h" up
+    shape_host "$h" "$rate"
+  done
+  trap - ERR
+  echo "testbed '$NAME' up: $n hosts ($(host_addr 0) .. $(host_addr $((n - 1)))), links $rate"
+}
+
+cmd_status() {
+  need_root
+  local n; n=$(hosts)
+  echo "testbed '$NAME': $n hosts, bridge namespace $BR_NS"
+  for ((h = 0; h < n; h++)); do
+    local ns state; ns=$(host_ns "$h")
+    state=$(ip netns exec "$ns" cat /sys/class/net/eth0/operstate 2>/dev/null || echo missing)
+    echo "  host $h  $ns  $(host_addr "$h")  link $(sed -n "s/^rate$h=//p" "$STATE")  $state"
+  done
+  if netem_available; then echo "delay emulation: netem available"
+  else echo "delay emulation: absent (no netem in this kernel): links are rate-limited with queues, no added delay"; fi
+}
+
+cmd_shape() {
+  need_root
+  [ $# -eq 2 ] || die "shape HOST RATE"
+  check_host "$1"
+  valid_rate "$2" || die "RATE must be like 10mbit, 1gbit or none (got '$2')"
+  shape_host "$1" "$2"
+  echo "host $1: link $2"
+}
+
+cmd_link() {
+  need_root
+  [ $# -eq 2 ] && { [ "$2" = up ] || [ "$2" = down ]; } || die "link HOST up|down"
+  check_host "$1"
+  # Both ends, so neither side sees a carrier: a partition as a cut cable looks.
+  ip netns exec "$BR_NS" ip link set "h$1" "$2"
+  ip netns exec "$(host_ns "$1")" ip link set eth0 "$2"
+  echo "host $1: link $2"
+}
+
+cmd_exec() {
+  need_root
+  [ $# -ge 2 ] || die "exec HOST COMMAND..."
+  check_host "$1"
+  local ns; ns=$(host_ns "$1"); shift
+  exec ip netns exec "$ns" "$@"
+}
+
+cmd_counters() {
+  need_root
+  [ $# -eq 1 ] || die "counters HOST"
+  check_host "$1"
+  local ns; ns=$(host_ns "$1")
+  echo "tx_bytes=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes)" \
+       "rx_bytes=$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)"
+}
+
+verb=${1:-}
+[ $# -gt 0 ] && shift
+case "$verb" in
+  up) cmd_up "$@" ;;
+  down) cmd_down ;;
+  status) cmd_status ;;
+  shape) cmd_shape "$@" ;;
+  link) cmd_link "$@" ;;
+  exec) cmd_exec "$@" ;;
+  addr) [ $# -eq 1 ] || die "addr HOST"; check_host "$1"; host_addr "$1" ;;
+  counters) cmd_counters "$@" ;;
+  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$verb" ] || [ "$verb" = -h ] || [ "$verb" = --help ] || exit 2 ;;
+esac

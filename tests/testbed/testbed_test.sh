@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The testbed of scripts/testbed.sh end to end (ctest testbed.script): hosts reach each other and nothing else, a
+# shaped link carries about its rate in both directions, `shape` changes it while up, a partition (`link down`)
+# cuts a host off and healing restores it, and `down` leaves no namespace behind. Skips (77) when not root or
+# without ip/tc. Bounded: every transfer is a few MB with a 60 s socket timeout; the whole test takes ~15 s.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ "$(id -u)" = 0 ] || { echo "testbed test skipped: needs root"; exit 77; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "testbed test skipped: needs ip and tc"; exit 77; }
+export TESTBED_NAME=dltest$$
+TB=scripts/testbed.sh
+PY=/usr/bin/python3
+trap '$TB down >/dev/null 2>&1 || true' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Mbit/s of a transfer of $3 bytes from host $1 to host $2.
+rate() {
+  local port=$((7000 + RANDOM % 2000))
+  $TB exec "$2" $PY tests/testbed/tcp_rate.py serve $port >/dev/null &
+  local srv=$!
+  local r; r=$($TB exec "$1" $PY tests/testbed/tcp_rate.py send "$($TB addr "$2")" $port "$3")
+  wait $srv
+  echo "$r"
+}
+within() { $PY -c "import sys; r,lo,hi=map(float,sys.argv[1:]); sys.exit(0 if lo<=r<=hi else 1)" "$@"; }
+
+# Refused without arguments that make sense, with nothing made.
+! $TB up --hosts 0 2>/dev/null || fail "--hosts 0 accepted"
+! $TB up --rate fast 2>/dev/null || fail "--rate fast accepted"
+! ip netns list | grep -q "^$TESTBED_NAME" || fail "a refused up left namespaces"
+
+$TB up --hosts 3 --rate 20mbit
+status=$($TB status); grep -q "host 2 .*198.18.0.3 .*link 20mbit" <<<"$status" || fail "status does not list host 2: $status"
+! $TB up 2>/dev/null || fail "a second up accepted"
+
+# No route out of a host: only the testbed's own subnet.
+out=$($TB exec 1 $PY -c "
+import socket
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(('10.0.0.1', 80)); print('reached')
+except OSError as e:
+    print('unreachable' if e.errno == 101 else 'other: %s' % e)")
+[ "$out" = unreachable ] || fail "a host reaches outside the testbed: $out"
+
+r=$(rate 1 0 4000000); echo "20mbit host 1 -> 0: $r Mbit/s"; within "$r" 14 21 || fail "20mbit link carried $r Mbit/s"
+r=$(rate 0 2 4000000); echo "20mbit host 0 -> 2: $r Mbit/s"; within "$r" 14 21 || fail "20mbit link carried $r Mbit/s"
+$TB shape 1 5mbit
+r=$(rate 1 0 1500000); echo "5mbit host 1 -> 0: $r Mbit/s"; within "$r" 3.5 5.3 || fail "5mbit link carried $r Mbit/s"
+$TB shape 1 none; $TB shape 0 none
+r=$(rate 1 0 20000000); echo "unshaped host 1 -> 0: $r Mbit/s"; within "$r" 100 1e9 || fail "unshaped link carried $r Mbit/s"
+before=$($TB counters 1 | sed 's/.*tx_bytes=\([0-9]*\).*/\1/')
+[ "$before" -gt 20000000 ] || fail "host 1's interface counted $before bytes sent, below the 20 MB it sent"
+
+# A partition: host 1 cut off, then healed.
+$TB link 1 down
+out=$($TB exec 1 $PY -c "
+import socket
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(('$($TB addr 0)', 9)); print('reached')
+except OSError as e:
+    print('cut')")
+[ "$out" = cut ] || fail "a partitioned host still reaches host 0"
+$TB link 1 up
+r=$(rate 1 0 2000000); echo "healed host 1 -> 0: $r Mbit/s"; within "$r" 1 1e9 || fail "no traffic after healing"
+
+$TB down
+! ip netns list | grep -q "^$TESTBED_NAME" || fail "down left namespaces"
+[ ! -f /run/$TESTBED_NAME.testbed ] || fail "down left its state file"
+echo "testbed test passed"
