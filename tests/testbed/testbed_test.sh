@@ -7,6 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" = 0 ] || { echo "testbed test skipped: needs root"; exit 77; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "testbed test skipped: needs ip and tc"; exit 77; }
+# A container without the rights to make namespaces or qdiscs: skip, saying so.
+probe=dlprobe$$
+if ! { ip netns add $probe && ip netns exec $probe ip link set lo up &&
+       ip netns exec $probe tc qdisc add dev lo root tbf rate 1mbit burst 32kb limit 64kb; } 2>/dev/null; then
+  ip netns del $probe 2>/dev/null || true
+  echo "testbed test skipped: this machine cannot make network namespaces with tbf qdiscs"; exit 77
+fi
+ip netns del $probe
 export TESTBED_NAME=dltest$$
 TB=scripts/testbed.sh
 PY=/usr/bin/python3
