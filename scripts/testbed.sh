@@ -12,11 +12,14 @@
 #   scripts/testbed.sh counters HOST          # bytes sent and received on the host's link (its interface's own counters)
 #   scripts/testbed.sh status                 # hosts, addresses, shaping, whether delay (netem) can be emulated
 #   scripts/testbed.sh down                   # remove everything `up` made
+#   scripts/testbed.sh check                  # exit 0 when this machine can make a testbed (root, namespaces, tbf)
 #
 # RATE is tc's syntax: 10mbit, 1mbit, 1gbit, ... or "none". Defaults: 3 hosts, unshaped; burst 32 KiB and a queue
 # of 256 KiB (queue limit per direction; at low rates a full queue adds delay, as on a real slow link).
-# TESTBED_NAME (default "dlt") prefixes every namespace and names the state file /run/<name>.testbed, so two
-# testbeds can coexist. `up` on a failure removes what it made; `down` is safe to repeat.
+# TESTBED_NAME (default "dlt") prefixes every namespace and names the state file /run/<name>.testbed (hosts=N,
+# addr<i>=ADDRESS: what `deloco run --set testbed.name=<name>` reads), so two testbeds can coexist (the machine reaches the hosts of the first one up). The machine's
+# own namespace joins the bridge at 198.18.255.254 (interface <name>-root, unshaped), so a dashboard on a host can
+# be opened here. `up` on a failure removes what it made; `down` is safe to repeat.
 # Delay and loss need the kernel's netem qdisc; where it is absent (`status` says so) links have rate limits and
 # queues but no added propagation delay.
 set -Eeuo pipefail
@@ -24,10 +27,13 @@ set -Eeuo pipefail
 NAME=${TESTBED_NAME:-dlt}
 STATE=/run/${NAME}.testbed
 BR_NS=${NAME}-br
+ROOT_DEV=${NAME}-root
+ROOT_ADDR=198.18.255.254
 SUBNET=198.18.0
 MAX_HOSTS=200
 
 die() { echo "testbed: $*" >&2; exit 1; }
+[[ "$NAME" =~ ^[a-z][a-z0-9]{0,9}$ ]] || die "TESTBED_NAME must be 1-10 lower-case letters and digits, a letter first (got '$NAME')"
 need_root() { [ "$(id -u)" = 0 ] || die "needs root (network namespaces, veth pairs and tc); nothing was made"; }
 host_ns() { echo "${NAME}-h$1"; }
 host_addr() { echo "${SUBNET}.$(( $1 + 1 ))"; }
@@ -55,7 +61,7 @@ shape_host() {
 }
 
 netem_available() {
-  local ns=${NAME}-probe ok=no
+  local ns=${NAME}-probe$$ ok=no
   ip netns add "$ns" 2>/dev/null || return 1
   ip netns exec "$ns" ip link set lo up
   if ip netns exec "$ns" tc qdisc add dev lo root netem delay 1ms 2>/dev/null; then ok=yes; fi
@@ -63,12 +69,26 @@ netem_available() {
   [ "$ok" = yes ]
 }
 
+cmd_check() {
+  [ "$(id -u)" = 0 ] || { echo "testbed: not root"; return 1; }
+  command -v ip >/dev/null && command -v tc >/dev/null || { echo "testbed: ip or tc missing (iproute2)"; return 1; }
+  local ns=${NAME}-probe$$
+  if ! { ip netns add "$ns" && ip netns exec "$ns" ip link set lo up &&
+         ip netns exec "$ns" tc qdisc add dev lo root tbf rate 1mbit burst 32kb limit 64kb; } 2>/dev/null; then
+    ip netns del "$ns" 2>/dev/null || true
+    echo "testbed: this machine cannot make network namespaces with tbf qdiscs"; return 1
+  fi
+  ip netns del "$ns"
+  echo "testbed: this machine can make a testbed"
+}
+
 cmd_down() {
   need_root
   local made=0
   for ns in $(ip netns list | awk '{print $1}'); do
-    case "$ns" in "${NAME}"-h[0-9]* | "${BR_NS}" | "${NAME}"-probe) ip netns del "$ns" && made=$((made + 1)) ;; esac
+    case "$ns" in "${NAME}"-h[0-9]* | "${BR_NS}" | "${NAME}"-probe*) ip netns del "$ns" && made=$((made + 1)) ;; esac
   done
+  ip link del "$ROOT_DEV" 2>/dev/null || true  # gone with the bridge's namespace already, normally
   rm -f "$STATE"
   echo "testbed '$NAME' down ($made namespaces removed)"
 }
@@ -96,6 +116,13 @@ cmd_up() {
   ip netns exec "$BR_NS" ip link set lo up
   ip netns exec "$BR_NS" ip link add br0 type bridge
   ip netns exec "$BR_NS" ip link set br0 up
+  # The machine's own namespace on the bridge too (unshaped, at $ROOT_ADDR), so a dashboard served on a host is
+  # reachable from a browser here. It gets no route beyond the testbed's /16, nor do the hosts.
+  ip link add "$ROOT_DEV" type veth peer name root netns "$BR_NS"
+  ip addr add "$ROOT_ADDR/16" dev "$ROOT_DEV"
+  ip link set "$ROOT_DEV" up
+  ip netns exec "$BR_NS" ip link set root master br0
+  ip netns exec "$BR_NS" ip link set root up
   for ((h = 0; h < n; h++)); do
     local ns; ns=$(host_ns "$h")
     ip netns add "$ns"
@@ -108,6 +135,7 @@ cmd_up() {
     ip netns exec "$ns" ip link set eth0 up
     ip netns exec "$BR_NS" ip link set "h$h" master br0
     ip netns exec "$BR_NS" ip link set "h$h" up
+    echo "addr$h=$(host_addr "$h")" >> "$STATE"
     shape_host "$h" "$rate"
   done
   trap - ERR
@@ -117,7 +145,7 @@ cmd_up() {
 cmd_status() {
   need_root
   local n; n=$(hosts)
-  echo "testbed '$NAME': $n hosts, bridge namespace $BR_NS"
+  echo "testbed '$NAME': $n hosts, bridge namespace $BR_NS, this machine at $ROOT_ADDR ($ROOT_DEV)"
   for ((h = 0; h < n; h++)); do
     local ns state; ns=$(host_ns "$h")
     state=$(ip netns exec "$ns" cat /sys/class/net/eth0/operstate 2>/dev/null || echo missing)
@@ -168,11 +196,12 @@ verb=${1:-}
 case "$verb" in
   up) cmd_up "$@" ;;
   down) cmd_down ;;
+  check) cmd_check ;;
   status) cmd_status ;;
   shape) cmd_shape "$@" ;;
   link) cmd_link "$@" ;;
   exec) cmd_exec "$@" ;;
   addr) [ $# -eq 1 ] || die "addr HOST"; check_host "$1"; host_addr "$1" ;;
   counters) cmd_counters "$@" ;;
-  *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$verb" ] || [ "$verb" = -h ] || [ "$verb" = --help ] || exit 2 ;;
+  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$verb" ] || [ "$verb" = -h ] || [ "$verb" = --help ] || exit 2 ;;
 esac

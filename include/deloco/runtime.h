@@ -168,6 +168,15 @@ struct ChaosOptions {                // used by `deloco run` only
   void bind(ConfigSchema& schema);   // chaos.*
 };
 
+struct TestbedOptions {              // used by `deloco run` only (docs/testbed.md)
+  // "" : every process on this machine's own network. A name: the testbed of that name, made by
+  // `scripts/testbed.sh up` (TESTBED_NAME): the syncer (every shard) on host 0, learner n (with its ranks) on host
+  // 1 + n mod (hosts − 1), over TCP between the hosts' addresses; its dashboard on host 0's address.
+  std::string name;
+  int64_t port = 6000;               // the syncer's TCP port on host 0 (shard s: port + s)
+  void bind(ConfigSchema& schema);   // testbed.*
+};
+
 // The algorithm (sync.*, merge.*, outer.*, codecs: deloco/algorithm.h, bound once there) plus the runtime's own keys.
 struct RuntimeConfig : AlgorithmConfig {
   RunConfig run;                     // model.*, data.*, train.*
@@ -175,6 +184,7 @@ struct RuntimeConfig : AlgorithmConfig {
   SyncerNodeOptions syncer;
   LearnerNodeOptions learner;
   ChaosOptions chaos;
+  TestbedOptions testbed;
   void bind(ConfigSchema& schema);   // every section above
   // sync.learners, or one per core when it is 0 (allowed in runtime configs only).
   int64_t resolved_learners() const;

@@ -1,4 +1,5 @@
 // Configuration of the distributed runtime: every key of `deloco syncer`, `deloco learner` and `deloco run`.
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -9,6 +10,7 @@
 #include "deloco/runtime.h"
 #include "deloco/wire.h"
 #include "util/env.h"
+#include "util/text.h"
 
 namespace deloco {
 
@@ -170,6 +172,19 @@ void ChaosOptions::bind(ConfigSchema& s) {
   s.bind("chaos.seed", &seed, "seed of the chaos schedule");
 }
 
+void TestbedOptions::bind(ConfigSchema& s) {
+  s.bind("testbed.name", &name, "deloco run: the testbed (scripts/testbed.sh) to place the processes on (\"\" : none)",
+         [this] {
+           if (name.empty()) return std::string();
+           bool ok = name.size() <= 10 && std::islower(static_cast<unsigned char>(name[0]));
+           for (char c : name) ok = ok && (std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)));
+           return ok ? std::string() : "testbed.name must be 1-10 lower-case letters and digits, a letter first (got '" +
+                                           clip_utf8(name, 40) + "')";
+         });
+  s.bind("testbed.port", &port, "the syncer's TCP port on the testbed's host 0 (shard s: port + s)",
+         [this] { return port >= 1 && port <= 65000 ? "" : "testbed.port must be in [1, 65000]"; });
+}
+
 void RuntimeConfig::bind(ConfigSchema& s) {
   sync.learners_auto_ok = true;  // `deloco run`: 0 = one learner per core
   run.bind(s);
@@ -178,6 +193,7 @@ void RuntimeConfig::bind(ConfigSchema& s) {
   syncer.bind(s);
   learner.bind(s);
   chaos.bind(s);
+  testbed.bind(s);
 }
 
 int64_t RuntimeConfig::resolved_learners() const {

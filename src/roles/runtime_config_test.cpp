@@ -74,3 +74,22 @@ TEST(RuntimeConfig, MoreShardsThanFragmentsIsRefused) {
 
 }  // namespace
 }  // namespace deloco
+
+namespace deloco {
+namespace {
+
+// testbed.name becomes namespace and interface names: only short lower-case names pass, and the error names the key.
+TEST(RuntimeConfig, TestbedNamesAreShortLowerCaseWords) {
+  EXPECT_EQ(error_of({"testbed.name=dlt"}), "");
+  EXPECT_EQ(error_of({"testbed.name=wan10"}), "");
+  for (const char* bad : {"testbed.name=Dlt", "testbed.name=1dlt", "testbed.name=dl-t", "testbed.name=abcdefghijk",
+                          "testbed.name=a b", "testbed.name=../x"}) {
+    const std::string e = error_of({bad});
+    EXPECT_NE(e.find("testbed.name"), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_NE(error_of({"testbed.port=0"}).find("testbed.port"), std::string::npos);
+  EXPECT_NE(error_of({"testbed.port=70000"}).find("testbed.port"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace deloco

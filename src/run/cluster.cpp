@@ -74,6 +74,32 @@ std::pair<std::vector<std::string>, std::string> choose_endpoints(const NetOptio
 
 void add_set(std::vector<std::string>& args, const std::string& kv) { args.insert(args.end(), {"--set", kv}); }
 
+// The host addresses of the testbed `name`, from the state file scripts/testbed.sh up writes (hosts=N, addr<i>=A).
+std::vector<std::string> read_testbed(const std::string& name) {
+  const std::string path = "/run/" + name + ".testbed";
+  std::ifstream in(path);
+  if (!in)
+    throw RunError("testbed '" + name + "' is not up (no " + path + "): make it with `TESTBED_NAME=" + name +
+                   " scripts/testbed.sh up --hosts 3 --rate 10mbit` (as root)");
+  int64_t hosts = -1;
+  std::map<int64_t, std::string> addrs;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("hosts=", 0) == 0) hosts = std::atoll(line.c_str() + 6);
+    if (line.rfind("addr", 0) == 0 && line.find('=') != std::string::npos)
+      addrs[std::atoll(line.c_str() + 4)] = line.substr(line.find('=') + 1);
+  }
+  std::vector<std::string> out;
+  for (int64_t h = 0; h < hosts; ++h) {
+    auto it = addrs.find(h);
+    if (it == addrs.end()) throw RunError(path + " names no address of host " + std::to_string(h) + " (of " + std::to_string(hosts) + ")");
+    out.push_back(it->second);
+  }
+  if (out.size() < 2)
+    throw RunError("testbed '" + name + "' has " + std::to_string(out.size()) +
+                   " host(s): deloco run needs one for the syncer and at least one for the learners");
+  return out;
+}
+
 }  // namespace
 
 LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, fs::path dir)
@@ -116,7 +142,18 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
 
 void LocalCluster::prepare() {
   fs::create_directories(dir_ / "logs");
-  std::tie(bind_addrs_, dial_addr_) = choose_endpoints(cfg_.net, dir_, S_);
+  if (!cfg_.testbed.name.empty()) {
+    testbed_addrs_ = read_testbed(cfg_.testbed.name);
+    bind_addrs_.clear();
+    dial_addr_.clear();
+    for (int64_t s = 0; s < S_; ++s) {
+      bind_addrs_.push_back("tcp://" + testbed_addrs_[0] + ":" + std::to_string(cfg_.testbed.port + s));
+      dial_addr_ += (s > 0 ? "," : "") + bind_addrs_.back();
+    }
+    records_.set_dashboard_host(testbed_addrs_[0]);
+  } else {
+    std::tie(bind_addrs_, dial_addr_) = choose_endpoints(cfg_.net, dir_, S_);
+  }
   for (int64_t s = 0; s < S_; ++s) fs::create_directories(shard_dir(s));
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
@@ -191,6 +228,10 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
                        "--summary", (shard_dir(c.shard) / "syncer-summary.json").string()});
     if (S_ > 1) a.insert(a.end(), {"--shard", std::to_string(c.shard)});
     add_set(a, "train.threads=1");
+    if (!testbed_addrs_.empty() && !cfg_.syncer.metrics.empty()) {  // the dashboard on host 0's address, same port
+      const std::string& m = cfg_.syncer.metrics;
+      add_set(a, "syncer.metrics=" + testbed_addrs_[0] + (m.rfind(':') != std::string::npos ? m.substr(m.rfind(':')) : ":0"));
+    }
     if (!cfg_.net.plaintext) {
       add_set(a, "net.secret_key=" + (keys / "syncer.key").string());
       add_set(a, "net.allow=" + (keys / "allow").string());
@@ -242,6 +283,13 @@ std::vector<std::string> LocalCluster::learner_command_environment(int64_t learn
 // a hint, missing when the syncer died between its first commit and writing it).
 bool LocalCluster::has_checkpoint(int64_t shard) const { return has_committed_checkpoint(shard_dir(shard).string()); }
 
+std::string LocalCluster::netns_of(const Child& c) const {
+  if (testbed_addrs_.empty()) return "";
+  const int64_t hosts = static_cast<int64_t>(testbed_addrs_.size());
+  const int64_t host = c.learner < 0 ? 0 : 1 + c.learner % (hosts - 1);
+  return cfg_.testbed.name + "-h" + std::to_string(host);
+}
+
 fs::path LocalCluster::shard_dir(int64_t s) const { return S_ == 1 ? dir_ : dir_ / ("shard-" + std::to_string(s)); }
 
 bool LocalCluster::any_syncer_running() const {
@@ -273,9 +321,10 @@ void LocalCluster::start(Child& c) {
   }
   // One thread per process: M learners, one per core, and a syncer that mostly waits.
   if (command != nullptr)
-    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + *command}, learner_command_environment(c.learner), log);
+    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + *command}, learner_command_environment(c.learner), log,
+                          netns_of(c));
   else
-    c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log);
+    c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log, netns_of(c));
   c.stopped = false;
   c.chaos_killed = false;
   c.restart_at = -1;
@@ -572,6 +621,7 @@ json LocalCluster::make_summary() {
   x["learners"] = M_;
   x["run_dir"] = dir_.string();
   x["endpoint"] = dial_addr_;
+  if (!testbed_addrs_.empty()) x["testbed"] = {{"name", cfg_.testbed.name}, {"hosts", testbed_addrs_}};
   x["plaintext"] = cfg_.net.plaintext;
   x["learner_kills"] = learner_kills_;
   x["learner_stops"] = learner_stops_;

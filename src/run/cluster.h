@@ -28,6 +28,11 @@
 //     (it never joined, or stopped early) is a failure like any other: said so ("learner-N exited 0 before
 //     finishing (...)"), restarted, and counted by the crash-loop policy. A syncer still up
 //     120 s after the last learner finished is stopped (summary: "syncer_forced_stop").
+//   * On a testbed (testbed.name, docs/testbed.md): the hosts are read from /run/<name>.testbed (written by
+//     scripts/testbed.sh up; RunError saying how to make it when absent, or with fewer than 2 hosts). Every syncer
+//     shard runs in host 0's network namespace and binds tcp://<host 0>:testbed.port + s; learner n (its ranks too)
+//     runs in host 1 + n mod (hosts − 1) and dials those; the syncer's metrics endpoint and dashboard listen on
+//     host 0's address (this machine reaches it over the testbed's bridge).
 //   * Thread: run() blocks the calling thread; the object is not thread-safe.
 #pragma once
 
@@ -120,6 +125,9 @@ class LocalCluster {
   const std::filesystem::path dir_;
   const bool tty_;  // stderr is a terminal
   const int64_t S_;                 // syncer.shards
+  std::vector<std::string> testbed_addrs_;  // per testbed host (empty: not on a testbed)
+  // The network namespace a child runs in ("" : this machine's own).
+  std::string netns_of(const Child& c) const;
   std::vector<std::string> bind_addrs_;  // per shard
   std::string dial_addr_;                // every shard's endpoint, comma-separated
   std::vector<std::string> base_args_;

@@ -99,7 +99,7 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard) {
     const int64_t port = st->metrics_port;
     if (port > 0 && shard == 0 && port != dashboard_port_) {
       dashboard_port_ = port;
-      event_("dashboard: http://127.0.0.1:" + std::to_string(port) + "/");
+      event_("dashboard: http://" + dashboard_host_ + ":" + std::to_string(port) + "/");
       // Bound beyond loopback (syncer.metrics = ":0"): the syncer's warning names the real address.
       if (!st->metrics_warning.empty()) event_("WARNING: " + st->metrics_warning);
     }

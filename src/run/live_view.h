@@ -59,10 +59,13 @@ class RunRecords {
   // One line of syncer.jsonl of shard `shard` (learner < 0) or of learner-N.jsonl (learner = N).
   void on_line(const std::string& line, int64_t learner, int64_t shard = 0);
   SyncerView syncer() const;
+  // Where the dashboard URL points (default 127.0.0.1; a testbed's host 0).
+  void set_dashboard_host(std::string host) { dashboard_host_ = std::move(host); }
   const std::vector<LearnerView>& learners() const { return learners_; }
 
  private:
   int64_t dashboard_port_ = 0;  // the dashboard URL already announced
+  std::string dashboard_host_ = "127.0.0.1";
   void on_syncer_record(const nlohmann::json& j, int64_t shard);
   void on_learner_record(const nlohmann::json& j, int64_t n);
 

@@ -2,6 +2,7 @@
 #include "run/supervisor.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -38,25 +39,36 @@ std::vector<std::string> child_environment(const std::vector<std::string>& extra
   return env;
 }
 
-pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log) {
-  return spawn_program("/proc/self/exe", argv, env, log);
+pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log,
+                 const std::string& netns) {
+  return spawn_program("/proc/self/exe", argv, env, log, netns);
 }
 
 pid_t spawn_program(const std::string& program, const std::vector<std::string>& argv,
-                    const std::vector<std::string>& env, const std::string& log) {
+                    const std::vector<std::string>& env, const std::string& log, const std::string& netns) {
+  int ns_fd = -1;
+  if (!netns.empty()) {
+    const std::string path = "/run/netns/" + netns;
+    ns_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns_fd < 0) throw RunError("cannot open network namespace '" + path + "': " + std::strerror(errno));
+  }
   std::vector<char*> av, ev;
   for (const auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
   av.push_back(nullptr);
   for (const auto& e : env) ev.push_back(const_cast<char*>(e.c_str()));
   ev.push_back(nullptr);
   const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) throw IoError("cannot open log file '" + log + "': " + std::strerror(errno));
+  if (fd < 0) {
+    if (ns_fd >= 0) ::close(ns_fd);
+    throw IoError("cannot open log file '" + log + "': " + std::strerror(errno));
+  }
   const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(fd);
     if (null_fd >= 0) ::close(null_fd);
+    if (ns_fd >= 0) ::close(ns_fd);
     throw RunError(std::string("fork failed: ") + std::strerror(errno));
   }
   if (pid == 0) {  // child: async-signal-safe calls only
@@ -69,6 +81,11 @@ pid_t spawn_program(const std::string& program, const std::vector<std::string>& 
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (ns_fd >= 0 && ::setns(ns_fd, CLONE_NEWNET) != 0) {
+      static const char bad[] = "deloco run: cannot join the child's network namespace\n";
+      (void)!::write(STDERR_FILENO, bad, sizeof(bad) - 1);
+      ::_exit(126);
+    }
     ::execve(program.c_str(), av.data(), ev.data());
     static const char msg[] = "deloco run: exec of a child failed\n";
     (void)!::write(STDERR_FILENO, msg, sizeof(msg) - 1);
@@ -77,6 +94,7 @@ pid_t spawn_program(const std::string& program, const std::vector<std::string>& 
   ::setpgid(pid, pid);  // also from the parent, so signals to the group work at once
   ::close(fd);
   if (null_fd >= 0) ::close(null_fd);
+  if (ns_fd >= 0) ::close(ns_fd);
   return pid;
 }
 

@@ -44,10 +44,13 @@ struct Child {
 std::vector<std::string> child_environment(const std::vector<std::string>& extra);
 
 // Starts /proc/self/exe with `argv` (argv[0] is only a name) and `env` as described above; returns its pid.
-pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log);
+// netns: "" runs it on this machine's network; else the name of a network namespace (`ip netns`, /run/netns/NAME)
+// it joins before exec (RunError naming it when it cannot be opened; a child that cannot join exits 126).
+pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log,
+                 const std::string& netns = "");
 // The same for another program (a path, e.g. "/bin/sh").
 pid_t spawn_program(const std::string& program, const std::vector<std::string>& argv,
-                    const std::vector<std::string>& env, const std::string& log);
+                    const std::vector<std::string>& env, const std::string& log, const std::string& netns = "");
 
 // If `c` is running and has exited, reaps it: pid = 0, stopped = false, last_exit set, done = true when it exited
 // with status 0. Returns whether it exited. Never blocks.

@@ -92,6 +92,15 @@ TEST_F(RunCli, PlaintextRunFinishesAndMerges) {
   EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.out;
 }
 
+// A testbed that is not up is named with the command that makes it; nothing starts (no root needed to see this).
+TEST_F(RunCli, ATestbedThatIsNotUpIsNamedWithHowToMakeIt) {
+  auto r = run("run " + tiny(20, true) + " --set testbed.name=nosuchbed", dir_ / "out.log");
+  EXPECT_NE(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("testbed 'nosuchbed' is not up (no /run/nosuchbed.testbed)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("scripts/testbed.sh up"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_ / "run" / "syncer.jsonl"));
+}
+
 // Issue 18: the global model a run trains is a model you can use. The syncer's final checkpoint describes itself
 // (its manifest carries the model, data and train config), `latest` names it, and `deloco eval`, `sample` and
 // `merge` and the PyTorch reference take the run folder as it is. The loss eval reports is the run's final one.

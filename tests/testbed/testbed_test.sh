@@ -5,17 +5,8 @@
 # without ip/tc. Bounded: every transfer is a few MB with a 60 s socket timeout; the whole test takes ~15 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-[ "$(id -u)" = 0 ] || { echo "testbed test skipped: needs root"; exit 77; }
-command -v ip >/dev/null && command -v tc >/dev/null || { echo "testbed test skipped: needs ip and tc"; exit 77; }
-# A container without the rights to make namespaces or qdiscs: skip, saying so.
-probe=dlprobe$$
-if ! { ip netns add $probe && ip netns exec $probe ip link set lo up &&
-       ip netns exec $probe tc qdisc add dev lo root tbf rate 1mbit burst 32kb limit 64kb; } 2>/dev/null; then
-  ip netns del $probe 2>/dev/null || true
-  echo "testbed test skipped: this machine cannot make network namespaces with tbf qdiscs"; exit 77
-fi
-ip netns del $probe
-export TESTBED_NAME=dltest$$
+scripts/testbed.sh check || { echo "testbed test skipped"; exit 77; }
+export TESTBED_NAME=dlt$$
 TB=scripts/testbed.sh
 PY=/usr/bin/python3
 trap '$TB down >/dev/null 2>&1 || true' EXIT
@@ -40,6 +31,14 @@ within() { $PY -c "import sys; r,lo,hi=map(float,sys.argv[1:]); sys.exit(0 if lo
 $TB up --hosts 3 --rate 20mbit
 status=$($TB status); grep -q "host 2 .*198.18.0.3 .*link 20mbit" <<<"$status" || fail "status does not list host 2: $status"
 ! $TB up 2>/dev/null || fail "a second up accepted"
+
+# This machine reaches a host through its own port on the bridge.
+out=$($TB exec 0 $PY -c "
+import socket
+s = socket.create_server(('0.0.0.0', 7999)); s.settimeout(10)
+c, a = s.accept(); print(a[0])" & sleep 0.5; $PY -c "
+import socket; socket.create_connection(('$($TB addr 0)', 7999), timeout=5).close()"; wait)
+[ "$out" = 198.18.255.254 ] || fail "this machine does not reach host 0 through the testbed: $out"
 
 # No route out of a host: only the testbed's own subnet.
 out=$($TB exec 1 $PY -c "
