@@ -22,6 +22,7 @@
 #include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
+#include "records/round_record.h"
 #include "report/report.h"
 #include "syncer_node_impl.h"
 #include "util/checkpoint_store.h"
@@ -380,23 +381,22 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     }
   }
   const int64_t state_bytes = hello.want_state ? model_layout.elements * 4 : 0;
-  if (!repeat) {
-    rec::Join j;
+  // The same fields as a first join ("join") or, for a repeated hello, as "rejoin".
+  const auto fill = [&](auto& j) {
     j.learner = m;
     j.instance = fingerprint_hex(hello.instance);
     j.restart = restart;
     j.step = P.step;
     j.state_bytes = state_bytes;
     j.identity = env.identity;
+  };
+  if (!repeat) {
+    rec::Join j;
+    fill(j);
     emit(std::move(j));
   } else {  // rate-limited: a flood of hellos cannot fill the disk
     rec::Rejoin j;
-    j.learner = m;
-    j.instance = fingerprint_hex(hello.instance);
-    j.restart = restart;
-    j.step = P.step;
-    j.state_bytes = state_bytes;
-    j.identity = env.identity;
+    fill(j);
     log_limited("rejoin", std::move(j));
   }
 }
@@ -510,16 +510,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   const double broadcast_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
   core->observe_sync(broadcast_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
-  rec::Merge mr;
-  mr.fragment = global_id(p);
-  mr.version = out.version;
-  mr.quorum = static_cast<int64_t>(out.learners.size());
-  mr.learners = out.learners;
-  mr.weights = out.weights;
-  mr.grace = r.grace;
-  mr.grace_wait = r.grace_wait;
-  mr.delta_norm = out.delta_norm;
-  mr.tokens = total_tokens();
+  rec::Merge mr = rec::merge_record(r, global_id(p), total_tokens());
   mr.merges = merges;
   emit(std::move(mr));
 }

@@ -20,6 +20,7 @@
 #include "deloco/config.h"
 #include "deloco/learner.h"
 #include "records/kinds.h"
+#include "records/round_record.h"
 #include "records/summary.h"
 #include "wire/quantize.h"
 
@@ -361,17 +362,7 @@ struct Simulator::Impl {
       bytes_down += down;
     }
     syncer->observe_sync(transfer(fragment_frame_bytes(p, cfg.push_encoding())), cfg.sim.merge_time, transfer(down));
-    rec::Merge mr;
-    mr.fragment = p;
-    mr.version = out.version;
-    mr.quorum = static_cast<int64_t>(out.learners.size());
-    mr.learners = out.learners;
-    mr.weights = out.weights;
-    mr.grace = r.grace;
-    mr.grace_wait = r.grace_wait;
-    mr.delta_norm = out.delta_norm;
-    mr.tokens = total_tokens();
-    emit(mr);
+    emit(rec::merge_record(r, p, total_tokens()));
   }
 
   void on_answer(const Event& e) {
