@@ -19,6 +19,7 @@ PACKAGES=(
   libzmq3-dev cppzmq-dev libcpp-httplib-dev libsodium-dev libsentencepiece-dev libnlopt-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   python3-torch python3-dev pybind11-dev python3-matplotlib gnuplot-nox jq chromium
+  slurm-wlm munge   # ctest slurm.job runs its own daemons in a temporary folder (about 11 s more to install)
 )
 
 if [ "${DELOCO_SKIP_APT:-0}" != 1 ]; then
