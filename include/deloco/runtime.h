@@ -11,10 +11,16 @@
 //                                      c_steps/c_tokens in the header, round = v, the version of Θ_p the learner
 //                                      holds (last applied or downloaded); JSON-free. A heartbeat carrying the
 //                                      push's step-time estimate goes right before it.
-//   syncer → learner  fragment_broadcast Θ_p in net.broadcast_encoding, round = new version of fragment p
-//   either way        heartbeat    JSON {step, tokens, busy_seconds, step_time[, state_round]} from learners
-//                                  (state_round: the welcome round of the last state download it verified);
-//                                  empty from the syncer
+//   syncer → learner  fragment_broadcast Θ_p in net.broadcast_encoding, round = new version of fragment p,
+//                                      c_steps = its sequence number for this learner (acknowledged in heartbeats)
+//   either way        heartbeat    JSON {step, tokens, busy_seconds, step_time[, state_round][, broadcasts]} from
+//                                  learners (state_round: the welcome round of the last state download it verified;
+//                                  broadcasts: the highest broadcast sequence number received, sent at once on each);
+//                                  JSON {pushes} from the syncer (pushes read on this connection since its hello)
+// Flow control (docs/runtime.md): the syncer hands a learner's link broadcasts only within a send window of
+// unacknowledged bytes (a newer merge of a fragment replaces one waiting); a learner hands its link a push only while
+// fewer than two are unacknowledged (a newer push of a fragment replaces one waiting). The measured transfer times
+// (push: heartbeat to arrival; broadcast: hand-off to acknowledgement) are ξ_sync's transfer terms.
 //   learner → syncer  leave        JSON {reason: "done" | "stop"}; "done" retires the learner (its quorum share)
 //   syncer → learner  leave        the answer (same reason). The learner repeats its leave every net.heartbeat until
 //                                  answered and closes only then; the syncer answers every leave, repeats included
@@ -165,6 +171,9 @@ struct ChaosOptions {                // used by `deloco run` only
   int64_t slow_learner = -1;         // this learner runs learner.slowdown = slow_factor (-1: none)
   double slow_factor = 2.0;
   int64_t seed = 1;
+  // Network faults on the testbed (testbed.name), docs/testbed.md: "partition host=1 at=20 for=30; flap host=2
+  // at=10 for=20 period=4; slow learner=0 at=15 for=60 factor=100" (src/run/net_chaos.h; "" : none).
+  std::string net;
   void bind(ConfigSchema& schema);   // chaos.*
 };
 

@@ -6,7 +6,7 @@
 //
 //   off size field           off size field
 //    0   4  magic "DLCW"      24   8  round
-//    4   2  version (u16)     32   8  c_steps   (inner steps behind this contribution)
+//    4   2  version (u16)     32   8  c_steps   (inner steps behind this contribution; in a broadcast: its sequence number)
 //    6   1  kind (u8)         40   8  c_tokens  (tokens behind this contribution)
 //    7   1  encoding (u8)     48   8  element_count
 //    8   4  learner_id (u32)  56   8  payload_bytes

@@ -47,10 +47,14 @@ struct Merge : RecordBase {
   double delta_norm = 0;
   int64_t tokens = 0;                 // tokens trained by all learners so far
   std::optional<int64_t> merges;      // merges so far (syncer node)
+  // Syncer node: ξ_sync's transfer terms when it merged (s): the measured upload and broadcast times (moving
+  // averages), or the hand-off time of the broadcast before any was measured.
+  std::optional<double> upload_seconds, broadcast_seconds;
   template <class V> void fields(V& v) {
     v("fragment", fragment); v("version", version); v("quorum", quorum); v("learners", learners);
     v("weights", weights); v("grace", grace); v("grace_wait", grace_wait); v("delta_norm", delta_norm);
-    v("tokens", tokens); v("merges", merges);
+    v("tokens", tokens); v("merges", merges); v("upload_seconds", upload_seconds);
+    v("broadcast_seconds", broadcast_seconds);
   }
 };
 
@@ -250,7 +254,7 @@ struct LearnerDone : RecordBase {
   static constexpr const char* kKind = "learner_done";
   int64_t step = 0;
   // The learner node's summary (learner node, embedded learner): counts, times and bytes of its whole run.
-  std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, broadcasts, rejected, bytes_sent,
+  std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, pushes_superseded, broadcasts, rejected, bytes_sent,
       bytes_received, ranks;
   std::optional<double> wall_seconds, busy_seconds, steps_per_second, train_steps_per_second, comm_seconds,
       comm_fraction, wait_seconds, group_comm_seconds;
@@ -262,7 +266,7 @@ struct LearnerDone : RecordBase {
     v("busy_seconds", busy_seconds); v("steps_per_second", steps_per_second);
     v("train_steps_per_second", train_steps_per_second); v("comm_seconds", comm_seconds);
     v("comm_fraction", comm_fraction); v("wait_seconds", wait_seconds); v("pushes", pushes);
-    v("pushes_dropped", pushes_dropped); v("broadcasts", broadcasts); v("rejected", rejected);
+    v("pushes_dropped", pushes_dropped); v("pushes_superseded", pushes_superseded); v("broadcasts", broadcasts); v("rejected", rejected);
     v("finished", finished); v("bytes_sent", bytes_sent); v("bytes_received", bytes_received); v("ranks", ranks);
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
   }

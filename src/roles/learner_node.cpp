@@ -76,6 +76,12 @@ struct LearnerNode::Impl {
     // CURVE refusals by this syncer (shard): our key is not in its allow-list. libzmq keeps reconnecting with its
     // backoff; each refusal is counted, and recorded at the 1st, 2nd, 4th, 8th, ... (auth_refused).
     uint64_t auth_refusals = 0, auth_logged_at = 0;
+    // The highest broadcast sequence number received since the latest welcome (the broadcast header's c_steps):
+    // every heartbeat carries it (Beat::broadcasts), and one goes as soon as a broadcast arrives.
+    int64_t rx_seq = 0;
+    // Hellos handed to the transport since the latest welcome: a hello repeats every net.heartbeat, doubling
+    // while unanswered up to net.dead_after, so a cut link does not queue one per heartbeat behind it.
+    int64_t hellos_unanswered = 0;
   };
   // The connection to one syncer shard (the only one when syncer.shards = 1): the fragments it serves, and whether
   // the learner is joined to it, holds its part of the state and was answered its goodbye. Guarded by mu except
@@ -90,8 +96,17 @@ struct LearnerNode::Impl {
     // refused: the syncer that answers now may not hold them (a restarted syncer never got them, or lost them
     // with its memory), and waiting for an answer that no syncer holds would block the learner for good.
     std::set<int64_t> unsettled;
+    // The push window: the fragments pushed on this link since the latest welcome, in order, from the
+    // (sent_base)-th on (the ones before it the syncer acknowledged), and the syncer's count of pushes it read
+    // (proto::SyncerBeat). A push waits in the outbox while kPushWindow pushes are unacknowledged (a newer push of
+    // its fragment replaces it there), so a full link does not queue stale pushes behind each other.
+    std::deque<int64_t> sent;
+    int64_t sent_base = 0, pushes_acked = 0;
+    bool syncer_acks = false;  // this syncer acknowledges pushes (a heartbeat with a body came): the window applies
+    int64_t unacknowledged() const { return sent_base + static_cast<int64_t>(sent.size()) - pushes_acked; }
     Comms c;
   };
+  static constexpr int64_t kPushWindow = 2;
   std::vector<Link> links;
   std::mutex mu;
   std::condition_variable cv;
@@ -107,7 +122,7 @@ struct LearnerNode::Impl {
   proto::Beat beat;
   std::string leave_reason;                 // set by main at the end
   bool comms_stop = false;
-  int64_t pushes = 0, pushes_dropped = 0, broadcasts = 0, rejected = 0;
+  int64_t pushes = 0, pushes_dropped = 0, pushes_superseded = 0, broadcasts = 0, rejected = 0;
 
   std::thread comms;
   std::mutex record_mu;  // both threads emit records
@@ -175,12 +190,16 @@ struct LearnerNode::Impl {
       {
         std::lock_guard<std::mutex> lock(mu);
         if (comms_stop) break;
-        if (!outbox.empty()) {
-          out = std::move(outbox.front());
-          outbox.pop_front();
+        // The oldest push whose link has room in its window (not joined: it goes at once, and counts refused).
+        for (auto it = outbox.begin(); it != outbox.end(); ++it) {
+          const Link& L = link_of(it->fragment);
+          if (L.joined && L.syncer_acks && L.unacknowledged() >= kPushWindow) continue;
+          out = std::move(*it);
+          outbox.erase(it);
+          break;
         }
         // Goodbye only once every push before it went out, so the syncer merges them before retiring us.
-        if (!out) reason = leave_reason;
+        if (!out && outbox.empty()) reason = leave_reason;
         b = beat;
       }
       for (auto& L : links) tend(L, b, reason);
@@ -225,6 +244,7 @@ struct LearnerNode::Impl {
       want_leave = !reason.empty() && !L.left;
       b.state_round = L.state_round;
     }
+    b.broadcasts = c.rx_seq;
     // The final counters first, so the syncer's token and goodput totals are complete. The goodbye counts as
     // delivered (left) only once the syncer answers it: a close discards what the socket has not sent yet, so
     // it is repeated every heartbeat until answered (the syncer answers repeats too).
@@ -235,7 +255,7 @@ struct LearnerNode::Impl {
       c.last_beat = t;
     }
     // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
-    if (!is_joined && t - c.last_hello >= cfg.net.heartbeat) say_hello(L, b, t);
+    if (!is_joined && t - c.last_hello >= hello_interval(c)) say_hello(L, b, t);
     if (is_joined && t - c.last_heard > cfg.net.dead_after) {
       std::lock_guard<std::mutex> lock(mu);
       L.joined = false;
@@ -264,8 +284,13 @@ struct LearnerNode::Impl {
       std::lock_guard<std::mutex> lock(mu);
       h.want_state = !L.have_state;
     }
-    send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)));
+    if (send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)))) ++L.c.hellos_unanswered;
     L.c.last_hello = L.c.hello_sent_at = t;
+  }
+  // net.heartbeat, doubling with each hello the transport took and no welcome answered, up to net.dead_after.
+  double hello_interval(const Comms& c) const {
+    const double cap = std::max(cfg.net.heartbeat, cfg.net.dead_after);
+    return std::min(cap, cfg.net.heartbeat * static_cast<double>(int64_t{1} << std::min<int64_t>(c.hellos_unanswered, 6)));
   }
 
   // The step-time estimate travels in a heartbeat right before the push it belongs to (the push header has no
@@ -278,7 +303,9 @@ struct LearnerNode::Impl {
         std::lock_guard<std::mutex> lock(mu);
         b.state_round = L.state_round;
       }
+      b.broadcasts = L.c.rx_seq;
       send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
+      L.c.last_beat = now();
       MessageHeader h = header(MessageKind::kFragmentPush);
       h.encoding = p.encoding;
       h.fragment_id = static_cast<uint32_t>(p.fragment);
@@ -301,6 +328,7 @@ struct LearnerNode::Impl {
     (sent ? pushes : pushes_dropped) += 1;
     if (sent) {
       L.unsettled.insert(p.fragment);
+      L.sent.push_back(p.fragment);
     } else {  // not sent (not joined, or the transport refused it): no answer will come for it
       refused_pushes.insert(p.fragment);
       cv.notify_all();
@@ -331,7 +359,7 @@ struct LearnerNode::Impl {
         case MessageKind::kWelcome: return on_welcome(L, env);
         case MessageKind::kStateChunk: return on_state_chunk(L, h, env);
         case MessageKind::kFragmentBroadcast: return on_broadcast(L, h, env);
-        case MessageKind::kHeartbeat: return;
+        case MessageKind::kHeartbeat: return on_syncer_beat(L, env);
         case MessageKind::kLeave: {  // the syncer handled our goodbye
           proto::parse_leave(env.payload.data(), env.payload.size());
           std::lock_guard<std::mutex> lock(mu);
@@ -376,14 +404,37 @@ struct LearnerNode::Impl {
       }
     }
     if (!L.joined && !L.unsettled.empty()) {
-      std::vector<int64_t> settled(L.unsettled.begin(), L.unsettled.end());
-      refused_pushes.insert(settled.begin(), settled.end());
-      L.unsettled.clear();
-      rec::PushesSettled r;
-      r.fragments = settled;
-      r.detail = "joined again: pushes sent before the join count as refused (their progress goes in the next push)";
-      emit(L, r);
+      // The syncer says how many of our pushes on this connection it read before this hello (w.pushes): those
+      // will be answered. The others never arrived: they count as refused (their progress goes in the next push).
+      // Unknown (another connection, an older syncer): every unanswered push counts as refused.
+      std::set<int64_t> lost;
+      const int64_t total = L.sent_base + static_cast<int64_t>(L.sent.size());
+      if (w.pushes >= 0 && w.pushes <= total) {
+        for (int64_t i = std::max(w.pushes, L.sent_base); i < total; ++i)
+          lost.insert(L.sent[static_cast<size_t>(i - L.sent_base)]);
+      } else {
+        lost = L.unsettled;
+      }
+      std::vector<int64_t> settled;
+      for (int64_t p : L.unsettled)
+        if (lost.count(p)) settled.push_back(p);
+      if (!settled.empty()) {
+        refused_pushes.insert(settled.begin(), settled.end());
+        for (int64_t p : settled) L.unsettled.erase(p);
+        rec::PushesSettled r;
+        r.fragments = settled;
+        r.detail = w.pushes >= 0 ? "joined again: pushes sent before the join that the syncer never read count as "
+                                   "refused (their progress goes in the next push)"
+                                 : "joined again: pushes sent before the join count as refused (their progress goes "
+                                   "in the next push)";
+        emit(L, r);
+      }
     }
+    L.sent.clear();
+    L.sent_base = 0;
+    L.pushes_acked = 0;
+    c.rx_seq = 0;
+    c.hellos_unanswered = 0;
     L.joined = true;
     L.ever_joined = true;
     // Every shard remembers the learner's step: the highest of the first welcomes (before training starts) wins.
@@ -454,13 +505,34 @@ struct LearnerNode::Impl {
     if (static_cast<int64_t>(h.element_count) != n) throw WireError("broadcast has the wrong size");
     at::Tensor flat = torch::empty({n}, torch::kFloat);
     decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n), flat.data_ptr<float>());
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
     auto it = inbox.find(p);
     if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
       inbox[p] = Answer{static_cast<int64_t>(h.round), flat};
     L.unsettled.erase(p);  // an answer for p answers our push of p too (the core clears it when it applies)
     ++broadcasts;
     cv.notify_all();
+    // The acknowledgement, at once: the syncer's send window and its measured broadcast time count on it.
+    L.c.rx_seq = std::max(L.c.rx_seq, static_cast<int64_t>(h.c_steps));
+    proto::Beat b = beat;
+    b.state_round = L.state_round;
+    b.broadcasts = L.c.rx_seq;
+    lock.unlock();
+    send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
+    L.c.last_beat = now();
+  }
+
+  // The syncer's heartbeat: liveness, and (a body) the pushes it read on this connection since our hello.
+  void on_syncer_beat(Link& L, const Envelope& env) {
+    if (env.payload.empty()) return;  // an older syncer
+    const proto::SyncerBeat sb = proto::parse_syncer_beat(env.payload.data(), env.payload.size());
+    std::lock_guard<std::mutex> lock(mu);
+    L.syncer_acks = true;
+    L.pushes_acked = sb.pushes;
+    while (!L.sent.empty() && L.sent_base < L.pushes_acked) {
+      L.sent.pop_front();
+      ++L.sent_base;
+    }
   }
 
   void on_reject(Link& L, const MessageHeader& h, const Envelope& env) {
@@ -735,8 +807,16 @@ struct LearnerNode::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       for (auto& p : due) {
-        for (auto it = outbox.begin(); it != outbox.end();)
-          it = it->fragment == p.fragment ? outbox.erase(it) : std::next(it);
+        // A push of the same fragment still waiting (its link's window is full) is replaced: the new one's
+        // Θ_p^v − θ_p and counters (kept since its base version) hold its progress too.
+        for (auto it = outbox.begin(); it != outbox.end();) {
+          if (it->fragment != p.fragment) {
+            ++it;
+            continue;
+          }
+          it = outbox.erase(it);
+          ++pushes_superseded;
+        }
         outbox.push_back(std::move(p));
       }
       beat.step = now_step;
@@ -794,6 +874,7 @@ struct LearnerNode::Impl {
     d.wait_seconds = wait_seconds;
     d.pushes = pushes;
     d.pushes_dropped = pushes_dropped;
+    d.pushes_superseded = pushes_superseded;
     d.broadcasts = broadcasts;
     d.rejected = rejected;
     d.finished = done && refused_links().empty();

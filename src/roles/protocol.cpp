@@ -71,11 +71,15 @@ Hello parse_hello(const char* data, size_t n) {
 }
 
 std::string encode_welcome(const Welcome& w) {
-  return nlohmann::json{{"round", w.round},       {"versions", w.versions},
-                        {"resume_step", w.resume_step}, {"chunks", w.chunks},
-                        {"chunk_elements", w.chunk_elements}, {"elements", w.elements},
-                        {"state_hash", fingerprint_hex(w.state_hash)}}
-      .dump();
+  nlohmann::json j{{"round", w.round},
+                   {"versions", w.versions},
+                   {"resume_step", w.resume_step},
+                   {"chunks", w.chunks},
+                   {"chunk_elements", w.chunk_elements},
+                   {"elements", w.elements},
+                   {"state_hash", fingerprint_hex(w.state_hash)}};
+  if (w.pushes >= 0) j["pushes"] = w.pushes;
+  return j.dump();
 }
 
 Welcome parse_welcome(const char* data, size_t n) {
@@ -93,6 +97,7 @@ Welcome parse_welcome(const char* data, size_t n) {
   w.chunk_elements = get_int(j, "chunk_elements", "welcome", 0, int64_t{1} << 28);
   w.elements = get_int(j, "elements", "welcome", 0, int64_t{1} << 34);
   w.state_hash = get_hex(j, "state_hash", "welcome");
+  if (j.contains("pushes")) w.pushes = get_int(j, "pushes", "welcome", 0, kMaxI);
   if (w.chunks > 0 && (w.chunk_elements == 0 || (w.chunks - 1) * w.chunk_elements >= w.elements ||
                        w.chunks * w.chunk_elements < w.elements))
     throw WireError("welcome: chunks × chunk_elements does not cover elements");
@@ -102,6 +107,7 @@ Welcome parse_welcome(const char* data, size_t n) {
 std::string encode_beat(const Beat& b) {
   nlohmann::json j{{"step", b.step}, {"tokens", b.tokens}, {"busy_seconds", b.busy_seconds}, {"step_time", b.step_time}};
   if (b.state_round >= 0) j["state_round"] = b.state_round;
+  if (b.broadcasts >= 0) j["broadcasts"] = b.broadcasts;
   return j.dump();
 }
 
@@ -113,6 +119,16 @@ Beat parse_beat(const char* data, size_t n) {
   b.busy_seconds = get_double(j, "busy_seconds", "heartbeat");
   b.step_time = get_double(j, "step_time", "heartbeat");
   if (j.contains("state_round")) b.state_round = get_int(j, "state_round", "heartbeat", 0, kMaxI);
+  if (j.contains("broadcasts")) b.broadcasts = get_int(j, "broadcasts", "heartbeat", 0, kMaxI);
+  return b;
+}
+
+std::string encode_syncer_beat(const SyncerBeat& b) { return nlohmann::json{{"pushes", b.pushes}}.dump(); }
+
+SyncerBeat parse_syncer_beat(const char* data, size_t n) {
+  auto j = parse_object(data, n, "syncer heartbeat");
+  SyncerBeat b;
+  b.pushes = get_int(j, "pushes", "syncer heartbeat", 0, kMaxI);
   return b;
 }
 

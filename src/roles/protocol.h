@@ -42,6 +42,10 @@ struct Welcome {
   int64_t chunk_elements = 0;
   int64_t elements = 0;              // total fp32 elements of the model
   uint64_t state_hash = 0;           // FNV-1a-64 of the elements' fp32 bytes
+  // The pushes the syncer read on this connection between its previous hello and this one (-1: unknown, absent on
+  // the wire: another connection, another process, or an older syncer). Pushes arrive in order, so the learner's
+  // first `pushes` sends since its previous welcome reached the syncer (they will be answered); the rest were lost.
+  int64_t pushes = -1;
 };
 std::string encode_welcome(const Welcome& w);
 Welcome parse_welcome(const char* data, size_t n);
@@ -54,9 +58,22 @@ struct Beat {
   // The welcome round of the last global-state download this learner process verified (-1: none yet). Optional on
   // the wire (absent = -1): it tells the syncer the download it sent has arrived (see on_hello in syncer_node.cpp).
   int64_t state_round = -1;
+  // The highest broadcast sequence number (the broadcast header's c_steps) received on this link (-1: absent on
+  // the wire, an older learner). The learner sends a heartbeat as soon as a broadcast arrives, so this is the
+  // syncer's delivery acknowledgement: its send window (syncer_node.cpp, pump()) and its measured broadcast time.
+  int64_t broadcasts = -1;
 };
 std::string encode_beat(const Beat& b);
 Beat parse_beat(const char* data, size_t n);
+
+// The body of the syncer's heartbeat (empty from an older syncer): how many fragment pushes the syncer received on
+// this connection since it accepted the connection's latest hello. Sent after every push it reads and with every
+// periodic heartbeat; the learner's send window for pushes (learner_node.cpp) counts against it.
+struct SyncerBeat {
+  int64_t pushes = 0;
+};
+std::string encode_syncer_beat(const SyncerBeat& b);
+SyncerBeat parse_syncer_beat(const char* data, size_t n);
 
 // leave: "done" (finished train.steps; retires the learner) or "stop" (interrupted). Anything else throws
 // WireError quoting at most 40 bytes of it.

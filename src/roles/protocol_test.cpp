@@ -98,6 +98,45 @@ TEST(Protocol, HeartbeatCarriesTheVerifiedStateRoundOptionally) {
   EXPECT_THROW(parse_beat(bad.data(), bad.size()), WireError);
 }
 
+// The two acknowledgements the send windows count on: the learner's highest broadcast sequence received (optional:
+// absent from an older learner) and the syncer's count of pushes received (its heartbeat's body).
+TEST(Protocol, HeartbeatsCarryTheDeliveryAcknowledgements) {
+  Beat b{10, 2560, 1.5, 0.02};
+  auto s = encode_beat(b);
+  EXPECT_EQ(s.find("broadcasts"), std::string::npos);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).broadcasts, -1);
+  b.broadcasts = 0;
+  s = encode_beat(b);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).broadcasts, 0);
+  b.broadcasts = 41;
+  s = encode_beat(b);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).broadcasts, 41);
+  const std::string bad = R"({"step":1,"tokens":1,"busy_seconds":0,"step_time":0,"broadcasts":-2})";
+  EXPECT_THROW(parse_beat(bad.data(), bad.size()), WireError);
+
+  Welcome w;
+  w.versions = {1, 2};
+  s = encode_welcome(w);
+  EXPECT_EQ(s.find("pushes"), std::string::npos);
+  EXPECT_EQ(parse_welcome(s.data(), s.size()).pushes, -1);
+  w.pushes = 5;
+  s = encode_welcome(w);
+  EXPECT_EQ(parse_welcome(s.data(), s.size()).pushes, 5);
+
+  SyncerBeat sb{12};
+  s = encode_syncer_beat(sb);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).pushes, 12);
+  for (std::string junk : {std::string("{}"), std::string(R"({"pushes":-1})"), std::string(R"({"pushes":"3"})"),
+                           std::string("[1]"), std::string("{")}) {
+    try {
+      parse_syncer_beat(junk.data(), junk.size());
+      ADD_FAILURE() << "accepted " << junk;
+    } catch (const WireError& e) {
+      EXPECT_NE(std::string(e.what()).find("syncer heartbeat"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Protocol, KeyNamesBindToOneLearnerId) {
   EXPECT_EQ(learner_of_key_name("learner-0"), 0);
   EXPECT_EQ(learner_of_key_name("learner-17"), 17);

@@ -54,6 +54,17 @@ void SyncerNode::Impl::update_prometheus() {
   metric("state_requests_dropped_total", "counter",
          "Hellos asking for the state while a download to the learner was outstanding (no new copy).",
          static_cast<double>(state_requests_dropped));
+  metric("broadcasts_sent_total", "counter", "Merged fragments handed to the transport for a learner.",
+         static_cast<double>(broadcasts_sent));
+  metric("broadcasts_superseded_total", "counter",
+         "Merged fragments never sent to a learner: a newer merge of the fragment replaced them while its send "
+         "window was full, or a state download carried them.",
+         static_cast<double>(broadcasts_superseded));
+  if (upload_time.seeded)
+    metric("upload_seconds", "gauge", "Measured time of a push on the wire (moving average).", upload_time.value);
+  if (broadcast_time.seeded)
+    metric("broadcast_seconds", "gauge", "Measured time from a broadcast's hand-off to its acknowledgement (moving average).",
+           broadcast_time.value);
   metric("learners_blocked", "gauge",
          "1 while every connected learner has stopped advancing although nothing waits at the syncer.",
          blocked ? 1.0 : 0.0);
@@ -101,6 +112,12 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"state_snapshots", state_snapshots},
                    {"state_downloads", state_downloads},
                    {"state_requests_dropped", state_requests_dropped},
+                   {"broadcasts_sent", broadcasts_sent},
+                   {"broadcasts_superseded", broadcasts_superseded},
+                   {"broadcasts_acked", broadcasts_acked},
+                   {"send_window_bytes", send_window},
+                   {"uploads_measured", uploads_measured},
+                   {"broadcasts_measured", broadcasts_measured},
                    {"record_errors", record_errors},
                    {"blocked_spells", blocked_spells},
                    {"drift_resets", drift_resets},
@@ -114,6 +131,9 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   nlohmann::json joins = nlohmann::json::array();
   for (const auto& p : peers) joins.push_back(p.joins);
   s["joins"] = joins;
+  // Measured transfer times (moving averages; null until one was measured).
+  s["upload_seconds"] = upload_time.seeded ? nlohmann::json(upload_time.value) : nlohmann::json();
+  s["broadcast_seconds"] = broadcast_time.seeded ? nlohmann::json(broadcast_time.value) : nlohmann::json();
   s["peak_rss_bytes"] = peak_rss_bytes();
   s["parameters"] = model_layout.elements;  // what this syncer (shard) serves
   if (shard.shards > 1) {

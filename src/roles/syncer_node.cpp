@@ -107,6 +107,7 @@ void SyncerNode::Impl::retire(int64_t m, const char* how) {
   retired[m] = true;
   peers[m].alive = false;
   peers[m].dl_sent = -1;
+  reset_window(peers[m]);
   rec::Retired rt;
   rt.learner = m;
   rt.how = how;
@@ -176,25 +177,45 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   if (!P.alive && !retired[m]) {
     P.alive = true;
     core->set_connected(m, true);
+    catch_up(m);  // what it missed while counted lost (a hello after this finds nothing more to send)
   }
   try {
     switch (h.kind) {
-      case MessageKind::kFragmentPush: return on_push(env, h, m, t);
+      case MessageKind::kFragmentPush: {
+        // The learner sends a heartbeat right before each push, on the same connection: the time between the two
+        // arriving is the push's time on the wire (upload), ξ_sync's first term.
+        ++P.pushes_rx;
+        if (P.last_beat >= 0 && t >= P.last_beat) {
+          upload_time.add(t - P.last_beat, cfg.sync.ema);
+          ++uploads_measured;
+        }
+        P.last_beat = -1;
+        send_beat(m);  // the receipt: the learner's push window opens as soon as the bytes are here
+        return on_push(env, h, m, t);
+      }
       case MessageKind::kHeartbeat: {
         if (env.payload.empty()) return;
         auto b = proto::parse_beat(env.payload.data(), env.payload.size());
+        P.last_beat = t;
         if (b.step > P.step) P.advanced_at = t;
         P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
         P.tokens = std::max(P.tokens, b.tokens);
         P.busy = b.busy_seconds;
         P.step_time = b.step_time;
-        if (P.dl_sent >= 0 && b.state_round >= P.dl_round) P.dl_sent = -1;  // the download arrived and verified
+        const bool download_done = P.dl_sent >= 0 && b.state_round >= P.dl_round;
+        if (download_done) P.dl_sent = -1;  // the download arrived and verified
+        if (b.broadcasts >= 0) {
+          P.acks = true;
+          acknowledge(m, b.broadcasts, t);
+        }
+        if (download_done || b.broadcasts >= 0) pump(m);
         return;
       }
       case MessageKind::kLeave: {
         const std::string why = proto::parse_leave(env.payload.data(), env.payload.size());
         P.alive = false;
         P.dl_sent = -1;
+        reset_window(P);
         if (why == "done") {  // the connection keeps its id: a goodbye repeated on it (answer lost) is answered again
           retire(m, "leave");
         } else {
@@ -322,6 +343,9 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     w.round = static_cast<uint64_t>(merges);
     w.versions = core->versions();
   }
+  // The pushes read on this connection since the previous hello, when it is the same process on the same
+  // connection: the learner then knows which of its pushes arrived (the others it counts as refused).
+  if (P.route == env.peer && P.instance == hello.instance) w.pushes = P.pushes_rx;
   std::vector<proto::Frame> frames;
   frames.reserve(static_cast<size_t>(w.chunks) + 1);
   MessageHeader wh;
@@ -358,6 +382,17 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     P.busy = 0;
   }
   if (other_route) P.dl_sent = -1;  // the id moves to this connection: a download on the old one no longer counts
+  // A (re)join starts the connection's counts afresh: pushes read since this hello, broadcasts in flight (what the
+  // old connection still held is its own). Broadcasts queued for it and not yet sent are dropped when the welcome
+  // carries a download (it holds those versions or newer); without one, they go out after the welcome.
+  P.pushes_rx = 0;
+  P.last_beat = -1;
+  P.in_flight.clear();
+  P.in_flight_bytes = 0;
+  if (hello.want_state) {
+    broadcasts_superseded += static_cast<int64_t>(P.pending.size());
+    P.pending.clear();
+  }
   P.route = env.peer;
   P.identity = env.identity;
   P.instance = hello.instance;
@@ -380,6 +415,10 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
       P.dl_round = snap->round;
     }
   }
+  // Back from a loss without a download: it missed the broadcasts made meanwhile (a download carries them).
+  if (hello.want_state) P.missed = false;
+  else catch_up(m);
+  pump(m);
   const int64_t state_bytes = hello.want_state ? model_layout.elements * 4 : 0;
   // The same fields as a first join ("join") or, for a repeated hello, as "rejoin".
   const auto fill = [&](auto& j) {
@@ -437,6 +476,76 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
                   sync_reject_name(why));
   }
   try_merge(p);
+}
+
+void SyncerNode::Impl::send_beat(int64_t m) {
+  MessageHeader h;
+  h.kind = MessageKind::kHeartbeat;
+  h.learner_id = static_cast<uint32_t>(m);
+  h.fingerprint = fingerprint;
+  h.round = static_cast<uint64_t>(merges);
+  proto::SyncerBeat b;
+  b.pushes = peers[m].pushes_rx;
+  send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
+}
+
+void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, int64_t version, const MessageHeader& h,
+                                       const Bytes& payload) {
+  Peer& P = peers[m];
+  auto [it, fresh] = P.pending.try_emplace(p);
+  if (!fresh) {
+    if (it->second.version >= version) return;
+    ++broadcasts_superseded;  // never sent: the learner gets the newer Θ_p instead
+  }
+  it->second.version = version;
+  it->second.order = static_cast<uint64_t>(merges);
+  it->second.header = h;
+  it->second.payload = payload;
+  pump(m);
+}
+
+void SyncerNode::Impl::catch_up(int64_t m) {
+  Peer& P = peers[m];
+  if (!P.missed || retired[m]) return;
+  P.missed = false;
+  for (size_t p = 0; p < latest.size(); ++p)
+    if (latest[p].version > 0)
+      queue_broadcast(m, static_cast<int64_t>(p), latest[p].version, latest[p].header, latest[p].payload);
+}
+
+void SyncerNode::Impl::pump(int64_t m) {
+  Peer& P = peers[m];
+  if (!P.alive || retired[m] || P.route.empty()) return;
+  if (download_outstanding(P, now())) return;
+  while (!P.pending.empty()) {
+    auto next = P.pending.begin();
+    for (auto it = P.pending.begin(); it != P.pending.end(); ++it)
+      if (it->second.order < next->second.order) next = it;
+    const size_t bytes = next->second.payload.size() + kWireHeaderBytes;
+    if (P.acks && !P.in_flight.empty() && P.in_flight_bytes + bytes > send_window) return;
+    MessageHeader h = next->second.header;
+    h.learner_id = static_cast<uint32_t>(m);
+    h.c_steps = ++P.seq;  // the delivery sequence number the learner acknowledges (Beat::broadcasts)
+    const proto::Frame f = proto::make_frame(h, next->second.payload, limits);
+    P.pending.erase(next);
+    if (!tx->send(P.route, f.header, f.payload)) continue;  // the transport's queue is full: dropped (counted there)
+    ++broadcasts_sent;
+    if (P.acks) {
+      P.in_flight.push_back({P.seq, bytes, now()});
+      P.in_flight_bytes += bytes;
+    }
+  }
+}
+
+void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
+  Peer& P = peers[m];
+  while (!P.in_flight.empty() && P.in_flight.front().seq <= static_cast<uint64_t>(seq)) {
+    broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
+    ++broadcasts_measured;
+    ++broadcasts_acked;
+    P.in_flight_bytes -= P.in_flight.front().bytes;
+    P.in_flight.pop_front();
+  }
 }
 
 void SyncerNode::Impl::try_merge(int64_t p) {
@@ -499,19 +608,22 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
     bf.detail = e.what();
     emit(std::move(bf));
   }
+  if (encoded) latest[p] = syncer_detail::Latest{out.version, bh, payload};
   for (int64_t m = 0; m < M && encoded; ++m) {
     if (!peers[m].alive || retired[m]) continue;
-    bh.learner_id = static_cast<uint32_t>(m);
-    auto f = proto::make_frame(bh, payload, limits);
-    send_to(m, f);
+    queue_broadcast(m, p, out.version, bh, payload);
   }
-  // ξ_sync = upload + merge + broadcast. One side cannot observe a transfer's duration on the wire; the time to
-  // encode and hand the broadcast to the transport stands for each direction (the simulator models both).
-  const double broadcast_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
-  core->observe_sync(broadcast_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
+  // ξ_sync = upload + merge + broadcast, the transfers as measured on the links (a push: its heartbeat to its
+  // arrival; a broadcast: hand-off to acknowledgement; moving averages over every learner). Until one of each was
+  // measured, the time to encode and hand this broadcast to the transport stands in for it.
+  const double handoff_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
+  const double upload_s = upload_time.seeded ? upload_time.value : handoff_s;
+  const double broadcast_s = broadcast_time.seeded ? broadcast_time.value : handoff_s;
+  core->observe_sync(upload_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
   rec::Merge mr = rec::merge_record(r, global_id(p), total_tokens());
   mr.merges = merges;
+  mr.upload_seconds = upload_s;
+  mr.broadcast_seconds = broadcast_s;
   emit(std::move(mr));
 }
 
@@ -634,6 +746,7 @@ void SyncerNode::Impl::housekeeping() {
     if (P.alive && t - P.last_heard > cfg.net.dead_after) {
       P.alive = false;
       P.dl_sent = -1;  // a silent connection's download is moot (see on_hello)
+      reset_window(P);
       core->set_connected(m, false);
       rec::Lost lost;
       lost.learner = m;
@@ -650,8 +763,7 @@ void SyncerNode::Impl::housekeeping() {
       h.learner_id = static_cast<uint32_t>(m);
       h.fingerprint = fingerprint;
       h.round = static_cast<uint64_t>(merges);
-      auto f = proto::make_frame(h, std::string(), limits);
-      send_to(m, f);
+      send_beat(m);
       P.last_beat_sent = t;
     }
   }
@@ -729,9 +841,13 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.model_layout = I.shard.model;
   I.limits = proto::wire_limits(plan);
   I.broadcast_enc = I.cfg.answer_encoding();
+  for (const auto& L : I.layouts)
+    I.send_window = std::max(I.send_window, 2 * (encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements)) +
+                                                 kWireHeaderBytes));
   I.peers.resize(static_cast<size_t>(I.M));
   I.retired.assign(static_cast<size_t>(I.M), false);
   I.timers.assign(I.layouts.size(), -1.0);
+  I.latest.resize(I.layouts.size());
   for (int64_t m = 0; m < I.M; ++m) I.core->set_connected(m, false);
   if (I.cfg.syncer.out_dir.empty()) throw ConfigError("syncer.out_dir must name the syncer's run folder");
   if (resume) I.restore_from(I.cfg.syncer.out_dir);

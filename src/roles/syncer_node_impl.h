@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,39 @@ struct Peer {
   // connection `route` at steady time dl_sent (< 0: none) with welcome round dl_round.
   double dl_sent = -1;
   int64_t dl_round = -1;
+  // ---- the send window for broadcasts (pump() in syncer_node.cpp) ----
+  // A broadcast handed to the transport and not yet acknowledged (the learner's heartbeat reports the highest
+  // broadcast sequence number it received, Beat::broadcasts).
+  struct InFlight {
+    uint64_t seq = 0;
+    size_t bytes = 0;
+    double sent = 0;  // steady time it was handed to the transport
+  };
+  std::deque<InFlight> in_flight;
+  size_t in_flight_bytes = 0;
+  uint64_t seq = 0;  // the last sequence number given (never reset: an acknowledgement from an old connection is moot)
+  bool acks = false;  // the learner acknowledges broadcasts (a heartbeat carried Beat::broadcasts)
+  bool missed = false;  // counted lost since its last hello: broadcasts were not sent to it (catch_up())
+  // Per local fragment: the newest merged Θ_p not yet handed to the transport. A newer merge of the same fragment
+  // replaces it (the older one is superseded: counted, never sent).
+  struct Pending {
+    int64_t version = 0;
+    uint64_t order = 0;  // the node's merge count when it was queued: oldest first
+    MessageHeader header;
+    Bytes payload;
+  };
+  std::map<int64_t, Pending> pending;
+  // ---- pushes on the current connection ----
+  int64_t pushes_rx = 0;     // pushes read on `route` since its latest hello (told back: proto::SyncerBeat)
+  double last_beat = -1;     // steady time of its latest heartbeat: the one the learner sends right before a push
+};
+
+// The latest broadcast of a fragment (version 0: none yet), kept encoded for a learner that comes back without a
+// download (on_hello: it missed the broadcasts made while it was away).
+struct Latest {
+  int64_t version = 0;
+  MessageHeader header;
+  Bytes payload;
 };
 
 // The global state as joining learners download it: Θ flattened to fp32 once per set of fragment versions, kept as
@@ -73,6 +107,7 @@ struct SyncerNode::Impl {
   std::vector<syncer_detail::Peer> peers;
   std::map<std::string, int64_t> route_to_id;
   std::vector<double> timers;  // per fragment: call decide again at this time (< 0: none)
+  std::vector<syncer_detail::Latest> latest;  // per fragment (local order): its latest broadcast
   std::unique_ptr<MetricsServer> metrics;
 
   // Clock and accounting.
@@ -93,6 +128,16 @@ struct SyncerNode::Impl {
   // one was outstanding. Records the sink failed to take (emit never throws).
   std::shared_ptr<const syncer_detail::StateSnapshot> snapshot;  // the newest; older ones live while queued chunks point into them
   int64_t state_snapshots = 0, state_downloads = 0, state_requests_dropped = 0, record_errors = 0;
+  // Broadcasts: handed to the transport, superseded by a newer merge before they could be sent (the learner's send
+  // window was full), acknowledged by the learner. The send window in bytes per learner (set at construction:
+  // twice the largest broadcast frame of this shard).
+  int64_t broadcasts_sent = 0, broadcasts_superseded = 0, broadcasts_acked = 0;
+  size_t send_window = 0;
+  // Measured transfer times (seconds, moving averages with the core's sync.ema): a push from the learner's
+  // heartbeat right before it to its arrival (upload), and a broadcast from its hand-off to the transport to the
+  // learner's acknowledgement (broadcast). They are ξ_sync's transfer terms (observe_sync in finish_round).
+  Ema upload_time, broadcast_time;
+  int64_t uploads_measured = 0, broadcasts_measured = 0;
   EvalResult last_eval_result;
   bool have_eval = false;
   bool resumed = false;
@@ -169,6 +214,29 @@ struct SyncerNode::Impl {
     if (!peers[m].alive || peers[m].route.empty()) return;
     tx->send(peers[m].route, f.header, f.payload);
   }
+  // The send window (docs/runtime.md, "Flow control"): queues merged fragment p (local) of `version` for learner m,
+  // replacing an older one of p not yet sent, then pump(m).
+  void queue_broadcast(int64_t m, int64_t p, int64_t version, const MessageHeader& h, const Bytes& payload);
+  // Hands learner m's queued broadcasts to the transport, oldest merge first, while its window allows: nothing
+  // unacknowledged, or the unacknowledged bytes plus the next one within send_window (a learner that never
+  // acknowledges, an older build, gets every one at once). Nothing while a state download to it is outstanding: the
+  // download carries the state, and what was merged since waits behind it anyway.
+  void pump(int64_t m);
+  // Learner m's connection was lost or replaced: what was queued for it goes (a rejoin's welcome or download brings
+  // the state), and what was in flight on the old connection is no longer counted.
+  void reset_window(syncer_detail::Peer& P) {
+    P.missed = true;
+    P.pending.clear();
+    P.in_flight.clear();
+    P.in_flight_bytes = 0;
+  }
+  // Learner m is back after being counted lost, without a download: queues the latest broadcast of every merged
+  // fragment (it missed those made meanwhile; the send window sends each fragment's newest once).
+  void catch_up(int64_t m);
+  // The acknowledgement of broadcasts up to sequence number `seq`: measures each one's time in flight.
+  void acknowledge(int64_t m, int64_t seq, double t);
+  // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
+  void send_beat(int64_t m);
 
   // A learner finished: it no longer counts towards the quorum. Checkpointed at once, so a resumed syncer does
   // not wait for a learner that will never come back.

@@ -1,0 +1,293 @@
+// The send windows (issue 31): what the syncer and a learner hand to a link that does not drain.
+//  * Syncer → learner: with learner 1's link held (nothing it is sent arrives, as on a cut or saturated link), the
+//    syncer hands it at most its window of broadcasts while learner 0 keeps merging; the rest are superseded by
+//    newer merges. Once the link drains and learner 1 acknowledges, it gets each fragment's newest version, not the
+//    backlog.
+//  * Learner → syncer: with the syncer's receipts held from learner 0, the learner hands the link at most two pushes
+//    and replaces a waiting push with its newer one; once receipts flow again it finishes normally.
+// A link that is held is a transport wrapper that keeps (does not forward) the frames it is told to keep, in order,
+// and releases them on demand: the real syncer and learner nodes run unchanged over the in-process transport.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "deloco/config.h"
+#include "deloco/gpt/train.h"
+#include "deloco/runtime.h"
+#include "protocol.h"
+#include "support/await_kind.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+using clk = std::chrono::steady_clock;
+
+std::shared_ptr<const Corpus> corpus() {
+  static std::shared_ptr<const Corpus> c = [] {
+    std::vector<std::string> docs;
+    for (int i = 0; i < 20; ++i) docs.push_back(std::string(2000, static_cast<char>('a' + i % 26)) + " words and more words");
+    return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.1));
+  }();
+  return c;
+}
+
+RuntimeConfig config(const fs::path& dir) {
+  RuntimeConfig cfg;
+  cfg.run.model.block_size = 16;
+  cfg.run.model.n_layer = 1;
+  cfg.run.model.n_head = 2;
+  cfg.run.model.n_embd = 32;
+  cfg.run.train.batch_size = 2;
+  cfg.run.train.steps = 400;
+  cfg.run.train.eval_tokens = 128;
+  cfg.run.train.threads = 1;
+  cfg.sync.learners = 2;
+  cfg.sync.quorum = 1;
+  cfg.sync.fragments = 2;
+  cfg.sync.sync_every = 4;
+  cfg.merge.preset = "decoupled";
+  cfg.net.plaintext = true;
+  cfg.net.heartbeat = 0.2;
+  cfg.net.dead_after = 60.0;  // a held link must not make anyone count the other side gone
+  cfg.net.join_timeout = 60.0;
+  cfg.syncer.out_dir = (dir / "syncer").string();
+  cfg.syncer.checkpoint_every = 0;
+  cfg.syncer.eval_interval = 0;
+  cfg.syncer.metrics = "";
+  return cfg;
+}
+
+struct StopOnExit {
+  std::atomic<bool>* stop;
+  std::thread* t;
+  ~StopOnExit() {
+    stop->store(true);
+    if (t->joinable()) t->join();
+  }
+};
+
+// The syncer's side of the links: frames for which `keep` says true are held, in order, until release().
+class HeldLinks final : public ServerTransport {
+ public:
+  using Keep = std::function<bool(const std::string& peer, const MessageHeader& h, const Bytes& payload)>;
+  HeldLinks(std::unique_ptr<ServerTransport> inner, Keep keep) : inner_(std::move(inner)), keep_(std::move(keep)) {}
+  std::string endpoint() const override { return inner_->endpoint(); }
+  bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
+    if (!inner_->receive(out, timeout)) return false;
+    const MessageHeader h = decode_header(out->header.data(), out->header.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    ++received_[{h.learner_id, h.kind}];
+    return true;
+  }
+  bool send(const std::string& peer, const Bytes& header, const Bytes& payload) override {
+    const MessageHeader h = decode_header(header.data(), header.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (holding_ && keep_(peer, h, payload)) {
+      held_.push_back({peer, header, payload});
+      ++held_kinds_[h.kind];
+      return true;  // taken: as a socket whose kernel buffer still has room
+    }
+    return inner_->send(peer, header, payload);
+  }
+  TransportStats stats() const override { return inner_->stats(); }
+  // Stops holding and forwards what was held, in order.
+  void release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    holding_ = false;
+    for (auto& f : held_) inner_->send(f.peer, f.header, f.payload);
+    held_.clear();
+  }
+  int held(MessageKind k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_kinds_[k];
+  }
+  int received(uint32_t learner, MessageKind k) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return received_[{learner, k}];
+  }
+
+ private:
+  struct Frame {
+    std::string peer;
+    Bytes header, payload;
+  };
+  std::unique_ptr<ServerTransport> inner_;
+  Keep keep_;
+  std::mutex mu_;
+  bool holding_ = true;
+  std::deque<Frame> held_;
+  std::map<MessageKind, int> held_kinds_;
+  std::map<std::pair<uint32_t, MessageKind>, int> received_;
+};
+
+// Waits up to `seconds` for pred(); true when it held.
+bool eventually(double seconds, const std::function<bool()>& pred) {
+  const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
+  while (clk::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return pred();
+}
+
+int64_t merges_in(const std::string& prom) {
+  const auto at = prom.find("\ndeloco_merges_total ");
+  return at == std::string::npos ? -1 : std::stoll(prom.substr(at + 21));
+}
+
+TEST(FlowControl, ASyncerSupersedesBroadcastsALinkCannotTakeAndSendsTheNewestWhenItDrains) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_flow_syncer_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.learner.state_dir = (dir / "learners").string();
+  const uint64_t fp = parse_fingerprint_hex(gpt_workloads(cfg.run, corpus())(0, 1)->fingerprint());
+  auto hub = make_inproc_hub();
+  // Learner 1's link holds every broadcast the syncer hands it.
+  auto held = std::make_unique<HeldLinks>(make_inproc_server(hub), [](const std::string&, const MessageHeader& h,
+                                                                       const Bytes&) {
+    return h.learner_id == 1 && h.kind == MessageKind::kFragmentBroadcast;
+  });
+  HeldLinks* link = held.get();
+  SyncerNode syncer(cfg, std::move(held), corpus(), /*resume=*/false, nullptr);
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+
+  // Learner 1, by hand: joins without a download and says it acknowledges broadcasts (none received yet).
+  std::unique_ptr<ClientTransport> c1 = make_inproc_client(hub, "learner-1");
+  std::map<MessageKind, int> seen;
+  auto send1 = [&](MessageKind k, const std::string& body) {
+    MessageHeader h;
+    h.kind = k;
+    h.learner_id = 1;
+    h.fingerprint = fp;
+    auto f = proto::make_frame(h, body, WireLimits{});
+    ASSERT_TRUE(c1->send(f.header, f.payload));
+  };
+  proto::Hello hello;
+  hello.learner = 1;
+  hello.instance = 7;
+  hello.want_state = false;
+  send1(MessageKind::kHello, proto::encode_hello(hello));
+  ASSERT_TRUE(testing::await_kind(*c1, MessageKind::kWelcome, 30, seen).has_value());
+  proto::Beat beat;
+  beat.broadcasts = 0;
+  send1(MessageKind::kHeartbeat, proto::encode_beat(beat));
+
+  // Learner 0, a real node, trains and pushes; with quorum 1 every push merges.
+  nlohmann::json s0;
+  std::thread l0([&] {
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(), nullptr);
+    s0 = node.run(never);
+  });
+  struct JoinOnExit {
+    std::thread* t;
+    ~JoinOnExit() {
+      if (t->joinable()) t->join();
+    }
+  } join_l0{&l0};
+  // Learner 0 trains its whole run (every push merged) while learner 1's link drains nothing.
+  l0.join();
+  ASSERT_TRUE(s0["finished"].get<bool>()) << s0.dump();
+  const int64_t merges = merges_in(syncer.prometheus());
+  ASSERT_GE(merges, 100) << syncer.prometheus();
+  // Learner 1's link took at most its window: two broadcasts of the larger fragment's size (three of a smaller).
+  const int handed = link->held(MessageKind::kFragmentBroadcast);
+  EXPECT_GE(handed, 1);
+  EXPECT_LE(handed, 3) << "the syncer queued a broadcast of every merge for a link that drains nothing";
+
+  // The link drains: learner 1 reads what was held and acknowledges each broadcast as it arrives; the syncer then
+  // sends what waited: one per fragment, the newest.
+  link->release();
+  std::map<uint32_t, int64_t> newest;  // fragment → newest version received
+  int64_t highest_seq = 0;
+  int broadcasts = 0;
+  for (;;) {
+    auto b = testing::await_kind(*c1, MessageKind::kFragmentBroadcast, 2.0, seen);
+    if (!b) break;  // nothing more within 2 s (each is acknowledged at once, so nothing waits on us)
+    ++broadcasts;
+    EXPECT_GT(static_cast<int64_t>(b->first.c_steps), highest_seq) << "sequence numbers go up";
+    highest_seq = static_cast<int64_t>(b->first.c_steps);
+    newest[b->first.fragment_id] = std::max(newest[b->first.fragment_id], static_cast<int64_t>(b->first.round));
+    beat.broadcasts = highest_seq;
+    send1(MessageKind::kHeartbeat, proto::encode_beat(beat));
+  }
+  EXPECT_GT(broadcasts, handed) << "nothing was sent after the held broadcasts were acknowledged";
+  EXPECT_LE(broadcasts, handed + 2) << "after the held ones, one broadcast per fragment: the newest";
+  // With one contributor every merge makes one fragment one version newer: the newest versions add up to the merges.
+  EXPECT_EQ(newest[0] + newest[1], merges) << "learner 1 did not end with the newest of each fragment";
+  send1(MessageKind::kLeave, proto::encode_leave("done"));
+  st.join();
+  EXPECT_GT(summary["broadcasts_superseded"].get<int64_t>(), 0) << summary.dump();
+  EXPECT_GT(summary["broadcasts_acked"].get<int64_t>(), 0) << summary.dump();
+  EXPECT_TRUE(summary["broadcast_seconds"].is_number()) << summary.dump();
+  EXPECT_TRUE(summary["upload_seconds"].is_number()) << summary.dump();
+  fs::remove_all(dir);
+}
+
+TEST(FlowControl, ALearnerHoldsPushesWhileTwoAreUnacknowledgedAndSendsTheNewest) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_flow_learner_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 1;
+  cfg.sync.wait_for_answer = false;  // Decoupled DiLoCo's learners never wait for an answer
+  cfg.run.train.steps = 200;
+  cfg.learner.state_dir = (dir / "learners").string();
+  auto hub = make_inproc_hub();
+  // The syncer's receipts to learner 0 (heartbeats with a body) are held after the first one, so the learner
+  // knows this syncer acknowledges pushes and then hears of none.
+  std::atomic<int> receipts{0};
+  auto held = std::make_unique<HeldLinks>(make_inproc_server(hub), [&](const std::string&, const MessageHeader& h,
+                                                                       const Bytes& payload) {
+    return h.kind == MessageKind::kHeartbeat && !payload.empty() && receipts.fetch_add(1) >= 1;
+  });
+  HeldLinks* link = held.get();
+  SyncerNode syncer(cfg, std::move(held), corpus(), /*resume=*/false, nullptr);
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  std::atomic<int64_t> step{0};
+  nlohmann::json s0;
+  std::thread l0([&] {
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(),
+                     [&](const nlohmann::json& j) {
+                       if (getenv("FLOW_DEBUG")) fprintf(stderr, "%s\n", j.dump().c_str());
+                       if (j.value("kind", "") == "learner") step = j.value("step", int64_t{0});
+                     });
+    s0 = node.run(never);
+  });
+  struct JoinOnExit {
+    std::thread* t;
+    ~JoinOnExit() {
+      if (t->joinable()) t->join();
+    }
+  } join_l0{&l0};
+  // The learner trains on to its last step (it never waits for answers) while its pushes wait.
+  ASSERT_TRUE(eventually(120, [&] { return step.load() >= cfg.run.train.steps; }));
+  EXPECT_LE(link->received(0, MessageKind::kFragmentPush), 2 + 1)
+      << "the learner kept pushing although the syncer acknowledged none (the first receipt may cover one)";
+  // Receipts flow again: the waiting pushes go, the learner says goodbye and the run ends.
+  link->release();
+  l0.join();
+  st.join();
+  EXPECT_TRUE(s0["finished"].get<bool>()) << s0.dump();
+  EXPECT_GT(s0["pushes_superseded"].get<int64_t>(), 0) << s0.dump();
+  EXPECT_EQ(summary["contributions_rejected"].get<int64_t>(), 0) << summary.dump();
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco
