@@ -8,11 +8,13 @@
 # (srun's labels 0:, 1:, 2:), srun got --cpus-per-task 2, no task failed and was restarted, the syncer resumed (a
 # fresh start then one resume), both learners continued from their state and finished every step, every learner
 # contributed to merges after the resume and retired, nothing was rejected, merge counts never went back.
-# Prints job 2's wall time, the merges, and the merges each learner contributed to.
+# Job 3 runs a syncer of 2 shards (DELOCO_SHARDS=2) with 2 learners: both shards merge their own fragment with both
+# learners, and the script assembles the global model.
+# Prints the jobs' wall times, the merges, and the merges each learner contributed to.
 #
 # usage: tests/cluster/slurm_test.sh [DELOCO_BINARY]      (run from anywhere; KEEP=1 keeps the temporary folder)
 # Skips (exit 77) when not root or when Slurm or MUNGE is not installed (Debian: apt-get install slurm-wlm munge).
-# Every wait is bounded (at most about 4 minutes in all; a pass takes about 25 s on 2 cores); a trap cancels the job
+# Every wait is bounded (at most about 4 minutes in all; a pass takes about 35 s on 2 cores); a trap cancels the job
 # and stops every daemon and process it started, also on failure.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -83,6 +85,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# Every wait below ends at its own bound or at this deadline (240 s from here), whichever comes first; the stop on
+# exit takes at most 25 s more, within ctest's 300 s.
+deadline=$((SECONDS + 240))
+until_() { local e=$((SECONDS + $1)); echo $((e < deadline ? e : deadline)); }
 
 # Free TCP ports for slurmctld, slurmd and the syncer (not the defaults: a real Slurm may run here too).
 read -r ctld_port slurmd_port deloco_port < <(python3 - <<'PY'
@@ -151,7 +157,7 @@ daemon_pids+=($!)
 slurmd -D -f "$SLURM_CONF" >"$work/log/slurmd.out" 2>&1 &
 daemon_pids+=($!)
 state=""
-end=$((SECONDS + 30))
+end=$(until_ 30)
 while ((SECONDS < end)); do
   state=$(sl sinfo -h -N -n "$node" -o '%t' 2>/dev/null || true)
   [ "$state" = idle ] && break
@@ -174,16 +180,18 @@ sync.fragments=2
 sync.quorum=1
 syncer.eval_interval=0"
 export OMP_WAIT_POLICY=PASSIVE SLURM_DEBUG=1
+# submit [TASKS [CPUS_PER_TASK]]: the job id.
 submit() {
   local id
-  id=$(sl sbatch --parsable --nodes=1 --ntasks-per-node=3 --cpus-per-task=2 --time=5 \
+  id=$(sl sbatch --parsable --nodes=1 --ntasks-per-node="${1:-3}" --cpus-per-task="${2:-2}" --time=5 \
          --output="$work/job-%j.out" scripts/cluster/slurm.sbatch) || fail "sbatch refused the job"
   echo "${id%%;*}"
 }
 job_field() { sed -n "s/.* $2=\([^ ]*\).*/\1/p" <<<"$(sl scontrol show job "$1" -o 2>/dev/null)"; }
 # Waits (at most $2 s) for job $1 to end; prints its final state.
 wait_end() {
-  local st="" end=$((SECONDS + $2))
+  local st="" end
+  end=$(until_ "$2")
   while ((SECONDS < end)); do
     st=$(job_field "$1" JobState)
     case $st in PENDING | RUNNING | CONFIGURING | COMPLETING | "") ;; *) break ;; esac
@@ -194,7 +202,7 @@ wait_end() {
 
 job=$(submit)
 echo "slurm: submitted job $job"
-end=$((SECONDS + 60))
+end=$(until_ 60)
 until grep -q '"kind":"merge"' "$work/run/syncer.jsonl" 2>/dev/null &&
       grep -q '"kind":"push"' "$work/run/learner-0.jsonl" 2>/dev/null &&
       grep -q '"kind":"push"' "$work/run/learner-1.jsonl" 2>/dev/null; do
@@ -222,7 +230,7 @@ t1=$(date +%s.%N)
 exitcode=$(job_field "$job" ExitCode)
 runtime=$(job_field "$job" RunTime)
 out=$work/job-$job.out
-[ "$jstate" = COMPLETED ] || fail "job $job ended '$jstate' (exit code $exitcode) or did not end within 120 s"
+[ "$jstate" = COMPLETED ] || fail "job $job ended '$jstate' (exit code $exitcode) or did not end in time"
 [ "$exitcode" = 0:0 ] || fail "job $job exit code $exitcode"
 for t in 0 1 2; do grep -q "^$t: " "$out" || fail "no output from task $t in $out"; done
 # srun's options (SLURM_DEBUG=1): the job's --cpus-per-task reached the step (Slurm 22.05's srun ignores
@@ -267,5 +275,46 @@ print(f"records: {len(merges)} merges, {resume['merges']} in job 1 and {len(afte
 PY
 awk -v j="$job" -v r="$runtime" -v a="$t0" -v b="$t1" -v f="$first" 'BEGIN {
   printf "slurm: job %s (resumed after job %s) COMPLETED, exit 0:0, run time %s (submit to end %.1f s)\n", j, f, r, b - a
+}'
+
+# Job 3: a syncer of 2 shards (DELOCO_SHARDS=2: tasks 0 and 1 on ports PORT and PORT+1 of this node), 2 learners,
+# 1 CPU each, a new run folder. Both shards merge their own fragment with both learners; the script assembles the
+# global model at the end.
+export DELOCO_SHARDS=2 DELOCO_RUN_DIR=$work/run-sharded
+t0=$(date +%s.%N)
+job=$(submit 4 1)
+jstate=$(wait_end "$job" 120)
+t1=$(date +%s.%N)
+out=$work/job-$job.out
+[ "$jstate" = COMPLETED ] || fail "sharded job $job ended '$jstate' (exit code $(job_field "$job" ExitCode))"
+[ "$(job_field "$job" ExitCode)" = 0:0 ] || fail "sharded job $job exit code $(job_field "$job" ExitCode)"
+grep -q "^deloco: 2 syncer shards on tcp://$node:$deloco_port,tcp://$node:$((deloco_port + 1)), 2 learners" "$out" ||
+  fail "the sharded job did not announce its shards"
+if grep -q 'failed (try' "$out"; then fail "a task failed and was started again: $(grep 'failed (try' "$out")"; fi
+ls -d "$work"/run-sharded/checkpoints/assembled_* >/dev/null 2>&1 || fail "the sharded job assembled no global model"
+python3 - "$work/run-sharded" "$steps" <<'PY'
+import json, sys
+run, steps = sys.argv[1], int(sys.argv[2])
+def records(name):
+    with open(f"{run}/{name}") as f:
+        return [json.loads(l) for l in f if l.strip()]
+frags, text = set(), []
+for shard in (0, 1):
+    merges = [r for r in records(f"shard-{shard}/syncer.jsonl") if r["kind"] == "merge"]
+    per = [sum(1 for m in merges if n in m["learners"]) for n in (0, 1)]
+    assert all(per), f"shard {shard}: a learner contributed to none of its {len(merges)} merges ({per})"
+    mine = {m["fragment"] for m in merges}
+    assert not mine & frags, f"shard {shard} merged fragments {mine & frags} of another shard"
+    frags |= mine
+    text.append(f"shard {shard}: {len(merges)} merges of fragment(s) {sorted(mine)}, learner 0 in {per[0]}, "
+                f"learner 1 in {per[1]}")
+assert frags == {0, 1}, f"fragments merged: {frags}"
+for n in (0, 1):
+    done = [r for r in records(f"learner-{n}.jsonl") if r["kind"] == "learner_done"]
+    assert done and done[-1]["step"] == steps, f"learner {n} did not finish its {steps} steps: {done[-1:]}"
+print("records: " + "; ".join(text))
+PY
+awk -v j="$job" -v r="$(job_field "$job" RunTime)" -v a="$t0" -v b="$t1" 'BEGIN {
+  printf "slurm: sharded job %s COMPLETED, exit 0:0, run time %s (submit to end %.1f s)\n", j, r, b - a
 }'
 echo "slurm test passed"
