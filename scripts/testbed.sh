@@ -17,7 +17,7 @@
 # RATE is tc's syntax: 10mbit, 1mbit, 1gbit, ... or "none". Defaults: 3 hosts, unshaped; burst 32 KiB and a queue
 # of 256 KiB (queue limit per direction; at low rates a full queue adds delay, as on a real slow link).
 # TESTBED_NAME (default "dlt") prefixes every namespace and names the state file /run/<name>.testbed (hosts=N,
-# addr<i>=ADDRESS: what `deloco run --set testbed.name=<name>` reads), so two testbeds can coexist (the machine reaches the hosts of the first one up). The machine's
+# addr<i>=ADDRESS, rate<i>=RATE, script=PATH of this script: what `deloco run --set testbed.name=<name>` reads), so two testbeds can coexist (the machine reaches the hosts of the first one up). The machine's
 # own namespace joins the bridge at 198.18.255.254 (interface <name>-root, unshaped), so a dashboard on a host can
 # be opened here. `up` on a failure removes what it made; `down` is safe to repeat.
 # Delay and loss need the kernel's netem qdisc; where it is absent (`status` says so) links have rate limits and
@@ -31,6 +31,7 @@ ROOT_DEV=${NAME}-root
 ROOT_ADDR=198.18.255.254
 SUBNET=198.18.0
 MAX_HOSTS=200
+SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
 
 die() { echo "testbed: $*" >&2; exit 1; }
 [[ "$NAME" =~ ^[a-z][a-z0-9]{0,9}$ ]] || die "TESTBED_NAME must be 1-10 lower-case letters and digits, a letter first (got '$NAME')"
@@ -111,7 +112,7 @@ cmd_up() {
   ip netns list | awk '{print $1}' | grep -qx "$BR_NS" && die "namespace $BR_NS exists but no state file: scripts/testbed.sh down"
   # Anything that fails from here removes what was made.
   trap 'echo "testbed: up failed; removing what was made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
-  printf 'hosts=%s\nburst=%s\nlimit=%s\n' "$n" "$burst" "$limit" > "$STATE"
+  printf 'hosts=%s\nburst=%s\nlimit=%s\nscript=%s\n' "$n" "$burst" "$limit" "$SELF" > "$STATE"
   ip netns add "$BR_NS"
   ip netns exec "$BR_NS" ip link set lo up
   ip netns exec "$BR_NS" ip link add br0 type bridge

@@ -7,7 +7,7 @@
 //   syncer.jsonl      (syncer node; `deloco sim`'s metrics.jsonl for the kinds the simulator also writes)
 //   learner-N.jsonl   (learner node, the embedded learner)
 //   metrics.jsonl     (`deloco sim`: the simulator's records; `deloco train`: train and eval)
-//   events.jsonl      (`deloco run`: chaos)
+//   events.jsonl      (`deloco run`: chaos, net_fault)
 // Times ("t", RecordBase) are unix seconds for the nodes and `deloco run`, virtual seconds for the simulator;
 // `deloco train` records carry elapsed_s instead.
 //
@@ -426,6 +426,26 @@ struct Chaos : RecordBase {
   static constexpr const char* kKind = "chaos";
   std::string what;
   template <class V> void fields(V& v) { v("what", what); }
+};
+
+// A network fault of `deloco run` on a testbed host (chaos.net, events.jsonl): one record per thing done to the
+// host's link — the fault's "start", each change of a flapping link between ("down", "up") and its "end" (the heal;
+// also when the run ended during the fault: detail says so). `at` is when it was due (seconds since the run started),
+// "t" when it was done; `learners` are the learners on that host (none: the syncer's host 0).
+struct NetFault : RecordBase {
+  static constexpr const char* kKind = "net_fault";
+  std::string fault;              // partition | flap | slow
+  int64_t host = -1;
+  std::vector<int64_t> learners;
+  std::string phase;              // start | down | up | end
+  std::string action;             // "link down" | "link up" | "rate 200kbit"
+  double at = 0;
+  bool ok = true;                 // the testbed command succeeded
+  std::optional<std::string> detail;
+  template <class V> void fields(V& v) {
+    v("fault", fault); v("host", host); v("learners", learners); v("phase", phase); v("action", action);
+    v("at", at); v("ok", ok); v("detail", detail);
+  }
 };
 
 // The record that replaces the records of one rate-limit key beyond 20 in 10 s at a syncer: kind

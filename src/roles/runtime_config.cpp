@@ -9,6 +9,7 @@
 #include "deloco/config.h"
 #include "deloco/runtime.h"
 #include "deloco/wire.h"
+#include "run/net_chaos.h"
 #include "util/env.h"
 #include "util/text.h"
 
@@ -170,6 +171,17 @@ void ChaosOptions::bind(ConfigSchema& s) {
   s.bind("chaos.slow_factor", &slow_factor, "step-time factor of the slow learner",
          [this] { return slow_factor >= 1 && slow_factor <= 1000 ? "" : "chaos.slow_factor must be in [1, 1000]"; });
   s.bind("chaos.seed", &seed, "seed of the chaos schedule");
+  s.bind("chaos.net", &net,
+         "network faults on the testbed, ';'-separated: \"partition host=H at=T for=D\", \"flap host=H at=T for=D "
+         "period=P\", \"slow host=H at=T for=D [factor=F|rate=R]\" (learner=N for host=H; docs/testbed.md)",
+         [this] {
+           try {
+             run::parse_net_faults(net);
+           } catch (const ConfigError& e) {
+             return std::string(e.what());
+           }
+           return std::string();
+         });
 }
 
 void TestbedOptions::bind(ConfigSchema& s) {
@@ -220,6 +232,8 @@ void RuntimeConfig::validate() const {
     throw ConfigError("shard " + std::to_string(syncer.shard) + " is not in [0, syncer.shards=" +
                       std::to_string(syncer.shards) + ")");
   shard_endpoints(net.address, syncer.shards);  // throws when they cannot be derived
+  if (chaos.enabled && !run::parse_net_faults(chaos.net).empty() && testbed.name.empty())
+    throw ConfigError("chaos.net schedules network faults on a testbed's hosts: set testbed.name too (docs/testbed.md)");
   if (chaos.slow_learner >= resolved_learners())
     throw ConfigError("chaos.slow_learner names learner " + std::to_string(chaos.slow_learner) + " of " +
                       std::to_string(resolved_learners()));

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,30 +75,55 @@ std::pair<std::vector<std::string>, std::string> choose_endpoints(const NetOptio
 
 void add_set(std::vector<std::string>& args, const std::string& kv) { args.insert(args.end(), {"--set", kv}); }
 
-// The host addresses of the testbed `name`, from the state file scripts/testbed.sh up writes (hosts=N, addr<i>=A).
-std::vector<std::string> read_testbed(const std::string& name) {
+// What `deloco run` needs of the testbed `name`, from the state file scripts/testbed.sh up writes (hosts=N,
+// addr<i>=A, rate<i>=R, script=PATH).
+struct TestbedState {
+  std::vector<std::string> addrs, rates;
+  std::string script;  // "" : not named (a testbed made by an older script)
+};
+
+TestbedState read_testbed(const std::string& name) {
   const std::string path = "/run/" + name + ".testbed";
   std::ifstream in(path);
   if (!in)
     throw RunError("testbed '" + name + "' is not up (no " + path + "): make it with `TESTBED_NAME=" + name +
                    " scripts/testbed.sh up --hosts 3 --rate 10mbit` (as root)");
   int64_t hosts = -1;
-  std::map<int64_t, std::string> addrs;
+  std::map<int64_t, std::string> addrs, rates;
+  TestbedState st;
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("hosts=", 0) == 0) hosts = std::atoll(line.c_str() + 6);
     if (line.rfind("addr", 0) == 0 && line.find('=') != std::string::npos)
       addrs[std::atoll(line.c_str() + 4)] = line.substr(line.find('=') + 1);
+    if (line.rfind("rate", 0) == 0 && line.find('=') != std::string::npos)
+      rates[std::atoll(line.c_str() + 4)] = line.substr(line.find('=') + 1);
+    if (line.rfind("script=", 0) == 0) st.script = line.substr(7);
   }
-  std::vector<std::string> out;
   for (int64_t h = 0; h < hosts; ++h) {
     auto it = addrs.find(h);
     if (it == addrs.end()) throw RunError(path + " names no address of host " + std::to_string(h) + " (of " + std::to_string(hosts) + ")");
-    out.push_back(it->second);
+    st.addrs.push_back(it->second);
+    auto r = rates.find(h);
+    st.rates.push_back(r == rates.end() ? "none" : r->second);
   }
-  if (out.size() < 2)
-    throw RunError("testbed '" + name + "' has " + std::to_string(out.size()) +
+  if (st.addrs.size() < 2)
+    throw RunError("testbed '" + name + "' has " + std::to_string(st.addrs.size()) +
                    " host(s): deloco run needs one for the syncer and at least one for the learners");
-  return out;
+  return st;
+}
+
+// The testbed script that changes links: the one the state file names, else scripts/testbed.sh of the source tree
+// beside the build folder of this executable, else under the working directory ("" : none found).
+std::string find_testbed_script(const std::string& named) {
+  std::error_code ec;
+  std::vector<fs::path> tries;
+  if (!named.empty()) tries.emplace_back(named);
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) tries.push_back(exe.parent_path().parent_path() / "scripts" / "testbed.sh");
+  tries.push_back(fs::current_path(ec) / "scripts" / "testbed.sh");
+  for (const fs::path& p : tries)
+    if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
+  return "";
 }
 
 }  // namespace
@@ -143,7 +169,21 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
 void LocalCluster::prepare() {
   fs::create_directories(dir_ / "logs");
   if (!cfg_.testbed.name.empty()) {
-    testbed_addrs_ = read_testbed(cfg_.testbed.name);
+    const TestbedState tb = read_testbed(cfg_.testbed.name);
+    testbed_addrs_ = tb.addrs;
+    testbed_rates_ = tb.rates;
+    std::vector<NetFault> faults = parse_net_faults(cfg_.chaos.net);
+    if (!faults.empty() && !cfg_.chaos.enabled)
+      std::cerr << "deloco run: chaos.net is set but chaos.enabled is false: no network faults\n";
+    if (!faults.empty() && cfg_.chaos.enabled) {
+      place_net_faults(faults, static_cast<int64_t>(testbed_addrs_.size()), M_);
+      net_chaos_ = NetChaosSchedule(std::move(faults), testbed_rates_);
+      testbed_script_ = find_testbed_script(tb.script);
+      if (testbed_script_.empty())
+        throw RunError("chaos.net: cannot find scripts/testbed.sh to change the testbed's links (the state file /run/" +
+                       cfg_.testbed.name + ".testbed names none, and neither the source tree of this executable nor "
+                       "the working directory has one)");
+    }
     bind_addrs_.clear();
     dial_addr_.clear();
     for (int64_t s = 0; s < S_; ++s) {
@@ -166,6 +206,16 @@ void LocalCluster::prepare() {
 
 json LocalCluster::run(const StopSignals& stop) {
   t0_ = std::chrono::steady_clock::now();
+  // Whatever ends the run, no network fault outlives it.
+  struct HealAtExit {
+    LocalCluster* c;
+    ~HealAtExit() {
+      try {
+        c->heal_network();
+      } catch (...) {
+      }
+    }
+  } heal_at_exit{this};
   for (auto& c : syncers_) start(c);
   for (auto& c : learners_) start(c);
   std::string fatal;
@@ -174,7 +224,10 @@ json LocalCluster::run(const StopSignals& stop) {
       reap();
       if (finished()) break;
       restarts_and_continues();
-      if (cfg_.chaos.enabled) chaos();
+      if (cfg_.chaos.enabled) {
+        chaos();
+        net_chaos();
+      }
     } catch (const std::exception& e) {  // a process failing too often, or one that cannot be started
       fatal = e.what();
       break;
@@ -193,6 +246,7 @@ json LocalCluster::run(const StopSignals& stop) {
   }
   const int sig = stop.first.load();
   stopping_ = true;
+  heal_network();  // before the children's last words: a learner cut off now could not say goodbye
   const auto children = everyone();
   if (std::any_of(children.begin(), children.end(), [](const Child* c) { return c->pid != 0; })) view_.clear();
   stop_children(children, sig != 0 ? sig : SIGTERM, kStopWait, std::cerr);
@@ -511,6 +565,95 @@ void LocalCluster::chaos() {
   }
 }
 
+void LocalCluster::net_chaos() {
+  for (const NetAction& a : net_chaos_.due(elapsed())) do_net_action(a, false);
+}
+
+void LocalCluster::heal_network() {
+  for (const NetAction& a : net_chaos_.heal()) do_net_action(a, true);
+}
+
+void LocalCluster::do_net_action(const NetAction& a, bool at_exit) {
+  const NetFault& f = net_chaos_.faults()[a.fault];
+  const std::string host = std::to_string(a.host);
+  std::vector<int64_t> on_host;
+  const int64_t hosts = static_cast<int64_t>(testbed_addrs_.size());
+  for (int64_t n = 0; a.host > 0 && n < M_; ++n)
+    if (1 + n % (hosts - 1) == a.host) on_host.push_back(n);
+  std::string who = "host " + host;
+  if (a.host == 0) who += " (the syncer's)";
+  for (size_t i = 0; i < on_host.size(); ++i)
+    who += (i == 0 ? " (learner " : ", ") + std::to_string(on_host[i]) + (i + 1 == on_host.size() ? ")" : "");
+  std::string action, err;
+  if (a.op == NetAction::kShape) {
+    action = "rate " + a.rate;
+    err = testbed_command({"shape", host, a.rate});
+  } else {
+    const bool down = a.op == NetAction::kLinkDown;
+    action = down ? "link down" : "link up";
+    err = testbed_command({"link", host, down ? "down" : "up"});
+  }
+  rec::NetFault r;
+  r.fault = net_fault_name(f.kind);
+  r.host = a.host;
+  r.learners = on_host;
+  r.phase = a.phase;
+  r.action = action;
+  r.at = a.at;
+  r.ok = err.empty();
+  if (!err.empty()) r.detail = err;
+  else if (at_exit) r.detail = "the run ended during the fault";
+  r.t = unix_now();
+  try {
+    rec::RecordWriter((dir_ / "events.jsonl").string()).write(r);
+  } catch (const std::exception&) {  // best effort, as note()
+  }
+  if (!err.empty()) {
+    note("chaos: FAILED to set " + who + "'s " + action + " (" + r.fault + "): " + err);
+    return;
+  }
+  const std::string dur = fixed(f.duration, 0) + " s";
+  std::string what;
+  if (a.phase == "start") {
+    if (f.kind == NetFaultKind::kPartition) what = who + " partitioned: link down for " + dur;
+    if (f.kind == NetFaultKind::kFlap) what = who + " link flapping for " + dur + " (down and up every " + fixed(f.period, 1) + " s)";
+    if (f.kind == NetFaultKind::kSlow)
+      what = who + " link slowed to " + a.rate + " for " + dur + " (its own: " + testbed_rates_[static_cast<size_t>(a.host)] + ")";
+  } else if (a.phase == "end") {
+    what = who + (f.kind == NetFaultKind::kSlow ? " link back to " + a.rate : std::string(" link up")) + ": the " +
+           r.fault + " of " + dur + (at_exit ? " healed as the run ends" : " is over");
+  }
+  if (!what.empty()) note("chaos: " + what);  // a flapping link's changes between: records only
+}
+
+std::string LocalCluster::testbed_command(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"bash", testbed_script_};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const std::string log = (dir_ / "logs" / "testbed.log").string();
+  pid_t pid = 0;
+  try {
+    pid = spawn_program("/bin/bash", argv, child_environment({"TESTBED_NAME=" + cfg_.testbed.name}), log);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  // The script runs a few `ip` and `tc` commands: well under a second. Bounded all the same.
+  int status = 0;
+  for (int waited_ms = 0;; waited_ms += 5) {
+    const pid_t r = ::waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) return std::string("waitpid: ") + std::strerror(errno);
+    if (waited_ms >= 30000) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return "scripts/testbed.sh " + args[0] + " took more than 30 s (killed); see " + log;
+    }
+    ::usleep(5000);
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
+  return "scripts/testbed.sh " + args[0] + " " + args[1] + " failed (" +
+         (WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status)) : std::string("killed by a signal")) +
+         "); see " + log;
+}
 
 void LocalCluster::note(const std::string& what) {
   view_.event(what);
@@ -622,6 +765,19 @@ json LocalCluster::make_summary() {
   x["run_dir"] = dir_.string();
   x["endpoint"] = dial_addr_;
   if (!testbed_addrs_.empty()) x["testbed"] = {{"name", cfg_.testbed.name}, {"hosts", testbed_addrs_}};
+  if (!net_chaos_.faults().empty()) {
+    json faults = json::array();
+    for (size_t i = 0; i < net_chaos_.faults().size(); ++i) {
+      const NetFault& f = net_chaos_.faults()[i];
+      json j = {{"fault", net_fault_name(f.kind)}, {"host", f.host}, {"at", f.at}, {"for", f.duration},
+                {"started", net_chaos_.started(i)}, {"ended", net_chaos_.ended(i)}, {"text", f.text}};
+      if (f.kind == NetFaultKind::kFlap) j["period"] = f.period;
+      for (const NetAction& a : net_chaos_.plan())
+        if (a.fault == i && a.phase == "start" && a.op == NetAction::kShape) j["rate"] = a.rate;
+      faults.push_back(j);
+    }
+    x["net_faults"] = faults;
+  }
   x["plaintext"] = cfg_.net.plaintext;
   x["learner_kills"] = learner_kills_;
   x["learner_stops"] = learner_stops_;

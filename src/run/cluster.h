@@ -33,6 +33,13 @@
 //     shard runs in host 0's network namespace and binds tcp://<host 0>:testbed.port + s; learner n (its ranks too)
 //     runs in host 1 + n mod (hosts − 1) and dials those; the syncer's metrics endpoint and dashboard listen on
 //     host 0's address (this machine reaches it over the testbed's bridge).
+//   * Network faults (chaos.net with chaos.enabled, net_chaos.h): scheduled from the run's start and carried out
+//     with the testbed's own scripts/testbed.sh (`link H down|up`, `shape H RATE`; the script named by the state
+//     file's script=, else scripts/testbed.sh beside the build folder or under the working directory), its output in
+//     logs/testbed.log. Each action writes a net_fault record (and a chaos line) to events.jsonl. Every fault still
+//     on when the run ends (finished, interrupted, failed) is healed before run() returns or throws: link up, the
+//     host's own rate (rate<h>= of the state file as it was at prepare()). The summary lists the faults
+//     ("net_faults").
 //   * Thread: run() blocks the calling thread; the object is not thread-safe.
 #pragma once
 
@@ -50,6 +57,7 @@
 #include "records/record.h"
 #include "run/chaos.h"
 #include "run/live_view.h"
+#include "run/net_chaos.h"
 #include "run/summary.h"
 #include "run/supervisor.h"
 #include "util/stop_signals.h"
@@ -103,6 +111,12 @@ class LocalCluster {
   void restarts_and_continues();
   void chaos();
   Child* pick_learner();
+  // Network faults (chaos.net): the due actions, and at the end the heal of every fault still on.
+  void net_chaos();
+  void heal_network();
+  void do_net_action(const NetAction& a, bool at_exit);
+  // Runs scripts/testbed.sh with `args` for this run's testbed; "" when it succeeded, else what went wrong.
+  std::string testbed_command(const std::vector<std::string>& args);
   void poll_records();
   // Reads learner n's new records (live view, and whether its current incarnation finished).
   void poll_learner(size_t n);
@@ -126,6 +140,9 @@ class LocalCluster {
   const bool tty_;  // stderr is a terminal
   const int64_t S_;                 // syncer.shards
   std::vector<std::string> testbed_addrs_;  // per testbed host (empty: not on a testbed)
+  std::vector<std::string> testbed_rates_;  // per testbed host: its link's own rate (rate<h>=, "none": unshaped)
+  std::string testbed_script_;              // scripts/testbed.sh of the testbed ("" : no network faults)
+  NetChaosSchedule net_chaos_;
   // The network namespace a child runs in ("" : this machine's own).
   std::string netns_of(const Child& c) const;
   std::vector<std::string> bind_addrs_;  // per shard

@@ -95,6 +95,22 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
   o << "chaos: " << count("learner_kills") << " learner kills (rejoin " << med_max("rejoin_seconds")
     << "; contributing again " << med_max("recontribute_seconds") << "), " << count("learner_stops")
     << " stops, " << count("syncer_kills") << " syncer kills\n";
+  // Network faults on a testbed (chaos.net): one line, in the order written.
+  if (s.contains("net_faults") && s["net_faults"].is_array() && !s["net_faults"].empty()) {
+    o << "network faults:";
+    bool first = true;
+    for (const auto& f : s["net_faults"]) {
+      if (!f.is_object()) continue;
+      const auto text = [&](const char* k) { return f.contains(k) && f[k].is_string() ? f[k].get<std::string>() : "?"; };
+      const auto number = [&](const char* k) { return f.contains(k) && f[k].is_number() ? f[k].get<double>() : NAN; };
+      o << (first ? " " : "; ") << text("fault") << " of host "
+        << (f.contains("host") && f["host"].is_number_integer() ? std::to_string(f["host"].get<int64_t>()) : "?")
+        << " at " << fixed(number("at"), 0) << " s for " << fixed(number("for"), 0) << " s"
+        << (f.contains("started") && f["started"].is_boolean() && !f["started"].get<bool>() ? " (never began)" : "");
+      first = false;
+    }
+    o << "\n";
+  }
   o << "summary: " << summary_file << "\n";
   return o.str();
 }
