@@ -30,6 +30,7 @@ for b in munged slurmctld slurmd sbatch sinfo scontrol squeue scancel srun; do
 done
 [ -x "$DELOCO" ] || { echo "FAIL: no deloco binary at $DELOCO" >&2; exit 1; }
 
+started=$EPOCHREALTIME
 work=$(mktemp -d /tmp/deloco-slurm.XXXXXX)
 chmod 755 "$work"   # munged wants its socket's folders searchable by all and writable by root only
 mkdir -m 755 "$work/munge"
@@ -165,6 +166,7 @@ while ((SECONDS < end)); do
   sleep 0.5
 done
 [ "$state" = idle ] || fail "node $node not idle within 30 s (sinfo: '${state}')"
+awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "slurm: daemons up, node idle after %.1f s\n", b - a }'
 echo "slurm: node $node ($cpus CPUs for Slurm, $real_cpus real; $mem MB) idle;" \
   "slurmctld on port $ctld_port, slurmd on $slurmd_port"
 
