@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/testbed.sh check || { echo "testbed run test skipped"; exit 77; }
+# One testbed at a time on this machine (all share 198.18.255.254): wait for the others' (ctest's RESOURCE_LOCK
+# orders only ctest's own tests).
+exec 9>/tmp/deloco-testbed.lock
+flock -w 300 9 || { echo "FAIL: another testbed held /tmp/deloco-testbed.lock for 5 minutes" >&2; exit 1; }
 DELOCO=${1:-build/deloco}
 export TESTBED_NAME=dlr$$
 TB=scripts/testbed.sh
