@@ -82,6 +82,9 @@ struct LearnerNode::Impl {
     // Hellos handed to the transport since the latest welcome: a hello repeats every net.heartbeat, doubling
     // while unanswered up to net.dead_after, so a cut link does not queue one per heartbeat behind it.
     int64_t hellos_unanswered = 0;
+    // The syncer's allowance for silences its own traffic causes on this link (proto::SyncerBeat::patience): the
+    // learner counts the syncer gone after net.dead_after + patience.
+    double patience = 0;
   };
   // The connection to one syncer shard (the only one when syncer.shards = 1): the fragments it serves, and whether
   // the learner is joined to it, holds its part of the state and was answered its goodbye. Guarded by mu except
@@ -256,7 +259,10 @@ struct LearnerNode::Impl {
     }
     // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
     if (!is_joined && t - c.last_hello >= hello_interval(c)) say_hello(L, b, t);
-    if (is_joined && t - c.last_heard > cfg.net.dead_after) {
+    // A download in progress is the syncer talking (its chunks may each take seconds on a slow link): the join's
+    // own bound, net.join_timeout, applies to it instead.
+    const double allowed = c.dl ? std::max(cfg.net.join_timeout, cfg.net.dead_after) : cfg.net.dead_after + c.patience;
+    if (is_joined && t - c.last_heard > allowed) {
       std::lock_guard<std::mutex> lock(mu);
       L.joined = false;
       is_joined = false;
@@ -526,6 +532,7 @@ struct LearnerNode::Impl {
   void on_syncer_beat(Link& L, const Envelope& env) {
     if (env.payload.empty()) return;  // an older syncer
     const proto::SyncerBeat sb = proto::parse_syncer_beat(env.payload.data(), env.payload.size());
+    L.c.patience = std::min(sb.patience, 20 * cfg.net.dead_after);  // the syncer caps it too; a peer's value is bounded here
     std::lock_guard<std::mutex> lock(mu);
     L.syncer_acks = true;
     L.pushes_acked = sb.pushes;

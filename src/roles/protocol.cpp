@@ -123,12 +123,17 @@ Beat parse_beat(const char* data, size_t n) {
   return b;
 }
 
-std::string encode_syncer_beat(const SyncerBeat& b) { return nlohmann::json{{"pushes", b.pushes}}.dump(); }
+std::string encode_syncer_beat(const SyncerBeat& b) {
+  nlohmann::json j{{"pushes", b.pushes}};
+  if (b.patience > 0) j["patience"] = b.patience;
+  return j.dump();
+}
 
 SyncerBeat parse_syncer_beat(const char* data, size_t n) {
   auto j = parse_object(data, n, "syncer heartbeat");
   SyncerBeat b;
   b.pushes = get_int(j, "pushes", "syncer heartbeat", 0, kMaxI);
+  if (j.contains("patience")) b.patience = get_double(j, "patience", "syncer heartbeat");
   return b;
 }
 

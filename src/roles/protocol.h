@@ -69,8 +69,12 @@ Beat parse_beat(const char* data, size_t n);
 // The body of the syncer's heartbeat (empty from an older syncer): how many fragment pushes the syncer received on
 // this connection since it accepted the connection's latest hello. Sent after every push it reads and with every
 // periodic heartbeat; the learner's send window for pushes (learner_node.cpp) counts against it.
+// `patience`: the silence (seconds) the syncer's own traffic can cause on this link beyond net.dead_after: the
+// broadcasts a heartbeat may queue behind (the send window), at their measured time on this link. The learner waits
+// that much longer before it counts the syncer gone (optional: absent = 0).
 struct SyncerBeat {
   int64_t pushes = 0;
+  double patience = 0;
 };
 std::string encode_syncer_beat(const SyncerBeat& b);
 SyncerBeat parse_syncer_beat(const char* data, size_t n);

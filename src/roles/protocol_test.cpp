@@ -126,6 +126,12 @@ TEST(Protocol, HeartbeatsCarryTheDeliveryAcknowledgements) {
   SyncerBeat sb{12};
   s = encode_syncer_beat(sb);
   EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).pushes, 12);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).patience, 0.0);
+  sb.patience = 2.5;
+  s = encode_syncer_beat(sb);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).patience, 2.5);
+  const std::string negative = R"({"pushes":1,"patience":-1})";
+  EXPECT_THROW(parse_syncer_beat(negative.data(), negative.size()), WireError);
   for (std::string junk : {std::string("{}"), std::string(R"({"pushes":-1})"), std::string(R"({"pushes":"3"})"),
                            std::string("[1]"), std::string("{")}) {
     try {

@@ -107,7 +107,7 @@ void SyncerNode::Impl::retire(int64_t m, const char* how) {
   retired[m] = true;
   peers[m].alive = false;
   peers[m].dl_sent = -1;
-  reset_window(peers[m]);
+  peers[m].pending.clear();  // what is in flight stays counted: the end of the run waits for it (run())
   rec::Retired rt;
   rt.learner = m;
   rt.how = how;
@@ -187,6 +187,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         ++P.pushes_rx;
         if (P.last_beat >= 0 && t >= P.last_beat) {
           upload_time.add(t - P.last_beat, cfg.sync.ema);
+          P.upload_time.add(t - P.last_beat, cfg.sync.ema);
           ++uploads_measured;
         }
         P.last_beat = -1;
@@ -203,6 +204,12 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         P.busy = b.busy_seconds;
         P.step_time = b.step_time;
         const bool download_done = P.dl_sent >= 0 && b.state_round >= P.dl_round;
+        if (download_done && !P.broadcast_time.seeded && t > P.dl_sent) {
+          // The download's rate on this link gives the first estimate of a broadcast's time on it (liveness
+          // allows for it before any broadcast was measured).
+          const double rate = static_cast<double>(model_layout.elements) * 4 / (t - P.dl_sent);
+          P.broadcast_time.add(static_cast<double>(send_window) / 2 / rate, cfg.sync.ema);
+        }
         if (download_done) P.dl_sent = -1;  // the download arrived and verified
         if (b.broadcasts >= 0) {
           P.acks = true;
@@ -486,6 +493,7 @@ void SyncerNode::Impl::send_beat(int64_t m) {
   h.round = static_cast<uint64_t>(merges);
   proto::SyncerBeat b;
   b.pushes = peers[m].pushes_rx;
+  b.patience = patience(peers[m].broadcast_time);
   send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
 }
 
@@ -541,6 +549,7 @@ void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
   Peer& P = peers[m];
   while (!P.in_flight.empty() && P.in_flight.front().seq <= static_cast<uint64_t>(seq)) {
     broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
+    P.broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
     ++broadcasts_measured;
     ++broadcasts_acked;
     P.in_flight_bytes -= P.in_flight.front().bytes;
@@ -693,7 +702,8 @@ bool SyncerNode::Impl::blocked_learners(double t) const {
   bool any = false;
   for (int64_t m = 0; m < M; ++m) {
     const syncer_detail::Peer& P = peers[m];
-    if (!P.alive || retired[m] || P.step >= cfg.run.train.steps) continue;
+    // A learner still downloading the state (slow on a slow link) is not stuck.
+    if (!P.alive || retired[m] || P.step >= cfg.run.train.steps || download_outstanding(P, t)) continue;
     any = true;
     const double patience = std::max(4 * cfg.net.dead_after, 20 * P.step_time);
     if (t - P.advanced_at <= patience) return false;
@@ -743,7 +753,8 @@ void SyncerNode::Impl::housekeeping() {
   last_account = t;
   for (int64_t m = 0; m < M; ++m) {
     Peer& P = peers[m];
-    if (P.alive && t - P.last_heard > cfg.net.dead_after) {
+    // A push on a slow link is silence while it crosses: allow two (the learner's push window) at its measured time.
+    if (P.alive && t - P.last_heard > cfg.net.dead_after + patience(P.upload_time)) {
       P.alive = false;
       P.dl_sent = -1;  // a silent connection's download is moot (see on_hello)
       reset_window(P);
@@ -946,6 +957,21 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   nlohmann::json s = I.summary(wall);
   I.emit_json(rec::done_record(s, stop.load()));
+  // The answers to the last goodbyes are queued behind the broadcasts still in flight to those learners: on a slow
+  // link they take longer than the transport's linger. Keep reading (the learners acknowledge each broadcast) until
+  // nothing is in flight, or net.join_timeout (the learners' own patience for that answer) passes.
+  if (I.all_retired()) {
+    const double until = I.now() + I.cfg.net.join_timeout;
+    const auto in_flight = [&] {
+      for (const auto& P : I.peers)
+        if (!P.in_flight.empty() && !P.route.empty()) return true;
+      return false;
+    };
+    while (!stop.load() && I.now() < until && in_flight()) {
+      Envelope env;
+      if (I.tx->receive(&env, std::chrono::milliseconds(50))) I.handle(env);
+    }
+  }
   return s;
 }
 

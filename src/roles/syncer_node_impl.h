@@ -64,6 +64,9 @@ struct Peer {
   std::map<int64_t, Pending> pending;
   // ---- pushes on the current connection ----
   int64_t pushes_rx = 0;     // pushes read on `route` since its latest hello (told back: proto::SyncerBeat)
+  // This link's measured transfer times (moving averages): a push (upload) and a broadcast (hand-off to
+  // acknowledgement). A slow link makes silences of a few frames' time normal: liveness allows for them.
+  Ema upload_time, broadcast_time;
   double last_beat = -1;     // steady time of its latest heartbeat: the one the learner sends right before a push
 };
 
@@ -233,6 +236,11 @@ struct SyncerNode::Impl {
   // Learner m is back after being counted lost, without a download: queues the latest broadcast of every merged
   // fragment (it missed those made meanwhile; the send window sends each fragment's newest once).
   void catch_up(int64_t m);
+  // The silence (seconds) beyond net.dead_after that a link's own traffic can cause, capped at 20 net.dead_after: a
+  // heartbeat queued behind two frames (the send windows) at their measured time on that link.
+  double patience(const Ema& e) const {
+    return e.seeded ? std::min(2 * e.value, 20 * cfg.net.dead_after) : 0.0;
+  }
   // The acknowledgement of broadcasts up to sequence number `seq`: measures each one's time in flight.
   void acknowledge(int64_t m, int64_t seq, double t);
   // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
