@@ -23,55 +23,25 @@
 #include "deloco/runtime.h"
 #include "protocol.h"
 #include "support/await_kind.h"
+#include "support/roles_fixture.h"
 
 namespace deloco {
 namespace {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 
-std::shared_ptr<const Corpus> corpus() {
-  static std::shared_ptr<const Corpus> c = [] {
-    std::vector<std::string> docs;
-    for (int i = 0; i < 20; ++i) docs.push_back(std::string(2000, static_cast<char>('a' + i % 26)) + " words and more words");
-    return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.1));
-  }();
-  return c;
-}
+std::shared_ptr<const Corpus> corpus() { return testing::letters_corpus(); }
 
 RuntimeConfig config(const fs::path& dir) {
-  RuntimeConfig cfg;
-  cfg.run.model.block_size = 16;
-  cfg.run.model.n_layer = 1;
-  cfg.run.model.n_head = 2;
-  cfg.run.model.n_embd = 32;
-  cfg.run.train.batch_size = 2;
+  RuntimeConfig cfg = testing::tiny_runtime_config(dir);
   cfg.run.train.steps = 400;
-  cfg.run.train.eval_tokens = 128;
-  cfg.run.train.threads = 1;
-  cfg.sync.learners = 2;
-  cfg.sync.quorum = 1;
-  cfg.sync.fragments = 2;
-  cfg.sync.sync_every = 4;
-  cfg.merge.preset = "decoupled";
-  cfg.net.plaintext = true;
-  cfg.net.heartbeat = 0.2;
   cfg.net.dead_after = 60.0;  // a held link must not make anyone count the other side gone
   cfg.net.join_timeout = 60.0;
-  cfg.syncer.out_dir = (dir / "syncer").string();
-  cfg.syncer.checkpoint_every = 0;
-  cfg.syncer.eval_interval = 0;
-  cfg.syncer.metrics = "";
   return cfg;
 }
 
-struct StopOnExit {
-  std::atomic<bool>* stop;
-  std::thread* t;
-  ~StopOnExit() {
-    stop->store(true);
-    if (t->joinable()) t->join();
-  }
-};
+using testing::JoinOnExit;
+using testing::StopOnExit;
 
 // The syncer's side of the links: frames for which `keep` says true are held, in order, until release().
 class HeldLinks final : public ServerTransport {
@@ -190,12 +160,7 @@ TEST(FlowControl, ASyncerSupersedesBroadcastsALinkCannotTakeAndSendsTheNewestWhe
     LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(), nullptr);
     s0 = node.run(never);
   });
-  struct JoinOnExit {
-    std::thread* t;
-    ~JoinOnExit() {
-      if (t->joinable()) t->join();
-    }
-  } join_l0{&l0};
+  JoinOnExit join_l0{&l0};
   // Learner 0 trains its whole run (every push merged) while learner 1's link drains nothing.
   l0.join();
   ASSERT_TRUE(s0["finished"].get<bool>()) << s0.dump();
@@ -269,12 +234,7 @@ TEST(FlowControl, ALearnerHoldsPushesWhileTwoAreUnacknowledgedAndSendsTheNewest)
                      });
     s0 = node.run(never);
   });
-  struct JoinOnExit {
-    std::thread* t;
-    ~JoinOnExit() {
-      if (t->joinable()) t->join();
-    }
-  } join_l0{&l0};
+  JoinOnExit join_l0{&l0};
   // The learner trains on to its last step (it never waits for answers) while its pushes wait.
   ASSERT_TRUE(eventually(120, [&] { return step.load() >= cfg.run.train.steps; }));
   EXPECT_LE(link->received(0, MessageKind::kFragmentPush), 2 + 1)

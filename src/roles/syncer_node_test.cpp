@@ -21,57 +21,25 @@
 #include "deloco/workload.h"
 #include "protocol.h"
 #include "support/await_kind.h"
+#include "support/roles_fixture.h"
 
 namespace deloco {
 namespace {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 
-std::shared_ptr<const Corpus> corpus() {
-  static std::shared_ptr<const Corpus> c = [] {
-    std::vector<std::string> docs;
-    for (int i = 0; i < 20; ++i) docs.push_back(std::string(2000, static_cast<char>('a' + i % 26)) + " words and more words");
-    return std::make_shared<const Corpus>(Corpus::from_documents(docs, 0.1));
-  }();
-  return c;
-}
+std::shared_ptr<const Corpus> corpus() { return testing::letters_corpus(); }
 
 RuntimeConfig config(const fs::path& dir) {
-  RuntimeConfig cfg;
-  cfg.run.model.block_size = 16;
-  cfg.run.model.n_layer = 1;
-  cfg.run.model.n_head = 2;
-  cfg.run.model.n_embd = 32;
-  cfg.run.train.batch_size = 2;
+  RuntimeConfig cfg = testing::tiny_runtime_config(dir);
   cfg.run.train.steps = 8;
-  cfg.run.train.eval_tokens = 128;
-  cfg.run.train.threads = 1;
-  cfg.sync.learners = 2;
-  cfg.sync.quorum = 1;
-  cfg.sync.fragments = 2;
-  cfg.sync.sync_every = 4;
-  cfg.merge.preset = "decoupled";
-  cfg.net.plaintext = true;
-  cfg.net.heartbeat = 0.2;
   cfg.net.dead_after = 60.0;  // the hand-made learners send no heartbeats of their own unless told to
   cfg.net.join_timeout = 60.0;
   cfg.net.chunk_bytes = 4096;  // several chunks per download
-  cfg.syncer.out_dir = (dir / "syncer").string();
-  cfg.syncer.checkpoint_every = 0;
-  cfg.syncer.eval_interval = 0;
-  cfg.syncer.metrics = "";
   return cfg;
 }
 
-// Ends a syncer's run thread however a test leaves its scope (a failed ASSERT included): sets `stop`, joins.
-struct StopOnExit {
-  std::atomic<bool>* stop;
-  std::thread* t;
-  ~StopOnExit() {
-    stop->store(true);
-    if (t->joinable()) t->join();
-  }
-};
+using testing::StopOnExit;
 
 // A server transport that throws from send() for the first `throws` messages of kind `kind`: an unexpected
 // exception in the middle of handling a message (a transport must not throw; a bad_alloc or a bug could).
