@@ -82,12 +82,13 @@ struct TestbedState {
   std::string script;  // "" : not named (a testbed made by an older script)
 };
 
-TestbedState read_testbed(const std::string& name) {
+// `hosts`: how many hosts to suggest when the testbed is not up (one per process of the run).
+TestbedState read_testbed(const std::string& name, int64_t hosts_wanted) {
   const std::string path = "/run/" + name + ".testbed";
   std::ifstream in(path);
   if (!in)
     throw RunError("testbed '" + name + "' is not up (no " + path + "): make it with `TESTBED_NAME=" + name +
-                   " scripts/testbed.sh up --hosts 3 --rate 10mbit` (as root)");
+                   " scripts/testbed.sh up --hosts " + std::to_string(hosts_wanted) + " --rate 10mbit` (as root)");
   int64_t hosts = -1;
   std::map<int64_t, std::string> addrs, rates;
   TestbedState st;
@@ -169,14 +170,20 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
 void LocalCluster::prepare() {
   fs::create_directories(dir_ / "logs");
   if (!cfg_.testbed.name.empty()) {
-    const TestbedState tb = read_testbed(cfg_.testbed.name);
+    const int64_t R = std::max<int64_t>(1, cfg_.learner.ranks), wanted = 1 + M_ * R;
+    const TestbedState tb = read_testbed(cfg_.testbed.name, std::max<int64_t>(3, wanted));
     testbed_addrs_ = tb.addrs;
     testbed_rates_ = tb.rates;
+    const int64_t hosts = static_cast<int64_t>(testbed_addrs_.size());
+    if (R > 1 && hosts < wanted)
+      std::cerr << "deloco run: testbed '" << cfg_.testbed.name << "' has " << hosts << " hosts, fewer than the "
+                << wanted << " that give the syncer and each of the " << M_ * R << " learner ranks a host of its own: "
+                << "ranks share hosts (docs/testbed.md)\n";
     std::vector<NetFault> faults = parse_net_faults(cfg_.chaos.net);
     if (!faults.empty() && !cfg_.chaos.enabled)
       std::cerr << "deloco run: chaos.net is set but chaos.enabled is false: no network faults\n";
     if (!faults.empty() && cfg_.chaos.enabled) {
-      place_net_faults(faults, static_cast<int64_t>(testbed_addrs_.size()), M_);
+      place_net_faults(faults, hosts, M_, R);
       net_chaos_ = NetChaosSchedule(std::move(faults), testbed_rates_);
       testbed_script_ = find_testbed_script(tb.script);
       if (testbed_script_.empty())
@@ -295,10 +302,14 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
     a.insert(a.begin() + 1, "learner");
     a.insert(a.end(), {"--id", std::to_string(c.learner), "--connect", dial_addr_, "--out", dir_.string()});
     add_set(a, "train.threads=1");
-    if (cfg_.learner.ranks > 1)
+    // The group's store: at rank 0's host (its testbed address, else this machine's loopback), a fresh port per start.
+    if (cfg_.learner.ranks > 1) {
+      const std::string master =
+          testbed_addrs_.empty() ? "127.0.0.1" : testbed_addrs_[static_cast<size_t>(learner_host(c.learner, 0))];
       a.insert(a.end(), {"--rank", std::to_string(c.rank), "--world-size", std::to_string(cfg_.learner.ranks),
-                         "--master-addr", "127.0.0.1", "--master-port",
+                         "--master-addr", master, "--master-port",
                          std::to_string(group_port_[static_cast<size_t>(c.learner)])});
+    }
     if (cfg_.chaos.enabled && c.learner == cfg_.chaos.slow_learner)
       add_set(a, "learner.slowdown=" + fixed(cfg_.chaos.slow_factor, 6));
     if (!cfg_.net.plaintext) {
@@ -337,10 +348,13 @@ std::vector<std::string> LocalCluster::learner_command_environment(int64_t learn
 // a hint, missing when the syncer died between its first commit and writing it).
 bool LocalCluster::has_checkpoint(int64_t shard) const { return has_committed_checkpoint(shard_dir(shard).string()); }
 
+int64_t LocalCluster::learner_host(int64_t learner, int64_t rank) const {
+  return testbed_host_of(learner, rank, cfg_.learner.ranks, static_cast<int64_t>(testbed_addrs_.size()));
+}
+
 std::string LocalCluster::netns_of(const Child& c) const {
   if (testbed_addrs_.empty()) return "";
-  const int64_t hosts = static_cast<int64_t>(testbed_addrs_.size());
-  const int64_t host = c.learner < 0 ? 0 : 1 + c.learner % (hosts - 1);
+  const int64_t host = c.learner < 0 ? 0 : learner_host(c.learner, c.rank);
   return cfg_.testbed.name + "-h" + std::to_string(host);
 }
 
@@ -374,11 +388,16 @@ void LocalCluster::start(Child& c) {
     l << "\n";
   }
   // One thread per process: M learners, one per core, and a syncer that mostly waits.
-  if (command != nullptr)
+  if (command != nullptr) {
     c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + *command}, learner_command_environment(c.learner), log,
                           netns_of(c));
-  else
-    c.pid = spawn_self(argv, child_environment({"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"}), log, netns_of(c));
+  } else {
+    std::vector<std::string> env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
+    // A learner group on the testbed: Gloo's pairs on the host's testbed interface (scripts/testbed.sh), whatever
+    // this machine's GLOO_SOCKET_IFNAME says.
+    if (c.learner >= 0 && cfg_.learner.ranks > 1 && !testbed_addrs_.empty()) env.push_back("GLOO_SOCKET_IFNAME=eth0");
+    c.pid = spawn_self(argv, child_environment(env), log, netns_of(c));
+  }
   c.stopped = false;
   c.chaos_killed = false;
   c.restart_at = -1;
@@ -576,10 +595,12 @@ void LocalCluster::heal_network() {
 void LocalCluster::do_net_action(const NetAction& a, bool at_exit) {
   const NetFault& f = net_chaos_.faults()[a.fault];
   const std::string host = std::to_string(a.host);
-  std::vector<int64_t> on_host;
+  std::vector<int64_t> on_host;  // the learners with a rank on the host
   const int64_t hosts = static_cast<int64_t>(testbed_addrs_.size());
-  for (int64_t n = 0; a.host > 0 && n < M_; ++n)
-    if (1 + n % (hosts - 1) == a.host) on_host.push_back(n);
+  for (int64_t n = 0; a.host > 0 && n < M_; ++n) {
+    const auto h = testbed_hosts_of(n, cfg_.learner.ranks, hosts);
+    if (std::find(h.begin(), h.end(), a.host) != h.end()) on_host.push_back(n);
+  }
   std::string who = "host " + host;
   if (a.host == 0) who += " (the syncer's)";
   for (size_t i = 0; i < on_host.size(); ++i)
@@ -764,7 +785,16 @@ json LocalCluster::make_summary() {
   x["learners"] = M_;
   x["run_dir"] = dir_.string();
   x["endpoint"] = dial_addr_;
-  if (!testbed_addrs_.empty()) x["testbed"] = {{"name", cfg_.testbed.name}, {"hosts", testbed_addrs_}};
+  if (!testbed_addrs_.empty()) {
+    // Where each learner's ranks ran: per learner, the host of each rank (rank 0 first).
+    json placement = json::array();
+    for (int64_t n = 0; n < M_; ++n) {
+      json ranks = json::array();
+      for (int64_t r = 0; r < std::max<int64_t>(1, cfg_.learner.ranks); ++r) ranks.push_back(learner_host(n, r));
+      placement.push_back(ranks);
+    }
+    x["testbed"] = {{"name", cfg_.testbed.name}, {"hosts", testbed_addrs_}, {"learner_hosts", placement}};
+  }
   if (!net_chaos_.faults().empty()) {
     json faults = json::array();
     for (size_t i = 0; i < net_chaos_.faults().size(); ++i) {

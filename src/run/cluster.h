@@ -30,9 +30,13 @@
 //     120 s after the last learner finished is stopped (summary: "syncer_forced_stop").
 //   * On a testbed (testbed.name, docs/testbed.md): the hosts are read from /run/<name>.testbed (written by
 //     scripts/testbed.sh up; RunError saying how to make it when absent, or with fewer than 2 hosts). Every syncer
-//     shard runs in host 0's network namespace and binds tcp://<host 0>:testbed.port + s; learner n (its ranks too)
-//     runs in host 1 + n mod (hosts − 1) and dials those; the syncer's metrics endpoint and dashboard listen on
-//     host 0's address (this machine reaches it over the testbed's bridge).
+//     shard runs in host 0's network namespace and binds tcp://<host 0>:testbed.port + s; rank r of learner n (of R
+//     ranks) runs in host 1 + (n·R + r) mod (hosts − 1) (testbed_host_of, net_chaos.h: a host of its own when the
+//     testbed has 1 + M·R hosts or more; a note on stderr when it has fewer and ranks share hosts) and dials those.
+//     A learner group's store is at rank 0's host's testbed address (--master-addr), and its ranks get
+//     GLOO_SOCKET_IFNAME=eth0, so the all-reduce crosses the testbed's links. The syncer's metrics endpoint and
+//     dashboard listen on host 0's address (this machine reaches it over the testbed's bridge). The summary's
+//     "testbed" names the hosts and each learner's ranks' hosts ("learner_hosts").
 //   * Network faults (chaos.net with chaos.enabled, net_chaos.h): scheduled from the run's start and carried out
 //     with the testbed's own scripts/testbed.sh (`link H down|up`, `shape H RATE`; the script named by the state
 //     file's script=, else scripts/testbed.sh beside the build folder or under the working directory), its output in
@@ -145,6 +149,8 @@ class LocalCluster {
   NetChaosSchedule net_chaos_;
   // The network namespace a child runs in ("" : this machine's own).
   std::string netns_of(const Child& c) const;
+  // On a testbed: the host of rank r of learner n (testbed_host_of, net_chaos.h).
+  int64_t learner_host(int64_t learner, int64_t rank) const;
   std::vector<std::string> bind_addrs_;  // per shard
   std::string dial_addr_;                // every shard's endpoint, comma-separated
   std::vector<std::string> base_args_;

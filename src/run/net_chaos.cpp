@@ -65,6 +65,7 @@ NetFault parse_one(const std::string& text, size_t n) {
   words >> kind;
   NetFault f;
   f.text = text;
+  f.number = n;
   const std::string who = which(n, text);
   if (kind == "partition") f.kind = NetFaultKind::kPartition;
   else if (kind == "flap") f.kind = NetFaultKind::kFlap;
@@ -157,26 +158,46 @@ std::vector<NetFault> parse_net_faults(const std::string& text) {
   return out;
 }
 
-void place_net_faults(std::vector<NetFault>& faults, int64_t hosts, int64_t learners) {
+int64_t testbed_host_of(int64_t learner, int64_t rank, int64_t ranks, int64_t hosts) {
+  const int64_t slot = learner * std::max<int64_t>(1, ranks) + rank;
+  return 1 + slot % std::max<int64_t>(1, hosts - 1);
+}
+
+std::vector<int64_t> testbed_hosts_of(int64_t learner, int64_t ranks, int64_t hosts) {
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < std::max<int64_t>(1, ranks); ++r) out.push_back(testbed_host_of(learner, r, ranks, hosts));
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void place_net_faults(std::vector<NetFault>& faults, int64_t hosts, int64_t learners, int64_t ranks) {
   const std::string key = "config key 'chaos.net': ";
-  for (size_t i = 0; i < faults.size(); ++i) {
-    NetFault& f = faults[i];
-    if (f.learner >= 0) {
-      if (f.learner >= learners)
-        throw ConfigError(key + which(i, f.text) + ": learner " + std::to_string(f.learner) + " does not exist (" +
-                          std::to_string(learners) + " learners)");
-      f.host = 1 + f.learner % std::max<int64_t>(1, hosts - 1);
+  std::vector<NetFault> placed;
+  for (const NetFault& f : faults) {
+    if (f.learner < 0) {
+      placed.push_back(f);
+      continue;
     }
-    if (f.host < 0 || f.host >= hosts)
-      throw ConfigError(key + which(i, f.text) + ": the testbed has no host " + std::to_string(f.host) + " (hosts 0 .. " +
-                        std::to_string(hosts - 1) + ")");
+    if (f.learner >= learners)
+      throw ConfigError(key + which(f.number, f.text) + ": learner " + std::to_string(f.learner) + " does not exist (" +
+                        std::to_string(learners) + " learners)");
+    for (int64_t h : testbed_hosts_of(f.learner, ranks, hosts)) {
+      placed.push_back(f);
+      placed.back().host = h;
+    }
   }
+  faults = std::move(placed);
+  for (const NetFault& f : faults)
+    if (f.host < 0 || f.host >= hosts)
+      throw ConfigError(key + which(f.number, f.text) + ": the testbed has no host " + std::to_string(f.host) +
+                        " (hosts 0 .. " + std::to_string(hosts - 1) + ")");
   for (size_t i = 0; i < faults.size(); ++i)
     for (size_t j = i + 1; j < faults.size(); ++j) {
       const NetFault &a = faults[i], &b = faults[j];
       if (a.host != b.host || is_link_fault(a) != is_link_fault(b)) continue;
       if (a.at < b.at + b.duration && b.at < a.at + a.duration)
-        throw ConfigError(key + which(i, a.text) + " and " + which(j, b.text) + " both " +
+        throw ConfigError(key + which(a.number, a.text) + " and " + which(b.number, b.text) + " both " +
                           (is_link_fault(a) ? "take host " : "shape host ") + std::to_string(a.host) +
                           "'s link at once: one fault per host at a time");
     }
@@ -245,7 +266,7 @@ NetChaosSchedule::NetChaosSchedule(std::vector<NetFault> faults, std::vector<std
         if (slow.empty()) {
           const double bits = rate_bits(own);
           if (bits <= 0)
-            throw ConfigError("config key 'chaos.net': " + which(i, f.text) + ": host " + std::to_string(f.host) +
+            throw ConfigError("config key 'chaos.net': " + which(f.number, f.text) + ": host " + std::to_string(f.host) +
                               "'s link is unshaped (rate " + own + "): it has no rate to divide; give rate=RATE");
           slow = format_rate(bits / f.factor);
         }

@@ -10,11 +10,12 @@
 //   slow      host=H at=T for=D [factor=F | rate=R]    the link shaped to its rate / F (default F = 100) or to R
 //                                                      (tc syntax: 200kbit, 1mbit, 50kbps) at T, its own rate at T + D
 //
-// `learner=N` may replace `host=H`: the host learner N runs on (1 + N mod (hosts − 1)).
+// `learner=N` may replace `host=H`: every host learner N's ranks run on (testbed_hosts_of below; one rank per learner:
+// host 1 + N mod (hosts − 1)). A learner whose ranks are on several hosts gets the fault on each of them, at once.
 //
 // Contract
 //  * parse_net_faults() checks the syntax and the values alone and throws ConfigError saying which fault (its number
-//    and text) is wrong and how; place_net_faults() resolves learner= to hosts and checks the faults against the
+//    and text) is wrong and how; place_net_faults() resolves learner= to hosts (one fault per host) and checks the faults against the
 //    testbed (hosts in range, no two link faults — partition, flap — on one host at once, nor two slow faults).
 //  * NetChaosSchedule is pure bookkeeping, like ChaosSchedule: deterministic, sends nothing, not thread-safe. Every
 //    action of every fault is planned at construction, in time order; at one instant an action that heals (link up,
@@ -41,13 +42,23 @@ struct NetFault {
   double factor = 0;      // slow: the host's rate / factor (0 when rate= is given)
   std::string rate;       // slow: the rate as given (tc syntax), "" when by factor
   std::string text;       // the fault as written (trimmed), for messages
+  size_t number = 0;      // its place in chaos.net (0: the first), shared by the copies of a learner= fault
 };
+
+// Where `deloco run` places a learner's processes on a testbed of `hosts` ≥ 2 hosts (host 0 the syncer's): rank r of
+// learner n (`ranks` processes per learner) takes slot n·ranks + r, on host 1 + slot mod (hosts − 1). A testbed of
+// at least 1 + learners·ranks hosts gives every rank a host of its own; a smaller one wraps round (ranks and
+// learners share hosts). One rank per learner: learner n on host 1 + n mod (hosts − 1).
+int64_t testbed_host_of(int64_t learner, int64_t rank, int64_t ranks, int64_t hosts);
+// The hosts of learner n's ranks, ascending, each once.
+std::vector<int64_t> testbed_hosts_of(int64_t learner, int64_t ranks, int64_t hosts);
 
 // The faults of chaos.net in the order written ("" or only separators: none). Throws ConfigError.
 std::vector<NetFault> parse_net_faults(const std::string& text);
-// Resolves learner= (M learners) to hosts of a testbed of `hosts` hosts and checks the faults against it (see
-// above). Throws ConfigError naming chaos.net and the fault.
-void place_net_faults(std::vector<NetFault>& faults, int64_t hosts, int64_t learners);
+// Resolves learner= (M learners of `ranks` processes each) to hosts of a testbed of `hosts` hosts — a learner on
+// several hosts: the fault copied, one per host (in host order, where it was written) — and checks the faults
+// against the testbed (see above). Throws ConfigError naming chaos.net and the fault.
+void place_net_faults(std::vector<NetFault>& faults, int64_t hosts, int64_t learners, int64_t ranks = 1);
 
 // A tc rate ("20mbit", "2.5kbps") in bits per second; -1 when it is not one (or "none").
 double rate_bits(const std::string& rate);

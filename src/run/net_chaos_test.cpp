@@ -1,5 +1,6 @@
 #include "run/net_chaos.h"
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -21,10 +22,10 @@ std::string parse_error(const std::string& text) {
   return "";
 }
 
-std::string place_error(const std::string& text, int64_t hosts, int64_t learners) {
+std::string place_error(const std::string& text, int64_t hosts, int64_t learners, int64_t ranks = 1) {
   try {
     auto f = parse_net_faults(text);
-    place_net_faults(f, hosts, learners);
+    place_net_faults(f, hosts, learners, ranks);
   } catch (const ConfigError& e) {
     return e.what();
   }
@@ -113,6 +114,50 @@ TEST(NetChaos, PlacesLearnersOnTheirHostsAndChecksTheTestbed) {
   EXPECT_NE(place_error("partition learner=2 at=1 for=1", 3, 2).find("learner 2 does not exist (2 learners)"),
             std::string::npos);
   EXPECT_NE(place_error("partition host=3 at=1 for=1", 3, 2).find("chaos.net"), std::string::npos);
+}
+
+TEST(NetChaos, PlacesEachRankOfALearnerOnAHostOfItsOwn) {
+  // One rank per learner: learner n on host 1 + n mod (hosts - 1), as always.
+  EXPECT_EQ(testbed_host_of(0, 0, 1, 3), 1);
+  EXPECT_EQ(testbed_host_of(1, 0, 1, 3), 2);
+  EXPECT_EQ(testbed_host_of(2, 0, 1, 3), 1);
+  // Two learners of two ranks on 1 + 4 hosts: slot n * 2 + r, every rank a host of its own.
+  EXPECT_EQ(testbed_host_of(0, 0, 2, 5), 1);
+  EXPECT_EQ(testbed_host_of(0, 1, 2, 5), 2);
+  EXPECT_EQ(testbed_host_of(1, 0, 2, 5), 3);
+  EXPECT_EQ(testbed_host_of(1, 1, 2, 5), 4);
+  // Fewer hosts: they wrap round (learner 1's ranks share hosts 1 and 2 with learner 0's).
+  EXPECT_EQ(testbed_host_of(1, 0, 2, 3), 1);
+  EXPECT_EQ(testbed_host_of(1, 1, 2, 3), 2);
+  EXPECT_EQ(testbed_host_of(0, 2, 3, 3), 1);  // 3 ranks on 2 learner hosts: rank 2 with rank 0
+  EXPECT_EQ(testbed_hosts_of(1, 2, 5), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(testbed_hosts_of(0, 3, 3), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(testbed_hosts_of(0, 4, 2), (std::vector<int64_t>{1}));  // one learner host: everything on it
+  EXPECT_EQ(testbed_hosts_of(2, 1, 3), (std::vector<int64_t>{1}));
+}
+
+TEST(NetChaos, ALearnerFaultHitsEveryHostOfItsRanks) {
+  auto f = parse_net_faults("slow host=0 at=0 for=1; partition learner=1 at=5 for=10; flap learner=0 at=30 for=4 period=2");
+  place_net_faults(f, 5, 2, 2);  // learner 0 on hosts 1, 2; learner 1 on 3, 4
+  ASSERT_EQ(f.size(), 5u);
+  EXPECT_EQ(f[0].host, 0);
+  EXPECT_EQ(f[1].host, 3);
+  EXPECT_EQ(f[2].host, 4);
+  EXPECT_EQ(f[3].host, 1);
+  EXPECT_EQ(f[4].host, 2);
+  EXPECT_EQ(f[2].number, 1u);  // a copy of the second fault written
+  EXPECT_EQ(f[2].text, "partition learner=1 at=5 for=10");
+  EXPECT_EQ(f[4].kind, NetFaultKind::kFlap);
+  // Both links go down and up together.
+  NetChaosSchedule s(f, {"20mbit", "20mbit", "20mbit", "20mbit", "20mbit"});
+  const auto due = show(s.due(5));
+  EXPECT_NE(std::find(due.begin(), due.end(), "5 down h3 start"), due.end());
+  EXPECT_NE(std::find(due.begin(), due.end(), "5 down h4 start"), due.end());
+  // A learner fault overlapping a host fault on one of its hosts is refused, named as written.
+  EXPECT_NE(place_error("partition learner=0 at=10 for=10; partition host=2 at=15 for=1", 3, 1, 2)
+                .find("fault 1 ('partition learner=0 at=10 for=10') and fault 2"),
+            std::string::npos);
+  EXPECT_NE(place_error("partition learner=1 at=1 for=1", 5, 1, 2).find("learner 1 does not exist"), std::string::npos);
 }
 
 TEST(NetChaos, OneLinkFaultAndOneSlowFaultPerHostAtATime) {
