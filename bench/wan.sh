@@ -30,16 +30,16 @@
 #   --list               print the rows that would run, run nothing
 #
 # Methods (all deloco ones: M learners, H = 40, chaos off, CURVE over TCP; the syncer on host 0, learner n on host
-# n + 1, by `deloco run --set testbed.name=...`):
+# n + 1 — dp: rank r on host r + 1 — by `deloco run --set testbed.name=...`):
 #   ddp        PyTorch DDP over Gloo (bench/ddp_peer.py), one rank per learner host (hosts 1..M; host 0 idle)
 #   sync       synchronous DiLoCo: K = M, P = 1, tau = 0, learners wait for the answer, mean merge, Nesterov, fp32
 #   streaming  Streaming DiLoCo: K = M, P = 4, tau = 5, learners wait for each answer tau steps later, fp32
 #   decoupled  Decoupled DiLoCo: K = 1 with the adaptive grace window, P = 4, tau = 5, learners never wait, token
 #              weights, the decoupled merge preset, int4 pushes (error feedback), bf16 broadcasts
-#   dp         deloco's own data-parallel group spanning hosts: ONE learner of M ranks (learner.ranks = M), rank r on
-#              host r + 1 (per-step gradient all-reduce over Gloo across the links), its syncer on host 0. `deloco
-#              run` puts every rank of a learner on one host (src/run/cluster.cpp), so this method starts the
-#              processes itself (deloco syncer / deloco learner --rank ... --master-addr <rank 0's host>).
+#   dp         deloco's own data-parallel group spanning hosts: ONE learner of M ranks (learner.ranks = M,
+#              learner.group_timeout = --ddp-timeout), rank r on host r + 1 (deloco run's placement, docs/testbed.md:
+#              per-step gradient all-reduce over Gloo across the links, the group's store at host 1), its syncer on
+#              host 0, the Decoupled settings; the same run folder layout as the other deloco methods.
 #
 # Needs root (namespaces), build/deloco (scripts/setup.sh) and Debian's /usr/bin/python3 with python3-torch and
 # matplotlib. Holds /tmp/deloco-testbed.lock from each testbed's up to its down (one testbed per machine: every
@@ -196,41 +196,17 @@ deloco_sets() {  # method steps
   SETS+=("${extra[@]}")
 }
 
-run_deloco() {  # model config method rate dir steps
+run_deloco() {  # model config method rate dir steps [more deloco arguments, after the bench's and the user's --set]
   local cfg=$2 method=$3 dir=$5
   deloco_sets "$method" "$6"
+  shift 6
   OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE timeout -s INT -k 30 $((max_s + 15)) "$BIN" run --config "$cfg" \
-    --set testbed.name="$TESTBED_NAME" --set sync.learners="$M" --set syncer.out_dir="$dir/run" "${SETS[@]}" \
+    --set testbed.name="$TESTBED_NAME" --set sync.learners="$M" --set syncer.out_dir="$dir/run" "${SETS[@]}" "$@" \
     --summary "$dir/summary.json" > "$dir/run.log" 2>&1
 }
 
-run_dp() {  # model config method rate dir steps: one learner of M ranks across hosts 1..M, its syncer on host 0
-  local cfg=$2 dir=$5 pids=() rc=0 sets
-  deloco_sets dp "$6"
-  sets=("${SETS[@]}" --set sync.learners=1 --set learner.ranks="$M" --set learner.group_timeout="$ddp_timeout")
-  mkdir -p "$dir/keys/allow" "$dir/run" "$dir/logs"
-  "$BIN" keygen --out "$dir/keys/syncer" >/dev/null
-  "$BIN" keygen --out "$dir/keys/learner-0" >/dev/null
-  cp "$dir/keys/learner-0.pub" "$dir/keys/allow/"
-  local env=(env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE GLOO_SOCKET_IFNAME=eth0)
-  local syncer=tcp://$($TB addr 0):6000 master; master=$($TB addr 1)
-  timeout -s INT -k 30 $((max_s + 15)) $TB exec 0 "${env[@]}" "$BIN" syncer --config "$cfg" "${sets[@]}" \
-    --bind "$syncer" --out "$dir/run" --summary "$dir/run/syncer-summary.json" \
-    --set net.secret_key="$dir/keys/syncer.key" --set net.allow="$dir/keys/allow" > "$dir/logs/syncer.log" 2>&1 &
-  local spid=$!
-  for ((r = 0; r < M; r++)); do
-    timeout -s INT -k 30 $((max_s + 15)) $TB exec $((r + 1)) "${env[@]}" "$BIN" learner --config "$cfg" "${sets[@]}" \
-      --id 0 --connect "$syncer" --out "$dir/run" --rank "$r" --world-size "$M" --master-addr "$master" \
-      --master-port 29600 --set net.secret_key="$dir/keys/learner-0.key" --set net.server_key="$dir/keys/syncer.pub" \
-      > "$dir/logs/learner-0.rank-$r.log" 2>&1 &
-    pids+=($!)
-  done
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  # The syncer ends by itself once its only learner retired; a bounded wait, then SIGINT.
-  for _ in $(seq 1 300); do kill -0 "$spid" 2>/dev/null || break; sleep 0.1; done
-  kill -INT "$spid" 2>/dev/null || true
-  wait "$spid" || true
-  return $rc
+run_dp() {  # model config method rate dir steps: one learner of M ranks, rank r on host r + 1, its syncer on host 0
+  run_deloco "$@" --set sync.learners=1 --set learner.ranks="$M" --set learner.group_timeout="$ddp_timeout"
 }
 
 run_ddp() {  # model config method rate dir steps
