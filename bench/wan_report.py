@@ -402,7 +402,8 @@ def cmd_report(a):
     if "dp" in methods:
         w("  * *deloco DP group*: one deloco learner of M ranks (`learner.ranks`), rank r on host r + 1, per-step "
           "gradient all-reduce over c10d Gloo across the links; its syncer on host 0 (Decoupled settings, M = 1). "
-          "Started by the bench (deloco run places every rank of a learner on one host).")
+          "`deloco run` places the ranks (docs/testbed.md); rows of builds before d330a70 started them by hand, "
+          "placed the same way.")
     w("  * *sync DiLoCo*: K = M, P = 1, τ = 0, learners wait for the merged model, mean merge, Nesterov (0.7, 0.9), "
       "fp32 both ways.")
     w("  * *Streaming DiLoCo*: K = M, P = 4 fragments staggered over H, τ = 5 (a learner trains 5 steps on while a "
