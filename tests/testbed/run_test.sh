@@ -6,6 +6,7 @@
 # join and to its next merged push are printed), no push is rejected, merge counts never go back, and each host's
 # link (its interface's counters) carried at least the bytes its learner counted as sent (learner 0, never cut:
 # at most 1.25x, the framing).
+# Then one learner of 2 ranks on the same testbed: its ranks on hosts 1 and 2, the all-reduce on both links.
 # Skips (77) where no testbed can be made (not root). Bounded: the run has a 240 s timeout; the testbed is removed
 # on every exit.
 set -euo pipefail
@@ -83,5 +84,37 @@ print(f"learner 0 merged {len(during)} times alone while learner 1 was cut off; 
 for n in (0, 1):
     print(f"learner {n}: {sent[n]} bytes sent by its own count, {link_tx[n]} on its host's link "
           f"({link_tx[n] / max(sent[n], 1):.3f}x)")
+PY
+
+# A learner group across hosts: one learner of 2 ranks on the same testbed (about 12 s). deloco run puts rank 0 on
+# host 1 and rank 1 on host 2 (docs/testbed.md, Placement), the group's store at host 1's address, Gloo on eth0: both
+# hosts' links carry the per-step all-reduce (the tiny model: about 0.28 MB per step each way).
+link_counters() { for h in 1 2; do $TB counters $h | sed 's/.*tx_bytes=\([0-9]*\) rx_bytes=\([0-9]*\)/\1 \2/'; done; }
+before=$(link_counters)
+OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE timeout 120 "$DELOCO" run --config configs/tiny.toml \
+  --set syncer.out_dir="$out/group" --set testbed.name="$TESTBED_NAME" --set sync.learners=1 --set sync.quorum=1 \
+  --set learner.ranks=2 --set sync.sync_every=20 --set train.steps=40 --set train.threads=1 --set chaos.enabled=false \
+  > "$out/group.log" 2>&1 || { rc=$?; tail -30 "$out/group.log" >&2; fail "deloco run of a 2-rank learner exited $rc"; }
+after=$(link_counters)
+$PY - "$out/group" "$before" "$after" <<'PY'
+import json, sys
+run = sys.argv[1]
+before = [[int(x) for x in l.split()] for l in sys.argv[2].splitlines()]
+after = [[int(x) for x in l.split()] for l in sys.argv[3].splitlines()]
+moved = {h: [a - b for a, b in zip(after[h - 1], before[h - 1])] for h in (1, 2)}  # [tx, rx]
+s = json.load(open(f"{run}/summary.json"))
+assert s["testbed"]["learner_hosts"] == [[1, 2]], s["testbed"]
+logs = {r: open(f"{run}/logs/learner-0{'' if r == 0 else '.rank-1'}.log").read() for r in (0, 1)}
+for r, text in logs.items():
+    assert "--master-addr 198.18.0.2" in text, f"rank {r} was not told the group's store at host 1's address"
+done = [json.loads(l) for l in open(f"{run}/learner-0.jsonl") if '"learner_done"' in l]
+assert done and done[-1]["step"] == 40, f"the 2-rank learner did not finish: {done[-1:]}"
+assert s.get("contributions_merged", 0) >= 1, "no merge"
+# 40 steps of about 0.28 MB each way: at least 5 MB each way on both learner hosts' links (rank 1's is all-reduce).
+for h in (1, 2):
+    assert min(moved[h]) >= 5e6, f"host {h}'s link carried only {moved[h]} bytes (tx, rx): the all-reduce is not on it"
+print(f"2-rank learner: rank 0 on host 1, rank 1 on host 2; links moved (tx, rx) host 1 {moved[1][0] / 1e6:.1f}, "
+      f"{moved[1][1] / 1e6:.1f} MB, host 2 {moved[2][0] / 1e6:.1f}, {moved[2][1] / 1e6:.1f} MB; "
+      f"{s['contributions_merged']} contributions merged")
 PY
 echo "testbed run test passed"
