@@ -739,41 +739,14 @@ std::vector<std::string> LocalCluster::status() const {
   return status_lines(in);
 }
 
-// A sharded syncer's summary: the shards' own, summed (merges, contributions, bytes, rejects; uptime the lowest),
-// each shard's under "shards". The validation loss is the caller's: shard 0's last evaluation read the other shards'
+// A sharded syncer's summary: the shards' own, combined (run/summary.h: combine_shard_summaries), each shard's
+// under "shards". The validation loss is the caller's: shard 0's last evaluation read the other shards'
 // checkpoints as they were then, so `deloco run` evaluates the assembled final model instead (cmd_run.cpp).
 json LocalCluster::sharded_summary() const {
-  json s = json::object(), per = json::array();
-  bool missing = false;
-  for (int64_t k = 0; k < S_; ++k) {
-    json one = read_syncer_summary((shard_dir(k) / "syncer-summary.json").string());
-    missing = missing || one.contains("syncer_summary_missing");
-    if (k == 0) s = one;
-    else {
-      for (const char* f : {"outer_steps", "contributions_merged", "contributions_rejected", "bytes_sent", "bytes_received",
-                            "state_snapshots", "state_downloads", "state_requests_dropped", "grace_waits", "record_errors",
-                            "auth_denied", "handshake_failures", "connections", "disconnects"})
-        if (one.contains(f) && one[f].is_number_integer())
-          s[f] = s.value(f, int64_t{0}) + one[f].get<int64_t>();
-      if (one.contains("uptime") && one["uptime"].is_number())
-        s["uptime"] = std::min(s.value("uptime", 1.0), one["uptime"].get<double>());
-      if (one.contains("rejects") && one["rejects"].is_object())
-        for (auto& [reason, n] : one["rejects"].items())
-          if (n.is_number_integer()) s["rejects"][reason] = s["rejects"].value(reason, int64_t{0}) + n.get<int64_t>();
-      if (one.contains("tokens") && one["tokens"].is_number_integer())
-        s["tokens"] = std::max(s.value("tokens", int64_t{0}), one["tokens"].get<int64_t>());
-      s["resumed"] = s.value("resumed", false) || one.value("resumed", false);
-    }
-    json brief = json::object();
-    for (const char* f : {"shard", "fragments", "outer_steps", "contributions_merged", "uptime", "bytes_sent",
-                          "bytes_received", "resumed", "checkpoint", "wall_seconds", "peak_rss_bytes", "parameters"})
-      if (one.contains(f)) brief[f] = one[f];
-    per.push_back(brief);
-  }
-  for (const char* f : {"shard", "fragments", "checkpoint", "final_val_loss", "val_bpb", "peak_rss_bytes", "parameters"}) s.erase(f);
-  s["shards"] = per;
-  if (missing) s["syncer_summary_missing"] = true;
-  return s;
+  std::vector<json> shards;
+  for (int64_t k = 0; k < S_; ++k)
+    shards.push_back(read_syncer_summary((shard_dir(k) / "syncer-summary.json").string()));
+  return combine_shard_summaries(shards);
 }
 
 // The syncer's summary (kept whole, as it wrote it) with the run's own fields.

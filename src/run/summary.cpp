@@ -78,6 +78,84 @@ nlohmann::json read_syncer_summary(const std::string& path) {
   return s;
 }
 
+nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards) {
+  using nlohmann::json;
+  json s = !shards.empty() && shards[0].is_object() ? shards[0] : json::object();
+  auto has = [](const json& one, const char* f) { return one.is_object() && one.contains(f); };
+  // Counters: each shard counts its own fragments' rounds, transfers and its own connections; summed.
+  for (const char* f : {"outer_steps", "contributions_merged", "contributions_rejected", "bytes_sent", "bytes_received",
+                        "state_snapshots", "state_downloads", "states_held", "state_requests_dropped", "grace_waits",
+                        "broadcasts_sent", "broadcasts_superseded", "broadcasts_acked", "uploads_measured",
+                        "broadcasts_measured", "record_errors", "blocked_spells", "drift_resets", "auth_denied",
+                        "handshake_failures", "connections", "disconnects"}) {
+    bool any = false;
+    int64_t n = 0;
+    for (const json& one : shards)
+      if (has(one, f) && one[f].is_number_integer()) {
+        any = true;
+        n += one[f].get<int64_t>();
+      }
+    if (any) s[f] = n;
+  }
+  json rejects = json::object();  // rejects by reason: summed per reason
+  for (const json& one : shards)
+    if (has(one, "rejects") && one["rejects"].is_object())
+      for (auto& [reason, n] : one["rejects"].items())
+        if (n.is_number_integer()) rejects[reason] = rejects.value(reason, int64_t{0}) + n.get<int64_t>();
+  if (!rejects.empty() || has(s, "rejects")) s["rejects"] = rejects;
+  // Times: uptime the lowest (training is down when any shard's fragments are); the transfer times the mean over
+  // the shards that measured one (each is that shard's moving average; every shard's value is in its brief).
+  for (const json& one : shards)
+    if (has(one, "uptime") && one["uptime"].is_number())
+      s["uptime"] = std::min(s["uptime"].is_number() ? s["uptime"].get<double>() : 1.0, one["uptime"].get<double>());
+  for (const char* f : {"upload_seconds", "broadcast_seconds"}) {
+    double total = 0;
+    int64_t n = 0;
+    bool seen = false;
+    for (const json& one : shards) {
+      seen = seen || has(one, f);
+      if (has(one, f) && one[f].is_number()) {
+        total += one[f].get<double>();
+        ++n;
+      }
+    }
+    if (seen) s[f] = n > 0 ? json(total / static_cast<double>(n)) : json();
+  }
+  // Every shard counts the same learners' tokens and joins: the highest.
+  for (const json& one : shards)
+    if (has(one, "tokens") && one["tokens"].is_number_integer())
+      s["tokens"] = std::max(s["tokens"].is_number_integer() ? s["tokens"].get<int64_t>() : int64_t{0},
+                             one["tokens"].get<int64_t>());
+  json joins = json::array();
+  for (const json& one : shards)
+    if (has(one, "joins") && one["joins"].is_array())
+      for (size_t m = 0; m < one["joins"].size(); ++m) {
+        const json& j = one["joins"][m];
+        if (m >= joins.size()) joins.push_back(int64_t{0});
+        if (j.is_number_integer()) joins[m] = std::max(joins[m].get<int64_t>(), j.get<int64_t>());
+      }
+  if (!joins.empty()) s["joins"] = joins;
+  bool resumed = false, missing = false;
+  json per = json::array();
+  for (const json& one : shards) {
+    resumed = resumed || (has(one, "resumed") && one["resumed"].is_boolean() && one["resumed"].get<bool>());
+    missing = missing || has(one, "syncer_summary_missing");
+    json brief = json::object();
+    for (const char* f : {"shard", "fragments", "outer_steps", "contributions_merged", "uptime", "bytes_sent",
+                          "bytes_received", "resumed", "checkpoint", "wall_seconds", "peak_rss_bytes", "parameters",
+                          "upload_seconds", "broadcast_seconds"})
+      if (has(one, f)) brief[f] = one[f];
+    per.push_back(brief);
+  }
+  if (has(s, "resumed") || resumed) s["resumed"] = resumed;
+  for (const char* f :
+       {"shard", "fragments", "checkpoint", "final_val_loss", "val_bpb", "peak_rss_bytes", "parameters"})
+    s.erase(f);
+  s["shards"] = per;
+  if (missing) s["syncer_summary_missing"] = true;
+  return s;
+}
+
 std::string final_report(const nlohmann::json& s, const std::string& summary_file) {
   auto num = [&](const char* k) { return s.contains(k) && s[k].is_number() ? s[k].get<double>() : NAN; };
   auto count = [&](const char* k) { return s.contains(k) && s[k].is_number() ? std::to_string(s[k].get<int64_t>()) : "-"; };

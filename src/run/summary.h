@@ -43,6 +43,18 @@ class RejoinLog {
 // {"syncer_summary_missing": true} when absent.
 nlohmann::json read_syncer_summary(const std::string& path);
 
+// A sharded syncer's summary from its shards' own summaries (shard 0 first, as read_syncer_summary gives them):
+// shard 0's summary with the fields every shard keeps for itself combined over all shards, and each shard's brief
+// under "shards". Counters are summed (merges, contributions, bytes, broadcasts sent / superseded / acknowledged,
+// transfers measured, state snapshots / downloads / held / dropped requests, grace waits, rejects by reason,
+// connections, ...); uptime is the lowest; tokens the highest (every shard counts the same learners' tokens); the
+// measured transfer times (upload_seconds, broadcast_seconds: each shard's moving average) the mean over the shards
+// that measured one, null when none did; joins (per learner) the most any shard saw. What every shard shares
+// (learners, send_window_bytes, goodput: the same learners' busy time) stays shard 0's; what is one shard's own
+// (shard, fragments, checkpoint, its evaluation, peak_rss_bytes, parameters) is left to the briefs.
+// "syncer_summary_missing" is set when any shard's summary was.
+nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards);
+
 // The short final report: results, chaos counts with rejoin times, and where `summary_file` is.
 std::string final_report(const nlohmann::json& summary, const std::string& summary_file);
 // The closing lines of `deloco run`: how to evaluate, sample and load the final global model of `run_dir` (its

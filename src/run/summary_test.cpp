@@ -42,6 +42,59 @@ TEST(RunSummary, FinalReport) {
       << final_report(tokens, "s.json");
 }
 
+TEST(RunSummary, ShardSummariesCombined) {
+  using nlohmann::json;
+  const json a = {{"command", "syncer"}, {"shard", 0}, {"shards", 2}, {"fragments", {0, 2}}, {"outer_steps", 10},
+                  {"contributions_merged", 20}, {"bytes_sent", 1000}, {"bytes_received", 300}, {"grace_waits", 4},
+                  {"broadcasts_sent", 20}, {"broadcasts_superseded", 3}, {"broadcasts_acked", 17},
+                  {"uploads_measured", 9}, {"broadcasts_measured", 8}, {"state_requests_dropped", 0},
+                  {"states_held", 1}, {"blocked_spells", 1}, {"uptime", 0.9}, {"goodput", 0.8}, {"tokens", 5000},
+                  {"upload_seconds", 0.2}, {"broadcast_seconds", 1.0}, {"joins", {1, 2}},
+                  {"rejects", {{"stale", 1}}}, {"resumed", false}, {"learners", 2}, {"send_window_bytes", 4096},
+                  {"final_val_loss", 1.5}, {"val_bpb", 2.1}, {"checkpoint", "a"}, {"peak_rss_bytes", 7},
+                  {"parameters", 100}};
+  const json b = {{"shard", 1}, {"shards", 2}, {"fragments", {1, 3}}, {"outer_steps", 11},
+                  {"contributions_merged", 21}, {"bytes_sent", 2000}, {"bytes_received", 400}, {"grace_waits", 5},
+                  {"broadcasts_sent", 22}, {"broadcasts_superseded", 4}, {"broadcasts_acked", 18},
+                  {"uploads_measured", 10}, {"broadcasts_measured", 7}, {"state_requests_dropped", 2},
+                  {"states_held", 0}, {"blocked_spells", 0}, {"uptime", 0.7}, {"goodput", 0.6}, {"tokens", 5200},
+                  {"upload_seconds", 0.4}, {"broadcast_seconds", nullptr}, {"joins", {3, 1, 1}},
+                  {"rejects", {{"stale", 2}, {"fingerprint", 1}}}, {"resumed", true}, {"learners", 2},
+                  {"send_window_bytes", 4096}, {"checkpoint", "b"}, {"peak_rss_bytes", 9}, {"parameters", 120}};
+  const json s = combine_shard_summaries({a, b});
+  for (const char* f : {"outer_steps", "contributions_merged", "bytes_sent", "bytes_received", "grace_waits",
+                        "broadcasts_sent", "broadcasts_superseded", "broadcasts_acked", "uploads_measured",
+                        "broadcasts_measured", "state_requests_dropped", "states_held", "blocked_spells"})
+    EXPECT_EQ(s.at(f).get<int64_t>(), a[f].get<int64_t>() + b[f].get<int64_t>()) << f;
+  EXPECT_DOUBLE_EQ(s.at("uptime").get<double>(), 0.7);              // the lowest
+  EXPECT_DOUBLE_EQ(s.at("goodput").get<double>(), 0.8);             // shard 0's
+  EXPECT_EQ(s.at("tokens").get<int64_t>(), 5200);                   // the highest
+  EXPECT_DOUBLE_EQ(s.at("upload_seconds").get<double>(), 0.3);      // the mean
+  EXPECT_DOUBLE_EQ(s.at("broadcast_seconds").get<double>(), 1.0);   // the mean of the shards that measured one
+  EXPECT_EQ(s.at("joins"), (json{3, 2, 1}));                        // per learner, the most any shard saw
+  EXPECT_EQ(s.at("rejects"), (json{{"stale", 3}, {"fingerprint", 1}}));
+  EXPECT_TRUE(s.at("resumed").get<bool>());
+  EXPECT_EQ(s.at("learners").get<int64_t>(), 2);
+  EXPECT_EQ(s.at("send_window_bytes").get<int64_t>(), 4096);
+  for (const char* f :
+       {"shard", "fragments", "checkpoint", "final_val_loss", "val_bpb", "peak_rss_bytes", "parameters"})
+    EXPECT_FALSE(s.contains(f)) << f;
+  ASSERT_EQ(s.at("shards").size(), 2u);
+  EXPECT_EQ(s["shards"][1].at("shard").get<int64_t>(), 1);
+  EXPECT_DOUBLE_EQ(s["shards"][1].at("upload_seconds").get<double>(), 0.4);
+  EXPECT_TRUE(s["shards"][1].at("broadcast_seconds").is_null());
+  EXPECT_FALSE(s.contains("syncer_summary_missing"));
+
+  // A shard without a summary: flagged; an older shard without the newer counters: what the others counted.
+  const json c = combine_shard_summaries({a, json{{"syncer_summary_missing", true}}});
+  EXPECT_TRUE(c.at("syncer_summary_missing").get<bool>());
+  EXPECT_EQ(c.at("broadcasts_superseded").get<int64_t>(), 3);
+  EXPECT_DOUBLE_EQ(c.at("broadcast_seconds").get<double>(), 1.0);
+  const json none = combine_shard_summaries({json{{"upload_seconds", nullptr}}, json{{"upload_seconds", nullptr}}});
+  EXPECT_TRUE(none.at("upload_seconds").is_null());
+  EXPECT_FALSE(none.contains("broadcasts_superseded"));
+}
+
 TEST(Supervisor, CrashLoopPolicy) {
   Child c;
   EXPECT_EQ(record_failure(c, 0), "");
