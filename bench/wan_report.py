@@ -32,6 +32,12 @@ lines, the hosts' interface counters before and after) and appends (or replaces)
                  parameter per step and rank, ring all-reduce, plus the initial broadcast of rank 0's parameters).
   evals          (seconds since the command started, validation loss in nats per byte, tokens per learner): the
                  syncer's eval records (the global model), DDP rank 0's (its evaluation pauses taken out of the time).
+  merge_times    (deloco) the syncer's merge records summarised over the later half of the run (the earlier half
+                 holds start-up, before a transfer was measured): {"merges": records summarised, and for each of
+                 upload_seconds, broadcast_seconds (ξ_sync's transfer terms as the syncer measured them on the
+                 links: moving averages), grace (the grace window when the round merged) and grace_wait (the wait
+                 from the round's quorum to its merge): {"median", "p90"}}; a key is absent when the records lack
+                 the field (older builds), the whole entry absent on rows collected before it existed.
   broke          what went wrong, in words: heartbeats lost (syncer_lost, lost), timeouts (Gloo, the bench's
                  bound), no progress (no merge, steps not reached), refusals. "bounded" says the bench's wall-time
                  bound ended the run before the last step (a slow run, not a failure by itself).
@@ -48,6 +54,7 @@ import tomllib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 METHOD_ORDER = ["ddp", "dp", "sync", "streaming", "decoupled"]
+GRACE_METHODS = {"decoupled", "dp"}  # the methods with the adaptive grace window (bench/wan.sh: sync.grace=true)
 METHOD_NAMES = {"ddp": "PyTorch DDP", "dp": "deloco DP group", "sync": "sync DiLoCo",
                 "streaming": "Streaming DiLoCo", "decoupled": "Decoupled DiLoCo"}
 
@@ -103,6 +110,30 @@ def counters(path):
 
 
 # ---------------------------------------------------------------------------------------------------- collect
+MERGE_TIME_FIELDS = ("upload_seconds", "broadcast_seconds", "grace", "grace_wait")
+
+
+def quantile(values, q):
+    """The q-quantile of values by linear interpolation between order statistics (the median at q = 0.5)."""
+    v = sorted(values)
+    x = q * (len(v) - 1)
+    i = int(math.floor(x))
+    return v[i] if i + 1 >= len(v) else v[i] + (x - i) * (v[i + 1] - v[i])
+
+
+def merge_times(merges):
+    """The merge records' times over the later half of the run (see merge_times in the module's docstring)."""
+    later = merges[len(merges) // 2:]
+    if not later:
+        return None
+    out = {"merges": len(later)}
+    for k in MERGE_TIME_FIELDS:
+        v = [m[k] for m in later if isinstance(m.get(k), (int, float))]
+        if v:
+            out[k] = {"median": quantile(v, 0.5), "p90": quantile(v, 0.9)}
+    return out
+
+
 def collect_deloco(a, row, cfg, steps):
     run = os.path.join(a.dir, "run")
     B, T = cfg["train"].get("batch_size", 16), cfg["model"]["block_size"]
@@ -179,13 +210,14 @@ def collect_deloco(a, row, cfg, steps):
             with open(path) as f:
                 summary = json.load(f)
     for k in ("broadcasts_sent", "broadcasts_superseded", "broadcasts_acked", "contributions_merged", "uptime",
-              "goodput", "final_val_loss"):
+              "goodput", "final_val_loss", "grace_waits", "upload_seconds", "broadcast_seconds"):
         if k in summary:
             row.setdefault("syncer", {})[k] = summary[k]
     row["learner_hosts"] = per
     row["merges"] = len(merges)
     row["last_merge_t"] = round(merges[-1]["t"] - a.t0, 2) if merges else None
     row["merge_quorum_mean"] = statistics.mean(m["quorum"] for m in merges) if merges else None
+    row["merge_times"] = merge_times(merges)
     row["evals"] = evals
     last = status[-1] if status else {}
     # The syncer's own summary when it wrote one (its whole run), else its last status record.
@@ -315,6 +347,11 @@ def fmt(x, spec=".0f", none="–"):
     return none if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def seconds(x):
+    """A time for a table cell: two or three significant digits below 10 s."""
+    return f"{x:.1f}" if x >= 10 else f"{x:.2f}" if x >= 0.1 or x == 0 else f"{x:.3f}"
+
+
 def shorten(text, n=110):
     """A break's text for a table cell: a long detail in brackets cut to n characters."""
     if len(text) <= n:
@@ -426,14 +463,26 @@ def cmd_report(a):
             return None
         return row[key] / base[key]
 
+    def table(*columns):
+        w("| " + " | ".join(columns) + " |")
+        w("|" + "---|" * len(columns))
+
+    def each_row(keep=lambda row: True):
+        """(model, method, rate, row) of every row kept, by model, then method, then rate."""
+        for m in models:
+            for me in methods:
+                for r in rates:
+                    row = rows.get((m, me, r))
+                    if row and keep(row):
+                        yield m, me, r, row
+
     # ---- utilisation
     w("## Utilisation: tokens/s per learner host against the same method unshaped")
     w("")
     for m in models:
         w(f"**{m}** — training rate (end-to-end in brackets); unshaped rows give the absolute tokens/s.")
         w("")
-        w("| method | " + " | ".join(rate_label(r) for r in rates) + " |")
-        w("|---|" + "---|" * len(rates))
+        table("method", *(rate_label(r) for r in rates))
         for me in [x for x in methods if any(k[0] == m and k[1] == x for k in rows)]:
             cells = []
             for r in rates:
@@ -468,28 +517,22 @@ def cmd_report(a):
       "started; medians over the learner hosts. The load average of the machine at the row's start and end says "
       "how much else ran on its 2 cores.")
     w("")
-    w("| model | method | rate | training from (s) | last step (s) | final model (s) | command end (s) | waiting | "
-      "load avg (start → end) |")
-    w("|---|---|---|---|---|---|---|---|---|")
-    for m in models:
-        for me in methods:
-            for r in rates:
-                row = rows.get((m, me, r))
-                if not row:
-                    continue
-                hs = row["learner_hosts"]
+    table("model", "method", "rate", "training from (s)", "last step (s)", "final model (s)", "command end (s)",
+          "waiting", "load avg (start → end)")
+    for m, me, r, row in each_row():
+        hs = row["learner_hosts"]
 
-                def med(key):
-                    v = [h[key] for h in hs if h.get(key) is not None]
-                    return statistics.median(v) if v else None
-                start = med("joined_t")
-                waits = [h["wait_seconds"] / h["wall_seconds"] for h in hs
-                         if h.get("wait_seconds") is not None and h.get("wall_seconds")]
-                load = (f"{row['load_before'][0]:.1f} → {row['load_after'][0]:.1f}"
-                        if row.get("load_before") and row.get("load_after") else "–")
-                w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {fmt(start, '.1f')} | {fmt(med('last_step_t'), '.1f')} "
-                  f"| {fmt(row.get('final_model_t'), '.1f')} | {row['wall']:.1f} | {f'{100 * statistics.median(waits):.0f}%' if waits else '–'} "
-                  f"| {load} |")
+        def med(key):
+            v = [h[key] for h in hs if h.get(key) is not None]
+            return statistics.median(v) if v else None
+        start = med("joined_t")
+        waits = [h["wait_seconds"] / h["wall_seconds"] for h in hs
+                 if h.get("wait_seconds") is not None and h.get("wall_seconds")]
+        load = (f"{row['load_before'][0]:.1f} → {row['load_after'][0]:.1f}"
+                if row.get("load_before") and row.get("load_after") else "–")
+        wait = f"{100 * statistics.median(waits):.0f}%" if waits else "–"
+        w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {fmt(start, '.1f')} | {fmt(med('last_step_t'), '.1f')} "
+          f"| {fmt(row.get('final_model_t'), '.1f')} | {row['wall']:.1f} | {wait} | {load} |")
     w("")
 
     # ---- bytes
@@ -503,45 +546,70 @@ def cmd_report(a):
       "wire ÷ deloco for the learner hosts' tx (framing: TCP/IP, ZMTP, CURVE). DDP has no accounting: its column "
       "is the ring all-reduce's payload computed from the steps it trained.")
     w("")
-    w("| model | method | rate | host 0 tx / rx (MB) | learner hosts tx / rx (MB) | deloco: syncer out / in, "
-      "learners sent / received (MB) | wire ÷ counted (learners' tx) | MB sent per 1k tokens per learner host |")
-    w("|---|---|---|---|---|---|---|---|")
-    for m in models:
-        for me in methods:
-            for r in rates:
-                row = rows.get((m, me, r))
-                if not row:
-                    continue
-                lb = row["link_bytes"]
-                h0 = f"{lb[0][0] / 1e6:.1f} / {lb[0][1] / 1e6:.1f}"
-                hl = ", ".join(f"{x[0] / 1e6:.1f} / {x[1] / 1e6:.1f}" for x in lb[1:])
-                ratio = "–"
-                if me == "ddp":
-                    est = row.get("estimated_bytes_per_rank", 0)
-                    counted = f"all-reduce payload ≈ {est / 1e6:.1f} per rank each way"
-                    if est:
-                        ratio = ", ".join(f"{x[0] / est:.2f}" for x in lb[1:])
-                else:
-                    db = row.get("deloco_bytes", {})
-                    ls = db.get("learners", {})
-                    counted = (f"{fmt(db.get('syncer_out') and db['syncer_out'] / 1e6, '.1f')} / "
-                               f"{fmt(db.get('syncer_in') and db['syncer_in'] / 1e6, '.1f')}; "
-                               + ", ".join(f"{fmt(v[0] and v[0] / 1e6, '.1f')} / {fmt(v[1] and v[1] / 1e6, '.1f')}"
-                                           for v in ls.values()))
-                    rs = []
-                    for i, v in enumerate(ls.values()):
-                        if v[0] and i + 1 < len(lb) and me != "dp":
-                            rs.append(f"{lb[i + 1][0] / v[0]:.2f}")
-                    ratio = ", ".join(rs) or "–"
-                # Every learner host trains about the same steps (a deloco DP group's ranks: exactly; its records
-                # are rank 0's).
-                per_host = max(statistics.mean(h["steps"] for h in row["learner_hosts"]), 1) * row["batch_tokens"]
-                per_k = statistics.mean(x[0] for x in lb[1:]) / per_host * 1000 / 1e6
-                w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {h0} | {hl} | {counted} | {ratio} | {per_k:.3f} |")
+    table("model", "method", "rate", "host 0 tx / rx (MB)", "learner hosts tx / rx (MB)",
+          "deloco: syncer out / in, learners sent / received (MB)", "wire ÷ counted (learners' tx)",
+          "MB sent per 1k tokens per learner host")
+    for m, me, r, row in each_row():
+        lb = row["link_bytes"]
+        h0 = f"{lb[0][0] / 1e6:.1f} / {lb[0][1] / 1e6:.1f}"
+        hl = ", ".join(f"{x[0] / 1e6:.1f} / {x[1] / 1e6:.1f}" for x in lb[1:])
+        ratio = "–"
+        if me == "ddp":
+            est = row.get("estimated_bytes_per_rank", 0)
+            counted = f"all-reduce payload ≈ {est / 1e6:.1f} per rank each way"
+            if est:
+                ratio = ", ".join(f"{x[0] / est:.2f}" for x in lb[1:])
+        else:
+            db = row.get("deloco_bytes", {})
+            ls = db.get("learners", {})
+            counted = (f"{fmt(db.get('syncer_out') and db['syncer_out'] / 1e6, '.1f')} / "
+                       f"{fmt(db.get('syncer_in') and db['syncer_in'] / 1e6, '.1f')}; "
+                       + ", ".join(f"{fmt(v[0] and v[0] / 1e6, '.1f')} / {fmt(v[1] and v[1] / 1e6, '.1f')}"
+                                   for v in ls.values()))
+            rs = []
+            for i, v in enumerate(ls.values()):
+                if v[0] and i + 1 < len(lb) and me != "dp":
+                    rs.append(f"{lb[i + 1][0] / v[0]:.2f}")
+            ratio = ", ".join(rs) or "–"
+        # Every learner host trains about the same steps (a deloco DP group's ranks: exactly; its records are rank 0's).
+        per_host = max(statistics.mean(h["steps"] for h in row["learner_hosts"]), 1) * row["batch_tokens"]
+        per_k = statistics.mean(x[0] for x in lb[1:]) / per_host * 1000 / 1e6
+        w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {h0} | {hl} | {counted} | {ratio} | {per_k:.3f} |")
     w("")
     if "dp" in methods:
         w("deloco DP group: the learner hosts' links carry the Gloo all-reduce, which deloco does not count; the "
           "learner's counters are its link to the syncer only (rank 0).")
+        w("")
+
+    # ---- the grace window
+    w("## The grace window on real links")
+    w("")
+    timed = list(each_row(lambda row: bool(row.get("merge_times"))))
+    if not timed:
+        w("No row here carries the merge records' times (rows collected before `bench/wan_report.py collect` "
+          "summarised them; `bench/wan.sh --recollect` adds them while the run folders are there).")
+        w("")
+    else:
+        w("Per deloco row: the syncer's merge records over the later half of the run (the earlier half holds "
+          "start-up, before a transfer was measured), median (p90 in brackets) of ξ_sync's transfer terms as the "
+          "syncer measured them on the links (moving averages when the round merged): a push's upload (the heartbeat "
+          "sent right before it to its arrival) and a broadcast (hand-off to acknowledgement); the grace window "
+          "ξ_grace = min(cap, max(0, γ(τ·ξ_step − (ξ_quorum + ξ_sync)))) when the round merged, and the wait from "
+          "the round's quorum to its merge. *merges*: the run's (the medians are over the later half). sync and "
+          "Streaming DiLoCo merge when every learner is in, without a window: only their transfer times.")
+        w("")
+        table("model", "method", "link", "merges", "upload (s)", "broadcast (s)", "grace window (s)",
+              "wait after quorum (s)")
+        for m, me, r, row in timed:
+            mt = row["merge_times"]
+
+            def cell(k):
+                if k in ("grace", "grace_wait") and me not in GRACE_METHODS:
+                    return "off"
+                q = mt.get(k)
+                return f"{seconds(q['median'])} ({seconds(q['p90'])})" if q else "–"
+            w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {row.get('merges', '–')} | "
+              + " | ".join(cell(k) for k in MERGE_TIME_FIELDS) + " |")
         w("")
 
     # ---- loss at equal wall time and time to target
@@ -562,8 +630,7 @@ def cmd_report(a):
         w(f"**{m}**: loss at {t_eq:.0f} s (cell: loss, or the run's last loss and when, if it ended earlier) / "
           f"seconds to reach {target:.3f} nats/byte ({target / math.log(2):.3f} bits/byte)")
         w("")
-        w("| method | " + " | ".join(rate_label(r) for r in rates) + " |")
-        w("|---|" + "---|" * len(rates))
+        table("method", *(rate_label(r) for r in rates))
         for me in [x for x in methods if any(k[0] == m and k[1] == x for k in rows)]:
             cells = []
             for r in rates:
@@ -592,17 +659,11 @@ def cmd_report(a):
       "timeouts (Gloo's, the bench's bound), no progress (steps not reached, no merge), refusals. *ok*: every "
       "host trained every step and nothing of the kind was recorded.")
     w("")
-    w("| model | method | rate | steps reached | merges | what happened |")
-    w("|---|---|---|---|---|---|")
-    for m in models:
-        for me in methods:
-            for r in rates:
-                row = rows.get((m, me, r))
-                if not row:
-                    continue
-                what = "; ".join(shorten(b) for b in row["broke"]) if row["broke"] else "ok"
-                w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {row['steps_reached']}/{row['steps']} | "
-                  f"{row.get('merges', '–')} | {what} |")
+    table("model", "method", "rate", "steps reached", "merges", "what happened")
+    for m, me, r, row in each_row():
+        what = "; ".join(shorten(b) for b in row["broke"]) if row["broke"] else "ok"
+        w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {row['steps_reached']}/{row['steps']} | "
+          f"{row.get('merges', '–')} | {what} |")
     w("")
 
     # ---- goal
@@ -613,8 +674,7 @@ def cmd_report(a):
       "exists); both against the same method unshaped. The DDP goal is checked for deloco's DP group too. ‡: "
       "learners trained on without the syncer's answers (see *Where each method breaks*).")
     w("")
-    w("| model | check | goal | training rate | verdict | end-to-end | verdict |")
-    w("|---|---|---|---|---|---|---|")
+    table("model", "check", "goal", "training rate", "verdict", "end-to-end", "verdict")
     checks = [("decoupled", "10mbit", ">=", 0.9), ("decoupled", "1mbit", ">=", 0.5), ("ddp", "100mbit", "<", 0.1),
               ("dp", "100mbit", "<", 0.1)]
     for m in models:
