@@ -3,9 +3,11 @@
 // simulator (deloco/sync.h, deloco/learner.h). Used by `deloco syncer`, `deloco learner` and `deloco run`.
 //
 // Protocol (every message one wire frame; see docs/runtime.md for the sequence diagrams)
-//   learner → syncer  hello        JSON {learner, instance, step, want_state}; the fingerprint is in the header
+//   learner → syncer  hello        JSON {learner, instance, step, want_state[, state_hash]}; the fingerprint is in the
+//                                  header; state_hash: FNV-1a-64 of the parameters the process started from
 //   syncer → learner  welcome      JSON {round, versions[P], resume_step, chunks, chunk_elements, elements,
-//                                  state_hash}   (state_hash: FNV-1a-64 hex of the fp32 bytes)
+//                                  state_hash[, state_held]}   (state_hash: FNV-1a-64 hex of the fp32 bytes;
+//                                  state_held: the hello's state_hash matched, no chunks follow)
 //   syncer → learner  state_chunk  fp32, fragment_id = chunk index, round = welcome.round   (only if want_state)
 //   learner → syncer  fragment_push    the outer gradient Δ_p = Θ_p^v − θ_p in net.encoding (with error feedback),
 //                                      c_steps/c_tokens in the header, round = v, the version of Θ_p the learner

@@ -290,9 +290,11 @@ struct Joined : RecordBase {
   std::optional<int64_t> download_bytes;
   std::optional<double> download_seconds, hello_seconds;
   int64_t resume_step = 0;
+  std::optional<bool> state_held;  // true: the learner held the syncer's state already (hashes matched), no download
   template <class V> void fields(V& v) {
     v("step", step); v("syncer_round", syncer_round); v("download_bytes", download_bytes);
     v("download_seconds", download_seconds); v("resume_step", resume_step); v("hello_seconds", hello_seconds);
+    v("state_held", state_held);
   }
 };
 

@@ -94,6 +94,11 @@ struct LearnerNode::Impl {
     ShardPlan plan;
     bool joined = false, have_state = false, left = false, ever_joined = false;
     std::optional<State> state_ready;  // a verified download of this shard's part, waiting to be installed
+    // The parameters of this shard's part as the process started (its seeded initialisation, model_layout order)
+    // and their FNV-1a-64: offered in the hello (proto::Hello::state_hash) until the link first holds a state, so a
+    // syncer still at the same state sends no download (Welcome::state_held). Set before the comms thread starts.
+    at::Tensor initial;
+    uint64_t initial_hash = 0;
     int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
     // Fragments pushed on this link while joined, since it last (re)joined. A (re)join settles each of them as
     // refused: the syncer that answers now may not hold them (a restarted syncer never got them, or lost them
@@ -289,6 +294,7 @@ struct LearnerNode::Impl {
     {
       std::lock_guard<std::mutex> lock(mu);
       h.want_state = !L.have_state;
+      if (h.want_state && L.initial.defined()) h.state_hash = L.initial_hash;
     }
     if (send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)))) ++L.c.hellos_unanswered;
     L.c.last_hello = L.c.hello_sent_at = t;
@@ -446,6 +452,27 @@ struct LearnerNode::Impl {
     // Every shard remembers the learner's step: the highest of the first welcomes (before training starts) wins.
     if (!welcomed_once || !resume_step || *resume_step < w.resume_step) resume_step = w.resume_step;
     welcomed_once = true;
+    if (w.state_held) {
+      // The syncer's state is what this process started from (the hashes matched): install that, download nothing.
+      if (!L.initial.defined() || w.state_hash != L.initial_hash || w.elements != L.plan.model.elements)
+        throw WireError("welcome says this learner holds the state already, but it offered no parameters with that hash");
+      c.dl.reset();
+      L.state_ready = State{w, L.initial};
+      L.have_state = true;
+      L.state_round = static_cast<int64_t>(w.round);
+      L.initial = at::Tensor();  // one copy of the part, kept only until the first state
+      rec::Joined r;
+      r.step = beat.step;
+      r.syncer_round = static_cast<int64_t>(w.round);
+      r.resume_step = w.resume_step;
+      r.hello_seconds = now() - c.hello_sent_at;
+      r.download_bytes = 0;
+      r.state_held = true;
+      emit(L, r);
+      c.first_join_recorded = true;
+      cv.notify_all();
+      return;
+    }
     if (w.chunks > 0) {
       if (w.elements != L.plan.model.elements) throw WireError("welcome describes another model size");
       c.dl = w;
@@ -488,6 +515,7 @@ struct LearnerNode::Impl {
     } else {
       L.state_ready = State{*c.dl, c.dl_flat};
       L.have_state = true;
+      L.initial = at::Tensor();
       L.state_round = static_cast<int64_t>(c.dl->round);  // tells the syncer the download arrived
       rec::Joined r;
       r.step = beat.step;
@@ -633,6 +661,21 @@ struct LearnerNode::Impl {
                             {"model_fingerprint", work->fingerprint()}};
     save_learner_state(state_path(), work->step(), manifest, opt);
   }
+  // Each link's part of the parameters as they are now (before any training or install), and its hash.
+  void remember_initial() {
+    std::map<std::string, at::Tensor> by_name;
+    for (const auto& [name, t] : work->parameters()) by_name.emplace(name, t);
+    for (Link& L : links) {
+      std::vector<at::Tensor> ts;
+      ts.reserve(L.plan.model.names.size());
+      for (const auto& name : L.plan.model.names) ts.push_back(by_name.at(name));
+      at::Tensor flat = torch::empty({L.plan.model.elements}, torch::kFloat);
+      flatten_into(ts, flat.data_ptr<float>());
+      L.initial_hash = fnv1a64(flat.data_ptr<float>(), static_cast<size_t>(L.plan.model.elements) * 4);
+      L.initial = flat;
+    }
+  }
+
   void load_state() {
     if (cfg.learner.state_dir.empty()) return;
     const std::string dir = state_path();
@@ -695,6 +738,7 @@ struct LearnerNode::Impl {
   void begin(const std::atomic<bool>& stop) {
     if (phase != Phase::kNew) throw std::logic_error("LearnerNode: started twice");
     phase = Phase::kTraining;
+    remember_initial();
     comms = std::thread([this] {
       try {
         comms_loop();

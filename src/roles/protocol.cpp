@@ -53,9 +53,10 @@ constexpr int64_t kMaxI = int64_t{1} << 53;
 }  // namespace
 
 std::string encode_hello(const Hello& h) {
-  return nlohmann::json{{"learner", h.learner}, {"instance", fingerprint_hex(h.instance)}, {"step", h.step},
-                        {"want_state", h.want_state}}
-      .dump();
+  nlohmann::json j{{"learner", h.learner}, {"instance", fingerprint_hex(h.instance)}, {"step", h.step},
+                   {"want_state", h.want_state}};
+  if (h.state_hash) j["state_hash"] = fingerprint_hex(*h.state_hash);
+  return j.dump();
 }
 
 Hello parse_hello(const char* data, size_t n) {
@@ -67,6 +68,7 @@ Hello parse_hello(const char* data, size_t n) {
   auto it = j.find("want_state");
   if (it == j.end() || !it->is_boolean()) throw WireError("hello field 'want_state' is missing or not a boolean");
   h.want_state = it->get<bool>();
+  if (j.contains("state_hash")) h.state_hash = get_hex(j, "state_hash", "hello");
   return h;
 }
 
@@ -79,6 +81,7 @@ std::string encode_welcome(const Welcome& w) {
                    {"elements", w.elements},
                    {"state_hash", fingerprint_hex(w.state_hash)}};
   if (w.pushes >= 0) j["pushes"] = w.pushes;
+  if (w.state_held) j["state_held"] = true;
   return j.dump();
 }
 
@@ -98,6 +101,11 @@ Welcome parse_welcome(const char* data, size_t n) {
   w.elements = get_int(j, "elements", "welcome", 0, int64_t{1} << 34);
   w.state_hash = get_hex(j, "state_hash", "welcome");
   if (j.contains("pushes")) w.pushes = get_int(j, "pushes", "welcome", 0, kMaxI);
+  if (auto held = j.find("state_held"); held != j.end()) {
+    if (!held->is_boolean()) throw WireError("welcome field 'state_held' is not a boolean");
+    w.state_held = held->get<bool>();
+  }
+  if (w.state_held && w.chunks != 0) throw WireError("welcome: state_held with chunks to download");
   if (w.chunks > 0 && (w.chunk_elements == 0 || (w.chunks - 1) * w.chunk_elements >= w.elements ||
                        w.chunks * w.chunk_elements < w.elements))
     throw WireError("welcome: chunks × chunk_elements does not cover elements");

@@ -30,6 +30,10 @@ struct Hello {
   uint64_t instance = 0;   // random per learner process: tells a restart from a duplicate
   int64_t step = 0;        // the learner's inner step when it says hello
   bool want_state = true;  // download the global parameters
+  // With want_state: the FNV-1a-64 of the fp32 parameters the learner holds for this syncer's part (model_layout
+  // order), e.g. its seeded initialisation. Optional on the wire (absent: none). A syncer whose state has this hash
+  // sends no chunks (Welcome::state_held): the learner installs what it holds.
+  std::optional<uint64_t> state_hash;
 };
 std::string encode_hello(const Hello& h);
 Hello parse_hello(const char* data, size_t n);
@@ -46,6 +50,9 @@ struct Welcome {
   // the wire: another connection, another process, or an older syncer). Pushes arrive in order, so the learner's
   // first `pushes` sends since its previous welcome reached the syncer (they will be answered); the rest were lost.
   int64_t pushes = -1;
+  // The hello's state_hash equals state_hash: the learner holds this state already, no chunks follow (chunks = 0).
+  // Optional on the wire (absent: false).
+  bool state_held = false;
 };
 std::string encode_welcome(const Welcome& w);
 Welcome parse_welcome(const char* data, size_t n);

@@ -21,6 +21,14 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   EXPECT_EQ(g.instance, h.instance);
   EXPECT_EQ(g.step, 1234);
   EXPECT_FALSE(g.want_state);
+  EXPECT_FALSE(g.state_hash);  // absent on the wire unless offered
+  EXPECT_EQ(s.find("state_hash"), std::string::npos);
+  h.want_state = true;
+  h.state_hash = 0x00000000000000a5ull;
+  s = encode_hello(h);
+  g = parse_hello(s.data(), s.size());
+  ASSERT_TRUE(g.state_hash);
+  EXPECT_EQ(*g.state_hash, 0xa5u);
 
   Welcome w;
   w.round = 17;
@@ -36,6 +44,13 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   EXPECT_EQ(v.versions, w.versions);
   EXPECT_EQ(v.chunks, 3);
   EXPECT_EQ(v.state_hash, w.state_hash);
+  EXPECT_FALSE(v.state_held);
+  w.chunks = 0;
+  w.state_held = true;
+  s = encode_welcome(w);
+  v = parse_welcome(s.data(), s.size());
+  EXPECT_TRUE(v.state_held);
+  EXPECT_EQ(v.chunks, 0);
 
   Beat b{10, 2560, 1.5, 0.02};
   s = encode_beat(b);
@@ -61,6 +76,12 @@ TEST(Protocol, RefusesMalformedBodiesNamingTheField) {
   expect_error(R"({"learner":-1,"instance":"00000000000000aa","step":0,"want_state":true})", "out of range", parse_hello);
   expect_error(R"({"learner":1,"instance":"xyz","step":0,"want_state":true})", "", parse_hello);
   expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":1})", "want_state", parse_hello);
+  expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"state_hash":5})", "state_hash",
+               parse_hello);
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":1,"chunk_elements":50,"elements":50,"state_hash":"0000000000000001","state_held":true})",
+               "state_held", parse_welcome);
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000001","state_held":1})",
+               "state_held", parse_welcome);
   expect_error(R"({"step":1,"tokens":1,"busy_seconds":-1,"step_time":0})", "busy_seconds", parse_beat);
   expect_error(R"({"reason":"explode"})", "leave reason", parse_leave);
   expect_error(std::string(kMaxControlBytes + 1, ' '), "exceeds", parse_hello);

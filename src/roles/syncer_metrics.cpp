@@ -51,6 +51,9 @@ void SyncerNode::Impl::update_prometheus() {
   metric("state_snapshots_total", "counter", "Global-state snapshots encoded for downloads (one per set of versions).",
          static_cast<double>(state_snapshots));
   metric("state_downloads_total", "counter", "Global-state downloads queued to learners.", static_cast<double>(state_downloads));
+  metric("states_held_total", "counter",
+         "Joins asking for the state whose learner held it already (its parameters' hash matched): no download.",
+         static_cast<double>(states_held));
   metric("state_requests_dropped_total", "counter",
          "Hellos asking for the state while a download to the learner was outstanding (no new copy).",
          static_cast<double>(state_requests_dropped));
@@ -111,6 +114,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"grace_waits", grace_waits},
                    {"state_snapshots", state_snapshots},
                    {"state_downloads", state_downloads},
+                   {"states_held", states_held},
                    {"state_requests_dropped", state_requests_dropped},
                    {"broadcasts_sent", broadcasts_sent},
                    {"broadcasts_superseded", broadcasts_superseded},

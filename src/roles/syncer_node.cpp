@@ -339,13 +339,20 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   w.resume_step = resume_step;
   w.elements = model_layout.elements;
   std::shared_ptr<const syncer_detail::StateSnapshot> snap;
+  // A learner that offers the hash of the parameters it holds (its seeded initialisation at a run's start) and holds
+  // exactly this state gets no chunks: it installs what it has (a fresh run's joins cost no download).
+  bool held = false;
   if (hello.want_state) {
     snap = state_snapshot();
     w.round = static_cast<uint64_t>(snap->round);
     w.versions = snap->versions;
     w.state_hash = snap->hash;
-    w.chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
-    w.chunks = (w.elements + w.chunk_elements - 1) / w.chunk_elements;
+    held = hello.state_hash && *hello.state_hash == snap->hash;
+    w.state_held = held;
+    if (!held) {
+      w.chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
+      w.chunks = (w.elements + w.chunk_elements - 1) / w.chunk_elements;
+    }
   } else {
     w.round = static_cast<uint64_t>(merges);
     w.versions = core->versions();
@@ -361,7 +368,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   wh.fingerprint = fingerprint;
   wh.round = w.round;
   frames.push_back(proto::make_frame(wh, proto::encode_welcome(w), limits));
-  const std::shared_ptr<const void> owner = snap ? owner_of(snap->bytes) : nullptr;  // chunks point into the snapshot
+  const std::shared_ptr<const void> owner = w.chunks > 0 ? owner_of(snap->bytes) : nullptr;  // chunks point into the snapshot
   for (int64_t c = 0; c < w.chunks; ++c) {
     const int64_t first = c * w.chunk_elements, n = std::min(w.chunk_elements, w.elements - first);
     Bytes chunk(owner, snap->bytes.data() + first * 4, static_cast<size_t>(n) * 4);
@@ -416,8 +423,12 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
 
   if (hello.want_state) {
     core->note_joined(m);  // it will hold every fragment's version of the snapshot
-    ++state_downloads;
-    if (queued) {
+    if (held) {
+      ++states_held;
+    } else {
+      ++state_downloads;
+    }
+    if (queued && !held) {
       P.dl_sent = t;
       P.dl_round = snap->round;
     }
@@ -426,7 +437,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   if (hello.want_state) P.missed = false;
   else catch_up(m);
   pump(m);
-  const int64_t state_bytes = hello.want_state ? model_layout.elements * 4 : 0;
+  const int64_t state_bytes = hello.want_state && !held ? model_layout.elements * 4 : 0;
   // The same fields as a first join ("join") or, for a repeated hello, as "rejoin".
   const auto fill = [&](auto& j) {
     j.learner = m;

@@ -131,6 +131,7 @@ struct SyncerNode::Impl {
   // one was outstanding. Records the sink failed to take (emit never throws).
   std::shared_ptr<const syncer_detail::StateSnapshot> snapshot;  // the newest; older ones live while queued chunks point into them
   int64_t state_snapshots = 0, state_downloads = 0, state_requests_dropped = 0, record_errors = 0;
+  int64_t states_held = 0;  // joins that asked for the state and held it already (hash matched): no chunks sent
   // Broadcasts: handed to the transport, superseded by a newer merge before they could be sent (the learner's send
   // window was full), acknowledged by the learner. The send window in bytes per learner (set at construction:
   // twice the largest broadcast frame of this shard).

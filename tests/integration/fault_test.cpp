@@ -734,6 +734,7 @@ TEST_F(Faults, HelloFloodGetsOneDownloadFromOneSnapshot) {
     return prom_value(http_get(metrics_port_, "/metrics"), "deloco_learners_alive") == want;
   };
   constexpr int kFlood = 6000;  // the figure: 6,000 hellos added 1.37 GB before
+  int64_t elements = 0;          // the model's, from the flood's welcome
   {
     RawLearner flood(endpoint_, (dir_ / "keys/learner-1.key").string(), server_pub);
     const long rss0 = syncer->rss_kib();
@@ -752,6 +753,7 @@ TEST_F(Faults, HelloFloodGetsOneDownloadFromOneSnapshot) {
     ASSERT_TRUE(w.has_value());
     const proto::Welcome wel = proto::parse_welcome(w->second.data(), w->second.size());
     EXPECT_GT(wel.chunks, 0);
+    elements = wel.elements;
     EXPECT_FALSE(flood.next(MessageKind::kWelcome, 1.0).has_value()) << "a second download for the flood";
     EXPECT_EQ(flood.seen[MessageKind::kStateChunk], wel.chunks);
   }
@@ -770,20 +772,28 @@ TEST_F(Faults, HelloFloodGetsOneDownloadFromOneSnapshot) {
     EXPECT_EQ(prom_value(prom, "deloco_state_snapshots_total"), 1) << prom;
   }
   ASSERT_TRUE(wait_alive(0));
-  // The honest run: both learners download the state, train and finish.
+  // The honest run: both learners join, train and finish. Until the first merge the syncer's state is the seeded
+  // initialisation the learners start from: a learner joining then offers its hash and downloads nothing
+  // (state_held); one joining after a merge downloads. The first to join cannot come after a merge.
   Proc l0(learner_args(0, 60, false), (dir_ / "l0.log").string());
   Proc l1(learner_args(1, 60, false), (dir_ / "l1.log").string());
   EXPECT_EQ(l0.wait(120), 0) << l0.log();
   EXPECT_EQ(l1.wait(120), 0) << l1.log();
   ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
   for (const char* f : {"learner-0.jsonl", "learner-1.jsonl"}) {
-    auto j = wait_record(run_ / f, "joined", 1, [](const nlohmann::json& r) { return r.value("download_bytes", 0) > 0; });
-    EXPECT_FALSE(j.is_null()) << f << " never downloaded the state";
+    auto j = wait_record(run_ / f, "joined", 1);
+    ASSERT_FALSE(j.is_null()) << f << " never joined";
+    if (j.value("state_held", false))
+      EXPECT_EQ(j.value("download_bytes", -1), 0) << j.dump();
+    else
+      EXPECT_EQ(j.value("download_bytes", 0), 4 * elements) << f << ": neither held nor downloaded: " << j.dump();
     EXPECT_EQ(count_records(run_ / f, "alone"), 0u) << f;
   }
   auto s = summary();
   EXPECT_GE(s["state_requests_dropped"].get<int>(), kFlood - 1);  // + any hello a real learner repeated meanwhile
-  EXPECT_EQ(s["state_downloads"].get<int>(), 4) << s.dump();
+  // The flood's and the second connection's downloads, and one join per real learner (held or downloaded).
+  EXPECT_EQ(s["state_downloads"].get<int>() + s["states_held"].get<int>(), 4) << s.dump();
+  EXPECT_GE(s["states_held"].get<int>(), 1) << s.dump();
   EXPECT_LE(s["state_snapshots"].get<int>(), 3) << s.dump();
   EXPECT_GT(s["outer_steps"].get<int>(), 0);
 }
