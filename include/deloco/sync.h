@@ -74,8 +74,8 @@ struct SyncOptions {
   // Contribution bounds that are on by default (0 = off), see receive(). The defaults sit far above anything an
   // honest learner sends (docs/runtime.md gives the measured figures).
   double max_delta_ratio = 10.0;    // reject ‖Δ‖ > ratio · max(‖Θ_p‖, √n_p · kDeltaRmsFloor)  (reason norm_ratio)
-  double max_delta_outlier = 100.0; // reject ‖Δ‖ > outlier · median of the fragment's last delta_window accepted
-                                    // norms, once it has delta_warmup of them            (reason norm_outlier)
+  double max_delta_outlier = 100.0; // reject ‖Δ‖/c_steps > outlier · median of the fragment's last delta_window
+                                    // accepted norms per step, once it has delta_warmup of them (reason norm_outlier)
   int64_t delta_window = 64;        // accepted norms per fragment the median is taken over
   int64_t delta_warmup = 8;         // accepted norms needed before the outlier bound applies
   double max_share = 1.0;           // cap on one contribution's normalised weight in a merge, in (0, 1] (1 = off);
@@ -330,8 +330,10 @@ class Syncer {
   //  * wrong_shape; non_finite (‖Δ̂‖, accumulated in double, is NaN or Inf);
   //  * norm_bound: ‖Δ̂‖ > max_delta_norm (when > 0);
   //  * norm_ratio: ‖Δ̂‖ > max_delta_ratio · max(‖Θ_p‖, √n_p · kDeltaRmsFloor) (when > 0; n_p elements);
-  //  * norm_outlier: ‖Δ̂‖ > max_delta_outlier · the median of the last delta_window accepted ‖Δ̂‖ of this fragment,
-  //    once delta_warmup of them were seen and that median is > 0 (when > 0).
+  //  * norm_outlier: ‖Δ̂‖ / max(1, c_steps) > max_delta_outlier · the median of the last delta_window accepted
+  //    ‖Δ̂‖ / max(1, c_steps) of this fragment, once delta_warmup of them were seen and that median is > 0 (when > 0).
+  //    Per step, so a push after a long partition (every step since the learner's last accepted push) is judged
+  //    by its rate of drift, not by how long the learner was cut off.
   SyncReject receive(double now, Contribution c);
   // The decision for fragment p at time `now`.
   RoundDecision decide(double now, int64_t fragment) const;

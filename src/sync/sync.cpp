@@ -69,8 +69,10 @@ void SyncOptions::bind(ConfigSchema& s) {
   s.bind("sync.max_delta_ratio", &max_delta_ratio,
          "reject a delta whose norm exceeds this multiple of the fragment's norm (0 = off)");
   s.bind("sync.max_delta_outlier", &max_delta_outlier,
-         "reject a delta whose norm exceeds this multiple of the median of the fragment's recent ones (0 = off)");
-  s.bind("sync.delta_window", &delta_window, "accepted delta norms per fragment the outlier median is taken over");
+         "reject a delta whose norm per inner step exceeds this multiple of the median of the fragment's recent ones "
+         "(0 = off)");
+  s.bind("sync.delta_window", &delta_window,
+         "accepted delta norms (per inner step) per fragment the outlier median is taken over");
   s.bind("sync.delta_warmup", &delta_warmup, "accepted delta norms needed before the outlier bound applies");
   s.bind("sync.max_share", &max_share, "cap on one contribution's share of a merge, in (0, 1] (1 = off)");
 }
@@ -357,6 +359,11 @@ bool refusal_drops_drift(SyncReject reason) {
   return reason == SyncReject::kNormBound || reason == SyncReject::kNormRatio || reason == SyncReject::kNormOutlier;
 }
 
+namespace {
+// ‖Δ‖ per inner step of the contribution (a push of no steps counts as one).
+double per_step_norm(double norm, int64_t c_steps) { return norm / static_cast<double>(std::max<int64_t>(1, c_steps)); }
+}  // namespace
+
 SyncReject Syncer::check(const Contribution& c, double* norm) const {
   if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return SyncReject::kUnknownFragment;
   if (c.learner < 0 || c.learner >= opts_.learners) return SyncReject::kUnknownLearner;
@@ -380,12 +387,15 @@ SyncReject Syncer::check(const Contribution& c, double* norm) const {
     const double scale = std::max(theta_norm_[p], std::sqrt(static_cast<double>(elements_[p])) * kDeltaRmsFloor);
     if (n > opts_.max_delta_ratio * scale) return SyncReject::kNormRatio;
   }
+  // The outlier bound compares norms per inner step the push covers: after a partition a learner's next push carries
+  // all its steps since its last accepted one (c_steps), and its drift grows at most linearly with them.
   const auto& recent = recent_norms_[p];
   if (opts_.max_delta_outlier > 0 && static_cast<int64_t>(recent.size()) >= opts_.delta_warmup) {
     std::vector<double> v(recent);
     auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
     std::nth_element(v.begin(), mid, v.end());
-    if (*mid > 0 && n > opts_.max_delta_outlier * *mid) return SyncReject::kNormOutlier;  // a zero median bounds nothing
+    if (*mid > 0 && per_step_norm(n, c.c_steps) > opts_.max_delta_outlier * *mid)
+      return SyncReject::kNormOutlier;  // a zero median bounds nothing
   }
   return SyncReject::kNone;
 }
@@ -410,9 +420,9 @@ SyncReject Syncer::receive(double now, Contribution c) {
   last.base = c.base_version;
   auto& recent = recent_norms_[p];
   if (static_cast<int64_t>(recent.size()) < opts_.delta_window) {
-    recent.push_back(norm);
+    recent.push_back(per_step_norm(norm, c.c_steps));
   } else {
-    recent[recent_next_[p]] = norm;
+    recent[recent_next_[p]] = per_step_norm(norm, c.c_steps);
     recent_next_[p] = (recent_next_[p] + 1) % recent.size();
   }
   Round& r = rounds_[p];

@@ -513,6 +513,26 @@ TEST(SyncBounds, OutlierBoundAfterWarmUp) {
   EXPECT_EQ(s.rejected().at("norm_outlier"), 1);
 }
 
+// The outlier bound is per inner step: a learner back from a long partition pushes every step since its last
+// accepted push at once (c_steps); its larger Δ is judged by its drift per step.
+TEST(SyncBounds, OutlierBoundIsPerInnerStep) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 2;
+  o.max_delta_ratio = 0;
+  o.max_delta_outlier = 100;
+  o.delta_warmup = 4;
+  o.delta_window = 8;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(s.receive(0, contrib(0, 1.0f, 10, 10)), SyncReject::kNone);  // √6/10 per step
+  // 80 times the steps and 150 times the norm: under 100 × the median per step.
+  EXPECT_EQ(s.receive(0, contrib(1, 150.0f, 800, 800)), SyncReject::kNone);
+  // The same norm over the usual 10 steps: an outlier.
+  EXPECT_EQ(s.receive(0, contrib(1, 150.0f, 10, 10)), SyncReject::kNormOutlier);
+  // 110 times the usual norm per step, over 800 steps, is still one.
+  EXPECT_EQ(s.receive(0, contrib(1, 8800.0f, 800, 800)), SyncReject::kNormOutlier);
+}
+
 // A merge whose outer step overflows (Nesterov: u = g + μ·b ≈ 1.9 · 2.7e38 = inf) is rolled back exactly and its
 // contributions rejected as merge_non_finite; afterwards the syncer merges as if the poisoned round never happened.
 TEST(SyncMerge, NonFiniteResultIsRolledBackExactly) {
