@@ -130,6 +130,8 @@ struct NetOptions {
   double join_timeout = 60.0;        // learner: seconds to wait for the first welcome before training alone;
                                      // also how long a refused learner (duplicate id) keeps retrying
   int64_t max_frame_bytes = 0;       // largest frame a node accepts (0: sized to the model, node_transport_options)
+  double tcp_timeout = 10.0;         // TCP: seconds of unacknowledged data before a connection is dropped and dialled
+                                     // afresh (TransportOptions::tcp_timeout; 0: the OS's, minutes)
   void bind(ConfigSchema& schema);
   // net.* as TransportOptions, without the model-sized bounds (node_transport_options adds them).
   TransportOptions transport() const;

@@ -134,6 +134,11 @@ struct TransportOptions {
                                         // it never drops messages; keep it small, it bounds what a peer can pin.
   std::chrono::milliseconds handshake_timeout{5000};  // ZMTP + CURVE handshake deadline per connection (ZMQ_HANDSHAKE_IVL)
   std::chrono::milliseconds reconnect{100};  // clients: first reconnect interval (doubles up to 2 s)
+  // TCP only (0: the OS's, minutes). Data left unacknowledged this long drops the connection (TCP_USER_TIMEOUT,
+  // ZMQ_TCP_MAXRT), and a client abandons a connect attempt after half of it (ZMQ_CONNECT_TIMEOUT) and dials again.
+  // A link that was cut and came back is then used on a fresh connection within seconds, instead of waiting out the
+  // old connection's retransmission backoff (which doubles to minutes) or a SYN's.
+  std::chrono::milliseconds tcp_timeout{0};
   // On close (the destructor): how long messages still queued may take to leave before they are dropped (ZMQ_LINGER;
   // 0: dropped at once). A server whose last answers matter before it exits sets it; a peer that reads nothing can
   // hold the close up to this long.

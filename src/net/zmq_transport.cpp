@@ -265,6 +265,12 @@ int linger_ms(const TransportOptions& o) {
   return static_cast<int>(o.linger.count());
 }
 
+int tcp_timeout_ms(const TransportOptions& o) {
+  if (o.tcp_timeout.count() < 0 || o.tcp_timeout.count() > std::numeric_limits<int>::max())
+    throw TransportError("tcp_timeout must be between 0 and 2^31 ms (got " + std::to_string(o.tcp_timeout.count()) + " ms)");
+  return static_cast<int>(o.tcp_timeout.count());
+}
+
 std::string curve_missing(const char* option, const char* what) {
   return std::string("CURVE is on and ") + option + " (" + what + ") is not set; set it (keys come from `deloco keygen`)"
          " or set net.plaintext = true explicitly to run without authentication and encryption";
@@ -292,6 +298,7 @@ class ZmqServer final : public ServerTransport {
     router_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
     router_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
     router_.set_int(ZMQ_LINGER, linger_ms(o), "ZMQ_LINGER");
+    if (tcp_timeout_ms(o) > 0) router_.set_int(ZMQ_TCP_MAXRT, tcp_timeout_ms(o), "ZMQ_TCP_MAXRT");
     router_.set_string(ZMQ_ZAP_DOMAIN, kZapDomain, "ZMQ_ZAP_DOMAIN");
     if (curve_) {
       router_.set_int(ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER");
@@ -464,6 +471,10 @@ class ZmqClient final : public ClientTransport {
     dealer_.set_int(ZMQ_RCVHWM, o.queue_limit, "ZMQ_RCVHWM");
     dealer_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
     dealer_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
+    if (const int rt = tcp_timeout_ms(o); rt > 0) {
+      dealer_.set_int(ZMQ_TCP_MAXRT, rt, "ZMQ_TCP_MAXRT");
+      dealer_.set_int(ZMQ_CONNECT_TIMEOUT, std::max(1, rt / 2), "ZMQ_CONNECT_TIMEOUT");
+    }
     if (zmq_socket_monitor(dealer_.get(), kClientMonitorEndpoint, kClientMonitoredEvents) != 0)
       throw TransportError(std::string("cannot monitor the client socket: ") + zerr());
     monitor_ = Socket(ctx_, ZMQ_PAIR);

@@ -60,6 +60,10 @@ void NetOptions::bind(ConfigSchema& s) {
   });
   s.bind("net.join_timeout", &join_timeout, "seconds a learner waits for its first welcome",
          seconds(&join_timeout, "net.join_timeout", false, 86400));
+  s.bind("net.tcp_timeout", &tcp_timeout,
+         "TCP: seconds data may stay unacknowledged before the connection is dropped and dialled afresh, so a link "
+         "that came back is used within seconds (0: the OS's retransmission limits, minutes)",
+         seconds(&tcp_timeout, "net.tcp_timeout", true, 3600));
   s.bind("net.max_frame_bytes", &max_frame_bytes,
          "largest frame a node accepts; a larger one drops the connection (0: sized to the model)", [this] {
            return max_frame_bytes >= 0 && max_frame_bytes <= (int64_t{1} << 40)
@@ -77,6 +81,7 @@ TransportOptions NetOptions::transport() const {
   // max_frame_bytes: net.max_frame_bytes when set; otherwise node_transport_options (transport_options.cpp) sizes
   // it to what the node's role receives for its model, and this generic default only stands when neither is used.
   if (max_frame_bytes > 0) t.max_frame_bytes = static_cast<uint64_t>(max_frame_bytes);
+  t.tcp_timeout = std::chrono::milliseconds(static_cast<int64_t>(tcp_timeout * 1000.0));
   return t;
 }
 
