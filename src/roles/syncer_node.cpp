@@ -189,6 +189,12 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
           upload_time.add(t - P.last_beat, cfg.sync.ema);
           P.upload_time.add(t - P.last_beat, cfg.sync.ema);
           ++uploads_measured;
+          if (!P.broadcast_time.seeded && t > P.last_beat) {
+            // No broadcast measured on this link yet and no download to seed it (a fresh join that held the state):
+            // the push's rate gives the first estimate of a broadcast's time on it, as a download's would.
+            const double rate = static_cast<double>(env.header.size() + env.payload.size()) / (t - P.last_beat);
+            P.broadcast_time.add(static_cast<double>(send_window) / 2 / rate, cfg.sync.ema);
+          }
         }
         P.last_beat = -1;
         send_beat(m);  // the receipt: the learner's push window opens as soon as the bytes are here
