@@ -189,12 +189,9 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
           upload_time.add(t - P.last_beat, cfg.sync.ema);
           P.upload_time.add(t - P.last_beat, cfg.sync.ema);
           ++uploads_measured;
-          if (!P.broadcast_time.seeded && t > P.last_beat) {
-            // No broadcast measured on this link yet and no download to seed it (a fresh join that held the state):
-            // the push's rate gives the first estimate of a broadcast's time on it, as a download's would.
-            const double rate = static_cast<double>(env.header.size() + env.payload.size()) / (t - P.last_beat);
-            P.broadcast_time.add(static_cast<double>(send_window) / 2 / rate, cfg.sync.ema);
-          }
+          // No broadcast measured on this link yet and no download to seed it (a fresh join that held the state):
+          // the push's rate gives the first estimate, as a download's would.
+          seed_broadcast_time(P, static_cast<double>(env.header.size() + env.payload.size()), t - P.last_beat);
         }
         P.last_beat = -1;
         send_beat(m);  // the receipt: the learner's push window opens as soon as the bytes are here
@@ -210,12 +207,8 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         P.busy = b.busy_seconds;
         P.step_time = b.step_time;
         const bool download_done = P.dl_sent >= 0 && b.state_round >= P.dl_round;
-        if (download_done && !P.broadcast_time.seeded && t > P.dl_sent) {
-          // The download's rate on this link gives the first estimate of a broadcast's time on it (liveness
-          // allows for it before any broadcast was measured).
-          const double rate = static_cast<double>(model_layout.elements) * 4 / (t - P.dl_sent);
-          P.broadcast_time.add(static_cast<double>(send_window) / 2 / rate, cfg.sync.ema);
-        }
+        // The download's rate on this link gives the first estimate of a broadcast's time on it.
+        if (download_done) seed_broadcast_time(P, static_cast<double>(model_layout.elements) * 4, t - P.dl_sent);
         if (download_done) P.dl_sent = -1;  // the download arrived and verified
         if (b.broadcasts >= 0) {
           P.acks = true;

@@ -244,6 +244,13 @@ struct SyncerNode::Impl {
   }
   // The acknowledgement of broadcasts up to sequence number `seq`: measures each one's time in flight.
   void acknowledge(int64_t m, int64_t seq, double t);
+  // Before any broadcast on P's link was measured: its first estimate from a transfer of `bytes` that took `seconds`
+  // on the same link (a state download, a push), scaled to one largest broadcast frame (half the send window).
+  // Liveness allows for it (patience) until real broadcasts are measured. Nothing when seeded or seconds ≤ 0.
+  void seed_broadcast_time(syncer_detail::Peer& P, double bytes, double seconds) const {
+    if (P.broadcast_time.seeded || !(seconds > 0) || !(bytes > 0)) return;
+    P.broadcast_time.add(static_cast<double>(send_window) / 2 / (bytes / seconds), cfg.sync.ema);
+  }
   // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
   void send_beat(int64_t m);
 
