@@ -10,7 +10,8 @@ run it, and PyTorch on the same kernels. Usage, from the repository root after s
     /usr/bin/python3 bench/train_vs_pytorch.py [--config configs/small.toml] [--steps 60] [--rounds 3] [--threads 2]
         [--precisions fp32,bf16]
 
-Each precision runs deloco (train.precision) and PyTorch (fp32, or the forward under torch.autocast("cpu",
+Each precision runs deloco (train.precision) with its fused kernels, deloco with train.fused = false (the ATen
+operations they replace: the code before them, the "unfused" row; --no-unfused leaves it out) and PyTorch (fp32, or the forward under torch.autocast("cpu",
 torch.bfloat16) with the loss in float32) on the same batches' shapes.
 
 Must run under Debian's /usr/bin/python3 (python3-torch). Prints a Markdown table and writes JSON with --json.
@@ -125,6 +126,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (train.precision / autocast)")
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the worker's
+    ap.add_argument("--no-unfused", action="store_true", help="leave out the deloco train.fused=false rows")
     ap.add_argument("--json", default="")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--peak-worker", action="store_true", help=argparse.SUPPRESS)
@@ -140,7 +142,8 @@ def main():
     precisions = [p for p in args.precisions.split(",") if p]
     # deloco corrects OpenBLAS's kernel choice on CPUs newer than the library (src/util/blas.h); PyTorch
     # does not. "pytorch+core" is PyTorch given the same OPENBLAS_CORETYPE by hand: the kernel-for-kernel peer.
-    variants = [(impl, prec) for prec in precisions for impl in ("deloco", "pytorch", "pytorch+core")]
+    impls = ("deloco", "pytorch", "pytorch+core") if args.no_unfused else ("deloco", "deloco-unfused", "pytorch", "pytorch+core")
+    variants = [(impl, prec) for prec in precisions for impl in impls]
     res = {f"{impl} {prec}": [] for impl, prec in variants}
     core = None  # learned from deloco's first summary
     with tempfile.TemporaryDirectory() as tmp:
@@ -148,14 +151,16 @@ def main():
             line = []
             for impl, prec in variants:
                 key = f"{impl} {prec}"
-                if impl == "deloco":
-                    out_dir = os.path.join(tmp, f"run{r}-{prec}")
-                    summary = os.path.join(tmp, f"s{r}-{prec}.json")
+                if impl.startswith("deloco"):
+                    out_dir = os.path.join(tmp, f"run{r}-{prec}-{impl}")
+                    summary = os.path.join(tmp, f"s{r}-{prec}-{impl}.json")
                     _, rss = run_measured([args.binary, "train", "--config", args.config, "--set", f"data.path={args.data}",
                                            "--set", f"train.steps={args.steps}", "--set", "train.eval_every=0",
                                            "--set", "train.eval_tokens=4096", "--set", f"train.threads={args.threads}",
                                            "--set", f"train.out_dir={out_dir}", "--set", "train.log_every=1000",
-                                           "--set", f"train.precision={prec}", "--summary", summary], env)
+                                           "--set", f"train.precision={prec}",
+                                           "--set", f"train.fused={'false' if impl == 'deloco-unfused' else 'true'}",
+                                           "--summary", summary], env)
                     s = json.load(open(summary))
                     if core is None:
                         core = openblas_core_of(s.get("blas", ""))
@@ -190,7 +195,8 @@ def main():
     for k, r in rows.items():
         print(f"| {k} | {r['tokens_per_s']:.0f} | {100 * r['mfu']:.1f}% | {r['peak_rss_mib']:.0f} |")
     ratios = {}
-    for a, b in (("deloco fp32", "pytorch fp32"), ("deloco fp32", "pytorch+core fp32"), ("deloco bf16", "pytorch bf16"),
+    for a, b in (("deloco fp32", "deloco-unfused fp32"), ("deloco bf16", "deloco-unfused bf16"),
+                 ("deloco-unfused bf16", "deloco-unfused fp32"), ("deloco fp32", "pytorch fp32"), ("deloco fp32", "pytorch+core fp32"), ("deloco bf16", "pytorch bf16"),
                  ("deloco bf16", "pytorch+core bf16"), ("deloco bf16", "pytorch fp32"), ("deloco bf16", "pytorch+core fp32"),
                  ("deloco bf16", "deloco fp32")):
         if a in rows and b in rows:

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "model/kernels.h"
 #include "util/fs.h"
 
 namespace deloco {
@@ -66,13 +67,20 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);  // [B,nh,T,hs]
   auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hs)));  // [B,nh,T,T]
-  auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
-  att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  torch::Tensor att;  // [B,nh,T,T]
+  if (fused_) {
+    att = kernels::causal_softmax(torch::matmul(q, k.transpose(-2, -1)), scale);
+  } else {
+    att = torch::matmul(q, k.transpose(-2, -1)) * scale;
+    auto future = torch::ones({T, T}, torch::TensorOptions().dtype(torch::kBool).device(x.device())).triu(1);
+    att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
+  }
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
   auto h = x + attn_proj_->forward(y);
   // MLP.
-  return h + mlp_proj_->forward(torch::gelu(c_fc_->forward(ln_2_->forward(h))));
+  auto pre = c_fc_->forward(ln_2_->forward(h));
+  return h + mlp_proj_->forward(fused_ ? kernels::gelu(pre) : torch::gelu(pre));
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
@@ -102,6 +110,11 @@ GPTImpl::GPTImpl(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
   }
 }
 
+void GPTImpl::set_fused(bool on) {
+  fused_ = on;
+  for (const auto& m : *h_) m->as<BlockImpl>()->set_fused(on);
+}
+
 torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   const int64_t T = idx.size(1);
   TORCH_CHECK(T <= cfg_.block_size, "sequence length ", T, " exceeds model.block_size ", cfg_.block_size);
@@ -114,6 +127,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& idx, const torch::Tensor& targets) {
   auto logits = forward(idx);
+  if (fused_) return kernels::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
   return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
 }
 

@@ -8,6 +8,7 @@
 
 #include "deloco/config.h"
 #include "deloco/gpt/model.h"
+#include "model/kernels.h"
 
 namespace deloco {
 
@@ -20,6 +21,10 @@ torch::Tensor LanguageModel::loss(const torch::Tensor& idx, const torch::Tensor&
   return next_token_loss(forward(idx), targets);
 }
 
+torch::Tensor LanguageModel::loss_of_logits(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return next_token_loss(logits, targets);
+}
+
 namespace {
 
 class GptModel final : public LanguageModel {
@@ -30,6 +35,11 @@ class GptModel final : public LanguageModel {
   }
   torch::Tensor forward(const torch::Tensor& idx) override { return gpt_->forward(idx); }
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets) override { return gpt_->loss(idx, targets); }
+  torch::Tensor loss_of_logits(const torch::Tensor& logits, const torch::Tensor& targets) override {
+    if (!gpt_->fused()) return next_token_loss(logits, targets);
+    return kernels::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  }
+  void set_fused(bool on) override { gpt_->set_fused(on); }
   NamedTensors& parameters() override { return params_; }
   void train(bool on) override { gpt_->train(on); }
   bool training() const override { return gpt_->is_training(); }

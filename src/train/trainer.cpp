@@ -40,6 +40,7 @@ void RunConfig::bind(ConfigSchema& s) {
   s.bind("train.keep_checkpoints", &t.keep_checkpoints, "checkpoints kept per run (0: all)",
          [&t] { return non_negative(t.keep_checkpoints); });
   s.bind("train.seed", &t.seed, "seed for initialisation and data order");
+  s.bind("train.fused", &t.fused, "the built-in GPT's fused CPU kernels (attention softmax, GELU, loss); false: ATen's operations");
   s.bind("train.threads", &t.threads, "intra-op threads (0: one per core)", [&t] { return non_negative(t.threads); });
   s.bind("train.learner_id", &t.learner_id, "data shard of this learner", [&t] {
     return (t.learner_id >= 0 && t.learner_id < t.num_learners) ? "" : "must be in [0, train.num_learners)";
@@ -109,6 +110,7 @@ Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
   o.beta2 = cfg.train.beta2;
   o.weight_decay = cfg.train.weight_decay;
   opt_ = std::make_unique<AdamW>(params_, o);
+  model_->set_fused(cfg.train.fused);
   val_windows_ = evaluation_windows(corpus_->val_tokens(), cfg_.model.block_size, cfg.train.eval_tokens).to(device_);
 }
 
@@ -168,7 +170,7 @@ torch::Tensor Trainer::loss_of(const torch::Tensor& idx, const torch::Tensor& ta
     }
   }
   if (scripted) check_scripted_logits(logits);
-  return next_token_loss(logits, targets);  // in float32, outside the autocast region (PyTorch's recipe)
+  return model_->loss_of_logits(logits, targets);  // in float32, outside the autocast region (PyTorch's recipe)
 }
 
 // A user's module: non-finite logits from finite parameters are the module's doing, whatever the learning rate;

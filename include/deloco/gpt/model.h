@@ -40,9 +40,11 @@ class BlockImpl : public torch::nn::Module {
  public:
   BlockImpl(const ModelConfig& cfg);
   torch::Tensor forward(const torch::Tensor& x);
+  void set_fused(bool on) { fused_ = on; }
 
  private:
   int64_t n_head_;
+  bool fused_ = true;
   torch::nn::LayerNorm ln_1_{nullptr}, ln_2_{nullptr};
   torch::nn::Linear c_attn_{nullptr}, attn_proj_{nullptr}, c_fc_{nullptr}, mlp_proj_{nullptr};
 };
@@ -56,9 +58,14 @@ class GPTImpl : public torch::nn::Module {
   // Mean cross-entropy (nats per token) of next-token prediction.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   const ModelConfig& config() const { return cfg_; }
+  // true (the default): the attention's scaled causal softmax, GELU and the loss run as fused kernels
+  // (src/model/kernels.h); false: as the ATen compositions they replace (train.fused).
+  void set_fused(bool on);
+  bool fused() const { return fused_; }
 
  private:
   ModelConfig cfg_;
+  bool fused_ = true;
   torch::nn::Embedding wte_{nullptr}, wpe_{nullptr};
   torch::nn::ModuleList h_{nullptr};
   torch::nn::LayerNorm ln_f_{nullptr};
@@ -91,6 +98,11 @@ class LanguageModel {
   virtual bool training() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int64_t block_size() const = 0;
+  // The built-in GPT's fused kernels on or off (train.fused; GPT::set_fused); other models ignore it.
+  virtual void set_fused(bool /*on*/) {}
+  // Mean cross-entropy of logits [B,T,V] from forward() against targets [B,T], in float32: next_token_loss, or
+  // the GPT's fused kernel when it is on.
+  virtual torch::Tensor loss_of_logits(const torch::Tensor& logits, const torch::Tensor& targets);
 };
 // Mean next-token cross-entropy of logits [B,T,V] (any float dtype) against targets [B,T], computed in float32.
 torch::Tensor next_token_loss(const torch::Tensor& logits, const torch::Tensor& targets);
