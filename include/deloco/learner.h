@@ -51,12 +51,14 @@ struct Push {
 };
 
 // What the syncer makes of a fragment push: the payload (`bytes` bytes in `encoding`, the fragment's layout)
-// decoded into the contribution's outer gradients, plus the header's fields. The one decoder of pushes, used by the
-// syncer node and the simulator alike. Throws WireError for a payload that does not match the layout or holds a
-// non-finite value (the message names which).
+// validated and held in its wire encoding (Contribution::encoded: the syncer merges straight from it), plus the
+// header's fields. The one reader of pushes, used by the syncer node and the simulator alike. Throws WireError for a
+// payload that does not match the layout (NonFiniteError, a WireError, when it holds a non-finite value or block
+// scale; the message names which). This form copies the payload; with `owner` (which keeps `payload` alive and
+// unchanged) it holds the caller's bytes without a copy.
 Contribution decode_push(int64_t learner, int64_t fragment, const FlatLayout& layout, Encoding encoding,
                          const void* payload, size_t bytes, int64_t base_version, int64_t c_steps, int64_t c_tokens,
-                         double step_time);
+                         double step_time, std::shared_ptr<const void> owner = nullptr);
 // The same for a Push the caller holds (the simulator, embedding programs).
 Contribution decode_push(int64_t learner, const Push& push, const FlatLayout& layout);
 

@@ -50,6 +50,21 @@ class OuterOptimizer {
   at::Tensor buffer(const std::string& name) const;
   void set_buffer(const std::string& name, const at::Tensor& buffer);
 
+  // The rule as three numbers, for a caller that applies it element by element itself (the syncer's fused merge,
+  // src/sync/fused_merge.cpp), with the semantics above: momentum == false: Θ ← Θ − η·g (no state); else
+  // b ← μ·b + g (b = 0 before the first step, which gives b = g), u = g + μ·b when nesterov, else u = b, Θ ← Θ − η·u.
+  struct Rule {
+    bool momentum = false, nesterov = false;
+    double lr = 0, mu = 0;
+  };
+  Rule rule() const;
+  // For such a caller: the momentum buffer of `name` as a contiguous float32 tensor shaped like `like` on its
+  // device, for updating in place — created as zeros on the first step. Unlike step(), such an update changes the
+  // buffer in place: a handle from buffer() taken before it sees the change (the caller owns rollback; deloco/sync.h
+  // only updates in place what it has proven cannot fail). Throws OuterError when the rule keeps no momentum or the
+  // buffer held has another shape or dtype.
+  at::Tensor buffer_for_update(const std::string& name, const at::Tensor& like);
+
  protected:
   // The rule proper: buffer is the momentum buffer (undefined on the first step; set it when momentum is used).
   virtual at::Tensor update(const at::Tensor& grad, at::Tensor& buffer) const = 0;

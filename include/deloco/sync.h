@@ -33,6 +33,16 @@
 //    are checked against what the syncer can verify (receive()); (3) sync.max_share optionally caps one
 //    learner's share of a merge; (4) merge() is a transaction: a merge that fails or yields a non-finite Θ_p or
 //    outer state is rolled back exactly and its contributions rejected; (5) restore() refuses non-finite state.
+//  * Memory and the fused merge: Θ_p of an fp32 CPU fragment is one flat buffer its tensors view, never written once
+//    it holds a version (copy on write: every merge and restore writes a new buffer; the old one becomes the kept
+//    Θ_p^v, is reused as the next merge's buffer, or is freed), so a version kept for anchoring and the broadcast
+//    (share_flat) cost no copy. Pushes may be held in their wire encoding (Contribution::encoded; receive() checks
+//    them from the encoded blocks). A fragment whose tensors all merge by mean or rda (the diloco and decoupled
+//    plans) in fp32 is merged in one cache-blocked, multi-threaded pass from the wire bytes to the new Θ_p
+//    (src/sync/fused_merge.h; sync.fused_merge, sync.merge_threads) that writes the momentum in place: it runs only
+//    when bounds from max |Θ_p|, max |b_p|, max |Θ_p^v| and each push's max |Δ̂| prove no value can overflow, so it
+//    cannot fail once it writes; otherwise the general per-tensor path runs, with its check and exact rollback. Both
+//    compute the same merge (to fp32 rounding: src/sync/fused_merge_test.cpp).
 //  * Run accounting: run_uptime() and run_goodput() are the one definition of the uptime and goodput every driver
 //    reports.
 //  * Errors: bad options throw SyncError with a sentence naming the key. Not thread-safe.
@@ -50,6 +60,7 @@
 #include "deloco/error.h"
 #include "deloco/merge.h"
 #include "deloco/outer.h"
+#include "deloco/wire.h"
 
 namespace deloco {
 
@@ -82,6 +93,12 @@ struct SyncOptions {
                                     // a merge of n contributions caps at max(max_share, 1/n), the excess goes
                                     // to the others in proportion to their weights
   bool learners_auto_ok = false;    // not a key: drivers that resolve learners = 0 ("one per core") set it
+  // The fused merge (Syncer::merge): fragments whose tensors all merge by mean or rda in fp32 run in one
+  // cache-blocked pass from the pushes' wire payloads to the new Θ_p; false: every fragment takes the general path.
+  bool fused_merge = true;
+  // Threads of the fused merge; 0 = the process's compute threads (at::get_num_threads(): `--threads`, or one per
+  // core). Fragments under 256K elements per thread use fewer. The result does not depend on it.
+  int64_t merge_threads = 0;
 
   // Throws SyncError naming the first inconsistent key.
   void validate() const;
@@ -234,10 +251,22 @@ bool refusal_drops_drift(SyncReject reason);
 // The slack of the step check, in units of sync_every (see Syncer::receive).
 constexpr int64_t kStepSlackPeriods = 1;
 
+// A push's payload held as it came off the wire (a float encoding of the fragment's flat layout, wire/quantize.h):
+// the syncer merges straight from it, without decoding it into fp32 tensors first.
+struct EncodedDelta {
+  Encoding encoding = Encoding::kFp32;
+  std::shared_ptr<const void> owner;  // keeps `data` alive (shared, never written)
+  const char* data = nullptr;
+  size_t bytes = 0;
+  int64_t elements = 0;
+  bool defined() const { return data != nullptr; }
+};
+
 struct Contribution {
   int64_t learner = 0;
   int64_t fragment = 0;
   std::vector<at::Tensor> deltas;   // Δ̂_{m,p} = Θ_p^v − θ_{m,p} as decoded from the wire, in the fragment's name order
+  EncodedDelta encoded;             // or (deltas empty) Δ̂_{m,p} still in its wire encoding, the fragment's flat layout
   int64_t base_version = 0;         // v: the version of Θ_p the learner held when it computed Δ̂
   int64_t c_steps = 0, c_tokens = 0;
   double step_time = 0;             // the learner's step-time estimate (deloco/learner.h), feeds ξ_step
@@ -275,7 +304,9 @@ struct RoundResult {
   MergeOutcome outcome;    // kMerge only
   double grace = 0;        // the grace window when the round merged (ξ_grace, seconds)
   double grace_wait = 0;   // now − the time the round reached its quorum (0: it never marked one)
-  at::Tensor flat;         // merged: the new Θ_p, flat fp32 CPU in the fragment's layout (what the learners receive)
+  at::Tensor flat;         // merged: the new Θ_p, flat fp32 CPU in the fragment's layout (what the learners receive);
+                           // the caller's own copy, or with Syncer::share_flat(true) the syncer's Θ_p itself (never
+                           // written again by the syncer; the caller must not write it either)
   bool merged() const { return decision.kind == RoundDecision::kMerge && outcome.ok(); }
   bool rolled_back() const { return decision.kind == RoundDecision::kMerge && !outcome.ok(); }
 };
@@ -354,6 +385,13 @@ class Syncer {
     stats_.sync.add(upload_seconds + merge_seconds + broadcast_seconds, opts_.ema);
   }
 
+  // RoundResult::flat shares the syncer's new Θ_p instead of copying it (the syncer never writes a Θ_p buffer it
+  // has handed out: every merge and restore writes a new one). For drivers that only read it (the syncer node).
+  void share_flat(bool share) { share_flat_ = share; }
+  // Merges of fragments that took the fused path (deloco/sync.h: SyncOptions::fused_merge) and the general one.
+  int64_t fused_merges() const { return fused_merges_; }
+  int64_t general_merges() const { return general_merges_; }
+
   int64_t pending(int64_t fragment) const { return static_cast<int64_t>(rounds_.at(fragment).waiting.size()); }
   double grace() const { return grace_window(stats_, opts_); }
   const GraceStats& stats() const { return stats_; }
@@ -377,8 +415,14 @@ class Syncer {
                const std::vector<int64_t>& versions, int64_t merged);
 
  private:
+  // A waiting contribution with what receive() measured of it: per tensor ‖Δ̂‖² and max |Δ̂|.
+  struct Held {
+    Contribution c;
+    std::vector<double> sumsq;
+    double amax = 0;
+  };
   struct Round {
-    std::map<int64_t, Contribution> waiting;  // by learner
+    std::map<int64_t, Held> waiting;  // by learner
     double first_arrival = 0;
     double quorum_time = -1;
     int64_t version = 0;
@@ -386,7 +430,13 @@ class Syncer {
   RoundState round_state(int64_t fragment) const;
   // Records the time fragment p's round first holds the effective quorum (it opens the grace window, feeds ξ_quorum).
   void mark_quorum(double now, int64_t fragment);
-  SyncReject check(const Contribution& c, double* norm) const;
+  SyncReject check(const Contribution& c, double* norm, Held* measured) const;
+  // The fused merge of fragment p when it applies (returns false, having changed nothing, when it does not).
+  bool merge_fused(int64_t fragment, const std::vector<double>& w, MergeOutcome* out, int64_t* stale);
+  // The general per-tensor path (every merge method); a transaction as merge() describes.
+  void merge_general(int64_t fragment, const std::vector<double>& w, MergeOutcome* out, int64_t* stale);
+  // Points fragment p's tensors at a new flat buffer (its Θ_p).
+  void install(int64_t fragment, const at::Tensor& flat);
   SyncReject check_counters(const Contribution& c) const;
   // on_round's kMerge: merge() plus the result's grace figures and flat fragment.
   void merge_round(double now, int64_t fragment, RoundResult* result);
@@ -403,7 +453,25 @@ class Syncer {
   std::vector<bool> retired_;
   // Earlier versions of each fragment that a learner may still hold: version → Θ_p^v. A version is dropped once no
   // learner that may still contribute can hold it (floor_: the lowest version each learner may reference).
-  std::vector<std::map<int64_t, std::vector<at::Tensor>>> history_;
+  struct Version {
+    std::vector<at::Tensor> tensors;
+    double amax = -1;  // max |Θ_p^v| (< 0: not known)
+    at::Tensor flat;   // the flat buffer the tensors view (undefined: a fragment held per tensor)
+  };
+  // A version no longer kept: its flat buffer becomes the fragment's spare if nobody else holds it.
+  void recycle(int64_t fragment, Version v);
+  // A buffer for a new Θ_p: the spare, or a fresh one.
+  at::Tensor new_flat(int64_t fragment);
+  std::vector<at::Tensor> spare_;  // per fragment (undefined: none)
+  std::vector<std::map<int64_t, Version>> history_;
+  // Per fragment: Θ_p as one flat fp32 CPU buffer that its tensors view (undefined: a fragment with another dtype or
+  // device, held per tensor), whether its merge methods allow the fused path, and max |Θ_p|, max |b_p| (< 0: unknown).
+  std::vector<at::Tensor> flat_;
+  std::vector<bool> in_flat_;  // per global_ entry: a view of its fragment's flat buffer
+  std::vector<bool> fusable_;
+  std::vector<double> theta_amax_, buf_amax_;
+  bool share_flat_ = false;
+  int64_t fused_merges_ = 0, general_merges_ = 0;
   std::vector<std::vector<int64_t>> floor_;  // [learner][fragment]
   void prune_history(int64_t fragment);
   int64_t stale_bases_ = 0;

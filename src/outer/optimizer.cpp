@@ -90,6 +90,31 @@ void OuterOptimizer::set_buffer(const std::string& name, const at::Tensor& buffe
     buffers_.erase(name);
 }
 
+OuterOptimizer::Rule OuterOptimizer::rule() const {
+  Rule r;
+  r.nesterov = opts_.kind == "nesterov";
+  r.momentum = r.nesterov || opts_.momentum > 0;
+  r.lr = opts_.lr;
+  r.mu = r.momentum ? opts_.momentum : 0.0;
+  return r;
+}
+
+at::Tensor OuterOptimizer::buffer_for_update(const std::string& name, const at::Tensor& like) {
+  if (!rule().momentum) throw OuterError("outer step for '" + name + "': this rule keeps no momentum buffer");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) {
+    at::Tensor b = at::zeros(like.sizes(), like.options().dtype(at::kFloat));
+    buffers_[name] = b;
+    return b;
+  }
+  at::Tensor& b = it->second;
+  if (b.sizes() != like.sizes() || b.scalar_type() != at::kFloat)
+    throw OuterError("outer step for '" + name + "': momentum buffer shape or dtype does not match the parameter");
+  if (!b.is_contiguous() || b.device() != like.device()) b = b.to(like.device()).contiguous();
+  return b;
+}
+
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterOptions& opts) {
   opts.validate();
   if (opts.kind == "nesterov") return outer_detail::make_nesterov(opts);

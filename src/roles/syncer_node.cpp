@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <iomanip>
 #include <mutex>
@@ -36,6 +37,16 @@ namespace fs = std::filesystem;
 using proto::RejectReason;
 using proto::unix_now;
 using syncer_detail::Peer;
+
+namespace {
+// The fp32 wire encoding is little-endian IEEE binary32: on such a host it is the floats' own bytes.
+bool host_is_little_endian() {
+  const uint32_t one = 1;
+  unsigned char c;
+  std::memcpy(&c, &one, 1);
+  return c == 1;
+}
+}  // namespace
 
 int64_t SyncerNode::Impl::log_turn(const std::string& key) {
   // At most 20 records per key and 10 s window (log_limited), so a flood of garbage cannot fill the disk; the
@@ -475,8 +486,10 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   if (h.encoding == Encoding::kRaw) return reject(env.peer, m, g, RejectReason::kMalformedFrame, "push must carry floats");
   Contribution c;
   try {
-    c = decode_push(m, p, L, h.encoding, env.payload.data(), env.payload.size(), static_cast<int64_t>(h.round),
-                    static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time);
+    // Held in its wire encoding until the merge (no copy: the contribution keeps the received buffer alive).
+    auto keep = std::make_shared<Bytes>(env.payload);
+    c = decode_push(m, p, L, h.encoding, keep->data(), keep->size(), static_cast<int64_t>(h.round),
+                    static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time, keep);
   } catch (const NonFiniteError& e) {  // NaN/Inf values or block scales (wire/quantize.h)
     return reject(env.peer, m, g, RejectReason::kNonFinite, e.what());
   } catch (const WireError& e) {
@@ -615,8 +628,14 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   Bytes payload;
   bool encoded = true;
   try {
-    payload = Bytes::from_string(
-        encode_floats(r.flat.data_ptr<float>(), static_cast<size_t>(r.flat.numel()), broadcast_enc));
+    if (broadcast_enc == Encoding::kFp32 && host_is_little_endian()) {
+      // fp32 on a little-endian host is Θ_p's own bytes: share the buffer (the core never writes it again).
+      auto keep = std::make_shared<at::Tensor>(r.flat);
+      payload = Bytes(keep, static_cast<const char*>(keep->data_ptr()), static_cast<size_t>(keep->nbytes()));
+    } else {
+      payload = Bytes::from_string(
+          encode_floats(r.flat.data_ptr<float>(), static_cast<size_t>(r.flat.numel()), broadcast_enc));
+    }
   } catch (const WireError& e) {
     // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
     // malformed frame: say so, and let the learners catch up with the next merge or a state download.
@@ -850,6 +869,7 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   std::vector<std::pair<std::string, at::Tensor>> own;
   for (const auto& n : I.shard.model.names) own.emplace_back(n, by_name.at(n));
   I.core = std::make_unique<Syncer>(I.cfg.sync, I.shard.local_fragments, own, I.cfg.merge_plan(), I.cfg.outer);
+  I.core->share_flat(true);  // the broadcast reads the new Θ_p in place (finish_round)
   for (int64_t m = 0; m < I.M; ++m)
     I.core->set_budget(m, learner_budget(*I.evaluator, m, I.M, I.cfg.run.train.steps, I.cfg.learner.ranks));
   // Shard 0 evaluates the whole model: the other shards' fragments start at version 0, the evaluator's own values.

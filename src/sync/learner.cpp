@@ -14,13 +14,23 @@ namespace deloco {
 
 Contribution decode_push(int64_t learner, int64_t fragment, const FlatLayout& layout, Encoding encoding,
                          const void* payload, size_t bytes, int64_t base_version, int64_t c_steps, int64_t c_tokens,
-                         double step_time) {
-  at::Tensor flat = torch::empty({layout.elements}, torch::kFloat);
-  decode_floats_into(payload, bytes, encoding, static_cast<size_t>(layout.elements), flat.data_ptr<float>());
+                         double step_time, std::shared_ptr<const void> owner) {
+  const size_t n = static_cast<size_t>(layout.elements);
+  validate_floats(payload, bytes, encoding, n);  // the same errors as decoding
   Contribution c;
   c.learner = learner;
   c.fragment = fragment;
-  c.deltas = unflatten(flat, layout);
+  c.encoded.encoding = encoding;
+  c.encoded.elements = layout.elements;
+  c.encoded.bytes = bytes;
+  if (owner) {
+    c.encoded.owner = std::move(owner);
+    c.encoded.data = static_cast<const char*>(payload);
+  } else {
+    auto copy = std::make_shared<std::string>(static_cast<const char*>(payload), bytes);
+    c.encoded.data = copy->data();
+    c.encoded.owner = std::move(copy);
+  }
   c.base_version = base_version;
   c.c_steps = c_steps;
   c.c_tokens = c_tokens;

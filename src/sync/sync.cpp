@@ -6,9 +6,12 @@
 #include <limits>
 #include <numeric>
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "sync/fused_merge.h"
+#include "wire/quantize.h"
 
 namespace deloco {
 
@@ -41,6 +44,7 @@ void SyncOptions::validate() const {
     fail("sync.delta_warmup must be in [1, sync.delta_window=" + std::to_string(delta_window) + "] (got " +
          std::to_string(delta_warmup) + ")");
   if (!(max_share > 0 && max_share <= 1)) fail("sync.max_share must be in (0, 1] (1 = off)");
+  if (merge_threads < 0) fail("sync.merge_threads must be ≥ 0 (0 = the process's compute threads)");
 }
 
 void SyncOptions::bind(ConfigSchema& s) {
@@ -75,6 +79,10 @@ void SyncOptions::bind(ConfigSchema& s) {
          "accepted delta norms (per inner step) per fragment the outlier median is taken over");
   s.bind("sync.delta_warmup", &delta_warmup, "accepted delta norms needed before the outlier bound applies");
   s.bind("sync.max_share", &max_share, "cap on one contribution's share of a merge, in (0, 1] (1 = off)");
+  s.bind("sync.fused_merge", &fused_merge,
+         "merge mean/rda fragments in one cache-blocked pass from the pushes' wire payloads (false: the general path)");
+  s.bind("sync.merge_threads", &merge_threads,
+         "threads of the syncer's fused merge (0 = the process's compute threads)");
 }
 
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps) {
@@ -160,11 +168,46 @@ Syncer::Syncer(const SyncOptions& opts, std::vector<Fragment> fragments,
   torch::NoGradGuard ng;
   for (const auto& [name, t] : global) {
     index_[name] = global_.size();
-    global_.emplace_back(name, t.detach().clone());
+    global_.emplace_back(name, t.detach());  // the caller's: replaced by our own copy below
   }
   for (const auto& f : fragments_)
     for (const auto& n : f.names)
       if (!index_.count(n)) throw SyncError("fragment " + std::to_string(f.id) + " names unknown tensor '" + n + "'");
+  // Θ_p of each fp32 CPU fragment as one flat buffer its tensors view; every other tensor its own copy.
+  const size_t P = fragments_.size();
+  flat_.assign(P, at::Tensor());
+  fusable_.assign(P, false);
+  theta_amax_.assign(P, -1.0);
+  buf_amax_.assign(P, -1.0);
+  spare_.assign(P, at::Tensor());
+  std::vector<bool> owned(global_.size(), false);
+  for (size_t f = 0; f < P; ++f) {
+    bool flat_ok = true, fuse_ok = plan.options.compute_dtype == at::kFloat;
+    int64_t total = 0;
+    for (const auto& n : fragments_[f].names) {
+      const size_t i = index_.at(n);
+      const at::Tensor& t = global_[i].second;
+      if (owned[i] || t.scalar_type() != at::kFloat || !t.device().is_cpu()) flat_ok = false;
+      const std::string method = selector_.select(n, t.dim()).name();
+      if (method != "mean" && method != "rda") fuse_ok = false;
+      total += t.numel();
+    }
+    if (!flat_ok) continue;
+    at::Tensor flat = torch::empty({total}, torch::kFloat);
+    int64_t off = 0;
+    for (const auto& n : fragments_[f].names) {
+      const size_t i = index_.at(n);
+      const int64_t k = global_[i].second.numel();
+      flat.narrow(0, off, k).copy_(global_[i].second.reshape({-1}));
+      off += k;
+      owned[i] = true;
+    }
+    install(static_cast<int64_t>(f), flat);
+    fusable_[f] = fuse_ok;
+  }
+  for (size_t i = 0; i < global_.size(); ++i)
+    if (!owned[i]) global_[i].second = global_[i].second.clone();
+  in_flat_ = owned;
   rounds_.resize(fragments_.size());
   history_.resize(fragments_.size());
   connected_.assign(static_cast<size_t>(opts_.learners), true);
@@ -237,14 +280,42 @@ void Syncer::prune_history(int64_t fragment) {
   int64_t lowest = rounds_[static_cast<size_t>(fragment)].version;
   for (size_t m = 0; m < floor_.size(); ++m)
     if (!retired_[m]) lowest = std::min(lowest, floor_[m][static_cast<size_t>(fragment)]);
-  h.erase(h.begin(), h.lower_bound(lowest));
   // A learner that went silent without retiring pins its version; bound the memory (its next contribution, if
   // any, is then anchored at the current Θ_p and counted in stale_bases()).
   const size_t cap = 2 * floor_.size() + 8;
-  while (h.size() > cap) h.erase(h.begin());
+  while (!h.empty() && (h.begin()->first < lowest || h.size() > cap)) {
+    Version v = std::move(h.begin()->second);
+    h.erase(h.begin());
+    recycle(fragment, std::move(v));
+  }
+}
+
+void Syncer::recycle(int64_t fragment, Version v) {
+  v.tensors.clear();
+  at::Tensor& spare = spare_[static_cast<size_t>(fragment)];
+  // Only a buffer nobody else holds (a broadcast still queued by the driver may): the next merge writes it.
+  if (v.flat.defined() && !spare.defined() && v.flat.use_count() == 1 && v.flat.storage().use_count() == 1)
+    spare = std::move(v.flat);
+}
+
+at::Tensor Syncer::new_flat(int64_t fragment) {
+  at::Tensor& spare = spare_[static_cast<size_t>(fragment)];
+  if (spare.defined()) return std::move(spare);  // its pages are mapped already: no page faults while merging
+  return torch::empty({elements_[static_cast<size_t>(fragment)]}, torch::kFloat);
 }
 
 at::Tensor& Syncer::global_tensor(const std::string& name) { return global_[index_.at(name)].second; }
+
+void Syncer::install(int64_t fragment, const at::Tensor& flat) {
+  int64_t off = 0;
+  for (const auto& n : fragments_[static_cast<size_t>(fragment)].names) {
+    at::Tensor& t = global_tensor(n);
+    const int64_t k = t.numel();
+    t = flat.narrow(0, off, k).view(t.sizes());
+    off += k;
+  }
+  flat_[static_cast<size_t>(fragment)] = flat;
+}
 
 std::vector<at::Tensor> Syncer::fragment_tensors(int64_t fragment) const {
   std::vector<at::Tensor> out;
@@ -288,7 +359,22 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
     throw SyncError(std::string("checkpoint outer-optimizer state: ") + e.what());
   }
   torch::NoGradGuard ng;
-  for (auto& [name, t] : global_) t.copy_(global.at(name));
+  // Flat fragments get a new buffer (one handed out by RoundResult::flat is never written again).
+  for (size_t f = 0; f < fragments_.size(); ++f) {
+    if (!flat_[f].defined()) continue;
+    at::Tensor flat = torch::empty({flat_[f].numel()}, torch::kFloat);
+    int64_t off = 0;
+    for (const auto& n : fragments_[f].names) {
+      const int64_t k = global_tensor(n).numel();
+      flat.narrow(0, off, k).copy_(global.at(n).reshape({-1}));
+      off += k;
+    }
+    install(static_cast<int64_t>(f), flat);
+  }
+  for (size_t i = 0; i < global_.size(); ++i)
+    if (!in_flat_[i]) global_[i].second.copy_(global.at(global_[i].first));
+  std::fill(theta_amax_.begin(), theta_amax_.end(), -1.0);
+  std::fill(buf_amax_.begin(), buf_amax_.end(), -1.0);
   for (size_t i = 0; i < rounds_.size(); ++i) {
     rounds_[i] = Round();
     rounds_[i].version = versions[i];
@@ -364,21 +450,43 @@ namespace {
 double per_step_norm(double norm, int64_t c_steps) { return norm / static_cast<double>(std::max<int64_t>(1, c_steps)); }
 }  // namespace
 
-SyncReject Syncer::check(const Contribution& c, double* norm) const {
+SyncReject Syncer::check(const Contribution& c, double* norm, Held* measured) const {
   if (c.fragment < 0 || c.fragment >= static_cast<int64_t>(fragments_.size())) return SyncReject::kUnknownFragment;
   if (c.learner < 0 || c.learner >= opts_.learners) return SyncReject::kUnknownLearner;
   const size_t p = static_cast<size_t>(c.fragment);
   const Fragment& f = fragments_[p];
-  if (c.deltas.size() != f.names.size()) return SyncReject::kWrongTensorCount;
+  const bool encoded = c.encoded.defined();
+  if (encoded ? !c.deltas.empty() : c.deltas.size() != f.names.size()) return SyncReject::kWrongTensorCount;
   if (c.base_version < 0 || c.base_version > rounds_[p].version) return SyncReject::kFutureBase;
   const SyncReject counters = check_counters(c);
   if (counters != SyncReject::kNone) return counters;
-  for (size_t i = 0; i < f.names.size(); ++i) {
-    const at::Tensor& t = c.deltas[i];
-    if (!t.defined() || t.sizes() != global_[index_.at(f.names[i])].second.sizes()) return SyncReject::kWrongShape;
+  measured->sumsq.assign(f.names.size(), 0.0);
+  measured->amax = 0;
+  if (encoded) {
+    // Held in its wire encoding: the element count is the shape; the norms come from the encoded blocks.
+    if (c.encoded.elements != elements_[p]) return SyncReject::kWrongShape;
+    std::vector<size_t> ends;
+    size_t end = 0;
+    for (const auto& n : f.names) ends.push_back(end += static_cast<size_t>(global_[index_.at(n)].second.numel()));
+    try {
+      FloatScan scan = scan_floats(c.encoded.data, c.encoded.bytes, c.encoded.encoding,
+                                   static_cast<size_t>(c.encoded.elements), ends);
+      measured->sumsq = std::move(scan.sumsq);
+      measured->amax = scan.amax;
+    } catch (const NonFiniteError&) {
+      return SyncReject::kNonFinite;
+    } catch (const WireError&) {  // a payload that does not match the layout (size, a malformed block)
+      return SyncReject::kWrongShape;
+    }
+  } else {
+    for (size_t i = 0; i < f.names.size(); ++i) {
+      const at::Tensor& t = c.deltas[i];
+      if (!t.defined() || t.sizes() != global_[index_.at(f.names[i])].second.sizes()) return SyncReject::kWrongShape;
+    }
+    for (size_t i = 0; i < f.names.size(); ++i) measured->sumsq[i] = squared_norm(c.deltas[i]);
   }
   double sq = 0;
-  for (const auto& t : c.deltas) sq += squared_norm(t);
+  for (double x : measured->sumsq) sq += x;
   const double n = std::sqrt(sq);
   *norm = n;
   if (!std::isfinite(n)) return SyncReject::kNonFinite;
@@ -402,7 +510,8 @@ SyncReject Syncer::check(const Contribution& c, double* norm) const {
 
 SyncReject Syncer::receive(double now, Contribution c) {
   double norm = 0;
-  const SyncReject why = check(c, &norm);
+  Held held;
+  const SyncReject why = check(c, &norm, &held);
   if (c.learner >= 0 && c.learner < opts_.learners) {  // the highest step heard, whatever became of the push
     auto& seen = seen_step_[static_cast<size_t>(c.learner)];
     seen = credited_step(seen, c.step, budgets_[static_cast<size_t>(c.learner)].total_steps);
@@ -429,7 +538,13 @@ SyncReject Syncer::receive(double now, Contribution c) {
   if (r.waiting.empty()) r.first_arrival = now;
   auto& fl = floor_[static_cast<size_t>(learner)][p];
   fl = std::max(fl, c.base_version);  // it will never again reference an older version of this fragment
-  r.waiting[learner] = std::move(c);
+  prune_history(fragment);            // (which may free a version before the next merge needs the memory)
+  if (!c.encoded.defined()) {
+    for (const auto& t : c.deltas)
+      if (t.numel() > 0) held.amax = std::max(held.amax, t.abs().max().item<double>());
+  }
+  held.c = std::move(c);
+  r.waiting[learner] = std::move(held);
   mark_quorum(now, fragment);
   return SyncReject::kNone;
 }
@@ -464,13 +579,12 @@ RoundDecision Syncer::decide(double now, int64_t fragment) const {
 MergeOutcome Syncer::merge(int64_t fragment) {
   Round& r = rounds_.at(static_cast<size_t>(fragment));
   if (r.waiting.empty()) throw SyncError("merge of fragment " + std::to_string(fragment) + " with no contributions");
-  const Fragment& f = fragments_[static_cast<size_t>(fragment)];
   MergeOutcome out;
   out.fragment = fragment;
   std::vector<double> w;
-  for (const auto& [m, c] : r.waiting) {
+  for (const auto& [m, h] : r.waiting) {
     out.learners.push_back(m);
-    w.push_back(contribution_weight(opts_.weighting, c.c_tokens, c.c_steps));
+    w.push_back(contribution_weight(opts_.weighting, h.c.c_tokens, h.c.c_steps));
   }
   double wsum = std::accumulate(w.begin(), w.end(), 0.0);
   if (!(wsum > 0) || !std::isfinite(wsum)) std::fill(w.begin(), w.end(), 1.0), wsum = static_cast<double>(w.size());
@@ -478,78 +592,284 @@ MergeOutcome Syncer::merge(int64_t fragment) {
   w = cap_shares(std::move(w), opts_.max_share);
   out.weights = w;
   torch::NoGradGuard ng;
-  auto& hist = history_[static_cast<size_t>(fragment)];
+  int64_t stale = 0;
+  if (opts_.fused_merge && merge_fused(fragment, w, &out, &stale)) {
+    ++fused_merges_;
+  } else {
+    merge_general(fragment, w, &out, &stale);
+    ++general_merges_;
+  }
+  const int64_t n = static_cast<int64_t>(r.waiting.size());
+  r.waiting.clear();
+  r.quorum_time = -1;
+  if (!out.ok()) {
+    rejected_[sync_reject_name(out.rejected)] += n;
+    out.version = r.version;
+    return out;
+  }
+  merged_ += n;
+  stale_bases_ += stale;
+  out.version = ++r.version;
+  prune_history(fragment);
+  return out;
+}
+
+namespace {
+// max |x| over a float CPU tensor (contiguous or not), without a temporary of its size.
+double abs_max(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0) return 0.0;
+  const at::Tensor c = t.contiguous();
+  const float* x = c.data_ptr<float>();
+  float m = 0.f;
+  for (int64_t i = 0; i < c.numel(); ++i) m = std::max(m, std::fabs(x[i]));
+  return static_cast<double>(m);
+}
+bool fp32_cpu(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kFloat && t.device().is_cpu(); }
+// The fused pass may only start when no intermediate value can overflow fp32 (it writes the momentum in place and
+// cannot roll back): every bound below stays under this, far from FLT_MAX ≈ 3.4e38, so rounding cannot carry it there.
+constexpr double kFusedBound = 1e36;
+}  // namespace
+
+bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOutcome* out, int64_t* stale) {
+  const size_t p = static_cast<size_t>(fragment);
+  if (!fusable_[p] || !flat_[p].defined()) return false;
+  Round& r = rounds_[p];
+  const Fragment& f = fragments_[p];
+  const auto& hist = history_[p];
+  const OuterOptimizer::Rule rule = outer_->rule();
+  const bool global_anchor = opts_.delta_anchor != "base";
+  const size_t T = f.names.size();
+  // Sources and their anchors: the version whose Θ^v anchors a contribution at the current Θ (−1: none needed).
+  std::vector<const Held*> held;
+  std::vector<int64_t> anchor;
+  int64_t stale_here = 0;
+  for (const auto& [m, h] : r.waiting) {
+    if (!h.c.encoded.defined())
+      for (const auto& d : h.c.deltas)
+        if (!fp32_cpu(d) || !d.is_contiguous()) return false;
+    held.push_back(&h);
+    int64_t v = -1;
+    if (global_anchor && h.c.base_version != r.version) {
+      if (hist.count(h.c.base_version))
+        v = h.c.base_version;
+      else
+        ++stale_here;  // no longer kept: anchored at the current Θ_p (Δ = Δ̂), counted
+    }
+    anchor.push_back(v);
+  }
+  if (rule.momentum)
+    for (size_t i = 0; i < T; ++i) {
+      const at::Tensor b = outer_->buffer(f.names[i]);
+      if (b.defined() && (!fp32_cpu(b) || b.sizes() != global_tensor(f.names[i]).sizes())) return false;
+    }
+  // What can the pass reach? max |Θ|, max |b|, max |Θ^v| and each contribution's max |Δ̂| bound everything.
+  if (theta_amax_[p] < 0) theta_amax_[p] = abs_max(flat_[p]);
+  if (buf_amax_[p] < 0) {
+    double m = 0;
+    if (rule.momentum)
+      for (const auto& n : f.names) m = std::max(m, abs_max(outer_->buffer(n)));
+    buf_amax_[p] = m;
+  }
+  std::map<int64_t, double> hist_amax;
+  for (int64_t v : anchor)
+    if (v >= 0 && !hist_amax.count(v)) {
+      Version& ver = history_[p].at(v);
+      if (ver.amax < 0) {
+        double m = 0;
+        for (const auto& t : ver.tensors) m = std::max(m, abs_max(t));
+        ver.amax = m;
+      }
+      hist_amax[v] = ver.amax;
+    }
+  const size_t M = held.size();
+  std::vector<double> reach(M);  // max |Δ_i|
+  for (size_t i = 0; i < M; ++i)
+    reach[i] = held[i]->amax + (anchor[i] >= 0 ? theta_amax_[p] + hist_amax[anchor[i]] : 0.0);
+
+  sync_detail::FusedJob job;
+  job.elements = elements_[p];
+  job.sources.resize(M);
+  for (size_t i = 0; i < M; ++i) {
+    const Contribution& c = held[i]->c;
+    if (c.encoded.defined()) {
+      job.sources[i].enc =
+          wire_kernels::view(c.encoded.data, c.encoded.encoding, static_cast<size_t>(c.encoded.elements));
+    } else {
+      for (const auto& d : c.deltas) job.sources[i].tensors.push_back(d.data_ptr<float>());
+    }
+  }
+  const float* theta = flat_[p].data_ptr<float>();
+  double g_bound = 0;
+  int64_t off = 0;
+  job.tensors.resize(T);
+  for (size_t t = 0; t < T; ++t) {
+    const std::string& name = f.names[t];
+    const at::Tensor& th = global_tensor(name);
+    sync_detail::FusedTensor& x = job.tensors[t];
+    x.offset = off;
+    x.numel = th.numel();
+    off += x.numel;
+    x.rda = std::string(selector_.select(name, th.dim()).name()) == "rda";
+    x.coef.assign(M, 0.f);
+    std::map<int64_t, float> per_version;
+    double acc_bound = 0;
+    for (size_t i = 0; i < M; ++i) {
+      double c = w[i];
+      if (x.rda) {
+        double sq = held[i]->sumsq[t];
+        if (anchor[i] >= 0)
+          sq = sync_detail::fused_delta_sumsq(job.sources[i], t, x, theta + x.offset,
+                                              hist.at(anchor[i]).tensors[t].data_ptr<float>());
+        const double norm = std::sqrt(sq);
+        x.radius += w[i] * norm;
+        c = norm > 0 ? w[i] / norm : 0.0;
+      }
+      x.coef[i] = static_cast<float>(c);
+      acc_bound += std::fabs(static_cast<double>(x.coef[i])) * reach[i];
+      if (anchor[i] >= 0) per_version[anchor[i]] += x.coef[i];
+    }
+    for (const auto& [v, c] : per_version) x.hist.emplace_back(hist.at(v).tensors[t].data_ptr<float>(), c);
+    // |g| ≤ Σ |c_i|·max|Δ_i| for the mean; rda rescales to at most its radius (|s·dir_j| ≤ s·‖dir‖ = radius).
+    if (!(acc_bound < kFusedBound)) return false;
+    g_bound = std::max(g_bound, x.rda ? x.radius : acc_bound);
+  }
+  const double b_bound = rule.momentum ? rule.mu * buf_amax_[p] + g_bound : 0.0;
+  const double u_bound = !rule.momentum ? g_bound : rule.nesterov ? g_bound + rule.mu * b_bound : b_bound;
+  const double t_bound = theta_amax_[p] + rule.lr * u_bound;
+  if (!(g_bound < kFusedBound && b_bound < kFusedBound && u_bound < kFusedBound && t_bound < kFusedBound))
+    return false;  // the general path checks the result and rolls back
+
+  // From here nothing can fail but an allocation, before the first write.
+  at::Tensor next = new_flat(fragment);
+  std::vector<at::Tensor> bufs(T);
+  if (rule.momentum)
+    for (size_t t = 0; t < T; ++t) {
+      bufs[t] = outer_->buffer_for_update(f.names[t], global_tensor(f.names[t]));
+      job.tensors[t].buf = bufs[t].data_ptr<float>();
+    }
+  job.theta = theta;
+  job.theta_out = next.data_ptr<float>();
+  job.momentum = rule.momentum;
+  job.nesterov = rule.nesterov;
+  job.lr = static_cast<float>(rule.lr);
+  job.mu = static_cast<float>(rule.mu);
+  job.threads = static_cast<int>(opts_.merge_threads > 0 ? opts_.merge_threads : at::get_num_threads());
+  const sync_detail::FusedStats st = sync_detail::run_fused(job);
+
+  Version before{{}, theta_amax_[p], flat_[p]};
+  for (const auto& n : f.names) before.tensors.push_back(global_tensor(n));
+  install(fragment, next);
+  if (global_anchor)
+    history_[p][r.version] = std::move(before);
+  else
+    recycle(fragment, std::move(before));
+  theta_amax_[p] = st.theta_amax;
+  buf_amax_[p] = rule.momentum ? st.buf_amax : 0.0;
+  theta_norm_[p] = std::sqrt(st.theta_sumsq);
+  out->delta_norm = std::sqrt(st.g_sumsq);
+  *stale = stale_here;
+  return true;
+}
+
+void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, MergeOutcome* out, int64_t* stale_out) {
+  const size_t p = static_cast<size_t>(fragment);
+  Round& r = rounds_[p];
+  const Fragment& f = fragments_[p];
+  auto& hist = history_[p];
   // Θ_p and the outer state before the step: the rollback point, and (anchor global) the version being replaced,
-  // which stays available while some learner may still hold it. The buffers are handles (never changed in place).
+  // which stays available while some learner may still hold it. The buffers are handles (never changed in place
+  // by step()). A flat fragment is copied to a new buffer and stepped there (copy on write): the old one is the
+  // rollback point as it is.
   std::vector<at::Tensor> before, buffers;
+  const at::Tensor old_flat = flat_[p];
   for (const auto& n : f.names) {
-    before.push_back(global_tensor(n).clone());
+    before.push_back(old_flat.defined() ? global_tensor(n) : global_tensor(n).clone());
     buffers.push_back(outer_->buffer(n));
   }
+  if (old_flat.defined()) install(fragment, new_flat(fragment).copy_(old_flat));
   double sq = 0;
   int64_t stale = 0;
   try {
-    for (size_t i = 0; i < f.names.size() && out.ok(); ++i) {
+    // Contributions held in their wire encoding are decoded here (this path merges tensor by tensor).
+    std::vector<std::vector<at::Tensor>> decoded;
+    for (const auto& [m, h] : r.waiting) {
+      if (!h.c.encoded.defined()) {
+        decoded.push_back(h.c.deltas);
+        continue;
+      }
+      at::Tensor flat = torch::empty({h.c.encoded.elements}, torch::kFloat);
+      decode_floats_into(h.c.encoded.data, h.c.encoded.bytes, h.c.encoded.encoding,
+                         static_cast<size_t>(h.c.encoded.elements), flat.data_ptr<float>());
+      std::vector<at::Tensor> views;
+      int64_t off = 0;
+      for (const auto& n : f.names) {
+        const at::Tensor& g = global_tensor(n);
+        views.push_back(flat.narrow(0, off, g.numel()).view(g.sizes()));
+        off += g.numel();
+      }
+      decoded.push_back(std::move(views));
+    }
+    for (size_t i = 0; i < f.names.size() && out->ok(); ++i) {
       const std::string& name = f.names[i];
       at::Tensor& theta = global_tensor(name);
       MergeInput in;
       in.name = name;
       in.weights = w;
       in.round = static_cast<uint64_t>(r.version + 1);  // random methods (dare) draw fresh masks every outer step
-      for (const auto& [m, c] : r.waiting) {
+      size_t k = 0;
+      for (const auto& [m, h] : r.waiting) {
+        const at::Tensor& d = decoded[k++][i];
         // θ_m = Θ^v − Δ̂. Anchor base: Δ_m = Θ^v − θ_m = Δ̂. Anchor global: Δ_m = Θ − θ_m = Δ̂ + (Θ − Θ^v).
-        if (opts_.delta_anchor == "base" || c.base_version == r.version) {
-          in.deltas.push_back(c.deltas[i]);
+        if (opts_.delta_anchor == "base" || h.c.base_version == r.version) {
+          in.deltas.push_back(d);
           continue;
         }
-        auto it = hist.find(c.base_version);
+        auto it = hist.find(h.c.base_version);
         if (it == hist.end()) {
           if (i == 0) ++stale;
-          in.deltas.push_back(c.deltas[i]);
+          in.deltas.push_back(d);
         } else {
-          in.deltas.push_back(c.deltas[i] + (theta - it->second[i]));
+          in.deltas.push_back(d + (theta - it->second.tensors[i]));
         }
       }
       at::Tensor merged = selector_.select(name, theta.dim()).merge(in);
       const double msq = merged.to(torch::kDouble).pow(2).sum().item<double>();
       if (!std::isfinite(msq)) {
-        out.rejected = SyncReject::kMergeNonFinite;
-        out.detail = "the merged outer gradient of '" + name + "' holds NaN or Inf";
+        out->rejected = SyncReject::kMergeNonFinite;
+        out->detail = "the merged outer gradient of '" + name + "' holds NaN or Inf";
         break;
       }
       sq += msq;
       outer_->step(name, theta, merged);
       const at::Tensor buf = outer_->buffer(name);
       if (!torch::isfinite(theta).all().item<bool>() || (buf.defined() && !torch::isfinite(buf).all().item<bool>())) {
-        out.rejected = SyncReject::kMergeNonFinite;
-        out.detail = "the outer step made '" + name + "' (or its momentum) NaN or Inf";
+        out->rejected = SyncReject::kMergeNonFinite;
+        out->detail = "the outer step made '" + name + "' (or its momentum) NaN or Inf";
       }
     }
   } catch (const std::exception& e) {  // a merge method or the outer step refused these inputs
-    out.rejected = SyncReject::kMergeFailed;
-    out.detail = e.what();
+    out->rejected = SyncReject::kMergeFailed;
+    out->detail = e.what();
   }
-  const int64_t n = static_cast<int64_t>(r.waiting.size());
-  r.waiting.clear();
-  r.quorum_time = -1;
-  if (!out.ok()) {
+  if (!out->ok()) {
     // Roll back: Θ_p and the momentum exactly as before; version, history, counters untouched.
-    for (size_t i = 0; i < f.names.size(); ++i) {
-      global_tensor(f.names[i]).copy_(before[i]);
-      outer_->set_buffer(f.names[i], buffers[i]);
+    if (old_flat.defined()) {
+      install(fragment, old_flat);
+    } else {
+      for (size_t i = 0; i < f.names.size(); ++i) global_tensor(f.names[i]).copy_(before[i]);
     }
-    rejected_[sync_reject_name(out.rejected)] += n;
-    out.version = r.version;
-    return out;
+    for (size_t i = 0; i < f.names.size(); ++i) outer_->set_buffer(f.names[i], buffers[i]);
+    return;
   }
-  out.delta_norm = std::sqrt(sq);
-  merged_ += n;
-  stale_bases_ += stale;
-  if (opts_.delta_anchor != "base") hist[r.version] = std::move(before);
-  out.version = ++r.version;
-  prune_history(fragment);
-  theta_norm_[static_cast<size_t>(fragment)] = fragment_norm(fragment);
-  return out;
+  out->delta_norm = std::sqrt(sq);
+  *stale_out = stale;
+  if (opts_.delta_anchor != "base")
+    hist[r.version] = Version{std::move(before), theta_amax_[p], old_flat};
+  else
+    recycle(fragment, Version{std::move(before), -1, old_flat});
+  theta_amax_[p] = -1;  // not measured on this path
+  buf_amax_[p] = -1;
+  theta_norm_[p] = fragment_norm(fragment);
 }
 
 RoundResult Syncer::on_round(double now, int64_t fragment) {
@@ -577,7 +897,12 @@ void Syncer::merge_round(double now, int64_t fragment, RoundResult* r) {
   r->grace_wait = qt >= 0 ? now - qt : 0.0;
   r->outcome = merge(fragment);
   if (!r->outcome.ok()) return;
-  r->flat = torch::empty({elements_[static_cast<size_t>(fragment)]}, torch::kFloat);
+  const size_t p = static_cast<size_t>(fragment);
+  if (share_flat_ && flat_[p].defined()) {
+    r->flat = flat_[p];  // never written again: the next merge or restore installs a new buffer
+    return;
+  }
+  r->flat = torch::empty({elements_[p]}, torch::kFloat);
   flatten_into(fragment_tensors(fragment), r->flat.data_ptr<float>());
 }
 

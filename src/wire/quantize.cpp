@@ -173,6 +173,242 @@ std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, 
   return out;
 }
 
+namespace {
+
+// The first non-finite element of an fp32 or bf16 payload in [lo, hi) (called once a vectorised pass found one).
+[[noreturn]] void throw_first_non_finite(const unsigned char* p, Encoding e, size_t lo, size_t hi) {
+  for (size_t i = lo; i < hi; ++i) {
+    const float x = e == Encoding::kFp32 ? bits_float(get_u32(p + 4 * i))
+                                         : bits_float((uint32_t{p[2 * i]} | (uint32_t{p[2 * i + 1]} << 8)) << 16);
+    if (!std::isfinite(x))
+      throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(x));
+  }
+  throw NonFiniteError("quantize: decoded non-finite value");  // unreachable
+}
+
+void check_size(size_t bytes, Encoding e, size_t n) {
+  require_float_encoding(e);
+  const size_t want = encoded_bytes(e, n);
+  if (bytes != want)
+    throw WireError("quantize: payload of " + std::to_string(bytes) + " bytes for " + std::to_string(n) +
+                    " elements in " + encoding_name(e) + " (expected " + std::to_string(want) + ")");
+}
+
+void check_scales(const unsigned char* p, size_t blocks) {
+  for (size_t b = 0; b < blocks; ++b) {
+    const float scale = bits_float(get_u32(p + 4 * b));
+    if (!std::isfinite(scale))
+      throw NonFiniteError("quantize: block " + std::to_string(b) + " has a non-finite scale " + show(scale));
+    if (scale < 0.f) throw WireError("quantize: block " + std::to_string(b) + " has a negative scale " + show(scale));
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Compiled for AVX-512, AVX2 and generic x86-64, picked when the program loads.
+#define DELOCO_SCAN_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DELOCO_SCAN_CLONES
+#endif
+
+// Σ q²·scale² (double) over elements [lo, hi) of an int8 or int4 payload (`bits`), and max |q·scale| into *amax.
+DELOCO_SCAN_CLONES double scan_blocks_q(const unsigned char* p, size_t blocks, int bits, size_t lo, size_t hi,
+                                        double* amax) {
+  const unsigned char* vals = p + 4 * blocks;
+  double sq = 0;
+  size_t i = lo;
+  while (i < hi) {
+    const size_t b = i / kQuantBlock;
+    const size_t end = std::min(hi, (b + 1) * kQuantBlock);
+    int32_t qq = 0, qm = 0;
+    if (bits == 8) {
+      const int8_t* q = reinterpret_cast<const int8_t*>(vals);
+      for (size_t k = i; k < end; ++k) {
+        const int32_t v = q[k];
+        qq += v * v;
+        qm = std::max(qm, v < 0 ? -v : v);
+      }
+    } else {
+      for (size_t k = i; k < end; ++k) {
+        const int32_t v = static_cast<int32_t>((vals[k >> 1] >> (4 * (k & 1))) & 15u) - 8;
+        qq += v * v;
+        qm = std::max(qm, v < 0 ? -v : v);
+      }
+    }
+    float scale;
+    std::memcpy(&scale, p + 4 * b, 4);  // little-endian hosts only (callers check)
+    sq += static_cast<double>(qq) * static_cast<double>(scale) * static_cast<double>(scale);
+    *amax = std::max(*amax, static_cast<double>(static_cast<float>(qm) * scale));
+    i = end;
+  }
+  return sq;
+}
+
+// Σx² (double) and max|x| of fp32/bf16 elements [lo, hi); throws for a non-finite one.
+DELOCO_SCAN_CLONES void scan_plain(const unsigned char* p, Encoding e, size_t lo, size_t hi, double* sumsq, float* amax) {
+  constexpr int L = 16;
+  double sq[L] = {};
+  float m[L] = {};
+  uint32_t bad = 0;
+  const bool f32 = e == Encoding::kFp32;
+  auto one = [&](size_t i, int l) {
+    uint32_t u;
+    if (f32) {
+      std::memcpy(&u, p + 4 * i, 4);  // little-endian hosts; see get_u32
+    } else {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      u = static_cast<uint32_t>(h) << 16;
+    }
+    bad |= static_cast<uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+    const float x = bits_float(u);
+    sq[l] += static_cast<double>(x) * static_cast<double>(x);
+    m[l] = std::max(m[l], std::fabs(x));
+  };
+  size_t i = lo;
+  for (; i + L <= hi; i += L)
+    for (int l = 0; l < L; ++l) one(i + l, l);
+  for (int l = 0; i < hi; ++i, ++l) one(i, l);
+  if (bad) throw_first_non_finite(p, e, lo, hi);
+  for (int l = 0; l < L; ++l) {
+    *sumsq += sq[l];
+    *amax = std::max(*amax, m[l]);
+  }
+}
+
+bool host_little_endian() {
+  const uint32_t one = 1;
+  unsigned char c;
+  std::memcpy(&c, &one, 1);
+  return c == 1;
+}
+
+}  // namespace
+
+void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
+  check_size(bytes, e, n);
+  const unsigned char* p = static_cast<const unsigned char*>(payload);
+  if (e == Encoding::kFp32 || e == Encoding::kBf16) {
+    double sq = 0;
+    float m = 0;
+    if (host_little_endian()) {
+      scan_plain(p, e, 0, n, &sq, &m);
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const float x = e == Encoding::kFp32 ? bits_float(get_u32(p + 4 * i))
+                                             : bits_float((uint32_t{p[2 * i]} | (uint32_t{p[2 * i + 1]} << 8)) << 16);
+        if (!std::isfinite(x)) throw_first_non_finite(p, e, i, i + 1);
+      }
+    }
+    return;
+  }
+  const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  check_scales(p, blocks);
+  const unsigned char* vals = p + 4 * blocks;
+  const int qmax = e == Encoding::kInt8 ? 127 : e == Encoding::kInt4 ? 7 : 1;
+  for (size_t b = 0; b < blocks; ++b) {  // q · scale must stay finite, as decoding computes it
+    const float scale = bits_float(get_u32(p + 4 * b));
+    const float top = (e == Encoding::kInt8 ? 128.f : static_cast<float>(qmax + 1)) * scale;
+    if (!std::isfinite(top)) {
+      // Only the values actually present matter: check them one by one.
+      const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
+      for (size_t i = lo; i < hi; ++i) {
+        int q;
+        if (e == Encoding::kInt8) q = static_cast<int8_t>(vals[i]);
+        else if (e == Encoding::kInt4) q = static_cast<int>((vals[i >> 1] >> (4 * (i & 1))) & 15u) - 8;
+        else q = static_cast<int>((vals[i >> 2] >> (2 * (i & 3))) & 3u) - 2;
+        const float x = static_cast<float>(q) * scale;
+        if (!std::isfinite(x))
+          throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(x));
+      }
+    }
+  }
+  if (e == Encoding::kInt2)
+    for (size_t i = 0; i < n; ++i)
+      if (((vals[i >> 2] >> (2 * (i & 3))) & 3u) == 0)
+        throw WireError("quantize: element " + std::to_string(i) + " has the int2 code 0, which no encoder writes");
+}
+
+FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends) {
+  check_size(bytes, e, n);
+  if (ends.empty() || ends.back() != n)
+    throw WireError("quantize: scan segments end at " + std::to_string(ends.empty() ? 0 : ends.back()) +
+                    ", the payload has " + std::to_string(n) + " elements");
+  for (size_t s = 1; s < ends.size(); ++s)
+    if (ends[s] < ends[s - 1]) throw WireError("quantize: scan segments must not decrease");
+  const unsigned char* p = static_cast<const unsigned char*>(payload);
+  FloatScan out;
+  out.sumsq.assign(ends.size(), 0.0);
+  if (e == Encoding::kFp32 || e == Encoding::kBf16) {
+    if (!host_little_endian()) {  // the portable (slow) way: decode, then measure
+      std::vector<float> x = decode_floats(payload, bytes, e, n);
+      size_t lo = 0;
+      for (size_t s = 0; s < ends.size(); ++s) {
+        for (size_t i = lo; i < ends[s]; ++i) {
+          out.sumsq[s] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+          out.amax = std::max(out.amax, static_cast<double>(std::fabs(x[i])));
+        }
+        lo = ends[s];
+      }
+      return out;
+    }
+    float amax = 0.f;
+    size_t lo = 0;
+    for (size_t s = 0; s < ends.size(); ++s) {
+      scan_plain(p, e, lo, ends[s], &out.sumsq[s], &amax);
+      lo = ends[s];
+    }
+    out.amax = amax;
+    return out;
+  }
+  validate_floats(payload, bytes, e, n);
+  const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const unsigned char* vals = p + 4 * blocks;
+  size_t lo = 0;
+  double amax = 0;
+  for (size_t s = 0; s < ends.size(); ++s) {
+    const size_t hi = ends[s];
+    double sq = 0;
+    size_t i = lo;
+    if (e != Encoding::kInt2 && host_little_endian()) {
+      sq = scan_blocks_q(p, blocks, e == Encoding::kInt8 ? 8 : 4, lo, hi, &amax);
+      i = hi;
+    }
+    while (i < hi) {
+      const size_t b = i / kQuantBlock;
+      const size_t end = std::min(hi, (b + 1) * kQuantBlock);
+      int32_t qq = 0, qm = 0;
+      if (e == Encoding::kInt8) {
+        const int8_t* q = reinterpret_cast<const int8_t*>(vals);
+        for (size_t k = i; k < end; ++k) {
+          const int32_t v = q[k];
+          qq += v * v;
+          qm = std::max(qm, v < 0 ? -v : v);
+        }
+      } else if (e == Encoding::kInt4) {
+        for (size_t k = i; k < end; ++k) {
+          const int32_t v = static_cast<int32_t>((vals[k >> 1] >> (4 * (k & 1))) & 15u) - 8;
+          qq += v * v;
+          qm = std::max(qm, v < 0 ? -v : v);
+        }
+      } else {
+        for (size_t k = i; k < end; ++k) {
+          const int32_t v = static_cast<int32_t>((vals[k >> 2] >> (2 * (k & 3))) & 3u) - 2;
+          qq += v * v;
+          qm = std::max(qm, v < 0 ? -v : v);
+        }
+      }
+      const float scale = bits_float(get_u32(p + 4 * b));
+      sq += static_cast<double>(qq) * static_cast<double>(scale) * static_cast<double>(scale);
+      amax = std::max(amax, static_cast<double>(static_cast<float>(qm) * scale));
+      i = end;
+    }
+    out.sumsq[s] = sq;
+    lo = hi;
+  }
+  out.amax = amax;
+  return out;
+}
+
 std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, Encoding e) {
   std::vector<float> y(n);
   for (size_t i = 0; i < n; ++i) y[i] = x[i] + residual[i];

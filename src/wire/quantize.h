@@ -39,6 +39,20 @@ std::string encode_floats(const float* x, size_t n, Encoding e);
 void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n, float* out);
 std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n);
 
+// Validates a payload exactly as decode_floats_into does (the same errors, WireError or NonFiniteError) without
+// decoding it, and measures it: per segment [0, ends[0]), [ends[0], ends[1]), ... (ends non-decreasing, the last
+// == n) the sum of squares of its elements in double, and the largest |element| of the whole payload. For the
+// block-scaled encodings the sums are Σ q² · scale² (exact integer sums per block, then double): they differ from
+// the squares of the decoded fp32 values by at most their rounding (≤ 2^-23 relative). What the syncer checks a
+// push it holds encoded against (deloco/sync.h, Syncer::receive).
+struct FloatScan {
+  std::vector<double> sumsq;  // per segment
+  double amax = 0;            // max |x|
+};
+FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends);
+// Only the validation (the same errors as decode_floats_into), cheaper: for int8/int4 it reads the block scales only.
+void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n);
+
 // Error feedback (learner side): y = x + residual; returns encode(y); residual <- y - decode(encode(y)).
 // `residual` holds n floats (start at zero); it is left untouched if encoding throws.
 std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, Encoding e);
