@@ -62,6 +62,8 @@ class Bytes {
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   std::string str() const { return std::string(data_ ? data_ : "", size_); }
+  // A view of [offset, offset + size) sharing this buffer (no copy); throws std::out_of_range past the end.
+  Bytes slice(size_t offset, size_t size) const;
 
  private:
   std::shared_ptr<const void> owner_;
@@ -82,6 +84,9 @@ struct TransportStats {
   uint64_t messages_in = 0, messages_out = 0;
   uint64_t bytes_in = 0, bytes_out = 0;     // header + payload bytes
   uint64_t dropped_out = 0;                 // sends refused (unknown peer, not connected, queue full)
+  // Messages split over lanes (TransportOptions::lanes) that arrived incomplete and were discarded: a part lost with
+  // a dropped connection, a part that never came within the bounds (see docs/transport.md), parts that do not fit.
+  uint64_t dropped_in = 0;
   // CURVE handshakes refused by the allow-list. Server: those it refused. Client: those the server refused (our key
   // is not in its allow-list; libzmq reports the server's refusal, and keeps reconnecting with backoff).
   uint64_t auth_denied = 0;
@@ -143,6 +148,17 @@ struct TransportOptions {
   // 0: dropped at once). A server whose last answers matter before it exits sets it; a peer that reads nothing can
   // hold the close up to this long.
   std::chrono::milliseconds linger{0};
+  // Throughput (docs/transport.md, "Lanes"). A client opens `lanes` connections (ZeroMQ sockets) to its server, each
+  // authenticated on its own by the same keys and allow-list; a payload of at least `split_bytes` is cut into up to
+  // `lanes` contiguous parts sent in parallel, so CURVE encrypts and decrypts them on several I/O threads at once.
+  // The server follows whatever each client opened. Order per client is kept (every message is delivered whole, in
+  // the order sent). 1: one connection, the wire exactly as without lanes. At most kMaxLanes.
+  static constexpr int kMaxLanes = 8;
+  int lanes = 1;
+  uint64_t split_bytes = uint64_t{1} << 20;
+  // ZeroMQ I/O threads of this transport (ZMQ_IO_THREADS; each connection lives on one). A client's lane i uses
+  // thread i mod io_threads; a server spreads connections over its threads.
+  int io_threads = 1;
 };
 
 class ServerTransport {

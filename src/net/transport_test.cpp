@@ -21,7 +21,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <set>
 #include <thread>
 
 namespace deloco {
@@ -136,10 +138,10 @@ bool wait_for(ServerTransport& s, Cond cond, int* unexpected, std::chrono::milli
 // ---------------------------------------------------------------------------------------------------------------
 // Round trips over every transport kind.
 
-enum class Kind { Inproc, TcpPlain, TcpCurve, IpcPlain, IpcCurve };
+enum class Kind { Inproc, TcpPlain, TcpCurve, IpcPlain, IpcCurve, TcpCurveLanes, TcpPlainLanes };
 
 std::string kind_name(const ::testing::TestParamInfo<Kind>& i) {
-  const char* n[] = {"Inproc", "TcpPlain", "TcpCurve", "IpcPlain", "IpcCurve"};
+  const char* n[] = {"Inproc", "TcpPlain", "TcpCurve", "IpcPlain", "IpcCurve", "TcpCurveLanes", "TcpPlainLanes"};
   return n[static_cast<int>(i.param)];
 }
 
@@ -153,15 +155,22 @@ class TransportRoundTrip : public ::testing::TestWithParam<Kind> {
       client_ = make_inproc_client(hub_, "alice");
       return;
     }
-    const bool curve = k == Kind::TcpCurve || k == Kind::IpcCurve;
-    const bool tcp = k == Kind::TcpPlain || k == Kind::TcpCurve;
-    server_ = make_zmq_server(tcp ? "tcp://127.0.0.1:0" : "ipc://" + keys_.dir / "s.ipc",
-                              curve ? server_curve(keys_) : plain_options());
-    client_ = make_zmq_client(server_->endpoint(), curve ? client_curve(keys_, keys_.alice_key) : plain_options());
+    const bool curve = k == Kind::TcpCurve || k == Kind::IpcCurve || k == Kind::TcpCurveLanes;
+    const bool tcp = k != Kind::IpcPlain && k != Kind::IpcCurve;
+    const bool lanes = k == Kind::TcpCurveLanes || k == Kind::TcpPlainLanes;
+    TransportOptions so = curve ? server_curve(keys_) : plain_options();
+    TransportOptions co = curve ? client_curve(keys_, keys_.alice_key) : plain_options();
+    if (lanes) {  // small parts, so that even the 5000-byte payload below is split
+      so.io_threads = co.io_threads = 2;
+      co.lanes = 3;
+      so.split_bytes = co.split_bytes = 1024;
+    }
+    server_ = make_zmq_server(tcp ? "tcp://127.0.0.1:0" : "ipc://" + keys_.dir / "s.ipc", so);
+    client_ = make_zmq_client(server_->endpoint(), co);
   }
   std::string expected_identity() const {
     const Kind k = GetParam();
-    return k == Kind::TcpPlain || k == Kind::IpcPlain ? "" : "alice";
+    return k == Kind::TcpPlain || k == Kind::IpcPlain || k == Kind::TcpPlainLanes ? "" : "alice";
   }
 
   Keys keys_;
@@ -227,7 +236,7 @@ TEST_P(TransportRoundTrip, SendToUnknownPeerFails) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, TransportRoundTrip,
                          ::testing::Values(Kind::Inproc, Kind::TcpPlain, Kind::TcpCurve, Kind::IpcPlain,
-                                           Kind::IpcCurve),
+                                           Kind::IpcCurve, Kind::TcpCurveLanes, Kind::TcpPlainLanes),
                          kind_name);
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -657,6 +666,306 @@ TEST(ZmqTransport, ClientKeepsWhatArrivedWhenTheConnectionDrops) {
       std::this_thread::sleep_for(10ms);
     EXPECT_FALSE(client->send(Bytes::from_string("h"), Bytes())) << "sends still queue with nobody connected";
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Lanes: a client's several connections (TransportOptions::lanes).
+
+TransportOptions laned(TransportOptions o, int lanes, uint64_t split_bytes) {
+  o.lanes = lanes;
+  o.io_threads = 2;
+  o.split_bytes = split_bytes;
+  return o;
+}
+
+TEST(ZmqLanes, ManyMessagesInBothDirectionsArriveWholeAndInOrder) {
+  Keys k;
+  auto server = make_zmq_server("tcp://127.0.0.1:0", laned(server_curve(k), 1, 4096));
+  auto client = make_zmq_client(server->endpoint(), laned(client_curve(k, k.alice_key), 4, 4096));
+  Envelope e;
+  ASSERT_TRUE(deliver(*client, *server, Bytes::from_string("first"), Bytes(), &e));
+  const size_t sizes[] = {50, 300000, 0, (1u << 20) + 7, 4096, 9000};
+  std::vector<Bytes> sent;
+  for (int i = 0; i < 36; ++i) sent.push_back(Bytes::from_string(random_bytes(sizes[i % 6], 100 + i)));
+  for (int i = 0; i < 36; ++i) {
+    ASSERT_TRUE(client->send(Bytes::from_string("up" + std::to_string(i)), sent[i]));
+    ASSERT_TRUE(server->send(e.peer, Bytes::from_string("down" + std::to_string(i)), sent[i]));
+  }
+  for (int i = 0; i < 36; ++i) {
+    Envelope up, down;
+    ASSERT_TRUE(server->receive(&up, 20s)) << "push " << i;
+    EXPECT_EQ(up.parts, 2);
+    EXPECT_EQ(up.peer, e.peer);
+    EXPECT_EQ(up.identity, "alice");
+    ASSERT_EQ(up.header.str(), "up" + std::to_string(i)) << "out of order";
+    ASSERT_EQ(up.payload.str(), sent[i].str()) << "push " << i << " not intact";
+    ASSERT_TRUE(client->receive(&down, 20s)) << "broadcast " << i;
+    EXPECT_EQ(down.parts, 2);
+    ASSERT_EQ(down.header.str(), "down" + std::to_string(i)) << "out of order";
+    ASSERT_EQ(down.payload.str(), sent[i].str()) << "broadcast " << i << " not intact";
+  }
+  EXPECT_EQ(server->stats().dropped_in, 0u);
+  EXPECT_EQ(client->stats().dropped_in, 0u);
+  int unexpected = 0;
+  EXPECT_TRUE(wait_for(*server, [&] { return server->stats().connections == 4u; }, &unexpected));  // one per lane
+  EXPECT_EQ(unexpected, 0);
+}
+
+// A raw DEALER standing in for one lane of a laned client (routing id 'L', 16 session bytes, lane index).
+struct RawLane {
+  void* ctx = zmq_ctx_new();
+  void* sock = nullptr;
+  RawLane(const std::string& endpoint, const std::string& session, int lane, const std::string* curve_key = nullptr,
+          const std::string* server_pub = nullptr) {
+    sock = zmq_socket(ctx, ZMQ_DEALER);
+    const int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    const std::string rid = "L" + session + static_cast<char>(lane);
+    zmq_setsockopt(sock, ZMQ_ROUTING_ID, rid.data(), rid.size());
+    if (curve_key != nullptr) {
+      const KeyPair kp = read_secret_key_file(*curve_key);
+      const std::string spub = read_public_key_file(*server_pub);
+      zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, spub.c_str(), 41);
+      zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, kp.public_key.c_str(), 41);
+      zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, kp.secret_key.c_str(), 41);
+    }
+    zmq_connect(sock, endpoint.c_str());
+  }
+  ~RawLane() {
+    if (sock != nullptr) zmq_close(sock);
+    zmq_ctx_term(ctx);
+  }
+  void close() {
+    zmq_close(sock);
+    sock = nullptr;
+  }
+  void send(const std::vector<std::string>& frames) {
+    for (size_t i = 0; i < frames.size(); ++i)
+      zmq_send(sock, frames[i].data(), frames[i].size(), i + 1 < frames.size() ? ZMQ_SNDMORE : 0);
+  }
+  // One whole message within `within`, or none.
+  bool receive(std::vector<std::string>* frames, std::chrono::milliseconds within = 10s) {
+    frames->clear();
+    zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, static_cast<long>(within.count())) <= 0) return false;
+    for (int more = 1; more;) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, sock, 0) < 0) return false;
+      frames->emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    }
+    return true;
+  }
+};
+
+// The lane tag as docs/transport.md gives it (36 bytes, little-endian).
+std::string tag(int kind, int index, int count, uint32_t mask, uint64_t seq, uint64_t offset, uint64_t total) {
+  std::string t = "DLN1";
+  t += static_cast<char>(kind);
+  t += static_cast<char>(index);
+  t += static_cast<char>(count);
+  t += '\0';
+  for (int i = 0; i < 4; ++i) t += static_cast<char>(mask >> (8 * i));
+  for (uint64_t v : {seq, offset, total})
+    for (int i = 0; i < 8; ++i) t += static_cast<char>(v >> (8 * i));
+  return t;
+}
+std::string lead_tag(uint32_t mask, uint64_t seq, uint64_t total) {
+  return tag(1, 0, __builtin_popcount(mask), mask, seq, 0, total);
+}
+std::string part_tag(int index, uint64_t seq, uint64_t offset) { return tag(2, index, 0, 0, seq, offset, 0); }
+std::string hello_tag(int lane, uint64_t seq) { return tag(3, lane, 0, 0, seq, 0, 0); }
+uint32_t mask_of(const std::string& t) {
+  uint32_t m = 0;
+  for (int i = 0; i < 4; ++i) m |= uint32_t{static_cast<uint8_t>(t[8 + i])} << (8 * i);
+  return m;
+}
+
+TEST(ZmqLanes, LargePayloadTravelsAsPartsOnSeveralConnections) {
+  // A raw ROUTER in place of the server shows what goes on the wire.
+  void* ctx = zmq_ctx_new();
+  void* router = zmq_socket(ctx, ZMQ_ROUTER);
+  const int zero = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+  ASSERT_EQ(zmq_bind(router, "tcp://127.0.0.1:0"), 0);
+  char ep[256];
+  size_t n = sizeof ep;
+  zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &n);
+  auto read = [&](std::vector<std::string>* frames) {
+    frames->clear();
+    for (int more = 1; more;) {
+      zmq_msg_t m;
+      zmq_msg_init(&m);
+      if (zmq_msg_recv(&m, router, ZMQ_DONTWAIT) < 0) return !frames->empty();
+      frames->emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+      more = zmq_msg_more(&m);
+      zmq_msg_close(&m);
+    }
+    return true;
+  };
+  {
+    auto client = make_zmq_client(ep, laned(plain_options(), 3, 1024));
+    // The client greets the server on lanes 1 and 2 once their handshakes are done (it notices during its calls).
+    std::set<std::string> greeted;
+    std::vector<std::string> f;
+    Envelope none;
+    for (auto end = Clock::now() + 10s; greeted.size() < 2 && Clock::now() < end;) {
+      client->receive(&none, 10ms);
+      while (read(&f))
+        if (f.size() == 2 && f[1].size() == 36 && f[1][4] == 3) greeted.insert(f[0]);
+    }
+    ASSERT_EQ(greeted.size(), 2u);
+    const std::string payload = random_bytes(300000, 7);
+    ASSERT_TRUE(client->send(Bytes::from_string("hdr"), Bytes::from_string(payload)));
+    std::map<std::string, std::string> carried;  // routing id -> payload bytes it carried
+    std::string lead;
+    for (auto end = Clock::now() + 10s; carried.size() < 3 && Clock::now() < end;) {
+      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+      zmq_poll(&item, 1, 100);
+      while (read(&f)) {
+        if (f.size() == 4) {  // lead: header, part 0, tag
+          EXPECT_EQ(f[1], "hdr");
+          lead = f[3];
+          carried[f[0]] = f[2];
+        } else if (f.size() == 3) {  // part: tag, bytes
+          carried[f[0]] = f[2];
+        }
+      }
+    }
+    ASSERT_EQ(carried.size(), 3u) << "the payload did not use every lane";
+    ASSERT_EQ(lead.size(), 36u);
+    EXPECT_EQ(mask_of(lead), 7u);
+    std::string joined;  // lanes in index order: lane 0 holds the start
+    for (const auto& [rid, bytes] : carried) {
+      ASSERT_EQ(rid.size(), 18u);
+      EXPECT_EQ(rid[0], 'L');
+      EXPECT_EQ(rid.substr(1, 16), carried.begin()->first.substr(1, 16)) << "lanes of one session";
+    }
+    std::vector<std::pair<int, std::string>> by_lane;
+    for (const auto& [rid, bytes] : carried) by_lane.emplace_back(rid.back(), bytes);
+    std::sort(by_lane.begin(), by_lane.end());
+    for (const auto& [lane, bytes] : by_lane) {
+      EXPECT_GT(bytes.size(), 0u) << "lane " << lane;
+      joined += bytes;
+    }
+    EXPECT_TRUE(joined == payload) << "the parts do not tile the payload";
+  }
+  zmq_close(router);
+  zmq_ctx_term(ctx);
+}
+
+TEST(ZmqLanes, StrangerIsRefusedOnEveryLane) {
+  Keys k;
+  auto server = make_zmq_server("tcp://127.0.0.1:0", server_curve(k));
+  auto mallory = make_zmq_client(server->endpoint(), laned(client_curve(k, k.mallory_key), 4, 1024));
+  int unexpected = 0;
+  ASSERT_TRUE(wait_for(*server, [&] {
+    mallory->send(Bytes::from_string("h"), Bytes::from_string(std::string(5000, 'x')));
+    return server->stats().auth_denied >= 4;  // each of its four connections asked, and was refused
+  }, &unexpected));
+  EXPECT_EQ(unexpected, 0);
+  EXPECT_EQ(server->stats().messages_in, 0u);
+  auto alice = make_zmq_client(server->endpoint(), laned(client_curve(k, k.alice_key), 4, 1024));
+  Envelope e;
+  ASSERT_TRUE(deliver(*alice, *server, Bytes::from_string("h"), Bytes::from_string("ok"), &e));
+  EXPECT_EQ(e.identity, "alice");
+}
+
+TEST(ZmqLanes, LaneUnderAnotherAllowedKeyIsRefused) {
+  Keys k;
+  write_keypair(k.allow_dir + "/bob", generate_keypair());
+  auto server = make_zmq_server("tcp://127.0.0.1:0", server_curve(k));
+  const std::string session(16, 's'), server_pub = k.server_pub, bob_key = k.allow_dir + "/bob.key";
+  RawLane alice0(server->endpoint(), session, 0, &k.alice_key, &server_pub);
+  RawLane bob1(server->endpoint(), session, 1, &bob_key, &server_pub);
+  alice0.send({"h1", "solo", lead_tag(1, 1, 4)});
+  Envelope e;
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.identity, "alice");
+  EXPECT_EQ(e.payload.str(), "solo");
+  // Bob claims lane 1 of alice's session: his hello and his part are refused, so the lead never completes with them.
+  bob1.send({hello_tag(1, 0)});
+  bob1.send({part_tag(1, 2, 3), "BOB"});
+  alice0.send({"h2", "abc", lead_tag(3, 2, 6)});
+  int unexpected = 0;
+  ASSERT_TRUE(wait_for(*server, [&] { return server->stats().auth_denied >= 2; }, &unexpected));
+  EXPECT_EQ(unexpected, 0) << "a message completed with another key's part";
+}
+
+TEST(ZmqLanes, LostPartDiscardsItsMessageOnlyAndDroppedLaneIsLeftOut) {
+  auto server = make_zmq_server("tcp://127.0.0.1:0", laned(plain_options(), 1, 1024));
+  const std::string session = random_bytes(16, 9);
+  RawLane lane0(server->endpoint(), session, 0), lane1(server->endpoint(), session, 1);
+  lane1.send({hello_tag(1, 0)});
+  // Message 1 names lane 1, whose part never comes (lost with a connection); message 2's part is there first.
+  lane0.send({"h1", "abc", lead_tag(3, 1, 6)});
+  lane1.send({part_tag(1, 2, 3), "XYZ"});
+  lane0.send({"h2", "uvw", lead_tag(3, 2, 6)});
+  lane0.send({"h3", "solo", lead_tag(1, 3, 4)});
+  Envelope e;
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.header.str(), "h2");
+  EXPECT_EQ(e.payload.str(), "uvwXYZ");
+  EXPECT_EQ(e.parts, 2);
+  EXPECT_EQ(e.peer, "L" + session + '\0');
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.header.str(), "h3");
+  EXPECT_EQ(e.payload.str(), "solo");
+  EXPECT_EQ(server->stats().dropped_in, 1u);
+
+  // A hello on lane 1 (a new connection) tells that a part still awaited there is gone: message 4 is discarded
+  // and message 5, after it, is delivered.
+  lane0.send({"h4", "abc", lead_tag(3, 4, 6)});
+  lane0.send({"h5", "next", lead_tag(1, 5, 4)});
+  EXPECT_FALSE(server->receive(&e, 100ms)) << "message 5 overtook message 4";
+  lane1.send({hello_tag(1, 4)});
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.header.str(), "h5");
+  EXPECT_EQ(server->stats().dropped_in, 2u);
+
+  // The server answered each hello with its own, and splits what it sends over both lanes.
+  std::vector<std::string> f;
+  ASSERT_TRUE(lane1.receive(&f));
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0][4], 3);
+  ASSERT_TRUE(lane1.receive(&f));
+  ASSERT_EQ(f.size(), 1u);
+  const std::string big = random_bytes(5000, 11);
+  ASSERT_TRUE(server->send(e.peer, Bytes::from_string("down"), Bytes::from_string(big)));
+  ASSERT_TRUE(lane1.receive(&f));
+  ASSERT_EQ(f.size(), 2u);
+  const std::string tail = f[1];
+  ASSERT_TRUE(lane0.receive(&f));
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_EQ(mask_of(f[2]), 3u);
+  EXPECT_TRUE(f[1] + tail == big);
+
+  // Lane 1's connection drops: the server notices, and sends on lane 0 alone from then on (until it notices, a
+  // message may still name lane 1; the client discards those).
+  lane1.close();
+  bool alone = false;
+  for (auto end = Clock::now() + 10s; !alone && Clock::now() < end;) {
+    ASSERT_TRUE(server->send(e.peer, Bytes::from_string("down"), Bytes::from_string(big)));
+    while (!alone && lane0.receive(&f, 20ms))
+      if (f.size() == 3 && mask_of(f[2]) == 1u) {
+        alone = true;
+        EXPECT_TRUE(f[1] == big);
+      }
+  }
+  EXPECT_TRUE(alone) << "the server kept splitting over a lane that was gone";
+}
+
+TEST(ZmqLanes, OptionsOutOfRangeAreRefused) {
+  TransportOptions o = plain_options();
+  o.lanes = 0;
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_client("tcp://127.0.0.1:1", o); }, {"lanes", "[1, 8]"}));
+  o.lanes = 9;
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_client("tcp://127.0.0.1:1", o); }, {"lanes", "got 9"}));
+  o.lanes = 2;
+  o.io_threads = 0;
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_server("tcp://127.0.0.1:0", o); }, {"io_threads"}));
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -26,10 +26,14 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <limits>
+#include <map>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "deloco/transport.h"
@@ -56,7 +60,7 @@ std::string zerr() { return zmq_strerror(zmq_errno()); }
 
 // Counters shared between the owner's thread and the server's auth thread; stats() may read them from anywhere.
 struct Counters {
-  std::atomic<uint64_t> messages_in{0}, messages_out{0}, bytes_in{0}, bytes_out{0}, dropped_out{0}, auth_denied{0},
+  std::atomic<uint64_t> messages_in{0}, messages_out{0}, bytes_in{0}, bytes_out{0}, dropped_out{0}, dropped_in{0}, auth_denied{0},
       handshake_failures{0}, connections{0}, disconnects{0};
   TransportStats snapshot() const {
     TransportStats s;
@@ -65,6 +69,7 @@ struct Counters {
     s.bytes_in = bytes_in.load();
     s.bytes_out = bytes_out.load();
     s.dropped_out = dropped_out.load();
+    s.dropped_in = dropped_in.load();
     s.auth_denied = auth_denied.load();
     s.handshake_failures = handshake_failures.load();
     s.connections = connections.load();
@@ -75,8 +80,13 @@ struct Counters {
 
 class Context {
  public:
-  Context() : ctx_(zmq_ctx_new()) {
+  explicit Context(int io_threads = 1) : ctx_(zmq_ctx_new()) {
     if (ctx_ == nullptr) throw TransportError("cannot create a ZeroMQ context: " + zerr());
+    if (io_threads != 1 && zmq_ctx_set(ctx_, ZMQ_IO_THREADS, io_threads) != 0) {
+      const std::string why = zerr();
+      zmq_ctx_term(ctx_);
+      throw TransportError("cannot set ZMQ_IO_THREADS to " + std::to_string(io_threads) + ": " + why);
+    }
   }
   ~Context() { term(); }
   Context(const Context&) = delete;
@@ -213,21 +223,260 @@ bool try_receive(void* sock, size_t keep, std::vector<MsgPtr>* frames, int* tota
   return true;
 }
 
-bool receive_until(void* sock, size_t keep, std::chrono::milliseconds timeout, std::vector<MsgPtr>* frames,
-                   int* total) {
-  const auto deadline = Clock::now() + timeout;
+// Waits until `deadline` for one whole message from any of `socks` (tried in turn from `*next`, so that one busy
+// socket does not starve the others); `*which` tells which socket it came from.
+bool receive_any(const std::vector<void*>& socks, size_t* next, size_t keep, Clock::time_point deadline,
+                 size_t* which, std::vector<MsgPtr>* frames, int* total) {
+  std::vector<zmq_pollitem_t> items;
+  for (void* sock : socks) items.push_back({sock, 0, ZMQ_POLLIN, 0});
   for (bool said_ready = false;; ) {
-    if (try_receive(sock, keep, frames, total)) return true;
+    for (size_t i = 0; i < socks.size(); ++i) {
+      const size_t k = (*next + i) % socks.size();
+      if (try_receive(socks[k], keep, frames, total)) {
+        *which = k;
+        *next = k + 1;
+        return true;
+      }
+    }
     // Readable, yet nothing to read: libzmq still reports the rest of a message cut off by a dropped connection
     // (see try_receive) until the next message arrives. Do not spin on it.
     if (said_ready) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
-    zmq_pollitem_t item{sock, 0, ZMQ_POLLIN, 0};
-    const int ready = zmq_poll(&item, 1, static_cast<long>(left));
+    const int ready = zmq_poll(items.data(), static_cast<int>(items.size()), static_cast<long>(left));
     if (ready < 0 && zmq_errno() != EINTR) return false;
     said_ready = ready > 0;
   }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Lanes (TransportOptions::lanes > 1; docs/transport.md). A client opens several DEALER sockets ("lanes") to the
+// server, each one ZeroMQ connection with its own CURVE handshake. Lane i's routing id is kLaneMark, a 16-byte random
+// session id and i: the server groups a client's lanes by session and answers on them. Every message of a laned
+// session carries a tag frame (below); a payload of at least split_bytes is cut into contiguous parts:
+//   lane 0 ("lead"):  header | part 0 | tag(lead: seq, parts, lane mask, total bytes)
+//   lane i ("part"):  tag(part: seq, index, offset) | part
+//   lane i ("hello"): tag(hello, seq = the sender's last seq), sent by the client once per handshake of lane i, so
+//                     that the server learns the lane and may use it; the server answers with its own hello
+// Each lane is FIFO, so the receiver matches the oldest lead with the oldest part on each lane the lead names. A part
+// is lost only with its connection; then the lead is discarded and counted: a part newer than the lead shows it, and
+// so does a hello on the part's lane (a new connection: nothing sent up to the hello's seq is still coming there).
+constexpr char kLaneMark = 'L';               // first byte of a lane's routing id (auto ids start with 0)
+constexpr size_t kSessionBytes = 16;
+constexpr size_t kLaneIdBytes = 1 + kSessionBytes + 1;  // mark, session, lane index
+constexpr char kTagMagic[4] = {'D', 'L', 'N', '1'};
+constexpr size_t kTagBytes = 36;
+constexpr int kMaxLanes = TransportOptions::kMaxLanes;
+// Pending parts of a session with no frame from it for this long are discarded (a client that vanished mid-message).
+constexpr auto kStalePending = std::chrono::seconds(120);
+
+enum class TagKind : uint8_t { kLead = 1, kPart = 2, kHello = 3 };
+
+struct Tag {
+  TagKind kind = TagKind::kLead;
+  uint8_t index = 0;   // part: its index (lane order within the lead's mask)
+  uint8_t count = 1;   // lead: parts, lead included
+  uint32_t mask = 1;   // lead: lanes carrying parts, bit 0 (the lead's own lane) always set
+  uint64_t seq = 0;    // per session and direction, from 1
+  uint64_t offset = 0; // part: where it starts in the payload
+  uint64_t total = 0;  // lead: the whole payload's size
+};
+
+void put_u64(char* p, uint64_t v) { for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i)); }
+uint64_t get_u64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(p[i])} << (8 * i);
+  return v;
+}
+
+Bytes encode_tag(const Tag& t) {
+  std::string s(kTagBytes, '\0');
+  std::memcpy(&s[0], kTagMagic, 4);
+  s[4] = static_cast<char>(t.kind);
+  s[5] = static_cast<char>(t.index);
+  s[6] = static_cast<char>(t.count);
+  for (int i = 0; i < 4; ++i) s[8 + i] = static_cast<char>(t.mask >> (8 * i));
+  put_u64(&s[12], t.seq);
+  put_u64(&s[20], t.offset);
+  put_u64(&s[28], t.total);
+  return Bytes::from_string(std::move(s));
+}
+
+bool decode_tag(zmq_msg_t* m, Tag* t) {
+  if (zmq_msg_size(m) != kTagBytes) return false;
+  const char* p = static_cast<const char*>(zmq_msg_data(m));
+  if (std::memcmp(p, kTagMagic, 4) != 0) return false;
+  const auto kind = static_cast<uint8_t>(p[4]);
+  if (kind < 1 || kind > 3) return false;
+  t->kind = static_cast<TagKind>(kind);
+  t->index = static_cast<uint8_t>(p[5]);
+  t->count = static_cast<uint8_t>(p[6]);
+  t->mask = 0;
+  for (int i = 0; i < 4; ++i) t->mask |= uint32_t{static_cast<uint8_t>(p[8 + i])} << (8 * i);
+  t->seq = get_u64(p + 12);
+  t->offset = get_u64(p + 20);
+  t->total = get_u64(p + 28);
+  if (t->kind == TagKind::kLead)
+    return (t->mask & 1) && t->mask < (1u << kMaxLanes) && t->count == __builtin_popcount(t->mask);
+  return t->index < kMaxLanes;
+}
+
+// How a payload of `size` bytes is cut for `usable` lanes (lane 0 first): the lanes used, in order.
+std::vector<int> split_lanes(const std::vector<int>& usable, size_t size, uint64_t split_bytes) {
+  size_t k = 1;
+  if (split_bytes > 0 && size >= split_bytes)
+    k = std::min<size_t>(usable.size(), std::max<uint64_t>(1, size / std::max<uint64_t>(1, split_bytes / 2)));
+  return std::vector<int>(usable.begin(), usable.begin() + static_cast<long>(std::max<size_t>(1, k)));
+}
+
+// Part i of `size` bytes cut in `k` nearly equal parts.
+std::pair<size_t, size_t> part_range(size_t size, size_t k, size_t i) {
+  const size_t base = size / k, extra = size % k;
+  const size_t off = i * base + std::min(i, extra);
+  return {off, base + (i < extra ? 1 : 0)};
+}
+
+// One laned peer's receiving side: leads and parts as they arrive, complete messages out, in order.
+class Reassembler {
+ public:
+  struct Done {
+    MsgPtr header;
+    Bytes payload;
+    std::string identity;
+  };
+
+  explicit Reassembler(size_t bound) : bound_(std::max<size_t>(bound, 1)) {}
+
+  // Returns the messages the new frame completed (appended to `out`), counting what it had to discard.
+  void lead(const Tag& t, MsgPtr header, MsgPtr part0, std::string identity, std::deque<Done>* out) {
+    touched_ = Clock::now();
+    if (t.seq <= settled_) { ++dropped_; return; }  // a replay or a sender that restarted its count: not ours
+    leads_.push_back({t, std::move(header), std::move(part0), std::move(identity)});
+    if (leads_.size() > bound_) { leads_.pop_front(); ++dropped_; }
+    settle(out);
+  }
+  // A hello on `lane`: a new connection, on which nothing up to `seq` will arrive any more.
+  void reset_lane(int lane, uint64_t seq, std::deque<Done>* out) {
+    touched_ = Clock::now();
+    floor_[lane] = std::max(floor_[lane], seq);
+    settle(out);
+  }
+  void part(int lane, const Tag& t, MsgPtr data, std::string identity, std::deque<Done>* out) {
+    touched_ = Clock::now();
+    if (t.seq <= settled_) return;  // belonged to a lead already settled or discarded
+    auto& q = parts_[lane];
+    q.push_back({t, std::move(data), std::move(identity)});
+    if (q.size() > bound_) q.pop_front();
+    settle(out);
+  }
+  bool pending() const {
+    if (!leads_.empty()) return true;
+    for (const auto& q : parts_) if (!q.empty()) return true;
+    return false;
+  }
+  // Discards what waited longer than kStalePending since the peer's last frame.
+  void expire(Clock::time_point now) {
+    if (!pending() || now - touched_ < kStalePending) return;
+    dropped_ += leads_.size();
+    leads_.clear();
+    for (auto& q : parts_) q.clear();
+  }
+  uint64_t take_dropped() { return std::exchange(dropped_, 0); }
+  uint64_t take_denied() { return std::exchange(denied_, 0); }
+
+ private:
+  struct Lead {
+    Tag t;
+    MsgPtr header, part0;
+    std::string identity;
+  };
+  struct Part {
+    Tag t;
+    MsgPtr data;
+    std::string identity;
+  };
+
+  void settle(std::deque<Done>* out) {
+    while (!leads_.empty()) {
+      Lead& l = leads_.front();
+      for (auto& q : parts_)
+        while (!q.empty() && q.front().t.seq < l.t.seq) q.pop_front();  // orphans of discarded leads
+      bool waiting = false, lost = false;
+      for (int lane = 1; lane < kMaxLanes && !waiting && !lost; ++lane) {
+        if (!(l.t.mask & (1u << lane))) continue;
+        if (parts_[lane].empty()) (l.t.seq <= floor_[lane] ? lost : waiting) = true;
+        else if (parts_[lane].front().t.seq != l.t.seq) lost = true;
+      }
+      if (waiting) return;
+      settled_ = l.t.seq;
+      if (lost || !assemble(l, out)) ++dropped_;
+      for (int lane = 1; lane < kMaxLanes; ++lane)
+        if ((l.t.mask & (1u << lane)) && !parts_[lane].empty() && parts_[lane].front().t.seq == l.t.seq)
+          parts_[lane].pop_front();
+      leads_.pop_front();
+    }
+  }
+
+  // Checks that the parts tile the payload and come from the lead's key; copies them into one buffer.
+  bool assemble(const Lead& l, std::deque<Done>* out) {
+    std::vector<const Part*> ps;
+    for (int lane = 1; lane < kMaxLanes; ++lane)
+      if (l.t.mask & (1u << lane)) ps.push_back(&parts_[lane].front());
+    uint64_t at = zmq_msg_size(l.part0.get());
+    for (size_t i = 0; i < ps.size(); ++i) {
+      if (ps[i]->identity != l.identity) { ++denied_; return false; }
+      if (ps[i]->t.index != i + 1 || ps[i]->t.offset != at) return false;
+      at += zmq_msg_size(ps[i]->data.get());
+    }
+    if (at != l.t.total) return false;
+    Done d{l.header, Bytes(), l.identity};
+    if (ps.empty()) {
+      d.payload = Bytes(l.part0, static_cast<const char*>(zmq_msg_data(l.part0.get())), zmq_msg_size(l.part0.get()));
+    } else {
+      std::shared_ptr<char> buf(new char[std::max<uint64_t>(at, 1)], std::default_delete<char[]>());
+      size_t pos = 0;
+      auto put = [&](zmq_msg_t* m) {
+        if (zmq_msg_size(m) > 0) std::memcpy(buf.get() + pos, zmq_msg_data(m), zmq_msg_size(m));
+        pos += zmq_msg_size(m);
+      };
+      put(l.part0.get());
+      for (const Part* p : ps) put(p->data.get());
+      d.payload = Bytes(buf, buf.get(), at);
+    }
+    out->push_back(std::move(d));
+    return true;
+  }
+
+  size_t bound_;
+  std::deque<Lead> leads_;
+  std::deque<Part> parts_[kMaxLanes];
+  uint64_t floor_[kMaxLanes] = {};
+  uint64_t settled_ = 0, dropped_ = 0, denied_ = 0;
+  Clock::time_point touched_ = Clock::now();
+};
+
+std::string random_session() {
+  std::random_device rd;  // getrandom(2) on Linux
+  std::string s(kSessionBytes, '\0');
+  for (size_t i = 0; i < kSessionBytes; i += 4) {
+    const uint32_t v = rd();
+    std::memcpy(&s[i], &v, 4);
+  }
+  return s;
+}
+
+bool is_lane_id(const std::string& rid) { return rid.size() == kLaneIdBytes && rid[0] == kLaneMark; }
+
+int lanes_option(const TransportOptions& o) {
+  if (o.lanes < 1 || o.lanes > kMaxLanes)
+    throw TransportError("lanes must be in [1, " + std::to_string(kMaxLanes) + "] (got " + std::to_string(o.lanes) + ")");
+  return o.lanes;
+}
+
+int io_threads_option(const TransportOptions& o) {
+  if (o.io_threads < 1 || o.io_threads > 64)
+    throw TransportError("io_threads must be in [1, 64] (got " + std::to_string(o.io_threads) + ")");
+  return o.io_threads;
 }
 
 // libzmq unlinks an existing ipc socket file when binding, silently stealing the address from a live server.
@@ -279,7 +528,11 @@ std::string curve_missing(const char* option, const char* what) {
 // ---------------------------------------------------------------------------------------------------------------
 class ZmqServer final : public ServerTransport {
  public:
-  ZmqServer(const std::string& endpoint, const TransportOptions& o) : curve_(!o.plaintext) {
+  ZmqServer(const std::string& endpoint, const TransportOptions& o)
+      : curve_(!o.plaintext),
+        split_bytes_(o.split_bytes),
+        pending_bound_(static_cast<size_t>(o.receive_limit > 0 ? o.receive_limit : o.queue_limit)),
+        ctx_(io_threads_option(o)) {
     KeyPair own;
     if (curve_) {
       if (o.secret_key_file.empty()) throw TransportError(curve_missing("net.secret_key", "the server's .key file"));
@@ -332,26 +585,29 @@ class ZmqServer final : public ServerTransport {
   std::string endpoint() const override { return endpoint_; }
 
   bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
-    std::vector<MsgPtr> f;
-    int total = 0;
-    if (!receive_until(router_.get(), 3, timeout, &f, &total)) return false;
-    out->peer.assign(static_cast<const char*>(zmq_msg_data(f[0].get())), zmq_msg_size(f[0].get()));
-    out->parts = total - 1;  // the routing id is ROUTER bookkeeping, not a frame of the message
-    out->header = f.size() > 1 ? wrap(f[1]) : Bytes();
-    out->payload = f.size() > 2 ? wrap(f[2]) : Bytes();
-    // The ZAP handler's User-Id travels as metadata on every frame that came from the connection.
-    const char* user = f.size() > 1 ? zmq_msg_gets(f[1].get(), "User-Id") : nullptr;
-    out->identity = user != nullptr ? user : "";
-    c_.messages_in++;
-    c_.bytes_in += out->header.size() + out->payload.size();
-    return true;
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (!ready_.empty()) {
+        *out = std::move(ready_.front());
+        ready_.pop_front();
+        c_.messages_in++;
+        c_.bytes_in += out->header.size() + out->payload.size();
+        return true;
+      }
+      std::vector<MsgPtr> f;
+      int total = 0;
+      size_t next = 0, which = 0;
+      if (!receive_any({router_.get()}, &next, 4, deadline, &which, &f, &total)) {
+        expire_sessions();
+        return false;
+      }
+      take(f, total);
+    }
   }
 
   bool send(const std::string& peer, const Bytes& header, const Bytes& payload) override {
-    // With ROUTER_MANDATORY the routing-id frame is where an unknown peer (EHOSTUNREACH) or a full queue (EAGAIN)
-    // is reported; once it is accepted the rest of the message goes to the same pipe.
-    bool ok = send_copy(router_.get(), peer, ZMQ_SNDMORE) &&
-              send_frame(router_.get(), header, ZMQ_SNDMORE) && send_frame(router_.get(), payload, 0);
+    const auto it = is_lane_id(peer) ? sessions_.find(peer.substr(1, kSessionBytes)) : sessions_.end();
+    const bool ok = it == sessions_.end() ? send_plain(peer, header, payload) : send_laned(it->second, peer, header, payload);
     if (!ok) {
       c_.dropped_out++;
       return false;
@@ -437,8 +693,142 @@ class ZmqServer final : public ServerTransport {
     return true;
   }
 
+  // A laned client (routing ids kLaneMark + session + lane): its lanes known to be up, and its reassembly.
+  struct Session {
+    explicit Session(size_t bound) : rx(bound) {}
+    Reassembler rx;
+    std::string identity;       // the allow-list name of its first frame; every lane must carry the same
+    bool known[kMaxLanes] = {};  // lanes that said hello (or sent a part) and have not failed a send since
+    uint64_t send_seq = 0;
+  };
+
+  static std::string lane_id(const std::string& session, int lane) {
+    return std::string(1, kLaneMark) + session + static_cast<char>(lane);
+  }
+
+  void deliver(std::string peer, std::string identity, MsgPtr header, Bytes payload, int parts) {
+    Envelope e;
+    e.peer = std::move(peer);
+    e.identity = std::move(identity);
+    e.header = header ? wrap(header) : Bytes();
+    e.payload = std::move(payload);
+    e.parts = parts;
+    ready_.push_back(std::move(e));
+  }
+
+  // Files one raw message (routing id first): delivers it, or hands it to its session's reassembly.
+  void take(const std::vector<MsgPtr>& f, int total) {
+    std::string rid(static_cast<const char*>(zmq_msg_data(f[0].get())), zmq_msg_size(f[0].get()));
+    // The ZAP handler's User-Id travels as metadata on every frame that came from the connection.
+    const char* user = f.size() > 1 ? zmq_msg_gets(f[1].get(), "User-Id") : nullptr;
+    std::string identity = user != nullptr ? user : "";
+    if (!is_lane_id(rid)) {  // a client without lanes: the message as it came
+      deliver(std::move(rid), std::move(identity), f.size() > 1 ? f[1] : nullptr, f.size() > 2 ? wrap(f[2]) : Bytes(),
+              total - 1);
+      return;
+    }
+    const std::string sid = rid.substr(1, kSessionBytes);
+    const int lane = static_cast<uint8_t>(rid.back());
+    auto it = sessions_.find(sid);
+    if (it == sessions_.end()) {
+      if (lane >= kMaxLanes) return;
+      it = sessions_.emplace(sid, Session(pending_bound_)).first;
+      it->second.identity = identity;
+    }
+    Session& s = it->second;
+    if (identity != s.identity) {  // a lane under another key than its session's: refused, whatever it carries
+      c_.auth_denied++;
+      return;
+    }
+    Tag t;
+    std::deque<Reassembler::Done> done;
+    if (lane == 0) {
+      s.known[0] = true;
+      if (total == 4 && decode_tag(f[3].get(), &t) && t.kind == TagKind::kLead) {
+        s.rx.lead(t, f[1], f[2], identity, &done);
+      } else {  // not what a laned client sends: delivered with its frame count for the role to judge
+        deliver(std::move(rid), std::move(identity), f.size() > 1 ? f[1] : nullptr,
+                f.size() > 2 ? wrap(f[2]) : Bytes(), total - 1);
+      }
+    } else if (lane < kMaxLanes && total == 2 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kHello) {
+      s.rx.reset_lane(lane, t.seq, &done);
+      Tag back;  // ours: the client forgets what we sent on this lane's earlier connections
+      back.kind = TagKind::kHello;
+      back.index = static_cast<uint8_t>(lane);
+      back.seq = s.send_seq;
+      s.known[lane] = send_copy(router_.get(), rid, ZMQ_SNDMORE) && send_frame(router_.get(), encode_tag(back), 0);
+    } else if (lane < kMaxLanes && total == 3 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kPart) {
+      s.rx.part(lane, t, f[2], identity, &done);
+    } else {
+      c_.dropped_in++;  // a malformed lane message: nothing to deliver it as
+    }
+    c_.dropped_in += s.rx.take_dropped();
+    c_.auth_denied += s.rx.take_denied();
+    for (auto& d : done) deliver(lane_id(sid, 0), std::move(d.identity), d.header, std::move(d.payload), 2);
+  }
+
+  void expire_sessions() {
+    const auto now = Clock::now();
+    for (auto& [sid, s] : sessions_) {
+      s.rx.expire(now);
+      c_.dropped_in += s.rx.take_dropped();
+    }
+  }
+
+  bool send_plain(const std::string& peer, const Bytes& header, const Bytes& payload) {
+    // With ROUTER_MANDATORY the routing-id frame is where an unknown peer (EHOSTUNREACH) or a full queue (EAGAIN)
+    // is reported; once it is accepted the rest of the message goes to the same pipe.
+    return send_copy(router_.get(), peer, ZMQ_SNDMORE) && send_frame(router_.get(), header, ZMQ_SNDMORE) &&
+           send_frame(router_.get(), payload, 0);
+  }
+
+  // Parts first, on the lanes the session has up, then the lead on lane 0. A lane that has gone (EHOSTUNREACH) is
+  // forgotten and the message cut again without it; what was already queued for it is discarded by the client.
+  bool send_laned(Session& s, const std::string& peer, const Bytes& header, const Bytes& payload) {
+    const std::string sid = peer.substr(1, kSessionBytes);
+    for (;;) {
+      std::vector<int> usable;
+      for (int lane = 0; lane < kMaxLanes; ++lane)
+        if (lane == 0 || s.known[lane]) usable.push_back(lane);
+      const std::vector<int> lanes = split_lanes(usable, payload.size(), split_bytes_);
+      Tag lead;
+      lead.seq = ++s.send_seq;
+      lead.count = static_cast<uint8_t>(lanes.size());
+      lead.total = payload.size();
+      lead.mask = 0;
+      for (int lane : lanes) lead.mask |= 1u << lane;
+      bool retry = false;
+      for (size_t i = 1; i < lanes.size() && !retry; ++i) {
+        const auto [off, len] = part_range(payload.size(), lanes.size(), i);
+        Tag t;
+        t.kind = TagKind::kPart;
+        t.index = static_cast<uint8_t>(i);
+        t.seq = lead.seq;
+        t.offset = off;
+        if (!send_copy(router_.get(), lane_id(sid, lanes[i]), ZMQ_SNDMORE)) {
+          if (zmq_errno() != EHOSTUNREACH) return false;  // queue full
+          s.known[lanes[i]] = false;
+          retry = true;
+          break;
+        }
+        if (!(send_frame(router_.get(), encode_tag(t), ZMQ_SNDMORE) &&
+              send_frame(router_.get(), payload.slice(off, len), 0)))
+          return false;
+      }
+      if (retry) continue;
+      const auto [off0, len0] = part_range(payload.size(), lanes.size(), 0);
+      return send_copy(router_.get(), peer, ZMQ_SNDMORE) && send_frame(router_.get(), header, ZMQ_SNDMORE) &&
+             send_frame(router_.get(), payload.slice(off0, len0), ZMQ_SNDMORE) &&
+             send_frame(router_.get(), encode_tag(lead), 0);
+    }
+  }
+
   const bool curve_;
+  const uint64_t split_bytes_;
+  const size_t pending_bound_;
   std::optional<AllowList> allow_;
+  std::map<std::string, Session> sessions_;  // laned clients by session id
+  std::deque<Envelope> ready_;               // complete messages not yet returned by receive()
   Context ctx_;  // declared before the sockets: destroyed after them
   Socket zap_, router_, monitor_;
   std::string endpoint_;
@@ -449,66 +839,95 @@ class ZmqServer final : public ServerTransport {
 // ---------------------------------------------------------------------------------------------------------------
 class ZmqClient final : public ClientTransport {
  public:
-  ZmqClient(const std::string& endpoint, const TransportOptions& o) {
-    dealer_ = Socket(ctx_, ZMQ_DEALER);
+  ZmqClient(const std::string& endpoint, const TransportOptions& o)
+      : ctx_(io_threads_option(o)), split_bytes_(o.split_bytes), rx_(static_cast<size_t>(std::max(1, o.queue_limit))) {
+    const int lanes = lanes_option(o);
+    KeyPair own;
+    std::string server;
     if (!o.plaintext) {
       if (o.secret_key_file.empty()) throw TransportError(curve_missing("net.secret_key", "this learner's .key file"));
       if (o.server_public_key_file.empty())
         throw TransportError(curve_missing("net.server_key", "the server's .pub file"));
-      const KeyPair own = read_secret_key_file(o.secret_key_file);
-      const std::string server = read_public_key_file(o.server_public_key_file);
-      dealer_.set_z85(ZMQ_CURVE_SERVERKEY, server, "ZMQ_CURVE_SERVERKEY");
-      dealer_.set_z85(ZMQ_CURVE_PUBLICKEY, own.public_key, "ZMQ_CURVE_PUBLICKEY");
-      dealer_.set_z85(ZMQ_CURVE_SECRETKEY, own.secret_key, "ZMQ_CURVE_SECRETKEY");
+      own = read_secret_key_file(o.secret_key_file);
+      server = read_public_key_file(o.server_public_key_file);
     }
-    // Not ZMQ_IMMEDIATE: with it, libzmq 4.3.4 terminates the pipe when the connection drops, discarding what was
-    // received but not read yet and cutting a message being read (the next frame read then waits forever or
-    // trips an assertion). Without it the pipe outlives reconnections; send() itself refuses while no handshake
-    // is up (the monitor below), which is what ZMQ_IMMEDIATE was for.
-    dealer_.set_int(ZMQ_RECONNECT_IVL, static_cast<int>(o.reconnect.count()), "ZMQ_RECONNECT_IVL");
-    dealer_.set_int(ZMQ_RECONNECT_IVL_MAX, kReconnectMaxMs, "ZMQ_RECONNECT_IVL_MAX");
-    dealer_.set_int(ZMQ_SNDHWM, o.queue_limit, "ZMQ_SNDHWM");
-    dealer_.set_int(ZMQ_RCVHWM, o.queue_limit, "ZMQ_RCVHWM");
-    dealer_.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
-    dealer_.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
-    if (const int rt = tcp_timeout_ms(o); rt > 0) {
-      dealer_.set_int(ZMQ_TCP_MAXRT, rt, "ZMQ_TCP_MAXRT");
-      dealer_.set_int(ZMQ_CONNECT_TIMEOUT, std::max(1, rt / 2), "ZMQ_CONNECT_TIMEOUT");
+    const std::string session = lanes > 1 ? random_session() : std::string();
+    for (int i = 0; i < lanes; ++i) {
+      Lane& l = lanes_.emplace_back();
+      l.dealer = Socket(ctx_, ZMQ_DEALER);
+      if (!o.plaintext) {
+        l.dealer.set_z85(ZMQ_CURVE_SERVERKEY, server, "ZMQ_CURVE_SERVERKEY");
+        l.dealer.set_z85(ZMQ_CURVE_PUBLICKEY, own.public_key, "ZMQ_CURVE_PUBLICKEY");
+        l.dealer.set_z85(ZMQ_CURVE_SECRETKEY, own.secret_key, "ZMQ_CURVE_SECRETKEY");
+      }
+      if (lanes > 1) {
+        l.dealer.set_string(ZMQ_ROUTING_ID, std::string(1, kLaneMark) + session + static_cast<char>(i),
+                            "ZMQ_ROUTING_ID");
+        l.dealer.set_int64(ZMQ_AFFINITY, int64_t{1} << (i % io_threads_option(o)), "ZMQ_AFFINITY");
+      }
+      // Not ZMQ_IMMEDIATE: with it, libzmq 4.3.4 terminates the pipe when the connection drops, discarding what was
+      // received but not read yet and cutting a message being read (the next frame read then waits forever or
+      // trips an assertion). Without it the pipe outlives reconnections; send() itself refuses while no handshake
+      // is up (the monitor below), which is what ZMQ_IMMEDIATE was for.
+      l.dealer.set_int(ZMQ_RECONNECT_IVL, static_cast<int>(o.reconnect.count()), "ZMQ_RECONNECT_IVL");
+      l.dealer.set_int(ZMQ_RECONNECT_IVL_MAX, kReconnectMaxMs, "ZMQ_RECONNECT_IVL_MAX");
+      l.dealer.set_int(ZMQ_SNDHWM, o.queue_limit, "ZMQ_SNDHWM");
+      l.dealer.set_int(ZMQ_RCVHWM, o.queue_limit, "ZMQ_RCVHWM");
+      l.dealer.set_int64(ZMQ_MAXMSGSIZE, max_msg_size(o), "ZMQ_MAXMSGSIZE");
+      l.dealer.set_int(ZMQ_HANDSHAKE_IVL, handshake_ms(o), "ZMQ_HANDSHAKE_IVL");
+      if (const int rt = tcp_timeout_ms(o); rt > 0) {
+        l.dealer.set_int(ZMQ_TCP_MAXRT, rt, "ZMQ_TCP_MAXRT");
+        l.dealer.set_int(ZMQ_CONNECT_TIMEOUT, std::max(1, rt / 2), "ZMQ_CONNECT_TIMEOUT");
+      }
+      const std::string monitor = std::string(kClientMonitorEndpoint) + (i > 0 ? "." + std::to_string(i) : "");
+      if (zmq_socket_monitor(l.dealer.get(), monitor.c_str(), kClientMonitoredEvents) != 0)
+        throw TransportError(std::string("cannot monitor the client socket: ") + zerr());
+      l.monitor = Socket(ctx_, ZMQ_PAIR);
+      if (zmq_connect(l.monitor.get(), monitor.c_str()) != 0)
+        throw TransportError(std::string("cannot connect the client monitor: ") + zerr());
+      socks_.push_back(l.dealer.get());
     }
-    if (zmq_socket_monitor(dealer_.get(), kClientMonitorEndpoint, kClientMonitoredEvents) != 0)
-      throw TransportError(std::string("cannot monitor the client socket: ") + zerr());
-    monitor_ = Socket(ctx_, ZMQ_PAIR);
-    if (zmq_connect(monitor_.get(), kClientMonitorEndpoint) != 0)
-      throw TransportError(std::string("cannot connect the client monitor: ") + zerr());
-    if (zmq_connect(dealer_.get(), endpoint.c_str()) != 0)
-      throw TransportError("cannot connect to " + endpoint + ": " + zerr());
+    for (Lane& l : lanes_)
+      if (zmq_connect(l.dealer.get(), endpoint.c_str()) != 0)
+        throw TransportError("cannot connect to " + endpoint + ": " + zerr());
   }
 
   ~ZmqClient() override {
-    dealer_.close();
-    monitor_.close();
+    for (Lane& l : lanes_) {
+      l.dealer.close();
+      l.monitor.close();
+    }
     ctx_.term();
   }
 
   bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
-    std::vector<MsgPtr> f;
-    int total = 0;
-    if (!receive_until(dealer_.get(), 2, timeout, &f, &total)) return false;
-    out->peer.clear();
-    out->identity.clear();
-    out->parts = total;
-    out->header = wrap(f[0]);
-    out->payload = f.size() > 1 ? wrap(f[1]) : Bytes();
-    c_.messages_in++;
-    c_.bytes_in += out->header.size() + out->payload.size();
-    return true;
+    const auto deadline = Clock::now() + timeout;
+    for (;;) {
+      if (lanes_.size() > 1) read_monitor_events();
+      if (!ready_.empty()) {
+        *out = std::move(ready_.front());
+        ready_.pop_front();
+        c_.messages_in++;
+        c_.bytes_in += out->header.size() + out->payload.size();
+        return true;
+      }
+      std::vector<MsgPtr> f;
+      int total = 0;
+      size_t which = 0;
+      if (!receive_any(socks_, &next_, lanes_.size() > 1 ? 3 : 2, deadline, &which, &f, &total)) {
+        rx_.expire(Clock::now());
+        c_.dropped_in += rx_.take_dropped();
+        return false;
+      }
+      take(static_cast<int>(which), f, total);
+    }
   }
 
   bool send(const Bytes& header, const Bytes& payload) override {
     // Refused while no handshake is up (a message sent just as the connection drops may still go out on the next
     // one), and when the queue is full (the header frame fails with EAGAIN; then the message is not sent at all).
     read_monitor_events();
-    if (!connected_ || !(send_frame(dealer_.get(), header, ZMQ_SNDMORE) && send_frame(dealer_.get(), payload, 0))) {
+    if (!lanes_[0].connected || !(lanes_.size() > 1 ? send_laned(header, payload) : send_plain(header, payload))) {
       c_.dropped_out++;
       return false;
     }
@@ -520,36 +939,125 @@ class ZmqClient final : public ClientTransport {
   TransportStats stats() const override { return c_.snapshot(); }
 
  private:
-  // Drains the monitor's events without waiting: a finished handshake means connected, a disconnect not.
+  struct Lane {
+    Socket dealer, monitor;
+    bool connected = false;
+    bool greeted = false;  // lanes past 0: this connection's hello is queued, so the server can use the lane
+  };
+
+  void deliver(MsgPtr header, Bytes payload, int parts) {
+    Envelope e;
+    e.header = header ? wrap(header) : Bytes();
+    e.payload = std::move(payload);
+    e.parts = parts;
+    ready_.push_back(std::move(e));
+  }
+
+  void take(int lane, const std::vector<MsgPtr>& f, int total) {
+    if (lanes_.size() == 1) {
+      deliver(f[0], f.size() > 1 ? wrap(f[1]) : Bytes(), total);
+      return;
+    }
+    Tag t;
+    std::deque<Reassembler::Done> done;
+    if (lane == 0) {
+      if (total == 3 && decode_tag(f[2].get(), &t) && t.kind == TagKind::kLead)
+        rx_.lead(t, f[0], f[1], "", &done);
+      else  // not what a server sends to a laned client: delivered with its frame count for the role to judge
+        deliver(f[0], f.size() > 1 ? wrap(f[1]) : Bytes(), total);
+    } else if (total == 2 && decode_tag(f[0].get(), &t) && t.kind == TagKind::kPart) {
+      rx_.part(lane, t, f[1], "", &done);
+    } else if (total == 1 && decode_tag(f[0].get(), &t) && t.kind == TagKind::kHello) {
+      rx_.reset_lane(lane, t.seq, &done);
+    } else {
+      c_.dropped_in++;
+    }
+    c_.dropped_in += rx_.take_dropped();
+    for (auto& d : done) deliver(d.header, std::move(d.payload), 2);
+  }
+
+  bool send_plain(const Bytes& header, const Bytes& payload) {
+    void* d = lanes_[0].dealer.get();
+    return send_frame(d, header, ZMQ_SNDMORE) && send_frame(d, payload, 0);
+  }
+
+  // Parts first, on the lanes that are up and greeted, then the lead on lane 0 (see the lane comment above). A part
+  // refused (queue full) drops the message; parts already queued are discarded by the server as orphans.
+  bool send_laned(const Bytes& header, const Bytes& payload) {
+    std::vector<int> usable;
+    for (size_t i = 0; i < lanes_.size(); ++i)
+      if (i == 0 || (lanes_[i].connected && lanes_[i].greeted)) usable.push_back(static_cast<int>(i));
+    const std::vector<int> lanes = split_lanes(usable, payload.size(), split_bytes_);
+    Tag lead;
+    lead.seq = ++send_seq_;
+    lead.count = static_cast<uint8_t>(lanes.size());
+    lead.total = payload.size();
+    lead.mask = 0;
+    for (int lane : lanes) lead.mask |= 1u << lane;
+    for (size_t i = 1; i < lanes.size(); ++i) {
+      const auto [off, len] = part_range(payload.size(), lanes.size(), i);
+      Tag t;
+      t.kind = TagKind::kPart;
+      t.index = static_cast<uint8_t>(i);
+      t.seq = lead.seq;
+      t.offset = off;
+      void* d = lanes_[lanes[i]].dealer.get();
+      if (!(send_frame(d, encode_tag(t), ZMQ_SNDMORE) && send_frame(d, payload.slice(off, len), 0))) return false;
+    }
+    const auto [off0, len0] = part_range(payload.size(), lanes.size(), 0);
+    void* d = lanes_[0].dealer.get();
+    return send_frame(d, header, ZMQ_SNDMORE) && send_frame(d, payload.slice(off0, len0), ZMQ_SNDMORE) &&
+           send_frame(d, encode_tag(lead), 0);
+  }
+
+  // Drains the monitors' events without waiting: a finished handshake means connected, a disconnect not. A lane
+  // past 0 greets the server on every new connection (the hello tells the server it may use the lane).
   void read_monitor_events() {
-    for (;;) {
-      zmq_msg_t m[2];
-      zmq_msg_init(&m[0]);
-      zmq_msg_init(&m[1]);
-      if (zmq_msg_recv(&m[0], monitor_.get(), ZMQ_DONTWAIT) < 0) {
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      Lane& l = lanes_[i];
+      for (;;) {
+        zmq_msg_t m[2];
+        zmq_msg_init(&m[0]);
+        zmq_msg_init(&m[1]);
+        if (zmq_msg_recv(&m[0], l.monitor.get(), ZMQ_DONTWAIT) < 0) {
+          zmq_msg_close(&m[0]);
+          zmq_msg_close(&m[1]);
+          break;
+        }
+        // Two frames (event, endpoint) over inproc, delivered together.
+        if (zmq_msg_more(&m[0])) zmq_msg_recv(&m[1], l.monitor.get(), 0);
+        if (zmq_msg_size(&m[0]) >= 2) {
+          uint16_t event;
+          std::memcpy(&event, zmq_msg_data(&m[0]), sizeof event);
+          if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            l.connected = true;
+            l.greeted = false;
+          }
+          if (event == ZMQ_EVENT_DISCONNECTED) l.connected = false;
+          if (event & kHandshakeFailureEvents) c_.handshake_failures++;
+          if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c_.auth_denied++;
+        }
         zmq_msg_close(&m[0]);
         zmq_msg_close(&m[1]);
-        return;
       }
-      // Two frames (event, endpoint) over inproc, delivered together.
-      if (zmq_msg_more(&m[0])) zmq_msg_recv(&m[1], monitor_.get(), 0);
-      if (zmq_msg_size(&m[0]) >= 2) {
-        uint16_t event;
-        std::memcpy(&event, zmq_msg_data(&m[0]), sizeof event);
-        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) connected_ = true;
-        if (event == ZMQ_EVENT_DISCONNECTED) connected_ = false;
-        if (event & kHandshakeFailureEvents) c_.handshake_failures++;
-        if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) c_.auth_denied++;
+      if (i > 0 && l.connected && !l.greeted) {
+        Tag hello;
+        hello.kind = TagKind::kHello;
+        hello.index = static_cast<uint8_t>(i);
+        hello.seq = send_seq_;
+        l.greeted = send_frame(l.dealer.get(), encode_tag(hello), 0);
       }
-      zmq_msg_close(&m[0]);
-      zmq_msg_close(&m[1]);
     }
   }
 
-  Context ctx_;
-  Socket dealer_;
-  Socket monitor_;
-  bool connected_ = false;
+  Context ctx_;  // declared before the sockets: destroyed after them
+  std::deque<Lane> lanes_;
+  std::vector<void*> socks_;
+  size_t next_ = 0;
+  const uint64_t split_bytes_;
+  uint64_t send_seq_ = 0;
+  Reassembler rx_;
+  std::deque<Envelope> ready_;
   Counters c_;
 };
 
