@@ -469,8 +469,9 @@ SyncReject Syncer::check(const Contribution& c, double* norm, Held* measured) co
     size_t end = 0;
     for (const auto& n : f.names) ends.push_back(end += static_cast<size_t>(global_[index_.at(n)].second.numel()));
     try {
+      const int threads = static_cast<int>(opts_.merge_threads > 0 ? opts_.merge_threads : at::get_num_threads());
       FloatScan scan = scan_floats(c.encoded.data, c.encoded.bytes, c.encoded.encoding,
-                                   static_cast<size_t>(c.encoded.elements), ends);
+                                   static_cast<size_t>(c.encoded.elements), ends, threads);
       measured->sumsq = std::move(scan.sumsq);
       measured->amax = scan.amax;
     } catch (const NonFiniteError&) {

@@ -2,6 +2,9 @@
 #include "wire/quantize.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -328,7 +331,42 @@ void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
         throw WireError("quantize: element " + std::to_string(i) + " has the int2 code 0, which no encoder writes");
 }
 
-FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends) {
+namespace {
+
+// One segment's part [lo, hi) of a validated payload: adds its Σx² to *sq and raises *amax (little-endian hosts).
+void scan_span(const unsigned char* p, Encoding e, size_t blocks, size_t lo, size_t hi, double* sq, double* amax) {
+  if (e == Encoding::kFp32 || e == Encoding::kBf16) {
+    float m = 0.f;
+    scan_plain(p, e, lo, hi, sq, &m);  // throws for a non-finite element
+    *amax = std::max(*amax, static_cast<double>(m));
+    return;
+  }
+  if (e != Encoding::kInt2) {
+    *sq += scan_blocks_q(p, blocks, e == Encoding::kInt8 ? 8 : 4, lo, hi, amax);
+    return;
+  }
+  const unsigned char* vals = p + 4 * blocks;
+  size_t i = lo;
+  while (i < hi) {
+    const size_t b = i / kQuantBlock;
+    const size_t end = std::min(hi, (b + 1) * kQuantBlock);
+    int32_t qq = 0, qm = 0;
+    for (size_t k = i; k < end; ++k) {
+      const int32_t v = static_cast<int32_t>((vals[k >> 2] >> (2 * (k & 3))) & 3u) - 2;
+      qq += v * v;
+      qm = std::max(qm, v < 0 ? -v : v);
+    }
+    const float scale = bits_float(get_u32(p + 4 * b));
+    *sq += static_cast<double>(qq) * static_cast<double>(scale) * static_cast<double>(scale);
+    *amax = std::max(*amax, static_cast<double>(static_cast<float>(qm) * scale));
+    i = end;
+  }
+}
+
+}  // namespace
+
+FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends,
+                      int threads) {
   check_size(bytes, e, n);
   if (ends.empty() || ends.back() != n)
     throw WireError("quantize: scan segments end at " + std::to_string(ends.empty() ? 0 : ends.back()) +
@@ -338,74 +376,62 @@ FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, c
   const unsigned char* p = static_cast<const unsigned char*>(payload);
   FloatScan out;
   out.sumsq.assign(ends.size(), 0.0);
-  if (e == Encoding::kFp32 || e == Encoding::kBf16) {
-    if (!host_little_endian()) {  // the portable (slow) way: decode, then measure
-      std::vector<float> x = decode_floats(payload, bytes, e, n);
-      size_t lo = 0;
-      for (size_t s = 0; s < ends.size(); ++s) {
-        for (size_t i = lo; i < ends[s]; ++i) {
-          out.sumsq[s] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-          out.amax = std::max(out.amax, static_cast<double>(std::fabs(x[i])));
-        }
-        lo = ends[s];
-      }
-      return out;
-    }
-    float amax = 0.f;
+  if (!host_little_endian()) {  // the portable (slow) way: decode, then measure
+    std::vector<float> x = decode_floats(payload, bytes, e, n);
     size_t lo = 0;
     for (size_t s = 0; s < ends.size(); ++s) {
-      scan_plain(p, e, lo, ends[s], &out.sumsq[s], &amax);
+      for (size_t i = lo; i < ends[s]; ++i) {
+        out.sumsq[s] += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+        out.amax = std::max(out.amax, static_cast<double>(std::fabs(x[i])));
+      }
       lo = ends[s];
     }
-    out.amax = amax;
     return out;
   }
-  validate_floats(payload, bytes, e, n);
+  if (e != Encoding::kFp32 && e != Encoding::kBf16) validate_floats(payload, bytes, e, n);
   const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
-  const unsigned char* vals = p + 4 * blocks;
-  size_t lo = 0;
-  double amax = 0;
-  for (size_t s = 0; s < ends.size(); ++s) {
-    const size_t hi = ends[s];
-    double sq = 0;
-    size_t i = lo;
-    if (e != Encoding::kInt2 && host_little_endian()) {
-      sq = scan_blocks_q(p, blocks, e == Encoding::kInt8 ? 8 : 4, lo, hi, &amax);
-      i = hi;
-    }
-    while (i < hi) {
-      const size_t b = i / kQuantBlock;
-      const size_t end = std::min(hi, (b + 1) * kQuantBlock);
-      int32_t qq = 0, qm = 0;
-      if (e == Encoding::kInt8) {
-        const int8_t* q = reinterpret_cast<const int8_t*>(vals);
-        for (size_t k = i; k < end; ++k) {
-          const int32_t v = q[k];
-          qq += v * v;
-          qm = std::max(qm, v < 0 ? -v : v);
-        }
-      } else if (e == Encoding::kInt4) {
-        for (size_t k = i; k < end; ++k) {
-          const int32_t v = static_cast<int32_t>((vals[k >> 1] >> (4 * (k & 1))) & 15u) - 8;
-          qq += v * v;
-          qm = std::max(qm, v < 0 ? -v : v);
-        }
-      } else {
-        for (size_t k = i; k < end; ++k) {
-          const int32_t v = static_cast<int32_t>((vals[k >> 2] >> (2 * (k & 3))) & 3u) - 2;
-          qq += v * v;
-          qm = std::max(qm, v < 0 ? -v : v);
-        }
+  // Fixed pieces of kScanPiece elements, summed in order: the result does not depend on the thread count.
+  const size_t pieces = (n + kScanPiece - 1) / kScanPiece;
+  struct Part {
+    std::vector<std::pair<size_t, double>> sums;  // (segment, Σx² of its part in this piece)
+    double amax = 0;
+    std::exception_ptr error;
+  };
+  std::vector<Part> parts(pieces);
+  auto run = [&](size_t k) {
+    const size_t a = k * kScanPiece, b = std::min(n, a + kScanPiece);
+    try {
+      for (size_t s = static_cast<size_t>(std::upper_bound(ends.begin(), ends.end(), a) - ends.begin());
+           s < ends.size(); ++s) {
+        const size_t lo = std::max(a, s == 0 ? size_t{0} : ends[s - 1]), hi = std::min(b, ends[s]);
+        if (lo >= b) break;
+        if (hi <= lo) continue;
+        double sq = 0;
+        scan_span(p, e, blocks, lo, hi, &sq, &parts[k].amax);
+        parts[k].sums.emplace_back(s, sq);
       }
-      const float scale = bits_float(get_u32(p + 4 * b));
-      sq += static_cast<double>(qq) * static_cast<double>(scale) * static_cast<double>(scale);
-      amax = std::max(amax, static_cast<double>(static_cast<float>(qm) * scale));
-      i = end;
+    } catch (...) {
+      parts[k].error = std::current_exception();
     }
-    out.sumsq[s] = sq;
-    lo = hi;
+  };
+  const size_t workers = std::min(pieces, static_cast<size_t>(std::max(1, threads)));
+  if (workers <= 1) {
+    for (size_t k = 0; k < pieces; ++k) run(k);
+  } else {
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t k; (k = next.fetch_add(1)) < pieces;) run(k);
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < workers; ++t) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
   }
-  out.amax = amax;
+  for (const Part& part : parts) {  // the first error by position, as a sequential scan would report it
+    if (part.error) std::rethrow_exception(part.error);
+    for (const auto& [seg, sq] : part.sums) out.sumsq[seg] += sq;
+    out.amax = std::max(out.amax, part.amax);
+  }
   return out;
 }
 

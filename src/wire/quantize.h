@@ -49,7 +49,11 @@ struct FloatScan {
   std::vector<double> sumsq;  // per segment
   double amax = 0;            // max |x|
 };
-FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends);
+// `threads` > 1 scans pieces of kScanPiece elements in parallel; the pieces are fixed and summed in order, so the
+// result does not depend on `threads`.
+constexpr size_t kScanPiece = size_t{1} << 20;
+FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends,
+                      int threads = 1);
 // Only the validation (the same errors as decode_floats_into), cheaper: for int8/int4 it reads the block scales only.
 void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n);
 
