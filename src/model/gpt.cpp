@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "deloco/config.h"
@@ -60,10 +61,22 @@ BlockImpl::BlockImpl(const ModelConfig& cfg) : n_head_(cfg.n_head) {
   mlp_proj_ = mlp->register_module("c_proj", torch::nn::Linear(4 * C, C));
 }
 
+namespace {
+// The dtype a fused layer norm writes: bf16 under CPU bf16 autocast (the copy the next linear would make), else x's.
+at::ScalarType norm_output_dtype(const torch::Tensor& x) {
+  if (x.device().is_cpu() && at::autocast::is_cpu_enabled() && at::autocast::get_autocast_cpu_dtype() == at::kBFloat16)
+    return at::kBFloat16;
+  return x.scalar_type();
+}
+torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), norm_output_dtype(x));
+}
+}  // namespace
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), hs = C / n_head_;
   // Causal self-attention.
-  auto qkv = c_attn_->forward(ln_1_->forward(x)).split(C, /*dim=*/2);
+  auto qkv = c_attn_->forward(fused_ ? norm(ln_1_, x) : ln_1_->forward(x)).split(C, /*dim=*/2);
   auto q = qkv[0].view({B, T, n_head_, hs}).transpose(1, 2);  // [B,nh,T,hs]
   auto k = qkv[1].view({B, T, n_head_, hs}).transpose(1, 2);
   auto v = qkv[2].view({B, T, n_head_, hs}).transpose(1, 2);
@@ -77,10 +90,14 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
     att = torch::softmax(att.masked_fill(future, -std::numeric_limits<float>::infinity()), -1);
   }
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  auto h = x + attn_proj_->forward(y);
-  // MLP.
-  auto pre = c_fc_->forward(ln_2_->forward(h));
-  return h + mlp_proj_->forward(fused_ ? kernels::gelu(pre) : torch::gelu(pre));
+  if (!fused_) {
+    auto h = x + attn_proj_->forward(y);
+    return h + mlp_proj_->forward(torch::gelu(c_fc_->forward(ln_2_->forward(h))));  // MLP
+  }
+  auto [h, normed] = kernels::add_layer_norm(x, attn_proj_->forward(y), ln_2_->weight, ln_2_->bias, ln_2_->options.eps(),
+                                             norm_output_dtype(x));
+  // MLP. ATen's GELU stays: kernels::gelu measured slower than it (bench/fused_step.cpp --kernels).
+  return h + mlp_proj_->forward(torch::gelu(c_fc_->forward(normed)));
 }
 
 GPTImpl::GPTImpl(const ModelConfig& cfg, uint64_t seed) : cfg_(cfg) {
@@ -121,7 +138,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& idx) {
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(idx.device()));
   auto x = wte_->forward(idx) + wpe_->forward(pos);
   for (const auto& m : *h_) x = m->as<BlockImpl>()->forward(x);
-  x = ln_f_->forward(x);
+  x = fused_ ? norm(ln_f_, x) : ln_f_->forward(x);
   return cfg_.tie_embeddings ? torch::linear(x, wte_->weight) : lm_head_->forward(x);
 }
 

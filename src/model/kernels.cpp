@@ -5,6 +5,7 @@
 // autograd functions that call those loops or, off the fused path, the ATen compositions.
 #include "model/kernels.h"
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -38,6 +39,13 @@ struct RowOps {
   // y = x·Φ(x) (exact GELU); dx = g·(Φ(x) + x·φ(x)), its derivative times g
   void (*gelu)(const float* x, float* y, int64_t n);
   void (*gelu_grad)(const float* x, const float* g, float* dx, int64_t n);
+  // Layer norm of one row: mean and 1/sqrt(var + eps); y = (x − mean)·rstd·w + b; and the backward
+  // (dh = rstd·(gy·w − mean(gy·w) − x̂·mean(gy·w·x̂)) + gh, with gh null for none; dw += gy·x̂, db += gy).
+  void (*ln_stats)(const float* x, int64_t n, float eps, float* mean, float* rstd);
+  void (*ln_apply)(const float* x, const float* w, const float* b, float* y, int64_t n, float mean, float rstd);
+  void (*ln_grad)(const float* h, const float* w, const float* gy, const float* gh, float* dh, float* dw, float* db,
+                  int64_t n, float mean, float rstd);
+  void (*add)(const float* a, const float* b, float* y, int64_t n);  // y = a + b
   void (*widen)(const uint16_t* bf16, float* f, int64_t n);
   void (*narrow)(const float* f, uint16_t* bf16, int64_t n);
 };
@@ -72,6 +80,35 @@ void gelu_grad(const float* x, const float* g, float* dx, int64_t n) {
   for (int64_t i = 0; i < n; ++i)
     dx[i] = g[i] * (0.5f * std::erfc(-x[i] * kInvSqrt2) + x[i] * kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]));
 }
+void ln_stats(const float* x, int64_t n, float eps, float* mean, float* rstd) {
+  float s = 0, q = 0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  const float m = s / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) q += (x[i] - m) * (x[i] - m);
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(q / static_cast<float>(n) + eps);
+}
+void ln_apply(const float* x, const float* w, const float* b, float* y, int64_t n, float mean, float rstd) {
+  for (int64_t i = 0; i < n; ++i) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+}
+void ln_grad(const float* h, const float* w, const float* gy, const float* gh, float* dh, float* dw, float* db, int64_t n,
+             float mean, float rstd) {
+  float c1 = 0, c2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float xh = (h[i] - mean) * rstd, gw = gy[i] * w[i];
+    c1 += gw;
+    c2 += gw * xh;
+    dw[i] += gy[i] * xh;
+    db[i] += gy[i];
+  }
+  c1 /= static_cast<float>(n);
+  c2 /= static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i)
+    dh[i] = rstd * (gy[i] * w[i] - c1 - (h[i] - mean) * rstd * c2) + (gh != nullptr ? gh[i] : 0.0f);
+}
+void add(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+}
 void widen(const uint16_t* h, float* f, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
@@ -81,7 +118,8 @@ void widen(const uint16_t* h, float* f, int64_t n) {
 void narrow(const float* f, uint16_t* h, int64_t n) {
   for (int64_t i = 0; i < n; ++i) h[i] = c10::BFloat16(f[i]).x;  // round to nearest even, NaN kept
 }
-constexpr RowOps kOps{max, exp_shift, scale, dot, softmax_grad, gelu, gelu_grad, widen, narrow};
+constexpr RowOps kOps{max,      exp_shift, scale,   dot, softmax_grad, gelu,  gelu_grad,
+                      ln_stats, ln_apply,  ln_grad, add, widen,        narrow};
 }  // namespace portable
 
 #if defined(__x86_64__)
@@ -168,7 +206,10 @@ DELOCO_AVX512 void softmax_grad(const float* y, const float* g, float* dx, int64
 // into the negative tail; for x ≥ 0, Φ = 1 − erfc(|x|/√2)/2.
 DELOCO_AVX512 inline __m512 phi512(__m512 x) {
   const __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(0.70710678118654752f));
-  const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(z, _mm512_set1_ps(0.5f), _mm512_set1_ps(1.0f)));
+  // t = 1/d by the 14-bit reciprocal and one Newton step (about 1 ulp; a division costs far more)
+  const __m512 d = _mm512_fmadd_ps(z, _mm512_set1_ps(0.5f), _mm512_set1_ps(1.0f));
+  const __m512 t0 = _mm512_rcp14_ps(d);
+  const __m512 t = _mm512_mul_ps(t0, _mm512_fnmadd_ps(d, t0, _mm512_set1_ps(2.0f)));
   __m512 p = _mm512_set1_ps(0.17087277f);
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(-0.82215223f));
   p = _mm512_fmadd_ps(p, t, _mm512_set1_ps(1.48851587f));
@@ -208,6 +249,70 @@ DELOCO_AVX512 void gelu_grad(const float* x, const float* g, float* dx, int64_t 
     _mm512_mask_storeu_ps(dx + i, k, gelu_grad512(_mm512_maskz_loadu_ps(k, x + i), _mm512_maskz_loadu_ps(k, g + i)));
   }
 }
+DELOCO_AVX512 void ln_stats(const float* x, int64_t n, float eps, float* mean, float* rstd) {
+  __m512 s = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) s = _mm512_add_ps(s, _mm512_loadu_ps(x + i));
+  if (i < n) s = _mm512_add_ps(s, _mm512_maskz_loadu_ps(tail(n - i), x + i));
+  const float m = _mm512_reduce_add_ps(s) / static_cast<float>(n);
+  const __m512 vm = _mm512_set1_ps(m);
+  __m512 q = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
+    q = _mm512_fmadd_ps(d, d, q);
+  }
+  if (i < n) {
+    const __mmask16 k = tail(n - i);
+    const __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), vm);
+    q = _mm512_fmadd_ps(d, d, q);
+  }
+  *mean = m;
+  *rstd = 1.0f / std::sqrt(_mm512_reduce_add_ps(q) / static_cast<float>(n) + eps);
+}
+DELOCO_AVX512 void ln_apply(const float* x, const float* w, const float* b, float* y, int64_t n, float mean, float rstd) {
+  const __m512 vm = _mm512_set1_ps(mean), vr = _mm512_set1_ps(rstd);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), vm), vr);
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(xh, _mm512_loadu_ps(w + i), _mm512_loadu_ps(b + i)));
+  }
+  if (i < n) {
+    const __mmask16 k = tail(n - i);
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), vm), vr);
+    _mm512_mask_storeu_ps(y + i, k, _mm512_fmadd_ps(xh, _mm512_maskz_loadu_ps(k, w + i), _mm512_maskz_loadu_ps(k, b + i)));
+  }
+}
+DELOCO_AVX512 void ln_grad(const float* h, const float* w, const float* gy, const float* gh, float* dh, float* dw,
+                           float* db, int64_t n, float mean, float rstd) {
+  const __m512 vm = _mm512_set1_ps(mean), vr = _mm512_set1_ps(rstd);
+  __m512 c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail(n - i);
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, h + i), vm), vr);
+    const __m512 g = _mm512_maskz_loadu_ps(k, gy + i);
+    const __m512 gw = _mm512_mul_ps(g, _mm512_maskz_loadu_ps(k, w + i));
+    c1 = _mm512_add_ps(c1, gw);
+    c2 = _mm512_fmadd_ps(gw, xh, c2);
+    _mm512_mask_storeu_ps(dw + i, k, _mm512_fmadd_ps(g, xh, _mm512_maskz_loadu_ps(k, dw + i)));
+    _mm512_mask_storeu_ps(db + i, k, _mm512_add_ps(g, _mm512_maskz_loadu_ps(k, db + i)));
+  }
+  const __m512 m1 = _mm512_set1_ps(_mm512_reduce_add_ps(c1) / static_cast<float>(n));
+  const __m512 m2 = _mm512_set1_ps(_mm512_reduce_add_ps(c2) / static_cast<float>(n));
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail(n - i);
+    const __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, h + i), vm), vr);
+    const __m512 gw = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, gy + i), _mm512_maskz_loadu_ps(k, w + i));
+    __m512 d = _mm512_mul_ps(vr, _mm512_sub_ps(_mm512_sub_ps(gw, m1), _mm512_mul_ps(xh, m2)));
+    if (gh != nullptr) d = _mm512_add_ps(d, _mm512_maskz_loadu_ps(k, gh + i));
+    _mm512_mask_storeu_ps(dh + i, k, d);
+  }
+}
+DELOCO_AVX512 void add(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? static_cast<__mmask16>(0xffff) : tail(n - i);
+    _mm512_mask_storeu_ps(y + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
+  }
+}
 DELOCO_AVX512 void widen(const uint16_t* h, float* f, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -235,7 +340,8 @@ DELOCO_AVX512 void narrow(const float* f, uint16_t* h, int64_t n) {
     _mm256_mask_storeu_epi16(h + i, k, to_bf16(_mm512_maskz_loadu_ps(k, f + i)));
   }
 }
-constexpr RowOps kOps{max, exp_shift, scale, dot, softmax_grad, gelu, gelu_grad, widen, narrow};
+constexpr RowOps kOps{max,      exp_shift, scale,   dot, softmax_grad, gelu,  gelu_grad,
+                      ln_stats, ln_apply,  ln_grad, add, widen,        narrow};
 }  // namespace avx512
 #endif
 
@@ -476,6 +582,133 @@ class GeluFn : public torch::autograd::Function<GeluFn> {
   }
 };
 
+// ---- Layer norm, with the residual add before it ---------------------------------------------------------------
+// Forward over rows of C: h = x + r (r optional, float32 or bf16), y = layer_norm(h)·w + b written as Y.
+template <typename R, typename Y>
+void layer_norm_fwd(const float* x, const R* r, const float* w, const float* b, float* h, Y* y, float* mean, float* rstd,
+                    int64_t N, int64_t C, float eps) {
+  const RowOps& o = ops();
+  at::parallel_for(0, N, grain_rows(C), [&](int64_t begin, int64_t end) {
+    std::vector<float> a(C), c(C);
+    for (int64_t row = begin; row < end; ++row) {
+      const float* hr = x + row * C;
+      if (r != nullptr) {
+        o.add(hr, Rows<R>::in(o, r + row * C, C, a.data()), h + row * C, C);
+        hr = h + row * C;
+      }
+      o.ln_stats(hr, C, eps, &mean[row], &rstd[row]);
+      float* yf = Rows<Y>::out(y + row * C, c.data());
+      o.ln_apply(hr, w, b, yf, C, mean[row], rstd[row]);
+      Rows<Y>::done(o, y + row * C, yf, C);
+    }
+  });
+}
+
+// Backward: dh = layer norm's input gradient for gy, plus gh (the gradient reaching h itself; null: none); dw, db
+// summed over rows in blocks of a fixed size and then in block order, so the result does not depend on the thread
+// count (a resumed run repeats the same sums).
+template <typename Y>
+void layer_norm_bwd(const float* h, const float* w, const Y* gy, const float* gh, float* dh, float* dw, float* db,
+                    const float* mean, const float* rstd, int64_t N, int64_t C) {
+  const RowOps& o = ops();
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (N + kBlock - 1) / kBlock;
+  std::vector<float> pw(blocks * C, 0.0f), pb(blocks * C, 0.0f);
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> a(C);
+    for (int64_t blk = begin; blk < end; ++blk)
+      for (int64_t row = blk * kBlock; row < std::min(N, (blk + 1) * kBlock); ++row)
+        o.ln_grad(h + row * C, w, Rows<Y>::in(o, gy + row * C, C, a.data()), gh != nullptr ? gh + row * C : nullptr,
+                  dh + row * C, &pw[blk * C], &pb[blk * C], C, mean[row], rstd[row]);
+  });
+  std::fill(dw, dw + C, 0.0f);
+  std::fill(db, db + C, 0.0f);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    o.add(dw, &pw[blk * C], dw, C);
+    o.add(db, &pb[blk * C], db, C);
+  }
+}
+
+// Calls f(R{}, Y{}) for the dtypes of the residual (float when there is none) and of the output.
+template <typename F>
+void dispatch2(at::ScalarType r, at::ScalarType y, F f) {
+  dispatch(r, [&](auto rt) { dispatch(y, [&](auto yt) { f(rt, yt); }); });
+}
+
+// Shared by the two autograd functions: forward returns {h or undefined, y}, saving what backward needs.
+torch::autograd::variable_list ln_forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& r,
+                                          const at::Tensor& w, const at::Tensor& b, at::ScalarType out, double eps) {
+  const int64_t C = x.size(-1), N = x.numel() / C;
+  at::Tensor h = r.defined() ? at::empty_like(x) : x;
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(out));
+  at::Tensor mean = at::empty({N}, x.options()), rstd = at::empty({N}, x.options());
+  dispatch2(r.defined() ? r.scalar_type() : at::kFloat, out, [&](auto rt, auto yt) {
+    using R = decltype(rt);
+    using Y = decltype(yt);
+    layer_norm_fwd<R, Y>(x.data_ptr<float>(), r.defined() ? r.data_ptr<R>() : nullptr, w.data_ptr<float>(),
+                         b.data_ptr<float>(), h.data_ptr<float>(), y.data_ptr<Y>(), mean.data_ptr<float>(),
+                         rstd.data_ptr<float>(), N, C, static_cast<float>(eps));
+  });
+  ctx->save_for_backward({h, w, mean, rstd});
+  ctx->saved_data["residual_dtype"] = static_cast<int64_t>(r.defined() ? r.scalar_type() : at::kFloat);
+  return {r.defined() ? h : at::Tensor(), y};
+}
+
+// Returns {dh, dw, db} for the incoming gradients of h (may be undefined) and y.
+std::array<at::Tensor, 3> ln_backward(torch::autograd::AutogradContext* ctx, const at::Tensor& gh_in,
+                                      const at::Tensor& gy_in, at::ScalarType out) {
+  const auto saved = ctx->get_saved_variables();
+  const at::Tensor &h = saved[0], &w = saved[1], &mean = saved[2], &rstd = saved[3];
+  const int64_t C = h.size(-1), N = h.numel() / C;
+  const at::Tensor gy = gy_in.defined() ? gy_in.to(out).contiguous() : at::zeros(h.sizes(), h.options().dtype(out));
+  const at::Tensor gh = gh_in.defined() ? gh_in.to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor dh = at::empty_like(h), dw = at::empty_like(w), db = at::empty_like(w);
+  dispatch(out, [&](auto yt) {
+    using Y = decltype(yt);
+    layer_norm_bwd<Y>(h.data_ptr<float>(), w.data_ptr<float>(), gy.data_ptr<Y>(), gh.defined() ? gh.data_ptr<float>() : nullptr,
+                      dh.data_ptr<float>(), dw.data_ptr<float>(), db.data_ptr<float>(), mean.data_ptr<float>(),
+                      rstd.data_ptr<float>(), N, C);
+  });
+  return {dh, dw, db};
+}
+
+class LayerNormFn : public torch::autograd::Function<LayerNormFn> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w,
+                            const at::Tensor& b, int64_t out, double eps) {
+    ctx->saved_data["out"] = out;
+    return ln_forward(ctx, x, at::Tensor(), w, b, static_cast<at::ScalarType>(out), eps)[1];
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto d = ln_backward(ctx, at::Tensor(), grads[0], static_cast<at::ScalarType>(ctx->saved_data["out"].toInt()));
+    return {d[0], d[1], d[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+class AddLayerNormFn : public torch::autograd::Function<AddLayerNormFn> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& r, const at::Tensor& w, const at::Tensor& b,
+                                                int64_t out, double eps) {
+    ctx->saved_data["out"] = out;
+    return ln_forward(ctx, x, r, w, b, static_cast<at::ScalarType>(out), eps);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto d = ln_backward(ctx, grads[0], grads[1], static_cast<at::ScalarType>(ctx->saved_data["out"].toInt()));
+    const auto rt = static_cast<at::ScalarType>(ctx->saved_data["residual_dtype"].toInt());
+    return {d[0], rt == at::kFloat ? d[0] : d[0].to(rt), d[1], d[2], at::Tensor(), at::Tensor()};
+  }
+};
+
+bool ln_fusable(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, at::ScalarType out) {
+  const int64_t C = x.dim() > 0 ? x.size(-1) : 0;
+  return fusable(x) && x.scalar_type() == at::kFloat && C > 0 && fusable(w) && w.scalar_type() == at::kFloat &&
+         fusable(b) && b.scalar_type() == at::kFloat && w.dim() == 1 && w.size(0) == C && b.dim() == 1 &&
+         b.size(0) == C && (out == at::kFloat || out == at::kBFloat16);
+}
+
 }  // namespace
 
 // ---- Public entry points -------------------------------------------------------------------------------------
@@ -507,6 +740,25 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets) {
 at::Tensor gelu(const at::Tensor& x) {
   if (!fusable(x)) return at::gelu(x);
   return GeluFn::apply(x);
+}
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, double eps, at::ScalarType out) {
+  if (!ln_fusable(x, w, b, out)) {
+    at::Tensor y = at::layer_norm(x, {x.size(-1)}, w, b, eps);
+    return y.scalar_type() == out || !x.device().is_cpu() ? y : y.to(out);
+  }
+  return LayerNormFn::apply(x, w, b, static_cast<int64_t>(out), eps);
+}
+
+std::pair<at::Tensor, at::Tensor> add_layer_norm(const at::Tensor& x, const at::Tensor& r, const at::Tensor& w,
+                                                 const at::Tensor& b, double eps, at::ScalarType out) {
+  if (!ln_fusable(x, w, b, out) || !fusable(r) || r.sizes() != x.sizes()) {
+    at::Tensor h = x + r;
+    at::Tensor y = at::layer_norm(h, {h.size(-1)}, w, b, eps);
+    return {h, y.scalar_type() == out || !x.device().is_cpu() ? y : y.to(out)};
+  }
+  auto hy = AddLayerNormFn::apply(x, r, w, b, static_cast<int64_t>(out), eps);
+  return {hy[0], hy[1]};
 }
 
 bool avx512_active() {

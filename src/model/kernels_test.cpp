@@ -119,6 +119,55 @@ TEST(Kernels, GeluMatchesExactGeluInFloat64) {
   });
 }
 
+// layer_norm and add_layer_norm against ATen's layer_norm (and the add) in float64: values of h and y, gradients of
+// x, r, w and b for upstream gradients on both outputs (h feeds the next residual add in the GPT).
+TEST(Kernels, AddLayerNormMatchesLayerNormInFloat64) {
+  torch::manual_seed(4);
+  both_paths([] {
+    for (int64_t C : {5, 16, 48, 192}) {
+      SCOPED_TRACE("C = " + std::to_string(C));
+      const int64_t N = 70;  // more than one block of rows in the backward's partial sums
+      auto x0 = torch::randn({2, N / 2, C}) * 2 + 0.5, r0 = torch::randn({2, N / 2, C});
+      auto w0 = torch::randn({C}), b0 = torch::randn({C});
+      auto uh = torch::randn({2, N / 2, C}), uy = torch::randn({2, N / 2, C});
+      for (auto rt : {torch::kFloat, torch::kBFloat16})
+        for (auto out : {torch::kFloat, torch::kBFloat16}) {
+          SCOPED_TRACE(std::string("residual ") + c10::toString(c10::ScalarType(rt)) + ", out " + c10::toString(c10::ScalarType(out)));
+          const bool bf16_out = out == torch::kBFloat16;
+          auto x = leaf(x0), r = leaf(r0.to(rt)), w = leaf(w0), b = leaf(b0);
+          auto [h, y] = kernels::add_layer_norm(x, r, w, b, 1e-5, out);
+          EXPECT_EQ(h.scalar_type(), torch::kFloat);
+          EXPECT_EQ(y.scalar_type(), out);
+          torch::autograd::backward({h, y}, {uh, uy.to(out)});
+          auto xd = leaf(x0.to(torch::kDouble)), rd = leaf(r0.to(rt).to(torch::kDouble));
+          auto wd = leaf(w0.to(torch::kDouble)), bd = leaf(b0.to(torch::kDouble));
+          auto hd = xd + rd;
+          auto yd = torch::layer_norm(hd, {C}, wd, bd, 1e-5);
+          torch::autograd::backward({hd, yd}, {uh.to(torch::kDouble), uy.to(out).to(torch::kDouble)});
+          EXPECT_TRUE(close(h, hd, 1e-7, 1e-7));
+          EXPECT_TRUE(close(y, yd, bf16_out ? 8e-3 : 1e-5, bf16_out ? 1e-2 : 1e-5)) << max_abs(y, yd);
+          EXPECT_EQ(r.grad().scalar_type(), rt);
+          // Gradients: float32 rounding over sums of C and of N rows; a bf16 residual gets its gradient in bf16.
+          EXPECT_TRUE(close(x.grad(), xd.grad(), 1e-4, 1e-4)) << max_abs(x.grad(), xd.grad());
+          EXPECT_TRUE(close(r.grad(), rd.grad(), rt == torch::kBFloat16 ? 8e-3 : 1e-4, rt == torch::kBFloat16 ? 2e-2 : 1e-4))
+              << max_abs(r.grad(), rd.grad());
+          EXPECT_TRUE(close(w.grad(), wd.grad(), 1e-4, 1e-4)) << max_abs(w.grad(), wd.grad());
+          EXPECT_TRUE(close(b.grad(), bd.grad(), 1e-4, 1e-4)) << max_abs(b.grad(), bd.grad());
+        }
+      // Without the residual.
+      auto x = leaf(x0), w = leaf(w0), b = leaf(b0);
+      auto y = kernels::layer_norm(x, w, b, 1e-5, torch::kFloat);
+      y.backward(uy);
+      auto xd = leaf(x0.to(torch::kDouble)), wd = leaf(w0.to(torch::kDouble)), bd = leaf(b0.to(torch::kDouble));
+      torch::layer_norm(xd, {C}, wd, bd, 1e-5).backward(uy.to(torch::kDouble));
+      EXPECT_TRUE(close(y, torch::layer_norm(xd, {C}, wd, bd, 1e-5), 1e-5, 1e-5));
+      EXPECT_TRUE(close(x.grad(), xd.grad(), 1e-4, 1e-4)) << max_abs(x.grad(), xd.grad());
+      EXPECT_TRUE(close(w.grad(), wd.grad(), 1e-4, 1e-4));
+      EXPECT_TRUE(close(b.grad(), bd.grad(), 1e-4, 1e-4));
+    }
+  });
+}
+
 TEST(Kernels, CrossEntropyMatchesLogSoftmaxNllInFloat64) {
   torch::manual_seed(2);
   both_paths([] {
@@ -165,6 +214,8 @@ TEST(Kernels, OffTheFusedPathTheReferenceRuns) {
   EXPECT_THROW(kernels::cross_entropy(l, torch::full({4}, 6, torch::kLong)), c10::Error);
   auto v = torch::randn({5, 3}).set_requires_grad(true);
   EXPECT_NE(kernels::gelu(v).grad_fn()->name().find("Gelu"), std::string::npos);
+  auto lw = torch::ones({6}).set_requires_grad(true), lb = torch::zeros({6}).set_requires_grad(true);
+  EXPECT_NE(kernels::layer_norm(l, lw, lb, 1e-5, torch::kFloat).grad_fn()->name().find("LayerNorm"), std::string::npos);
   auto strided = torch::randn({4, 6}).t();
   EXPECT_TRUE(torch::allclose(kernels::gelu(strided), torch::gelu(strided)));
 }

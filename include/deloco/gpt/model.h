@@ -58,7 +58,8 @@ class GPTImpl : public torch::nn::Module {
   // Mean cross-entropy (nats per token) of next-token prediction.
   torch::Tensor loss(const torch::Tensor& idx, const torch::Tensor& targets);
   const ModelConfig& config() const { return cfg_; }
-  // true (the default): the attention's scaled causal softmax, GELU and the loss run as fused kernels
+  // true (the default): the layer norms (with the residual add before ln_2), the attention's scaled causal
+  // softmax and the loss run as fused kernels
   // (src/model/kernels.h); false: as the ATen compositions they replace (train.fused).
   void set_fused(bool on);
   bool fused() const { return fused_; }
