@@ -149,10 +149,13 @@ struct TransportOptions {
   // hold the close up to this long.
   std::chrono::milliseconds linger{0};
   // Throughput (docs/transport.md, "Lanes"). A client opens `lanes` connections (ZeroMQ sockets) to its server, each
-  // authenticated on its own by the same keys and allow-list; a payload of at least `split_bytes` is cut into up to
-  // `lanes` contiguous parts sent in parallel, so CURVE encrypts and decrypts them on several I/O threads at once.
-  // The server follows whatever each client opened. Order per client is kept (every message is delivered whole, in
-  // the order sent). 1: one connection, the wire exactly as without lanes. At most kMaxLanes.
+  // authenticated on its own by the same keys and allow-list. A payload of at least `split_bytes` is cut into
+  // contiguous parts of about `split_bytes` (at most 255 parts) dealt round-robin over the lanes that are up, so
+  // CURVE encrypts and decrypts them on several I/O threads at once, in cache-sized frames; the receiver joins them
+  // (one copy). The server follows whatever each client opened and answers on the same lanes. Order per client is
+  // kept: every message is delivered whole, in the order sent, or (a part lost with its connection) not at all,
+  // counted in dropped_in. A split payload may not exceed max_frame_bytes. 1: one connection, the wire exactly as
+  // without lanes. At most kMaxLanes.
   static constexpr int kMaxLanes = 8;
   int lanes = 1;
   uint64_t split_bytes = uint64_t{1} << 20;

@@ -274,8 +274,8 @@ enum class TagKind : uint8_t { kLead = 1, kPart = 2, kHello = 3 };
 
 struct Tag {
   TagKind kind = TagKind::kLead;
-  uint8_t index = 0;   // part: its index (lane order within the lead's mask)
-  uint8_t count = 1;   // lead: parts, lead included
+  uint8_t index = 0;   // part: its index (1 .. count - 1)
+  uint8_t count = 1;   // lead: parts, its own included; part i travels on the (i mod lanes)-th lane of the mask
   uint32_t mask = 1;   // lead: lanes carrying parts, bit 0 (the lead's own lane) always set
   uint64_t seq = 0;    // per session and direction, from 1
   uint64_t offset = 0; // part: where it starts in the payload
@@ -317,16 +317,8 @@ bool decode_tag(zmq_msg_t* m, Tag* t) {
   t->offset = get_u64(p + 20);
   t->total = get_u64(p + 28);
   if (t->kind == TagKind::kLead)
-    return (t->mask & 1) && t->mask < (1u << kMaxLanes) && t->count == __builtin_popcount(t->mask);
-  return t->index < kMaxLanes;
-}
-
-// How a payload of `size` bytes is cut for `usable` lanes (lane 0 first): the lanes used, in order.
-std::vector<int> split_lanes(const std::vector<int>& usable, size_t size, uint64_t split_bytes) {
-  size_t k = 1;
-  if (split_bytes > 0 && size >= split_bytes)
-    k = std::min<size_t>(usable.size(), std::max<uint64_t>(1, size / std::max<uint64_t>(1, split_bytes / 2)));
-  return std::vector<int>(usable.begin(), usable.begin() + static_cast<long>(std::max<size_t>(1, k)));
+    return (t->mask & 1) && t->mask < (1u << kMaxLanes) && t->count >= __builtin_popcount(t->mask);
+  return t->kind == TagKind::kPart ? t->index >= 1 : t->index < kMaxLanes;
 }
 
 // Part i of `size` bytes cut in `k` nearly equal parts.
@@ -334,6 +326,43 @@ std::pair<size_t, size_t> part_range(size_t size, size_t k, size_t i) {
   const size_t base = size / k, extra = size % k;
   const size_t off = i * base + std::min(i, extra);
   return {off, base + (i < extra ? 1 : 0)};
+}
+
+constexpr size_t kMaxParts = 255;  // a tag's count byte
+
+// One message of a laned session as pieces to send: parts of about split_bytes each (frames that size are cheaper
+// to encrypt and decrypt than one huge frame: the buffers stay in cache), dealt round-robin over the usable lanes
+// (lane 0 first) with part 0 in the lead. Parts come first, in index order, the lead last: a message whose parts
+// could not all be queued is never announced.
+struct Piece {
+  int lane;
+  Bytes tag, bytes;
+};
+std::vector<Piece> cut(const std::vector<int>& usable, const Bytes& payload, uint64_t split_bytes, uint64_t seq) {
+  const size_t size = payload.size();
+  size_t k = 1;
+  if (split_bytes > 0 && size >= split_bytes)
+    k = static_cast<size_t>(std::min<uint64_t>(kMaxParts, (size + split_bytes - 1) / split_bytes));
+  const size_t n = std::min(usable.size(), k);
+  Tag lead;
+  lead.seq = seq;
+  lead.count = static_cast<uint8_t>(k);
+  lead.total = size;
+  lead.mask = 0;
+  for (size_t i = 0; i < n; ++i) lead.mask |= 1u << usable[i];
+  std::vector<Piece> pieces;
+  for (size_t i = 1; i < k; ++i) {
+    const auto [off, len] = part_range(size, k, i);
+    Tag t;
+    t.kind = TagKind::kPart;
+    t.index = static_cast<uint8_t>(i);
+    t.seq = seq;
+    t.offset = off;
+    pieces.push_back({usable[i % n], encode_tag(t), payload.slice(off, len)});
+  }
+  const auto [off0, len0] = part_range(size, k, 0);
+  pieces.push_back({0, encode_tag(lead), payload.slice(off0, len0)});
+  return pieces;
 }
 
 // One laned peer's receiving side: leads and parts as they arrive, complete messages out, in order.
@@ -345,7 +374,8 @@ class Reassembler {
     std::string identity;
   };
 
-  explicit Reassembler(size_t bound) : bound_(std::max<size_t>(bound, 1)) {}
+  // bound: whole messages a peer may have waiting; max_payload: the largest payload a lead may announce.
+  Reassembler(size_t bound, uint64_t max_payload) : bound_(std::max<size_t>(bound, 1)), max_payload_(max_payload) {}
 
   // Returns the messages the new frame completed (appended to `out`), counting what it had to discard.
   void lead(const Tag& t, MsgPtr header, MsgPtr part0, std::string identity, std::deque<Done>* out) {
@@ -366,7 +396,7 @@ class Reassembler {
     if (t.seq <= settled_) return;  // belonged to a lead already settled or discarded
     auto& q = parts_[lane];
     q.push_back({t, std::move(data), std::move(identity)});
-    if (q.size() > bound_) q.pop_front();
+    if (q.size() > bound_ * kMaxParts) q.pop_front();  // (bytes: each part is bounded by max_frame_bytes)
     settle(out);
   }
   bool pending() const {
@@ -396,32 +426,50 @@ class Reassembler {
     std::string identity;
   };
 
+  // The lanes of a lead's mask, lane 0 first; part i travels on lanes[i % lanes.size()].
+  static std::vector<int> lanes_of(const Tag& t) {
+    std::vector<int> lanes;
+    for (int lane = 0; lane < kMaxLanes; ++lane)
+      if (t.mask & (1u << lane)) lanes.push_back(lane);
+    return lanes;
+  }
+
   void settle(std::deque<Done>* out) {
     while (!leads_.empty()) {
       Lead& l = leads_.front();
       for (auto& q : parts_)
         while (!q.empty() && q.front().t.seq < l.t.seq) q.pop_front();  // orphans of discarded leads
-      bool waiting = false, lost = false;
-      for (int lane = 1; lane < kMaxLanes && !waiting && !lost; ++lane) {
-        if (!(l.t.mask & (1u << lane))) continue;
-        if (parts_[lane].empty()) (l.t.seq <= floor_[lane] ? lost : waiting) = true;
-        else if (parts_[lane].front().t.seq != l.t.seq) lost = true;
+      const std::vector<int> lanes = lanes_of(l.t);
+      size_t need[kMaxLanes] = {};
+      for (size_t i = 1; i < l.t.count; ++i) ++need[lanes[i % lanes.size()]];
+      bool waiting = false, lost = l.t.total > max_payload_;
+      for (int lane : lanes) {
+        const auto& q = parts_[lane];
+        size_t have = 0;
+        while (have < q.size() && have < need[lane] && q[have].t.seq == l.t.seq) ++have;
+        if (have == need[lane]) continue;
+        if (have < q.size() || l.t.seq <= floor_[lane]) lost = true;  // a newer part came, or a new connection
+        else waiting = true;
       }
-      if (waiting) return;
+      if (waiting && !lost) return;
       settled_ = l.t.seq;
-      if (lost || !assemble(l, out)) ++dropped_;
-      for (int lane = 1; lane < kMaxLanes; ++lane)
-        if ((l.t.mask & (1u << lane)) && !parts_[lane].empty() && parts_[lane].front().t.seq == l.t.seq)
+      if (lost || !assemble(l, lanes, need, out)) ++dropped_;
+      for (int lane : lanes)
+        for (size_t i = 0; i < need[lane] && !parts_[lane].empty() && parts_[lane].front().t.seq == l.t.seq; ++i)
           parts_[lane].pop_front();
       leads_.pop_front();
     }
   }
 
   // Checks that the parts tile the payload and come from the lead's key; copies them into one buffer.
-  bool assemble(const Lead& l, std::deque<Done>* out) {
+  bool assemble(const Lead& l, const std::vector<int>& lanes, const size_t* need, std::deque<Done>* out) {
     std::vector<const Part*> ps;
-    for (int lane = 1; lane < kMaxLanes; ++lane)
-      if (l.t.mask & (1u << lane)) ps.push_back(&parts_[lane].front());
+    size_t taken[kMaxLanes] = {};
+    for (size_t i = 1; i < l.t.count; ++i) {
+      const int lane = lanes[i % lanes.size()];
+      if (taken[lane] >= need[lane]) return false;
+      ps.push_back(&parts_[lane][taken[lane]++]);
+    }
     uint64_t at = zmq_msg_size(l.part0.get());
     for (size_t i = 0; i < ps.size(); ++i) {
       if (ps[i]->identity != l.identity) { ++denied_; return false; }
@@ -448,6 +496,7 @@ class Reassembler {
   }
 
   size_t bound_;
+  uint64_t max_payload_;
   std::deque<Lead> leads_;
   std::deque<Part> parts_[kMaxLanes];
   uint64_t floor_[kMaxLanes] = {};
@@ -532,6 +581,7 @@ class ZmqServer final : public ServerTransport {
       : curve_(!o.plaintext),
         split_bytes_(o.split_bytes),
         pending_bound_(static_cast<size_t>(o.receive_limit > 0 ? o.receive_limit : o.queue_limit)),
+        max_payload_(o.max_frame_bytes),
         ctx_(io_threads_option(o)) {
     KeyPair own;
     if (curve_) {
@@ -695,7 +745,7 @@ class ZmqServer final : public ServerTransport {
 
   // A laned client (routing ids kLaneMark + session + lane): its lanes known to be up, and its reassembly.
   struct Session {
-    explicit Session(size_t bound) : rx(bound) {}
+    Session(size_t bound, uint64_t max_payload) : rx(bound, max_payload) {}
     Reassembler rx;
     std::string identity;       // the allow-list name of its first frame; every lane must carry the same
     bool known[kMaxLanes] = {};  // lanes that said hello (or sent a part) and have not failed a send since
@@ -732,7 +782,7 @@ class ZmqServer final : public ServerTransport {
     auto it = sessions_.find(sid);
     if (it == sessions_.end()) {
       if (lane >= kMaxLanes) return;
-      it = sessions_.emplace(sid, Session(pending_bound_)).first;
+      it = sessions_.emplace(sid, Session(pending_bound_, max_payload_)).first;
       it->second.identity = identity;
     }
     Session& s = it->second;
@@ -746,6 +796,8 @@ class ZmqServer final : public ServerTransport {
       s.known[0] = true;
       if (total == 4 && decode_tag(f[3].get(), &t) && t.kind == TagKind::kLead) {
         s.rx.lead(t, f[1], f[2], identity, &done);
+      } else if (total == 3 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kPart) {
+        s.rx.part(0, t, f[2], identity, &done);
       } else {  // not what a laned client sends: delivered with its frame count for the role to judge
         deliver(std::move(rid), std::move(identity), f.size() > 1 ? f[1] : nullptr,
                 f.size() > 2 ? wrap(f[2]) : Bytes(), total - 1);
@@ -782,50 +834,37 @@ class ZmqServer final : public ServerTransport {
            send_frame(router_.get(), payload, 0);
   }
 
-  // Parts first, on the lanes the session has up, then the lead on lane 0. A lane that has gone (EHOSTUNREACH) is
-  // forgotten and the message cut again without it; what was already queued for it is discarded by the client.
+  // The pieces of cut(), on the lanes the session has up. A lane that has gone (EHOSTUNREACH) is forgotten and the
+  // message cut again without it; what was already queued for it is discarded by the client as orphans.
   bool send_laned(Session& s, const std::string& peer, const Bytes& header, const Bytes& payload) {
     const std::string sid = peer.substr(1, kSessionBytes);
     for (;;) {
       std::vector<int> usable;
       for (int lane = 0; lane < kMaxLanes; ++lane)
         if (lane == 0 || s.known[lane]) usable.push_back(lane);
-      const std::vector<int> lanes = split_lanes(usable, payload.size(), split_bytes_);
-      Tag lead;
-      lead.seq = ++s.send_seq;
-      lead.count = static_cast<uint8_t>(lanes.size());
-      lead.total = payload.size();
-      lead.mask = 0;
-      for (int lane : lanes) lead.mask |= 1u << lane;
+      const std::vector<Piece> pieces = cut(usable, payload, split_bytes_, ++s.send_seq);
       bool retry = false;
-      for (size_t i = 1; i < lanes.size() && !retry; ++i) {
-        const auto [off, len] = part_range(payload.size(), lanes.size(), i);
-        Tag t;
-        t.kind = TagKind::kPart;
-        t.index = static_cast<uint8_t>(i);
-        t.seq = lead.seq;
-        t.offset = off;
-        if (!send_copy(router_.get(), lane_id(sid, lanes[i]), ZMQ_SNDMORE)) {
-          if (zmq_errno() != EHOSTUNREACH) return false;  // queue full
-          s.known[lanes[i]] = false;
+      for (size_t i = 0; i + 1 < pieces.size() && !retry; ++i) {
+        const Piece& p = pieces[i];
+        if (!send_copy(router_.get(), lane_id(sid, p.lane), ZMQ_SNDMORE)) {
+          if (zmq_errno() != EHOSTUNREACH || p.lane == 0) return false;  // queue full, or the client is gone
+          s.known[p.lane] = false;
           retry = true;
-          break;
-        }
-        if (!(send_frame(router_.get(), encode_tag(t), ZMQ_SNDMORE) &&
-              send_frame(router_.get(), payload.slice(off, len), 0)))
+        } else if (!(send_frame(router_.get(), p.tag, ZMQ_SNDMORE) && send_frame(router_.get(), p.bytes, 0))) {
           return false;
+        }
       }
       if (retry) continue;
-      const auto [off0, len0] = part_range(payload.size(), lanes.size(), 0);
+      const Piece& lead = pieces.back();
       return send_copy(router_.get(), peer, ZMQ_SNDMORE) && send_frame(router_.get(), header, ZMQ_SNDMORE) &&
-             send_frame(router_.get(), payload.slice(off0, len0), ZMQ_SNDMORE) &&
-             send_frame(router_.get(), encode_tag(lead), 0);
+             send_frame(router_.get(), lead.bytes, ZMQ_SNDMORE) && send_frame(router_.get(), lead.tag, 0);
     }
   }
 
   const bool curve_;
   const uint64_t split_bytes_;
   const size_t pending_bound_;
+  const uint64_t max_payload_;  // a split payload is held to the bound of one frame
   std::optional<AllowList> allow_;
   std::map<std::string, Session> sessions_;  // laned clients by session id
   std::deque<Envelope> ready_;               // complete messages not yet returned by receive()
@@ -840,7 +879,7 @@ class ZmqServer final : public ServerTransport {
 class ZmqClient final : public ClientTransport {
  public:
   ZmqClient(const std::string& endpoint, const TransportOptions& o)
-      : ctx_(io_threads_option(o)), split_bytes_(o.split_bytes), rx_(static_cast<size_t>(std::max(1, o.queue_limit))) {
+      : ctx_(io_threads_option(o)), split_bytes_(o.split_bytes), rx_(static_cast<size_t>(std::max(1, o.queue_limit)), o.max_frame_bytes) {
     const int lanes = lanes_option(o);
     KeyPair own;
     std::string server;
@@ -963,6 +1002,8 @@ class ZmqClient final : public ClientTransport {
     if (lane == 0) {
       if (total == 3 && decode_tag(f[2].get(), &t) && t.kind == TagKind::kLead)
         rx_.lead(t, f[0], f[1], "", &done);
+      else if (total == 2 && decode_tag(f[0].get(), &t) && t.kind == TagKind::kPart)
+        rx_.part(0, t, f[1], "", &done);
       else  // not what a server sends to a laned client: delivered with its frame count for the role to judge
         deliver(f[0], f.size() > 1 ? wrap(f[1]) : Bytes(), total);
     } else if (total == 2 && decode_tag(f[0].get(), &t) && t.kind == TagKind::kPart) {
@@ -981,33 +1022,20 @@ class ZmqClient final : public ClientTransport {
     return send_frame(d, header, ZMQ_SNDMORE) && send_frame(d, payload, 0);
   }
 
-  // Parts first, on the lanes that are up and greeted, then the lead on lane 0 (see the lane comment above). A part
-  // refused (queue full) drops the message; parts already queued are discarded by the server as orphans.
+  // The pieces of cut(), on the lanes that are up and greeted. A piece refused (queue full) drops the message;
+  // pieces already queued are discarded by the server as orphans.
   bool send_laned(const Bytes& header, const Bytes& payload) {
     std::vector<int> usable;
     for (size_t i = 0; i < lanes_.size(); ++i)
       if (i == 0 || (lanes_[i].connected && lanes_[i].greeted)) usable.push_back(static_cast<int>(i));
-    const std::vector<int> lanes = split_lanes(usable, payload.size(), split_bytes_);
-    Tag lead;
-    lead.seq = ++send_seq_;
-    lead.count = static_cast<uint8_t>(lanes.size());
-    lead.total = payload.size();
-    lead.mask = 0;
-    for (int lane : lanes) lead.mask |= 1u << lane;
-    for (size_t i = 1; i < lanes.size(); ++i) {
-      const auto [off, len] = part_range(payload.size(), lanes.size(), i);
-      Tag t;
-      t.kind = TagKind::kPart;
-      t.index = static_cast<uint8_t>(i);
-      t.seq = lead.seq;
-      t.offset = off;
-      void* d = lanes_[lanes[i]].dealer.get();
-      if (!(send_frame(d, encode_tag(t), ZMQ_SNDMORE) && send_frame(d, payload.slice(off, len), 0))) return false;
+    const std::vector<Piece> pieces = cut(usable, payload, split_bytes_, ++send_seq_);
+    for (size_t i = 0; i + 1 < pieces.size(); ++i) {
+      void* d = lanes_[pieces[i].lane].dealer.get();
+      if (!(send_frame(d, pieces[i].tag, ZMQ_SNDMORE) && send_frame(d, pieces[i].bytes, 0))) return false;
     }
-    const auto [off0, len0] = part_range(payload.size(), lanes.size(), 0);
     void* d = lanes_[0].dealer.get();
-    return send_frame(d, header, ZMQ_SNDMORE) && send_frame(d, payload.slice(off0, len0), ZMQ_SNDMORE) &&
-           send_frame(d, encode_tag(lead), 0);
+    return send_frame(d, header, ZMQ_SNDMORE) && send_frame(d, pieces.back().bytes, ZMQ_SNDMORE) &&
+           send_frame(d, pieces.back().tag, 0);
   }
 
   // Drains the monitors' events without waiting: a finished handshake means connected, a disconnect not. A lane
