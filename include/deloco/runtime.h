@@ -132,6 +132,9 @@ struct NetOptions {
   int64_t max_frame_bytes = 0;       // largest frame a node accepts (0: sized to the model, node_transport_options)
   double tcp_timeout = 10.0;         // TCP: seconds of unacknowledged data before a connection is dropped and dialled
                                      // afresh (TransportOptions::tcp_timeout; 0: the OS's, minutes)
+  int64_t lanes = 1;                 // learners: connections to each syncer shard, a large payload split over them
+                                     // (TransportOptions::lanes; docs/transport.md)
+  int64_t io_threads = 1;            // ZeroMQ I/O threads per transport (TransportOptions::io_threads)
   void bind(ConfigSchema& schema);
   // net.* as TransportOptions, without the model-sized bounds (node_transport_options adds them).
   TransportOptions transport() const;

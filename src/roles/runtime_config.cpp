@@ -64,6 +64,20 @@ void NetOptions::bind(ConfigSchema& s) {
          "TCP: seconds data may stay unacknowledged before the connection is dropped and dialled afresh, so a link "
          "that came back is used within seconds (0: the OS's retransmission limits, minutes)",
          seconds(&tcp_timeout, "net.tcp_timeout", true, 3600));
+  s.bind("net.lanes", &lanes,
+         "learners: connections to each syncer shard, each authenticated alone; a payload of 1 MiB or more is split "
+         "over them so that several threads encrypt it (1: one connection)",
+         [this] {
+           return lanes >= 1 && lanes <= TransportOptions::kMaxLanes
+                      ? std::string()
+                      : "net.lanes must be in [1, " + std::to_string(TransportOptions::kMaxLanes) + "] (got " +
+                            std::to_string(lanes) + ")";
+         });
+  s.bind("net.io_threads", &io_threads, "ZeroMQ I/O threads per transport (encryption runs on them)", [this] {
+    return io_threads >= 1 && io_threads <= 16
+               ? std::string()
+               : "net.io_threads must be in [1, 16] (got " + std::to_string(io_threads) + ")";
+  });
   s.bind("net.max_frame_bytes", &max_frame_bytes,
          "largest frame a node accepts; a larger one drops the connection (0: sized to the model)", [this] {
            return max_frame_bytes >= 0 && max_frame_bytes <= (int64_t{1} << 40)
@@ -82,6 +96,8 @@ TransportOptions NetOptions::transport() const {
   // it to what the node's role receives for its model, and this generic default only stands when neither is used.
   if (max_frame_bytes > 0) t.max_frame_bytes = static_cast<uint64_t>(max_frame_bytes);
   t.tcp_timeout = std::chrono::milliseconds(static_cast<int64_t>(tcp_timeout * 1000.0));
+  t.lanes = static_cast<int>(lanes);
+  t.io_threads = static_cast<int>(io_threads);
   return t;
 }
 
