@@ -2,9 +2,15 @@
 """Python/PyTorch reference for bench/merge_bench.cpp: whole-model Iso-C merge with torch.linalg.svd per tensor.
 
     /usr/bin/python3 bench/merge_reference.py DIR T
-reads DIR/base.safetensors and DIR/input{0..T-1}.safetensors, merges the task vectors (iso_c for 2-D tensors,
+    /usr/bin/python3 bench/merge_reference.py ns-coefficients      (needs scipy)
+The first form reads DIR/base.safetensors and DIR/input{0..T-1}.safetensors, merges the task vectors (iso_c for 2-D tensors,
 mean for the rest, alpha = 1) in float32, writes DIR/python_merged.safetensors and prints one JSON line with the
 compute time (file reading excluded, as in the C++ timing).
+
+The second prints the quintic tables of src/merge/iso_c_ns.cpp (kFirst, kRest). Each minimax step is the odd
+p(x) = a x + b x^3 + c x^5 minimising max |1 - p(x)| over the current band [lo, hi] (a linear programme on a dense
+grid); the next band is p's range with its top widened by 2 %. Starting from [l0, 1.02] the steps run until the
+band is within 0.1 of 1; for k = 1..9 steps, l0 is the smallest value (bisection in log10) that needs only k.
 """
 import json
 import struct
@@ -49,7 +55,56 @@ def iso_c(M):
     return S.mean() * (U @ Vh)
 
 
+def minimax_quintic(lo, hi, points=2000):
+    from scipy.optimize import linprog
+    xs = np.unique(np.concatenate([np.geomspace(lo, hi, points), np.linspace(lo, hi, points)]))
+    V = np.stack([xs, xs ** 3, xs ** 5], 1)
+    ones = np.ones((len(xs), 1))
+    # variables (a, b, c, t): minimise t subject to -t <= 1 - V.(a, b, c) <= t at every grid point
+    A = np.vstack([np.hstack([-V, -ones]), np.hstack([V, -ones])])
+    rhs = np.concatenate([-np.ones(len(xs)), np.ones(len(xs))])
+    r = linprog([0, 0, 0, 1], A_ub=A, b_ub=rhs, bounds=[(None, None)] * 4, method="highs")
+    coef = r.x[:3]
+    dense = np.geomspace(lo, hi, 20000)
+    p = coef[0] * dense + coef[1] * dense ** 3 + coef[2] * dense ** 5
+    return coef, p.min(), p.max()
+
+
+def greedy(l0, band=0.1, margin=1.02, cap=40):
+    lo, hi, steps = l0, margin, []
+    while len(steps) < cap:
+        coef, pmin, pmax = minimax_quintic(lo, hi)
+        steps.append(coef)
+        lo, hi = pmin, pmax * margin
+        if (pmax - pmin) / 2 < band:
+            break
+    return steps
+
+
+def ns_coefficients():
+    tables = {}
+    for k in range(1, 10):
+        a, b = -8.0, -0.01  # log10(l0): the smallest l0 whose schedule has at most k steps
+        for _ in range(30):
+            mid = (a + b) / 2
+            if len(greedy(10 ** mid)) <= k:
+                b = mid
+            else:
+                a = mid
+        tables[k] = (10 ** b, greedy(10 ** b))
+    print("kFirst (first step for k = 1..9 minimax steps):")
+    for k in range(1, 10):
+        l0, s = tables[k]
+        print("    {%.9g, %.9g, %.9g},   // l0 = %.2g" % (*s[0], l0))
+    print("kRest (shared continuation; k steps use the last k - 1):")
+    for c in tables[9][1][1:]:
+        print("    {%.9g, %.9g, %.9g}," % tuple(c))
+
+
 def main():
+    if sys.argv[1] == "ns-coefficients":
+        ns_coefficients()
+        return
     d, T = sys.argv[1], int(sys.argv[2])
     base = load(f"{d}/base.safetensors")
     inputs = [load(f"{d}/input{i}.safetensors") for i in range(T)]

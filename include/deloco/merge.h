@@ -3,14 +3,14 @@
 //
 // Contract
 //  * A Merger is a small immutable object with one verb, merge(). Make one by name with make_merger(); the
-//    names are merger_names(): mean, rda, iso_c, iso_c_fast, iso_cts, tsv, ties, dare.
+//    names are merger_names(): mean, rda, iso_c, iso_c_fast, iso_c_ns, iso_cts, tsv, ties, dare.
 //  * merge() takes T ≥ 1 tensors of identical shape, dtype class (floating point) and device, and T weights
 //    (empty = uniform). Weights must be finite and ≥ 0 with a positive sum; they are normalised to sum 1, so
 //    every method returns a result on the scale of the weighted mean (merging T copies of Δ gives Δ for mean,
 //    rda, iso_c on an isotropic Δ, ties and — in expectation — dare).
 //  * The arithmetic runs in MergeOptions::compute_dtype (fp32 by default, fp64 on request; fp64 inputs always
 //    in fp64) on the device of the inputs; the result has the dtype and device of deltas[0]. Inputs are never modified or retained.
-//  * Matrix methods (iso_c, iso_c_fast, iso_cts, tsv) view a tensor of rank ≥ 2 as the matrix
+//  * Matrix methods (iso_c, iso_c_fast, iso_c_ns, iso_cts, tsv) view a tensor of rank ≥ 2 as the matrix
 //    shape[0] × (product of the other dims); a tensor of rank < 2 falls back to the weighted mean.
 //  * Iso methods follow the papers (Marczak et al. 2025; IsoLoCo): iso_c gives every one of the r = min(m,n)
 //    thin singular directions of M the mean σ̄ = (1/r)·Σ_{i≤r} σ_i, zeros included. Rank-deficient inputs: the
@@ -20,8 +20,12 @@
 //    rank-deficient M it differs from iso_c by exactly that completion (relative error √((r − k)/r); a full-rank
 //    M's directions below that limit are lost the same way). MergeOptions::iso_rank_threshold > 0 switches both
 //    to the thresholded variant (drop σ_i ≤ threshold·σ_max, mean over the kept ones, null space stays null),
-//    where they agree. iso_cts follows Iso-CTS: every direction gets the mean of the concatenated common and
-//    task-specific singular values, the common rank k makes (r − k) divisible by T (src/merge/iso_cts.cpp).
+//    where they agree. iso_c_ns reaches the same target by Newton–Schulz-type quintic iterations (matrix
+//    products only; MergeOptions::iso_ns_steps, iso_ns_dtype): null directions stay null as with iso_c_fast,
+//    singular values far below the top one are only partly lifted to σ̄ (its error against iso_c,
+//    docs/merge.md), and it ignores iso_rank_threshold. iso_cts follows Iso-CTS: every direction gets the mean
+//    of the concatenated common and task-specific singular values, the common rank k makes (r − k) divisible
+//    by T (src/merge/iso_cts.cpp).
 //    An all-zero matrix merges to zeros. No method returns NaN or Inf for finite inputs.
 //  * Determinism: for a given seed, tensor name, round and inputs the result is bit-identical run to run and
 //    independent of the number of worker threads (random methods seed one CPU generator per tensor from
@@ -56,6 +60,8 @@ struct MergeOptions {
   double dare_drop = 0.1;                     // dare: drop probability p; kept entries are scaled 1/(1−p)
   double iso_cts_common = 0.8;                // iso_cts: fraction of the rank given to the common subspace
   int iso_fast_polish = 1;                    // iso_c_fast: Newton–Schulz clean-up steps after the Gram solve
+  int iso_ns_steps = 8;                       // iso_c_ns: quintic Newton–Schulz steps, 1..30 (3 products each)
+  at::ScalarType iso_ns_dtype = at::kFloat;   // iso_c_ns: iteration precision, kFloat or kBFloat16 (scaling fp32)
   // iso_c, iso_c_fast: 0 = off, the papers' definition (mean over all r = min(m,n) singular values, every
   // direction kept). In (0, 1): singular values ≤ iso_rank_threshold·σ_max are dropped with their directions
   // and the mean is taken over the rest (nuclear norm preserved, null space stays null). iso_cts ignores it.
@@ -160,7 +166,9 @@ std::map<std::string, std::string> merge_tensors(
 //   merge.vector_method   the method for tensors of rank < 2 that no rule names
 //   merge.dtype           compute precision: fp32 | fp64
 //   merge.seed            seed of random methods (dare)
-//   merge.ties_keep, merge.dare_drop, merge.iso_cts_common, merge.iso_fast_polish   MergeOptions (above)
+//   merge.ties_keep, merge.dare_drop, merge.iso_cts_common, merge.iso_fast_polish, merge.iso_ns_steps
+//                         MergeOptions (above)
+//   merge.iso_ns_precision  iso_c_ns's iteration precision: fp32 | bf16 (MergeOptions::iso_ns_dtype)
 //   merge.alpha, merge.threads   `deloco merge` only (the task vector's scale, the file merge's workers): bound
 //                         for Use::kCheckpoints, so a training config that names them is refused as unknown keys
 //
@@ -179,6 +187,8 @@ struct MergeConfig {
   double dare_drop = 0.1;
   double iso_cts_common = 0.8;
   int64_t iso_fast_polish = 1;
+  int64_t iso_ns_steps = 8;
+  std::string iso_ns_precision = "fp32";
   // `deloco merge` only.
   double alpha = 1.0;
   int64_t threads = 0;

@@ -37,6 +37,9 @@ MergeOptions MergeConfig::options() const {
   o.dare_drop = dare_drop;
   o.iso_cts_common = iso_cts_common;
   o.iso_fast_polish = static_cast<int>(std::clamp<int64_t>(iso_fast_polish, -1, 1000));  // out of range stays so
+  o.iso_ns_steps = static_cast<int>(std::clamp<int64_t>(iso_ns_steps, -1, 1000));
+  // An unknown name maps to a dtype validate() refuses, so the key's check names it.
+  o.iso_ns_dtype = iso_ns_precision == "fp32" ? at::kFloat : iso_ns_precision == "bf16" ? at::kBFloat16 : at::kHalf;
   return o;
 }
 
@@ -111,6 +114,10 @@ void MergeConfig::bind(ConfigSchema& s, Use use) {
          option_check("iso_cts_common"));
   s.bind("merge.iso_fast_polish", &iso_fast_polish, "iso_c_fast: Newton-Schulz clean-up steps",
          option_check("iso_fast_polish"));
+  s.bind("merge.iso_ns_steps", &iso_ns_steps, "iso_c_ns: Newton-Schulz quintic steps (3 matrix products each)",
+         option_check("iso_ns_steps"));
+  s.bind("merge.iso_ns_precision", &iso_ns_precision, "iso_c_ns: iteration precision fp32 | bf16 (scaling in fp32)",
+         option_check("iso_ns_precision"));
   if (use == Use::kCheckpoints) {
     s.bind("merge.alpha", &alpha, "deloco merge: scale of the merged task vector");
     s.bind("merge.threads", &threads, "deloco merge: worker threads (0 = one per core)");

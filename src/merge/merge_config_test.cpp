@@ -128,6 +128,25 @@ TEST(MergeConfig, BadValuesAndCheckpointOnlyKeysAreRefusedNamingTheKey) {
   EXPECT_NE(config_error({"merge.threads=2"}).find("unknown key 'merge.threads'"), std::string::npos);
   EXPECT_NE(config_error({"merge.nope=1"}).find("unknown key 'merge.nope'"), std::string::npos);
   EXPECT_EQ(config_error({"merge.ties_keep=1", "merge.dare_drop=0", "merge.iso_fast_polish=0"}), "");
+  EXPECT_NE(config_error({"merge.iso_ns_steps=0"}).find("'merge.iso_ns_steps'"), std::string::npos);
+  EXPECT_NE(config_error({"merge.iso_ns_precision=fp16"}).find("'merge.iso_ns_precision': iso_ns_precision must be"),
+            std::string::npos);
+}
+
+TEST(MergeConfig, IsoCNsIsSelectableWithItsOptions) {
+  // The syncer's selector (through the isoloco preset's outer optimizer) and `deloco merge` alike.
+  const MergePlan plan = sim_config({"merge.preset=isoloco", "merge.method=iso_c_ns", "merge.iso_ns_steps=11",
+                                     "merge.iso_ns_precision=bf16"})
+                             .merge_plan();
+  EXPECT_EQ(plan.method, "iso_c_ns");
+  EXPECT_EQ(plan.options.iso_ns_steps, 11);
+  EXPECT_EQ(plan.options.iso_ns_dtype, at::kBFloat16);
+  const MergeSelector sel(plan);
+  EXPECT_STREQ(sel.select("h.0.attn.w", 2).name(), "iso_c_ns");
+  EXPECT_STREQ(sel.select("h.0.ln.w", 1).name(), "mean");
+  const MergeOptions d;
+  EXPECT_EQ(d.iso_ns_steps, 8);
+  EXPECT_EQ(d.iso_ns_dtype, at::kFloat);
 }
 
 }  // namespace

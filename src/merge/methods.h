@@ -2,6 +2,7 @@
 // linear-algebra helpers they share.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,7 @@ std::unique_ptr<Merger> make_mean(const MergeOptions& o);
 std::unique_ptr<Merger> make_rda(const MergeOptions& o);
 std::unique_ptr<Merger> make_iso_c(const MergeOptions& o);
 std::unique_ptr<Merger> make_iso_c_fast(const MergeOptions& o);
+std::unique_ptr<Merger> make_iso_c_ns(const MergeOptions& o);
 std::unique_ptr<Merger> make_iso_cts(const MergeOptions& o);
 std::unique_ptr<Merger> make_tsv(const MergeOptions& o);
 std::unique_ptr<Merger> make_ties(const MergeOptions& o);
@@ -29,5 +31,7 @@ int64_t numerical_rank(const at::Tensor& S, const at::Tensor& matrix);
 // The orthogonal factor P·Qᵀ of A = P D Qᵀ (columns made orthonormal while staying as close to A as possible);
 // columns in A's numerical null space are dropped.
 at::Tensor orthogonalize_columns(const at::Tensor& A);
+// iso_c_ns: the K = steps odd quintics (a, b, c) of p(x) = a·x + b·x³ + c·x⁵, applied in order (iso_c_ns.cpp).
+std::vector<std::array<double, 3>> iso_ns_schedule(int steps);
 
 }  // namespace deloco::merge_detail
