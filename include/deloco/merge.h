@@ -60,7 +60,9 @@ struct MergeOptions {
   double dare_drop = 0.1;                     // dare: drop probability p; kept entries are scaled 1/(1−p)
   double iso_cts_common = 0.8;                // iso_cts: fraction of the rank given to the common subspace
   int iso_fast_polish = 1;                    // iso_c_fast: Newton–Schulz clean-up steps after the Gram solve
-  int iso_ns_steps = 8;                       // iso_c_ns: quintic Newton–Schulz steps, 1..30 (3 products each)
+  // iso_c_ns: quintic Newton–Schulz steps, 1..30 (3 matrix products each); 0 = by precision: 10 for fp32/fp64
+  // iterations, 8 for bf16 (where more steps add error; docs/merge.md).
+  int iso_ns_steps = 0;
   at::ScalarType iso_ns_dtype = at::kFloat;   // iso_c_ns: iteration precision, kFloat or kBFloat16 (scaling fp32)
   // iso_c, iso_c_fast: 0 = off, the papers' definition (mean over all r = min(m,n) singular values, every
   // direction kept). In (0, 1): singular values ≤ iso_rank_threshold·σ_max are dropped with their directions
@@ -187,7 +189,7 @@ struct MergeConfig {
   double dare_drop = 0.1;
   double iso_cts_common = 0.8;
   int64_t iso_fast_polish = 1;
-  int64_t iso_ns_steps = 8;
+  int64_t iso_ns_steps = 0;
   std::string iso_ns_precision = "fp32";
   // `deloco merge` only.
   double alpha = 1.0;

@@ -153,8 +153,17 @@ TEST(MergeIsoCNs, TransposeWeightsRankDeficiencyAndZeros) {
   EXPECT_LT(rel_err(ns(big, 8), exact_iso_c(big)), 2e-3);
 }
 
+TEST(MergeIsoCNs, DefaultStepsDependOnThePrecision) {
+  at::Tensor M = gaussian(48, 40, 21);
+  EXPECT_TRUE(at::equal(make_merger("iso_c_ns")->merge({"w", {M}, {}}), ns(M, 10)));
+  EXPECT_FALSE(at::equal(ns(M, 8), ns(M, 10)));
+  MergeOptions bf;
+  bf.iso_ns_dtype = at::kBFloat16;
+  EXPECT_TRUE(at::equal(make_merger("iso_c_ns", bf)->merge({"w", {M}, {}}), ns(M, 8, at::kBFloat16)));
+}
+
 TEST(MergeIsoCNs, BadOptionsAndInputsAreNamed) {
-  for (int steps : {0, 31}) {
+  for (int steps : {-1, 31}) {
     MergeOptions o;
     o.iso_ns_steps = steps;
     try {

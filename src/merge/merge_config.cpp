@@ -114,7 +114,7 @@ void MergeConfig::bind(ConfigSchema& s, Use use) {
          option_check("iso_cts_common"));
   s.bind("merge.iso_fast_polish", &iso_fast_polish, "iso_c_fast: Newton-Schulz clean-up steps",
          option_check("iso_fast_polish"));
-  s.bind("merge.iso_ns_steps", &iso_ns_steps, "iso_c_ns: Newton-Schulz quintic steps (3 matrix products each)",
+  s.bind("merge.iso_ns_steps", &iso_ns_steps, "iso_c_ns: Newton-Schulz quintic steps (3 matrix products each; 0 = 10 in fp32, 8 in bf16)",
          option_check("iso_ns_steps"));
   s.bind("merge.iso_ns_precision", &iso_ns_precision, "iso_c_ns: iteration precision fp32 | bf16 (scaling in fp32)",
          option_check("iso_ns_precision"));

@@ -51,7 +51,7 @@ void MergeOptions::validate() const {
   if (!(dare_drop >= 0.0 && dare_drop < 1.0)) throw MergeError("dare_drop must be in [0, 1)");
   if (!(iso_cts_common > 0.0 && iso_cts_common <= 1.0)) throw MergeError("iso_cts_common must be in (0, 1]");
   if (iso_fast_polish < 0 || iso_fast_polish > 10) throw MergeError("iso_fast_polish must be in [0, 10]");
-  if (iso_ns_steps < 1 || iso_ns_steps > 30) throw MergeError("iso_ns_steps must be in [1, 30]");
+  if (iso_ns_steps < 0 || iso_ns_steps > 30) throw MergeError("iso_ns_steps must be in [0, 30] (0 = by precision)");
   if (iso_ns_dtype != at::kFloat && iso_ns_dtype != at::kBFloat16)
     throw MergeError("iso_ns_precision must be fp32 or bf16");
   if (!(iso_rank_threshold >= 0.0 && iso_rank_threshold < 1.0))  // also rejects NaN and Inf
