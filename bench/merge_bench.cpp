@@ -1,16 +1,25 @@
 // merge_bench: (1) iso_c (SVD) vs iso_c_fast (Gram eigendecomposition) on square and tall matrices, time and
 // relative Frobenius error; (2) a whole-model Iso-C merge of T = 8 task vectors in C++ vs the same computation
-// in Python PyTorch (bench/merge_reference.py, torch.linalg.svd per tensor), in one run.
+// in Python PyTorch (bench/merge_reference.py, torch.linalg.svd per tensor), in one run; (3) with --ns, iso_c_ns
+// (Newton–Schulz Iso-C): the machine's fp32 and bf16 matmul peaks, its speed and share of the peak at 1 and 2
+// threads against iso_c and iso_c_fast, and its accuracy per step count against exact Iso-C (SVD), on random
+// and (--real BEFORE AFTER: two checkpoints or .safetensors files) real pseudo-gradients.
 //
-//   ./build-merge/merge_bench [--quick] [--python /usr/bin/python3] [--source-dir .]
+//   ./build/merge_bench [--quick] [--python /usr/bin/python3] [--source-dir .]
+//   ./build/merge_bench --ns speed|accuracy|all [--n 1024] [--reps 5] [--steps 6,8,10] [--real ckpt_a ckpt_b]
+//                                                                                        (only section 3)
+#include <algorithm>
 #include <chrono>
+#include <dlfcn.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -174,19 +183,192 @@ void whole_model(bool quick, const std::string& python, const std::string& sourc
   std::filesystem::remove_all(dir);
 }
 
+
+// ---- (3) iso_c_ns ---------------------------------------------------------------------------------------
+
+template <class F>
+double median_time(int reps, F&& f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    auto c = Clock::now();
+    f();
+    t.push_back(seconds_since(c));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// GFLOP/s of one large square matmul (median of `reps`) in `dt` at the current thread count.
+double cosine(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor x = a.to(at::kDouble), y = b.to(at::kDouble);
+  return (x * y).sum().item<double>() / (x.norm() * y.norm()).item<double>();
+}
+
+std::unique_ptr<Merger> ns_merger(int steps, at::ScalarType dt) {
+  MergeOptions o;
+  o.iso_ns_steps = steps;
+  o.iso_ns_dtype = dt;
+  return make_merger("iso_c_ns", o);
+}
+
+// Matmul FLOPs of K steps on an m×n matrix (tall view m ≥ n): YᵀY (2mn²), A·A (2n³), Y·P (2mn²) per step.
+double ns_flops(int64_t m, int64_t n, int steps) {
+  if (m < n) std::swap(m, n);
+  return steps * (4.0 * m * n * n + 2.0 * n * n * n);
+}
+
+// libtorch's fp32 matmul runs in OpenBLAS here (Debian's build), whose pool follows OPENBLAS_NUM_THREADS, not
+// at::set_num_threads (that one sets OpenMP, used by oneDNN's bf16 matmul and by the element-wise ops). Set both,
+// so "threads" means the same for every row. Returns false where no OpenBLAS is loaded.
+bool set_threads(int threads) {
+  at::set_num_threads(threads);
+  using Fn = void (*)(int);
+  static Fn fn = reinterpret_cast<Fn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (fn) fn(threads);
+  return fn != nullptr;
+}
+
+// Speed at n×n. Every row interleaves its runs with those of one n×n and one 2048² matmul in the row's precision
+// (same threads), so the peak it is compared with was measured under the same load (the machine is shared).
+void ns_speed(int64_t n, int reps, const std::vector<int>& steps_list) {
+  const int64_t big = 2048;
+  std::printf("\n## iso_c_ns speed, %ldx%ld fp32 Gaussian matrix, one contribution (medians of %d)\n\n", (long)n,
+              (long)n, reps);
+  std::printf("Peak = one square matmul in the row's precision (fp32 for iso_c/iso_c_fast), same threads, timed "
+              "alternately with the row's merges; share = the iteration's matmul GFLOP/s / the %ld² peak.\n\n",
+              (long)big);
+  std::printf("Threads: OpenMP and %s.\n\n", set_threads(at::get_num_threads()) ? "OpenBLAS (fp32 matmul) alike"
+                                                                                  : "no OpenBLAS found");
+  std::printf("| threads | method | precision | steps | ms | M params/s | matmul GFLOP/s | peak %ld² GFLOP/s | "
+              "peak %ld² GFLOP/s | share of %ld² peak |\n|---|---|---|---|---|---|---|---|---|---|\n",
+              (long)n, (long)big, (long)big);
+  auto gen = at::detail::createCPUGenerator(1234);
+  at::Tensor M = at::randn({n, n}, gen, at::TensorOptions().dtype(at::kFloat));
+  MergeInput in{"w", {M}, {}};
+  const double params = static_cast<double>(n) * n;
+  const int saved = at::get_num_threads();
+  for (int threads : {1, 2}) {
+    set_threads(threads);
+    auto measure = [&](const char* method, at::ScalarType dt, int steps, const Merger& m, int r) {
+      at::Tensor a = at::randn({n, n}).to(dt), b = at::randn({n, n}).to(dt);
+      at::Tensor A = at::randn({big, big}).to(dt), B = at::randn({big, big}).to(dt);
+      at::matmul(a, b);
+      at::matmul(A, B);
+      m.merge(in);  // warm-up
+      std::vector<double> tm, ts, tb;
+      for (int i = 0; i < r; ++i) {
+        tm.push_back(best_time(1, [&] { m.merge(in); }));
+        ts.push_back(best_time(1, [&] { at::matmul(a, b); }));
+        tb.push_back(best_time(1, [&] { at::matmul(A, B); }));
+      }
+      for (auto* v : {&tm, &ts, &tb}) std::sort(v->begin(), v->end());
+      const double t = tm[r / 2], small = 2.0 * n * n * n / ts[r / 2] / 1e9;
+      const double peak = 2.0 * big * big * big / tb[r / 2] / 1e9;
+      const double flops = steps > 0 ? ns_flops(n, n, steps) : 0;
+      std::printf("| %d | %s | %s | %s | %.1f | %.2f | %s | %.0f | %.0f | %s |\n", threads, method,
+                  dt == at::kFloat ? "fp32" : "bf16", steps > 0 ? std::to_string(steps).c_str() : "-", t * 1e3,
+                  params / t / 1e6, steps > 0 ? std::to_string(static_cast<int>(flops / t / 1e9)).c_str() : "-",
+                  small, peak,
+                  steps > 0 ? (std::to_string(static_cast<int>(100 * flops / t / 1e9 / peak + 0.5)) + " %").c_str()
+                            : "-");
+      std::fflush(stdout);
+    };
+    measure("iso_c (SVD)", at::kFloat, 0, *make_merger("iso_c"), 3);
+    measure("iso_c_fast (eigh)", at::kFloat, 0, *make_merger("iso_c_fast"), 3);
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16})
+      for (int k : steps_list) measure("iso_c_ns", dt, k, *ns_merger(k, dt), reps);
+  }
+  set_threads(saved);
+}
+
+struct NamedMatrix {
+  std::string name;
+  at::Tensor m;
+};
+
+void ns_accuracy(const std::vector<NamedMatrix>& mats, const std::vector<int>& steps_list) {
+  std::printf("\n## iso_c_ns accuracy against exact Iso-C (torch SVD in fp64): relative Frobenius error / cosine\n\n");
+  std::printf("| matrix | shape | σ_min/σ_max | precision |");
+  for (int k : steps_list) std::printf(" %d steps |", k);
+  std::printf("\n|---|---|---|---|");
+  for (size_t i = 0; i < steps_list.size(); ++i) std::printf("---|");
+  std::printf("\n");
+  for (const auto& nm : mats) {
+    at::Tensor M = nm.m.reshape({nm.m.size(0), -1}).to(at::kFloat);
+    auto [U, S, Vh] = at::linalg_svd(M.to(at::kDouble), false);
+    at::Tensor want = at::matmul(U, Vh) * S.mean();
+    const double cond = (S[-1] / S[0]).item<double>();
+    for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+      std::printf("| %s | %ldx%ld | %.1e | %s |", nm.name.c_str(), (long)M.size(0), (long)M.size(1), cond,
+                  dt == at::kFloat ? "fp32" : "bf16");
+      for (int k : steps_list) {
+        at::Tensor got = ns_merger(k, dt)->merge({nm.name, {M}, {}});
+        std::printf(" %.1e / %.6f |", rel(got, want), cosine(got, want));
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+}
+
+std::vector<NamedMatrix> ns_inputs(int64_t n, const std::string& real_a, const std::string& real_b) {
+  std::vector<NamedMatrix> v;
+  auto gen = at::detail::createCPUGenerator(99);
+  auto opt = at::TensorOptions().dtype(at::kFloat);
+  v.push_back({"Gaussian", at::randn({n, n}, gen, opt)});
+  v.push_back({"rank 32 + 1e-2 noise", at::matmul(at::randn({n, 32}, gen, opt), at::randn({32, n}, gen, opt)) /
+                                           std::sqrt(32.0f) +
+                                       0.01f * at::randn({n, n}, gen, opt)});
+  v.push_back({"rank 32 + 1e-3 noise", at::matmul(at::randn({n, 32}, gen, opt), at::randn({32, n}, gen, opt)) /
+                                           std::sqrt(32.0f) +
+                                       0.001f * at::randn({n, n}, gen, opt)});
+  if (!real_a.empty()) {
+    const std::string fa = std::filesystem::is_directory(real_a) ? real_a + "/model.safetensors" : real_a;
+    const std::string fb = std::filesystem::is_directory(real_b) ? real_b + "/model.safetensors" : real_b;
+    TensorFile a = load_safetensors(fa), b = load_safetensors(fb);
+    for (auto& [name, ta] : a.tensors) {
+      if (ta.dim() < 2 || !b.tensors.count(name)) continue;
+      if (std::min(ta.size(0), ta.numel() / ta.size(0)) < 256) continue;
+      v.push_back({"Δ " + name, (b.tensors.at(name).to(at::kFloat) - ta.to(at::kFloat))});
+    }
+  }
+  return v;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   bool quick = false;
-  std::string python = "/usr/bin/python3", source_dir = ".";
+  std::string ns;
+  std::vector<int> steps = {6, 8, 10};
+  int64_t n = 1024;
+  int reps = 5;
+  std::string python = "/usr/bin/python3", source_dir = ".", real_a, real_b;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
+    else if (a == "--ns" && i + 1 < argc) ns = argv[++i];
+    else if (a == "--steps" && i + 1 < argc) {
+      steps.clear();
+      std::stringstream ss(argv[++i]);
+      for (std::string item; std::getline(ss, item, ',');) steps.push_back(std::stoi(item));
+    }
+    else if (a == "--n" && i + 1 < argc) n = std::stol(argv[++i]);
+    else if (a == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    else if (a == "--real" && i + 2 < argc) {
+      real_a = argv[++i];
+      real_b = argv[++i];
+    }
     else if (a == "--python" && i + 1 < argc) python = argv[++i];
     else if (a == "--source-dir" && i + 1 < argc) source_dir = argv[++i];
   }
   std::printf("# deloco merge benchmark (libtorch %s, %d intra-op threads)\n", TORCH_VERSION,
               at::get_num_threads());
+  if (!ns.empty()) {
+    if (ns == "speed" || ns == "all") ns_speed(n, reps, steps);
+    if (ns == "accuracy" || ns == "all") ns_accuracy(ns_inputs(n, real_a, real_b), {4, 6, 8, 10, 12, 14});
+    return 0;
+  }
   matrices(quick);
   whole_model(quick, python, source_dir);
   return 0;
