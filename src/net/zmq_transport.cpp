@@ -748,7 +748,7 @@ class ZmqServer final : public ServerTransport {
     Session(size_t bound, uint64_t max_payload) : rx(bound, max_payload) {}
     Reassembler rx;
     std::string identity;       // the allow-list name of its first frame; every lane must carry the same
-    bool known[kMaxLanes] = {};  // lanes that said hello (or sent a part) and have not failed a send since
+    bool known[kMaxLanes] = {};  // lanes that said hello and have not failed a send since
     uint64_t send_seq = 0;
   };
 
