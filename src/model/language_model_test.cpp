@@ -122,6 +122,7 @@ TEST(ScriptedModel, ThreeInnerStepsMatchPyTorch) {
   cfg.train.lr = 1e-2;
   cfg.train.grad_clip = 1.0;
   cfg.train.eval_tokens = 64;
+  cfg.train.precision = "fp32";  // the reference is float32 (not "auto", which may pick bf16 on a busy machine)
   Trainer tr(cfg, corpus);
   const int64_t T = tr.config().model.block_size;
   ASSERT_EQ(T, 16);
