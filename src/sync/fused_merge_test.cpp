@@ -301,5 +301,40 @@ TEST(SyncFusedMerge, ReceiveChecksEncodedPushes) {
   EXPECT_EQ(s.receive(0, c), SyncReject::kNone);
 }
 
+// decode_push validates what it holds with decoding's errors: a node tells malformed from non-finite pushes apart.
+TEST(SyncFusedMerge, DecodePushRefusesWhatDecodingRefuses) {
+  const auto g = model(9);
+  Case st;
+  Syncer s(options(st, true), one_fragment(g), g, MergePlan::preset("diloco"), st.outer);
+  const FlatLayout L = layout_of(s);
+  std::vector<float> x(static_cast<size_t>(L.elements), 0.5f);
+  x[x.size() / 2] = std::nanf("");
+  for (Encoding e : {Encoding::kFp32, Encoding::kBf16}) {
+    std::string payload(encoded_bytes(e, x.size()), '\0');
+    if (e == Encoding::kFp32) {
+      std::memcpy(payload.data(), x.data(), payload.size());
+    } else {
+      const std::string ok = encode_floats(std::vector<float>(x.size(), 0.5f).data(), x.size(), e);
+      payload = ok;
+      payload[2 * (x.size() / 2) + 1] = static_cast<char>(0x7f);  // exponent all ones: NaN/Inf
+      payload[2 * (x.size() / 2)] = static_cast<char>(0xc0);
+    }
+    EXPECT_THROW(decode_push(0, 0, L, e, payload.data(), payload.size(), 0, 1, 1, 1.0), NonFiniteError)
+        << encoding_name(e);
+    EXPECT_THROW(decode_push(0, 0, L, e, payload.data(), payload.size() - 2, 0, 1, 1, 1.0), WireError);
+  }
+  std::string q = encode_floats(std::vector<float>(x.size(), 0.5f).data(), x.size(), Encoding::kInt8);
+  const float neg = -1.f;
+  std::memcpy(q.data() + 4, &neg, 4);
+  try {
+    decode_push(0, 0, L, Encoding::kInt8, q.data(), q.size(), 0, 1, 1, 1.0);
+    ADD_FAILURE() << "a negative block scale was accepted";
+  } catch (const NonFiniteError&) {
+    ADD_FAILURE() << "a negative scale is malformed, not non-finite";
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("negative scale"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace deloco

@@ -246,8 +246,10 @@ DELOCO_SCAN_CLONES double scan_blocks_q(const unsigned char* p, size_t blocks, i
   return sq;
 }
 
-// Σx² (double) and max|x| of fp32/bf16 elements [lo, hi); throws for a non-finite one.
-DELOCO_SCAN_CLONES void scan_plain(const unsigned char* p, Encoding e, size_t lo, size_t hi, double* sumsq, float* amax) {
+// Σx² (double) and max|x| of fp32/bf16 elements [lo, hi); false when one is non-finite (nothing is thrown from a
+// function compiled as target clones: an exception could not unwind through its dispatch).
+DELOCO_SCAN_CLONES bool scan_plain_clone(const unsigned char* p, Encoding e, size_t lo, size_t hi, double* sumsq,
+                                         float* amax) {
   constexpr int L = 16;
   double sq[L] = {};
   float m[L] = {};
@@ -271,11 +273,17 @@ DELOCO_SCAN_CLONES void scan_plain(const unsigned char* p, Encoding e, size_t lo
   for (; i + L <= hi; i += L)
     for (int l = 0; l < L; ++l) one(i + l, l);
   for (int l = 0; i < hi; ++i, ++l) one(i, l);
-  if (bad) throw_first_non_finite(p, e, lo, hi);
+  if (bad) return false;
   for (int l = 0; l < L; ++l) {
     *sumsq += sq[l];
     *amax = std::max(*amax, m[l]);
   }
+  return true;
+}
+
+// The same; throws NonFiniteError naming the first non-finite element.
+void scan_plain(const unsigned char* p, Encoding e, size_t lo, size_t hi, double* sumsq, float* amax) {
+  if (!scan_plain_clone(p, e, lo, hi, sumsq, amax)) throw_first_non_finite(p, e, lo, hi);
 }
 
 bool host_little_endian() {
