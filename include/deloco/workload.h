@@ -48,6 +48,14 @@ struct EvalResult {
   std::string loss_unit = "nats/token";  // how `loss` reads: "nats/byte" for byte-level text, where a token is a byte
 };
 
+// What a workload's training computes in, for records (all empty/0 when it does not say).
+struct ComputePrecision {
+  std::string setting;      // as configured (the GPT: train.precision, auto | fp32 | bf16)
+  std::string chosen;       // what it trains in (fp32 | bf16); empty before it was decided
+  double fp32_gflops = 0;   // the matmul rates it measured to decide (0: not measured)
+  double bf16_gflops = 0;
+};
+
 class LearnerGroup;
 
 class Workload {
@@ -66,6 +74,8 @@ class Workload {
   // workloads of the factory that made this one: a syncer bounds each learner's counters by it (learner_budget,
   // deloco/algorithm.h). 0: not known, and that check stays off (the default).
   virtual int64_t step_tokens(int64_t /*learner*/, int64_t /*learners*/) const { return 0; }
+  // The training compute precision, for records (the learner's learner_done); the default says nothing.
+  virtual ComputePrecision compute_precision() const { return {}; }
 };
 
 // Makes the workload of learner `learner` of `learners` (learner = 0, learners = 1: an evaluator or a single

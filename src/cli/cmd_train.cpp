@@ -137,6 +137,8 @@ void run_train(const TrainArgs& args) {
             << (malloc_description().empty() ? "" : ", " + malloc_description()) << "\n"
             << "run folder: " << run_dir << (args.resume.empty() ? "" : " (resumed at step " + std::to_string(tr.step()) + ")")
             << "\n";
+  const PrecisionChoice precision = tr.resolve_precision();  // train.precision = auto measures here, before step 1
+  std::cerr << "precision: " << precision.describe() << "\n";
 
   const StopSignals& stop = install_stop_signals();
   const int64_t end_step = args.stop_at_step > 0 ? std::min(args.stop_at_step, cfg.train.steps) : cfg.train.steps;
@@ -221,6 +223,10 @@ void run_train(const TrainArgs& args) {
       {"tokens_per_s", tps},
       {"params", n_params},
       {"threads", torch::get_num_threads()},
+      {"precision", precision.chosen},
+      {"precision_setting", precision.setting},
+      {"fp32_gflops", precision.fp32_gflops},
+      {"bf16_gflops", precision.bf16_gflops},
       {"blas", blas_description()},
       {"malloc", malloc_description()},
       {"unigram_entropy_bits", corpus->unigram_entropy_bits()},

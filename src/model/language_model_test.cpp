@@ -185,6 +185,7 @@ RunConfig scripted_config(const std::string& file) {
   cfg.train.batch_size = 4;
   cfg.train.steps = 3;
   cfg.train.eval_tokens = 64;
+  cfg.train.precision = "fp32";  // not auto: the references are float32 on every machine
   return cfg;
 }
 

@@ -261,6 +261,9 @@ struct LearnerDone : RecordBase {
   std::optional<bool> finished;                        // trained every step and every shard let it in
   std::optional<std::vector<int64_t>> unreached_shards;  // shards that refused its key for the whole run
   std::optional<std::string> error;
+  // The training compute precision (train.precision = auto: what the matmul probe chose, and the rates it measured).
+  std::optional<std::string> precision, precision_setting;
+  std::optional<double> fp32_gflops, bf16_gflops;
   template <class V> void fields(V& v) {
     v("step", step); v("steps_trained", steps_trained); v("tokens", tokens); v("wall_seconds", wall_seconds);
     v("busy_seconds", busy_seconds); v("steps_per_second", steps_per_second);
@@ -269,6 +272,8 @@ struct LearnerDone : RecordBase {
     v("pushes_dropped", pushes_dropped); v("pushes_superseded", pushes_superseded); v("broadcasts", broadcasts); v("rejected", rejected);
     v("finished", finished); v("bytes_sent", bytes_sent); v("bytes_received", bytes_received); v("ranks", ranks);
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
+    v("precision", precision); v("precision_setting", precision_setting); v("fp32_gflops", fp32_gflops);
+    v("bf16_gflops", bf16_gflops);
   }
 };
 

@@ -56,6 +56,7 @@ RunConfig run_config() {
   r.train.lr = 3e-3;
   r.train.eval_tokens = 256;
   r.train.log_every = 1;
+  r.train.precision = "fp32";  // not auto: the references are float32 on every machine
   r.train.threads = 1;
   return r;
 }

@@ -932,6 +932,11 @@ struct LearnerNode::Impl {
     d.bytes_sent = static_cast<int64_t>(bytes_out);
     d.bytes_received = static_cast<int64_t>(bytes_in);
     d.ranks = group ? static_cast<int64_t>(group->size()) : 1;
+    if (const ComputePrecision cp = work->compute_precision(); !cp.chosen.empty()) {
+      d.precision = cp.chosen;
+      d.precision_setting = cp.setting;
+      if (cp.fp32_gflops > 0) d.fp32_gflops = cp.fp32_gflops, d.bf16_gflops = cp.bf16_gflops;
+    }
     d.group_comm_seconds = group ? group->communication_seconds() : 0.0;
     if (const auto refused = refused_links(); !refused.empty()) {
       // Trained every step, but a syncer (shard) it needs never let it in: its part was never merged. Not finished.

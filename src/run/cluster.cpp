@@ -164,6 +164,7 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
   }
   group_port_.assign(static_cast<size_t>(M_), 0);
   done_record_.assign(static_cast<size_t>(M_), -1);
+  precision_.assign(static_cast<size_t>(M_), json());
   joins_at_start_.assign(static_cast<size_t>(M_), 0);
 }
 
@@ -704,6 +705,12 @@ void LocalCluster::poll_learner(size_t n) {
     // No "finished" field: a learner_done of a writer that does not say; anything but true or absent: not finished.
     const auto f = j.find("finished");
     done_record_[n] = f == j.end() || (f->is_boolean() && f->get<bool>()) ? 1 : 0;
+    if (j.contains("precision")) {
+      json p = json::object();
+      for (const char* k : {"precision", "precision_setting", "fp32_gflops", "bf16_gflops"})
+        if (j.contains(k)) p[k] = j[k];
+      precision_[n] = p;
+    }
   });
 }
 
@@ -781,6 +788,8 @@ json LocalCluster::make_summary() {
     }
     x["net_faults"] = faults;
   }
+  if (std::any_of(precision_.begin(), precision_.end(), [](const json& p) { return !p.is_null(); }))
+    x["learner_precision"] = precision_;  // per learner: what it trained in (train.precision = auto: and why)
   x["plaintext"] = cfg_.net.plaintext;
   x["learner_kills"] = learner_kills_;
   x["learner_stops"] = learner_stops_;

@@ -169,6 +169,7 @@ class LocalCluster {
   // Per learner, about its current incarnation: its last learner_done record said "finished" (-1: none yet, 0: it
   // said false, 1: it did), and the learner's joins before it started.
   std::vector<int> done_record_;
+  std::vector<nlohmann::json> precision_;  // per learner: the compute precision its last learner_done reported (null: none)
   std::vector<int> joins_at_start_;
   double next_status_ = 2.0;
   double learners_done_at_ = 0;

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <map>
 #include <sstream>
 
 #include "run/live_view.h"
@@ -188,6 +189,25 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       first = false;
     }
     o << "\n";
+  }
+  // The learners' compute precision (train.precision = auto: what each chose, and learner 0's measured rates).
+  if (s.contains("learner_precision") && s["learner_precision"].is_array()) {
+    std::map<std::string, int> chosen;
+    std::string rates;
+    for (const auto& p : s["learner_precision"]) {
+      if (!p.is_object() || !p.contains("precision") || !p["precision"].is_string()) continue;
+      ++chosen[p["precision"].get<std::string>()];
+      if (rates.empty() && p.contains("fp32_gflops") && p["fp32_gflops"].is_number() && p.contains("bf16_gflops") &&
+          p["bf16_gflops"].is_number())
+        rates = " (auto: matmuls at the model's shapes, fp32 " + fixed(p["fp32_gflops"].get<double>(), 1) +
+                " GFLOP/s, bf16 " + fixed(p["bf16_gflops"].get<double>(), 1) + ")";
+    }
+    if (!chosen.empty()) {
+      o << "precision:";
+      bool first = true;
+      for (const auto& [name, n] : chosen) o << (first ? " " : ", ") << name << " on " << n << " learner" << (n == 1 ? "" : "s"), first = false;
+      o << rates << "\n";
+    }
   }
   o << "summary: " << summary_file << "\n";
   return o.str();

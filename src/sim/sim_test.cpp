@@ -35,6 +35,7 @@ RunConfig sim_run(int64_t steps) {
   c.train.warmup_steps = 2;
   c.train.lr = 3e-3;
   c.train.eval_tokens = 512;
+  c.train.precision = "fp32";  // not auto: the references are float32 on every machine
   return c;
 }
 

@@ -41,6 +41,7 @@ RunConfig tiny_run() {
   c.train.steps = 20;
   c.train.warmup_steps = 2;
   c.train.eval_tokens = 256;
+  c.train.precision = "fp32";  // not auto: the references are float32 on every machine
   return c;
 }
 

@@ -54,6 +54,7 @@ RunConfig tiny(int64_t batch) {
   c.train.warmup_steps = 2;
   c.train.lr = 3e-3;
   c.train.eval_tokens = 256;
+  c.train.precision = "fp32";  // not auto: the references are float32 on every machine
   return c;
 }
 

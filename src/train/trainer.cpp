@@ -51,8 +51,14 @@ void RunConfig::bind(ConfigSchema& s) {
       if (b < 0) return std::string("entries must be >= 0");
     return std::string();
   });
-  s.bind("train.precision", &t.precision, "fp32, or bf16 (autocast forward; float32 weights, optimizer and loss)",
-         [&t] { return t.precision == "fp32" || t.precision == "bf16" ? "" : "must be fp32 or bf16, not '" + t.precision + "'"; });
+  s.bind("train.precision", &t.precision,
+         "auto (measure fp32 and bf16 matmuls at the model's shapes at the first step, take bf16 only where faster), "
+         "fp32, or bf16 (bf16 forward; float32 weights, optimizer and loss)",
+         [&t] {
+           return t.precision == "auto" || t.precision == "fp32" || t.precision == "bf16"
+                      ? ""
+                      : "must be auto, fp32 or bf16, not '" + t.precision + "'";
+         });
   s.bind("train.out_dir", &t.out_dir, "run folder (empty: runs/<config>-<time>)");
   s.bind("train.device", &t.device, "torch device: cpu, cuda, cuda:N", [&t] {
     try {
@@ -104,13 +110,13 @@ Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
                checked_vocab(cfg_, *corpus_).model.block_size,
                static_cast<uint64_t>(cfg.train.seed)) {
   params_ = model_->parameters();
+  model_->set_fused(cfg.train.fused);
   fingerprint_ = model_fingerprint(params_);
   AdamWOptions o;
   o.beta1 = cfg.train.beta1;
   o.beta2 = cfg.train.beta2;
   o.weight_decay = cfg.train.weight_decay;
   opt_ = std::make_unique<AdamW>(params_, o);
-  model_->set_fused(cfg.train.fused);
   val_windows_ = evaluation_windows(corpus_->val_tokens(), cfg_.model.block_size, cfg.train.eval_tokens).to(device_);
 }
 
@@ -205,7 +211,31 @@ void Trainer::join_group(std::shared_ptr<LearnerGroup> group) {
   grad_sync_ = group_->gradient_sync(params_);
 }
 
+// train.precision = auto: measured once, before the first step trained (an evaluator never pays for it).
+const PrecisionChoice& Trainer::resolve_precision() {
+  if (!precision_.chosen.empty()) return precision_;
+  std::vector<MatmulShape> shapes;
+  const int64_t rows = cfg_.train.batch_size * cfg_.model.block_size;
+  if (cfg_.model.kind == "gpt") {  // the built-in GPT's products: per block qkv, projection, MLP in and out; the head
+    const int64_t C = cfg_.model.n_embd;
+    for (int64_t l = 0; l < cfg_.model.n_layer; ++l)
+      for (const MatmulShape& s : {MatmulShape{rows, C, 3 * C}, MatmulShape{rows, C, C}, MatmulShape{rows, C, 4 * C},
+                                   MatmulShape{rows, 4 * C, C}})
+        shapes.push_back(s);
+    shapes.push_back({rows, C, cfg_.model.vocab_size});
+  } else {  // a user's module: every matrix parameter as a linear layer
+    std::vector<std::array<int64_t, 2>> w;
+    for (const auto& [name, p] : params_)
+      if (p.dim() == 2) w.push_back({p.size(0), p.size(1)});
+    shapes = forward_matmuls(w, rows);
+  }
+  precision_ = deloco::resolve_precision(cfg_.train.precision, shapes, device_);
+  cfg_.train.precision = precision_.chosen;
+  return precision_;
+}
+
 double Trainer::train_step() {
+  resolve_precision();
   model_->train(true);
   const int64_t b = cfg_.train.batch_size, R = group_size();
   // A group draws the learner's batch of b × R windows and rank r trains on rows [r·b, (r + 1)·b): one rank with

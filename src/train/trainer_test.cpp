@@ -35,6 +35,7 @@ RunConfig tiny_run() {
   c.train.warmup_steps = 3;
   c.train.lr = 3e-3;
   c.train.eval_tokens = 512;
+  c.train.precision = "fp32";  // not auto: the references are float32 on every machine
   return c;
 }
 

@@ -76,8 +76,9 @@ struct TrainConfig {
                                   // then differ in tokens per step, which token weighting rewards
   std::string out_dir;            // run folder ("" : runs/<config name>-<time>)
   std::string device = "cpu";     // torch device string: cpu, cuda, cuda:1, ...
-  std::string precision = "fp32"; // "bf16": the training forward under bf16 autocast (CPU and CUDA); parameters,
-                                  // gradients, optimizer state, the loss and every evaluation stay float32
+  std::string precision = "auto"; // "bf16": the training forward in bfloat16 (CPU and CUDA); parameters, gradients,
+                                  // optimizer state, the loss and every evaluation stay float32. "auto": bf16 where
+                                  // the device's bf16 matmuls measure faster (deloco/gpt/precision.h), else fp32
 };
 
 struct RunConfig {

@@ -19,6 +19,7 @@
 #include "deloco/gpt/config.h"
 #include "deloco/gpt/data.h"
 #include "deloco/gpt/model.h"
+#include "deloco/gpt/precision.h"
 #include "deloco/workload.h"
 
 namespace deloco {
@@ -71,6 +72,12 @@ class Trainer : public Workload {
   LanguageModel& model() { return *model_; }
   AdamW& optimizer() { return *opt_; }
   const RunConfig& config() const { return cfg_; }
+  // The compute precision of the training forward: train.precision, or with "auto" what the probe chose (measured
+  // once, here or at the first step; deloco/gpt/precision.h). After it, config().train.precision names the choice.
+  const PrecisionChoice& resolve_precision();
+  ComputePrecision compute_precision() const override {
+    return {precision_.setting, precision_.chosen, precision_.fp32_gflops, precision_.bf16_gflops};
+  }
 
   // Manifest fields describing this trainer's position (step, tokens, data position, seed, fingerprint).
   nlohmann::json position() const;
@@ -94,6 +101,7 @@ class Trainer : public Workload {
   ShardSampler sampler_;
   torch::Tensor val_windows_;
   std::string fingerprint_;
+  PrecisionChoice precision_;  // empty chosen: not resolved yet
   int64_t step_ = 0;
   std::shared_ptr<LearnerGroup> group_;
   std::unique_ptr<GradientSync> grad_sync_;
