@@ -24,7 +24,7 @@ void add_merge_command(CLI::App& app) {
   add_common_options(sub, common.get());
   // The flags are the [merge] keys a training run has too (deloco/merge.h), plus alpha and threads.
   sub->add_option("--method", m.method,
-                  "merge method (mean, rda, iso_c, iso_c_fast, iso_cts, tsv, ties, dare) or plan "
+                  "merge method (mean, rda, iso_c, iso_c_fast, iso_c_ns, iso_cts, tsv, ties, dare) or plan "
                   "(diloco, decoupled, isoloco) [merge.method; default: merge.preset's plan, the mean]");
   sub->add_option("--base", args->base, "base checkpoint (.safetensors file or checkpoint folder)")->required();
   sub->add_option("--inputs", args->inputs, "fine-tuned checkpoints to merge")->required();
