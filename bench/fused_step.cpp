@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
     if (p == "none") continue;
     RunConfig a = cfg, b = cfg;
     a.train.precision = b.train.precision = p;
+    a.train.fused = true;
     b.train.fused = false;
     Trainer on(a, corpus), off(b, corpus);
     for (int i = 0; i < 3; ++i) on.train_step(), off.train_step();  // warm-up (allocations, oneDNN kernels)

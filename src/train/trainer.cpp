@@ -40,7 +40,7 @@ void RunConfig::bind(ConfigSchema& s) {
   s.bind("train.keep_checkpoints", &t.keep_checkpoints, "checkpoints kept per run (0: all)",
          [&t] { return non_negative(t.keep_checkpoints); });
   s.bind("train.seed", &t.seed, "seed for initialisation and data order");
-  s.bind("train.fused", &t.fused, "the built-in GPT's fused CPU kernels (layer norm, attention softmax, loss); false: ATen's operations");
+  s.bind("train.fused", &t.fused, "the built-in GPT's fused CPU kernels (layer norm, attention softmax, loss; opt-in, see include/deloco/gpt/config.h); false (the default): ATen's operations");
   s.bind("train.threads", &t.threads, "intra-op threads (0: one per core)", [&t] { return non_negative(t.threads); });
   s.bind("train.learner_id", &t.learner_id, "data shard of this learner", [&t] {
     return (t.learner_id >= 0 && t.learner_id < t.num_learners) ? "" : "must be in [0, train.num_learners)";
