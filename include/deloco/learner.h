@@ -10,7 +10,13 @@
 //  * the answer rule: an answer (merged Θ_p, version v) is applied at the first step boundary at or after
 //    max(arrival, send + τ): θ_p ← (1 − α)·Θ_p + α·θ_p. Applying it clears the outstanding send of p;
 //  * the wait rule: with wait_for_answer, the learner may not start its next step while a fragment it sent has no
-//    answer and send + τ (or the end of training) is reached;
+//    answer and send + τ (or the end of training) is reached. The answer to a push is a version that includes it:
+//    a syncer that marks its broadcasts (receive(): `covers`) says so, and a newer Θ_p that does not include the
+//    push (another learner's merge that overtook it) is held back until one that does arrives, so the next push is
+//    not based on a version its own merge already replaced (with delta_anchor = global that staleness feeds the
+//    last outer update back into the next; with Nesterov momentum a learner stuck one version behind diverges,
+//    docs/sim.md: Stability of the global anchor). Unmarked answers (covers = −1: the simulator, an older syncer) answer any push;
+//    without wait_for_answer every answer is applied when due, as before;
 //  * the step-time estimate: the mean duration of the inner steps since the previous push (carried by the push).
 //
 // Contract
@@ -84,8 +90,10 @@ class LearnerCore {
   // returns the pushes due now (their fragments become outstanding).
   std::vector<Push> after_step(int64_t step, int64_t tokens, double seconds);
   // The merged Θ_p of version `version` arrived (flat fp32 CPU, the fragment's layout). Kept until it is due;
-  // a newer answer replaces an older one not yet applied.
-  void receive(int64_t fragment, int64_t version, at::Tensor flat);
+  // a newer answer replaces an older one not yet applied. covers: −1 = unmarked (answers any outstanding push);
+  // ≥ 0 = it includes this learner's pushes of the fragment based on versions below `covers` (the syncer's mark:
+  // 1 + the base version of the latest of its pushes merged into it, 0 = none).
+  void receive(int64_t fragment, int64_t version, at::Tensor flat, int64_t covers = -1);
   // At the boundary before inner step `step` + 1: applies every received answer whose time has come.
   std::vector<Applied> apply_due(int64_t step);
   // With wait_for_answer: the fragments whose answer the learner must have before it trains on (empty: go on).
@@ -125,6 +133,7 @@ class LearnerCore {
 
  private:
   bool answer_due(size_t p, int64_t step) const;
+  bool answers_push(size_t p) const;  // a pending answer that answers the outstanding push (or there is none)
   void apply(size_t p, int64_t version, const at::Tensor& flat);
 
   SyncOptions opts_;
@@ -137,12 +146,13 @@ class LearnerCore {
   Encoding encoding_ = Encoding::kFp32;
   bool error_feedback_ = true;
 
-  std::vector<int64_t> c_steps_, c_tokens_, sent_at_, held_version_;
+  std::vector<int64_t> c_steps_, c_tokens_, sent_at_, sent_base_, held_version_;
   std::vector<at::Tensor> held_;                 // per fragment: flat Θ_p^v as applied/installed
   std::vector<std::vector<float>> residual_;     // error feedback per fragment
   struct Answer {
     int64_t version = 0;
     at::Tensor flat;
+    int64_t covers = -1;
   };
   std::vector<std::optional<Answer>> pending_;
   double acc_time_ = 0;

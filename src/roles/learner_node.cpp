@@ -60,6 +60,7 @@ struct LearnerNode::Impl {
   struct Answer {
     int64_t version = 0;
     at::Tensor flat;
+    int64_t covers = -1;  // LearnerCore::receive
   };
   struct State {
     proto::Welcome welcome;
@@ -93,6 +94,7 @@ struct LearnerNode::Impl {
     std::unique_ptr<ClientTransport> tx;
     ShardPlan plan;
     bool joined = false, have_state = false, left = false, ever_joined = false;
+    bool marks_answers = false;  // its broadcasts say which push they answer (proto::Welcome::marks_answers)
     std::optional<State> state_ready;  // a verified download of this shard's part, waiting to be installed
     // The parameters of this shard's part as the process started (its seeded initialisation, model_layout order)
     // and their FNV-1a-64: offered in the hello (proto::Hello::state_hash) until the link first holds a state, so a
@@ -442,6 +444,7 @@ struct LearnerNode::Impl {
         emit(L, r);
       }
     }
+    L.marks_answers = w.marks_answers;
     L.sent.clear();
     L.sent_base = 0;
     L.pushes_acked = 0;
@@ -542,7 +545,7 @@ struct LearnerNode::Impl {
     std::unique_lock<std::mutex> lock(mu);
     auto it = inbox.find(p);
     if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
-      inbox[p] = Answer{static_cast<int64_t>(h.round), flat};
+      inbox[p] = Answer{static_cast<int64_t>(h.round), flat, L.marks_answers ? static_cast<int64_t>(h.c_tokens) : -1};
     L.unsettled.erase(p);  // an answer for p answers our push of p too (the core clears it when it applies)
     ++broadcasts;
     cv.notify_all();
@@ -641,7 +644,7 @@ struct LearnerNode::Impl {
                  "version held (optimizer state kept)";
       emit(r);
     }
-    for (auto& [p, a] : answers) core->receive(p, a.version, a.flat);
+    for (auto& [p, a] : answers) core->receive(p, a.version, a.flat, a.covers);
     return installed;
   }
 

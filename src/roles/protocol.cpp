@@ -82,6 +82,7 @@ std::string encode_welcome(const Welcome& w) {
                    {"state_hash", fingerprint_hex(w.state_hash)}};
   if (w.pushes >= 0) j["pushes"] = w.pushes;
   if (w.state_held) j["state_held"] = true;
+  if (w.marks_answers) j["marks_answers"] = true;
   return j.dump();
 }
 
@@ -104,6 +105,10 @@ Welcome parse_welcome(const char* data, size_t n) {
   if (auto held = j.find("state_held"); held != j.end()) {
     if (!held->is_boolean()) throw WireError("welcome field 'state_held' is not a boolean");
     w.state_held = held->get<bool>();
+  }
+  if (auto marks = j.find("marks_answers"); marks != j.end()) {
+    if (!marks->is_boolean()) throw WireError("welcome field 'marks_answers' is not a boolean");
+    w.marks_answers = marks->get<bool>();
   }
   if (w.state_held && w.chunks != 0) throw WireError("welcome: state_held with chunks to download");
   if (w.chunks > 0 && (w.chunk_elements == 0 || (w.chunks - 1) * w.chunk_elements >= w.elements ||

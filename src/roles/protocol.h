@@ -53,6 +53,11 @@ struct Welcome {
   // The hello's state_hash equals state_hash: the learner holds this state already, no chunks follow (chunks = 0).
   // Optional on the wire (absent: false).
   bool state_held = false;
+  // The syncer marks each broadcast it sends this learner with the push it answers (MessageHeader::c_tokens of a
+  // fragment_broadcast: 1 + the base version of the latest push of that fragment from this learner process merged
+  // into it, 0 = none; LearnerCore::receive's `covers`). Optional on the wire (absent: false, an older syncer:
+  // any newer version answers a push).
+  bool marks_answers = false;
 };
 std::string encode_welcome(const Welcome& w);
 Welcome parse_welcome(const char* data, size_t n);

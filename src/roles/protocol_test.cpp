@@ -51,6 +51,11 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   v = parse_welcome(s.data(), s.size());
   EXPECT_TRUE(v.state_held);
   EXPECT_EQ(v.chunks, 0);
+  EXPECT_FALSE(v.marks_answers);  // absent on the wire: an older syncer
+  EXPECT_EQ(s.find("marks_answers"), std::string::npos);
+  w.marks_answers = true;
+  s = encode_welcome(w);
+  EXPECT_TRUE(parse_welcome(s.data(), s.size()).marks_answers);
 
   Beat b{10, 2560, 1.5, 0.02};
   s = encode_beat(b);
@@ -80,6 +85,8 @@ TEST(Protocol, RefusesMalformedBodiesNamingTheField) {
                parse_hello);
   expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":1,"chunk_elements":50,"elements":50,"state_hash":"0000000000000001","state_held":true})",
                "state_held", parse_welcome);
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000001","marks_answers":"yes"})",
+               "marks_answers", parse_welcome);
   expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000001","state_held":1})",
                "state_held", parse_welcome);
   expect_error(R"({"step":1,"tokens":1,"busy_seconds":-1,"step_time":0})", "busy_seconds", parse_beat);

@@ -62,6 +62,9 @@ struct Peer {
     Bytes payload;
   };
   std::map<int64_t, Pending> pending;
+  // ---- answers: per local fragment, the base version of the latest push accepted from this learner process, and
+  // 1 + that of the latest one merged (0: none): the mark its broadcasts carry (proto::Welcome::marks_answers) ----
+  std::map<int64_t, int64_t> pushed_base, merged_mark;
   // ---- pushes on the current connection ----
   int64_t pushes_rx = 0;     // pushes read on `route` since its latest hello (told back: proto::SyncerBeat)
   // This link's measured transfer times (moving averages): a push (upload) and a broadcast (hand-off to

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <queue>
 #include <random>
 
@@ -114,6 +115,7 @@ struct Event {
   bool drop_drift = false;  // kRefused: a refusal that would repeat (refusal_drops_drift, deloco/sync.h)
   std::shared_ptr<Contribution> contribution;
   std::shared_ptr<const Snapshot> snapshot;
+  int64_t covers = -1;  // kAnswer: the push it answers (LearnerCore::receive), as the syncer node marks it
 };
 struct Later {
   bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
@@ -128,6 +130,9 @@ struct Learner {
   int64_t epoch = 0, tokens = 0;
   double step_started = 0, step_duration = 0, wait_started = 0;
   double useful = 0, waited = 0, lost = 0;
+  // Per fragment, of this epoch: the base version of its latest accepted push, 1 + that of the latest merged one
+  // (the mark the syncer node's broadcasts carry, proto::Welcome::marks_answers).
+  std::map<int64_t, int64_t> pushed_base, merged_mark;
 };
 
 }  // namespace
@@ -268,8 +273,9 @@ struct Simulator::Impl {
       deferred.emplace_back(std::move(c), epoch);
       return;
     }
-    const int64_t m = c->learner, p = c->fragment;
+    const int64_t m = c->learner, p = c->fragment, base = c->base_version;
     const SyncReject why = syncer->receive(now, std::move(*c));
+    if (why == SyncReject::kNone && epoch == learners[m].epoch) learners[m].pushed_base[p] = base;
     if (why != SyncReject::kNone) {
       rec::Reject rj;
       rj.learner = m;
@@ -346,6 +352,10 @@ struct Simulator::Impl {
       decode_floats_into(wire.data(), wire.size(), answer_enc, static_cast<size_t>(layouts[p].elements),
                          snap->flat.data_ptr<float>());
     }
+    for (int64_t m : out.learners) {
+      Learner& L = learners[static_cast<size_t>(m)];
+      if (auto b = L.pushed_base.find(p); b != L.pushed_base.end()) L.merged_mark[p] = b->second + 1;
+    }
     const int64_t down = fragment_frame_bytes(p, answer_enc);
     const double leave = now + cfg.sim.merge_time;
     for (int64_t m = 0; m < static_cast<int64_t>(learners.size()); ++m) {
@@ -358,6 +368,8 @@ struct Simulator::Impl {
       a.fragment = p;
       a.epoch = L.epoch;
       a.snapshot = snap;
+      const auto mark = L.merged_mark.find(p);
+      a.covers = mark == L.merged_mark.end() ? 0 : mark->second;
       push(a);
       bytes_down += down;
     }
@@ -368,7 +380,7 @@ struct Simulator::Impl {
   void on_answer(const Event& e) {
     Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up) return;
-    L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat);
+    L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat, e.covers);
     if (L.waiting) boundary(e.learner);
   }
 
@@ -395,6 +407,8 @@ struct Simulator::Impl {
     L.up = false;
     L.stepping = L.waiting = false;
     ++L.epoch;
+    L.pushed_base.clear();
+    L.merged_mark.clear();
     L.core->forget_in_flight();
     syncer->set_connected(e.learner, false);
     rec::Fail f;

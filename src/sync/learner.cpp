@@ -78,6 +78,7 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
   c_steps_.assign(P, 0);
   c_tokens_.assign(P, 0);
   sent_at_.assign(P, -1);
+  sent_base_.assign(P, -1);
   held_version_.assign(P, 0);
   pending_.assign(P, std::nullopt);
   residual_.resize(P);
@@ -128,12 +129,13 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
       push.payload = encode_floats(delta.data(), delta.size(), encoding_);
     }
     sent_at_[p] = step;
+    sent_base_[p] = held_version_[p];
     out.push_back(std::move(push));
   }
   return out;
 }
 
-void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat) {
+void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat, int64_t covers) {
   const size_t p = static_cast<size_t>(fragment);
   if (fragment < 0 || p >= fragments_.size()) throw SyncError("answer for unknown fragment " + std::to_string(fragment));
   if (flat.numel() != layouts_[p].elements || flat.scalar_type() != at::kFloat || !flat.device().is_cpu())
@@ -141,7 +143,13 @@ void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat) {
                     " elements, the fragment " + std::to_string(layouts_[p].elements) + " (flat fp32 CPU expected)");
   if (version <= held_version_[p]) return;
   if (pending_[p] && pending_[p]->version >= version) return;
-  pending_[p] = Answer{version, flat.contiguous()};
+  pending_[p] = Answer{version, flat.contiguous(), covers};
+}
+
+bool LearnerCore::answers_push(size_t p) const {
+  if (!pending_[p]) return false;
+  if (sent_at_[p] < 0 || pending_[p]->covers < 0) return true;  // nothing outstanding, or an unmarked answer
+  return pending_[p]->covers > sent_base_[p];
 }
 
 bool LearnerCore::answer_due(size_t p, int64_t step) const {
@@ -167,6 +175,9 @@ std::vector<Applied> LearnerCore::apply_due(int64_t step) {
   std::vector<Applied> done;
   for (size_t p = 0; p < fragments_.size(); ++p) {
     if (!pending_[p] || !answer_due(p, step)) continue;
+    // Waiting for the merge of its own push, the learner keeps a newer Θ_p that lacks it (see the header): applied
+    // now, its next push would be based one version behind and, anchored globally, carry the last update again.
+    if (opts_.wait_for_answer && !answers_push(p)) continue;
     Answer a = std::move(*pending_[p]);
     pending_[p].reset();
     apply(p, a.version, a.flat);
@@ -179,7 +190,7 @@ std::vector<int64_t> LearnerCore::waiting_for(int64_t step) const {
   std::vector<int64_t> w;
   if (!opts_.wait_for_answer) return w;
   for (size_t p = 0; p < fragments_.size(); ++p)
-    if (sent_at_[p] >= 0 && answer_due(p, step) && !pending_[p]) w.push_back(static_cast<int64_t>(p));
+    if (sent_at_[p] >= 0 && answer_due(p, step) && !answers_push(p)) w.push_back(static_cast<int64_t>(p));
   return w;
 }
 

@@ -182,6 +182,53 @@ TEST(LearnerCore, AtTheEndOfTrainingAWaitingLearnerWaitsForItsLastAnswer) {
   EXPECT_FALSE(core.must_wait(4));
 }
 
+// A marked answer (a syncer that says which push it answers) that does not include the outstanding push is a newer
+// Θ_p merged without it: a waiting learner keeps it back and waits on; the version that includes the push is the
+// answer. (Taken as the answer, the next push would be based one version behind, and a learner that keeps doing so
+// feeds each outer update back into the next: with delta_anchor = global and Nesterov momentum that loop diverges.)
+TEST(LearnerCore, AWaitingLearnerWaitsForTheVersionThatIncludesItsPush) {
+  Toy toy(1, 4);
+  LearnerCore core(opts(4, 0, true), toy.plan, toy.params, /*total_steps=*/100);
+  for (int64_t s = 1; s <= 4; ++s) {
+    toy.train();
+    core.after_step(s, 1, 1.0);
+  }
+  ASSERT_EQ(core.outstanding(0), 4);  // pushed with base version 0
+  core.receive(0, 1, answer(core, 0, 7.0f), /*covers=*/0);  // version 1: another learner's merge, not ours
+  EXPECT_EQ(core.waiting_for(4), std::vector<int64_t>{0});
+  EXPECT_TRUE(core.apply_due(4).empty());
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 4.0f);  // untouched
+  core.receive(0, 2, answer(core, 0, 8.0f), /*covers=*/1);  // version 2 includes our push (base 0 < 1)
+  EXPECT_FALSE(core.must_wait(4));
+  const auto applied = core.apply_due(4);
+  ASSERT_EQ(applied.size(), 1u);
+  EXPECT_EQ(applied[0].version, 2);
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 8.0f);
+  // The next push is based on version 2; an answer marked with an older push (base 0: covers 1) does not answer it.
+  for (int64_t s = 5; s <= 8; ++s) core.after_step(s, 1, 1.0);
+  core.receive(0, 3, answer(core, 0, 9.0f), /*covers=*/1);
+  EXPECT_TRUE(core.must_wait(8));
+  core.receive(0, 4, answer(core, 0, 10.0f), /*covers=*/3);
+  EXPECT_FALSE(core.must_wait(8));
+  EXPECT_EQ(core.apply_due(8).size(), 1u);
+  EXPECT_EQ(core.version(0), 4);
+  // Unmarked answers (covers = −1: the simulator, an older syncer) answer any push, as before.
+  for (int64_t s = 9; s <= 12; ++s) core.after_step(s, 1, 1.0);
+  core.receive(0, 5, answer(core, 0, 11.0f));
+  EXPECT_FALSE(core.must_wait(12));
+  EXPECT_EQ(core.apply_due(12).size(), 1u);
+}
+
+// Without the wait rule nothing is held back: a marked answer that lacks the push is applied when due (async mode).
+TEST(LearnerCore, WithoutWaitingAnAnswerThatLacksThePushIsStillApplied) {
+  Toy toy(1, 4);
+  LearnerCore core(opts(4, 0, false), toy.plan, toy.params, /*total_steps=*/100);
+  for (int64_t s = 1; s <= 4; ++s) core.after_step(s, 1, 1.0);
+  core.receive(0, 1, answer(core, 0, 7.0f), /*covers=*/0);
+  EXPECT_FALSE(core.must_wait(4));
+  EXPECT_EQ(core.apply_due(4).size(), 1u);
+}
+
 // Issue 11: a rolled-back merge refuses every contributor at once. Under wait_for_answer a refused push must not
 // leave its learner waiting for an answer that will never come; an answer received earlier still applies.
 TEST(LearnerCore, ARefusedPushIsNoLongerWaitedFor) {
