@@ -294,9 +294,8 @@ void Syncer::recycle(int64_t fragment, Version v) {
   v.tensors.clear();
   at::Tensor& spare = spare_[static_cast<size_t>(fragment)];
   // Only a buffer nobody else holds (a broadcast still queued by the driver may): the next merge writes it.
-  // Not reused for now: testbed.net_slow's global model diverged with buffer reuse on (cause not yet found).
-  (void)spare;
-  v.flat = at::Tensor();
+  if (v.flat.defined() && !spare.defined() && v.flat.use_count() == 1 && v.flat.storage().use_count() == 1)
+    spare = std::move(v.flat);
 }
 
 at::Tensor Syncer::new_flat(int64_t fragment) {
