@@ -76,6 +76,15 @@ struct Counters {
     s.disconnects = disconnects.load();
     return s;
   }
+  // Hands out the oldest complete message of `ready`, counted in; false when there is none.
+  bool pop(std::deque<Envelope>& ready, Envelope* out) {
+    if (ready.empty()) return false;
+    *out = std::move(ready.front());
+    ready.pop_front();
+    messages_in++;
+    bytes_in += out->header.size() + out->payload.size();
+    return true;
+  }
 };
 
 class Context {
@@ -637,13 +646,7 @@ class ZmqServer final : public ServerTransport {
   bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
-      if (!ready_.empty()) {
-        *out = std::move(ready_.front());
-        ready_.pop_front();
-        c_.messages_in++;
-        c_.bytes_in += out->header.size() + out->payload.size();
-        return true;
-      }
+      if (c_.pop(ready_, out)) return true;
       std::vector<MsgPtr> f;
       int total = 0;
       size_t next = 0, which = 0;
@@ -943,13 +946,7 @@ class ZmqClient final : public ClientTransport {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
       if (lanes_.size() > 1) read_monitor_events();
-      if (!ready_.empty()) {
-        *out = std::move(ready_.front());
-        ready_.pop_front();
-        c_.messages_in++;
-        c_.bytes_in += out->header.size() + out->payload.size();
-        return true;
-      }
+      if (c_.pop(ready_, out)) return true;
       std::vector<MsgPtr> f;
       int total = 0;
       size_t which = 0;
