@@ -405,8 +405,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   if (P.instance != hello.instance) {
     P.busy_done += P.busy;
     P.busy = 0;
-    P.pushed_base.clear();  // another process: its pushes start afresh (the same one keeps them across hellos)
-    P.merged_mark.clear();
+    answer_marks.forget(m);  // another process: its pushes start afresh (the same one keeps them across hellos)
   }
   if (other_route) P.dl_sent = -1;  // the id moves to this connection: a download on the old one no longer counts
   // A (re)join starts the connection's counts afresh: pushes read since this hello, broadcasts in flight (what the
@@ -508,7 +507,7 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
                       (code == RejectReason::kDeltaTooLarge ? " (drop your drift of this fragment)" : ""),
                   sync_reject_name(why));
   }
-  peers[m].pushed_base[p] = static_cast<int64_t>(h.round);
+  answer_marks.accepted(m, p, static_cast<int64_t>(h.round));
   try_merge(p);
 }
 
@@ -537,8 +536,7 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, int64_t version, co
   it->second.header = h;
   // The push of p from m this version answers (queued right after its merge, or the latest version by catch_up:
   // either way the marks as they stand now are this version's).
-  auto mark = P.merged_mark.find(p);
-  it->second.header.c_tokens = static_cast<uint64_t>(mark == P.merged_mark.end() ? 0 : mark->second);
+  it->second.header.c_tokens = static_cast<uint64_t>(answer_marks.mark(m, p));
   it->second.payload = payload;
   pump(m);
 }
@@ -654,10 +652,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
     bf.detail = e.what();
     emit(std::move(bf));
   }
-  for (int64_t m : out.learners) {
-    auto base = peers[m].pushed_base.find(p);
-    if (base != peers[m].pushed_base.end()) peers[m].merged_mark[p] = base->second + 1;
-  }
+  answer_marks.merged(p, out.learners);
   if (encoded) latest[p] = syncer_detail::Latest{out.version, bh, payload};
   for (int64_t m = 0; m < M && encoded; ++m) {
     if (!peers[m].alive || retired[m]) continue;

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "deloco/answer_marks.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
 #include "records/kinds.h"
@@ -62,9 +63,6 @@ struct Peer {
     Bytes payload;
   };
   std::map<int64_t, Pending> pending;
-  // ---- answers: per local fragment, the base version of the latest push accepted from this learner process, and
-  // 1 + that of the latest one merged (0: none): the mark its broadcasts carry (proto::Welcome::marks_answers) ----
-  std::map<int64_t, int64_t> pushed_base, merged_mark;
   // ---- pushes on the current connection ----
   int64_t pushes_rx = 0;     // pushes read on `route` since its latest hello (told back: proto::SyncerBeat)
   // This link's measured transfer times (moving averages): a push (upload) and a broadcast (hand-off to
@@ -111,6 +109,7 @@ struct SyncerNode::Impl {
   WireLimits limits;
   Encoding broadcast_enc = Encoding::kFp32;
   std::vector<syncer_detail::Peer> peers;
+  AnswerMarks answer_marks;  // by learner id and local fragment: the push each broadcast answers
   std::map<std::string, int64_t> route_to_id;
   std::vector<double> timers;  // per fragment: call decide again at this time (< 0: none)
   std::vector<syncer_detail::Latest> latest;  // per fragment (local order): its latest broadcast

@@ -12,13 +12,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <queue>
 #include <random>
 
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/answer_marks.h"
 #include "deloco/learner.h"
 #include "records/kinds.h"
 #include "records/round_record.h"
@@ -130,9 +130,6 @@ struct Learner {
   int64_t epoch = 0, tokens = 0;
   double step_started = 0, step_duration = 0, wait_started = 0;
   double useful = 0, waited = 0, lost = 0;
-  // Per fragment, of this epoch: the base version of its latest accepted push, 1 + that of the latest merged one
-  // (the mark the syncer node's broadcasts carry, proto::Welcome::marks_answers).
-  std::map<int64_t, int64_t> pushed_base, merged_mark;
 };
 
 }  // namespace
@@ -141,6 +138,7 @@ struct Simulator::Impl {
   RunConfig run;
   SimConfig cfg;
   std::vector<Learner> learners;
+  AnswerMarks answer_marks;  // the push each answer answers, marked as the syncer node marks its broadcasts
   std::unique_ptr<Workload> evaluator;
   std::unique_ptr<Syncer> syncer;
   std::vector<FlatLayout> layouts;
@@ -275,7 +273,7 @@ struct Simulator::Impl {
     }
     const int64_t m = c->learner, p = c->fragment, base = c->base_version;
     const SyncReject why = syncer->receive(now, std::move(*c));
-    if (why == SyncReject::kNone && epoch == learners[m].epoch) learners[m].pushed_base[p] = base;
+    if (why == SyncReject::kNone && epoch == learners[m].epoch) answer_marks.accepted(m, p, base);
     if (why != SyncReject::kNone) {
       rec::Reject rj;
       rj.learner = m;
@@ -352,10 +350,7 @@ struct Simulator::Impl {
       decode_floats_into(wire.data(), wire.size(), answer_enc, static_cast<size_t>(layouts[p].elements),
                          snap->flat.data_ptr<float>());
     }
-    for (int64_t m : out.learners) {
-      Learner& L = learners[static_cast<size_t>(m)];
-      if (auto b = L.pushed_base.find(p); b != L.pushed_base.end()) L.merged_mark[p] = b->second + 1;
-    }
+    answer_marks.merged(p, out.learners);
     const int64_t down = fragment_frame_bytes(p, answer_enc);
     const double leave = now + cfg.sim.merge_time;
     for (int64_t m = 0; m < static_cast<int64_t>(learners.size()); ++m) {
@@ -368,8 +363,7 @@ struct Simulator::Impl {
       a.fragment = p;
       a.epoch = L.epoch;
       a.snapshot = snap;
-      const auto mark = L.merged_mark.find(p);
-      a.covers = mark == L.merged_mark.end() ? 0 : mark->second;
+      a.covers = answer_marks.mark(m, p);
       push(a);
       bytes_down += down;
     }
@@ -407,8 +401,7 @@ struct Simulator::Impl {
     L.up = false;
     L.stepping = L.waiting = false;
     ++L.epoch;
-    L.pushed_base.clear();
-    L.merged_mark.clear();
+    answer_marks.forget(e.learner);
     L.core->forget_in_flight();
     syncer->set_connected(e.learner, false);
     rec::Fail f;
