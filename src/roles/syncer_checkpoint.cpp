@@ -29,6 +29,7 @@ nlohmann::json SyncerNode::Impl::counters() const {
           {"stalled", prior_stalled + stalled},
           {"unix_time", unix_now()},
           {"rejects", rejects},
+          {"joins_refused", joins_refused},
           {"peers", peers_j},
           {"retired", ret},
           {"grace_waits", grace_waits},
@@ -110,6 +111,7 @@ void SyncerNode::Impl::restore_from(const std::string& out_dir) {
     prior_elapsed += down;
     prior_stalled = c.at("stalled").get<double>() + down;
     rejects = c.at("rejects").get<std::map<std::string, int64_t>>();
+    joins_refused = c.value("joins_refused", int64_t{0});  // absent from checkpoints of older syncers
     grace_waits = c.value("grace_waits", int64_t{0});
     grace_wait_total = c.value("grace_wait_total", 0.0);
     const auto& pj = c.at("peers");

@@ -107,10 +107,11 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   sum.goodput = goodput();
   sum.bytes_sent = static_cast<int64_t>(st.bytes_out);
   sum.contributions_merged = core->merged_contributions();
-  sum.contributions_rejected = total_rejects();
+  sum.contributions_rejected = contribution_rejects();
   // The syncer node's own fields.
   nlohmann::json s{{"bytes_received", st.bytes_in},
                    {"rejects", rejects},
+                   {"joins_refused", joins_refused},
                    {"grace_waits", grace_waits},
                    {"state_snapshots", state_snapshots},
                    {"state_downloads", state_downloads},

@@ -61,6 +61,7 @@ void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t
                               const std::string& detail, const std::string& counter) {
   const std::string reason = counter.empty() ? proto::reject_reason_name(code) : counter;
   ++rejects[reason];
+  if (in_hello) ++joins_refused;
   const std::string text = clip_utf8(detail, 400);  // may quote the peer
   rec::Reject rj;
   rj.learner = learner;
@@ -292,6 +293,11 @@ std::shared_ptr<const syncer_detail::StateSnapshot> SyncerNode::Impl::state_snap
 }
 
 void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, double t) {
+  in_hello = true;
+  struct Leave {
+    bool& flag;
+    ~Leave() { flag = false; }
+  } leave{in_hello};
   proto::Hello hello;
   try {
     hello = proto::parse_hello(env.payload.data(), env.payload.size());

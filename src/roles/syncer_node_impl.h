@@ -128,6 +128,10 @@ struct SyncerNode::Impl {
   int64_t blocked_spells = 0, drift_resets = 0;
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
+  // Of those, hellos refused (duplicate_id while the old connection still counts live, a key bound to another id,
+  // ...): a refused join is not a refused contribution, so the summary reports them apart (joins_refused).
+  int64_t joins_refused = 0;
+  bool in_hello = false;  // on_hello is running: reject() counts into joins_refused too
   std::map<std::string, std::pair<double, int64_t>> reject_log;  // log key → (window start, records logged)
   // State downloads (on_hello): snapshots encoded, downloads queued, requests answered without a new copy because
   // one was outstanding. Records the sink failed to take (emit never throws).
@@ -312,6 +316,8 @@ struct SyncerNode::Impl {
 
   void housekeeping();
 
+  // Every refusal but refused joins: the summary's contributions_rejected.
+  int64_t contribution_rejects() const { return total_rejects() - joins_refused; }
   int64_t total_rejects() const {
     int64_t n = 0;
     for (const auto& [k, v] : rejects) n += v;

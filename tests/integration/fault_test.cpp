@@ -409,6 +409,11 @@ TEST_F(Faults, SyncerSurvivesBadPeersAndCountsEachRejection) {
   for (const char* why : {"malformed_frame", "fingerprint_mismatch", "not_joined", "non_finite", "duplicate_id"})
     EXPECT_GE(r.value(why, 0), 1) << why << " in " << r.dump();
   EXPECT_GE(r.value("malformed_frame", 0), 2000);
+  // A refused hello is not a refused contribution: the summary counts it apart (the duplicate id above).
+  int64_t all = 0;
+  for (const auto& [why, n] : r.items()) all += n.get<int64_t>();
+  EXPECT_GE(s["joins_refused"].get<int64_t>(), r.value("duplicate_id", 0)) << s.dump();
+  EXPECT_EQ(s["contributions_rejected"].get<int64_t>(), all - s["joins_refused"].get<int64_t>()) << s.dump();
   // ... all counted, but the log is rate-limited: the flood cannot fill the disk.
   size_t logged = 0;
   for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
