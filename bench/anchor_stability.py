@@ -3,31 +3,66 @@
 (sync.delta_anchor = global) and every contribution is k versions stale.
 
 Model (no training signal, the worst case): a contribution based on version n-k anchored at Θ_n carries
-Δ = Δ̂ + (Θ_n − Θ_{n−k}); with Δ̂ = 0 the outer gradient is g_n = d_n + … + d_{n−k+1}, d_n = Θ_n − Θ_{n−1}: the
-updates of the last k merges, fed back. The outer optimizer (torch.optim.SGD semantics, DESIGN.md §2.6):
-b ← μb + g; u = g + μb (Nesterov) or b (heavy ball); Θ ← Θ − ηu. The printed figure is the spectral radius of that
-linear recurrence: above 1, any deviation grows by that factor per merge until the learners' own (bounded) steps
-can no longer pull it back.
+Δ = Δ̂ + (Θ_n − Θ_{n−k}); with Δ̂ = 0 the outer gradient is g_n = s(k)·(d_n + … + d_{n−k+1}), d_n = Θ_n − Θ_{n−1}:
+the updates of the last k merges, fed back, times the staleness scale s(k) of sync.staleness (1 when off). The outer
+optimizer (torch.optim.SGD semantics, DESIGN.md §2.6): b ← μb + g; u = g + μb (Nesterov) or b (heavy ball);
+Θ ← Θ − ηu. Delayed Nesterov (outer.kind = delayed_nesterov, deloco/outer.h) is periodic with period N: the figure
+is then the N-th root of the radius of the product of one period's N maps. The printed figure is the spectral radius
+per merge: above 1, any deviation grows by that factor per merge until the learners' own (bounded) steps can no
+longer pull it back.
 
     /usr/bin/python3 bench/anchor_stability.py
 """
+import math
+
 import numpy as np
 
 
-def radius(eta, mu, k, nesterov=True):
-    def step(x):
-        d, b = x[:k], x[k]
-        g = d.sum()
-        b1 = mu * b + g
-        u = g + mu * b1 if nesterov else b1
-        return np.concatenate([[-eta * u], d[:-1], [b1]])
-    a = np.stack([step(e) for e in np.eye(k + 1)], 1)
-    return float(max(abs(np.linalg.eigvals(a))))
+def radius(eta, mu, k, nesterov=True, scale=1.0, delay=0, share=0.0):
+    """Growth per merge. delay = 0: Nesterov / heavy ball; delay = N ≥ 1: delayed Nesterov with c = share."""
+    period = max(1, delay)
+
+    def step(x, i):
+        d, b, a = x[:k], x[k], x[k + 1]
+        g = scale * d.sum()
+        if delay == 0:
+            b1 = mu * b + g
+            u = g + mu * b1 if nesterov else b1
+            a1 = 0.0
+        else:
+            a1 = a + g
+            if i == period - 1:
+                b1 = mu * b + a1 / period
+                u = g + mu * b1
+                a1 = 0.0
+            else:
+                b1 = b
+                u = g + share * mu * b
+        return np.concatenate([[-eta * u], d[:-1], [b1, a1]])
+
+    n = k + 2
+    total = np.eye(n)
+    for i in range(period):
+        total = np.stack([step(e, i) for e in np.eye(n)], 1) @ total
+    return float(max(abs(np.linalg.eigvals(total)))) ** (1.0 / period)
 
 
 if __name__ == "__main__":
     ks = (1, 2, 3, 4, 8)
-    print("staleness k (versions) ->", " ".join(f"{k:>6}" for k in ks))
-    for name, eta, mu in [("diloco / decoupled (Nesterov)", 0.7, 0.9), ("isoloco (Nesterov)", 1.8, 0.8),
-                          ("SGD eta=0.7", 0.7, 0.0), ("Nesterov eta=0.35", 0.35, 0.9)]:
-        print(f"{name:30s}", " ".join(f"{radius(eta, mu, k):6.3f}" for k in ks))
+    poly = lambda a: (lambda k: (1 + k) ** -a)
+    expo = lambda a: (lambda k: math.exp(-a * k))
+    rows = [("diloco / decoupled (Nesterov)", dict(eta=0.7, mu=0.9)),
+            ("isoloco (Nesterov)", dict(eta=1.8, mu=0.8)),
+            ("SGD eta=0.7", dict(eta=0.7, mu=0.0)),
+            ("Nesterov eta=0.35", dict(eta=0.35, mu=0.9)),
+            ("Nesterov + staleness poly 0.5", dict(eta=0.7, mu=0.9, s=poly(0.5))),
+            ("Nesterov + staleness poly 1", dict(eta=0.7, mu=0.9, s=poly(1.0))),
+            ("Nesterov + staleness exp 0.5", dict(eta=0.7, mu=0.9, s=expo(0.5))),
+            ("delayed Nesterov N=4 c=0", dict(eta=0.7, mu=0.9, delay=4)),
+            ("delayed Nesterov N=8 c=0", dict(eta=0.7, mu=0.9, delay=8)),
+            ("delayed Nesterov N=4 c=0.5", dict(eta=0.7, mu=0.9, delay=4, share=0.5))]
+    print(f"{'staleness k (versions) ->':34s}", " ".join(f"{k:>6}" for k in ks))
+    for name, r in rows:
+        s = r.get("s", lambda k: 1.0)
+        print(f"{name:34s}", " ".join(f"{radius(r['eta'], r['mu'], k, scale=s(k), delay=r.get('delay', 0), share=r.get('share', 0.0)):6.3f}"
+                                      for k in ks))

@@ -124,6 +124,12 @@ class LearnerCore {
   // SyncError for an unknown fragment (nothing changed).
   void drop_drift(int64_t fragment);
 
+  // Dynamic local updates (SyncOptions::dynamic_local_updates; the period the syncer computed, Syncer::
+  // local_updates): from now on a fragment is due `h` steps after its previous push. Until a fragment's first push
+  // (at the start and after install()) the usual schedule holds (t mod H == offset_p), so learners start aligned.
+  // Throws SyncError unless τ < h ≤ H; without dynamic_local_updates it changes nothing.
+  void set_sync_every(int64_t h);
+  int64_t sync_every() const { return sync_every_; }
   int64_t version(int64_t fragment) const { return held_version_.at(static_cast<size_t>(fragment)); }
   const std::vector<int64_t>& versions() const { return held_version_; }
   int64_t c_steps(int64_t fragment) const { return c_steps_.at(static_cast<size_t>(fragment)); }
@@ -148,6 +154,8 @@ class LearnerCore {
   bool error_feedback_ = true;
 
   std::vector<int64_t> c_steps_, c_tokens_, sent_at_, sent_base_, held_version_;
+  int64_t sync_every_ = 0;          // H, or the learner's own period under dynamic local updates
+  std::vector<int64_t> last_push_;  // per fragment: the step of its latest push since the start or install (−1: none)
   std::vector<at::Tensor> held_;                 // per fragment: flat Θ_p^v as applied/installed
   std::vector<std::vector<float>> residual_;     // error feedback per fragment
   struct Answer {

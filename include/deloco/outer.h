@@ -6,8 +6,20 @@
 //    torch.optim.SGD(lr=η, momentum=μ, dampening=0, nesterov=…, weight_decay=0):
 //        b ← g on the first step of `name`, else b ← μ·b + g;   u = g + μ·b (nesterov) or u = b;   Θ ← Θ − η·u
 //    and with μ = 0 simply Θ ← Θ − η·g (no state).
+//  * delayed_nesterov (Delayed Nesterov, Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling",
+//    as we read it): the momentum buffer changes only once every N = `delay` steps of a name, from the mean of the
+//    outer gradients since its last change; the steps in between are plain outer steps plus a share c =
+//    `delay_momentum` of the buffered momentum. With a = the sum of the gradients since the last change and n their
+//    count (both 0 at the start and after each change), per step:
+//        a ← a + g, n ← n + 1;
+//        n = N:  b ← μ·b + a/N (b = 0 before the first),  u = g + μ·b,  a ← 0, n ← 0;
+//        n < N:  u = g + c·μ·b;
+//        Θ ← Θ − η·u.
+//    N = 1 is exactly "nesterov". Stale outer gradients (asynchronous merges) then feed the momentum N times less
+//    often, which keeps the loop of docs/sim.md ("Stability of the global anchor") from compounding.
 //  * State is one momentum buffer per parameter name, exported by state() as a map
-//    "<name>.momentum_buffer" → tensor (ready to be stored in a safetensors file) and restored by load_state().
+//    "<name>.momentum_buffer" → tensor (ready to be stored in a safetensors file) and restored by load_state();
+//    delayed_nesterov adds "<name>.delay_sum" (a) and "<name>.delay_count" (n, a one-element float64 tensor).
 //    load_state() checks every key and throws OuterError for an unknown key.
 //  * Errors (shape mismatch, a non-finite gradient, bad options, unknown kind or preset) throw OuterError
 //    naming the parameter or option; a failed step leaves param and state untouched.
@@ -28,9 +40,11 @@
 namespace deloco {
 
 struct OuterOptions {
-  std::string kind = "nesterov";  // "sgd" (plain or heavy-ball momentum) or "nesterov"
+  std::string kind = "nesterov";  // "sgd" (plain or heavy-ball momentum), "nesterov" or "delayed_nesterov"
   double lr = 0.7;                // η
   double momentum = 0.9;          // μ (ignored by "sgd" when 0)
+  int64_t delay = 4;              // N of delayed_nesterov (≥ 1; other kinds ignore it)
+  double delay_momentum = 0.0;    // c of delayed_nesterov, in [0, 1]: the share of μ·b applied between changes
   void validate() const;          // throws OuterError
 };
 
@@ -49,12 +63,21 @@ class OuterOptimizer {
   // the state back exactly (undefined: removes it). For callers that roll back a failed step (deloco/sync.h).
   at::Tensor buffer(const std::string& name) const;
   void set_buffer(const std::string& name, const at::Tensor& buffer);
+  // All the state of one name (the momentum buffer and delayed_nesterov's sum and count), as handles that step()
+  // never changes in place: slot(name) before a step and set_slot(name, it) after restore it exactly.
+  struct Slot {
+    at::Tensor buffer, sum;  // undefined: none yet
+    int64_t count = 0;
+  };
+  Slot slot(const std::string& name) const;
+  void set_slot(const std::string& name, const Slot& slot);
 
   // The rule as three numbers, for a caller that applies it element by element itself (the syncer's fused merge,
   // src/sync/fused_merge.cpp), with the semantics above: momentum == false: Θ ← Θ − η·g (no state); else
   // b ← μ·b + g (b = 0 before the first step, which gives b = g), u = g + μ·b when nesterov, else u = b, Θ ← Θ − η·u.
   struct Rule {
     bool momentum = false, nesterov = false;
+    bool delayed = false;  // delayed_nesterov: not three numbers; such a caller must use step()
     double lr = 0, mu = 0;
   };
   Rule rule() const;
@@ -66,13 +89,14 @@ class OuterOptimizer {
   at::Tensor buffer_for_update(const std::string& name, const at::Tensor& like);
 
  protected:
-  // The rule proper: buffer is the momentum buffer (undefined on the first step; set it when momentum is used).
-  virtual at::Tensor update(const at::Tensor& grad, at::Tensor& buffer) const = 0;
+  // The rule proper: slot.buffer is the momentum buffer (undefined on the first step; set it when momentum is
+  // used), slot.sum and slot.count delayed_nesterov's. The slot is the rule's own copy: it may change it in place.
+  virtual at::Tensor update(const at::Tensor& grad, Slot& slot) const = 0;
   OuterOptions opts_;
 
  private:
   mutable std::mutex mu_;
-  std::map<std::string, at::Tensor> buffers_;
+  std::map<std::string, Slot> slots_;
 };
 
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterOptions& opts);

@@ -89,6 +89,16 @@ struct SyncOptions {
                                     // accepted norms per step, once it has delta_warmup of them (reason norm_outlier)
   int64_t delta_window = 64;        // accepted norms per fragment the median is taken over
   int64_t delta_warmup = 8;         // accepted norms needed before the outlier bound applies
+  // Staleness-aware weights (asynchronous Local-SGD; FedAsync's staleness functions, Xie et al. 2019): a
+  // contribution based on version v of a fragment now at version V is k = V − v merges stale and its weight is
+  // multiplied by s(k) after normalisation, so the merged outer gradient is Σ_m w_m·s(k_m)·Δ_m (one stale
+  // contribution alone moves Θ by s(k)·Δ, not Δ). none: s = 1; poly: s(k) = (1 + k)^−a; exp: s(k) = e^(−a·k).
+  std::string staleness = "none";
+  double staleness_exponent = 0.5;  // a (> 0)
+  // Dynamic local updates (Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling"): learner m's
+  // sync period becomes H_m = max(1, round(H · ξ_fastest / ξ_m)) from the step times the syncer measured
+  // (Syncer::local_updates), so slower learners push after fewer steps and contributions arrive together.
+  bool dynamic_local_updates = false;
   double max_share = 1.0;           // cap on one contribution's normalised weight in a merge, in (0, 1] (1 = off);
                                     // a merge of n contributions caps at max(max_share, 1/n), the excess goes
                                     // to the others in proportion to their weights
@@ -170,6 +180,11 @@ ShardPlan plan_shard(const ModelPlan& plan, int64_t S, int64_t s);
 // ---- Weights, moving averages, grace window, quorum -------------------------------------------------------
 // token: c_tokens · (c_tokens / c_steps) (0 when c_steps == 0); uniform: 1. Throws SyncError for other modes.
 double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_steps);
+// s(k) of SyncOptions::staleness for a contribution k ≥ 0 merges stale (k < 0 counts as 0). Throws SyncError for an
+// unknown mode.
+double staleness_scale(const std::string& mode, double exponent, int64_t k);
+// Dynamic local updates: max(1, round(H · fastest / step_time)); H when either time is not positive or finite.
+int64_t dynamic_sync_every(int64_t H, double fastest, double step_time);
 // Normalised weights (summing to 1) capped at max(cap, 1/n) each: weights above the cap are set to it and the
 // excess is given to the uncapped ones in proportion to their weights, repeatedly, until none exceeds it (water
 // filling). cap ≥ 1 returns `w` unchanged; one weight stays 1.
@@ -286,7 +301,9 @@ struct MergeOutcome {
   int64_t fragment = 0;
   int64_t version = 0;                   // fragment version after this merge (1, 2, ...); unchanged when rolled back
   std::vector<int64_t> learners;         // whose contributions were merged (or dropped, when rolled back)
-  std::vector<double> weights;           // normalised weights used
+  std::vector<double> weights;           // normalised weights used, times each one's staleness scale (so their sum
+                                         // is below 1 when sync.staleness discounted a stale contribution)
+  std::vector<int64_t> staleness;        // per contribution: merges since its base version (V − v)
   double delta_norm = 0;                 // ‖merged Δ‖ over the fragment
   // kNone: merged. Else the round was rolled back — Θ, the outer state, the version and the kept history are
   // exactly as before the call — and its contributions dropped and counted under this reason: kMergeNonFinite (the
@@ -392,6 +409,11 @@ class Syncer {
   int64_t fused_merges() const { return fused_merges_; }
   int64_t general_merges() const { return general_merges_; }
 
+  // Dynamic local updates (SyncOptions::dynamic_local_updates): learner m's sync period H_m =
+  // max(τ + 1, dynamic_sync_every(H, fastest, ξ_m)) from the moving averages of the step times its accepted pushes
+  // carried (ξ_m) and the fastest such average of a learner not retired; H while m has pushed nothing, or when off.
+  // Drivers hand it to learner m (LearnerCore::set_sync_every) after every merge.
+  int64_t local_updates(int64_t learner) const;
   int64_t pending(int64_t fragment) const { return static_cast<int64_t>(rounds_.at(fragment).waiting.size()); }
   double grace() const { return grace_window(stats_, opts_); }
   const GraceStats& stats() const { return stats_; }
@@ -451,6 +473,7 @@ class Syncer {
   std::vector<Round> rounds_;
   std::vector<bool> connected_;
   std::vector<bool> retired_;
+  std::vector<Ema> learner_step_;  // per learner: moving average of the step times its accepted pushes carried
   // Earlier versions of each fragment that a learner may still hold: version → Θ_p^v. A version is dropped once no
   // learner that may still contribute can hold it (floor_: the lowest version each learner may reference).
   struct Version {

@@ -12,7 +12,8 @@ class Nesterov final : public OuterOptimizer {
   using OuterOptimizer::OuterOptimizer;
 
  protected:
-  at::Tensor update(const at::Tensor& g, at::Tensor& buf) const override {
+  at::Tensor update(const at::Tensor& g, Slot& slot) const override {
+    at::Tensor& buf = slot.buffer;
     if (buf.defined())
       buf.mul_(opts_.momentum).add_(g);
     else

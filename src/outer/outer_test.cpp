@@ -98,5 +98,83 @@ TEST(OuterSgd, BadInputIsRejectedWithoutSideEffects) {
   EXPECT_THROW(make_outer_optimizer({"nesterov", -1, 0.9}), OuterError);
 }
 
+
+// Delayed Nesterov against its formulas (deloco/outer.h, Liu et al. 2024 as we read it), run here in double on
+// plain numbers: a ← a + g, n ← n + 1; at n = N: b ← μ·b + a/N, u = g + μ·b, a ← 0, n ← 0; else u = g + c·μ·b;
+// Θ ← Θ − η·u.
+TEST(OuterDelayedNesterov, MatchesItsFormulasStepByStep) {
+  const double eta = 0.7, mu = 0.9, c = 0.5;
+  const int64_t N = 3;
+  OuterOptions o{"delayed_nesterov", eta, mu, N, c};
+  auto opt = make_outer_optimizer(o);
+  at::manual_seed(7);
+  at::Tensor p = at::randn({5}, at::kDouble);
+  std::vector<double> theta(5), b(5, 0.0), a(5, 0.0);
+  for (int i = 0; i < 5; ++i) theta[i] = p[i].item<double>();
+  int64_t n = 0;
+  bool have_b = false;
+  for (int step = 0; step < 10; ++step) {
+    at::Tensor g = at::randn({5}, at::kDouble);
+    opt->step("w", p, g);
+    ++n;
+    for (int i = 0; i < 5; ++i) {
+      const double gi = g[i].item<double>();
+      a[i] += gi;
+      double u;
+      if (n == N) {
+        b[i] = (have_b ? mu * b[i] : 0.0) + a[i] / N;
+        u = gi + mu * b[i];
+        a[i] = 0;
+      } else {
+        u = gi + c * mu * (have_b ? b[i] : 0.0);
+      }
+      theta[i] -= eta * u;
+    }
+    if (n == N) n = 0, have_b = true;
+    for (int i = 0; i < 5; ++i) EXPECT_NEAR(p[i].item<double>(), theta[i], 1e-12) << "step " << step << " element " << i;
+  }
+}
+
+TEST(OuterDelayedNesterov, DelayOneIsNesterovAndTheStateResumesMidCycle) {
+  auto dn = make_outer_optimizer({"delayed_nesterov", 0.7, 0.9, 1, 0.0});
+  auto nv = make_outer_optimizer({"nesterov", 0.7, 0.9});
+  at::Tensor p = at::randn({3, 4}), q = p.clone();
+  for (int s = 0; s < 5; ++s) {
+    at::Tensor g = at::randn({3, 4});
+    dn->step("w", p, g);
+    nv->step("w", q, g);
+  }
+  EXPECT_TRUE(at::allclose(p, q, 1e-6, 1e-6));
+
+  // N = 4, stopped after 6 steps (two into a cycle): the state (buffer, sum, count) goes through a safetensors file
+  // and the resumed optimizer continues bit for bit.
+  OuterOptions o{"delayed_nesterov", 0.5, 0.8, 4, 0.25};
+  auto a = make_outer_optimizer(o);
+  at::Tensor pa = at::randn({6});
+  for (int s = 0; s < 6; ++s) a->step("w", pa, at::randn({6}));
+  TensorFile file;
+  file.tensors = a->state();
+  EXPECT_EQ(file.tensors.size(), 3u);
+  EXPECT_EQ(file.tensors.at("w.delay_count").item<double>(), 2.0);
+  const std::string path = ::testing::TempDir() + "outer_dn_state_test.safetensors";
+  save_safetensors(path, file);
+  auto b = make_outer_optimizer(o);
+  b->load_state(load_safetensors(path).tensors);
+  std::remove(path.c_str());
+  at::Tensor pb = pa.clone();
+  for (int s = 0; s < 3; ++s) {
+    at::Tensor g = at::randn({6});
+    a->step("w", pa, g);
+    b->step("w", pb, g);
+  }
+  EXPECT_TRUE(at::equal(pa, pb));
+  EXPECT_THROW(make_outer_optimizer({"delayed_nesterov", 0.5, 0.8, 0, 0.0}), OuterError);
+  EXPECT_THROW(make_outer_optimizer({"delayed_nesterov", 0.5, 0.8, 2, 1.5}), OuterError);
+  EXPECT_THROW(make_outer_optimizer({"delayed_nesterov", 0.5, 0.0, 2, 0.0}), OuterError);
+  EXPECT_THROW(b->load_state({{"w.delay_count", at::full({1}, 2.5, at::kDouble)}, {"w.delay_sum", at::zeros({6})}}),
+               OuterError);
+  EXPECT_THROW(b->load_state({{"w.delay_count", at::full({1}, 2.0, at::kDouble)}}), OuterError);
+}
+
 }  // namespace
 }  // namespace deloco

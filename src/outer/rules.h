@@ -8,4 +8,5 @@
 namespace deloco::outer_detail {
 std::unique_ptr<OuterOptimizer> make_sgd(const OuterOptions& o);
 std::unique_ptr<OuterOptimizer> make_nesterov(const OuterOptions& o);
+std::unique_ptr<OuterOptimizer> make_delayed_nesterov(const OuterOptions& o);
 }  // namespace deloco::outer_detail

@@ -12,8 +12,9 @@ class Sgd final : public OuterOptimizer {
   using OuterOptimizer::OuterOptimizer;
 
  protected:
-  at::Tensor update(const at::Tensor& g, at::Tensor& buf) const override {
+  at::Tensor update(const at::Tensor& g, Slot& slot) const override {
     if (opts_.momentum == 0) return g;
+    at::Tensor& buf = slot.buffer;
     if (buf.defined())
       buf.mul_(opts_.momentum).add_(g);
     else

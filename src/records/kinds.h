@@ -42,6 +42,7 @@ struct Merge : RecordBase {
   int64_t quorum = 0;                 // contributions merged
   std::vector<int64_t> learners;
   std::vector<double> weights;
+  std::vector<int64_t> staleness;     // per contribution: merges of the fragment since its base version
   double grace = 0;                   // the grace window when the round merged (s)
   double grace_wait = 0;              // now − the time the round reached its quorum (s)
   double delta_norm = 0;
@@ -52,7 +53,7 @@ struct Merge : RecordBase {
   std::optional<double> upload_seconds, broadcast_seconds;
   template <class V> void fields(V& v) {
     v("fragment", fragment); v("version", version); v("quorum", quorum); v("learners", learners);
-    v("weights", weights); v("grace", grace); v("grace_wait", grace_wait); v("delta_norm", delta_norm);
+    v("weights", weights); v("staleness", staleness); v("grace", grace); v("grace_wait", grace_wait); v("delta_norm", delta_norm);
     v("tokens", tokens); v("merges", merges); v("upload_seconds", upload_seconds);
     v("broadcast_seconds", broadcast_seconds);
   }

@@ -19,6 +19,7 @@ inline Merge merge_record(const RoundResult& r, int64_t fragment, int64_t tokens
   m.quorum = static_cast<int64_t>(r.outcome.learners.size());
   m.learners = r.outcome.learners;
   m.weights = r.outcome.weights;
+  m.staleness = r.outcome.staleness;
   m.grace = r.grace;
   m.grace_wait = r.grace_wait;
   m.delta_norm = r.outcome.delta_norm;

@@ -123,6 +123,7 @@ struct LearnerNode::Impl {
   std::deque<Push> outbox;                 // at most one entry per fragment (a newer push replaces an older)
   std::map<int64_t, Answer> inbox;         // newest merged fragment per fragment id
   std::set<int64_t> refused_pushes;      // fragments whose outstanding push the syncer refused (reject naming it)
+  int64_t sync_every_told = 0;           // the latest sync period a syncer beat gave this learner (0: none)
   std::set<int64_t> drop_drifts;         // of those, refused by a norm bound: the learner drops its drift of them
   std::optional<int64_t> resume_step;      // the highest of the shards' first welcomes
   std::vector<int64_t> held_versions;      // the core's versions, as last published by the main thread
@@ -567,6 +568,7 @@ struct LearnerNode::Impl {
     std::lock_guard<std::mutex> lock(mu);
     L.syncer_acks = true;
     L.pushes_acked = sb.pushes;
+    if (sb.sync_every > 0) sync_every_told = sb.sync_every;  // dynamic local updates: applied at the next boundary
     while (!L.sent.empty() && L.sent_base < L.pushes_acked) {
       L.sent.pop_front();
       ++L.sent_base;
@@ -608,6 +610,7 @@ struct LearnerNode::Impl {
     std::vector<std::pair<size_t, State>> states;
     std::map<int64_t, Answer> answers;
     std::set<int64_t> refused, drops;
+    int64_t told = 0;
     {
       std::lock_guard<std::mutex> lock(mu);
       for (size_t s = 0; s < links.size(); ++s)
@@ -618,7 +621,11 @@ struct LearnerNode::Impl {
       answers.swap(inbox);
       refused.swap(refused_pushes);
       drops.swap(drop_drifts);
+      told = sync_every_told;
     }
+    // The syncer's period for this learner (sync.dynamic_local_updates), bounded here: a peer's value cannot stop us.
+    if (told > 0 && cfg.sync.dynamic_local_updates)
+      core->set_sync_every(std::clamp<int64_t>(told, cfg.sync.overlap + 1, cfg.sync.sync_every));
     std::vector<int64_t> installed;
     for (auto& [s, st] : states) {
       const auto& fr = links[s].plan.fragments;

@@ -139,6 +139,7 @@ Beat parse_beat(const char* data, size_t n) {
 std::string encode_syncer_beat(const SyncerBeat& b) {
   nlohmann::json j{{"pushes", b.pushes}};
   if (b.patience > 0) j["patience"] = b.patience;
+  if (b.sync_every > 0) j["sync_every"] = b.sync_every;
   return j.dump();
 }
 
@@ -147,6 +148,7 @@ SyncerBeat parse_syncer_beat(const char* data, size_t n) {
   SyncerBeat b;
   b.pushes = get_int(j, "pushes", "syncer heartbeat", 0, kMaxI);
   if (j.contains("patience")) b.patience = get_double(j, "patience", "syncer heartbeat");
+  if (j.contains("sync_every")) b.sync_every = get_int(j, "sync_every", "syncer heartbeat", 1, kMaxI);
   return b;
 }
 

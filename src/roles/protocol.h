@@ -87,6 +87,9 @@ Beat parse_beat(const char* data, size_t n);
 struct SyncerBeat {
   int64_t pushes = 0;
   double patience = 0;
+  // sync.dynamic_local_updates: the receiving learner's sync period H_m (Syncer::local_updates); 0 = absent (off, or
+  // an older syncer). Optional on the wire.
+  int64_t sync_every = 0;
 };
 std::string encode_syncer_beat(const SyncerBeat& b);
 SyncerBeat parse_syncer_beat(const char* data, size_t n);

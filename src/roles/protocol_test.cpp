@@ -158,6 +158,12 @@ TEST(Protocol, HeartbeatsCarryTheDeliveryAcknowledgements) {
   sb.patience = 2.5;
   s = encode_syncer_beat(sb);
   EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).patience, 2.5);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).sync_every, 0);  // absent: dynamic local updates off
+  sb.sync_every = 17;
+  s = encode_syncer_beat(sb);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).sync_every, 17);
+  for (const std::string bad : {std::string(R"({"pushes":1,"sync_every":0})"), std::string(R"({"pushes":1,"sync_every":2.5})")})
+    EXPECT_THROW(parse_syncer_beat(bad.data(), bad.size()), WireError) << bad;
   const std::string negative = R"({"pushes":1,"patience":-1})";
   EXPECT_THROW(parse_syncer_beat(negative.data(), negative.size()), WireError);
   for (std::string junk : {std::string("{}"), std::string(R"({"pushes":-1})"), std::string(R"({"pushes":"3"})"),

@@ -526,6 +526,7 @@ void SyncerNode::Impl::send_beat(int64_t m) {
   proto::SyncerBeat b;
   b.pushes = peers[m].pushes_rx;
   b.patience = patience(peers[m].broadcast_time);
+  if (cfg.sync.dynamic_local_updates) b.sync_every = core->local_updates(m);
   send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
 }
 

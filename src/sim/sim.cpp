@@ -116,6 +116,7 @@ struct Event {
   std::shared_ptr<Contribution> contribution;
   std::shared_ptr<const Snapshot> snapshot;
   int64_t covers = -1;  // kAnswer: the push it answers (LearnerCore::receive), as the syncer node marks it
+  int64_t sync_every = 0;  // kAnswer: the learner's sync period (Syncer::local_updates), as the syncer node's beat says
 };
 struct Later {
   bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
@@ -364,6 +365,7 @@ struct Simulator::Impl {
       a.epoch = L.epoch;
       a.snapshot = snap;
       a.covers = answer_marks.mark(m, p);
+      a.sync_every = syncer->local_updates(m);
       push(a);
       bytes_down += down;
     }
@@ -375,6 +377,7 @@ struct Simulator::Impl {
     Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up) return;
     L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat, e.covers);
+    L.core->set_sync_every(e.sync_every);
     if (L.waiting) boundary(e.learner);
   }
 

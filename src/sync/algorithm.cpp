@@ -81,7 +81,10 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
       return "outer: " + std::string(e.what());
     }
   };
-  s.bind("outer.kind", &outer.kind, "sgd | nesterov (default: the preset's)", outer_check);
+  s.bind("outer.kind", &outer.kind, "sgd | nesterov | delayed_nesterov (default: the preset's)", outer_check);
+  s.bind("outer.delay", &outer.delay, "N of delayed_nesterov: the momentum changes once every N merges of a tensor");
+  s.bind("outer.delay_momentum", &outer.delay_momentum,
+         "c of delayed_nesterov, in [0, 1]: the share of the momentum applied by the merges in between");
   s.bind("outer.lr", &outer.lr, "outer learning rate eta (default: the preset's)");
   s.bind("outer.momentum", &outer.momentum, "outer momentum mu (default: the preset's)");
   auto float_encoding = [](const std::string* v, const char* key) {

@@ -80,6 +80,8 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
   sent_at_.assign(P, -1);
   sent_base_.assign(P, -1);
   held_version_.assign(P, 0);
+  sync_every_ = opts_.sync_every;
+  last_push_.assign(P, -1);
   pending_.assign(P, std::nullopt);
   residual_.resize(P);
   held_.resize(P);
@@ -100,7 +102,10 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
   }
   std::vector<Push> out;
   for (size_t p = 0; p < fragments_.size(); ++p) {
-    if (!fragment_due(fragments_[p], step, opts_.sync_every)) continue;
+    const bool due = opts_.dynamic_local_updates && last_push_[p] >= 0 ? step - last_push_[p] >= sync_every_
+                                                                         : fragment_due(fragments_[p], step, opts_.sync_every);
+    if (!due) continue;
+    last_push_[p] = step;
     if (out.empty()) {  // the estimate that goes with this step's pushes
       last_step_time_ = acc_time_ / static_cast<double>(acc_steps_);
       acc_time_ = 0;
@@ -133,6 +138,13 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     out.push_back(std::move(push));
   }
   return out;
+}
+
+void LearnerCore::set_sync_every(int64_t h) {
+  if (h <= opts_.overlap || h > opts_.sync_every)
+    throw SyncError("a learner's sync period must be in (sync.overlap=" + std::to_string(opts_.overlap) +
+                    ", sync.sync_every=" + std::to_string(opts_.sync_every) + "] (got " + std::to_string(h) + ")");
+  if (opts_.dynamic_local_updates) sync_every_ = h;
 }
 
 void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat, int64_t covers) {
@@ -213,6 +225,7 @@ void LearnerCore::install(const at::Tensor& flat_model, const std::vector<int64_
     held_version_[p] = versions[p];
     c_steps_[p] = c_tokens_[p] = 0;
     residual_[p].clear();
+    last_push_[p] = -1;
   }
   forget_in_flight();
   acc_time_ = 0;
@@ -247,6 +260,7 @@ void LearnerCore::install_fragments(const std::vector<int64_t>& fragments, const
     held_version_[p] = versions[k];
     c_steps_[p] = c_tokens_[p] = 0;
     residual_[p].clear();
+    last_push_[p] = -1;
     sent_at_[p] = -1;
     pending_[p].reset();
     off += n;

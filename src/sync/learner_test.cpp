@@ -408,5 +408,70 @@ TEST(LearnerCore, TakesTheModelPlanAndRefusesOtherParameters) {
   EXPECT_THROW(LearnerCore(opts(4, 0, false), toy.plan, fewer, 100), SyncError);
 }
 
+
+// Dynamic local updates (Liu et al. 2024): H_m = max(1, round(H · fastest / ξ_m)). The syncer derives it from the
+// step times the pushes carried; the learner follows it after its first push on the usual schedule.
+TEST(DynamicLocalUpdates, ThePeriodScalesWithTheLearnersSpeed) {
+  EXPECT_EQ(dynamic_sync_every(25, 1.0, 1.0), 25);
+  EXPECT_EQ(dynamic_sync_every(25, 1.0, 1.18), 21);   // 25 / 1.18 = 21.2
+  EXPECT_EQ(dynamic_sync_every(25, 1.0, 100.0), 1);   // never below one step
+  EXPECT_EQ(dynamic_sync_every(25, 2.0, 1.0), 25);    // never above H
+  EXPECT_EQ(dynamic_sync_every(25, 0.0, 1.0), 25);    // unknown: H
+  EXPECT_EQ(dynamic_sync_every(25, 1.0, std::nan("")), 25);
+
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 1;
+  o.sync_every = 20;
+  o.overlap = 4;
+  o.dynamic_local_updates = true;
+  std::vector<std::pair<std::string, at::Tensor>> g{{"w", torch::zeros({4})}};
+  Syncer s(o, plan_fragments({{"w", 16}}, 1, 20), g, MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  auto push = [&](int64_t m, double step_time) {
+    Contribution c;
+    c.learner = m;
+    c.deltas = {torch::zeros({4})};
+    c.c_steps = 1;
+    c.c_tokens = 1;
+    c.step_time = step_time;
+    ASSERT_EQ(s.receive(0, c), SyncReject::kNone);
+  };
+  EXPECT_EQ(s.local_updates(0), 20);  // nothing heard yet
+  push(0, 1.0);
+  push(1, 2.0);
+  push(2, 10.0);
+  EXPECT_EQ(s.local_updates(0), 20);
+  EXPECT_EQ(s.local_updates(1), 10);
+  EXPECT_EQ(s.local_updates(2), 5);   // 20 / 10 = 2, but never at or below τ = 4
+  s.retire(0, 0);                     // the fastest finished: the others are measured against learner 1
+  EXPECT_EQ(s.local_updates(1), 20);
+  o.dynamic_local_updates = false;
+  Syncer off(o, plan_fragments({{"w", 16}}, 1, 20), g, MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  EXPECT_EQ(off.local_updates(1), 20);
+}
+
+TEST(DynamicLocalUpdates, TheLearnerPushesEveryHmStepsAfterItsFirstPush) {
+  Toy toy(1, 10);
+  SyncOptions o = opts(10, 0, false);
+  o.dynamic_local_updates = true;
+  LearnerCore core(o, toy.plan, toy.params, 100);
+  core.set_sync_every(4);  // told before the first push: the first push still comes at step 10 (aligned start)
+  std::vector<int64_t> at;
+  for (int64_t t = 1; t <= 30; ++t) {
+    toy.train();
+    for (const Push& p : core.after_step(t, 1, 1.0)) at.push_back(p.step);
+    core.apply_due(t);
+    if (t == 18) core.set_sync_every(10);  // the period changes after the push it follows
+  }
+  EXPECT_EQ(at, (std::vector<int64_t>{10, 14, 18, 28}));
+  EXPECT_THROW(core.set_sync_every(0), SyncError);
+  EXPECT_THROW(core.set_sync_every(11), SyncError);
+  // Off: the period stays H whatever the syncer says.
+  Toy toy2(1, 10);
+  LearnerCore plain(opts(10, 0, false), toy2.plan, toy2.params, 100);
+  plain.set_sync_every(4);
+  EXPECT_EQ(plain.sync_every(), 10);
+}
+
 }  // namespace
 }  // namespace deloco

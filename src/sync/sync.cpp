@@ -43,6 +43,10 @@ void SyncOptions::validate() const {
   if (delta_warmup < 1 || delta_warmup > delta_window)
     fail("sync.delta_warmup must be in [1, sync.delta_window=" + std::to_string(delta_window) + "] (got " +
          std::to_string(delta_warmup) + ")");
+  if (staleness != "none" && staleness != "poly" && staleness != "exp")
+    fail("sync.staleness must be none, poly or exp (got '" + staleness + "')");
+  if (!(staleness_exponent > 0) || !std::isfinite(staleness_exponent))
+    fail("sync.staleness_exponent must be finite and > 0");
   if (!(max_share > 0 && max_share <= 1)) fail("sync.max_share must be in (0, 1] (1 = off)");
   if (merge_threads < 0) fail("sync.merge_threads must be ≥ 0 (0 = the process's compute threads)");
 }
@@ -78,6 +82,11 @@ void SyncOptions::bind(ConfigSchema& s) {
   s.bind("sync.delta_window", &delta_window,
          "accepted delta norms (per inner step) per fragment the outlier median is taken over");
   s.bind("sync.delta_warmup", &delta_warmup, "accepted delta norms needed before the outlier bound applies");
+  s.bind("sync.staleness", &staleness,
+         "staleness-aware weights: none | poly ((1+k)^-a) | exp (e^(-a k)), k = merges since the contribution's base");
+  s.bind("sync.staleness_exponent", &staleness_exponent, "a of sync.staleness (> 0)");
+  s.bind("sync.dynamic_local_updates", &dynamic_local_updates,
+         "each learner's H scales with its measured speed: H_m = H * fastest step time / its step time");
   s.bind("sync.max_share", &max_share, "cap on one contribution's share of a merge, in (0, 1] (1 = off)");
   s.bind("sync.fused_merge", &fused_merge,
          "merge mean/rda fragments in one cache-blocked pass from the pushes' wire payloads (false: the general path)");
@@ -91,6 +100,31 @@ double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_
   if (c_steps <= 0) return 0.0;
   const double t = static_cast<double>(c_tokens);
   return t * (t / static_cast<double>(c_steps));
+}
+
+int64_t Syncer::local_updates(int64_t learner) const {
+  const int64_t H = opts_.sync_every;
+  if (!opts_.dynamic_local_updates || learner < 0 || learner >= opts_.learners) return H;
+  const Ema& mine = learner_step_[static_cast<size_t>(learner)];
+  if (!mine.seeded) return H;
+  double fastest = mine.value;
+  for (size_t m = 0; m < learner_step_.size(); ++m)
+    if (learner_step_[m].seeded && !retired_[m]) fastest = std::min(fastest, learner_step_[m].value);
+  return std::max(opts_.overlap + 1, dynamic_sync_every(H, fastest, mine.value));
+}
+
+double staleness_scale(const std::string& mode, double exponent, int64_t k) {
+  const double x = static_cast<double>(std::max<int64_t>(0, k));
+  if (mode == "none") return 1.0;
+  if (mode == "poly") return std::pow(1.0 + x, -exponent);
+  if (mode == "exp") return std::exp(-exponent * x);
+  throw SyncError("unknown staleness mode '" + mode + "' (none, poly, exp)");
+}
+
+int64_t dynamic_sync_every(int64_t H, double fastest, double step_time) {
+  if (!(fastest > 0) || !(step_time > 0) || !std::isfinite(fastest) || !std::isfinite(step_time)) return H;
+  const double h = std::round(static_cast<double>(H) * fastest / step_time);
+  return std::clamp<int64_t>(static_cast<int64_t>(h), 1, H);
 }
 
 std::vector<double> cap_shares(std::vector<double> w, double cap) {
@@ -212,6 +246,7 @@ Syncer::Syncer(const SyncOptions& opts, std::vector<Fragment> fragments,
   history_.resize(fragments_.size());
   connected_.assign(static_cast<size_t>(opts_.learners), true);
   retired_.assign(static_cast<size_t>(opts_.learners), false);
+  learner_step_.assign(static_cast<size_t>(opts_.learners), Ema());
   floor_.assign(static_cast<size_t>(opts_.learners), std::vector<int64_t>(fragments_.size(), 0));
   theta_norm_.assign(fragments_.size(), 0.0);
   elements_.assign(fragments_.size(), 0);
@@ -522,6 +557,8 @@ SyncReject Syncer::receive(double now, Contribution c) {
     return why;
   }
   if (c.step_time > 0) stats_.step.add(c.step_time, opts_.ema);
+  if (c.step_time > 0 && std::isfinite(c.step_time))
+    learner_step_[static_cast<size_t>(c.learner)].add(c.step_time, opts_.ema);
   const int64_t learner = c.learner, fragment = c.fragment;
   const size_t p = static_cast<size_t>(fragment);
   LastAccepted& last = last_[static_cast<size_t>(learner)][p];
@@ -591,6 +628,16 @@ MergeOutcome Syncer::merge(int64_t fragment) {
   if (!(wsum > 0) || !std::isfinite(wsum)) std::fill(w.begin(), w.end(), 1.0), wsum = static_cast<double>(w.size());
   for (double& x : w) x /= wsum;
   w = cap_shares(std::move(w), opts_.max_share);
+  // Staleness: each normalised weight times s(k). The general path hands the merge method the weights (it
+  // normalises them) and scales its result by their sum; the fused path's mean and rda are linear in the weights.
+  {
+    size_t i = 0;
+    for (const auto& [m, h] : r.waiting) {
+      const int64_t k = std::max<int64_t>(0, r.version - h.c.base_version);
+      out.staleness.push_back(k);
+      w[i++] *= staleness_scale(opts_.staleness, opts_.staleness_exponent, k);
+    }
+  }
   out.weights = w;
   torch::NoGradGuard ng;
   int64_t stale = 0;
@@ -638,6 +685,7 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
   const Fragment& f = fragments_[p];
   const auto& hist = history_[p];
   const OuterOptimizer::Rule rule = outer_->rule();
+  if (rule.delayed) return false;  // delayed_nesterov keeps more state than the pass updates: the general path
   const bool global_anchor = opts_.delta_anchor != "base";
   const size_t T = f.names.size();
   // Sources and their anchors: the version whose Θ^v anchors a contribution at the current Θ (−1: none needed).
@@ -781,15 +829,17 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
   // which stays available while some learner may still hold it. The buffers are handles (never changed in place
   // by step()). A flat fragment is copied to a new buffer and stepped there (copy on write): the old one is the
   // rollback point as it is.
-  std::vector<at::Tensor> before, buffers;
+  std::vector<at::Tensor> before;
+  std::vector<OuterOptimizer::Slot> buffers;
   const at::Tensor old_flat = flat_[p];
   for (const auto& n : f.names) {
     before.push_back(old_flat.defined() ? global_tensor(n) : global_tensor(n).clone());
-    buffers.push_back(outer_->buffer(n));
+    buffers.push_back(outer_->slot(n));
   }
   if (old_flat.defined()) install(fragment, new_flat(fragment).copy_(old_flat));
   double sq = 0;
   int64_t stale = 0;
+  const double wscale = opts_.staleness == "none" ? 1.0 : std::accumulate(w.begin(), w.end(), 0.0);
   try {
     // Contributions held in their wire encoding are decoded here (this path merges tensor by tensor).
     std::vector<std::vector<at::Tensor>> decoded;
@@ -834,6 +884,7 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
         }
       }
       at::Tensor merged = selector_.select(name, theta.dim()).merge(in);
+      if (wscale != 1.0) merged.mul_(wscale);  // staleness (Syncer::merge): the weights sum to less than 1
       const double msq = merged.to(torch::kDouble).pow(2).sum().item<double>();
       if (!std::isfinite(msq)) {
         out->rejected = SyncReject::kMergeNonFinite;
@@ -842,8 +893,10 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
       }
       sq += msq;
       outer_->step(name, theta, merged);
-      const at::Tensor buf = outer_->buffer(name);
-      if (!torch::isfinite(theta).all().item<bool>() || (buf.defined() && !torch::isfinite(buf).all().item<bool>())) {
+      const OuterOptimizer::Slot st = outer_->slot(name);
+      if (!torch::isfinite(theta).all().item<bool>() ||
+          (st.buffer.defined() && !torch::isfinite(st.buffer).all().item<bool>()) ||
+          (st.sum.defined() && !torch::isfinite(st.sum).all().item<bool>())) {
         out->rejected = SyncReject::kMergeNonFinite;
         out->detail = "the outer step made '" + name + "' (or its momentum) NaN or Inf";
       }
@@ -859,7 +912,7 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
     } else {
       for (size_t i = 0; i < f.names.size(); ++i) global_tensor(f.names[i]).copy_(before[i]);
     }
-    for (size_t i = 0; i < f.names.size(); ++i) outer_->set_buffer(f.names[i], buffers[i]);
+    for (size_t i = 0; i < f.names.size(); ++i) outer_->set_slot(f.names[i], buffers[i]);
     return;
   }
   out->delta_norm = std::sqrt(sq);

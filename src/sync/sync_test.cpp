@@ -710,5 +710,88 @@ TEST(SyncReject, EveryReasonHasItsOwnNameAndOnlyTheNormBoundsDropTheDrift) {
   }
 }
 
+
+// Staleness-aware weights against FedAsync's staleness functions (Xie et al. 2019): the merged outer gradient is
+// Σ_m w_m·s(k_m)·Δ_m with s(k) = (1 + k)^−a (poly) or e^(−a·k) (exp), k = merges since the contribution's base.
+// Anchor base and outer SGD at η = 1, so Θ moves by exactly that sum; the fused and the general path alike.
+TEST(SyncStaleness, EachContributionIsScaledByItsStaleness) {
+  for (const bool fused : {true, false})
+    for (const std::string mode : {"poly", "exp"}) {
+      SyncOptions o;
+      o.learners = 2;
+      o.quorum = 1;
+      o.delta_anchor = "base";
+      o.weighting = "uniform";
+      o.staleness = mode;
+      o.staleness_exponent = 0.5;
+      o.fused_merge = fused;
+      const auto s_of = [&](double k) { return mode == "poly" ? std::pow(1.0 + k, -0.5) : std::exp(-0.5 * k); };
+      Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+      s.note_joined(0);
+      s.note_joined(1);
+      for (int v = 0; v < 3; ++v) {  // fresh pushes (k = 0) move Θ by 1 each: Θ = 3 at version 3
+        ASSERT_EQ(s.receive(0, contrib(1, -1.0f, 1, 1, v)), SyncReject::kNone);
+        auto out = s.merge(0);
+        EXPECT_EQ(out.staleness, std::vector<int64_t>{0});
+      }
+      double theta = 3.0;
+      EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), theta, 1e-6);
+      // Learner 0 pushes Δ̂ = −2 against version 0: 3 merges stale.
+      ASSERT_EQ(s.receive(0, contrib(0, -2.0f, 1, 1, 0)), SyncReject::kNone);
+      auto out = s.merge(0);
+      EXPECT_EQ(out.staleness, std::vector<int64_t>{3});
+      theta += 2.0 * s_of(3);
+      EXPECT_NEAR(s.global()[0].second[0][0].item<float>(), theta, 1e-5) << mode << (fused ? " fused" : "");
+      EXPECT_NEAR(out.weights[0], s_of(3), 1e-12);
+      // Two in one merge (uniform weights ½): learner 0 fresh (k = 0), learner 1 against version 3 (k = 1).
+      ASSERT_EQ(s.receive(0, contrib(0, -1.0f, 1, 1, 4)), SyncReject::kNone);
+      ASSERT_EQ(s.receive(0, contrib(1, -3.0f, 1, 1, 3)), SyncReject::kNone);
+      s.merge(0);
+      theta += 0.5 * 1.0 + 0.5 * 3.0 * s_of(1);
+      EXPECT_NEAR(s.global()[1].second[0].item<float>(), theta, 1e-5) << mode << (fused ? " fused" : "");
+      EXPECT_EQ(s.fused_merges() > 0, fused);
+    }
+  EXPECT_DOUBLE_EQ(staleness_scale("none", 0.5, 7), 1.0);
+  EXPECT_DOUBLE_EQ(staleness_scale("poly", 1.0, -2), 1.0);  // never above 1
+  EXPECT_THROW(staleness_scale("linear", 0.5, 1), SyncError);
+  SyncOptions bad;
+  bad.staleness = "linear";
+  EXPECT_THROW(bad.validate(), SyncError);
+  bad.staleness = "poly";
+  bad.staleness_exponent = 0;
+  EXPECT_THROW(bad.validate(), SyncError);
+}
+
+// Delayed Nesterov in the syncer: the general path runs it (the fused pass keeps only a momentum buffer), and a
+// rolled-back merge puts its whole state back (buffer, sum, count).
+TEST(SyncSyncer, DelayedNesterovTakesTheGeneralPathAndRollsBackItsWholeState) {
+  SyncOptions o;
+  o.learners = 1;
+  o.quorum = 1;
+  o.max_delta_ratio = 0;  // the overflowing push below must reach the merge
+  o.max_delta_outlier = 0;
+  OuterOptions dn{"delayed_nesterov", 0.5, 0.9, 3, 0.0};
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), dn);
+  s.note_joined(0);
+  auto ref = make_outer_optimizer(dn);
+  at::Tensor theta = torch::zeros({2, 2});
+  for (int v = 0; v < 2; ++v) {
+    ASSERT_EQ(s.receive(0, contrib(0, -1.0f - v, 1, 1, v)), SyncReject::kNone);
+    ASSERT_TRUE(s.merge(0).ok());
+    ref->step("x", theta, torch::full({2, 2}, -1.0f - v));
+  }
+  EXPECT_EQ(s.fused_merges(), 0);
+  EXPECT_TRUE(at::allclose(s.global()[0].second, theta));
+  const auto before = s.outer_state();
+  ASSERT_EQ(before.at("w.delay_count").item<double>(), 2.0);
+  // A push so large the step overflows: rolled back, the delayed state exactly as before.
+  ASSERT_EQ(s.receive(0, contrib(0, -3e38f, 1, 1, 2)), SyncReject::kNone);
+  auto out = s.merge(0);
+  EXPECT_FALSE(out.ok());
+  const auto after = s.outer_state();
+  ASSERT_EQ(after.size(), before.size());
+  for (const auto& [k, t] : before) EXPECT_TRUE(at::equal(t, after.at(k))) << k;
+}
+
 }  // namespace
 }  // namespace deloco
