@@ -207,7 +207,10 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         }
         P.last_beat = -1;
         send_beat(m);  // the receipt: the learner's push window opens as soon as the bytes are here
-        return on_push(env, h, m, t);
+        on_push(env, h, m, t);
+        // Dynamic local updates: the push's step time may change this learner's period; tell it now, not a heartbeat later.
+        if (cfg.sync.dynamic_local_updates && core->local_updates(m) != P.sync_every_told) send_beat(m);
+        return;
       }
       case MessageKind::kHeartbeat: {
         if (env.payload.empty()) return;
@@ -526,7 +529,7 @@ void SyncerNode::Impl::send_beat(int64_t m) {
   proto::SyncerBeat b;
   b.pushes = peers[m].pushes_rx;
   b.patience = patience(peers[m].broadcast_time);
-  if (cfg.sync.dynamic_local_updates) b.sync_every = core->local_updates(m);
+  if (cfg.sync.dynamic_local_updates) b.sync_every = peers[m].sync_every_told = core->local_updates(m);
   send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
 }
 

@@ -31,6 +31,7 @@ struct Peer {
   bool alive = false;
   double last_heard = -1e9;
   double last_beat_sent = -1e9;
+  int64_t sync_every_told = 0;  // the sync period (sync.dynamic_local_updates) the latest beat to it carried
   int64_t step = 0, tokens = 0;
   double busy = 0;          // busy seconds of the current instance
   double busy_done = 0;     // busy seconds of earlier instances

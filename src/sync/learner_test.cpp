@@ -445,6 +445,20 @@ TEST(DynamicLocalUpdates, ThePeriodScalesWithTheLearnersSpeed) {
   EXPECT_EQ(s.local_updates(2), 5);   // 20 / 10 = 2, but never at or below τ = 4
   s.retire(0, 0);                     // the fastest finished: the others are measured against learner 1
   EXPECT_EQ(s.local_updates(1), 20);
+  // With waiting, K > 1 and several fragments, learners on different periods could each wait for a round the other
+  // has not reached (seen: learner 1 pushed fragment 1 again before its first push of fragment 0): refused by name.
+  SyncOptions risky = o;
+  risky.quorum = 2;
+  risky.fragments = 2;
+  risky.wait_for_answer = true;
+  try {
+    risky.validate();
+    ADD_FAILURE() << "accepted a combination that can deadlock";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlock"), std::string::npos) << e.what();
+  }
+  risky.fragments = 1;
+  EXPECT_NO_THROW(risky.validate());
   o.dynamic_local_updates = false;
   Syncer off(o, plan_fragments({{"w", 16}}, 1, 20), g, MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
   EXPECT_EQ(off.local_updates(1), 20);

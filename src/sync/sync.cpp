@@ -47,6 +47,10 @@ void SyncOptions::validate() const {
     fail("sync.staleness must be none, poly or exp (got '" + staleness + "')");
   if (!(staleness_exponent > 0) || !std::isfinite(staleness_exponent))
     fail("sync.staleness_exponent must be finite and > 0");
+  if (dynamic_local_updates && wait_for_answer && quorum > 1 && fragments > 1)
+    fail("sync.dynamic_local_updates with sync.wait_for_answer, sync.quorum > 1 and sync.fragments > 1 can "
+         "deadlock: learners on different periods push the fragments in different orders, and each waits for a round "
+         "the other has not reached (set sync.fragments = 1, sync.quorum = 1 or sync.wait_for_answer = false)");
   if (!(max_share > 0 && max_share <= 1)) fail("sync.max_share must be in (0, 1] (1 = off)");
   if (merge_threads < 0) fail("sync.merge_threads must be ≥ 0 (0 = the process's compute threads)");
 }

@@ -342,6 +342,58 @@ TEST_F(RunCli, ChaosKillsALearnerAndTheRunStillFinishes) {
   EXPECT_NE(r.out.find("chaos: SIGKILL learner-"), std::string::npos) << r.out;
 }
 
+// Issue 33: the asynchronous outer variants run under the runtime exactly as configured for the simulator. Learner 1
+// is slowed 3x, so with dynamic local updates the syncer's heartbeats give it a period of about H/3 and it pushes
+// more often than learner 0 (K = M with waiting and one fragment keeps the two in step, so learner 0 cannot finish
+// first and leave learner 1 the fastest: the counts do not depend on timing); the merge records list each
+// contribution's staleness; the final checkpoint's outer state holds Delayed Nesterov's sum and count beside the
+// momentum.
+TEST_F(RunCli, AsynchronousOuterVariantsRunUnderTheRuntime) {
+  auto r = run("run " + tiny(120, true) +
+                   " --set outer.kind=delayed_nesterov --set outer.delay=3 --set sync.staleness=exp"
+                   " --set sync.dynamic_local_updates=true --set chaos.enabled=true --set chaos.slow_learner=1"
+                   " --set chaos.slow_factor=3 --set sync.quorum=2 --set sync.wait_for_answer=true --set sync.fragments=1",
+               dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_trained(summary());
+  const fs::path run_dir = dir_ / "run";
+  const auto records = [](const fs::path& f) {
+    std::vector<nlohmann::json> out;
+    for (const auto& line : split_lines(read_file(f.string()))) out.push_back(nlohmann::json::parse(line));
+    return out;
+  };
+  std::vector<int64_t> steps[2];
+  for (int64_t m : {0, 1})
+    for (const auto& j : records(run_dir / ("learner-" + std::to_string(m) + ".jsonl")))
+      if (j.value("kind", "") == "push") steps[m].push_back(j["step"].get<int64_t>());
+  const auto gaps = [](const std::vector<int64_t>& v) {
+    std::vector<int64_t> g;
+    for (size_t i = 1; i < v.size(); ++i) g.push_back(v[i] - v[i - 1]);
+    return g;
+  };
+  const auto g0 = gaps(steps[0]), g1 = gaps(steps[1]);
+  ASSERT_FALSE(g0.empty());
+  ASSERT_FALSE(g1.empty());
+  // The fastest learner keeps H = 10; the slow one is told a shorter period (about 10 / 3) while both train.
+  EXPECT_EQ(*std::min_element(g0.begin(), g0.end()), 10);
+  EXPECT_LE(*std::min_element(g1.begin(), g1.end()), 5) << "learner 1 pushed at " << nlohmann::json(steps[1]).dump();
+  EXPECT_GT(steps[1].size(), steps[0].size());
+  int64_t merges = 0;
+  for (const auto& j : records(run_dir / "syncer.jsonl"))
+    if (j.value("kind", "") == "merge") {
+      ++merges;
+      ASSERT_TRUE(j.contains("staleness")) << j.dump();
+      EXPECT_EQ(j["staleness"].size(), j["learners"].size()) << j.dump();
+    }
+  EXPECT_GT(merges, 0);
+  const std::string latest = read_file((run_dir / "latest").string());
+  const fs::path ck = run_dir / "checkpoints" / latest.substr(0, latest.find_last_not_of("\n ") + 1);
+  const std::string outer = read_file((ck / "optimizer.safetensors").string());
+  EXPECT_NE(outer.find(".delay_sum"), std::string::npos);
+  EXPECT_NE(outer.find(".delay_count"), std::string::npos);
+  EXPECT_NE(outer.find(".momentum_buffer"), std::string::npos);
+}
+
 // Issue 13: one learner that is a data-parallel group of two processes (c10d Gloo). Chaos kills a random rank; the
 // whole group goes down, restarts and rejoins, and the run finishes with every push accepted.
 TEST_F(RunCli, LearnerGroupOfTwoRanksSurvivesChaos) {
