@@ -2,8 +2,8 @@
 # The science suite (issue 14): every experiment of docs/science.md in the deterministic simulator, with seeds,
 # tuning on a dev split and 95% intervals. Needs the built deloco and /usr/bin/python3 (matplotlib for the plots:
 # scripts/setup.sh installs python3-matplotlib).
-#   scripts/science.sh --quick     # the reduced suite (tiny model), 123 runs, 7.5 min on 2 busy cores
-#   scripts/science.sh --smoke     # the quick scale with one seed and one tuning point per method, 41 runs, ~1 min
+#   scripts/science.sh --quick     # the reduced suite (tiny model), 320 runs, 8.5 min on 2 cores
+#   scripts/science.sh --smoke     # the quick scale with one seed and one tuning point per method, 93 runs, 2.5 min
 #                                  # on 2 cores: every experiment end to end; CI runs it
 #   scripts/science.sh             # the full suite into runs/science and docs/science.md (hours; resumable)
 # Other options pass through to scripts/science.py (--out DIR, --jobs N, --only e1,e5, --report-only, --doc FILE).

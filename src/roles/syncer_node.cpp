@@ -176,6 +176,10 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   }
   if (it == route_to_id.end()) {
     reject(env.peer, h.learner_id, carried, RejectReason::kNotJoined, "say hello first");
+    // A heartbeat (not a push) from a connection that has not joined: typically one queued before a cut, arriving on
+    // the learner's new connection ahead of its hello. The answer tells it to say hello: part of rejoining, counted
+    // with the refused joins, not as a refused contribution.
+    if (carried < 0) ++joins_refused;
     return;
   }
   const int64_t m = it->second;

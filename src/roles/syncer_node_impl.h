@@ -130,7 +130,8 @@ struct SyncerNode::Impl {
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
   // Of those, hellos refused (duplicate_id while the old connection still counts live, a key bound to another id,
-  // ...): a refused join is not a refused contribution, so the summary reports them apart (joins_refused).
+  // ...) and messages other than pushes from connections that have not joined ("say hello first"): part of joining,
+  // not refused contributions, so the summary reports them apart (joins_refused).
   int64_t joins_refused = 0;
   bool in_hello = false;  // on_hello is running: reject() counts into joins_refused too
   std::map<std::string, std::pair<double, int64_t>> reject_log;  // log key → (window start, records logged)
