@@ -359,24 +359,31 @@ def run_point(args, out, sets):
     return s
 
 
+def records(metrics, kinds):
+    """The records of the given kinds in a run's metrics.jsonl (none when it is missing; unreadable lines skipped)."""
+    if not os.path.exists(metrics):
+        return []
+    out = []
+    for line in open(metrics):
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("kind") in kinds:
+            out.append(r)
+    return out
+
+
 def merge_stats(metrics):
     """What the run's merge records say (issue 33 asks for them with every run): the grace window of each merge
     (mean, and the share of merges where it was open), contributions per merge, and their staleness (merges since
     their base version)."""
-    grace, per, stale = [], [], []
-    if os.path.exists(metrics):
-        for line in open(metrics):
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if r.get("kind") != "merge":
-                continue
-            grace.append(float(r.get("grace", 0.0)))
-            per.append(len(r.get("learners", [])))
-            stale += [int(k) for k in r.get("staleness", [])]
-    if not grace:
+    merges = records(metrics, ("merge",))
+    if not merges:
         return {}
+    grace = [float(r.get("grace", 0.0)) for r in merges]
+    per = [len(r.get("learners", [])) for r in merges]
+    stale = [int(k) for r in merges for k in r.get("staleness", [])]
     return dict(grace_mean=statistics.fmean(grace), grace_open=sum(g > 0 for g in grace) / len(grace),
                 per_merge=statistics.fmean(per), staleness_mean=statistics.fmean(stale) if stale else None)
 
@@ -384,15 +391,8 @@ def merge_stats(metrics):
 def eval_curve(metrics):
     """[[virtual seconds, loss], ...] of a run's evaluations of the global model (sim.eval_interval > 0 writes them
     during the run; the final one closes it), or None when the run evaluated only at its end."""
-    pts = []
-    if os.path.exists(metrics):
-        for line in open(metrics):
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if r.get("kind") in ("eval", "final_eval") and r.get("t") is not None and r.get("val_loss") is not None:
-                pts.append([round(float(r["t"]), 2), round(float(r["val_loss"]), 5)])
+    pts = [[round(float(r["t"]), 2), round(float(r["val_loss"]), 5)] for r in records(metrics, ("eval", "final_eval"))
+           if r.get("t") is not None and r.get("val_loss") is not None]
     return sorted(pts) if len(pts) > 2 else None
 
 
