@@ -119,6 +119,7 @@ class LearnerGroup;
 
 struct NetOptions {
   std::string address = "tcp://127.0.0.1:5555";  // syncer binds here, learners dial it (env DELOCO_SYNCER overrides)
+  std::string standby;               // the standby syncer's endpoint(s), as address ("" : no standby pair)
   bool plaintext = false;            // run without CURVE (must be explicit)
   std::string secret_key;            // own .key file (env DELOCO_SECRET_KEY)
   std::string server_key;            // learners: the syncer's .pub file (env DELOCO_SERVER_KEY)
@@ -153,6 +154,8 @@ struct SyncerNodeOptions {
                                      // end); 1 means no merge a learner has seen is ever lost to a syncer crash
   double eval_interval = 30.0;       // seconds between validation evaluations of Θ (0: only at the end)
   std::string metrics = "127.0.0.1:0";  // Prometheus endpoint host:port ("" : off)
+  bool standby = false;              // `deloco run`: a standby syncer per shard (net.standby, else derived endpoints)
+  double lease = 1.0;                // seconds without a word from the leader before its standby takes over
   void bind(ConfigSchema& schema);   // syncer.*
 };
 
@@ -254,6 +257,9 @@ uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t mod
 // a few heartbeats, and a push plus its heartbeat per fragment in flight; a full queue only slows that learner's
 // sending down, TCP back-pressure, it loses nothing).
 TransportOptions node_transport_options(const RuntimeConfig& cfg, Workload& model, NodeRole role);
+// A standby syncer's connection to its leader: a learner's options with frames up to an image (Θ and up to three
+// outer-state tensors per parameter, in fp32) plus 1 MiB.
+TransportOptions standby_transport_options(const RuntimeConfig& cfg, Workload& model);
 
 using RecordSink = std::function<void(const nlohmann::json&)>;
 
@@ -269,6 +275,12 @@ class SyncerNode {
   // Serves until every learner retired (then a final merge of what waits, a final evaluation and checkpoint) or
   // until `stop`. Returns the summary (the fields every run summary shares, plus runtime specifics).
   nlohmann::json run(const std::atomic<bool>& stop);
+  // A standby pair (docs/reliability.md): `dial` opens a connection to the other syncer of the pair. follow: start
+  // as its standby (it sends an image, then every change to the core; this node checks each merge against the
+  // leader's and takes over when the leader is silent for syncer.lease). Else lead, with the standby following
+  // this one; a leader that learns of a newer epoch (a learner's hello, a standby's request) steps down and
+  // follows. Call before run().
+  void pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow);
   std::string prometheus() const;    // the metrics text (thread-safe)
   // The live dashboard on the metrics endpoint (when syncer.metrics is on): `page_html` at "/", and at
   // "/api/data" the charts' data of the run folder (its records and summary: the learners' too when they write
@@ -302,6 +314,9 @@ class LearnerNode {
   // node tells the other ranks to train a step or to stop, and sends them the parameters that changed (merged
   // fragments applied, a global state installed). Call before run().
   void lead_group(std::shared_ptr<LearnerGroup> group);
+  // A standby pair (net.standby; docs/reliability.md): one connection per shard to that shard's other syncer. The
+  // learner follows whichever syncer of each pair leads (the newest epoch). Call before run().
+  void standbys(std::vector<std::unique_ptr<ClientTransport>> alts);
   // Joins, trains train.steps inner steps (resuming at the step the syncer remembers for this id), leaves.
   nlohmann::json run(const std::atomic<bool>& stop);
 

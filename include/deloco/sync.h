@@ -436,6 +436,32 @@ class Syncer {
   void restore(const std::map<std::string, at::Tensor>& global, const std::map<std::string, at::Tensor>& outer_state,
                const std::vector<int64_t>& versions, int64_t merged);
 
+  // Replication (a standby syncer, src/roles/replication.h): image() is everything a second Syncer built with the same
+  // options, fragments and initial tensors needs to continue bit-identically — restore()'s state (Θ, the outer state,
+  // versions, merged) plus what restore() keeps (connections, retirements, the step-time and grace moving averages,
+  // the path counters). resync(image) is restore() and then those; it drops waiting contributions, the kept history
+  // and the counter and norm statistics, exactly as restore() does. Two syncers that resync from one image and then
+  // see the same calls in the same order give bit-identical results; the leader resyncs itself with the image it
+  // sends, so leader and standby both start from that point. Throws as restore() does, changing nothing.
+  struct Image {
+    std::map<std::string, at::Tensor> global, outer;
+    std::vector<int64_t> versions;
+    int64_t merged = 0;
+    std::vector<bool> connected, retired;
+    std::vector<Ema> learner_step;  // per learner
+    GraceStats stats;
+    int64_t fused_merges = 0, general_merges = 0, stale_bases = 0;
+    std::map<std::string, int64_t> rejected;
+  };
+  Image image() const;
+  void resync(const Image& image);
+  // The learners whose contributions wait in fragment p's round (ascending): what a resync drops.
+  std::vector<int64_t> waiting(int64_t fragment) const;
+  // Drops every waiting contribution (each round starts afresh at its version); nothing else changes. A driver
+  // whose learners will count those pushes as refused (a standby syncer taking over: they join it afresh and fold
+  // the progress into their next push) calls it, so no progress is merged twice.
+  void drop_waiting();
+
  private:
   // A waiting contribution with what receive() measured of it: per tensor ‖Δ̂‖² and max |Δ̂|.
   struct Held {

@@ -58,8 +58,9 @@ enum class MessageKind : uint8_t {
   kHeartbeat = 6,          // either way: liveness; payload may be empty
   kLeave = 7,              // learner -> syncer: clean goodbye; syncer -> learner: the goodbye was handled
   kReject = 8,             // syncer -> learner: refusal; payload is the reason text
+  kReplica = 9,            // leader syncer <-> its standby: the journal (src/roles/replication.h)
 };
-constexpr uint8_t kMaxMessageKind = 8;
+constexpr uint8_t kMaxMessageKind = 9;
 
 enum class Encoding : uint8_t { kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5 };
 constexpr uint8_t kMaxEncoding = 5;

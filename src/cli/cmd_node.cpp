@@ -55,6 +55,8 @@ struct NodeArgs {
   std::string address;  // --bind / --connect
   std::string out;
   bool resume = false;
+  bool standby = false;  // syncer: the pair's second syncer (binds net.standby, follows net.address)
+  bool follow = false;   // syncer: binds net.address, follows net.standby (a restarted leader whose standby took over)
   int64_t id = -1;
   std::optional<int64_t> shard;  // syncer: which shard of syncer.shards (default DELOCO_SHARD, else 0)
   // A learner group's rank (torchrun's names; unset: the environment, else rank 0 of learner.ranks).
@@ -82,8 +84,22 @@ void run_syncer(const NodeArgs& a) {
   const int64_t shard = a.shard ? *a.shard : environment_integer("DELOCO_SHARD", 0);
   cfg.syncer.shard = shard;
   cfg.validate();  // the shard against syncer.shards
+  // A standby pair: this shard's two endpoints (net.address and net.standby, each one per shard or derived).
+  if ((a.standby || a.follow) && cfg.net.standby.empty())
+    throw ConfigError(std::string(a.standby ? "--standby" : "--follow") +
+                      " needs net.standby: the endpoint of the pair's second syncer");
+  if (a.standby && a.follow) throw ConfigError("--standby and --follow name the same thing twice: give one");
+  if (a.standby && a.resume) throw ConfigError("--standby follows the leader's state; it takes no --resume");
+  std::string peer;
+  if (!cfg.net.standby.empty()) {
+    const std::string primary = shard_endpoints(cfg.net.address, cfg.syncer.shards)[static_cast<size_t>(shard)];
+    const std::string second = shard_endpoints(cfg.net.standby, cfg.syncer.shards)[static_cast<size_t>(shard)];
+    peer = a.standby ? primary : second;
+    if (a.standby && a.address.empty()) cfg.net.address = second;
+  }
   // Where this shard serves: --bind, else its endpoint of net.address (one per shard, or derived).
-  if (a.address.empty()) cfg.net.address = shard_endpoints(cfg.net.address, cfg.syncer.shards)[static_cast<size_t>(shard)];
+  if (a.address.empty() && !a.standby)
+    cfg.net.address = shard_endpoints(cfg.net.address, cfg.syncer.shards)[static_cast<size_t>(shard)];
   std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
   // A sharded syncer in a run folder named shard-s: the siblings shard-k are the other shards' (shard 0 assembles
   // the global model from their checkpoints for its evaluations).
@@ -94,7 +110,7 @@ void run_syncer(const NodeArgs& a) {
     if (dir.empty()) throw ConfigError("--resume needs the run folder: --out DIR or syncer.out_dir");
   } else if (dir.empty()) {
     dir = new_run_dir("", a.common, "syncer", "choose another with --out DIR");
-  } else if (fs::exists(fs::path(dir) / "latest") || has_committed_checkpoint(dir)) {
+  } else if (!a.standby && !a.follow && (fs::exists(fs::path(dir) / "latest") || has_committed_checkpoint(dir))) {
     throw ConfigError("run folder '" + dir + "' already holds syncer checkpoints; continue it with --resume or choose another --out");
   }
   cfg.syncer.out_dir = dir;
@@ -110,8 +126,13 @@ void run_syncer(const NodeArgs& a) {
   const TransportOptions topts = node_transport_options(cfg, *evaluator, NodeRole::kSyncer);
   auto transport = make_zmq_server(cfg.net.address, topts);
   const std::string endpoint = transport->endpoint();
+  // The pair's connection to the other syncer: frames up to an image; CURVE with this syncer's own key, the other's
+  // public key being net.server_key, else the same key pair's (both syncers of a pair serve the same learners).
+  TransportOptions popts = standby_transport_options(cfg, *evaluator);
+  if (popts.server_public_key_file.empty()) popts.server_public_key_file = popts.secret_key_file;
   SyncerNode node(cfg, std::move(transport), std::move(evaluator), a.resume,
                   [&](const nlohmann::json& j) { log.write_json(j); });
+  if (!peer.empty()) node.pair([peer, popts] { return make_zmq_client(peer, popts); }, a.standby || a.follow);
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
   // The live dashboard at the metrics endpoint's / (docs/report.md), when the build has its chart library.
   if (node.metrics_port() > 0 && std::string(kUplotJs).size() > 0) {
@@ -128,7 +149,8 @@ void run_syncer(const NodeArgs& a) {
                                                            : std::string())
             << ": serving " << endpoint << (cfg.net.plaintext ? " in PLAINTEXT" : " (CURVE)") << ", "
             << cfg.resolved_learners() << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
-            << (a.resume ? ", resumed" : "") << ", max frame " << topts.max_frame_bytes << " bytes; run folder " << dir
+            << (a.resume ? ", resumed" : "") << (a.standby || a.follow ? ", standby of " + peer : "")
+            << (!peer.empty() && !a.standby && !a.follow ? ", its standby at " + peer : "") << ", max frame " << topts.max_frame_bytes << " bytes; run folder " << dir
             << "\n";
   nlohmann::json s = node.run(install_stop_signals().requested);
   std::cerr << "deloco syncer: " << s["outer_steps"] << " merges, " << s["contributions_merged"]
@@ -199,6 +221,11 @@ void run_learner(const NodeArgs& a) {
   for (const auto& e : endpoints) links.push_back(make_zmq_client(e, topts));
   LearnerNode node(cfg, id, std::move(links), std::move(replica), [&](const nlohmann::json& j) { log.write_json(j); });
   if (group) node.lead_group(group);
+  if (!cfg.net.standby.empty()) {  // a standby pair per shard: dial both, follow whichever leads
+    std::vector<std::unique_ptr<ClientTransport>> alts;
+    for (const auto& e : shard_endpoints(cfg.net.standby, cfg.syncer.shards)) alts.push_back(make_zmq_client(e, topts));
+    node.standbys(std::move(alts));
+  }
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
             << (blas_description().empty() ? "" : ", " + blas_description())
@@ -219,6 +246,12 @@ void add_node_commands(CLI::App& app) {
   s->add_option("--bind", sargs->address, "endpoint to serve: tcp://host:port or ipc:///path (default net.address)");
   s->add_option("--out", sargs->out, "run folder (default syncer.out_dir, else runs/<config>-<time>)");
   s->add_flag("--resume", sargs->resume, "continue from the run folder's latest syncer checkpoint");
+  s->add_flag("--standby", sargs->standby,
+              "be the standby of a pair: serve net.standby, follow the leader at net.address, take over when its "
+              "lease (syncer.lease) lapses (docs/reliability.md)");
+  s->add_flag("--follow", sargs->follow,
+              "serve net.address but start as the standby of the syncer at net.standby (a restarted leader whose "
+              "standby took over)");
   s->add_option("--shard", sargs->shard, "which shard of syncer.shards this process serves (default DELOCO_SHARD, else 0)");
   s->callback([sargs] { run_syncer(*sargs); });
 

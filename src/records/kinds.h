@@ -210,6 +210,60 @@ struct CheckpointSaved : RecordBase {
   template <class V> void fields(V& v) { v("path", path); v("merges", merges); }
 };
 
+// ---- The standby pair (syncer node; docs/reliability.md) ------------------------------------------------------
+
+// A standby took over: the leader's lease lapsed after `silent_seconds` without a word; it leads `epoch` now, from
+// the `merges` it replicated (journal entries `journal`, rounds it checked against the leader's and how many differed).
+struct TakeOver : RecordBase {
+  static constexpr const char* kKind = "takeover";
+  int64_t epoch = 0, merges = 0, journal = 0, rounds_checked = 0, mismatches = 0, learners_told = 0;
+  double silent_seconds = 0;
+  template <class V> void fields(V& v) {
+    v("epoch", epoch); v("merges", merges); v("journal", journal); v("rounds_checked", rounds_checked);
+    v("mismatches", mismatches); v("learners_told", learners_told); v("silent_seconds", silent_seconds);
+  }
+};
+
+// The first merge a standby made after taking over (the failover is over): `seconds_after_takeover`.
+struct FailoverMerge : RecordBase {
+  static constexpr const char* kKind = "failover_merge";
+  int64_t epoch = 0, fragment = -1, version = 0;
+  double seconds_after_takeover = 0;
+  template <class V> void fields(V& v) {
+    v("epoch", epoch); v("fragment", fragment); v("version", version); v("seconds_after_takeover", seconds_after_takeover);
+  }
+};
+
+// A leader learned of a newer epoch (a learner's hello, a standby's follow): it was replaced and follows now.
+struct StepDown : RecordBase {
+  static constexpr const char* kKind = "step_down";
+  int64_t epoch = 0, newer_epoch = 0, merges = 0;
+  std::string detail;
+  template <class V> void fields(V& v) {
+    v("epoch", epoch); v("newer_epoch", newer_epoch); v("merges", merges); v("detail", detail);
+  }
+};
+
+// Leader: a standby began following (sent an image at `journal`, dropping the `dropped` waiting contributions) or
+// was dropped (silent for the lease). Standby: an image arrived (it follows from there).
+struct Standby : RecordBase {
+  static constexpr const char* kKind = "standby";
+  std::string event;  // following | dropped | image | mismatch | gap
+  int64_t epoch = 0, journal = 0, merges = 0, dropped = 0;
+  std::string detail;
+  template <class V> void fields(V& v) {
+    v("event", event); v("epoch", epoch); v("journal", journal); v("merges", merges); v("dropped", dropped);
+    v("detail", detail);
+  }
+};
+
+// A learner moved its link for a shard to the other syncer of the pair (it announced it leads `epoch`).
+struct SyncerFailover : RecordBase {
+  static constexpr const char* kKind = "syncer_failover";
+  int64_t step = 0, epoch = 0;
+  template <class V> void fields(V& v) { v("step", step); v("epoch", epoch); }
+};
+
 // ---- The inner loop (simulator, learner node, embedded learner, `deloco train`) -------------------------------
 
 // A learner's progress every log_every steps.

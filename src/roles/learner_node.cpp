@@ -113,6 +113,13 @@ struct LearnerNode::Impl {
     std::deque<int64_t> sent;
     int64_t sent_base = 0, pushes_acked = 0;
     bool syncer_acks = false;  // this syncer acknowledges pushes (a heartbeat with a body came): the window applies
+    // A standby pair (net.standby; docs/reliability.md): the other syncer of this shard's pair. The learner says
+    // hello there too, every second: while it follows it answers not_leader and keeps the route, so that when it
+    // takes over it tells this learner at once (a syncer beat with leader_epoch). Then tx and alt swap and the link
+    // joins the new leader. Comms thread only, like tx.
+    std::unique_ptr<ClientTransport> alt;
+    double alt_hello = -1e9;
+    int64_t epoch = 0;  // the highest leader epoch seen on this link (0: none, or no pair); guarded by mu
     int64_t unacknowledged() const { return sent_base + static_cast<int64_t>(sent.size()) - pushes_acked; }
     Comms c;
   };
@@ -184,9 +191,61 @@ struct LearnerNode::Impl {
     h.fingerprint = fingerprint;
     return h;
   }
-  bool send(Link& L, const MessageHeader& h, Bytes payload) {
+  bool send(Link& L, const MessageHeader& h, Bytes payload) { return send_on(*L.tx, h, std::move(payload)); }
+  bool send_on(ClientTransport& tx, const MessageHeader& h, Bytes payload) {
     auto f = proto::make_frame(h, std::move(payload), limits);
-    return L.tx->send(f.header, f.payload);
+    return tx.send(f.header, f.payload);
+  }
+
+  // A message from the other syncer of this link's pair: a takeover announcement (or a welcome of a newer epoch)
+  // moves the link there; everything else from a syncer that does not lead (its not_leader answers) is ignored.
+  void handle_alt(Link& L, const Envelope& env) {
+    MessageHeader h;
+    try {
+      if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
+      h = decode_header(env.header.data(), env.header.size(), limits);
+      verify_payload(h, env.payload.data(), env.payload.size());
+      if (h.fingerprint != fingerprint) return;
+      int64_t announced = 0;
+      if (h.kind == MessageKind::kHeartbeat && !env.payload.empty())
+        announced = proto::parse_syncer_beat(env.payload.data(), env.payload.size()).leader_epoch;
+      else if (h.kind == MessageKind::kWelcome)
+        announced = proto::parse_welcome(env.payload.data(), env.payload.size()).epoch;
+      int64_t known;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        known = L.epoch;
+      }
+      if (announced <= known) return;
+      fail_over(L, announced);
+      if (h.kind == MessageKind::kWelcome) handle(L, env);  // it answers a hello: take it on the new link
+    } catch (const WireError& e) {
+      emit(L, bad_frame(std::string("from the standby syncer: ") + e.what()));
+    }
+  }
+
+  void fail_over(Link& L, int64_t new_epoch) {
+    std::swap(L.tx, L.alt);
+    Comms& c = L.c;
+    int64_t step;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      L.epoch = new_epoch;
+      L.joined = false;  // join the new leader now: its welcome settles what was pushed to the old one
+      L.syncer_acks = false;
+      step = beat.step;
+      cv.notify_all();
+    }
+    c.last_hello = -1e9;
+    c.last_heard = now();
+    c.hellos_unanswered = 0;
+    c.patience = 0;
+    c.last_leave = -1e9;
+    L.alt_hello = now();  // the old leader hears from us again in a second (it may come back as the standby)
+    rec::SyncerFailover r;
+    r.step = step;
+    r.epoch = new_epoch;
+    emit(L, r);
   }
 
   // ================================ comms thread ================================
@@ -226,6 +285,7 @@ struct LearnerNode::Impl {
       for (auto& L : links) {
         Envelope env;
         if (L.tx->receive(&env, std::chrono::milliseconds(out ? 0 : wait_ms))) handle(L, env);
+        if (L.alt && L.alt->receive(&env, std::chrono::milliseconds(0))) handle_alt(L, env);
       }
     }
   }
@@ -267,6 +327,19 @@ struct LearnerNode::Impl {
     }
     // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
     if (!is_joined && t - c.last_hello >= hello_interval(c)) say_hello(L, b, t);
+    if (L.alt && t - L.alt_hello >= std::max(1.0, 2 * cfg.net.heartbeat)) {
+      proto::Hello h;
+      h.learner = id;
+      h.instance = instance;
+      h.step = b.step;
+      h.want_state = false;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        h.epoch = L.epoch;
+      }
+      send_on(*L.alt, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)));
+      L.alt_hello = t;
+    }
     // A download in progress is the syncer talking (its chunks may each take seconds on a slow link): the join's
     // own bound, net.join_timeout, applies to it instead.
     const double allowed = c.dl ? std::max(cfg.net.join_timeout, cfg.net.dead_after) : cfg.net.dead_after + c.patience;
@@ -298,6 +371,7 @@ struct LearnerNode::Impl {
       std::lock_guard<std::mutex> lock(mu);
       h.want_state = !L.have_state;
       if (h.want_state && L.initial.defined()) h.state_hash = L.initial_hash;
+      h.epoch = L.epoch;
     }
     if (send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)))) ++L.c.hellos_unanswered;
     L.c.last_hello = L.c.hello_sent_at = t;
@@ -395,6 +469,11 @@ struct LearnerNode::Impl {
   void on_welcome(Link& L, const Envelope& env) {
     Comms& c = L.c;
     auto w = proto::parse_welcome(env.payload.data(), env.payload.size());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (w.epoch > 0 && w.epoch < L.epoch) return;  // a leader that was replaced (fenced): its welcome is void
+      L.epoch = std::max(L.epoch, w.epoch);
+    }
     if (w.versions.size() != L.plan.fragments.size())
       throw WireError("welcome lists " + std::to_string(w.versions.size()) + " fragments, we have " +
                       std::to_string(L.plan.fragments.size()) + " for this syncer" +
@@ -1040,6 +1119,14 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
     I.links[s].plan = plan_shard(plan, static_cast<int64_t>(shards.size()), static_cast<int64_t>(s));
     I.links[s].tx = std::move(shards[s]);
   }
+}
+
+void LearnerNode::standbys(std::vector<std::unique_ptr<ClientTransport>> alts) {
+  Impl& I = *impl_;
+  if (alts.size() != I.links.size())
+    throw ConfigError("a learner needs one standby connection per syncer shard: " + std::to_string(alts.size()) +
+                      " given, syncer.shards=" + std::to_string(I.links.size()));
+  for (size_t s = 0; s < alts.size(); ++s) I.links[s].alt = std::move(alts[s]);
 }
 
 LearnerNode::~LearnerNode() = default;

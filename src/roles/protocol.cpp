@@ -56,6 +56,7 @@ std::string encode_hello(const Hello& h) {
   nlohmann::json j{{"learner", h.learner}, {"instance", fingerprint_hex(h.instance)}, {"step", h.step},
                    {"want_state", h.want_state}};
   if (h.state_hash) j["state_hash"] = fingerprint_hex(*h.state_hash);
+  if (h.epoch > 0) j["epoch"] = h.epoch;
   return j.dump();
 }
 
@@ -69,6 +70,7 @@ Hello parse_hello(const char* data, size_t n) {
   if (it == j.end() || !it->is_boolean()) throw WireError("hello field 'want_state' is missing or not a boolean");
   h.want_state = it->get<bool>();
   if (j.contains("state_hash")) h.state_hash = get_hex(j, "state_hash", "hello");
+  if (j.contains("epoch")) h.epoch = get_int(j, "epoch", "hello", 1, kMaxI);
   return h;
 }
 
@@ -83,6 +85,7 @@ std::string encode_welcome(const Welcome& w) {
   if (w.pushes >= 0) j["pushes"] = w.pushes;
   if (w.state_held) j["state_held"] = true;
   if (w.marks_answers) j["marks_answers"] = true;
+  if (w.epoch > 0) j["epoch"] = w.epoch;
   return j.dump();
 }
 
@@ -110,6 +113,7 @@ Welcome parse_welcome(const char* data, size_t n) {
     if (!marks->is_boolean()) throw WireError("welcome field 'marks_answers' is not a boolean");
     w.marks_answers = marks->get<bool>();
   }
+  if (j.contains("epoch")) w.epoch = get_int(j, "epoch", "welcome", 1, kMaxI);
   if (w.state_held && w.chunks != 0) throw WireError("welcome: state_held with chunks to download");
   if (w.chunks > 0 && (w.chunk_elements == 0 || (w.chunks - 1) * w.chunk_elements >= w.elements ||
                        w.chunks * w.chunk_elements < w.elements))
@@ -140,6 +144,7 @@ std::string encode_syncer_beat(const SyncerBeat& b) {
   nlohmann::json j{{"pushes", b.pushes}};
   if (b.patience > 0) j["patience"] = b.patience;
   if (b.sync_every > 0) j["sync_every"] = b.sync_every;
+  if (b.leader_epoch > 0) j["leader_epoch"] = b.leader_epoch;
   return j.dump();
 }
 
@@ -149,6 +154,7 @@ SyncerBeat parse_syncer_beat(const char* data, size_t n) {
   b.pushes = get_int(j, "pushes", "syncer heartbeat", 0, kMaxI);
   if (j.contains("patience")) b.patience = get_double(j, "patience", "syncer heartbeat");
   if (j.contains("sync_every")) b.sync_every = get_int(j, "sync_every", "syncer heartbeat", 1, kMaxI);
+  if (j.contains("leader_epoch")) b.leader_epoch = get_int(j, "leader_epoch", "syncer heartbeat", 1, kMaxI);
   return b;
 }
 
@@ -194,6 +200,7 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::kUnboundKey: return "unbound_key";
     case RejectReason::kHandlerError: return "handler_error";
     case RejectReason::kDeltaTooLarge: return "delta_too_large";
+    case RejectReason::kNotLeader: return "not_leader";
     case RejectReason::kOther: break;
   }
   return "other";

@@ -34,6 +34,9 @@ struct Hello {
   // order), e.g. its seeded initialisation. Optional on the wire (absent: none). A syncer whose state has this hash
   // sends no chunks (Welcome::state_held): the learner installs what it holds.
   std::optional<uint64_t> state_hash;
+  // A standby pair (docs/reliability.md): the highest leader epoch this learner has joined (0 = none, absent on the
+  // wire). A syncer leading an older epoch learns from it that it was replaced, and steps down (fencing).
+  int64_t epoch = 0;
 };
 std::string encode_hello(const Hello& h);
 Hello parse_hello(const char* data, size_t n);
@@ -58,6 +61,9 @@ struct Welcome {
   // into it, 0 = none; LearnerCore::receive's `covers`). Optional on the wire (absent: false, an older syncer:
   // any newer version answers a push).
   bool marks_answers = false;
+  // The leader's epoch (its fencing token; 0 = absent: a syncer without a standby pair). A learner takes a welcome
+  // only from a syncer whose epoch is at least the highest it has seen.
+  int64_t epoch = 0;
 };
 std::string encode_welcome(const Welcome& w);
 Welcome parse_welcome(const char* data, size_t n);
@@ -90,6 +96,9 @@ struct SyncerBeat {
   // sync.dynamic_local_updates: the receiving learner's sync period H_m (Syncer::local_updates); 0 = absent (off, or
   // an older syncer). Optional on the wire.
   int64_t sync_every = 0;
+  // A standby that has just taken over tells the learners that said hello to it: "I lead epoch E now" (0 = absent).
+  // A learner that has seen no higher epoch moves its connection for this shard to the sender and joins it.
+  int64_t leader_epoch = 0;
 };
 std::string encode_syncer_beat(const SyncerBeat& b);
 SyncerBeat parse_syncer_beat(const char* data, size_t n);
@@ -137,8 +146,9 @@ enum class RejectReason : uint8_t {
   kHandlerError = 14,   // handling the message failed inside the syncer (counted and logged; the syncer carries on)
   kDeltaTooLarge = 15,  // the core's norm bounds (norm_bound, norm_ratio, norm_outlier): a refusal that would repeat,
                         // so the learner drops its drift of the fragment (LearnerCore::drop_drift)
+  kNotLeader = 16,      // a standby syncer answering a learner's hello: it follows the leader (docs/reliability.md)
 };
-constexpr RejectReason kLastRejectReason = RejectReason::kDeltaTooLarge;
+constexpr RejectReason kLastRejectReason = RejectReason::kNotLeader;
 // A reject frame's fragment_id: the fragment of the refused push, or kNoFragment when the reject is not about one.
 constexpr uint32_t kNoFragment = 0xffffffffu;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)

@@ -44,6 +44,16 @@ void NetOptions::bind(ConfigSchema& s) {
                return "net.address must start with tcp:// or ipc:// (got '" + a + "')";
            return std::string();
          });
+  s.bind("net.standby", &standby,
+         "the standby syncer's endpoint, as net.address (\"\" : no standby): learners dial both syncers of the pair "
+         "and follow whichever leads; the standby follows net.address (docs/reliability.md)",
+         [this] {
+           if (standby.empty()) return std::string();
+           for (const std::string& a : split_endpoints(standby))
+             if (a.rfind("tcp://", 0) != 0 && a.rfind("ipc://", 0) != 0)
+               return "net.standby must start with tcp:// or ipc:// (got '" + a + "')";
+           return std::string();
+         });
   s.bind("net.plaintext", &plaintext, "run without CURVE authentication and encryption (must be explicit)");
   s.bind("net.secret_key", &secret_key, "own .key file from `deloco keygen` (env DELOCO_SECRET_KEY)");
   s.bind("net.server_key", &server_key, "learners: the syncer's .pub file (env DELOCO_SERVER_KEY)");
@@ -157,6 +167,12 @@ void SyncerNodeOptions::bind(ConfigSchema& s) {
   s.bind("syncer.eval_interval", &eval_interval, "seconds between evaluations of the global model (0: end only)",
          seconds(&eval_interval, "syncer.eval_interval", true));
   s.bind("syncer.metrics", &metrics, "Prometheus endpoint host:port (\"\" : off; port 0: any free port)");
+  s.bind("syncer.standby", &standby,
+         "`deloco run`: start a standby syncer beside each syncer (shard), at net.standby or derived endpoints");
+  s.bind("syncer.lease", &lease,
+         "standby pair: seconds without a word from the leader before its standby takes over (the leader renews "
+         "every quarter of it)",
+         seconds(&lease, "syncer.lease", false, 600));
 }
 
 void LearnerNodeOptions::bind(ConfigSchema& s) {

@@ -33,7 +33,8 @@ nlohmann::json SyncerNode::Impl::counters() const {
           {"peers", peers_j},
           {"retired", ret},
           {"grace_waits", grace_waits},
-          {"grace_wait_total", grace_wait_total}};
+          {"grace_wait_total", grace_wait_total},
+          {"epoch", epoch}};
 }
 
 void SyncerNode::Impl::checkpoint(bool final) {
@@ -82,6 +83,39 @@ void SyncerNode::Impl::checkpoint(bool final) {
   emit(std::move(cs));
 }
 
+void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
+  const auto& pj = c.at("peers");
+  const auto ret = c.at("retired").get<std::vector<bool>>();
+  if (static_cast<int64_t>(pj.size()) != M || static_cast<int64_t>(ret.size()) != M)
+    throw CheckpointError("the counters were written for " + std::to_string(pj.size()) + " learners, not " +
+                          std::to_string(M));
+  merges = c.at("merges").get<int64_t>();
+  prior_elapsed = c.at("elapsed").get<double>() + down;
+  prior_stalled = c.at("stalled").get<double>() + down;
+  rejects = c.at("rejects").get<std::map<std::string, int64_t>>();
+  joins_refused = c.value("joins_refused", int64_t{0});  // absent from checkpoints of older syncers
+  grace_waits = c.value("grace_waits", int64_t{0});
+  grace_wait_total = c.value("grace_wait_total", 0.0);
+  epoch = std::max(epoch, c.value("epoch", int64_t{1}));  // a resumed leader keeps its term (fencing token)
+  for (int64_t m = 0; m < M; ++m) {
+    peers[m].step = pj[m].at("step").get<int64_t>();
+    peers[m].tokens = pj[m].at("tokens").get<int64_t>();
+    peers[m].busy = pj[m].at("busy").get<double>();
+    peers[m].busy_done = pj[m].at("busy_done").get<double>();
+    peers[m].instance = parse_fingerprint_hex(pj[m].at("instance").get<std::string>());
+    peers[m].joins = pj[m].at("joins").get<int64_t>();
+    if (ret[m] && !retired[m]) {
+      retired[m] = true;
+      core_retire(now(), m);
+    }
+    // It had finished but the syncer died before its goodbye: it will not come back.
+    if (!retired[m] && peers[m].step >= cfg.run.train.steps) {
+      retired[m] = true;
+      core_retire(now(), m);
+    }
+  }
+}
+
 void SyncerNode::Impl::restore_from(const std::string& out_dir) {
   // Clear what a crash left (uncommitted temporaries, a stale "latest"), then take the newest committed
   // checkpoint, found by scanning checkpoints/ (util/checkpoint_store.h).
@@ -104,38 +138,10 @@ void SyncerNode::Impl::restore_from(const std::string& out_dir) {
     core->restore(ck.model.tensors, ck.optimizer.tensors, man.at("versions").get<std::vector<int64_t>>(),
                   man.at("contributions_merged").get<int64_t>());
     const auto& c = man.at("counters");
-    merges = merges_at_ckpt = c.at("merges").get<int64_t>();
-    prior_elapsed = c.at("elapsed").get<double>();
     // The syncer was down from (at the latest) the checkpoint until now: counted as stalled (conservative).
     const double down = std::max(0.0, unix_now() - c.at("unix_time").get<double>());
-    prior_elapsed += down;
-    prior_stalled = c.at("stalled").get<double>() + down;
-    rejects = c.at("rejects").get<std::map<std::string, int64_t>>();
-    joins_refused = c.value("joins_refused", int64_t{0});  // absent from checkpoints of older syncers
-    grace_waits = c.value("grace_waits", int64_t{0});
-    grace_wait_total = c.value("grace_wait_total", 0.0);
-    const auto& pj = c.at("peers");
-    const auto ret = c.at("retired").get<std::vector<bool>>();
-    if (static_cast<int64_t>(pj.size()) != M || static_cast<int64_t>(ret.size()) != M)
-      throw CheckpointError("'" + ck.dir + "' was written for " + std::to_string(pj.size()) + " learners, not " +
-                            std::to_string(M));
-    for (int64_t m = 0; m < M; ++m) {
-      peers[m].step = pj[m].at("step").get<int64_t>();
-      peers[m].tokens = pj[m].at("tokens").get<int64_t>();
-      peers[m].busy = pj[m].at("busy").get<double>();
-      peers[m].busy_done = pj[m].at("busy_done").get<double>();
-      peers[m].instance = parse_fingerprint_hex(pj[m].at("instance").get<std::string>());
-      peers[m].joins = pj[m].at("joins").get<int64_t>();
-      if (ret[m]) {
-        retired[m] = true;
-        core->retire(now(), m);
-      }
-      // It had finished but the syncer died before its goodbye: it will not come back.
-      if (!ret[m] && peers[m].step >= cfg.run.train.steps) {
-        retired[m] = true;
-        core->retire(now(), m);
-      }
-    }
+    load_counters(c, down);
+    merges_at_ckpt = merges;
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError("'" + ck.dir + "/manifest.json' is missing syncer fields: " + e.what());
   } catch (const SyncError& e) {

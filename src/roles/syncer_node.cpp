@@ -115,7 +115,7 @@ void SyncerNode::Impl::handler_error(const Envelope& env, const std::string& wha
 void SyncerNode::Impl::retire(int64_t m, const char* how) {
   if (retired[m]) return;
   // The core first: if it throws, the node still counts the learner as active, as the core does.
-  core->retire(now(), m);
+  core_retire(now(), m);
   retired[m] = true;
   peers[m].alive = false;
   peers[m].dl_sent = -1;
@@ -162,6 +162,8 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
            "peer model " + fingerprint_hex(h.fingerprint) + " differs from the syncer's " + fingerprint_hex(fingerprint));
     return;
   }
+  if (h.kind == MessageKind::kReplica) return on_replica_message(env, h);
+  if (role == Role::kFollower) return refuse_not_leader(env, h);
   if (h.kind == MessageKind::kHello) return on_hello(env, h, t);
   auto it = route_to_id.find(env.peer);
   if (it == route_to_id.end() && h.kind == MessageKind::kLeave) {
@@ -192,7 +194,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   P.last_heard = t;
   if (!P.alive && !retired[m]) {
     P.alive = true;
-    core->set_connected(m, true);
+    core_connected(m, true);
     catch_up(m);  // what it missed while counted lost (a hello after this finds nothing more to send)
   }
   try {
@@ -246,7 +248,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         } else {
           route_to_id.erase(P.route);
           P.route.clear();
-          core->set_connected(m, false);
+          core_connected(m, false);
           rec::Lost lost;
           lost.learner = m;
           lost.reason = "leave";
@@ -310,6 +312,13 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     hello = proto::parse_hello(env.payload.data(), env.payload.size());
   } catch (const WireError& e) {
     return reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
+  }
+  // Fencing: the learner has joined a leader of a newer epoch, so this syncer was replaced (it was cut off, or is a
+  // restarted old leader). It must not merge into versions the new leader owns: it becomes the new leader's standby.
+  if (dial_peer && hello.epoch > epoch) {
+    step_down(hello.epoch, "learner " + std::to_string(hello.learner) + " has joined a leader of epoch " +
+                               std::to_string(hello.epoch) + ", newer than this syncer's " + std::to_string(epoch));
+    return refuse_not_leader(env, h);
   }
   // ---- checks: nothing changes until all pass ----
   const int64_t m = hello.learner;
@@ -384,6 +393,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   // connection: the learner then knows which of its pushes arrived (the others it counts as refused).
   if (P.route == env.peer && P.instance == hello.instance) w.pushes = P.pushes_rx;
   w.marks_answers = true;
+  if (dial_peer) w.epoch = epoch;
   std::vector<proto::Frame> frames;
   frames.reserve(static_cast<size_t>(w.chunks) + 1);
   MessageHeader wh;
@@ -443,11 +453,11 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     P.advanced_at = t;  // a (re)join starts its patience afresh
   }
   route_to_id[env.peer] = m;
-  if (!retired[m]) core->set_connected(m, true);
+  if (!retired[m]) core_connected(m, true);
   if (first_join < 0) first_join = t;
 
   if (hello.want_state) {
-    core->note_joined(m);  // it will hold every fragment's version of the snapshot
+    core_joined(m);  // it will hold every fragment's version of the snapshot
     if (held) {
       ++states_held;
     } else {
@@ -499,19 +509,28 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
                   "fragment " + std::to_string(g) + " has " + std::to_string(L.elements) + " elements, push has " +
                       std::to_string(h.element_count));
   if (h.encoding == Encoding::kRaw) return reject(env.peer, m, g, RejectReason::kMalformedFrame, "push must carry floats");
-  Contribution c;
+  // One journal entry (replication.h): decoded into a contribution (held in its wire encoding until the merge, no
+  // copy) and received by the core, here and on a standby alike.
+  repl::Entry e;
+  e.kind = repl::EntryKind::kReceive;
+  e.t = t;
+  e.learner = m;
+  e.fragment = p;
+  e.encoding = h.encoding;
+  e.base = static_cast<int64_t>(h.round);
+  e.c_steps = static_cast<int64_t>(h.c_steps);
+  e.c_tokens = static_cast<int64_t>(h.c_tokens);
+  e.step_time = peers[m].step_time;
+  e.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
+  e.payload = env.payload;
+  SyncReject why = SyncReject::kNone;
   try {
-    // Held in its wire encoding until the merge (no copy: the contribution keeps the received buffer alive).
-    auto keep = std::make_shared<Bytes>(env.payload);
-    c = decode_push(m, p, L, h.encoding, keep->data(), keep->size(), static_cast<int64_t>(h.round),
-                    static_cast<int64_t>(h.c_steps), static_cast<int64_t>(h.c_tokens), peers[m].step_time, keep);
-  } catch (const NonFiniteError& e) {  // NaN/Inf values or block scales (wire/quantize.h)
-    return reject(env.peer, m, g, RejectReason::kNonFinite, e.what());
-  } catch (const WireError& e) {
-    return reject(env.peer, m, g, RejectReason::kMalformedFrame, e.what());
+    why = journal(std::move(e)).received;
+  } catch (const NonFiniteError& x) {  // NaN/Inf values or block scales (wire/quantize.h)
+    return reject(env.peer, m, g, RejectReason::kNonFinite, x.what());
+  } catch (const WireError& x) {
+    return reject(env.peer, m, g, RejectReason::kMalformedFrame, x.what());
   }
-  c.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
-  const SyncReject why = core->receive(t, std::move(c));
   if (why != SyncReject::kNone) {
     const RejectReason code = proto::reject_reason_from_core(why);
     if (code == RejectReason::kDeltaTooLarge) ++drift_resets;  // the learner drops its drift of g when told
@@ -547,6 +566,7 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, int64_t version, co
   }
   it->second.version = version;
   it->second.order = static_cast<uint64_t>(merges);
+  it->second.journal = journal_seq;
   it->second.header = h;
   // The push of p from m this version answers (queued right after its merge, or the latest version by catch_up:
   // either way the marks as they stand now are this version's).
@@ -574,6 +594,8 @@ void SyncerNode::Impl::pump(int64_t m) {
       if (it->second.order < next->second.order) next = it;
     const size_t bytes = next->second.payload.size() + kWireHeaderBytes;
     if (P.acks && !P.in_flight.empty() && P.in_flight_bytes + bytes > send_window) return;
+    // A standby follows: no learner sees a merge before the standby holds it (a takeover then loses none).
+    if (!standby_route.empty() && next->second.journal > standby_acked) return;
     MessageHeader h = next->second.header;
     h.learner_id = static_cast<uint32_t>(m);
     h.c_steps = ++P.seq;  // the delivery sequence number the learner acknowledges (Beat::broadcasts)
@@ -600,10 +622,43 @@ void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
   }
 }
 
+bool SyncerNode::Impl::encode_broadcast(int64_t p, int64_t version, const at::Tensor& flat, MessageHeader* h,
+                                        Bytes* payload) {
+  const proto::Layout& L = layouts[p];
+  MessageHeader& bh = *h;
+  bh = MessageHeader();
+  bh.kind = MessageKind::kFragmentBroadcast;
+  bh.encoding = broadcast_enc;
+  bh.fragment_id = static_cast<uint32_t>(global_id(p));
+  bh.fingerprint = fingerprint;
+  bh.round = static_cast<uint64_t>(version);
+  bh.element_count = static_cast<uint64_t>(L.elements);
+  try {
+    if (broadcast_enc == Encoding::kFp32 && host_is_little_endian()) {
+      // fp32 on a little-endian host is Θ_p's own bytes: share the buffer (the core never writes it again).
+      auto keep = std::make_shared<at::Tensor>(flat);
+      *payload = Bytes(keep, static_cast<const char*>(keep->data_ptr()), static_cast<size_t>(keep->nbytes()));
+    } else {
+      *payload = Bytes::from_string(
+          encode_floats(flat.data_ptr<float>(), static_cast<size_t>(flat.numel()), broadcast_enc));
+    }
+  } catch (const WireError& e) {
+    // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
+    // malformed frame: say so, and let the learners catch up with the next merge or a state download.
+    rec::BroadcastFailed bf;
+    bf.fragment = global_id(p);
+    bf.version = version;
+    bf.detail = e.what();
+    emit(std::move(bf));
+    return false;
+  }
+  return true;
+}
+
 void SyncerNode::Impl::try_merge(int64_t p) {
   const double t = now();
   const auto start = std::chrono::steady_clock::now();
-  const RoundResult r = core->on_round(t, p);
+  const RoundResult r = core_round(t, p);
   timers[p] = r.decision.kind == RoundDecision::kWaitUntil ? r.decision.until : -1;
   finish_round(p, t, start, r);
 }
@@ -629,6 +684,15 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   if (!r.merged()) return;
   ++merges;
   last_merge_t = t;
+  if (first_merge_pending) {  // the first merge of a standby that took over: the failover's end
+    first_merge_pending = false;
+    rec::FailoverMerge fm;
+    fm.epoch = epoch;
+    fm.fragment = global_id(p);
+    fm.version = out.version;
+    fm.seconds_after_takeover = t - took_over_at;
+    emit(std::move(fm));
+  }
   if (r.grace_wait > 1e-3) {
     ++grace_waits;
     grace_wait_total += r.grace_wait;
@@ -637,35 +701,9 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) checkpoint();
   const auto merged_at = std::chrono::steady_clock::now();
   // Broadcast Θ_p: encode once, share the payload with every live learner.
-  const proto::Layout& L = layouts[p];
   MessageHeader bh;
-  bh.kind = MessageKind::kFragmentBroadcast;
-  bh.encoding = broadcast_enc;
-  bh.fragment_id = static_cast<uint32_t>(global_id(p));
-  bh.fingerprint = fingerprint;
-  bh.round = static_cast<uint64_t>(out.version);
-  bh.element_count = static_cast<uint64_t>(L.elements);
   Bytes payload;
-  bool encoded = true;
-  try {
-    if (broadcast_enc == Encoding::kFp32 && host_is_little_endian()) {
-      // fp32 on a little-endian host is Θ_p's own bytes: share the buffer (the core never writes it again).
-      auto keep = std::make_shared<at::Tensor>(r.flat);
-      payload = Bytes(keep, static_cast<const char*>(keep->data_ptr()), static_cast<size_t>(keep->nbytes()));
-    } else {
-      payload = Bytes::from_string(
-          encode_floats(r.flat.data_ptr<float>(), static_cast<size_t>(r.flat.numel()), broadcast_enc));
-    }
-  } catch (const WireError& e) {
-    // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
-    // malformed frame: say so, and let the learners catch up with the next merge or a state download.
-    encoded = false;
-    rec::BroadcastFailed bf;
-    bf.fragment = global_id(p);
-    bf.version = out.version;
-    bf.detail = e.what();
-    emit(std::move(bf));
-  }
+  const bool encoded = encode_broadcast(p, out.version, r.flat, &bh, &payload);
   answer_marks.merged(p, out.learners);
   if (encoded) latest[p] = syncer_detail::Latest{out.version, bh, payload};
   for (int64_t m = 0; m < M && encoded; ++m) {
@@ -678,7 +716,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   const double handoff_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
   const double upload_s = upload_time.seeded ? upload_time.value : handoff_s;
   const double broadcast_s = broadcast_time.seeded ? broadcast_time.value : handoff_s;
-  core->observe_sync(upload_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
+  core_observe(upload_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
   rec::Merge mr = rec::merge_record(r, global_id(p), total_tokens());
   mr.merges = merges;
   mr.upload_seconds = upload_s;
@@ -768,6 +806,7 @@ double SyncerNode::Impl::goodput() const {
 }
 
 void SyncerNode::Impl::housekeeping() {
+  leader_housekeeping();
   const double t = now();
   // Uptime: global training is stalled while a fragment waits below its quorum, no learner is connected, or every
   // connected learner stopped advancing (blocked_learners). The clock starts with the first learner's hello (a
@@ -808,7 +847,7 @@ void SyncerNode::Impl::housekeeping() {
       P.alive = false;
       P.dl_sent = -1;  // a silent connection's download is moot (see on_hello)
       reset_window(P);
-      core->set_connected(m, false);
+      core_connected(m, false);
       rec::Lost lost;
       lost.learner = m;
       lost.reason = "silent";
@@ -902,6 +941,10 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.layouts = I.shard.fragment_layouts;
   I.model_layout = I.shard.model;
   I.limits = proto::wire_limits(plan);
+  I.replica_limits = I.limits;
+  I.replica_limits.max_payload_bytes = static_cast<uint64_t>(plan.model.elements) * 4 * 4 + (uint64_t{1} << 20);
+  I.replica_limits.max_elements = I.replica_limits.max_payload_bytes;
+  I.lease = I.cfg.syncer.lease;
   I.broadcast_enc = I.cfg.answer_encoding();
   for (const auto& L : I.layouts)
     I.send_window = std::max(I.send_window, 2 * (encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements)) +
@@ -964,6 +1007,14 @@ std::string SyncerNode::metrics_warning() const {
   return impl_->metrics ? impl_->metrics->exposure_warning() : std::string();
 }
 
+void SyncerNode::pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow) {
+  Impl& I = *impl_;
+  I.dial_peer = std::move(dial);
+  if (!follow) return;
+  I.role = Impl::Role::kFollower;
+  I.upstream = I.dial_peer();
+}
+
 std::string SyncerNode::prometheus() const {
   std::lock_guard<std::mutex> lock(impl_->prom_mu);
   return impl_->prom_text;
@@ -987,7 +1038,25 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     st.metrics_warning = I.metrics ? I.metrics->exposure_warning() : std::string();
     I.emit(std::move(st));
   }
-  while (!stop.load() && !I.all_retired()) {
+  // A standby follows until the leader's run ended (its drain applied) or it takes over.
+  const auto done = [&] { return I.all_retired() && (I.role == Impl::Role::kLeader || I.drained); };
+  while (!stop.load() && !done()) {
+    if (I.role == Impl::Role::kFollower) {
+      Envelope env;
+      if (I.tx->receive(&env, std::chrono::milliseconds(2))) I.handle(env);  // learners: not_leader, routes kept
+      if (I.upstream && I.upstream->receive(&env, std::chrono::milliseconds(5))) {
+        do {
+          try {
+            I.on_upstream(env);
+          } catch (const std::exception& e) {  // contained like a learner's message: the standby asks again
+            ++I.rejects["replica_handler_error"];
+            I.following = false;
+          }
+        } while (I.role == Impl::Role::kFollower && I.upstream && I.upstream->receive(&env, std::chrono::milliseconds(0)));
+      }
+      if (I.role == Impl::Role::kFollower) I.follower_housekeeping();
+      continue;
+    }
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
     if (I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1))) I.handle(env);
@@ -997,7 +1066,10 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   if (I.all_retired()) {
     const double t = I.now();
     const auto start = std::chrono::steady_clock::now();
-    for (const RoundResult& r : I.core->drain(t)) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kDrain;
+    e.t = t;
+    for (const RoundResult& r : I.journal(std::move(e)).rounds) {
       I.timers[r.outcome.fragment] = -1;
       I.finish_round(r.outcome.fragment, t, start, r);
     }

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "deloco/runtime.h"
 #include "protocol.h"
 #include "records/kinds.h"
+#include "replication.h"
 
 namespace deloco {
 
@@ -60,6 +62,7 @@ struct Peer {
   struct Pending {
     int64_t version = 0;
     uint64_t order = 0;  // the node's merge count when it was queued: oldest first
+    uint64_t journal = 0;  // the journal entry of its merge: sent only once the standby acknowledged it (pump())
     MessageHeader header;
     Bytes payload;
   };
@@ -154,6 +157,86 @@ struct SyncerNode::Impl {
   bool have_eval = false;
   bool resumed = false;
   std::string last_checkpoint;
+
+  // ---- the standby pair (replication.h; docs/reliability.md, "A standby syncer") ----
+  // Every change to the core goes through journal(): applied here, and sent to the standby while one follows.
+  enum class Role { kLeader, kFollower };
+  Role role = Role::kLeader;
+  int64_t epoch = 1;        // the fencing token: this leader's term (a follower: its leader's); a takeover raises it
+  uint64_t journal_seq = 0;  // entries journaled (leader) or applied (follower)
+  std::function<std::unique_ptr<ClientTransport>()> dial_peer;  // a connection to the other syncer of the pair
+  double lease = 1.0;       // syncer.lease
+  WireLimits replica_limits;  // the limits replica frames are read with (an image holds Θ and the outer state)
+  // Leader: its standby (route "" : none), the entries it acknowledged, when it was last heard, when the lease went.
+  std::string standby_route, standby_identity;
+  uint64_t standby_acked = 0;
+  double standby_heard = -1e9, lease_sent = -1e9;
+  int64_t standby_follows = 0, standby_dropped = 0, resync_dropped = 0;
+  // Follower: the connection to the leader, whether it holds an image, when the leader was last heard, the latest
+  // counters it replicated, the learners that said hello here (told when this standby takes over), the checks.
+  std::unique_ptr<ClientTransport> upstream;
+  bool following = false;
+  bool drained = false;  // the leader's final drain was applied: the run is over
+  double upstream_heard = -1e9, follow_sent = -1e9;
+  nlohmann::json leader_counters;
+  std::map<int64_t, std::string> standby_routes;  // learner → route of its latest hello here while following
+  int64_t rounds_checked = 0, replica_mismatches = 0, images_applied = 0, takeovers = 0, step_downs = 0;
+  double took_over_at = -1;  // steady time of the latest takeover (its first merge is timed from it)
+  bool first_merge_pending = false;
+  // Applies `e` to the core (repl::apply) and, on a leader with a standby, sends it there. Sets e.seq.
+  repl::Applied journal(repl::Entry e);
+  // The core calls every driver of the node makes, each one journal entry.
+  void core_connected(int64_t m, bool c) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kConnected;
+    e.learner = m;
+    e.flag = c;
+    journal(std::move(e));
+  }
+  void core_joined(int64_t m) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kJoined;
+    e.learner = m;
+    journal(std::move(e));
+  }
+  void core_retire(double t, int64_t m) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kRetire;
+    e.t = t;
+    e.learner = m;
+    journal(std::move(e));
+  }
+  RoundResult core_round(double t, int64_t p) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kRound;
+    e.t = t;
+    e.fragment = p;
+    return journal(std::move(e)).rounds.at(0);
+  }
+  void core_observe(double upload, double merge, double broadcast) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kObserveSync;
+    e.upload = upload;
+    e.merge = merge;
+    e.broadcast = broadcast;
+    journal(std::move(e));
+  }
+  // The broadcast frame of a merged round's Θ_p (shared with every learner): false when it could not be encoded.
+  bool encode_broadcast(int64_t p, int64_t version, const at::Tensor& flat, MessageHeader* h, Bytes* payload);
+  // The leader's side: the standby's messages (kFollow, kAck) on the learners' endpoint.
+  void on_replica_message(const Envelope& env, const MessageHeader& h);
+  // The follower's side: one message from the leader.
+  void on_upstream(const Envelope& env);
+  // Role changes: the lease lapsed (follower → leader), or a newer epoch was seen (leader → follower).
+  void take_over(double silent);
+  void step_down(int64_t newer_epoch, const std::string& why);
+  void send_follow();
+  void follower_housekeeping();
+  void leader_housekeeping();  // leases and counters to the standby; drops a standby silent for the lease
+  // A hello or other message from a learner while following: refused with not_leader (its route kept for the takeover).
+  void refuse_not_leader(const Envelope& env, const MessageHeader& h);
+  // The node counters (counters()) of a checkpoint or of the leader: what --resume and a takeover continue from.
+  void load_counters(const nlohmann::json& c, double down);
 
   // Prometheus snapshot.
   mutable std::mutex prom_mu;

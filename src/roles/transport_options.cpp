@@ -53,3 +53,16 @@ TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& m
 }
 
 }  // namespace deloco
+
+namespace deloco {
+
+TransportOptions standby_transport_options(const RuntimeConfig& cfg, Workload& model) {
+  TransportOptions t = node_transport_options(cfg, model, NodeRole::kLearner);
+  int64_t elements = 0;
+  for (const auto& [n, p] : model.parameters()) elements += p.numel();
+  const uint64_t image = static_cast<uint64_t>(elements) * 4 * 4 + (uint64_t{1} << 20);
+  if (cfg.net.max_frame_bytes <= 0) t.max_frame_bytes = std::max<uint64_t>(t.max_frame_bytes, image);
+  return t;
+}
+
+}  // namespace deloco

@@ -429,6 +429,53 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
   merged_ = merged;
 }
 
+Syncer::Image Syncer::image() const {
+  Image im;
+  for (const auto& [n, t] : global_) im.global.emplace(n, t);
+  im.outer = outer_->state();
+  im.versions = versions();
+  im.merged = merged_;
+  im.connected = connected_;
+  im.retired = retired_;
+  im.learner_step = learner_step_;
+  im.stats = stats_;
+  im.fused_merges = fused_merges_;
+  im.general_merges = general_merges_;
+  im.stale_bases = stale_bases_;
+  im.rejected = rejected_;
+  return im;
+}
+
+void Syncer::resync(const Image& im) {
+  const size_t M = static_cast<size_t>(opts_.learners);
+  if (im.connected.size() != M || im.retired.size() != M || im.learner_step.size() != M)
+    throw SyncError("replica image is for " + std::to_string(im.connected.size()) + " learners, this syncer has " +
+                    std::to_string(M));
+  restore(im.global, im.outer, im.versions, im.merged);  // checks everything else; throws before changing anything
+  connected_ = im.connected;
+  retired_ = im.retired;
+  learner_step_ = im.learner_step;
+  stats_ = im.stats;
+  fused_merges_ = im.fused_merges;
+  general_merges_ = im.general_merges;
+  stale_bases_ = im.stale_bases;
+  rejected_ = im.rejected;
+}
+
+void Syncer::drop_waiting() {
+  for (auto& r : rounds_) {
+    const int64_t v = r.version;
+    r = Round();
+    r.version = v;
+  }
+}
+
+std::vector<int64_t> Syncer::waiting(int64_t fragment) const {
+  std::vector<int64_t> out;
+  for (const auto& [m, h] : rounds_.at(static_cast<size_t>(fragment)).waiting) out.push_back(m);
+  return out;
+}
+
 int64_t Syncer::rejected_contributions() const {
   int64_t n = 0;
   for (const auto& [k, v] : rejected_) n += v;

@@ -92,6 +92,7 @@ const char* kind_name(MessageKind k) {
     case MessageKind::kHeartbeat: return "heartbeat";
     case MessageKind::kLeave: return "leave";
     case MessageKind::kReject: return "reject";
+    case MessageKind::kReplica: return "replica";
   }
   return "unknown";
 }

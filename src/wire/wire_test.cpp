@@ -178,7 +178,7 @@ TEST(Wire, UnknownKindAndEncoding) {
   f[6] = 0;
   expect_rejected(f, "unknown message kind 0");
   f[6] = static_cast<char>(kMaxMessageKind + 1);
-  expect_rejected(f, "unknown message kind 9");
+  expect_rejected(f, "unknown message kind " + std::to_string(kMaxMessageKind + 1));
   f = sample_frame();
   f[7] = static_cast<char>(kMaxEncoding + 1);
   expect_rejected(f, "unknown payload encoding 6");

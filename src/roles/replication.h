@@ -1,0 +1,103 @@
+// src/roles/replication.h — the standby syncer's journal (docs/reliability.md, "A standby syncer").
+//
+// The leader syncer runs every call that changes its Syncer core (deloco/sync.h) as a journal entry: it applies the
+// entry to its own core with apply() and sends the same entry to its standby, which applies it to a core built
+// from the same config. The core's contract (no I/O, no clock: the same calls in the same order give bit-identical
+// results) makes the standby's Θ, outer state, kept versions and statistics the leader's, merge for merge; each
+// round entry carries the leader's result (version and FNV-1a-64 of the new Θ_p) and the standby checks its own
+// against it. A standby that follows late starts from an image (Syncer::image(), a resync point the leader also
+// applies to itself) and then the entries after it.
+//
+// Wire: every entry is one frame of MessageKind::kReplica (kRaw). Header: round = the entry's sequence number
+// (1, 2, … from the image), c_steps = the leader's epoch (its fencing token), fragment_id = the entry's kind.
+// Payload: u32 little-endian length n, n bytes of a JSON object with the entry's scalars, then the entry's binary
+// part (a push's encoded bytes; an image's tensors as safetensors). The standby's own messages to the leader are
+// kReplica frames too: kFollow (asks for an image) and kAck (entries applied up to `round`).
+//
+// Contract: decode() takes untrusted bytes and throws WireError naming the field for anything missing, of the
+// wrong type, or out of range; apply() throws SyncError/WireError for an entry its core cannot take (a push that
+// does not decode, an unknown fragment) — on a standby that means the journal is not this config's, and it asks
+// for a fresh image. Pure; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "deloco/sync.h"
+#include "deloco/transport.h"
+#include "deloco/wire.h"
+
+namespace deloco::repl {
+
+enum class EntryKind : uint32_t {
+  kImage = 1,        // a resync point: the whole core state (Syncer::Image) and the node's counters
+  kReceive = 2,      // Syncer::receive of one push (its encoded bytes)
+  kRound = 3,        // Syncer::on_round, with the leader's result
+  kConnected = 4,    // Syncer::set_connected
+  kRetire = 5,       // Syncer::retire
+  kJoined = 6,       // Syncer::note_joined
+  kObserveSync = 7,  // Syncer::observe_sync
+  kDrain = 8,        // Syncer::drain, with the leader's results
+  kCounters = 9,     // the node's counters (not the core's): what a standby that takes over continues from
+  kLease = 10,       // leader → standby: "still leading" (not journaled: seq is the last entry's)
+  kFollow = 11,      // standby → leader: send me an image and the journal after it
+  kAck = 12,         // standby → leader: entries applied up to `seq`
+};
+constexpr uint32_t kLastEntryKind = 12;
+const char* entry_kind_name(EntryKind k);
+
+// A round's outcome as the leader saw it: what the standby checks its own against.
+struct RoundCheck {
+  int64_t fragment = 0;  // local
+  bool merged = false;
+  int64_t version = 0;   // the fragment's version after the round
+  uint64_t hash = 0;     // FNV-1a-64 of the new Θ_p's fp32 bytes (merged only)
+};
+
+struct Entry {
+  EntryKind kind = EntryKind::kLease;
+  uint64_t seq = 0;
+  int64_t epoch = 0;
+  double t = 0;                 // the leader's `now` for the call (kReceive, kRound, kRetire, kDrain)
+  int64_t learner = -1;
+  int64_t fragment = -1;        // local fragment
+  // kReceive: the push as the leader read it (decode_push's arguments) and the step it credited.
+  Encoding encoding = Encoding::kFp32;
+  int64_t base = 0, c_steps = 0, c_tokens = 0, step = -1;
+  double step_time = 0;
+  bool flag = false;            // kConnected: connected
+  double upload = 0, merge = 0, broadcast = 0;  // kObserveSync
+  std::vector<RoundCheck> results;              // kRound (one), kDrain (one per fragment merged or rolled back)
+  nlohmann::json counters;      // kCounters, kImage: the node's counters (SyncerNode's checkpoint "counters")
+  Syncer::Image image;          // kImage
+  Bytes payload;                // kReceive: the push's encoded bytes
+};
+
+// The frame of an entry (header and payload) under `fingerprint`.
+struct EncodedEntry {
+  MessageHeader header;
+  Bytes payload;
+};
+EncodedEntry encode(const Entry& e, uint64_t fingerprint);
+// Decodes the payload of a kReplica frame whose header was already checked (decode_header, verify_payload).
+// `learners` and `fragments` bound the ids; a kImage's tensors are checked by Syncer::resync when applied.
+Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int64_t fragments);
+
+// Applies entry `e` to `core`, whose fragment p has flat layout layouts[p]. Returns the rounds it ran (kRound: one;
+// kDrain: each fragment merged or rolled back) and a receive's verdict. kCounters, kLease, kFollow and kAck do not touch the
+// core. Both the leader and the standby change their core only through this function.
+struct Applied {
+  std::vector<RoundResult> rounds;
+  SyncReject received = SyncReject::kNone;  // kReceive: the core's answer
+};
+Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layouts);
+
+// What the leader records of a round for its standby to check.
+RoundCheck check_of(const RoundResult& r);
+// "" when `mine` (the standby's round) matches `leader`'s, else a sentence naming the difference.
+std::string compare(const RoundCheck& leader, const RoundCheck& mine);
+
+}  // namespace deloco::repl

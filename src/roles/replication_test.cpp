@@ -1,0 +1,322 @@
+// The standby's journal (replication.h): a standby that applies what the leader journaled — through the wire
+// encoding — holds the leader's Θ, outer state and decisions bit for bit, merge after merge, also when it follows
+// late from an image; malformed entries are refused naming the problem.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <random>
+
+#include "deloco/learner.h"
+#include "replication.h"
+#include "wire/quantize.h"
+
+namespace deloco::repl {
+namespace {
+
+struct Model {
+  std::vector<std::pair<std::string, at::Tensor>> global;
+  std::vector<Fragment> fragments;
+  std::vector<FlatLayout> layouts;
+};
+
+Model model() {
+  torch::manual_seed(7);
+  Model m;
+  m.global = {{"w1", torch::randn({8, 6})}, {"b1", torch::randn({6})}, {"w2", torch::randn({6, 5})}, {"b2", torch::randn({5})}};
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  for (const auto& [n, t] : m.global) sizes.emplace_back(n, t.numel() * 4);
+  m.fragments = plan_fragments(sizes, 2, 10);
+  for (const auto& f : m.fragments) {
+    std::vector<at::Tensor> ts;
+    for (const auto& n : f.names)
+      for (const auto& [gn, t] : m.global)
+        if (gn == n) ts.push_back(t);
+    m.layouts.push_back(make_flat_layout(f.names, ts));
+  }
+  return m;
+}
+
+SyncOptions options() {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 2;  // K < M: bases fall behind, so kept versions and staleness matter
+  o.fragments = 2;
+  o.grace = true;
+  o.staleness = "poly";
+  o.staleness_exponent = 0.5;
+  o.dynamic_local_updates = true;
+  o.overlap = 2;  // τ > 0: the grace window can open
+  o.wait_for_answer = false;  // Decoupled DiLoCo
+  return o;
+}
+
+// Encodes, sends over "the wire" (bytes) and decodes, as the nodes do.
+Entry wire_trip(const Entry& e, int64_t learners, int64_t fragments) {
+  const EncodedEntry enc = encode(e, 0xabcdef);
+  const Bytes payload = Bytes::copy(enc.payload.data(), enc.payload.size());
+  return decode(enc.header, payload, learners, fragments);
+}
+
+// The leader: applies each entry and keeps it with its results, as SyncerNode::Impl::journal does.
+struct Leader {
+  Syncer core;
+  std::vector<FlatLayout> layouts;
+  uint64_t seq = 0;
+  Applied run(Entry& e) {
+    Applied a = apply(core, e, layouts);
+    e.seq = ++seq;
+    e.epoch = 1;
+    for (const auto& r : a.rounds) e.results.push_back(check_of(r));
+    return a;
+  }
+};
+
+std::vector<float> flat_of(const Syncer& s) {
+  std::vector<float> out;
+  for (const auto& [n, t] : s.global()) {
+    auto c = t.contiguous();
+    out.insert(out.end(), c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  }
+  return out;
+}
+
+// A random but reproducible stream of pushes from 3 learners against the versions they last saw, int4 on the wire,
+// rounds, a disconnection and a retirement.
+struct Driver {
+  std::mt19937 rng{11};
+  std::vector<std::vector<int64_t>> seen;  // [learner][fragment] version last received
+  Driver() : seen(3, std::vector<int64_t>(2, 0)) {}
+  Entry push(const Model& m, double t, int64_t learner, int64_t p) {
+    std::normal_distribution<float> g(0.0f, 0.01f);
+    std::vector<float> d(static_cast<size_t>(m.layouts[p].elements));
+    for (auto& x : d) x = g(rng);
+    Entry e;
+    e.kind = EntryKind::kReceive;
+    e.t = t;
+    e.learner = learner;
+    e.fragment = p;
+    e.encoding = Encoding::kInt4;
+    e.base = seen[learner][p];
+    e.c_steps = 10;
+    e.c_tokens = 10 * 64;
+    e.step = 10 * static_cast<int64_t>(t);
+    e.step_time = 2.0 + 1.0 * static_cast<double>(learner);  // slow steps: τ·ξ_step exceeds the quorum wait
+    e.payload = Bytes::from_string(encode_floats(d.data(), d.size(), Encoding::kInt4));
+    return e;
+  }
+};
+
+TEST(Replication, AStandbyThatAppliesTheJournalHoldsTheLeadersStateBitForBit) {
+  const Model m = model();
+  Leader leader{Syncer(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{}), m.layouts};
+  Syncer standby(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Driver d;
+  int64_t merges = 0, checked = 0;
+  for (int64_t step = 1; step <= 60; ++step) {
+    const double t = 0.37 * static_cast<double>(step);
+    std::vector<Entry> batch;
+    const int64_t learner = step % 3, p = (step / 3) % 2;
+    if (step == 25) {  // learner 2 drops out for a while, then comes back
+      Entry c;
+      c.kind = EntryKind::kConnected;
+      c.learner = 2;
+      c.flag = false;
+      batch.push_back(c);
+    }
+    if (step == 35) {
+      Entry c;
+      c.kind = EntryKind::kConnected;
+      c.learner = 2;
+      c.flag = true;
+      batch.push_back(c);
+    }
+    if (step == 50) {
+      Entry r;
+      r.kind = EntryKind::kRetire;
+      r.t = t;
+      r.learner = 1;
+      batch.push_back(r);
+    }
+    if (!(step >= 25 && step < 35 && learner == 2) && !(step >= 50 && learner == 1))
+      batch.push_back(d.push(m, t, learner, p));
+    Entry round;
+    round.kind = EntryKind::kRound;
+    round.t = t + 0.01;
+    round.fragment = p;
+    batch.push_back(round);
+    Entry obs;
+    obs.kind = EntryKind::kObserveSync;
+    obs.upload = 0.01 * static_cast<double>(step % 5);
+    obs.merge = 0.002;
+    obs.broadcast = 0.03;
+    batch.push_back(obs);
+    for (Entry& e : batch) {
+      const Applied mine = leader.run(e);
+      const Entry got = wire_trip(e, 3, 2);
+      EXPECT_EQ(got.seq, e.seq);
+      const Applied theirs = apply(standby, got, m.layouts);
+      EXPECT_EQ(mine.received, theirs.received);
+      ASSERT_EQ(theirs.rounds.size(), got.results.size());
+      for (size_t i = 0; i < theirs.rounds.size(); ++i) {
+        EXPECT_EQ(compare(got.results[i], check_of(theirs.rounds[i])), "") << "step " << step;
+        ++checked;
+        if (mine.rounds[i].merged()) {
+          ++merges;
+          for (int64_t k : mine.rounds[i].outcome.learners) d.seen[k][p] = mine.rounds[i].outcome.version;
+        }
+      }
+    }
+  }
+  EXPECT_GT(merges, 10);
+  EXPECT_GT(checked, 50);
+  EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+  const auto lo = leader.core.outer_state(), so = standby.outer_state();
+  ASSERT_EQ(lo.size(), so.size());
+  for (const auto& [k, t] : lo) EXPECT_TRUE(torch::equal(t, so.at(k))) << k;
+  EXPECT_EQ(leader.core.versions(), standby.versions());
+  EXPECT_EQ(leader.core.stale_bases(), standby.stale_bases());
+  EXPECT_EQ(leader.core.grace(), standby.grace());
+  // The drain at the end of a run, too.
+  Entry last = d.push(m, 30.0, 0, 1);
+  leader.run(last);
+  apply(standby, wire_trip(last, 3, 2), m.layouts);
+  Entry drain;
+  drain.kind = EntryKind::kDrain;
+  drain.t = 31.0;
+  leader.run(drain);
+  const Entry got = wire_trip(drain, 3, 2);
+  const Applied theirs = apply(standby, got, m.layouts);
+  ASSERT_GE(theirs.rounds.size(), 1u);
+  ASSERT_EQ(theirs.rounds.size(), got.results.size());
+  for (size_t i = 0; i < theirs.rounds.size(); ++i) EXPECT_EQ(compare(got.results[i], check_of(theirs.rounds[i])), "");
+  EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+}
+
+TEST(Replication, ALateStandbyFollowsFromAnImageThatTheLeaderAppliesToo) {
+  const Model m = model();
+  Leader leader{Syncer(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{}), m.layouts};
+  Driver d;
+  for (int64_t step = 1; step <= 20; ++step) {
+    Entry e = d.push(m, 0.5 * static_cast<double>(step), step % 3, step % 2);
+    leader.run(e);
+    Entry r;
+    r.kind = EntryKind::kRound;
+    r.t = 0.5 * static_cast<double>(step);
+    r.fragment = step % 2;
+    leader.run(r);
+  }
+  Entry waiting = d.push(m, 11.0, 0, 0);  // a push still waiting for its round when the standby arrives
+  leader.run(waiting);
+  ASSERT_FALSE(leader.core.waiting(0).empty());
+  // A standby that has seen none of it, built from the same config.
+  Syncer standby(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Entry im;
+  im.kind = EntryKind::kImage;
+  im.image = leader.core.image();
+  im.counters = {{"merges", 5}};
+  leader.run(im);  // the resync point, on the leader too: its waiting push is dropped
+  EXPECT_TRUE(leader.core.waiting(0).empty());
+  const Entry got = wire_trip(im, 3, 2);
+  EXPECT_EQ(got.counters["merges"], 5);
+  apply(standby, got, m.layouts);
+  EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+  EXPECT_EQ(leader.core.versions(), standby.versions());
+  // What restore() alone would not carry: the moving averages the grace window and the local updates come from.
+  EXPECT_GT(leader.core.grace(), 0.0);
+  EXPECT_EQ(leader.core.grace(), standby.grace());
+  for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(leader.core.local_updates(k), standby.local_updates(k)) << k;
+  EXPECT_NE(leader.core.local_updates(0), leader.core.local_updates(2));
+  int64_t merges = 0;
+  for (int64_t step = 21; step <= 40; ++step) {
+    for (Entry e : {d.push(m, 0.5 * static_cast<double>(step), step % 3, step % 2)}) {
+      leader.run(e);
+      apply(standby, wire_trip(e, 3, 2), m.layouts);
+    }
+    Entry r;
+    r.kind = EntryKind::kRound;
+    r.t = 0.5 * static_cast<double>(step);
+    r.fragment = step % 2;
+    const Applied a = leader.run(r);
+    const Entry rg = wire_trip(r, 3, 2);
+    const Applied b = apply(standby, rg, m.layouts);
+    EXPECT_EQ(compare(rg.results[0], check_of(b.rounds[0])), "") << step;
+    merges += a.rounds[0].merged() ? 1 : 0;
+  }
+  EXPECT_GT(merges, 5);
+  EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+}
+
+TEST(Replication, AnImageForAnotherClusterChangesNothing) {
+  const Model m = model();
+  Syncer a(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  SyncOptions four = options();
+  four.learners = 4;
+  Syncer b(four, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  const auto before = flat_of(a);
+  Syncer::Image im = b.image();
+  im.global.begin()->second = im.global.begin()->second + 1;  // a different Θ, too
+  try {
+    a.resync(im);
+    FAIL() << "resynced from an image of 4 learners";
+  } catch (const SyncError& e) {
+    EXPECT_NE(std::string(e.what()).find("4 learners"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(flat_of(a), before);
+  Syncer::Image bad = a.image();
+  bad.global.begin()->second = torch::full_like(bad.global.begin()->second, std::nanf(""));
+  EXPECT_THROW(a.resync(bad), SyncError);  // a poisoned image is refused like a poisoned checkpoint
+  EXPECT_EQ(flat_of(a), before);
+}
+
+TEST(Replication, MalformedEntriesAreRefusedNamingTheProblem) {
+  Entry e;
+  e.kind = EntryKind::kConnected;
+  e.learner = 1;
+  e.flag = true;
+  const EncodedEntry ok = encode(e, 1);
+  EXPECT_NO_THROW(decode(ok.header, ok.payload, 3, 2));
+  const auto refused = [](const MessageHeader& h, const std::string& payload, const std::string& needle) {
+    try {
+      decode(h, Bytes::from_string(payload), 3, 2);
+      ADD_FAILURE() << "accepted; expected an error mentioning '" << needle << "'";
+    } catch (const WireError& x) {
+      EXPECT_NE(std::string(x.what()).find(needle), std::string::npos) << x.what();
+    }
+  };
+  const std::string body = ok.payload.str();
+  refused(ok.header, body.substr(0, 3), "shorter than its length prefix");
+  std::string overrun = body;
+  overrun[2] = '\x7f';
+  refused(ok.header, overrun, "overruns the frame");
+  MessageHeader unknown = ok.header;
+  unknown.fragment_id = 99;
+  refused(unknown, body, "entry kind 99 is unknown");
+  const auto json_body = [](const std::string& j) {
+    std::string b(4, '\0');
+    b[0] = static_cast<char>(j.size() & 0xff);
+    b[1] = static_cast<char>((j.size() >> 8) & 0xff);
+    return b + j;
+  };
+  refused(ok.header, json_body(R"({"learner":7,"connected":true})"), "'learner' = 7 is out of range");
+  refused(ok.header, json_body(R"({"learner":1,"connected":3})"), "'connected' is not a boolean");
+  refused(ok.header, json_body("[1,2]"), "not a JSON object");
+  MessageHeader recv = ok.header;
+  recv.fragment_id = static_cast<uint32_t>(EntryKind::kReceive);
+  refused(recv, json_body(R"({"t":1,"learner":0,"fragment":5,"encoding":1,"base":0,"c_steps":1,"c_tokens":1,"step":1,"step_time":0.1})"),
+          "'fragment' = 5 is out of range");
+  MessageHeader img = ok.header;
+  img.fragment_id = static_cast<uint32_t>(EntryKind::kImage);
+  refused(img, json_body(R"({"versions":[0],"merged":0})"), "'versions' is not a list of 2");
+  // A receive whose push bytes are short: decoded fine, refused by apply (decode_push) before the core sees it.
+  const Model m = model();
+  Syncer s(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Entry short_push = Driver().push(m, 1.0, 0, 0);
+  short_push.payload = Bytes::from_string(short_push.payload.str().substr(0, 5));
+  const EncodedEntry sp = encode(short_push, 1);
+  const Entry got = decode(sp.header, sp.payload, 3, 2);
+  EXPECT_THROW(apply(s, got, m.layouts), WireError);
+  EXPECT_EQ(s.pending(0), 0);
+}
+
+}  // namespace
+}  // namespace deloco::repl

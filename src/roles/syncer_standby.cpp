@@ -1,0 +1,436 @@
+// The syncer's standby pair (src/roles/syncer_node_impl.h; docs/reliability.md, "A standby syncer"): the journal
+// every core change goes through, the leader's side (a standby follows: an image, then every entry; leases), the
+// standby's side (apply, check, acknowledge; take over when the lease lapses) and fencing by epoch.
+#include <algorithm>
+
+#include <torch/torch.h>
+
+#include "syncer_node_impl.h"
+#include "util/text.h"
+
+namespace deloco {
+
+using proto::RejectReason;
+using syncer_detail::Peer;
+
+namespace {
+// The CURVE allow-list name a standby syncer's key must have ("" in plaintext: no identities).
+constexpr const char* kSyncerIdentity = "syncer";
+}  // namespace
+
+repl::Applied SyncerNode::Impl::journal(repl::Entry e) {
+  repl::Applied a = repl::apply(*core, e, layouts);  // throws before journaling: nothing was applied
+  e.seq = ++journal_seq;
+  e.epoch = epoch;
+  for (const RoundResult& r : a.rounds) e.results.push_back(repl::check_of(r));
+  if (role == Role::kLeader && !standby_route.empty()) {
+    const repl::EncodedEntry enc = repl::encode(e, fingerprint);
+    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+    tx->send(standby_route, f.header, f.payload);
+  }
+  return a;
+}
+
+void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHeader& h) {
+  if (!env.identity.empty() && env.identity != kSyncerIdentity)
+    return reject(env.peer, -1, -1, RejectReason::kUnboundKey,
+                  "key '" + env.identity + "' may not replicate this syncer (only the key named '" + kSyncerIdentity +
+                      "' in net.allow may)");
+  repl::Entry e;
+  try {
+    e = repl::decode(h, env.payload, M, static_cast<int64_t>(layouts.size()));
+  } catch (const WireError& x) {
+    return reject(env.peer, -1, -1, RejectReason::kMalformedFrame, x.what());
+  }
+  if (e.kind != repl::EntryKind::kFollow && e.kind != repl::EntryKind::kAck) return;  // only a leader sends the rest
+  if (!dial_peer) return reject(env.peer, -1, -1, RejectReason::kOther, "this syncer has no standby pair (net.standby)");
+  // A standby that has followed a newer leader: this one was replaced.
+  if (e.epoch > epoch && role == Role::kLeader)
+    step_down(e.epoch, "a standby that follows epoch " + std::to_string(e.epoch) + " asked to follow this syncer");
+  if (role != Role::kLeader) return;
+  const double t = now();
+  if (e.kind == repl::EntryKind::kAck) {
+    if (env.peer != standby_route) return;  // a standby this leader dropped: it will ask to follow again
+    standby_heard = t;
+    if (e.seq > standby_acked) {
+      standby_acked = e.seq;
+      for (int64_t m = 0; m < M; ++m) pump(m);
+    }
+    return;
+  }
+  // kFollow: a resync point. The waiting contributions are dropped here and on the standby alike (their learners
+  // are told, and fold the progress into their next push), then the image and every entry after it.
+  int64_t dropped = 0;
+  for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p)
+    for (int64_t m : core->waiting(p)) {
+      ++dropped;
+      reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
+             "a standby syncer began following; pushes waiting for a merge were dropped (resend the progress)",
+             "resync");
+    }
+  standby_route = env.peer;
+  standby_identity = env.identity;
+  standby_acked = 0;
+  standby_heard = t;
+  lease_sent = -1e9;
+  ++standby_follows;
+  resync_dropped += dropped;
+  repl::Entry im;
+  im.kind = repl::EntryKind::kImage;
+  im.image = core->image();
+  im.counters = counters();
+  journal(std::move(im));
+  for (auto& tm : timers) tm = -1;  // the rounds start afresh
+  rec::Standby sb;
+  sb.event = "following";
+  sb.epoch = epoch;
+  sb.journal = static_cast<int64_t>(journal_seq);
+  sb.merges = merges;
+  sb.dropped = dropped;
+  sb.detail = "a standby follows from this image on";
+  emit(std::move(sb));
+}
+
+void SyncerNode::Impl::send_follow() {
+  if (!upstream) return;
+  repl::Entry e;
+  e.kind = repl::EntryKind::kFollow;
+  e.epoch = epoch;
+  const repl::EncodedEntry enc = repl::encode(e, fingerprint);
+  const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+  upstream->send(f.header, f.payload);
+  follow_sent = now();
+}
+
+void SyncerNode::Impl::on_upstream(const Envelope& env) {
+  MessageHeader h;
+  try {
+    if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
+    h = decode_header(env.header.data(), env.header.size(), replica_limits);
+    verify_payload(h, env.payload.data(), env.payload.size());
+    if (h.fingerprint != fingerprint)
+      throw WireError("the leader serves another model: fingerprint " + fingerprint_hex(h.fingerprint));
+  } catch (const WireError& x) {
+    ++rejects["replica_malformed"];
+    return;
+  }
+  if (h.kind == MessageKind::kReject) {  // the leader refused to be followed (our key, no pair configured)
+    rec::Standby sb;
+    sb.event = "refused";
+    sb.detail = clip_utf8(std::string_view(env.payload.data(), env.payload.size()), 400);
+    log_limited("standby_refused", std::move(sb));
+    return;
+  }
+  if (h.kind != MessageKind::kReplica) return;
+  repl::Entry e;
+  try {
+    e = repl::decode(h, env.payload, M, static_cast<int64_t>(layouts.size()));
+  } catch (const WireError& x) {
+    ++rejects["replica_malformed"];
+    rec::Standby sb;
+    sb.event = "malformed";
+    sb.detail = clip_utf8(x.what(), 400);
+    log_limited("standby_malformed", std::move(sb));
+    following = false;  // what follows cannot be trusted to line up: ask for a fresh image
+    send_follow();
+    return;
+  }
+  if (e.epoch < epoch) return;  // a leader older than the one this standby follows
+  upstream_heard = now();
+  epoch = e.epoch;
+  const auto ack = [&] {
+    repl::Entry a;
+    a.kind = repl::EntryKind::kAck;
+    a.seq = journal_seq;
+    a.epoch = epoch;
+    const repl::EncodedEntry enc = repl::encode(a, fingerprint);
+    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+    upstream->send(f.header, f.payload);
+  };
+  if (e.kind == repl::EntryKind::kLease) return;
+  if (e.kind == repl::EntryKind::kImage) {
+    try {
+      repl::apply(*core, e, layouts);
+    } catch (const std::exception& x) {
+      rec::Standby sb;
+      sb.event = "image_refused";
+      sb.detail = clip_utf8(x.what(), 400);
+      emit(std::move(sb));
+      return;
+    }
+    journal_seq = e.seq;
+    following = true;
+    ++images_applied;
+    leader_counters = e.counters;
+    merges = e.counters.value("merges", merges);
+    if (e.counters.contains("retired") && e.counters["retired"].is_array() &&
+        e.counters["retired"].size() == static_cast<size_t>(M))
+      for (int64_t m = 0; m < M; ++m) retired[m] = e.counters["retired"][m].get<bool>();
+    // The latest broadcast of every merged fragment, for learners that join after a takeover without a download.
+    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) {
+      const int64_t v = core->version(p);
+      if (v == 0) continue;
+      std::vector<at::Tensor> ts = core->fragment_tensors(p);
+      at::Tensor flat = torch::empty({layouts[p].elements}, torch::kFloat);
+      flatten_into(ts, flat.data_ptr<float>());
+      MessageHeader bh;
+      Bytes payload;
+      if (encode_broadcast(p, v, flat, &bh, &payload)) latest[p] = syncer_detail::Latest{v, bh, payload};
+    }
+    rec::Standby sb;
+    sb.event = "image";
+    sb.epoch = epoch;
+    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.merges = merges;
+    sb.detail = "following the leader from this image";
+    emit(std::move(sb));
+    ack();
+    return;
+  }
+  if (!following) return;  // entries before this standby's image
+  if (e.kind == repl::EntryKind::kCounters) {
+    leader_counters = e.counters;
+    return;
+  }
+  if (e.seq != journal_seq + 1) {
+    rec::Standby sb;
+    sb.event = "gap";
+    sb.epoch = epoch;
+    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.detail = "entry " + std::to_string(e.seq) + " after " + std::to_string(journal_seq) + ": asking for a new image";
+    emit(std::move(sb));
+    following = false;
+    send_follow();
+    return;
+  }
+  repl::Applied a;
+  try {
+    a = repl::apply(*core, e, layouts);
+  } catch (const std::exception& x) {
+    rec::Standby sb;
+    sb.event = "mismatch";
+    sb.epoch = epoch;
+    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.detail = clip_utf8(std::string("entry ") + repl::entry_kind_name(e.kind) + " failed here: " + x.what(), 400);
+    emit(std::move(sb));
+    ++replica_mismatches;
+    following = false;
+    send_follow();
+    return;
+  }
+  journal_seq = e.seq;
+  // The node's own view of what the entry did (the leader's node did the same after applying it).
+  switch (e.kind) {
+    case repl::EntryKind::kReceive:
+      if (a.received == SyncReject::kNone) answer_marks.accepted(e.learner, e.fragment, e.base);
+      break;
+    case repl::EntryKind::kRetire: retired[e.learner] = true; break;
+    case repl::EntryKind::kDrain: drained = true; break;
+    default: break;
+  }
+  std::string diff;
+  for (size_t i = 0; i < a.rounds.size(); ++i) {
+    const RoundResult& r = a.rounds[i];
+    ++rounds_checked;
+    if (i >= e.results.size()) {
+      diff = "the leader reported " + std::to_string(e.results.size()) + " rounds, this standby ran more";
+    } else if (diff.empty()) {
+      diff = repl::compare(e.results[i], repl::check_of(r));
+    }
+    if (!r.merged()) continue;
+    ++merges;
+    answer_marks.merged(r.outcome.fragment, r.outcome.learners);
+    MessageHeader bh;
+    Bytes payload;
+    if (encode_broadcast(r.outcome.fragment, r.outcome.version, r.flat, &bh, &payload))
+      latest[r.outcome.fragment] = syncer_detail::Latest{r.outcome.version, bh, payload};
+  }
+  if (diff.empty() && a.rounds.size() != e.results.size())
+    diff = "the leader reported " + std::to_string(e.results.size()) + " rounds, this standby ran " +
+           std::to_string(a.rounds.size());
+  if (!diff.empty()) {
+    ++replica_mismatches;
+    rec::Standby sb;
+    sb.event = "mismatch";
+    sb.epoch = epoch;
+    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.detail = clip_utf8(diff, 400);
+    emit(std::move(sb));
+    following = false;  // a replica that differs is no replica: start again from an image
+    send_follow();
+    return;
+  }
+  ack();
+}
+
+void SyncerNode::Impl::refuse_not_leader(const Envelope& env, const MessageHeader& h) {
+  // The hello of a learner that dials both syncers of the pair: keep its route (checked as on_hello checks
+  // identities) so a takeover can tell it at once. Not counted as a refusal: it is how a pair works.
+  if (h.kind != MessageKind::kHello) return;
+  int64_t m = -1;
+  try {
+    m = proto::parse_hello(env.payload.data(), env.payload.size()).learner;
+  } catch (const WireError&) {
+    return;
+  }
+  if (m < 0 || m >= M || static_cast<int64_t>(h.learner_id) != m) return;
+  if (!env.identity.empty()) {
+    const std::optional<int64_t> bound = proto::learner_of_key_name(env.identity);
+    if (!bound || *bound != m) return;
+  }
+  standby_routes[m] = env.peer;
+  MessageHeader rh;
+  rh.kind = MessageKind::kReject;
+  rh.round = static_cast<uint64_t>(RejectReason::kNotLeader);
+  rh.learner_id = static_cast<uint32_t>(m);
+  rh.fragment_id = proto::kNoFragment;
+  rh.fingerprint = fingerprint;
+  auto f = proto::make_frame(rh, std::string("not_leader: this syncer is the standby (epoch ") + std::to_string(epoch) +
+                                     "); it tells this learner when it takes over",
+                             limits);
+  tx->send(env.peer, f.header, f.payload);
+}
+
+void SyncerNode::Impl::follower_housekeeping() {
+  const double t = now();
+  if (!following && t - follow_sent >= std::max(0.25, lease / 2)) send_follow();
+  if (following && t - lease_sent >= lease / 4) {  // the standby's own liveness for the leader
+    repl::Entry a;
+    a.kind = repl::EntryKind::kAck;
+    a.seq = journal_seq;
+    a.epoch = epoch;
+    const repl::EncodedEntry enc = repl::encode(a, fingerprint);
+    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+    upstream->send(f.header, f.payload);
+    lease_sent = t;
+  }
+  if (following && t - upstream_heard > lease) take_over(t - upstream_heard);
+  update_prometheus();
+}
+
+void SyncerNode::Impl::take_over(double silent) {
+  const double t = now();
+  const int64_t replayed = merges;
+  const int64_t next_epoch = epoch + 1;
+  role = Role::kLeader;
+  ++takeovers;
+  took_over_at = t;
+  first_merge_pending = true;
+  following = false;
+  upstream.reset();
+  // The leader's counters as last replicated (its learners' steps, tokens, busy time, refusals); the merges are this
+  // replica's own count, exact. The silence before the takeover counts as stalled.
+  if (leader_counters.is_object()) {
+    try {
+      load_counters(leader_counters, std::max(0.0, proto::unix_now() - leader_counters.value("unix_time", proto::unix_now())));
+    } catch (const std::exception&) {  // a leader's counters that do not parse: keep this replica's own
+    }
+  }
+  merges = replayed;
+  epoch = next_epoch;
+  merges_at_ckpt = -1;
+  if (first_join < 0) first_join = t;
+  // Pushes waiting at the old leader: their learners join afresh and count them refused (their progress goes in the
+  // next push), so merging them here would count that progress twice.
+  core->drop_waiting();
+  for (auto& tm : timers) tm = -1;
+  route_to_id.clear();
+  for (int64_t m = 0; m < M; ++m) {
+    Peer& P = peers[m];
+    P.alive = false;
+    P.route.clear();
+    P.dl_sent = -1;
+    reset_window(P);  // missed: a learner that comes back without a download gets every latest fragment
+    if (!retired[m]) core_connected(m, false);
+  }
+  // Every learner that said hello here hears it now, not after its own dead_after.
+  int64_t told = 0;
+  for (const auto& [m, route] : standby_routes) {
+    MessageHeader h;
+    h.kind = MessageKind::kHeartbeat;
+    h.learner_id = static_cast<uint32_t>(m);
+    h.fingerprint = fingerprint;
+    h.round = static_cast<uint64_t>(merges);
+    proto::SyncerBeat b;
+    b.leader_epoch = epoch;
+    const auto f = proto::make_frame(h, proto::encode_syncer_beat(b), limits);
+    told += tx->send(route, f.header, f.payload) ? 1 : 0;
+  }
+  rec::TakeOver to;
+  to.epoch = epoch;
+  to.merges = merges;
+  to.journal = static_cast<int64_t>(journal_seq);
+  to.rounds_checked = rounds_checked;
+  to.mismatches = replica_mismatches;
+  to.learners_told = told;
+  to.silent_seconds = silent;
+  emit(std::move(to));
+  checkpoint();  // the new leader's state, durable before it merges
+}
+
+void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
+  if (!dial_peer || role != Role::kLeader) return;
+  rec::StepDown sd;
+  sd.epoch = epoch;
+  sd.newer_epoch = newer_epoch;
+  sd.merges = merges;
+  sd.detail = clip_utf8(why, 400);
+  emit(std::move(sd));
+  role = Role::kFollower;
+  epoch = newer_epoch;
+  ++step_downs;
+  standby_route.clear();
+  core->drop_waiting();
+  for (auto& tm : timers) tm = -1;
+  route_to_id.clear();
+  for (int64_t m = 0; m < M; ++m) {
+    Peer& P = peers[m];
+    P.alive = false;
+    P.route.clear();
+    P.dl_sent = -1;
+    reset_window(P);
+  }
+  following = false;
+  upstream = dial_peer();
+  send_follow();
+}
+
+void SyncerNode::Impl::leader_housekeeping() {
+  if (standby_route.empty()) return;
+  const double t = now();
+  if (t - standby_heard > lease) {
+    rec::Standby sb;
+    sb.event = "dropped";
+    sb.epoch = epoch;
+    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.merges = merges;
+    sb.detail = "the standby was silent for " + std::to_string(t - standby_heard) + " s (syncer.lease " +
+                std::to_string(lease) + " s); merging goes on without it";
+    emit(std::move(sb));
+    standby_route.clear();
+    ++standby_dropped;
+    for (int64_t m = 0; m < M; ++m) pump(m);  // broadcasts held for its acknowledgement go now
+    return;
+  }
+  if (t - lease_sent >= lease / 4) {
+    repl::Entry e;
+    e.kind = repl::EntryKind::kLease;
+    e.seq = journal_seq;
+    e.epoch = epoch;
+    const repl::EncodedEntry enc = repl::encode(e, fingerprint);
+    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+    tx->send(standby_route, f.header, f.payload);
+    // The node's counters ride along once per lease: what the standby continues from if it takes over.
+    repl::Entry c;
+    c.kind = repl::EntryKind::kCounters;
+    c.seq = journal_seq;
+    c.epoch = epoch;
+    c.counters = counters();
+    const repl::EncodedEntry cenc = repl::encode(c, fingerprint);
+    const proto::Frame cf = proto::make_frame(cenc.header, cenc.payload, replica_limits);
+    tx->send(standby_route, cf.header, cf.payload);
+    lease_sent = t;
+  }
+}
+
+}  // namespace deloco
