@@ -1,0 +1,177 @@
+// A standby syncer pair with real processes (issue 34, docs/reliability.md): the leader is SIGKILLed and its
+// standby takes over holding every merge the learners saw, bit for bit; the killed leader, restarted as a leader
+// from its checkpoint by mistake, is fenced by the learners' newer epoch and follows; then the new leader is killed
+// and the old one takes over in turn. Merge versions never repeat nor skip across the three terms.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "support/proc.h"
+#include "util/fs.h"
+
+namespace deloco {
+namespace {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::Proc;
+
+// The complete lines of a JSON-lines file (a line still being written is skipped).
+std::vector<json> lines(const fs::path& f) {
+  std::vector<json> out;
+  std::ifstream in(f);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_discarded()) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::vector<json> of_kind(const std::vector<json>& all, const std::string& kind) {
+  std::vector<json> out;
+  for (const auto& j : all)
+    if (j.value("kind", "") == kind) out.push_back(j);
+  return out;
+}
+
+// Polls `cond` every 50 ms for at most `seconds`.
+bool wait_for(const std::function<bool()>& cond, double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (std::chrono::steady_clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return cond();
+}
+
+// The model file of the checkpoint in `run` whose manifest says `merges` ("" : none).
+std::string checkpoint_model(const fs::path& run, int64_t merges) {
+  if (!fs::exists(run / "checkpoints")) return "";
+  for (const auto& d : fs::directory_iterator(run / "checkpoints")) {
+    if (!fs::exists(d.path() / "manifest.json")) continue;
+    const json man = json::parse(read_file((d.path() / "manifest.json").string()), nullptr, false);
+    if (!man.is_discarded() && man.value("step", int64_t{-1}) == merges) return read_file((d.path() / "model.safetensors").string());
+  }
+  return "";
+}
+
+TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
+  const std::string src = test::source_dir();
+  ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  const fs::path dir = fs::temp_directory_path() / ("deloco_standby_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::string> common = {
+      "--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set", "net.plaintext=true",
+      "--set", "net.address=ipc://" + (dir / "a.sock").string(), "--set", "net.standby=ipc://" + (dir / "b.sock").string(),
+      "--set", "sync.learners=2", "--set", "sync.quorum=2", "--set", "sync.fragments=2", "--set", "sync.sync_every=10",
+      "--set", "train.steps=4000", "--set", "train.threads=1", "--set", "syncer.eval_interval=0", "--set",
+      "syncer.metrics=", "--set", "syncer.lease=1"};
+  const auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  const fs::path A = dir / "a", B = dir / "b";
+  auto a = std::make_unique<Proc>(args({"syncer", "--out", A.string()}), (dir / "a.log").string());
+  auto b = std::make_unique<Proc>(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
+  Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
+  Proc l1(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
+  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+
+  // ---- term 1: a leads, b follows; a is killed ----
+  ASSERT_TRUE(wait_for([&] { return of_kind(recs(A), "merge").size() >= 4 && !of_kind(recs(B), "standby").empty(); }, 90))
+      << a->log() << b->log();
+  a->kill9();
+  ASSERT_TRUE(wait_for([&] { return !of_kind(recs(B), "failover_merge").empty(); }, 30)) << b->log();
+  const json take1 = of_kind(recs(B), "takeover").at(0);
+  EXPECT_EQ(take1["epoch"], 2);
+  EXPECT_EQ(take1["mismatches"], 0);
+  EXPECT_GE(take1["rounds_checked"].get<int64_t>(), 4);
+  EXPECT_EQ(take1["learners_told"], 2);
+  // The state b took over with is the one a had checkpointed after the same merges, byte for byte.
+  const int64_t n1 = take1["merges"].get<int64_t>();
+  const std::string a_model = checkpoint_model(A, n1), b_model = checkpoint_model(B, n1);
+  ASSERT_FALSE(a_model.empty()) << "a kept no checkpoint at " << n1 << " merges";
+  ASSERT_FALSE(b_model.empty()) << "b wrote no checkpoint at its takeover";
+  EXPECT_TRUE(a_model == b_model) << "the standby's model differs from the leader's at " << n1 << " merges";
+
+  // ---- a comes back as a leader (a misconfigured restart): the learners' epoch fences it ----
+  const size_t a_lines = recs(A).size();
+  a = std::make_unique<Proc>(args({"syncer", "--resume", "--out", A.string()}), (dir / "a2.log").string());
+  ASSERT_TRUE(wait_for(
+      [&] {
+        const auto r = recs(A);
+        return !of_kind(std::vector<json>(r.begin() + static_cast<long>(std::min(a_lines, r.size())), r.end()), "standby").empty() &&
+               of_kind(r, "standby").back().value("event", "") == "image";
+      },
+      60))
+      << a->log();
+  const auto a_after = recs(A);
+  const std::vector<json> restarted(a_after.begin() + static_cast<long>(a_lines), a_after.end());
+  const auto downs = of_kind(restarted, "step_down");
+  ASSERT_EQ(downs.size(), 1u) << a->log();
+  EXPECT_EQ(downs[0]["epoch"], 1);
+  EXPECT_EQ(downs[0]["newer_epoch"], 2);
+
+  // ---- term 2: b leads, a follows; b is killed and a takes over ----
+  const size_t b_merges = of_kind(recs(B), "merge").size();
+  ASSERT_TRUE(wait_for([&] { return of_kind(recs(B), "merge").size() >= b_merges + 3; }, 60)) << b->log();
+  b->kill9();
+  ASSERT_TRUE(wait_for([&] { return of_kind(recs(A), "failover_merge").size() >= 1; }, 30)) << a->log();
+  const json take2 = of_kind(recs(A), "takeover").at(0);
+  EXPECT_EQ(take2["epoch"], 3);
+  EXPECT_EQ(take2["mismatches"], 0);
+  EXPECT_GE(take2["rounds_checked"].get<int64_t>(), 3);
+  const int64_t n2 = take2["merges"].get<int64_t>();
+  const std::string b2 = checkpoint_model(B, n2), a2 = checkpoint_model(A, n2);
+  ASSERT_FALSE(b2.empty()) << "b kept no checkpoint at " << n2 << " merges";
+  EXPECT_TRUE(a2 == b2) << "the second takeover's model differs from the leader's at " << n2 << " merges";
+
+  // ---- the run ends under term 3 ----
+  EXPECT_EQ(l0.wait(240), 0) << l0.log();
+  EXPECT_EQ(l1.wait(60), 0) << l1.log();
+  EXPECT_EQ(a->wait(60), 0) << a->log();
+
+  // Every merge of a fragment has the next version: none lost, none applied twice, across the three terms (a's
+  // first term, b's term after its takeover, a's term after its own). The fenced a merged nothing.
+  std::vector<json> merges;
+  for (const auto& j : std::vector<json>(a_after.begin(), a_after.begin() + static_cast<long>(a_lines)))
+    if (j.value("kind", "") == "merge") merges.push_back(j);
+  bool led = false;
+  for (const auto& j : recs(B)) {
+    if (j.value("kind", "") == "takeover") led = true;
+    if (led && j.value("kind", "") == "merge") merges.push_back(j);
+  }
+  led = false;
+  const auto a_final = recs(A);
+  for (size_t i = a_lines; i < a_final.size(); ++i) {
+    const json& j = a_final[i];
+    if (j.value("kind", "") == "takeover") led = true;
+    if (j.value("kind", "") == "merge") EXPECT_TRUE(led) << "the fenced syncer merged: " << j.dump();
+    if (led && j.value("kind", "") == "merge") merges.push_back(j);
+  }
+  std::map<int64_t, int64_t> version;
+  for (const auto& m : merges) {
+    const int64_t f = m["fragment"], v = m["version"];
+    EXPECT_EQ(v, version[f] + 1) << "fragment " << f << ": " << m.dump();
+    version[f] = v;
+  }
+  EXPECT_GE(merges.size(), 10u);
+  // Both learners followed both takeovers and finished their steps.
+  for (int n = 0; n < 2; ++n) {
+    const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
+    EXPECT_EQ(of_kind(l, "syncer_failover").size(), 2u) << "learner " << n;
+    const auto done = of_kind(l, "learner_done");
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].value("finished", false), true) << done[0].dump();
+  }
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco
