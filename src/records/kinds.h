@@ -214,13 +214,16 @@ struct CheckpointSaved : RecordBase {
 
 // A standby took over: the leader's lease lapsed after `silent_seconds` without a word; it leads `epoch` now, from
 // the `merges` it replicated (journal entries `journal`, rounds it checked against the leader's and how many differed).
+// model_hash: FNV-1a-64 (decimal) of Θ's fp32 bytes, tensor by tensor in name order, as it took over.
 struct TakeOver : RecordBase {
   static constexpr const char* kKind = "takeover";
   int64_t epoch = 0, merges = 0, journal = 0, rounds_checked = 0, mismatches = 0, learners_told = 0;
   double silent_seconds = 0;
+  std::string model_hash;
   template <class V> void fields(V& v) {
     v("epoch", epoch); v("merges", merges); v("journal", journal); v("rounds_checked", rounds_checked);
     v("mismatches", mismatches); v("learners_told", learners_told); v("silent_seconds", silent_seconds);
+    v("model_hash", model_hash);
   }
 };
 

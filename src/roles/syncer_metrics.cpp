@@ -47,6 +47,15 @@ void SyncerNode::Impl::update_prometheus() {
     return static_cast<double>(s);
   }());
   metric("tokens_total", "counter", "Tokens trained by all learners.", static_cast<double>(total_tokens()));
+  // A standby pair: which syncer leads, its term, and what replication checked (docs/reliability.md).
+  metric("leader", "gauge", "1 while this syncer leads (always, without a standby pair), 0 while it is the standby.",
+         role == Role::kLeader ? 1.0 : 0.0);
+  metric("epoch", "gauge", "The leader's term (fencing token) this syncer leads or follows.", static_cast<double>(epoch));
+  metric("replica_rounds_checked_total", "counter", "Rounds a standby replayed and checked against the leader's.",
+         static_cast<double>(rounds_checked));
+  metric("replica_mismatches_total", "counter", "Replayed rounds that differed from the leader's (then resynced).",
+         static_cast<double>(replica_mismatches));
+  metric("takeovers_total", "counter", "Times this syncer took over as leader.", static_cast<double>(takeovers));
   metric("uptime_ratio", "gauge", "Fraction of wall time in which global training was not stalled.", uptime());
   metric("state_snapshots_total", "counter", "Global-state snapshots encoded for downloads (one per set of versions).",
          static_cast<double>(state_snapshots));
@@ -145,6 +154,19 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
     s["shard"] = shard.shard;
     s["shards"] = shard.shards;
     s["fragments"] = shard.fragments;
+  }
+  if (dial_peer) {  // a standby pair (docs/reliability.md)
+    s["pair"] = {{"role", role == Role::kLeader ? "leader" : "standby"},
+                 {"epoch", epoch},
+                 {"journal", journal_seq},
+                 {"takeovers", takeovers},
+                 {"step_downs", step_downs},
+                 {"rounds_checked", rounds_checked},
+                 {"mismatches", replica_mismatches},
+                 {"images_applied", images_applied},
+                 {"standby_follows", standby_follows},
+                 {"standby_dropped", standby_dropped},
+                 {"resync_replayed", resync_replayed}};
   }
   sum.extra = std::move(s);
   return sum.to_json();

@@ -1061,6 +1061,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     Envelope env;
     if (I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1))) I.handle(env);
     I.housekeeping();
+    I.flush_journal();  // after the checkpoints the handling wrote: durable first, then replicated, then visible
   }
   // Merge whatever still waits (the learners that finished cannot send again), then evaluate and checkpoint.
   if (I.all_retired()) {
@@ -1076,6 +1077,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   }
   if (I.shard.shard == 0) I.evaluate(/*final=*/true);
   I.checkpoint(/*final=*/I.all_retired());
+  I.flush_journal();
   I.update_prometheus();
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   nlohmann::json s = I.summary(wall);

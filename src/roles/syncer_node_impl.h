@@ -169,9 +169,18 @@ struct SyncerNode::Impl {
   WireLimits replica_limits;  // the limits replica frames are read with (an image holds Θ and the outer state)
   // Leader: its standby (route "" : none), the entries it acknowledged, when it was last heard, when the lease went.
   std::string standby_route, standby_identity;
-  uint64_t standby_acked = 0;
+  uint64_t standby_acked = 0, image_seq = 0;
+  double image_sent = -1e9;
   double standby_heard = -1e9, lease_sent = -1e9;
-  int64_t standby_follows = 0, standby_dropped = 0, resync_dropped = 0;
+  int64_t standby_follows = 0, standby_dropped = 0, resync_replayed = 0;
+  // The accepted push of each (learner, local fragment) not merged yet, as its journal entry: at a resync point
+  // (an image for a new standby) both cores drop their rounds, and these are received again right after the image,
+  // so no learner's push is lost to a standby joining (a sync-mode cluster would wait for it forever).
+  std::map<std::pair<int64_t, int64_t>, repl::Entry> held_pushes;
+  // Journal entries to send to the standby (flush_journal(), after each message and housekeeping): a merge reaches
+  // the standby only after its checkpoint is written, so the standby never holds a merge the leader's disk lacks.
+  std::vector<proto::Frame> journal_out;
+  void flush_journal();
   // Follower: the connection to the leader, whether it holds an image, when the leader was last heard, the latest
   // counters it replicated, the learners that said hello here (told when this standby takes over), the checks.
   std::unique_ptr<ClientTransport> upstream;

@@ -23,12 +23,21 @@ repl::Applied SyncerNode::Impl::journal(repl::Entry e) {
   e.seq = ++journal_seq;
   e.epoch = epoch;
   for (const RoundResult& r : a.rounds) e.results.push_back(repl::check_of(r));
+  if (e.kind == repl::EntryKind::kReceive && a.received == SyncReject::kNone) held_pushes[{e.learner, e.fragment}] = e;
+  for (const RoundResult& r : a.rounds)
+    if (r.decision.kind == RoundDecision::kMerge)  // merged or rolled back: those pushes no longer wait
+      for (int64_t m : r.outcome.learners) held_pushes.erase({m, r.outcome.fragment});
   if (role == Role::kLeader && !standby_route.empty()) {
     const repl::EncodedEntry enc = repl::encode(e, fingerprint);
-    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
-    tx->send(standby_route, f.header, f.payload);
+    journal_out.push_back(proto::make_frame(enc.header, enc.payload, replica_limits));
   }
   return a;
+}
+
+void SyncerNode::Impl::flush_journal() {
+  if (!standby_route.empty())
+    for (const proto::Frame& f : journal_out) tx->send(standby_route, f.header, f.payload);
+  journal_out.clear();
 }
 
 void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHeader& h) {
@@ -49,45 +58,54 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
     step_down(e.epoch, "a standby that follows epoch " + std::to_string(e.epoch) + " asked to follow this syncer");
   if (role != Role::kLeader) return;
   const double t = now();
+  if (env.peer == standby_route) standby_heard = t;
   if (e.kind == repl::EntryKind::kAck) {
     if (env.peer != standby_route) return;  // a standby this leader dropped: it will ask to follow again
-    standby_heard = t;
     if (e.seq > standby_acked) {
       standby_acked = e.seq;
       for (int64_t m = 0; m < M; ++m) pump(m);
     }
     return;
   }
-  // kFollow: a resync point. The waiting contributions are dropped here and on the standby alike (their learners
-  // are told, and fold the progress into their next push), then the image and every entry after it.
-  int64_t dropped = 0;
+  // A repeated request while the image sent to this standby may still be on its way (a large model on a slow link):
+  // answered by that image. A standby that acknowledged it and asks again (it found a gap or a mismatch) gets a new one.
+  if (env.peer == standby_route && standby_acked < image_seq && t - image_sent < 10 * lease) return;
+  // kFollow: a resync point. Both cores resync from one image, which drops their rounds; the pushes that waited
+  // in them are received again right after it (on both), so no learner waits for a push that is gone.
+  std::vector<repl::Entry> waiting;
   for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p)
-    for (int64_t m : core->waiting(p)) {
-      ++dropped;
-      reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
-             "a standby syncer began following; pushes waiting for a merge were dropped (resend the progress)",
-             "resync");
-    }
+    for (int64_t m : core->waiting(p))
+      if (auto it = held_pushes.find({m, p}); it != held_pushes.end()) waiting.push_back(it->second);
+  journal_out.clear();  // entries for a standby that was replaced: the image covers them
   standby_route = env.peer;
   standby_identity = env.identity;
   standby_acked = 0;
   standby_heard = t;
   lease_sent = -1e9;
   ++standby_follows;
-  resync_dropped += dropped;
   repl::Entry im;
   im.kind = repl::EntryKind::kImage;
   im.image = core->image();
   im.counters = counters();
   journal(std::move(im));
-  for (auto& tm : timers) tm = -1;  // the rounds start afresh
+  image_seq = journal_seq;
+  image_sent = t;
+  held_pushes.clear();
+  for (repl::Entry& w : waiting) {
+    w.results.clear();
+    journal(w);
+  }
+  resync_replayed += static_cast<int64_t>(waiting.size());
+  for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);  // re-arms the grace timers
+  const int64_t dropped = 0;
   rec::Standby sb;
   sb.event = "following";
   sb.epoch = epoch;
   sb.journal = static_cast<int64_t>(journal_seq);
   sb.merges = merges;
   sb.dropped = dropped;
-  sb.detail = "a standby follows from this image on";
+  sb.detail = "a standby follows from this image on; " + std::to_string(waiting.size()) +
+              " waiting pushes received again after it";
   emit(std::move(sb));
 }
 
@@ -293,7 +311,7 @@ void SyncerNode::Impl::refuse_not_leader(const Envelope& env, const MessageHeade
 
 void SyncerNode::Impl::follower_housekeeping() {
   const double t = now();
-  if (!following && t - follow_sent >= std::max(0.25, lease / 2)) send_follow();
+  if (!following && t - follow_sent >= std::max(1.0, 2 * lease)) send_follow();
   if (following && t - lease_sent >= lease / 4) {  // the standby's own liveness for the leader
     repl::Entry a;
     a.kind = repl::EntryKind::kAck;
@@ -333,6 +351,7 @@ void SyncerNode::Impl::take_over(double silent) {
   // Pushes waiting at the old leader: their learners join afresh and count them refused (their progress goes in the
   // next push), so merging them here would count that progress twice.
   core->drop_waiting();
+  held_pushes.clear();
   for (auto& tm : timers) tm = -1;
   route_to_id.clear();
   for (int64_t m = 0; m < M; ++m) {
@@ -364,6 +383,16 @@ void SyncerNode::Impl::take_over(double silent) {
   to.mismatches = replica_mismatches;
   to.learners_told = told;
   to.silent_seconds = silent;
+  {  // name order, as a checkpoint's safetensors lists them: anyone can recompute it from a checkpoint
+    std::map<std::string, at::Tensor> by_name;
+    for (const auto& [n, t] : core->global()) by_name.emplace(n, t);
+    uint64_t h = kFnvOffset;
+    for (const auto& [n, t] : by_name) {
+      const at::Tensor c = t.detach().to(torch::kCPU).to(torch::kFloat).contiguous();
+      h = fnv1a64(c.data_ptr<float>(), static_cast<size_t>(c.numel()) * sizeof(float), h);
+    }
+    to.model_hash = std::to_string(h);
+  }
   emit(std::move(to));
   checkpoint();  // the new leader's state, durable before it merges
 }
@@ -380,7 +409,9 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
   epoch = newer_epoch;
   ++step_downs;
   standby_route.clear();
+  journal_out.clear();
   core->drop_waiting();
+  held_pushes.clear();
   for (auto& tm : timers) tm = -1;
   route_to_id.clear();
   for (int64_t m = 0; m < M; ++m) {
@@ -408,6 +439,7 @@ void SyncerNode::Impl::leader_housekeeping() {
                 std::to_string(lease) + " s); merging goes on without it";
     emit(std::move(sb));
     standby_route.clear();
+    journal_out.clear();
     ++standby_dropped;
     for (int64_t m = 0; m < M; ++m) pump(m);  // broadcasts held for its acknowledgement go now
     return;

@@ -146,7 +146,16 @@ LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64
     c.shard = s;
     syncers_.push_back(c);
     syncer_tails_.emplace_back((shard_dir(s) / "syncer.jsonl").string());
+    if (cfg.syncer.standby) {
+      Child b = c;
+      b.name += "-standby";
+      b.standby = true;
+      standbys_.push_back(b);
+      standby_tails_.emplace_back((standby_dir(s) / "syncer.jsonl").string());
+    }
   }
+  leader_slot_.assign(static_cast<size_t>(S_), 0);
+  if (cfg.syncer.standby) records_.set_pairs();
   for (int64_t n = 0; n < M_; ++n) {
     Child c;
     c.name = "learner-" + std::to_string(n);
@@ -197,18 +206,34 @@ void LocalCluster::prepare() {
     for (int64_t s = 0; s < S_; ++s) {
       bind_addrs_.push_back("tcp://" + testbed_addrs_[0] + ":" + std::to_string(cfg_.testbed.port + s));
       dial_addr_ += (s > 0 ? "," : "") + bind_addrs_.back();
+      if (cfg_.syncer.standby)  // the standby beside it on host 0, on the ports after the shards'
+        standby_addrs_.push_back("tcp://" + testbed_addrs_[0] + ":" + std::to_string(cfg_.testbed.port + S_ + s));
     }
     records_.set_dashboard_host(testbed_addrs_[0]);
   } else {
     std::tie(bind_addrs_, dial_addr_) = choose_endpoints(cfg_.net, dir_, S_);
+    if (cfg_.syncer.standby) {
+      NetOptions pair = cfg_.net;
+      pair.address = cfg_.net.standby.empty() ? NetOptions{}.address : cfg_.net.standby;
+      const std::string dial = choose_endpoints(pair, dir_ / "standby", S_).second;
+      standby_addrs_ = split_endpoints(dial);
+    }
   }
   for (int64_t s = 0; s < S_; ++s) fs::create_directories(shard_dir(s));
+  for (int64_t s = 0; s < S_ && cfg_.syncer.standby; ++s) fs::create_directories(standby_dir(s));
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   base_args_ = {ec ? std::string("deloco") : self.string()};  // argv[0] only; exec always uses /proc/self/exe
   if (!children_.config_path.empty()) base_args_.insert(base_args_.end(), {"--config", children_.config_path});
   for (const auto& s : children_.sets) base_args_.insert(base_args_.end(), {"--set", s});
   add_set(base_args_, "sync.learners=" + std::to_string(M_));
+  if (cfg_.syncer.standby) {
+    // Every process knows both syncers of each pair: the learners dial both, each syncer follows the other.
+    std::string standby;
+    for (const auto& a : standby_addrs_) standby += (standby.empty() ? "" : ",") + a;
+    add_set(base_args_, "net.address=" + dial_addr_);
+    add_set(base_args_, "net.standby=" + standby);
+  }
   if (!cfg_.net.plaintext) make_keys();
 }
 
@@ -225,6 +250,7 @@ json LocalCluster::run(const StopSignals& stop) {
     }
   } heal_at_exit{this};
   for (auto& c : syncers_) start(c);
+  for (auto& c : standbys_) start(c);
   for (auto& c : learners_) start(c);
   std::string fatal;
   while (!stop.requested.load()) {
@@ -279,6 +305,8 @@ void LocalCluster::make_keys() {
     write_keypair((keys / stem).string(), generate_keypair());
     fs::copy_file(keys / (stem + ".pub"), keys / "allow" / (stem + ".pub"));
   }
+  // A standby pair: each syncer dials the other with the syncers' key, allowed under the name "syncer".
+  if (cfg_.syncer.standby) fs::copy_file(keys / "syncer.pub", keys / "allow" / "syncer.pub");
 }
 
 std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
@@ -286,8 +314,10 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
   const fs::path keys = dir_ / "keys";
   if (c.learner < 0) {
     a.insert(a.begin() + 1, "syncer");
-    a.insert(a.end(), {"--bind", bind_addrs_[static_cast<size_t>(c.shard)], "--out", shard_dir(c.shard).string(),
-                       "--summary", (shard_dir(c.shard) / "syncer-summary.json").string()});
+    const fs::path out = c.standby ? standby_dir(c.shard) : shard_dir(c.shard);
+    // A standby pair binds the endpoints net.address and net.standby name (base_args_); a lone syncer its own.
+    if (!cfg_.syncer.standby) a.insert(a.end(), {"--bind", bind_addrs_[static_cast<size_t>(c.shard)]});
+    a.insert(a.end(), {"--out", out.string(), "--summary", (out / "syncer-summary.json").string()});
     if (S_ > 1) a.insert(a.end(), {"--shard", std::to_string(c.shard)});
     add_set(a, "train.threads=1");
     if (!testbed_addrs_.empty() && !cfg_.syncer.metrics.empty()) {  // the dashboard on host 0's address, same port
@@ -298,7 +328,13 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
       add_set(a, "net.secret_key=" + (keys / "syncer.key").string());
       add_set(a, "net.allow=" + (keys / "allow").string());
     }
-    if (c.starts > 0 && has_checkpoint(c.shard)) a.push_back("--resume");
+    if (c.standby) {
+      a.push_back("--standby");  // it follows whichever syncer of the pair leads
+    } else if (cfg_.syncer.standby && c.starts > 0) {
+      a.push_back("--follow");  // restarted: its standby took over when it died; it follows that one now
+    } else if (c.starts > 0 && has_checkpoint(c.shard)) {
+      a.push_back("--resume");
+    }
   } else {
     a.insert(a.begin() + 1, "learner");
     a.insert(a.end(), {"--id", std::to_string(c.learner), "--connect", dial_addr_, "--out", dir_.string()});
@@ -494,12 +530,19 @@ bool LocalCluster::any_learner_finished() const {
 }
 
 bool LocalCluster::finished() const {
-  return std::all_of(syncers_.begin(), syncers_.end(), [](const Child& c) { return c.done; }) && all_learners_done();
+  // A standby pair is finished when either of its syncers ended the run (the other is stopped with everyone).
+  for (int64_t s = 0; s < S_; ++s) {
+    const bool pair_done = syncers_[static_cast<size_t>(s)].done ||
+                           (!standbys_.empty() && standbys_[static_cast<size_t>(s)].done);
+    if (!pair_done) return false;
+  }
+  return all_learners_done();
 }
 
 std::vector<Child*> LocalCluster::all() {
   std::vector<Child*> v;
   for (auto& c : syncers_) v.push_back(&c);
+  for (auto& c : standbys_) v.push_back(&c);
   for (auto& c : learners_) v.push_back(&c);
   return v;
 }
@@ -569,9 +612,13 @@ void LocalCluster::chaos() {
   }
   double at = 0;
   while (chaos_.next_syncer_kill(now, &at)) {
-    // A sharded syncer: the kills go to the shards in turn (shard 0, 1, ..., then 0 again).
-    Child& victim = syncers_[static_cast<size_t>(syncer_kills_ % S_)];
-    const std::string who = S_ == 1 ? "the syncer" : "syncer shard " + std::to_string(victim.shard);
+    // A sharded syncer: the kills go to the shards in turn (shard 0, 1, ..., then 0 again). A standby pair: the
+    // kill goes to the syncer that leads (as far as this process knows), and the other takes over.
+    const size_t s = static_cast<size_t>(syncer_kills_ % S_);
+    const bool pair = !standbys_.empty();
+    Child& victim = pair && leader_slot_[s] == 1 ? standbys_[s] : syncers_[s];
+    const std::string who = (S_ == 1 ? std::string("the syncer") : "syncer shard " + std::to_string(victim.shard)) +
+                            (pair ? std::string(" (the leader: ") + victim.name + ")" : std::string());
     if (any_learner_finished()) {
       note("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (a learner already finished)");
     } else if (victim.pid == 0) {
@@ -580,7 +627,10 @@ void LocalCluster::chaos() {
       ::kill(victim.pid, SIGKILL);
       victim.chaos_killed = true;
       ++syncer_kills_;
-      note("chaos: SIGKILL " + who + " (restart with --resume in " + fixed(cfg_.chaos.restart_delay, 1) + " s)");
+      if (pair) leader_slot_[s] = 1 - leader_slot_[s];
+      note("chaos: SIGKILL " + who +
+           (pair ? " (its standby takes over; it restarts as the standby in " : " (restart with --resume in ") +
+           fixed(cfg_.chaos.restart_delay, 1) + " s)");
     }
   }
 }
@@ -691,6 +741,8 @@ void LocalCluster::note(const std::string& what) {
 void LocalCluster::poll_records() {
   for (size_t k = 0; k < syncer_tails_.size(); ++k)
     syncer_tails_[k].poll([&](const std::string& line) { records_.on_line(line, -1, static_cast<int64_t>(k)); });
+  for (size_t k = 0; k < standby_tails_.size(); ++k)
+    standby_tails_[k].poll([&](const std::string& line) { records_.on_line(line, -1, static_cast<int64_t>(k), true); });
   for (size_t n = 0; n < tailers_.size(); ++n) poll_learner(n);
 }
 
@@ -735,11 +787,14 @@ std::vector<std::string> LocalCluster::status() const {
   in.shards = S_;
   in.shards_up = 0;
   in.syncer_state = ProcessState{true, false, true};
-  for (const Child& c : syncers_) {
-    in.shards_up += c.pid != 0 ? 1 : 0;
-    in.syncer_state.running = in.syncer_state.running && c.pid != 0;
+  for (size_t k = 0; k < syncers_.size(); ++k) {
+    const Child& c = syncers_[k];
+    const Child* b = standbys_.empty() ? nullptr : &standbys_[k];
+    const bool up = c.pid != 0 || (b && b->pid != 0);  // a standby pair: up while either of the two runs
+    in.shards_up += up ? 1 : 0;
+    in.syncer_state.running = in.syncer_state.running && up;
     in.syncer_state.sigstopped = in.syncer_state.sigstopped || c.stopped;
-    in.syncer_state.done = in.syncer_state.done && c.done;
+    in.syncer_state.done = in.syncer_state.done && (c.done || (b && b->done));
   }
   in.learners = records_.learners();
   for (const Child& c : learners_) in.learner_states.push_back(ProcessState{c.pid != 0, c.stopped, c.done});
@@ -751,15 +806,28 @@ std::vector<std::string> LocalCluster::status() const {
 // checkpoints as they were then, so `deloco run` evaluates the assembled final model instead (cmd_run.cpp).
 json LocalCluster::sharded_summary() const {
   std::vector<json> shards;
-  for (int64_t k = 0; k < S_; ++k)
-    shards.push_back(read_syncer_summary((shard_dir(k) / "syncer-summary.json").string()));
+  for (int64_t k = 0; k < S_; ++k) shards.push_back(shard_summary(k));
   return combine_shard_summaries(shards);
+}
+
+// Shard k's syncer summary; a standby pair's: that of the syncer that led at the end (the newer epoch).
+json LocalCluster::shard_summary(int64_t k) const {
+  json primary = read_syncer_summary((shard_dir(k) / "syncer-summary.json").string());
+  if (standbys_.empty()) return primary;
+  const fs::path other = standby_dir(k) / "syncer-summary.json";
+  if (!fs::exists(other)) return primary;
+  json standby = read_syncer_summary(other.string());
+  const auto led = [](const json& s) {
+    const json p = s.value("pair", json::object());
+    return std::make_pair(p.value("role", "") == "leader", p.value("epoch", int64_t{0}));
+  };
+  return led(standby) > led(primary) ? standby : primary;
 }
 
 // The syncer's summary (kept whole, as it wrote it) with the run's own fields.
 json LocalCluster::make_summary() {
   rec::RunSummary s;
-  s.extra = S_ == 1 ? read_syncer_summary((dir_ / "syncer-summary.json").string()) : sharded_summary();
+  s.extra = S_ == 1 ? shard_summary(0) : sharded_summary();
   s.wall_seconds = elapsed();
   json& x = s.extra;
   x["learners"] = M_;

@@ -132,6 +132,7 @@ class LocalCluster {
   std::vector<std::string> status() const;
   nlohmann::json make_summary();
   nlohmann::json sharded_summary() const;
+  nlohmann::json shard_summary(int64_t k) const;
 
   static constexpr double kSyncerGrace = 120.0;        // seconds the syncer may take after the last learner
   static constexpr double kStopWait = 20.0;            // seconds children get to exit after SIGINT/SIGTERM
@@ -155,6 +156,13 @@ class LocalCluster {
   std::string dial_addr_;                // every shard's endpoint, comma-separated
   std::vector<std::string> base_args_;
   std::vector<Child> syncers_;  // one per shard
+  // syncer.standby: the second syncer of each shard's pair (its run folder shard_dir(s)/standby), the pair's
+  // endpoints, and which of the two leads each shard as far as `deloco run` knows (0: syncers_[s], 1: standbys_[s];
+  // chaos kills the leader, and the other takes over).
+  std::vector<Child> standbys_;
+  std::vector<std::string> standby_addrs_;
+  std::vector<int> leader_slot_;
+  std::filesystem::path standby_dir(int64_t s) const { return shard_dir(s) / "standby"; }
   std::vector<Child> learners_;
   std::vector<std::vector<Child>> followers_;  // per learner: ranks 1..R-1 of its group (empty when R = 1)
   std::vector<int> group_port_;                // per learner: the group store port of its current incarnation
@@ -165,6 +173,7 @@ class LocalCluster {
   LiveView view_;
   RunRecords records_;
   std::vector<rec::RecordTailer> syncer_tails_;  // per shard
+  std::vector<rec::RecordTailer> standby_tails_;  // per shard (syncer.standby)
   std::vector<rec::RecordTailer> tailers_;
   // Per learner, about its current incarnation: its last learner_done record said "finished" (-1: none yet, 0: it
   // said false, 1: it did), and the learner's joins before it started.

@@ -57,11 +57,19 @@ SyncerView RunRecords::syncer() const {
   return v;
 }
 
-void RunRecords::on_line(const std::string& line, int64_t learner, int64_t shard) {
+void RunRecords::set_pairs() {
+  for (auto& s : shards_) {
+    s.leader = "primary";
+    s.epoch = 1;
+  }
+}
+
+void RunRecords::on_line(const std::string& line, int64_t learner, int64_t shard, bool standby) {
   json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("kind") || !j["kind"].is_string()) return;
   try {
-    if (learner < 0) on_syncer_record(j, std::clamp<int64_t>(shard, 0, static_cast<int64_t>(shards_.size()) - 1));
+    if (learner < 0)
+      on_syncer_record(j, std::clamp<int64_t>(shard, 0, static_cast<int64_t>(shards_.size()) - 1), standby);
     else on_learner_record(j, learner);
   } catch (const json::exception&) {
     // A record with an unexpected field type: the live view ignores it.
@@ -89,9 +97,27 @@ bool has(const json& j, const char* key) {
 
 }  // namespace
 
-void RunRecords::on_syncer_record(const json& j, int64_t shard) {
+void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
   SyncerView& s = shards_[static_cast<size_t>(shard)];
-  const std::string who = shards_.size() > 1 ? "syncer shard " + std::to_string(shard) : "syncer";
+  const std::string who = (shards_.size() > 1 ? "syncer shard " + std::to_string(shard) : std::string("syncer")) +
+                          (standby ? " (standby)" : s.leader.empty() ? "" : " (primary)");
+  if (auto to = read<rec::TakeOver>(j, {"epoch", "silent_seconds", "rounds_checked", "mismatches", "merges"})) {
+    s.leader = standby ? "standby" : "primary";
+    s.epoch = to->epoch;
+    event_(who + " took over (epoch " + std::to_string(to->epoch) + ") after " + fixed(to->silent_seconds, 2) +
+           " s without the leader, at " + std::to_string(to->merges) + " merges; " + std::to_string(to->rounds_checked) +
+           " rounds checked, " + std::to_string(to->mismatches) + " differed");
+    return;
+  }
+  if (auto fm = read<rec::FailoverMerge>(j, {"seconds_after_takeover"})) {
+    event_(who + ": first merge " + fixed(fm->seconds_after_takeover, 2) + " s after the takeover");
+    return;
+  }
+  if (auto sd = read<rec::StepDown>(j, {"epoch", "newer_epoch"})) {
+    event_(who + " stepped down: a leader of epoch " + std::to_string(sd->newer_epoch) + " exists; it follows it");
+    return;
+  }
+  if (standby && read<rec::Started>(j, {})) return;  // a standby's start is no syncer (re)start
   if (auto st = read<rec::Started>(j, {"resumed", "merges", "metrics_port", "metrics_warning"})) {
     ++s.starts;
     if (st->resumed) event_(who + " resumed at " + std::to_string(st->merges) + " merges");

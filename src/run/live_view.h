@@ -44,6 +44,9 @@ struct SyncerView {
   int64_t rejected = 0;
   int starts = 0;
   bool blocked = false;  // its latest status: every connected learner stopped advancing (learners_blocked)
+  // A standby pair (syncer.standby): which of the two leads ("" : no pair; "primary" or "standby") and its epoch.
+  std::string leader;
+  int64_t epoch = 0;
 };
 
 // The state of the run as its records tell it. `event` receives one line per notable record (a resumed syncer,
@@ -56,8 +59,12 @@ struct SyncerView {
 class RunRecords {
  public:
   RunRecords(int64_t learners, RejoinLog* rejoins, std::function<void(const std::string&)> event, int64_t shards = 1);
-  // One line of syncer.jsonl of shard `shard` (learner < 0) or of learner-N.jsonl (learner = N).
-  void on_line(const std::string& line, int64_t learner, int64_t shard = 0);
+  // One line of syncer.jsonl of shard `shard` (learner < 0) or of learner-N.jsonl (learner = N). A standby pair:
+  // `standby` says the line is from the shard's second syncer (its records go to the same shard's view: only the
+  // syncer that leads writes merges and status).
+  void on_line(const std::string& line, int64_t learner, int64_t shard = 0, bool standby = false);
+  // A standby pair: the shards' views start with the primary leading at epoch 1.
+  void set_pairs();
   SyncerView syncer() const;
   // Where the dashboard URL points (default 127.0.0.1; a testbed's host 0).
   void set_dashboard_host(std::string host) { dashboard_host_ = std::move(host); }
@@ -66,7 +73,7 @@ class RunRecords {
  private:
   int64_t dashboard_port_ = 0;  // the dashboard URL already announced
   std::string dashboard_host_ = "127.0.0.1";
-  void on_syncer_record(const nlohmann::json& j, int64_t shard);
+  void on_syncer_record(const nlohmann::json& j, int64_t shard, bool standby);
   void on_learner_record(const nlohmann::json& j, int64_t n);
 
   RejoinLog* rejoins_;

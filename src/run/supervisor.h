@@ -27,6 +27,7 @@ struct Child {
   std::string name;             // "syncer" | "syncer.shard-S" | "learner-N" | "learner-N.rank-R"
   int64_t learner = -1;         // -1: the syncer
   int64_t shard = 0;            // the syncer's shard (syncer.shards > 1)
+  bool standby = false;         // the second syncer of its shard's standby pair (syncer.standby)
   int64_t rank = 0;             // rank in the learner's group (learner.ranks > 1); ranks > 0 follow rank 0's Child
   pid_t pid = 0;                // 0 while not running
   bool stopped = false;         // SIGSTOPped by chaos
