@@ -109,6 +109,9 @@ def analyse(run):
     if first_merge_s:
         print(f"kill → first merge of the new leader ({len(first_merge_s)}): median {statistics.median(first_merge_s):.3f} s, "
               f"max {max(first_merge_s):.3f} s, under 2 s: {sum(1 for x in first_merge_s if x < 2)}/{len(first_merge_s)}")
+    if not kills:
+        print("no syncer kill in events.jsonl")
+        ok = False
     if len(first_merge_s) < len(kills):
         ok = False
     print("RESULT:", "PASS" if ok else "FAIL")
@@ -134,7 +137,8 @@ def main():
             "syncer.standby=true", "syncer.lease=1", f"syncer.shards={a.shards}", "chaos.enabled=true",
             "chaos.restart_delay=1", "chaos.syncer_kill_at=" + ",".join(f"{x:g}" for x in kill_at),
             "data.path=" + os.path.join(ROOT, "data", "sotu")]
-    cmd = [a.binary, "run", "--config", os.path.join(ROOT, "configs", "tiny.toml"), "--out", out]
+    sets.append("syncer.out_dir=" + out)
+    cmd = [a.binary, "run", "--config", os.path.join(ROOT, "configs", "tiny.toml")]
     for s in sets:
         cmd += ["--set", s]
     print("failover:", " ".join(cmd), flush=True)

@@ -53,6 +53,10 @@ SyncerView RunRecords::syncer() const {
     v.starts += s.starts;
     if (std::isfinite(s.uptime)) v.uptime = std::isfinite(v.uptime) ? std::min(v.uptime, s.uptime) : s.uptime;
     v.blocked = v.blocked || s.blocked;
+    if (!s.leader.empty()) {  // a standby pair per shard: which syncer leads each, in shard order
+      v.leader += (v.leader.empty() ? "" : "/") + s.leader;
+      v.epoch = std::max(v.epoch, s.epoch);
+    }
   }
   return v;
 }
@@ -237,6 +241,7 @@ std::vector<std::string> status_lines(const StatusInput& in) {
   else
     h << (sp.done ? "done" : !sp.running ? (in.stopping ? "stopped" : "DOWN") : s.blocked ? "up, LEARNERS BLOCKED" : "up")
       << (in.shards > 1 ? " (" + std::to_string(in.shards) + " shards)" : "");
+  if (!s.leader.empty()) h << " (" << s.leader << " leads, epoch " << s.epoch << ")";
   h << " | merges " << s.merges;
   if (s.quorum >= 0) h << " (last quorum " << s.quorum << ")";
   h << " | val " << fixed(s.val_loss, 4) << " nats, " << fixed(s.val_bpb, 3) << " bpb | uptime "

@@ -244,5 +244,35 @@ TEST(LiveView, BlockedLearnersRefusedKeysAndUnfinishedEndsAreShown) {
   EXPECT_NE(all.find("WARNING: the metrics server listens on every interface (0.0.0.0:9464)"), std::string::npos) << all;
 }
 
+// A standby pair (syncer.standby): the view follows who leads from the takeover records of either syncer, and says
+// so in the status line and in events.
+TEST(LiveView, AStandbyPairShowsWhichSyncerLeads) {
+  std::vector<std::string> events;
+  RejoinLog rejoins(2);
+  RunRecords r(2, &rejoins, [&](const std::string& e) { events.push_back(e); });
+  r.set_pairs();
+  EXPECT_EQ(r.syncer().leader, "primary");
+  r.on_line(R"({"kind":"merge","merges":7,"quorum":2,"t":1})", -1);
+  r.on_line(R"({"kind":"started","resumed":false,"t":1})", -1, 0, true);  // the standby's start is no restart
+  EXPECT_EQ(r.syncer().starts, 0);
+  r.on_line(R"({"kind":"takeover","epoch":2,"merges":7,"silent_seconds":1.004,"rounds_checked":12,"mismatches":0,"t":2})",
+            -1, 0, true);
+  r.on_line(R"({"kind":"failover_merge","epoch":2,"seconds_after_takeover":0.05,"t":2.1})", -1, 0, true);
+  r.on_line(R"({"kind":"merge","merges":8,"quorum":2,"t":2.1})", -1, 0, true);
+  EXPECT_EQ(r.syncer().leader, "standby");
+  EXPECT_EQ(r.syncer().epoch, 2);
+  EXPECT_EQ(r.syncer().merges, 8);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_NE(events[events.size() - 2].find("syncer (standby) took over (epoch 2) after 1.00 s"), std::string::npos)
+      << events[events.size() - 2];
+  EXPECT_NE(events.back().find("first merge 0.05 s after the takeover"), std::string::npos) << events.back();
+  r.on_line(R"({"kind":"step_down","epoch":2,"newer_epoch":3,"merges":9,"t":3})", -1, 0, true);
+  EXPECT_NE(events.back().find("stepped down: a leader of epoch 3 exists"), std::string::npos) << events.back();
+  StatusInput in;
+  in.syncer = r.syncer();
+  in.syncer_state = ProcessState{true, false, false};
+  EXPECT_NE(status_lines(in)[0].find("syncer up (standby leads, epoch 2)"), std::string::npos) << status_lines(in)[0];
+}
+
 }  // namespace
 }  // namespace deloco::run
