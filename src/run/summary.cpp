@@ -144,13 +144,13 @@ nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards
     json brief = json::object();
     for (const char* f : {"shard", "fragments", "outer_steps", "contributions_merged", "uptime", "bytes_sent",
                           "bytes_received", "resumed", "checkpoint", "wall_seconds", "peak_rss_bytes", "parameters",
-                          "upload_seconds", "broadcast_seconds"})
+                          "upload_seconds", "broadcast_seconds", "pair"})
       if (has(one, f)) brief[f] = one[f];
     per.push_back(brief);
   }
   if (has(s, "resumed") || resumed) s["resumed"] = resumed;
   for (const char* f :
-       {"shard", "fragments", "checkpoint", "final_val_loss", "val_bpb", "peak_rss_bytes", "parameters"})
+       {"shard", "fragments", "checkpoint", "final_val_loss", "val_bpb", "peak_rss_bytes", "parameters", "pair"})
     s.erase(f);
   s["shards"] = per;
   if (missing) s["syncer_summary_missing"] = true;
