@@ -257,6 +257,12 @@ uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t mod
 // a few heartbeats, and a push plus its heartbeat per fragment in flight; a full queue only slows that learner's
 // sending down, TCP back-pressure, it loses nothing).
 TransportOptions node_transport_options(const RuntimeConfig& cfg, Workload& model, NodeRole role);
+// A learner's connections over ZeroMQ with `options`: one per syncer shard (net.address, in shard order) and, with
+// net.standby, one per shard to the other syncer of that shard's pair (for LearnerNode::standbys; empty without).
+struct LearnerLinks {
+  std::vector<std::unique_ptr<ClientTransport>> syncers, standbys;
+};
+LearnerLinks dial_learner_links(const RuntimeConfig& cfg, const TransportOptions& options);
 // A standby syncer's connection to its leader: a learner's options with frames up to an image (Θ and up to three
 // outer-state tensors per parameter, in fp32) plus 1 MiB.
 TransportOptions standby_transport_options(const RuntimeConfig& cfg, Workload& model);

@@ -215,17 +215,12 @@ void run_learner(const NodeArgs& a) {
     }
   }
   // One connection per syncer shard (one when unsharded).
-  const std::vector<std::string> endpoints = shard_endpoints(cfg.net.address, cfg.syncer.shards);
   const TransportOptions topts = node_transport_options(cfg, *replica, NodeRole::kLearner);
-  std::vector<std::unique_ptr<ClientTransport>> links;
-  for (const auto& e : endpoints) links.push_back(make_zmq_client(e, topts));
-  LearnerNode node(cfg, id, std::move(links), std::move(replica), [&](const nlohmann::json& j) { log.write_json(j); });
+  LearnerLinks links = dial_learner_links(cfg, topts);
+  LearnerNode node(cfg, id, std::move(links.syncers), std::move(replica),
+                   [&](const nlohmann::json& j) { log.write_json(j); });
   if (group) node.lead_group(group);
-  if (!cfg.net.standby.empty()) {  // a standby pair per shard: dial both, follow whichever leads
-    std::vector<std::unique_ptr<ClientTransport>> alts;
-    for (const auto& e : shard_endpoints(cfg.net.standby, cfg.syncer.shards)) alts.push_back(make_zmq_client(e, topts));
-    node.standbys(std::move(alts));
-  }
+  if (!links.standbys.empty()) node.standbys(std::move(links.standbys));  // a pair per shard: follow whichever leads
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
             << (blas_description().empty() ? "" : ", " + blas_description())

@@ -138,11 +138,11 @@ EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
 
   auto model = std::make_unique<CallerTrainedModel>(std::move(params));
   const TransportOptions topts = node_transport_options(cfg, *model, NodeRole::kLearner);
-  std::vector<std::unique_ptr<ClientTransport>> links;
-  for (const auto& e : shard_endpoints(cfg.net.address, cfg.syncer.shards)) links.push_back(make_zmq_client(e, topts));
+  LearnerLinks links = dial_learner_links(cfg, topts);
   rec::RecordWriter* sink = records_.get();
-  node_ = std::make_unique<LearnerNode>(cfg, id_, std::move(links), std::move(model),
+  node_ = std::make_unique<LearnerNode>(cfg, id_, std::move(links.syncers), std::move(model),
                                         [sink](const nlohmann::json& j) { sink->write_json(j); });
+  if (!links.standbys.empty()) node_->standbys(std::move(links.standbys));  // a standby syncer pair per shard
   start_step_ = node_->start(stop_);
   done_ = !node_->next(stop_);  // the first boundary: a state installed at the join is applied before step 0
   last_ = seconds_now();

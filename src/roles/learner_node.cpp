@@ -327,17 +327,10 @@ struct LearnerNode::Impl {
     }
     // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
     if (!is_joined && t - c.last_hello >= hello_interval(c)) say_hello(L, b, t);
+    // The same hello as to the active link: if the other syncer leads (this learner started, or restarted, while its
+    // active link pointed at the standby), its welcome — with the state download this learner needs — moves the link.
     if (L.alt && t - L.alt_hello >= std::max(1.0, 2 * cfg.net.heartbeat)) {
-      proto::Hello h;
-      h.learner = id;
-      h.instance = instance;
-      h.step = b.step;
-      h.want_state = false;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        h.epoch = L.epoch;
-      }
-      send_on(*L.alt, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)));
+      send_on(*L.alt, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(make_hello(L, b))));
       L.alt_hello = t;
     }
     // A download in progress is the syncer talking (its chunks may each take seconds on a slow link): the join's
@@ -362,17 +355,19 @@ struct LearnerNode::Impl {
     }
   }
 
-  void say_hello(Link& L, const proto::Beat& b, double t) {
+  proto::Hello make_hello(Link& L, const proto::Beat& b) {
     proto::Hello h;
     h.learner = id;
     h.instance = instance;
     h.step = b.step;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      h.want_state = !L.have_state;
-      if (h.want_state && L.initial.defined()) h.state_hash = L.initial_hash;
-      h.epoch = L.epoch;
-    }
+    std::lock_guard<std::mutex> lock(mu);
+    h.want_state = !L.have_state;
+    if (h.want_state && L.initial.defined()) h.state_hash = L.initial_hash;
+    h.epoch = L.epoch;
+    return h;
+  }
+  void say_hello(Link& L, const proto::Beat& b, double t) {
+    const proto::Hello h = make_hello(L, b);
     if (send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)))) ++L.c.hellos_unanswered;
     L.c.last_hello = L.c.hello_sent_at = t;
   }

@@ -56,6 +56,16 @@ TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& m
 
 namespace deloco {
 
+LearnerLinks dial_learner_links(const RuntimeConfig& cfg, const TransportOptions& options) {
+  LearnerLinks links;
+  for (const auto& e : shard_endpoints(cfg.net.address, cfg.syncer.shards))
+    links.syncers.push_back(make_zmq_client(e, options));
+  if (!cfg.net.standby.empty())
+    for (const auto& e : shard_endpoints(cfg.net.standby, cfg.syncer.shards))
+      links.standbys.push_back(make_zmq_client(e, options));
+  return links;
+}
+
 TransportOptions standby_transport_options(const RuntimeConfig& cfg, Workload& model) {
   TransportOptions t = node_transport_options(cfg, model, NodeRole::kLearner);
   int64_t elements = 0;

@@ -440,7 +440,8 @@ void LocalCluster::start(Child& c) {
   c.restart_at = -1;
   c.cont_at = -1;
   if (c.starts > 0 && c.rank == 0)
-    note((c.learner < 0 ? std::string(S_ == 1 ? "restarted " + c.name : "restarted syncer shard " + std::to_string(c.shard) +
+    note((c.learner < 0 ? std::string(S_ == 1 ? (c.standby ? "restarted " + c.name : std::string("restarted the syncer"))
+                                           : "restarted syncer shard " + std::to_string(c.shard) +
                                                                                (c.standby ? " (its standby)" : ""))
                                : "restarted " + c.name) +
                 (c.learner < 0 && argv.back() == "--resume" ? " with --resume" : "") +

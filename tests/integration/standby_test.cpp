@@ -1,7 +1,8 @@
 // A standby syncer pair with real processes (issue 34, docs/reliability.md): the leader is SIGKILLed and its
 // standby takes over holding every merge the learners saw, bit for bit; the killed leader, restarted as a leader
 // from its checkpoint by mistake, is fenced by the learners' newer epoch and follows; then the new leader is killed
-// and the old one takes over in turn. Merge versions never repeat nor skip across the three terms.
+// and the old one takes over in turn. A learner restarted while its first endpoint only follows finds the leader
+// through the other. Merge versions never repeat nor skip across the three terms.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -93,7 +94,7 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
   auto a = std::make_unique<Proc>(args({"syncer", "--out", A.string()}), (dir / "a.log").string());
   auto b = std::make_unique<Proc>(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
   Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
-  Proc l1(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
+  auto l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
   const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
 
   // ---- term 1: a leads, b follows; a is killed ----
@@ -136,6 +137,29 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
   EXPECT_EQ(downs[0]["epoch"], 1);
   EXPECT_EQ(downs[0]["newer_epoch"], 2);
 
+  // ---- a learner restarted now dials a first (its net.address), which only follows: b, the leader, answers the
+  // hello the learner sends the other syncer of the pair, with the state it needs, and the learner moves there ----
+  const fs::path l1_file = dir / "learner-1.jsonl";
+  const size_t l1_lines = lines(l1_file).size();
+  l1->kill9();
+  l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1b.log").string());
+  ASSERT_TRUE(wait_for(
+      [&] {
+        const auto l = lines(l1_file);
+        return !of_kind(std::vector<json>(l.begin() + static_cast<long>(std::min(l1_lines, l.size())), l.end()), "joined").empty();
+      },
+      60))
+      << l1->log();
+  {
+    const auto l = lines(l1_file);
+    const std::vector<json> second(l.begin() + static_cast<long>(l1_lines), l.end());
+    const auto moves = of_kind(second, "syncer_failover");
+    ASSERT_EQ(moves.size(), 1u) << l1->log();
+    EXPECT_EQ(moves[0]["epoch"], 2);
+    const json joined = of_kind(second, "joined").at(0);
+    EXPECT_GT(joined.value("download_bytes", int64_t{0}), 0) << joined.dump();  // b's state, not its own initial one
+  }
+
   // ---- term 2: b leads, a follows; b is killed and a takes over ----
   const size_t b_merges = of_kind(recs(B), "merge").size();
   ASSERT_TRUE(wait_for([&] { return of_kind(recs(B), "merge").size() >= b_merges + 3; }, 60)) << b->log();
@@ -152,7 +176,7 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
 
   // ---- the run ends under term 3 ----
   EXPECT_EQ(l0.wait(240), 0) << l0.log();
-  EXPECT_EQ(l1.wait(60), 0) << l1.log();
+  EXPECT_EQ(l1->wait(60), 0) << l1->log();
   EXPECT_EQ(a->wait(60), 0) << a->log();
 
   // Every merge of a fragment has the next version: none lost, none applied twice, across the three terms (a's
@@ -182,12 +206,12 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
     version[f] = v;
   }
   EXPECT_GE(merges.size(), 10u);
-  // Both learners followed both takeovers and finished their steps.
+  // Both learners followed both takeovers (learner 1's second process: b on its start, then a) and finished.
   for (int n = 0; n < 2; ++n) {
     const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
-    EXPECT_EQ(of_kind(l, "syncer_failover").size(), 2u) << "learner " << n;
+    EXPECT_EQ(of_kind(l, "syncer_failover").size(), n == 0 ? 2u : 3u) << "learner " << n;
     const auto done = of_kind(l, "learner_done");
-    ASSERT_EQ(done.size(), 1u);
+    ASSERT_EQ(done.size(), 1u);  // learner 1's first process was SIGKILLed: no goodbye
     EXPECT_EQ(done[0].value("finished", false), true) << done[0].dump();
   }
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
