@@ -156,6 +156,15 @@ Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time
       x.text = "syncer" + (st->shard && st->shards > 1 ? " shard " + std::to_string(*st->shard) : std::string()) +
                " resumed";
     }
+  } else if (auto to = rec::from_json<rec::TakeOver>(j)) {
+    // A standby pair (docs/reliability.md): which syncer leads from here on.
+    x.kind = Kind::kEvent;
+    x.text = "standby syncer took over: epoch " + std::to_string(to->epoch) + " (" +
+             std::to_string(to->rounds_checked) + " rounds checked, " + std::to_string(to->mismatches) + " differed)";
+  } else if (auto sd = rec::from_json<rec::StepDown>(j)) {
+    x.kind = Kind::kEvent;
+    x.text = "a syncer of epoch " + std::to_string(sd->epoch) + " stepped down (fenced by epoch " +
+             std::to_string(sd->newer_epoch) + ")";
   } else if (rec::from_json<rec::SyncerPause>(j) || rec::from_json<rec::SyncerResume>(j)) {
     x.kind = Kind::kEvent;
     x.text = kind == rec::SyncerPause::kKind ? "syncer down" : "syncer back";
@@ -375,7 +384,11 @@ ReportRun ReportRunReader::load() {
   std::sort(listing.begin(), listing.end());
   for (const auto& p : listing) {
     const std::string f = p.filename().string();
-    if (f.rfind("shard-", 0) == 0 && fs::is_directory(p)) sources.emplace_back(p / "syncer.jsonl", -1);
+    if (f.rfind("shard-", 0) == 0 && fs::is_directory(p)) {
+      sources.emplace_back(p / "syncer.jsonl", -1);
+      sources.emplace_back(p / "standby" / "syncer.jsonl", -1);  // its standby syncer (syncer.standby)
+    }
+    if (f == "standby" && fs::is_directory(p)) sources.emplace_back(p / "syncer.jsonl", -1);
     if (f.rfind("learner-", 0) == 0 && p.extension() == ".jsonl") {
       const std::string id = f.substr(8, f.size() - 8 - 6);
       char* end = nullptr;

@@ -12,6 +12,8 @@
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "util/fs.h"
@@ -70,6 +72,28 @@ TEST_F(ReportReader, AGrowingFolderReadsAsAWholeReadAtEveryStep) {
   append("learner-1.jsonl", "\n");
   append("summary.json", R"({"command":"run","final_val_loss":4.8,"uptime":0.9})");
   expect_same(reader, "finished");
+}
+
+// A standby pair (syncer.standby): the standby's records (RUN/standby, RUN/shard-s/standby) are the run's too — its
+// merges after a takeover, and the takeover itself as an event, so the report and the dashboard say who leads.
+TEST_F(ReportReader, AStandbySyncersRecordsAreTheRunsToo) {
+  append("syncer.jsonl", R"({"kind":"merge","t":1.0,"learners":[0,1],"quorum":2})" "\n");
+  fs::create_directories(dir_ / "standby");
+  fs::create_directories(dir_ / "shard-1" / "standby");
+  append("standby/syncer.jsonl",
+         R"({"kind":"takeover","t":3.0,"epoch":2,"merges":1,"rounds_checked":4,"mismatches":0,"silent_seconds":1.0})" "\n"
+         R"({"kind":"merge","t":3.1,"learners":[0,1],"quorum":2})" "\n");
+  append("shard-1/standby/syncer.jsonl", R"({"kind":"merge","t":3.2,"learners":[1],"quorum":1})" "\n"
+                                         R"({"kind":"step_down","t":3.3,"epoch":1,"newer_epoch":2,"merges":0})" "\n");
+  const ReportRun r = load_report_run(dir_.string());
+  EXPECT_EQ(r.merges.size(), 3u);
+  std::vector<std::string> texts;
+  for (const auto& [t, text] : r.events) texts.push_back(text);
+  EXPECT_NE(std::find(texts.begin(), texts.end(), "standby syncer took over: epoch 2 (4 rounds checked, 0 differed)"),
+            texts.end())
+      << nlohmann::json(texts).dump();
+  EXPECT_NE(std::find(texts.begin(), texts.end(), "a syncer of epoch 1 stepped down (fenced by epoch 2)"), texts.end())
+      << nlohmann::json(texts).dump();
 }
 
 TEST_F(ReportReader, AFileThatShrankIsReadAgainFromItsStart) {
