@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Chaos soak: a `deloco run` attacked from outside, then checked for what must never happen.
 #
-#   bench/chaos_soak.sh [--kills N] [--interval S] [--stops N] [--out DIR] [--binary PATH] [-- --set key=value ...]
+#   bench/chaos_soak.sh [--kills N] [--interval S] [--stops N] [--out DIR] [--binary PATH] [--pairs]
+#                       [-- --set key=value ...]
+#
+# --pairs: the cluster of issue 34 instead — configs/tiny.toml, 2 learners of 2 ranks each (learner groups), a syncer
+# of 2 shards, each a standby pair (syncer.standby); the victims are every process: learners, their other ranks,
+# both shards' leaders and standbys. A syncer of a shard is killed at most once per 15 s (its pair must have
+# followed again: a double failure of a pair is not promised). The checks then include the pair invariants (every
+# fragment's merges in sequence over every term, no version applied twice by a learner, no replica mismatch).
 #
 # Starts `deloco run` (configs/demo.toml, its own chaos off, two learners) and, from outside it, SIGKILLs a random
 # process of the cluster (the syncer included: at least every third victim is the syncer) about every S seconds
@@ -22,7 +29,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-kills=50 interval=10 stops="" out="" bin=build/deloco
+kills=50 interval=10 stops="" out="" bin=build/deloco pairs=0
 extra=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +38,7 @@ while [ $# -gt 0 ]; do
     --stops) stops=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --binary) bin=$2; shift 2 ;;
+    --pairs) pairs=1; shift ;;
     --) shift; extra=("$@"); break ;;
     *) sed -n 2,20p "$0" >&2; exit 2 ;;
   esac
@@ -45,7 +53,16 @@ out=${out:-runs/soak-$(date +%Y%m%d-%H%M%S)}
 steps=$(awk -v k="$kills" -v s="$interval" -v n="$stops" \
   'BEGIN { g = s > 10 ? s : 10; printf "%d", (k * g * 1.1 + n * 6 + 60) / 0.2 + 300 }')
 export OMP_WAIT_POLICY=PASSIVE
-"$bin" run --config configs/demo.toml --set syncer.out_dir="$out" --set chaos.enabled=false --set sync.learners=2 \
+config=configs/demo.toml full=3
+if [ "$pairs" = 1 ]; then
+  # The tiny model steps ~10x faster than the demo's; the learners are slowed to keep the run as long as the attack.
+  config=configs/tiny.toml full=8
+  extra=(--set syncer.shards=2 --set syncer.standby=true --set learner.ranks=2 --set sync.fragments=4
+         --set sync.sync_every=20 --set sync.wait_for_answer=false --set sync.quorum=1 --set learner.slowdown=4
+         --set train.eval_tokens=4096 "${extra[@]}")
+  steps=$((steps * 4))
+fi
+"$bin" run --config "$config" --set syncer.out_dir="$out" --set chaos.enabled=false --set sync.learners=2 \
   --set train.steps="$steps" --set syncer.eval_interval=15 "${extra[@]}" >"$out.console.log" 2>&1 &
 run_pid=$!
 echo "soak: deloco run pid $run_pid, folder $out, $kills kills every ~${interval}s, $stops stops, $steps steps per learner"
@@ -56,8 +73,16 @@ victims() { # prints "pid name" lines
     local cmd
     cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
     case "$cmd" in
-      *" syncer "*) echo "$p syncer" ;;
-      *" learner "*) echo "$p learner-$(sed -n 's/.*--id \([0-9]*\).*/\1/p' <<<"$cmd")" ;;
+      *" syncer "*)
+        local shard slot=""
+        shard=$(sed -n 's/.*--shard \([0-9]*\).*/\1/p' <<<"$cmd")
+        case "$cmd" in *" --standby"*) slot="-standby" ;; esac
+        echo "$p syncer${shard:+-s$shard}$slot" ;;
+      *" learner "*)
+        local rank
+        rank=$(sed -n 's/.*--rank \([0-9]*\).*/\1/p' <<<"$cmd")
+        [ "${rank:-0}" = 0 ] && rank="" || rank=".rank-$rank"
+        echo "$p learner-$(sed -n 's/.*--id \([0-9]*\).*/\1/p' <<<"$cmd")$rank" ;;
     esac
   done
 }
@@ -69,8 +94,17 @@ can_kill() { # name now: at most 4 kills of one process within 120 s, and 2 with
     if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 120) }'; then n=$((n + 1)); fi
     if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 15) }'; then recent=$((recent + 1)); fi
   done
-  [ "$n" -lt 4 ] && [ "$recent" -lt 2 ]
+  [ "$n" -lt 4 ] && [ "$recent" -lt 2 ] || return 1
+  # A standby pair: one syncer of a shard per 15 s, so the killed one has come back and followed again.
+  if [ "$pairs" = 1 ] && [[ "$1" == syncer* ]]; then
+    local shard=${1#syncer-s}; shard=${shard%%-*}
+    for t in ${shard_kills[$shard]:-}; do
+      if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 15) }'; then return 1; fi
+    done
+  fi
+  return 0
 }
+declare -A shard_kills
 
 log="$out.soak.log"
 : >"$log"
@@ -79,16 +113,20 @@ sleep 20  # let the cluster start and merge a little first
 while [ "$done_kills" -lt "$kills" ] && kill -0 "$run_pid" 2>/dev/null; do
   now=$(awk -v s="$start" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }')
   mapfile -t procs < <(victims)
-  if [ "${#procs[@]}" -lt 3 ]; then sleep 0.5; continue; fi  # someone is restarting: wait for the full cluster
+  if [ "${#procs[@]}" -lt "$full" ]; then sleep 0.5; continue; fi  # someone is restarting: wait for the full cluster
   # Every third kill goes to the syncer; otherwise a random member.
-  if [ $((done_kills % 3)) -eq 0 ]; then pick=$(printf '%s\n' "${procs[@]}" | grep ' syncer$' | head -1)
+  if [ $((done_kills % 3)) -eq 0 ]; then pick=$(printf '%s\n' "${procs[@]}" | grep ' syncer' | shuf -n 1)
   else pick=${procs[$((RANDOM % ${#procs[@]}))]}; fi
   [ -n "$pick" ] || { sleep 0.5; continue; }
   pid=${pick%% *} name=${pick#* }
   if ! can_kill "$name" "$now"; then sleep 1; continue; fi
   kill -KILL "$pid" 2>/dev/null && {
     done_kills=$((done_kills + 1)); history[$name]="${history[$name]:-} $now"
-    [ "$name" = syncer ] && syncer_kills=$((syncer_kills + 1))
+    if [[ "$name" == syncer* ]]; then
+      syncer_kills=$((syncer_kills + 1))
+      sh=${name#syncer-s}; sh=${sh%%-*}; [ "$sh" = syncer ] && sh=0
+      shard_kills[$sh]="${shard_kills[$sh]:-} $now"
+    fi
     echo "$now SIGKILL $name $pid" >>"$log"
   }
   # Sometimes a stop as well, of another process, for 1-6 s.
@@ -112,5 +150,7 @@ set +e
 wait "$run_pid"
 rc=$?
 set -e
+check_args=()
+[ "$pairs" = 1 ] && check_args=(--pairs)
 /usr/bin/python3 bench/chaos_soak_check.py "$out" --exit-code "$rc" --kills "$done_kills" --syncer-kills "$syncer_kills" \
-  --stops "$done_stops"
+  --stops "$done_stops" "${check_args[@]}"

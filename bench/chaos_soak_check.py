@@ -29,8 +29,11 @@ def main():
     ap.add_argument("--kills", type=int, default=0)
     ap.add_argument("--syncer-kills", type=int, default=0)
     ap.add_argument("--stops", type=int, default=0)
+    ap.add_argument("--pairs", action="store_true", help="a sharded syncer of standby pairs (chaos_soak.sh --pairs)")
     a = ap.parse_args()
     d = a.run_dir
+    if a.pairs:
+        sys.exit(check_pairs(a))
     syncer = records(os.path.join(d, "syncer.jsonl"))
     learners = {os.path.basename(p): records(p) for p in sorted(glob.glob(os.path.join(d, "learner-*.jsonl")))}
     results = []
@@ -104,6 +107,78 @@ def main():
     print(f"soak: {a.kills} SIGKILLs ({a.syncer_kills} of the syncer), {a.stops} SIGSTOPs, {len(starts)} syncer starts, "
           f"{merges} merges, {len(applies)} fragments applied by learners")
     sys.exit(0 if all(results) else 1)
+
+
+def check_pairs(a):
+    """The invariants of a run whose syncer is S shards, each a standby pair (issue 34)."""
+    d = a.run_dir
+    shards = {}
+    for path in sorted(glob.glob(os.path.join(d, "shard-*", "syncer.jsonl")) +
+                       glob.glob(os.path.join(d, "shard-*", "standby", "syncer.jsonl"))):
+        k = int(os.path.relpath(path, d).split(os.sep)[0][6:])
+        shards.setdefault(k, []).extend(records(path))
+    learners = {os.path.basename(p): records(p) for p in sorted(glob.glob(os.path.join(d, "learner-*.jsonl")))}
+    results = []
+
+    def check(name, ok, detail):
+        results.append(ok)
+        print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+
+    retired = {k: {r.get("learner") for r in rs if r.get("kind") == "retired"} for k, rs in shards.items()}
+    done = all(len(v) == len(learners) for v in retired.values()) and len(shards) > 0 and len(learners) > 0
+    check("run finishes", a.exit_code == 0 and done,
+          f"exit {a.exit_code}, learners retired per shard: {[len(v) for k, v in sorted(retired.items())]}")
+
+    # Every fragment's merges in sequence over every term of its shard; a killed leader's merge that was checkpointed
+    # but never replicated (never sent: broadcasts wait for the standby) is void, by the takeover's merge count.
+    bad, total, void, takeovers, mismatches = [], 0, 0, 0, 0
+    for k, rs in sorted(shards.items()):
+        kept, version = [], {}
+        for r in sorted((r for r in rs if r.get("kind") in ("merge", "takeover")), key=lambda r: r["t"]):
+            if r["kind"] == "takeover":
+                takeovers += 1
+                mismatches += r.get("mismatches", 0)
+                void += sum(1 for m in kept if m.get("merges", 0) > r["merges"])
+                kept = [m for m in kept if m.get("merges", 0) <= r["merges"]]
+            else:
+                kept.append(r)
+        for m in kept:
+            f, v = m["fragment"], m["version"]
+            if v != version.get(f, 0) + 1:
+                bad.append(f"shard {k} fragment {f}: version {v} after {version.get(f, 0)}")
+            version[f] = v
+        total += len(kept)
+        mismatches += sum(1 for r in rs if r.get("kind") == "standby" and r.get("event") == "mismatch")
+    check("merges in sequence over every term", not bad,
+          f"{total} merges, {takeovers} takeovers, {void} void merges of killed leaders" + (f"; first: {bad[0]}" if bad else ""))
+    check("standbys replayed every merge exactly", mismatches == 0, f"{mismatches} mismatches")
+
+    twice, behind, applies = [], 0, 0
+    for name, rs in learners.items():
+        seen = set()
+        for r in rs:
+            if r.get("kind") == "apply":
+                applies += 1
+                key = (r["fragment"], r["version"])
+                if key in seen:
+                    twice.append(f"{name}: fragment {key[0]} version {key[1]}")
+                seen.add(key)
+            behind += r.get("kind") == "syncer_behind"
+    check("no version applied twice, no syncer behind", not twice and behind == 0,
+          f"{applies} applies, {len(twice)} twice, {behind} 'syncer behind'" + (f"; first: {twice[0]}" if twice else ""))
+
+    tmp = [os.path.join(root, n) for root, dirs, files in os.walk(d) for n in dirs + files if ".tmp" in n]
+    check("no temporary files left", not tmp, f"{len(tmp)} found" + (f": {tmp[:3]}" if tmp else ""))
+
+    evals = sorted((r for r in shards.get(0, []) if r.get("kind") in ("eval", "final_eval") and r.get("val_loss") is not None),
+                   key=lambda r: r["t"])
+    ok = len(evals) >= 2 and evals[-1]["val_loss"] < evals[0]["val_loss"]
+    check("validation loss falls", ok,
+          f"{evals[0]['val_loss']:.3f} -> {evals[-1]['val_loss']:.3f} over {len(evals)} evaluations" if evals else "no evaluations")
+    moves = sum(1 for rs in learners.values() for r in rs if r.get("kind") == "syncer_failover")
+    print(f"soak: {a.kills} SIGKILLs ({a.syncer_kills} of syncers), {a.stops} SIGSTOPs, {takeovers} takeovers, "
+          f"{moves} learner link moves, {total} merges, {applies} fragments applied by learners")
+    return 0 if all(results) else 1
 
 
 if __name__ == "__main__":

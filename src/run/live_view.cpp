@@ -111,6 +111,10 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
     event_(who + " took over (epoch " + std::to_string(to->epoch) + ") after " + fixed(to->silent_seconds, 2) +
            " s without the leader, at " + std::to_string(to->merges) + " merges; " + std::to_string(to->rounds_checked) +
            " rounds checked, " + std::to_string(to->mismatches) + " differed");
+    if (standby && shard == 0 && standby_port_ > 0 && standby_port_ != dashboard_port_) {  // the leader's dashboard
+      dashboard_port_ = standby_port_;
+      event_("dashboard: http://" + dashboard_host_ + ":" + std::to_string(standby_port_) + "/");
+    }
     return;
   }
   if (auto fm = read<rec::FailoverMerge>(j, {"seconds_after_takeover"})) {
@@ -121,7 +125,12 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
     event_(who + " stepped down: a leader of epoch " + std::to_string(sd->newer_epoch) + " exists; it follows it");
     return;
   }
-  if (standby && read<rec::Started>(j, {})) return;  // a standby's start is no syncer (re)start
+  if (standby) {
+    if (auto st = read<rec::Started>(j, {"metrics_port"})) {  // a standby's start is no syncer (re)start
+      if (shard == 0) standby_port_ = st->metrics_port;
+      return;
+    }
+  }
   if (auto st = read<rec::Started>(j, {"resumed", "merges", "metrics_port", "metrics_warning"})) {
     ++s.starts;
     if (st->resumed) event_(who + " resumed at " + std::to_string(st->merges) + " merges");

@@ -72,6 +72,7 @@ class RunRecords {
 
  private:
   int64_t dashboard_port_ = 0;  // the dashboard URL already announced
+  int64_t standby_port_ = 0;    // shard 0's standby syncer's dashboard port: announced when it takes over
   std::string dashboard_host_ = "127.0.0.1";
   void on_syncer_record(const nlohmann::json& j, int64_t shard, bool standby);
   void on_learner_record(const nlohmann::json& j, int64_t n);

@@ -253,8 +253,9 @@ TEST(LiveView, AStandbyPairShowsWhichSyncerLeads) {
   r.set_pairs();
   EXPECT_EQ(r.syncer().leader, "primary");
   r.on_line(R"({"kind":"merge","merges":7,"quorum":2,"t":1})", -1);
-  r.on_line(R"({"kind":"started","resumed":false,"t":1})", -1, 0, true);  // the standby's start is no restart
+  r.on_line(R"({"kind":"started","resumed":false,"metrics_port":4321,"t":1})", -1, 0, true);  // no restart
   EXPECT_EQ(r.syncer().starts, 0);
+  EXPECT_TRUE(events.empty());  // nor its dashboard, until it leads
   r.on_line(R"({"kind":"takeover","epoch":2,"merges":7,"silent_seconds":1.004,"rounds_checked":12,"mismatches":0,"t":2})",
             -1, 0, true);
   r.on_line(R"({"kind":"failover_merge","epoch":2,"seconds_after_takeover":0.05,"t":2.1})", -1, 0, true);
@@ -262,9 +263,10 @@ TEST(LiveView, AStandbyPairShowsWhichSyncerLeads) {
   EXPECT_EQ(r.syncer().leader, "standby");
   EXPECT_EQ(r.syncer().epoch, 2);
   EXPECT_EQ(r.syncer().merges, 8);
-  ASSERT_GE(events.size(), 2u);
-  EXPECT_NE(events[events.size() - 2].find("syncer (standby) took over (epoch 2) after 1.00 s"), std::string::npos)
-      << events[events.size() - 2];
+  ASSERT_GE(events.size(), 3u);
+  EXPECT_NE(events[events.size() - 3].find("syncer (standby) took over (epoch 2) after 1.00 s"), std::string::npos)
+      << events[events.size() - 3];
+  EXPECT_EQ(events[events.size() - 2], "dashboard: http://127.0.0.1:4321/");
   EXPECT_NE(events.back().find("first merge 0.05 s after the takeover"), std::string::npos) << events.back();
   r.on_line(R"({"kind":"step_down","epoch":2,"newer_epoch":3,"merges":9,"t":3})", -1, 0, true);
   EXPECT_NE(events.back().find("stepped down: a leader of epoch 3 exists"), std::string::npos) << events.back();
