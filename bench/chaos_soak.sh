@@ -87,10 +87,10 @@ victims() { # prints "pid name" lines
   done
 }
 
-declare -A history  # name -> space-separated kill times
+declare -A history  # name -> space-separated kill times (a learner's ranks count as the learner: its group restarts whole)
 can_kill() { # name now: at most 4 kills of one process within 120 s, and 2 within 15 s
   local n=0 recent=0 t
-  for t in ${history[$1]:-}; do
+  for t in ${history[${1%%.rank-*}]:-}; do
     if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 120) }'; then n=$((n + 1)); fi
     if awk -v a="$t" -v b="$2" 'BEGIN { exit !(b - a < 15) }'; then recent=$((recent + 1)); fi
   done
@@ -121,7 +121,7 @@ while [ "$done_kills" -lt "$kills" ] && kill -0 "$run_pid" 2>/dev/null; do
   pid=${pick%% *} name=${pick#* }
   if ! can_kill "$name" "$now"; then sleep 1; continue; fi
   kill -KILL "$pid" 2>/dev/null && {
-    done_kills=$((done_kills + 1)); history[$name]="${history[$name]:-} $now"
+    done_kills=$((done_kills + 1)); history[${name%%.rank-*}]="${history[${name%%.rank-*}]:-} $now"
     if [[ "$name" == syncer* ]]; then
       syncer_kills=$((syncer_kills + 1))
       sh=${name#syncer-s}; sh=${sh%%-*}; [ "$sh" = syncer ] && sh=0

@@ -215,6 +215,8 @@ void LocalCluster::prepare() {
     if (cfg_.syncer.standby) {
       NetOptions pair = cfg_.net;
       pair.address = cfg_.net.standby.empty() ? NetOptions{}.address : cfg_.net.standby;
+      // The standbys' sockets (when ipc) in RUN/standby: the standby's run folder when unsharded, else only theirs.
+      fs::create_directories(dir_ / "standby");
       const std::string dial = choose_endpoints(pair, dir_ / "standby", S_).second;
       standby_addrs_ = split_endpoints(dial);
     }
