@@ -240,6 +240,11 @@ struct SyncerNode::Impl {
   void take_over(double silent);
   void step_down(int64_t newer_epoch, const std::string& why);
   void send_follow();
+  // A control entry (kFollow, kAck) of `kind` at this replica's journal position and epoch, to the leader.
+  void send_upstream(repl::EntryKind kind);
+  // Role changes: every learner counts as gone (routes, send windows, waiting pushes and timers dropped); they join
+  // the syncer that leads afresh.
+  void forget_learners();
   void follower_housekeeping();
   void leader_housekeeping();  // leases and counters to the standby; drops a standby silent for the lease
   // A hello or other message from a learner while following: refused with not_leader (its route kept for the takeover).

@@ -109,14 +109,19 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   emit(std::move(sb));
 }
 
-void SyncerNode::Impl::send_follow() {
+void SyncerNode::Impl::send_upstream(repl::EntryKind kind) {
   if (!upstream) return;
   repl::Entry e;
-  e.kind = repl::EntryKind::kFollow;
+  e.kind = kind;
+  e.seq = journal_seq;
   e.epoch = epoch;
   const repl::EncodedEntry enc = repl::encode(e, fingerprint);
   const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
   upstream->send(f.header, f.payload);
+}
+
+void SyncerNode::Impl::send_follow() {
+  send_upstream(repl::EntryKind::kFollow);
   follow_sent = now();
 }
 
@@ -156,15 +161,7 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
   if (e.epoch < epoch) return;  // a leader older than the one this standby follows
   upstream_heard = now();
   epoch = e.epoch;
-  const auto ack = [&] {
-    repl::Entry a;
-    a.kind = repl::EntryKind::kAck;
-    a.seq = journal_seq;
-    a.epoch = epoch;
-    const repl::EncodedEntry enc = repl::encode(a, fingerprint);
-    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
-    upstream->send(f.header, f.payload);
-  };
+  const auto ack = [&] { send_upstream(repl::EntryKind::kAck); };
   if (e.kind == repl::EntryKind::kLease) return;
   if (e.kind == repl::EntryKind::kImage) {
     try {
@@ -313,17 +310,24 @@ void SyncerNode::Impl::follower_housekeeping() {
   const double t = now();
   if (!following && t - follow_sent >= std::max(1.0, 2 * lease)) send_follow();
   if (following && t - lease_sent >= lease / 4) {  // the standby's own liveness for the leader
-    repl::Entry a;
-    a.kind = repl::EntryKind::kAck;
-    a.seq = journal_seq;
-    a.epoch = epoch;
-    const repl::EncodedEntry enc = repl::encode(a, fingerprint);
-    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
-    upstream->send(f.header, f.payload);
+    send_upstream(repl::EntryKind::kAck);
     lease_sent = t;
   }
   if (following && t - upstream_heard > lease) take_over(t - upstream_heard);
   update_prometheus();
+}
+
+void SyncerNode::Impl::forget_learners() {
+  core->drop_waiting();
+  held_pushes.clear();
+  for (auto& tm : timers) tm = -1;
+  route_to_id.clear();
+  for (Peer& P : peers) {
+    P.alive = false;
+    P.route.clear();
+    P.dl_sent = -1;
+    reset_window(P);  // missed: a learner that comes back without a download gets every latest fragment
+  }
 }
 
 void SyncerNode::Impl::take_over(double silent) {
@@ -350,18 +354,9 @@ void SyncerNode::Impl::take_over(double silent) {
   if (first_join < 0) first_join = t;
   // Pushes waiting at the old leader: their learners join afresh and count them refused (their progress goes in the
   // next push), so merging them here would count that progress twice.
-  core->drop_waiting();
-  held_pushes.clear();
-  for (auto& tm : timers) tm = -1;
-  route_to_id.clear();
-  for (int64_t m = 0; m < M; ++m) {
-    Peer& P = peers[m];
-    P.alive = false;
-    P.route.clear();
-    P.dl_sent = -1;
-    reset_window(P);  // missed: a learner that comes back without a download gets every latest fragment
+  forget_learners();
+  for (int64_t m = 0; m < M; ++m)
     if (!retired[m]) core_connected(m, false);
-  }
   // Every learner that said hello here hears it now, not after its own dead_after.
   int64_t told = 0;
   for (const auto& [m, route] : standby_routes) {
@@ -410,17 +405,7 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
   ++step_downs;
   standby_route.clear();
   journal_out.clear();
-  core->drop_waiting();
-  held_pushes.clear();
-  for (auto& tm : timers) tm = -1;
-  route_to_id.clear();
-  for (int64_t m = 0; m < M; ++m) {
-    Peer& P = peers[m];
-    P.alive = false;
-    P.route.clear();
-    P.dl_sent = -1;
-    reset_window(P);
-  }
+  forget_learners();
   following = false;
   upstream = dial_peer();
   send_follow();
