@@ -248,10 +248,11 @@ struct StepDown : RecordBase {
 };
 
 // Leader: a standby began following (sent an image at `journal`, dropping the `dropped` waiting contributions) or
-// was dropped (silent for the lease). Standby: an image arrived (it follows from there).
+// was dropped (silent for the lease). Standby: an image arrived (it follows from there). Either: `paused`, the
+// process did not run for longer than half a lease (its silence timers start again).
 struct Standby : RecordBase {
   static constexpr const char* kKind = "standby";
-  std::string event;  // following | dropped | image | mismatch | gap
+  std::string event;  // following | dropped | image | mismatch | gap | refused | malformed | paused
   int64_t epoch = 0, journal = 0, merges = 0, dropped = 0;
   std::string detail;
   template <class V> void fields(V& v) {

@@ -30,16 +30,6 @@ using json = nlohmann::json;
 
 namespace {
 
-double num(const json& j, const char* key, double fallback = std::numeric_limits<double>::quiet_NaN()) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number() ? it->get<double>() : fallback;
-}
-
-int64_t integer_or(const json& j, const char* key, int64_t fallback) {
-  auto it = j.find(key);
-  return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : fallback;
-}
-
 // Text from a file for a name, a label or a note: valid UTF-8, control characters written as '?'.
 std::string printable(const std::string& s, size_t max_bytes) {
   std::string o = clip_utf8(s, max_bytes);

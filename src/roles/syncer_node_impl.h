@@ -191,6 +191,17 @@ struct SyncerNode::Impl {
   std::map<int64_t, std::string> standby_routes;  // learner → route of its latest hello here while following
   int64_t rounds_checked = 0, replica_mismatches = 0, images_applied = 0, takeovers = 0, step_downs = 0;
   double took_over_at = -1;  // steady time of the latest takeover (its first merge is timed from it)
+  // Pauses (SIGSTOP, a frozen VM, a long stall): the loop's previous housekeeping. A gap of more than half a lease
+  // means this process did not run, so silence it "saw" meanwhile proves nothing about the other syncer.
+  double loop_tick = -1;
+  int64_t pauses = 0;
+  double pause_began(double t);  // the loop's previous tick when the gap to `t` is such a pause (recorded), else -1
+  void excuse_pause(double began, double t, double& heard) const;
+  // A leader no standby follows tells the other syncer of the pair its epoch every lease (a syncer that still
+  // thinks it leads, say one paused past the lease, steps down on it instead of waiting for a learner's hello).
+  std::unique_ptr<ClientTransport> peer_link;
+  double epoch_told = -1e9;
+  void tell_peer_epoch();
   bool first_merge_pending = false;
   // Applies `e` to the core (repl::apply) and, on a leader with a standby, sends it there. Sets e.seq.
   repl::Applied journal(repl::Entry e);

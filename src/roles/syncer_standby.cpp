@@ -51,22 +51,36 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   } catch (const WireError& x) {
     return reject(env.peer, -1, -1, RejectReason::kMalformedFrame, x.what());
   }
-  if (e.kind != repl::EntryKind::kFollow && e.kind != repl::EntryKind::kAck) return;  // only a leader sends the rest
   if (!dial_peer) return reject(env.peer, -1, -1, RejectReason::kOther, "this syncer has no standby pair (net.standby)");
-  // A standby that has followed a newer leader: this one was replaced.
+  // A newer epoch from the other syncer: it leads now (its lease, sent while no standby follows it), or it follows
+  // a newer leader. This one was replaced while it could not hear (paused, partitioned).
   if (e.epoch > epoch && role == Role::kLeader)
-    step_down(e.epoch, "a standby that follows epoch " + std::to_string(e.epoch) + " asked to follow this syncer");
+    step_down(e.epoch, e.kind == repl::EntryKind::kLease
+                           ? "the other syncer of the pair leads epoch " + std::to_string(e.epoch)
+                           : "a standby that follows epoch " + std::to_string(e.epoch) + " asked to follow this syncer");
+  if (e.kind != repl::EntryKind::kFollow && e.kind != repl::EntryKind::kAck) return;  // a leader's: nothing to do
   if (role != Role::kLeader) return;
   const double t = now();
   if (env.peer == standby_route) standby_heard = t;
-  if (e.kind == repl::EntryKind::kAck) {
-    if (env.peer != standby_route) return;  // a standby this leader dropped: it will ask to follow again
+  if (e.kind == repl::EntryKind::kAck && env.peer != standby_route) {
+    // A standby this leader dropped (it was silent past the lease: paused, say) still believes it follows. Unanswered
+    // it would take over beside this live leader after a lease; a fresh image makes it a replica again instead.
+    rec::Standby sb;
+    sb.event = "dropped_standby_heard";
+    sb.epoch = epoch;
+    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.merges = merges;
+    sb.detail = "a standby this leader no longer replicates to acknowledged entry " + std::to_string(e.seq) +
+                ": it follows again from a new image";
+    emit(std::move(sb));
+  } else if (e.kind == repl::EntryKind::kAck) {
     if (e.seq > standby_acked) {
       standby_acked = e.seq;
       for (int64_t m = 0; m < M; ++m) pump(m);
     }
     return;
   }
+  peer_link.reset();  // a standby follows: it hears this leader's epoch in every lease
   // A repeated request while the image sent to this standby may still be on its way (a large model on a slow link):
   // answered by that image. A standby that acknowledged it and asks again (it found a gap or a mismatch) gets a new one.
   if (env.peer == standby_route && standby_acked < image_seq && t - image_sent < 10 * lease) return;
@@ -306,8 +320,52 @@ void SyncerNode::Impl::refuse_not_leader(const Envelope& env, const MessageHeade
   tx->send(env.peer, f.header, f.payload);
 }
 
+double SyncerNode::Impl::pause_began(double t) {
+  const double before = loop_tick;
+  loop_tick = t;
+  if (before < 0 || t - before <= lease / 2) return -1;
+  ++pauses;
+  rec::Standby sb;
+  sb.event = "paused";
+  sb.epoch = epoch;
+  sb.journal = static_cast<int64_t>(journal_seq);
+  sb.merges = merges;
+  sb.detail = "this " + std::string(role == Role::kLeader ? "leader" : "standby") + " did not come round its loop for " +
+              std::to_string(t - before) + " s (a pause, or long work); the other syncer gets a full lease (" +
+              std::to_string(lease) + " s) to be heard before this one acts on its silence";
+  log_limited("standby_paused", std::move(sb));
+  return before;
+}
+
+// The other syncer's silence over a pause of this process is this process's own: `heard` counts afresh from `t`, if
+// it was heard within a lease before the pause. A peer already silent then gets no more: long work on every loop
+// (a huge model's merge) never keeps a dead peer alive.
+void SyncerNode::Impl::excuse_pause(double began, double t, double& heard) const {
+  if (began >= 0 && heard >= began - lease) heard = std::max(heard, t);
+}
+
+void SyncerNode::Impl::tell_peer_epoch() {
+  const double t = now();
+  if (!dial_peer || t - epoch_told < lease) return;
+  epoch_told = t;
+  if (!peer_link) peer_link = dial_peer();
+  repl::Entry e;
+  e.kind = repl::EntryKind::kLease;
+  e.seq = journal_seq;
+  e.epoch = epoch;
+  const repl::EncodedEntry enc = repl::encode(e, fingerprint);
+  const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+  peer_link->send(f.header, f.payload);
+}
+
 void SyncerNode::Impl::follower_housekeeping() {
   const double t = now();
+  const double paused = pause_began(t);
+  if (paused >= 0) {
+    // Tell the leader at once: one that dropped this standby meanwhile answers the acknowledgement with a new image.
+    excuse_pause(paused, t, upstream_heard);
+    lease_sent = -1e9;
+  }
   if (!following && t - follow_sent >= std::max(1.0, 2 * lease)) send_follow();
   if (following && t - lease_sent >= lease / 4) {  // the standby's own liveness for the leader
     send_upstream(repl::EntryKind::kAck);
@@ -405,6 +463,7 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
   ++step_downs;
   standby_route.clear();
   journal_out.clear();
+  peer_link.reset();
   forget_learners();
   following = false;
   upstream = dial_peer();
@@ -412,8 +471,15 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
 }
 
 void SyncerNode::Impl::leader_housekeeping() {
-  if (standby_route.empty()) return;
   const double t = now();
+  // A leader that did not run for a while may have been replaced meanwhile: it does not blame its standby for the
+  // silence (dropping it would release the broadcasts held for its acknowledgement); the standby, or the newer
+  // leader it became (whose epoch arrives right behind), gets a full lease to be heard.
+  excuse_pause(pause_began(t), t, standby_heard);
+  if (standby_route.empty()) {
+    tell_peer_epoch();
+    return;
+  }
   if (t - standby_heard > lease) {
     rec::Standby sb;
     sb.event = "dropped";

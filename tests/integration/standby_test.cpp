@@ -10,6 +10,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
+#include <csignal>
 #include <thread>
 
 #include "deloco/safetensors.h"
@@ -213,6 +215,86 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
     const auto done = of_kind(l, "learner_done");
     ASSERT_EQ(done.size(), 1u);  // learner 1's first process was SIGKILLed: no goodbye
     EXPECT_EQ(done[0].value("finished", false), true) << done[0].dump();
+  }
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+// A syncer of the pair paused (SIGSTOP) past the lease never leads beside a live one. The standby paused: the
+// leader drops it and merges on alone; when it runs again it sees that the silence was its own, and the leader
+// answers its next acknowledgement with a fresh image, so it follows again and never takes over. The leader paused:
+// the standby takes over (it cannot tell a pause from a death); the old leader, when it runs again, holds the
+// broadcasts its standby never acknowledged and steps down on the new leader's epoch. No learner applies a
+// fragment version twice and none finds its syncer behind it.
+TEST(Standby, APausedSyncerNeverLeadsBesideALiveOne) {
+  const std::string src = test::source_dir();
+  ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  const fs::path dir = fs::temp_directory_path() / ("deloco_pause_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::string> common = {
+      "--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set", "net.plaintext=true",
+      "--set", "net.address=ipc://" + (dir / "a.sock").string(), "--set", "net.standby=ipc://" + (dir / "b.sock").string(),
+      "--set", "sync.learners=2", "--set", "sync.quorum=1", "--set", "sync.fragments=2", "--set", "sync.sync_every=10",
+      "--set", "sync.wait_for_answer=false", "--set", "train.steps=3000", "--set", "train.threads=1", "--set",
+      "syncer.eval_interval=0", "--set", "syncer.metrics=", "--set", "syncer.lease=1"};
+  const auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  const fs::path A = dir / "a", B = dir / "b";
+  Proc a(args({"syncer", "--out", A.string()}), (dir / "a.log").string());
+  Proc b(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
+  Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
+  Proc l1(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
+  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+  const auto events = [&](const fs::path& run, const std::string& event) {
+    size_t n = 0;
+    for (const auto& j : of_kind(recs(run), "standby")) n += j.value("event", "") == event;
+    return n;
+  };
+  const auto merges_of = [&](const fs::path& run) { return of_kind(recs(run), "merge").size(); };
+  const auto pause = [](Proc& p, double seconds) {
+    p.signal(SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    p.signal(SIGCONT);
+  };
+
+  // ---- the standby pauses for 3 leases ----
+  ASSERT_TRUE(wait_for([&] { return events(B, "image") >= 1 && merges_of(A) >= 6; }, 90)) << a.log() << b.log();
+  pause(b, 3);
+  ASSERT_TRUE(wait_for([&] { return events(B, "image") >= 2; }, 20)) << a.log() << b.log();
+  const size_t merged = merges_of(A);
+  ASSERT_TRUE(wait_for([&] { return merges_of(A) >= merged + 4; }, 60)) << a.log();  // several leases later
+  EXPECT_GE(events(A, "dropped"), 1u);
+  EXPECT_GE(events(A, "dropped_standby_heard"), 1u);
+  EXPECT_GE(events(B, "paused"), 1u);
+  EXPECT_TRUE(of_kind(recs(B), "takeover").empty()) << "the paused standby took over beside a live leader";
+
+  // ---- the leader pauses for 3 leases ----
+  pause(a, 3);
+  ASSERT_EQ(of_kind(recs(B), "takeover").size(), 1u) << b.log();
+  ASSERT_TRUE(wait_for([&] { return !of_kind(recs(A), "step_down").empty(); }, 20)) << a.log();
+  const json down = of_kind(recs(A), "step_down").at(0);
+  EXPECT_EQ(down["epoch"], 1);
+  EXPECT_EQ(down["newer_epoch"], 2);
+  ASSERT_TRUE(wait_for([&] { return events(A, "image") >= 1; }, 20)) << a.log();  // a follows b now
+
+  EXPECT_EQ(l0.wait(240), 0) << l0.log();
+  EXPECT_EQ(l1.wait(60), 0) << l1.log();
+  EXPECT_EQ(b.wait(60), 0) << b.log();
+  EXPECT_EQ(a.wait(60), 0) << a.log();
+
+  for (int n = 0; n < 2; ++n) {
+    std::set<std::pair<int64_t, int64_t>> seen;
+    const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
+    for (const auto& r : of_kind(l, "apply")) {
+      const std::pair<int64_t, int64_t> key{r["fragment"].get<int64_t>(), r["version"].get<int64_t>()};
+      EXPECT_TRUE(seen.insert(key).second) << "learner " << n << " applied fragment " << key.first << " version "
+                                           << key.second << " twice";
+    }
+    EXPECT_GE(seen.size(), 10u) << "learner " << n;
+    EXPECT_TRUE(of_kind(l, "syncer_behind").empty()) << "learner " << n;
+    EXPECT_EQ(of_kind(l, "syncer_failover").size(), 1u) << "learner " << n;
   }
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
