@@ -5,7 +5,8 @@
 # testbed's hosts. Needs root (ip netns, veth, tc).
 #
 #   scripts/testbed.sh up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES]
-#   scripts/testbed.sh shape HOST RATE        # change one host's link while a run goes on ("none": unshaped)
+#   scripts/testbed.sh shape HOST RATE [egress]  # change one host's link while a run goes on ("none": unshaped);
+#                                             # egress: only what the host sends (an uplink-bound host)
 #   scripts/testbed.sh link HOST up|down      # take a host's link down (a partition) or bring it back
 #   scripts/testbed.sh exec HOST COMMAND...   # run COMMAND inside host HOST (0 .. N-1)
 #   scripts/testbed.sh addr HOST              # the host's address
@@ -53,10 +54,11 @@ shape_dev() {
   ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst "$burst" limit "$limit"
 }
 shape_host() {
-  local h=$1 rate=$2 burst limit
+  local h=$1 rate=$2 dir=${3:-both} burst limit
   burst=$(sed -n 's/^burst=//p' "$STATE"); limit=$(sed -n 's/^limit=//p' "$STATE")
   shape_dev "$(host_ns "$h")" eth0 "$rate" "$burst" "$limit"   # host -> bridge
-  shape_dev "$BR_NS" "h$h" "$rate" "$burst" "$limit"            # bridge -> host
+  if [ "$dir" = egress ]; then shape_dev "$BR_NS" "h$h" none "$burst" "$limit"
+  else shape_dev "$BR_NS" "h$h" "$rate" "$burst" "$limit"; fi   # bridge -> host
   sed -i "/^rate$h=/d" "$STATE"
   echo "rate$h=$rate" >> "$STATE"
 }
@@ -158,11 +160,11 @@ cmd_status() {
 
 cmd_shape() {
   need_root
-  [ $# -eq 2 ] || die "shape HOST RATE"
+  { [ $# -eq 2 ] || { [ $# -eq 3 ] && [ "$3" = egress ]; }; } || die "shape HOST RATE [egress]"
   check_host "$1"
   valid_rate "$2" || die "RATE must be like 10mbit, 1gbit or none (got '$2')"
-  shape_host "$1" "$2"
-  echo "host $1: link $2"
+  shape_host "$1" "$2" "${3:-both}"
+  echo "host $1: link $2${3:+ ($3 only)}"
 }
 
 cmd_link() {
@@ -204,5 +206,5 @@ case "$verb" in
   exec) cmd_exec "$@" ;;
   addr) [ $# -eq 1 ] || die "addr HOST"; check_host "$1"; host_addr "$1" ;;
   counters) cmd_counters "$@" ;;
-  *) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$verb" ] || [ "$verb" = -h ] || [ "$verb" = --help ] || exit 2 ;;
+  *) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; [ -z "$verb" ] || [ "$verb" = -h ] || [ "$verb" = --help ] || exit 2 ;;
 esac

@@ -136,6 +136,13 @@ struct NetOptions {
   int64_t lanes = 1;                 // learners: connections to each syncer shard, a large payload split over them
                                      // (TransportOptions::lanes; docs/transport.md)
   int64_t io_threads = 1;            // ZeroMQ I/O threads per transport (TransportOptions::io_threads)
+  // Rejoin from peers (docs/reliability.md). Learners: where this learner serves chunks of the state it holds to
+  // joining learners ("" : it serves none; a concrete address others can dial, not 0.0.0.0), and at most how many
+  // Mbit/s it sends them (0: unbounded). Syncer: at most how many donors a joining learner's welcome names (0: the
+  // syncer sends the whole state itself).
+  std::string serve;
+  double serve_rate = 0.0;
+  int64_t donors = 4;
   void bind(ConfigSchema& schema);
   // net.* as TransportOptions, without the model-sized bounds (node_transport_options adds them).
   TransportOptions transport() const;
@@ -168,6 +175,7 @@ struct LearnerNodeOptions {
   int64_t ranks = 1;                 // processes per learner: a data-parallel group (deloco/group.h)
   double bucket_mb = 25.0;           // gradient all-reduce bucket size of a group (the first bucket: ≤ 1 MB)
   double group_timeout = 600.0;      // seconds a group collective may take before the group fails
+  bool serve_corrupt = false;        // fault drill: corrupt every chunk served to joining peers (they must catch it)
   void bind(ConfigSchema& schema);   // learner.*
 };
 
@@ -261,6 +269,12 @@ TransportOptions node_transport_options(const RuntimeConfig& cfg, Workload& mode
 // net.standby, one per shard to the other syncer of that shard's pair (for LearnerNode::standbys; empty without).
 struct LearnerLinks {
   std::vector<std::unique_ptr<ClientTransport>> syncers, standbys;
+  // Rejoin from peers (net.serve): the server where this learner serves state chunks to joining learners (null:
+  // net.serve is ""), its public key (z85; "" in plaintext), and the options a joining learner dials donors with
+  // (each donor's key goes in server_public_key).
+  std::unique_ptr<ServerTransport> serve;
+  std::string serve_key;
+  TransportOptions donor_options;
 };
 LearnerLinks dial_learner_links(const RuntimeConfig& cfg, const TransportOptions& options);
 // A standby syncer's connection to its leader: a learner's options with frames up to an image (Θ and up to three
@@ -323,6 +337,10 @@ class LearnerNode {
   // A standby pair (net.standby; docs/reliability.md): one connection per shard to that shard's other syncer. The
   // learner follows whichever syncer of each pair leads (the newest epoch). Call before run().
   void standbys(std::vector<std::unique_ptr<ClientTransport>> alts);
+  // Rejoin from peers (docs/reliability.md): serve chunks of the state this learner holds on `server` (null: serve
+  // none; its endpoint and `public_key` go in every hello), and fetch a download from the donors a welcome names,
+  // dialled with `donor_options`. Call before start()/run(), after the links are given.
+  void peers(std::unique_ptr<ServerTransport> server, const std::string& public_key, const TransportOptions& donor_options);
   // Joins, trains train.steps inner steps (resuming at the step the syncer remembers for this id), leaves.
   nlohmann::json run(const std::atomic<bool>& stop);
 

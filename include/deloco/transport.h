@@ -129,6 +129,7 @@ struct TransportOptions {
   bool plaintext = false;               // must be set explicitly to run without CURVE
   std::string secret_key_file;          // own .key file (server and clients, CURVE only)
   std::string server_public_key_file;   // clients: the server's .pub file (CURVE only)
+  std::string server_public_key;        // clients: the server's public key itself (z85); when set, the file is unused
   std::string allow;                    // server: allow-list file or directory (CURVE only)
   // Largest frame accepted (ZMQ_MAXMSGSIZE); a larger one drops the connection. Nodes size it to the model
   // (deloco/runtime.h: node_transport_options); this default is only for library users who know nothing better.

@@ -59,8 +59,10 @@ enum class MessageKind : uint8_t {
   kLeave = 7,              // learner -> syncer: clean goodbye; syncer -> learner: the goodbye was handled
   kReject = 8,             // syncer -> learner: refusal; payload is the reason text
   kReplica = 9,            // leader syncer <-> its standby: the journal (src/roles/replication.h)
+  kStateRequest = 10,      // learner -> syncer or a donor learner: send chunk fragment_id of the state of welcome
+                           // round `round` (rejoin from peers, docs/reliability.md); payload JSON
 };
-constexpr uint8_t kMaxMessageKind = 9;
+constexpr uint8_t kMaxMessageKind = 10;
 
 enum class Encoding : uint8_t { kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5 };
 constexpr uint8_t kMaxEncoding = 5;

@@ -103,9 +103,11 @@ void run_syncer(const NodeArgs& a) {
   std::string dir = !a.out.empty() ? a.out : cfg.syncer.out_dir;
   // A sharded syncer in a run folder named shard-s: the siblings shard-k are the other shards' (shard 0 assembles
   // the global model from their checkpoints for its evaluations).
-  if (cfg.syncer.shards > 1 && !dir.empty() && fs::path(dir).filename() == "shard-" + std::to_string(shard))
+  // A standby syncer's folder is shard-s/standby (`deloco run`): the shards are its parent's siblings.
+  const fs::path shard_dir = !dir.empty() && fs::path(dir).filename() == "standby" ? fs::path(dir).parent_path() : fs::path(dir);
+  if (cfg.syncer.shards > 1 && !dir.empty() && shard_dir.filename() == "shard-" + std::to_string(shard))
     for (int64_t k = 0; k < cfg.syncer.shards; ++k)
-      cfg.syncer.shard_dirs.push_back((fs::path(dir).parent_path() / ("shard-" + std::to_string(k))).string());
+      cfg.syncer.shard_dirs.push_back((shard_dir.parent_path() / ("shard-" + std::to_string(k))).string());
   if (a.resume) {
     if (dir.empty()) throw ConfigError("--resume needs the run folder: --out DIR or syncer.out_dir");
   } else if (dir.empty()) {
@@ -221,6 +223,7 @@ void run_learner(const NodeArgs& a) {
                    [&](const nlohmann::json& j) { log.write_json(j); });
   if (group) node.lead_group(group);
   if (!links.standbys.empty()) node.standbys(std::move(links.standbys));  // a pair per shard: follow whichever leads
+  node.peers(std::move(links.serve), links.serve_key, links.donor_options);  // rejoin from peers (net.serve)
   std::cerr << "deloco learner " << id << ": syncer " << cfg.net.address << (cfg.net.plaintext ? " (PLAINTEXT)" : " (CURVE)")
             << ", " << cfg.run.train.steps << " steps, push " << cfg.encoding
             << (blas_description().empty() ? "" : ", " + blas_description())

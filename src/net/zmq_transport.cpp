@@ -888,10 +888,10 @@ class ZmqClient final : public ClientTransport {
     std::string server;
     if (!o.plaintext) {
       if (o.secret_key_file.empty()) throw TransportError(curve_missing("net.secret_key", "this learner's .key file"));
-      if (o.server_public_key_file.empty())
+      if (o.server_public_key_file.empty() && o.server_public_key.empty())
         throw TransportError(curve_missing("net.server_key", "the server's .pub file"));
       own = read_secret_key_file(o.secret_key_file);
-      server = read_public_key_file(o.server_public_key_file);
+      server = !o.server_public_key.empty() ? o.server_public_key : read_public_key_file(o.server_public_key_file);
     }
     const std::string session = lanes > 1 ? random_session() : std::string();
     for (int i = 0; i < lanes; ++i) {

@@ -315,6 +315,7 @@ struct LearnerDone : RecordBase {
   // The learner node's summary (learner node, embedded learner): counts, times and bytes of its whole run.
   std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, pushes_superseded, broadcasts, rejected, bytes_sent,
       bytes_received, ranks;
+  std::optional<int64_t> served_chunks, served_bytes;  // rejoin from peers: state chunks this learner served (net.serve)
   std::optional<double> wall_seconds, busy_seconds, steps_per_second, train_steps_per_second, comm_seconds,
       comm_fraction, wait_seconds, group_comm_seconds;
   std::optional<bool> finished;                        // trained every step and every shard let it in
@@ -332,7 +333,7 @@ struct LearnerDone : RecordBase {
     v("finished", finished); v("bytes_sent", bytes_sent); v("bytes_received", bytes_received); v("ranks", ranks);
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
     v("precision", precision); v("precision_setting", precision_setting); v("fp32_gflops", fp32_gflops);
-    v("bf16_gflops", bf16_gflops);
+    v("bf16_gflops", bf16_gflops); v("served_chunks", served_chunks); v("served_bytes", served_bytes);
   }
 };
 
@@ -355,11 +356,23 @@ struct Joined : RecordBase {
   std::optional<double> download_seconds, hello_seconds;
   int64_t resume_step = 0;
   std::optional<bool> state_held;  // true: the learner held the syncer's state already (hashes matched), no download
+  // Rejoin from peers: of download_bytes, those donor learners served; the donors the welcome named and those that
+  // lied (a chunk whose hash was not the syncer's).
+  std::optional<int64_t> peer_bytes, donors, donors_lied;
   template <class V> void fields(V& v) {
     v("step", step); v("syncer_round", syncer_round); v("download_bytes", download_bytes);
     v("download_seconds", download_seconds); v("resume_step", resume_step); v("hello_seconds", hello_seconds);
-    v("state_held", state_held);
+    v("state_held", state_held); v("peer_bytes", peer_bytes); v("donors", donors); v("donors_lied", donors_lied);
   }
+};
+
+// A donor learner served a state chunk whose hash is not the syncer's (rejoin from peers): it is used no more, and the
+// chunk is fetched from the syncer.
+struct PeerLied : RecordBase {
+  static constexpr const char* kKind = "peer_lied";
+  int64_t donor = -1, chunk = -1;
+  std::string detail;
+  template <class V> void fields(V& v) { v("donor", donor); v("chunk", chunk); v("detail", detail); }
 };
 
 // The first welcome of a join that downloads the state: Joined's fields (hello_seconds); "joined" follows once the

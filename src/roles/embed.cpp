@@ -143,6 +143,7 @@ EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
   node_ = std::make_unique<LearnerNode>(cfg, id_, std::move(links.syncers), std::move(model),
                                         [sink](const nlohmann::json& j) { sink->write_json(j); });
   if (!links.standbys.empty()) node_->standbys(std::move(links.standbys));  // a standby syncer pair per shard
+  node_->peers(std::move(links.serve), links.serve_key, links.donor_options);  // rejoin from peers (net.serve)
   start_step_ = node_->start(stop_);
   done_ = !node_->next(stop_);  // the first boundary: a state installed at the join is applied before step 0
   last_ = seconds_now();

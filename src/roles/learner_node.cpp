@@ -8,11 +8,15 @@
 // Comms thread: hello until welcomed (downloading the global parameters in verified chunks), heartbeats, pushes,
 // broadcasts into the inbox, noticing a silent syncer (then hello again). One handler per message kind.
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -66,6 +70,38 @@ struct LearnerNode::Impl {
     proto::Welcome welcome;
     at::Tensor flat;
   };
+  // Rejoin from peers (docs/reliability.md): a download the learner asks for chunk by chunk, from the donors its
+  // welcome named (source 1..) and from the syncer (source 0), each chunk checked against the syncer's hash of it.
+  struct Fetch {
+    struct Source {
+      int64_t donor = -1;  // learner id (-1: the syncer)
+      std::unique_ptr<ClientTransport> tx;  // null: the syncer's link
+      std::map<int64_t, double> asked;      // chunk -> when it was asked
+      bool banned = false;
+      int64_t got = 0, refused = 0, timeouts = 0;
+      // A donor still connecting refuses sends: asked again a little later, and given up after kFetchTimeout.
+      double retry_at = -1, unready_since = -1;
+    };
+    std::vector<Source> src;
+    std::deque<int64_t> todo;         // chunks anyone may serve, not yet asked
+    std::deque<int64_t> syncer_todo;  // chunks a donor could not serve (or served wrong): the syncer's
+    int64_t peer_bytes = 0, lied = 0;
+  };
+  static constexpr int64_t kFetchWindow = 4;     // chunks asked of one source at a time
+  static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
+  static constexpr double kServeFreeze = 5.0;    // seconds a donor's copy stays at the versions a fetch asked for
+  // Serving (net.serve): the server, and per link (Link::served) this learner's copy of the syncer's state.
+  std::unique_ptr<ServerTransport> serve_tx;
+  std::string serve_endpoint, serve_key;
+  std::optional<TransportOptions> donor_options;
+  struct ServeRequest {
+    std::string route;
+    MessageHeader h;
+    proto::StateRequest r;
+  };
+  std::deque<ServeRequest> serve_queue;
+  double serve_tokens = 0, serve_tokens_at = -1;
+  std::atomic<int64_t> served_chunks{0}, served_bytes{0}, serve_refused{0};
   // What the comms thread alone touches, per link.
   struct Comms {
     double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
@@ -73,6 +109,7 @@ struct LearnerNode::Impl {
     at::Tensor dl_flat;
     std::vector<bool> dl_have;
     int64_t dl_count = 0;
+    std::unique_ptr<struct Fetch> fetch;  // a download fetched from donors and the syncer (Welcome::fetch)
     bool first_join_recorded = false;
     // CURVE refusals by this syncer (shard): our key is not in its allow-list. libzmq keeps reconnecting with its
     // backoff; each refusal is counted, and recorded at the 1st, 2nd, 4th, 8th, ... (auth_refused).
@@ -120,6 +157,16 @@ struct LearnerNode::Impl {
     std::unique_ptr<ClientTransport> alt;
     double alt_hello = -1e9;
     int64_t epoch = 0;  // the highest leader epoch seen on this link (0: none, or no pair); guarded by mu
+    // Serving (net.serve; comms thread only): the syncer's state of this shard's part as this learner holds it (the
+    // verified download or held initial state, then every fp32 broadcast), its per-local-fragment versions, and
+    // where each local fragment's elements lie in it (part offset, fragment offset, count).
+    at::Tensor served;
+    std::vector<int64_t> served_versions;
+    // While a joining learner fetches from this copy it stays at the versions it asked for (kServeFreeze after its
+    // latest request): newer broadcasts wait here (the latest per local fragment) and go in when it thaws.
+    double frozen_until = -1;
+    std::map<int64_t, std::pair<int64_t, at::Tensor>> deferred;
+    std::vector<std::vector<std::array<int64_t, 3>>> segments;
     int64_t unacknowledged() const { return sent_base + static_cast<int64_t>(sent.size()) - pushes_acked; }
     Comms c;
   };
@@ -282,9 +329,19 @@ struct LearnerNode::Impl {
         }
         send_push(L, *out, b, is_joined);
       }
+      bool busy = out || !serve_queue.empty();
+      for (auto& L : links) {
+        tend_fetch(L);
+        busy = busy || L.c.fetch;
+      }
+      tend_serving();
       for (auto& L : links) {
         Envelope env;
-        if (L.tx->receive(&env, std::chrono::milliseconds(out ? 0 : wait_ms))) handle(L, env);
+        if (L.tx->receive(&env, std::chrono::milliseconds(busy ? 0 : wait_ms))) {
+          handle(L, env);
+          // A download's chunks come back to back: take what is there now, up to a window's worth.
+          for (int n = 0; n < 8 && L.c.dl && L.tx->receive(&env, std::chrono::milliseconds(0)); ++n) handle(L, env);
+        }
         if (L.alt && L.alt->receive(&env, std::chrono::milliseconds(0))) handle_alt(L, env);
       }
     }
@@ -364,6 +421,10 @@ struct LearnerNode::Impl {
     h.want_state = !L.have_state;
     if (h.want_state && L.initial.defined()) h.state_hash = L.initial_hash;
     h.epoch = L.epoch;
+    if (serve_tx) {
+      h.serve = serve_endpoint;
+      h.serve_key = serve_key;
+    }
     return h;
   }
   void say_hello(Link& L, const proto::Beat& b, double t) {
@@ -535,6 +596,8 @@ struct LearnerNode::Impl {
       if (!L.initial.defined() || w.state_hash != L.initial_hash || w.elements != L.plan.model.elements)
         throw WireError("welcome says this learner holds the state already, but it offered no parameters with that hash");
       c.dl.reset();
+      c.fetch.reset();
+      if (serve_tx) set_served(L, L.initial, w.versions);
       L.state_ready = State{w, L.initial};
       L.have_state = true;
       L.state_round = static_cast<int64_t>(w.round);
@@ -557,6 +620,8 @@ struct LearnerNode::Impl {
       c.dl_flat = torch::empty({w.elements}, torch::kFloat);
       c.dl_have.assign(static_cast<size_t>(w.chunks), false);
       c.dl_count = 0;
+      c.fetch.reset();
+      if (w.fetch) start_fetch(L, w);
     }
     if (!c.first_join_recorded || w.chunks == 0) {
       rec::Joined r;  // a download follows: "welcome" now, "joined" when it is verified
@@ -576,6 +641,38 @@ struct LearnerNode::Impl {
     if (!c.dl || h.round != c.dl->round) return;  // a chunk of an abandoned download
     const int64_t k = h.fragment_id;
     if (k >= c.dl->chunks) throw WireError("state chunk index out of range");
+    if (c.fetch) {
+      c.fetch->src[0].asked.erase(k);
+      if (!chunk_matches(L, k, h, env)) {  // the syncer's own chunk is not what its welcome said: start again
+        emit(L, bad_frame("state chunk " + std::to_string(k) + " from the syncer does not match its hash; joining again"));
+        std::lock_guard<std::mutex> lock(mu);
+        L.joined = false;
+        c.dl.reset();
+        c.fetch.reset();
+        return;
+      }
+    }
+    accept_chunk(L, k, h, env);
+  }
+
+  static bool little_endian() {
+    const uint32_t one = 1;
+    unsigned char b;
+    std::memcpy(&b, &one, 1);
+    return b == 1;
+  }
+  // Whether chunk k as received has the size and hash the welcome gave for it (Welcome::chunk_hashes).
+  bool chunk_matches(const Link& L, int64_t k, const MessageHeader& h, const Envelope& env) const {
+    const proto::Welcome& w = *L.c.dl;
+    const int64_t first = k * w.chunk_elements, n = std::min(w.chunk_elements, w.elements - first);
+    if (h.encoding != Encoding::kFp32 || static_cast<int64_t>(h.element_count) != n ||
+        env.payload.size() != static_cast<size_t>(n) * 4 || !little_endian())
+      return false;
+    return fnv1a64(env.payload.data(), env.payload.size()) == w.chunk_hashes[static_cast<size_t>(k)];
+  }
+
+  void accept_chunk(Link& L, int64_t k, const MessageHeader& h, const Envelope& env) {
+    Comms& c = L.c;
     const int64_t first = k * c.dl->chunk_elements, n = std::min(c.dl->chunk_elements, c.dl->elements - first);
     if (static_cast<int64_t>(h.element_count) != n) throw WireError("state chunk has the wrong size");
     decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n),
@@ -591,6 +688,7 @@ struct LearnerNode::Impl {
       emit(L, bad_frame("global state hash mismatch; downloading again"));
       L.joined = false;  // hello again with want_state
     } else {
+      if (serve_tx) set_served(L, c.dl_flat, c.dl->versions);
       L.state_ready = State{*c.dl, c.dl_flat};
       L.have_state = true;
       L.initial = at::Tensor();
@@ -601,10 +699,274 @@ struct LearnerNode::Impl {
       r.download_bytes = c.dl->elements * 4;
       r.download_seconds = now() - c.hello_sent_at;
       r.resume_step = c.dl->resume_step;
+      if (c.fetch) {
+        r.peer_bytes = c.fetch->peer_bytes;
+        r.donors = static_cast<int64_t>(c.fetch->src.size()) - 1;
+        r.donors_lied = c.fetch->lied;
+      }
       emit(L, r);
       cv.notify_all();
     }
     c.dl.reset();
+    c.fetch.reset();
+  }
+
+  // ---- rejoin from peers: fetching ----
+  void start_fetch(Link& L, const proto::Welcome& w) {
+    auto f = std::make_unique<Fetch>();
+    f->src.emplace_back();  // the syncer
+    if (donor_options)
+      for (const auto& d : w.donors) {
+        if (d.learner == id) continue;
+        TransportOptions o = *donor_options;
+        o.server_public_key = d.key;
+        if (!o.plaintext && d.key.empty()) continue;
+        Fetch::Source s;
+        s.donor = d.learner;
+        try {
+          s.tx = make_zmq_client(d.endpoint, o);
+        } catch (const std::exception& e) {
+          emit(L, bad_frame("cannot dial donor learner " + std::to_string(d.learner) + " at " + d.endpoint + ": " + e.what()));
+          continue;
+        }
+        f->src.push_back(std::move(s));
+      }
+    for (int64_t k = 0; k < w.chunks; ++k) f->todo.push_back(k);
+    L.c.fetch = std::move(f);
+  }
+
+  bool request_chunk(Link& L, size_t i, int64_t k) {
+    Comms& c = L.c;
+    Fetch::Source& s = c.fetch->src[i];
+    MessageHeader h = header(MessageKind::kStateRequest);
+    h.fragment_id = static_cast<uint32_t>(k);
+    h.round = c.dl->round;
+    proto::StateRequest r;
+    r.shard = L.plan.shard;
+    r.elements = c.dl->elements;
+    r.chunk_elements = c.dl->chunk_elements;
+    r.versions = c.dl->versions;
+    Bytes body = Bytes::from_string(proto::encode_state_request(r));
+    const bool sent = s.tx ? send_on(*s.tx, h, std::move(body)) : send(L, h, std::move(body));
+    const double t = now();
+    if (!sent) {  // not connected yet, or a full queue: the chunk goes back, this source waits a moment
+      c.fetch->todo.push_front(k);
+      s.retry_at = t + 0.02;
+      if (s.unready_since < 0) s.unready_since = t;
+      if (s.tx && t - s.unready_since > kFetchTimeout) s.banned = true;
+      return false;
+    }
+    s.unready_since = -1;
+    s.asked[k] = t;
+    return true;
+  }
+
+  // One round of a fetch: donors' answers, donors too slow, and every source's window refilled.
+  void tend_fetch(Link& L) {
+    Comms& c = L.c;
+    if (!c.fetch || !c.dl) return;
+    for (size_t i = 1; c.fetch && i < c.fetch->src.size(); ++i) {
+      Envelope env;
+      for (int n = 0; n < 16 && c.fetch && c.fetch->src[i].tx->receive(&env, std::chrono::milliseconds(0)); ++n)
+        on_donor_message(L, i, env);
+    }
+    if (!c.fetch || !c.dl) return;
+    Fetch& f = *c.fetch;
+    const double t = now();
+    for (size_t i = 1; i < f.src.size(); ++i) {
+      Fetch::Source& s = f.src[i];
+      for (auto it = s.asked.begin(); it != s.asked.end();) {
+        if (t - it->second < kFetchTimeout) {
+          ++it;
+          continue;
+        }
+        f.syncer_todo.push_back(it->first);
+        it = s.asked.erase(it);
+        if (++s.timeouts >= 2) s.banned = true;
+      }
+      if (s.banned) {
+        for (const auto& [k, at] : s.asked) f.syncer_todo.push_back(k);
+        s.asked.clear();
+      }
+    }
+    // The syncer: chunks no donor can serve first, then any; donors: any.
+    Fetch::Source& sy = f.src[0];
+    while (t >= sy.retry_at && static_cast<int64_t>(sy.asked.size()) < kFetchWindow &&
+           (!f.syncer_todo.empty() || !f.todo.empty())) {
+      int64_t k;
+      if (!f.syncer_todo.empty()) {
+        k = f.syncer_todo.front();
+        f.syncer_todo.pop_front();
+      } else {  // from the end: the donors work from the front, so the two meet in the middle
+        k = f.todo.back();
+        f.todo.pop_back();
+      }
+      if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, 0, k)) {
+        f.todo.pop_front();  // request_chunk put it in front of todo: the syncer's own queue keeps it
+        f.syncer_todo.push_front(k);
+        break;
+      }
+    }
+    for (size_t i = 1; i < f.src.size(); ++i) {
+      Fetch::Source& s = f.src[i];
+      while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow && !f.todo.empty()) {
+        const int64_t k = f.todo.front();
+        f.todo.pop_front();
+        if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, i, k)) break;
+      }
+    }
+  }
+
+  void on_donor_message(Link& L, size_t i, const Envelope& env) {
+    Comms& c = L.c;
+    Fetch& f = *c.fetch;
+    Fetch::Source& s = f.src[i];
+    MessageHeader h;
+    try {
+      if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
+      h = decode_header(env.header.data(), env.header.size(), limits);
+      verify_payload(h, env.payload.data(), env.payload.size());
+      if (h.fingerprint != fingerprint) throw WireError("another model's fingerprint");
+    } catch (const WireError& e) {
+      return caught_lying(L, i, -1, std::string("a malformed answer: ") + e.what());
+    }
+    const int64_t k = h.fragment_id;
+    // An answer to an abandoned request (a reject's round is its code, so only the chunk names it).
+    if ((h.kind != MessageKind::kReject && h.round != c.dl->round) || !s.asked.count(k)) return;
+    s.asked.erase(k);
+    if (h.kind == MessageKind::kReject) {  // it holds other versions now: the syncer serves the chunk
+      f.syncer_todo.push_back(k);
+      if (++s.refused >= 3) s.banned = true;
+      return;
+    }
+    if (h.kind != MessageKind::kStateChunk) return caught_lying(L, i, k, std::string("answered with ") + kind_name(h.kind));
+    if (!chunk_matches(L, k, h, env))
+      return caught_lying(L, i, k, "chunk " + std::to_string(k) + " does not match the syncer's hash of it");
+    ++s.got;
+    f.peer_bytes += static_cast<int64_t>(env.payload.size());
+    accept_chunk(L, k, h, env);
+  }
+
+  void caught_lying(Link& L, size_t i, int64_t k, const std::string& what) {
+    Fetch& f = *L.c.fetch;
+    Fetch::Source& s = f.src[i];
+    if (k >= 0) f.syncer_todo.push_back(k);
+    for (const auto& [q, at] : s.asked) f.syncer_todo.push_back(q);
+    s.asked.clear();
+    if (!s.banned) ++f.lied;
+    s.banned = true;
+    rec::PeerLied r;
+    r.donor = s.donor;
+    r.chunk = k;
+    r.detail = clip_utf8(what, 300) + "; this donor is used no more, the syncer serves what it was asked";
+    emit(L, r);
+  }
+
+  // ---- rejoin from peers: serving ----
+  void set_served(Link& L, const at::Tensor& flat, const std::vector<int64_t>& versions) {
+    if (versions.size() != L.segments.size() || flat.numel() != L.plan.model.elements) return;
+    L.served = flat.clone();
+    L.served_versions = versions;
+  }
+  void serve_broadcast(Link& L, int64_t p, int64_t version, const at::Tensor& flat) {
+    if (!L.served.defined()) return;
+    const int64_t k = L.plan.local[static_cast<size_t>(p)];
+    if (k < 0 || version <= L.served_versions[static_cast<size_t>(k)]) return;
+    if (now() < L.frozen_until) {  // a fetch is reading this copy: later
+      auto it = L.deferred.find(k);
+      if (it == L.deferred.end() || it->second.first < version) L.deferred[k] = {version, flat};
+      return;
+    }
+    float* dst = L.served.data_ptr<float>();
+    const float* src = flat.data_ptr<float>();
+    for (const auto& [part, frag, n] : L.segments[static_cast<size_t>(k)])
+      std::memcpy(dst + part, src + frag, static_cast<size_t>(n) * sizeof(float));
+    L.served_versions[static_cast<size_t>(k)] = version;
+  }
+
+  void tend_serving() {
+    if (!serve_tx) return;
+    for (auto& L : links)  // thawed: the broadcasts that waited go in
+      if (!L.deferred.empty() && now() >= L.frozen_until) {
+        std::map<int64_t, std::pair<int64_t, at::Tensor>> d;
+        d.swap(L.deferred);
+        for (auto& [k, vf] : d) serve_broadcast(L, L.plan.fragments[static_cast<size_t>(k)], vf.first, vf.second);
+      }
+    Envelope env;
+    for (int n = 0; n < 16 && serve_queue.size() < 64 && serve_tx->receive(&env, std::chrono::milliseconds(0)); ++n) {
+      MessageHeader h;
+      try {
+        if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
+        h = decode_header(env.header.data(), env.header.size(), limits);
+        verify_payload(h, env.payload.data(), env.payload.size());
+        if (h.kind != MessageKind::kStateRequest || h.fingerprint != fingerprint) throw WireError("not a state request for this model");
+        // CURVE: only keys bound to a learner fetch (the transport's allow-list admitted the key at all).
+        if (!env.identity.empty() && !proto::learner_of_key_name(env.identity)) throw WireError("key is not a learner's");
+        serve_queue.push_back(ServeRequest{env.peer, h, proto::parse_state_request(env.payload.data(), env.payload.size())});
+      } catch (const WireError&) {
+        ++serve_refused;  // a joining learner treats silence as a slow donor; nothing more to say to a stranger
+      }
+    }
+    // The rate bound: a token bucket of net.serve_rate Mbit/s, at most one chunk of burst beyond a tenth of a second.
+    const double t = now();
+    const double rate = cfg.net.serve_rate * 1e6 / 8;
+    if (serve_tokens_at < 0) serve_tokens_at = t;
+    if (rate > 0)
+      serve_tokens = std::min(serve_tokens + (t - serve_tokens_at) * rate,
+                              std::max(rate * 0.1, static_cast<double>(cfg.net.chunk_bytes)));
+    serve_tokens_at = t;
+    while (!serve_queue.empty()) {
+      const ServeRequest& q = serve_queue.front();
+      const int64_t n = std::min(q.r.chunk_elements, q.r.elements - static_cast<int64_t>(q.h.fragment_id) * q.r.chunk_elements);
+      if (rate > 0 && serve_tokens < static_cast<double>(n) * 4) break;
+      serve_one(q);
+      if (rate > 0) serve_tokens -= static_cast<double>(std::max<int64_t>(n, 0)) * 4;
+      serve_queue.pop_front();
+    }
+  }
+
+  void serve_one(const ServeRequest& q) {
+    MessageHeader h = header(MessageKind::kStateChunk);
+    h.round = q.h.round;
+    h.fragment_id = q.h.fragment_id;
+    const int64_t k = q.h.fragment_id, first = k * q.r.chunk_elements;
+    Link* L = nullptr;
+    for (auto& l : links)
+      if (l.plan.shard == q.r.shard) L = &l;
+    const bool fits = L && L->served.defined() && q.r.elements == L->plan.model.elements && first >= 0 &&
+                      first < q.r.elements && q.r.versions.size() == L->served_versions.size();
+    bool held = fits;
+    const int64_t n = fits ? std::min(q.r.chunk_elements, q.r.elements - first) : 0;
+    if (fits)  // every fragment with elements in the chunk at the requested version
+      for (size_t f = 0; f < L->segments.size() && held; ++f)
+        for (const auto& [part, frag, cnt] : L->segments[f])
+          if (part < first + n && part + cnt > first && L->served_versions[f] != q.r.versions[f]) {
+            held = false;
+            break;
+          }
+    if (!held) {
+      MessageHeader rh = header(MessageKind::kReject);
+      rh.round = static_cast<uint64_t>(RejectReason::kNotHeld);  // a reject's round is its code
+      rh.fragment_id = q.h.fragment_id;
+      const auto f = proto::make_frame(rh, std::string("not_held: this learner holds other versions of that chunk"), limits);
+      serve_tx->send(q.route, f.header, f.payload);
+      ++serve_refused;
+      return;
+    }
+    L->frozen_until = now() + kServeFreeze;  // the rest of this fetch finds these versions
+    Bytes payload = Bytes::copy(L->served.data_ptr<float>() + first, static_cast<size_t>(n) * 4);
+    if (cfg.learner.serve_corrupt) {  // the fault drill: one flipped bit in the first element
+      std::string s = payload.str();
+      s[0] = static_cast<char>(s[0] ^ 1);
+      payload = Bytes::from_string(std::move(s));
+    }
+    h.encoding = Encoding::kFp32;
+    h.element_count = static_cast<uint64_t>(n);
+    auto f = proto::make_frame(h, std::move(payload), limits);
+    if (serve_tx->send(q.route, f.header, f.payload)) {
+      ++served_chunks;
+      served_bytes += n * 4;
+    }
   }
 
   void on_broadcast(Link& L, const MessageHeader& h, const Envelope& env) {
@@ -617,6 +979,8 @@ struct LearnerNode::Impl {
     if (static_cast<int64_t>(h.element_count) != n) throw WireError("broadcast has the wrong size");
     at::Tensor flat = torch::empty({n}, torch::kFloat);
     decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n), flat.data_ptr<float>());
+    if (h.encoding == Encoding::kFp32) serve_broadcast(L, p, static_cast<int64_t>(h.round), flat);
+    else L.served = at::Tensor();  // lossy broadcasts: this learner's copy is not the syncer's state
     std::unique_lock<std::mutex> lock(mu);
     auto it = inbox.find(p);
     if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
@@ -1012,6 +1376,10 @@ struct LearnerNode::Impl {
     d.pushes_superseded = pushes_superseded;
     d.broadcasts = broadcasts;
     d.rejected = rejected;
+    if (serve_tx) {
+      d.served_chunks = served_chunks.load();
+      d.served_bytes = served_bytes.load();
+    }
     d.finished = done && refused_links().empty();
     d.bytes_sent = static_cast<int64_t>(bytes_out);
     d.bytes_received = static_cast<int64_t>(bytes_in);
@@ -1122,6 +1490,29 @@ void LearnerNode::standbys(std::vector<std::unique_ptr<ClientTransport>> alts) {
     throw ConfigError("a learner needs one standby connection per syncer shard: " + std::to_string(alts.size()) +
                       " given, syncer.shards=" + std::to_string(I.links.size()));
   for (size_t s = 0; s < alts.size(); ++s) I.links[s].alt = std::move(alts[s]);
+}
+
+void LearnerNode::peers(std::unique_ptr<ServerTransport> server, const std::string& public_key,
+                        const TransportOptions& donor_options) {
+  Impl& I = *impl_;
+  I.donor_options = donor_options;
+  if (!server) return;
+  I.serve_endpoint = I.cfg.net.serve;
+  I.serve_key = public_key;
+  I.serve_tx = std::move(server);
+  // Where each local fragment's tensors lie in the shard's part (model_layout order), by name.
+  for (Impl::Link& L : I.links) {
+    std::map<std::string, int64_t> at;
+    for (size_t t = 0; t < L.plan.model.names.size(); ++t) at[L.plan.model.names[t]] = L.plan.model.offsets[t];
+    L.segments.assign(L.plan.fragment_layouts.size(), {});
+    for (size_t k = 0; k < L.plan.fragment_layouts.size(); ++k) {
+      const FlatLayout& fl = L.plan.fragment_layouts[k];
+      for (size_t t = 0; t < fl.names.size(); ++t) {
+        const int64_t n = t + 1 < fl.names.size() ? fl.offsets[t + 1] - fl.offsets[t] : fl.elements - fl.offsets[t];
+        L.segments[k].push_back({at.at(fl.names[t]), fl.offsets[t], n});
+      }
+    }
+  }
 }
 
 LearnerNode::~LearnerNode() = default;

@@ -50,6 +50,18 @@ uint64_t get_hex(const nlohmann::json& j, const char* key, const char* what) {
 
 constexpr int64_t kMaxI = int64_t{1} << 53;
 
+// An optional string field of at most `max` bytes of printable ASCII ("" when absent).
+std::string get_short_string(const nlohmann::json& j, const char* key, const char* what, size_t max) {
+  auto it = j.find(key);
+  if (it == j.end()) return "";
+  if (!it->is_string()) throw WireError(std::string(what) + " field '" + key + "' is not a string");
+  std::string s = it->get<std::string>();
+  if (s.size() > max) throw WireError(std::string(what) + " field '" + key + "' is longer than " + std::to_string(max));
+  for (unsigned char c : s)
+    if (c < 0x21 || c > 0x7e) throw WireError(std::string(what) + " field '" + key + "' holds a character outside printable ASCII");
+  return s;
+}
+
 }  // namespace
 
 std::string encode_hello(const Hello& h) {
@@ -57,6 +69,8 @@ std::string encode_hello(const Hello& h) {
                    {"want_state", h.want_state}};
   if (h.state_hash) j["state_hash"] = fingerprint_hex(*h.state_hash);
   if (h.epoch > 0) j["epoch"] = h.epoch;
+  if (!h.serve.empty()) j["serve"] = h.serve;
+  if (!h.serve_key.empty()) j["serve_key"] = h.serve_key;
   return j.dump();
 }
 
@@ -71,6 +85,11 @@ Hello parse_hello(const char* data, size_t n) {
   h.want_state = it->get<bool>();
   if (j.contains("state_hash")) h.state_hash = get_hex(j, "state_hash", "hello");
   if (j.contains("epoch")) h.epoch = get_int(j, "epoch", "hello", 1, kMaxI);
+  h.serve = get_short_string(j, "serve", "hello", 256);
+  h.serve_key = get_short_string(j, "serve_key", "hello", 40);
+  if (!h.serve.empty() && h.serve.rfind("tcp://", 0) != 0 && h.serve.rfind("ipc://", 0) != 0)
+    throw WireError("hello field 'serve' must start with tcp:// or ipc://");
+  if (!h.serve_key.empty() && h.serve_key.size() != 40) throw WireError("hello field 'serve_key' is not a z85 public key");
   return h;
 }
 
@@ -86,6 +105,15 @@ std::string encode_welcome(const Welcome& w) {
   if (w.state_held) j["state_held"] = true;
   if (w.marks_answers) j["marks_answers"] = true;
   if (w.epoch > 0) j["epoch"] = w.epoch;
+  if (w.fetch) {
+    j["fetch"] = true;
+    nlohmann::json d = nlohmann::json::array();
+    for (const auto& x : w.donors) d.push_back({{"learner", x.learner}, {"endpoint", x.endpoint}, {"key", x.key}});
+    j["donors"] = std::move(d);
+    nlohmann::json h = nlohmann::json::array();
+    for (uint64_t v : w.chunk_hashes) h.push_back(fingerprint_hex(v));
+    j["chunk_hashes"] = std::move(h);
+  }
   return j.dump();
 }
 
@@ -114,11 +142,60 @@ Welcome parse_welcome(const char* data, size_t n) {
     w.marks_answers = marks->get<bool>();
   }
   if (j.contains("epoch")) w.epoch = get_int(j, "epoch", "welcome", 1, kMaxI);
+  if (auto f = j.find("fetch"); f != j.end()) {
+    if (!f->is_boolean()) throw WireError("welcome field 'fetch' is not a boolean");
+    w.fetch = f->get<bool>();
+  }
+  if (w.fetch) {
+    auto d = j.find("donors");
+    if (d == j.end() || !d->is_array() || d->size() > 64) throw WireError("welcome field 'donors' is missing or not a short array");
+    for (const auto& x : *d) {
+      if (!x.is_object()) throw WireError("welcome field 'donors' holds a non-object");
+      Welcome::Donor don;
+      don.learner = get_int(x, "learner", "welcome donor", 0, 1 << 20);
+      don.endpoint = get_short_string(x, "endpoint", "welcome donor", 256);
+      don.key = get_short_string(x, "key", "welcome donor", 40);
+      if (don.endpoint.rfind("tcp://", 0) != 0 && don.endpoint.rfind("ipc://", 0) != 0)
+        throw WireError("welcome donor endpoint must start with tcp:// or ipc://");
+      if (!don.key.empty() && don.key.size() != 40) throw WireError("welcome donor key is not a z85 public key");
+      w.donors.push_back(std::move(don));
+    }
+    auto h = j.find("chunk_hashes");
+    if (h == j.end() || !h->is_array() || static_cast<int64_t>(h->size()) != w.chunks || w.chunks > kMaxFetchChunks)
+      throw WireError("welcome field 'chunk_hashes' is missing or does not list one hash per chunk");
+    for (const auto& x : *h) {
+      if (!x.is_string()) throw WireError("welcome field 'chunk_hashes' holds a non-string");
+      w.chunk_hashes.push_back(parse_fingerprint_hex(x.get<std::string>()));
+    }
+    if (w.chunks == 0) throw WireError("welcome: fetch without chunks");
+  }
   if (w.state_held && w.chunks != 0) throw WireError("welcome: state_held with chunks to download");
   if (w.chunks > 0 && (w.chunk_elements == 0 || (w.chunks - 1) * w.chunk_elements >= w.elements ||
                        w.chunks * w.chunk_elements < w.elements))
     throw WireError("welcome: chunks × chunk_elements does not cover elements");
   return w;
+}
+
+std::string encode_state_request(const StateRequest& r) {
+  return nlohmann::json{{"shard", r.shard}, {"elements", r.elements}, {"chunk_elements", r.chunk_elements},
+                        {"versions", r.versions}}
+      .dump();
+}
+
+StateRequest parse_state_request(const char* data, size_t n) {
+  auto j = parse_object(data, n, "state request");
+  StateRequest r;
+  r.shard = get_int(j, "shard", "state request", 0, 1 << 16);
+  r.elements = get_int(j, "elements", "state request", 1, int64_t{1} << 34);
+  r.chunk_elements = get_int(j, "chunk_elements", "state request", 1, int64_t{1} << 28);
+  auto it = j.find("versions");
+  if (it == j.end() || !it->is_array() || it->size() > 4096)
+    throw WireError("state request field 'versions' is missing or not a short array");
+  for (const auto& v : *it) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) throw WireError("state request field 'versions' holds a non-integer");
+    r.versions.push_back(v.get<int64_t>());
+  }
+  return r;
 }
 
 std::string encode_beat(const Beat& b) {
@@ -201,6 +278,7 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::kHandlerError: return "handler_error";
     case RejectReason::kDeltaTooLarge: return "delta_too_large";
     case RejectReason::kNotLeader: return "not_leader";
+    case RejectReason::kNotHeld: return "not_held";
     case RejectReason::kOther: break;
   }
   return "other";

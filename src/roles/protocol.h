@@ -37,6 +37,10 @@ struct Hello {
   // A standby pair (docs/reliability.md): the highest leader epoch this learner has joined (0 = none, absent on the
   // wire). A syncer leading an older epoch learns from it that it was replaced, and steps down (fencing).
   int64_t epoch = 0;
+  // Rejoin from peers (docs/reliability.md): where this learner serves chunks of the state it holds to joining
+  // learners (net.serve; "" : it does not), and the CURVE public key (z85) its server authenticates with ("" in
+  // plaintext). Optional on the wire.
+  std::string serve, serve_key;
 };
 std::string encode_hello(const Hello& h);
 Hello parse_hello(const char* data, size_t n);
@@ -64,9 +68,32 @@ struct Welcome {
   // The leader's epoch (its fencing token; 0 = absent: a syncer without a standby pair). A learner takes a welcome
   // only from a syncer whose epoch is at least the highest it has seen.
   int64_t epoch = 0;
+  // Rejoin from peers: with `fetch`, the syncer sends no chunks on its own. The learner asks for each chunk
+  // (kStateRequest), from the donors listed and from the syncer, and checks every chunk against chunk_hashes
+  // (FNV-1a-64 of its fp32 bytes, computed by the syncer from its own state). Optional on the wire.
+  struct Donor {
+    int64_t learner = 0;
+    std::string endpoint, key;  // key: z85, "" in plaintext
+  };
+  bool fetch = false;
+  std::vector<Donor> donors;
+  std::vector<uint64_t> chunk_hashes;
 };
 std::string encode_welcome(const Welcome& w);
 Welcome parse_welcome(const char* data, size_t n);
+
+// A state request (kStateRequest; header: fragment_id = chunk, round = the welcome's round): the state it belongs to,
+// so a donor serves a chunk only when it holds exactly those fragment versions.
+struct StateRequest {
+  int64_t shard = 0;
+  int64_t elements = 0, chunk_elements = 0;
+  std::vector<int64_t> versions;  // per local fragment of the shard, as the welcome listed them
+};
+std::string encode_state_request(const StateRequest& r);
+StateRequest parse_state_request(const char* data, size_t n);
+// Welcomes list chunk hashes only up to this many chunks (the welcome is a control body of kMaxControlBytes);
+// a larger state is downloaded from the syncer alone.
+constexpr int64_t kMaxFetchChunks = 2048;
 
 struct Beat {
   int64_t step = 0;
@@ -147,8 +174,9 @@ enum class RejectReason : uint8_t {
   kDeltaTooLarge = 15,  // the core's norm bounds (norm_bound, norm_ratio, norm_outlier): a refusal that would repeat,
                         // so the learner drops its drift of the fragment (LearnerCore::drop_drift)
   kNotLeader = 16,      // a standby syncer answering a learner's hello: it follows the leader (docs/reliability.md)
+  kNotHeld = 17,        // a state request for a chunk the answering node does not hold (another round or versions)
 };
-constexpr RejectReason kLastRejectReason = RejectReason::kNotLeader;
+constexpr RejectReason kLastRejectReason = RejectReason::kNotHeld;
 // A reject frame's fragment_id: the fragment of the refused push, or kNoFragment when the reject is not about one.
 constexpr uint32_t kNoFragment = 0xffffffffu;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)

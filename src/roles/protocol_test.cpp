@@ -263,3 +263,75 @@ TEST(Protocol, CoreRejectionsMapToWireCodes) {
 
 }  // namespace
 }  // namespace deloco::proto
+
+namespace deloco::proto {
+namespace {
+
+// Rejoin from peers: the hello's offer to serve, the welcome's donors and chunk hashes, and the state request.
+TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {
+  Hello h;
+  h.learner = 2;
+  h.instance = 7;
+  h.serve = "tcp://198.18.0.3:6100";
+  h.serve_key = std::string(40, 'a');
+  const Hello h2 = parse_hello(encode_hello(h).data(), encode_hello(h).size());
+  EXPECT_EQ(h2.serve, h.serve);
+  EXPECT_EQ(h2.serve_key, h.serve_key);
+  Hello plain;  // absent on the wire: none
+  const std::string pb = encode_hello(plain);
+  EXPECT_EQ(pb.find("serve"), std::string::npos);
+  EXPECT_TRUE(parse_hello(pb.data(), pb.size()).serve.empty());
+
+  Welcome w;
+  w.round = 9;
+  w.versions = {3, 4};
+  w.elements = 10;
+  w.chunk_elements = 4;
+  w.chunks = 3;
+  w.state_hash = 11;
+  w.fetch = true;
+  w.donors = {{1, "ipc:///tmp/a.sock", ""}, {3, "tcp://198.18.0.4:6100", std::string(40, 'k')}};
+  w.chunk_hashes = {0x1, 0xffffffffffffffffull, 0x123456789abcdefull};
+  const std::string wb = encode_welcome(w);
+  const Welcome w2 = parse_welcome(wb.data(), wb.size());
+  EXPECT_TRUE(w2.fetch);
+  ASSERT_EQ(w2.donors.size(), 2u);
+  EXPECT_EQ(w2.donors[1].learner, 3);
+  EXPECT_EQ(w2.donors[1].endpoint, "tcp://198.18.0.4:6100");
+  EXPECT_EQ(w2.donors[1].key, std::string(40, 'k'));
+  EXPECT_EQ(w2.chunk_hashes, w.chunk_hashes);
+
+  StateRequest r;
+  r.shard = 1;
+  r.elements = 10;
+  r.chunk_elements = 4;
+  r.versions = {3, 4};
+  const std::string rb = encode_state_request(r);
+  const StateRequest r2 = parse_state_request(rb.data(), rb.size());
+  EXPECT_EQ(r2.shard, 1);
+  EXPECT_EQ(r2.versions, r.versions);
+
+  auto expect_error = [](const std::string& body, const char* needle, auto parse) {
+    try {
+      parse(body.data(), body.size());
+      ADD_FAILURE() << "accepted: " << body;
+    } catch (const WireError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const std::string head = R"({"round":1,"versions":[1],"resume_step":0,"chunks":2,"chunk_elements":4,"elements":8,"state_hash":"0000000000000001","fetch":true,)";
+  expect_error(head + R"("donors":[],"chunk_hashes":["0000000000000001"]})", "one hash per chunk", parse_welcome);
+  expect_error(head + R"("donors":[{"learner":1,"endpoint":"http://x","key":""}],"chunk_hashes":["01","02"]})",
+               "tcp:// or ipc://", parse_welcome);
+  expect_error(head + R"("donors":[{"learner":1,"endpoint":"ipc:///a","key":"short"}],"chunk_hashes":["01","02"]})",
+               "z85", parse_welcome);
+  expect_error(head + R"("chunk_hashes":["01","02"]})", "donors", parse_welcome);
+  expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"serve":"ipc:///a b"})",
+               "printable", parse_hello);
+  expect_error(R"({"shard":0,"elements":0,"chunk_elements":4,"versions":[]})", "elements", parse_state_request);
+  expect_error(R"({"shard":0,"elements":8,"chunk_elements":4,"versions":[-1]})", "versions", parse_state_request);
+  EXPECT_STREQ(reject_reason_name(RejectReason::kNotHeld), "not_held");
+}
+
+}  // namespace
+}  // namespace deloco::proto

@@ -1,5 +1,6 @@
 // Configuration of the distributed runtime: every key of `deloco syncer`, `deloco learner` and `deloco run`.
 #include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
@@ -88,6 +89,34 @@ void NetOptions::bind(ConfigSchema& s) {
                ? std::string()
                : "net.io_threads must be in [1, 16] (got " + std::to_string(io_threads) + ")";
   });
+  s.bind("net.serve", &serve,
+         "learners: the endpoint (tcp://HOST:PORT or ipc://PATH) where this learner serves chunks of the state it "
+         "holds to joining learners, so a rejoin does not load the syncer alone (\"\" : serve none; auto: `deloco run` "
+         "picks one per learner; "
+         "docs/reliability.md, \"Rejoin from peers\")",
+         [this] {
+           if (serve.empty() || serve == "auto") return std::string();
+           if (serve.rfind("tcp://", 0) != 0 && serve.rfind("ipc://", 0) != 0)
+             return "net.serve must start with tcp:// or ipc:// (got '" + serve + "')";
+           if (serve.find("0.0.0.0") != std::string::npos || serve.find('*') != std::string::npos)
+             return "net.serve must be an address joining learners can dial, not a wildcard (got '" + serve + "')";
+           if (serve.size() > 256) return std::string("net.serve is longer than 256 bytes");
+           return std::string();
+         });
+  s.bind("net.serve_rate", &serve_rate,
+         "at most this many Mbit/s of state chunks sent to joining learners that fetch from peers: a learner's as a "
+         "donor, the syncer's own share (0: unbounded)", [this] {
+           return std::isfinite(serve_rate) && serve_rate >= 0 && serve_rate <= 1e6
+                      ? std::string()
+                      : std::string("net.serve_rate must be in [0, 1e6] Mbit/s (0: unbounded)");
+         });
+  s.bind("net.donors", &donors,
+         "syncer: at most this many learners a joining learner fetches the state from besides the syncer (0: the "
+         "syncer sends it all)",
+         [this] {
+           return donors >= 0 && donors <= 32 ? std::string()
+                                              : "net.donors must be in [0, 32] (got " + std::to_string(donors) + ")";
+         });
   s.bind("net.max_frame_bytes", &max_frame_bytes,
          "largest frame a node accepts; a larger one drops the connection (0: sized to the model)", [this] {
            return max_frame_bytes >= 0 && max_frame_bytes <= (int64_t{1} << 40)
@@ -187,6 +216,9 @@ void LearnerNodeOptions::bind(ConfigSchema& s) {
          [this] { return bucket_mb > 0 && bucket_mb <= 4096 ? "" : "learner.bucket_mb must be in (0, 4096]"; });
   s.bind("learner.group_timeout", &group_timeout, "seconds a learner-group collective may take before the group fails",
          seconds(&group_timeout, "learner.group_timeout", false));
+  s.bind("learner.serve_corrupt", &serve_corrupt,
+         "fault drill: this learner corrupts every state chunk it serves to joining peers, who must catch it by its "
+         "hash and fetch it elsewhere (net.serve)");
 }
 
 void ChaosOptions::bind(ConfigSchema& s) {

@@ -60,6 +60,10 @@ void SyncerNode::Impl::update_prometheus() {
   metric("state_snapshots_total", "counter", "Global-state snapshots encoded for downloads (one per set of versions).",
          static_cast<double>(state_snapshots));
   metric("state_downloads_total", "counter", "Global-state downloads queued to learners.", static_cast<double>(state_downloads));
+  metric("peer_fetch_downloads_total", "counter", "Downloads a joining learner fetched from donor learners and the syncer.",
+         static_cast<double>(fetch_downloads));
+  metric("peer_fetch_chunks_from_syncer_total", "counter", "Chunks of such downloads the syncer sent itself.",
+         static_cast<double>(fetch_chunks_sent));
   metric("states_held_total", "counter",
          "Joins asking for the state whose learner held it already (its parameters' hash matched): no download.",
          static_cast<double>(states_held));
@@ -125,6 +129,9 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"state_snapshots", state_snapshots},
                    {"state_downloads", state_downloads},
                    {"states_held", states_held},
+                   {"peer_fetch_downloads", fetch_downloads},
+                   {"peer_fetch_chunks_from_syncer", fetch_chunks_sent},
+                   {"serve_offers_refused", serve_offers_refused},
                    {"state_requests_dropped", state_requests_dropped},
                    {"broadcasts_sent", broadcasts_sent},
                    {"broadcasts_superseded", broadcasts_superseded},

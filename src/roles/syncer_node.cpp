@@ -119,6 +119,7 @@ void SyncerNode::Impl::retire(int64_t m, const char* how) {
   retired[m] = true;
   peers[m].alive = false;
   peers[m].dl_sent = -1;
+  peers[m].fetch_snap.reset();
   peers[m].pending.clear();  // what is in flight stays counted: the end of the run waits for it (run())
   rec::Retired rt;
   rt.learner = m;
@@ -230,7 +231,10 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         const bool download_done = P.dl_sent >= 0 && b.state_round >= P.dl_round;
         // The download's rate on this link gives the first estimate of a broadcast's time on it.
         if (download_done) seed_broadcast_time(P, static_cast<double>(model_layout.elements) * 4, t - P.dl_sent);
-        if (download_done) P.dl_sent = -1;  // the download arrived and verified
+        if (download_done) {  // the download arrived and verified
+          P.dl_sent = -1;
+          P.fetch_snap.reset();
+        }
         if (b.broadcasts >= 0) {
           P.acks = true;
           acknowledge(m, b.broadcasts, t);
@@ -238,10 +242,12 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         if (download_done || b.broadcasts >= 0) pump(m);
         return;
       }
+      case MessageKind::kStateRequest: return on_state_request(env, h, m);
       case MessageKind::kLeave: {
         const std::string why = proto::parse_leave(env.payload.data(), env.payload.size());
         P.alive = false;
         P.dl_sent = -1;
+        P.fetch_snap.reset();
         reset_window(P);
         if (why == "done") {  // the connection keeps its id: a goodbye repeated on it (answer lost) is answered again
           retire(m, "leave");
@@ -299,6 +305,77 @@ std::shared_ptr<const syncer_detail::StateSnapshot> SyncerNode::Impl::state_snap
   snapshot = std::move(snap);
   ++state_snapshots;
   return snapshot;
+}
+
+const std::vector<uint64_t>& syncer_detail::StateSnapshot::hashes(int64_t chunk_elements) const {
+  if (hashed_chunk_elements != chunk_elements) {
+    const int64_t elements = static_cast<int64_t>(bytes.size() / 4);
+    chunk_hashes.clear();
+    for (int64_t first = 0; first < elements; first += chunk_elements)
+      chunk_hashes.push_back(fnv1a64(bytes.data() + first * 4, static_cast<size_t>(std::min(chunk_elements, elements - first)) * 4));
+    hashed_chunk_elements = chunk_elements;
+  }
+  return chunk_hashes;
+}
+
+// A joining learner fetching its download (Welcome::fetch) asks for a chunk: queued, and answered (serve_chunks) from
+// the snapshot its welcome described at no more than net.serve_rate, or refused (not_held) when that download is no
+// longer outstanding (the learner then says hello again).
+void SyncerNode::Impl::on_state_request(const Envelope& env, const MessageHeader& h, int64_t m) {
+  if (chunk_queue.size() >= 4096) return;  // a learner asking far past its window: the rest it asks again
+  chunk_queue.push_back({m, env.peer, h});
+  serve_chunks();
+}
+
+void SyncerNode::Impl::serve_chunks() {
+  const double t = now();
+  const double rate = cfg.net.serve_rate * 1e6 / 8;
+  if (chunk_tokens_at < 0) chunk_tokens_at = t;
+  if (rate > 0)
+    chunk_tokens = std::min(chunk_tokens + (t - chunk_tokens_at) * rate,
+                            std::max(rate * 0.1, static_cast<double>(cfg.net.chunk_bytes)));
+  chunk_tokens_at = t;
+  const int64_t chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
+  while (!chunk_queue.empty()) {
+    const QueuedChunk q = chunk_queue.front();
+    Peer& P = peers[q.learner];
+    if (!P.fetch_snap || P.route != q.route || static_cast<int64_t>(q.h.round) != P.fetch_snap->round) {
+      chunk_queue.pop_front();
+      MessageHeader rh;
+      rh.kind = MessageKind::kReject;
+      rh.round = static_cast<uint64_t>(RejectReason::kNotHeld);
+      rh.learner_id = static_cast<uint32_t>(q.learner);
+      rh.fragment_id = proto::kNoFragment;
+      rh.fingerprint = fingerprint;
+      const auto f = proto::make_frame(rh, std::string("not_held: no download of round ") + std::to_string(q.h.round) +
+                                               " is outstanding for this learner; say hello again", limits);
+      tx->send(q.route, f.header, f.payload);
+      continue;
+    }
+    const int64_t elements = static_cast<int64_t>(P.fetch_snap->bytes.size() / 4);
+    const int64_t c = static_cast<int64_t>(q.h.fragment_id), first = c * chunk_elements;
+    if (first >= elements) {
+      chunk_queue.pop_front();
+      reject(q.route, q.learner, -1, RejectReason::kMalformedFrame, "state request for chunk " + std::to_string(c) + " past the state's end");
+      continue;
+    }
+    const int64_t n = std::min(chunk_elements, elements - first);
+    if (rate > 0 && chunk_tokens < static_cast<double>(n) * 4) return;  // the rest when the bucket has refilled
+    chunk_queue.pop_front();
+    if (rate > 0) chunk_tokens -= static_cast<double>(n) * 4;
+    MessageHeader ch;
+    ch.kind = MessageKind::kStateChunk;
+    ch.encoding = Encoding::kFp32;
+    ch.learner_id = static_cast<uint32_t>(q.learner);
+    ch.fragment_id = static_cast<uint32_t>(c);
+    ch.fingerprint = fingerprint;
+    ch.round = q.h.round;
+    ch.element_count = static_cast<uint64_t>(n);
+    const auto f = proto::make_frame(ch, P.fetch_snap->bytes.slice(static_cast<size_t>(first) * 4, static_cast<size_t>(n) * 4), limits);
+    tx->send(q.route, f.header, f.payload);
+    ++P.fetch_chunks_sent;
+    ++fetch_chunks_sent;
+  }
 }
 
 void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, double t) {
@@ -384,6 +461,21 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     if (!held) {
       w.chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
       w.chunks = (w.elements + w.chunk_elements - 1) / w.chunk_elements;
+      // Rejoin from peers: learners that hold the state and serve it share the download (their chunks are checked
+      // against this syncer's hashes). Only with fp32 broadcasts: a donor's copy of Θ is what the broadcasts carried.
+      if (cfg.net.donors > 0 && broadcast_enc == Encoding::kFp32 && w.chunks <= proto::kMaxFetchChunks) {
+        ++donor_rotation;
+        for (int64_t i = 0; i < M && static_cast<int64_t>(w.donors.size()) < cfg.net.donors; ++i) {
+          const int64_t n = static_cast<int64_t>((donor_rotation + static_cast<uint64_t>(i)) % static_cast<uint64_t>(M));
+          const Peer& D = peers[n];
+          if (n == m || !D.alive || retired[n] || D.serve.empty() || D.dl_sent >= 0 || D.route.empty()) continue;
+          w.donors.push_back(proto::Welcome::Donor{n, D.serve, D.serve_key});
+        }
+        if (!w.donors.empty()) {
+          w.fetch = true;
+          w.chunk_hashes = snap->hashes(w.chunk_elements);
+        }
+      }
     }
   } else {
     w.round = static_cast<uint64_t>(merges);
@@ -403,7 +495,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   wh.round = w.round;
   frames.push_back(proto::make_frame(wh, proto::encode_welcome(w), limits));
   const std::shared_ptr<const void> owner = w.chunks > 0 ? owner_of(snap->bytes) : nullptr;  // chunks point into the snapshot
-  for (int64_t c = 0; c < w.chunks; ++c) {
+  for (int64_t c = 0; c < (w.fetch ? 0 : w.chunks); ++c) {  // fetch: the learner asks for each chunk
     const int64_t first = c * w.chunk_elements, n = std::min(w.chunk_elements, w.elements - first);
     Bytes chunk(owner, snap->bytes.data() + first * 4, static_cast<size_t>(n) * 4);
     MessageHeader ch;
@@ -445,6 +537,21 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.route = env.peer;
   P.identity = env.identity;
   P.instance = hello.instance;
+  // Its offer to serve joining learners: under CURVE only with the key its connection authenticated with (a
+  // learner cannot send others to a server that is not its own).
+  P.serve.clear();
+  P.serve_key.clear();
+  if (!hello.serve.empty()) {
+    const bool plain = env.identity.empty();
+    const std::string* name = allow_list && !hello.serve_key.empty() ? allow_list->name_of(hello.serve_key) : nullptr;
+    if (plain ? hello.serve_key.empty() : name && *name == env.identity) {
+      P.serve = hello.serve;
+      P.serve_key = hello.serve_key;
+    } else {
+      ++serve_offers_refused;
+    }
+  }
+  P.fetch_snap = w.fetch ? snap : nullptr;
   P.alive = !retired[m];
   P.last_heard = t;
   P.step = resume_step;
@@ -462,6 +569,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
       ++states_held;
     } else {
       ++state_downloads;
+      if (w.fetch) ++fetch_downloads;
     }
     if (queued && !held) {
       P.dl_sent = t;
@@ -743,15 +851,20 @@ void SyncerNode::Impl::evaluate(bool final) {
       }
       const std::string dir = k < static_cast<int64_t>(cfg.syncer.shard_dirs.size()) ? cfg.syncer.shard_dirs[k] : "";
       nlohmann::json src{{"shard", k}, {"merges", 0}};
-      try {
-        if (!dir.empty() && has_committed_checkpoint(dir)) {
-          Checkpoint ck = read_checkpoint(dir, /*with_optimizer=*/false);
-          if (ck.manifest.value("fingerprint", std::string()) == fingerprint_hex(fingerprint))
-            for (auto& [n, t] : ck.model.tensors) others[n] = t;
-          src["merges"] = ck.manifest.value("step", int64_t{0});
+      // A standby pair writes two folders (the standby's is DIR/standby): the newer checkpoint of the two, by merges.
+      int64_t best = -1;
+      for (const std::string& d : {dir, dir.empty() ? dir : (fs::path(dir) / "standby").string()}) {
+        try {
+          if (d.empty() || !has_committed_checkpoint(d)) continue;
+          Checkpoint ck = read_checkpoint(d, /*with_optimizer=*/false);
+          const int64_t step = ck.manifest.value("step", int64_t{0});
+          if (ck.manifest.value("fingerprint", std::string()) != fingerprint_hex(fingerprint) || step <= best) continue;
+          for (auto& [n, t] : ck.model.tensors) others[n] = t;
+          best = step;
+          src["merges"] = step;
+        } catch (const std::exception& e) {  // being written, or damaged: the other folder, or version 0 this time
+          src["error"] = clip_utf8(e.what(), 200);
         }
-      } catch (const std::exception& e) {  // being written, or damaged: its fragments at version 0 this time
-        src["error"] = clip_utf8(e.what(), 200);
       }
       sources.push_back(src);
     }
@@ -807,6 +920,7 @@ double SyncerNode::Impl::goodput() const {
 
 void SyncerNode::Impl::housekeeping() {
   leader_housekeeping();
+  if (!chunk_queue.empty()) serve_chunks();
   const double t = now();
   // Uptime: global training is stalled while a fragment waits below its quorum, no learner is connected, or every
   // connected learner stopped advancing (blocked_learners). The clock starts with the first learner's hello (a
@@ -846,6 +960,7 @@ void SyncerNode::Impl::housekeeping() {
     if (P.alive && t - P.last_heard > cfg.net.dead_after + patience(P.upload_time)) {
       P.alive = false;
       P.dl_sent = -1;  // a silent connection's download is moot (see on_hello)
+      P.fetch_snap.reset();
       reset_window(P);
       core_connected(m, false);
       rec::Lost lost;
@@ -896,7 +1011,7 @@ void SyncerNode::Impl::housekeeping() {
 }
 
 double SyncerNode::Impl::next_wakeup() const {
-  double next = now() + 0.05;
+  double next = now() + (chunk_queue.empty() ? 0.05 : 0.002);
   for (double u : timers)
     if (u >= 0) next = std::min(next, u);
   return next;
@@ -946,6 +1061,14 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.replica_limits.max_elements = I.replica_limits.max_payload_bytes;
   I.lease = I.cfg.syncer.lease;
   I.broadcast_enc = I.cfg.answer_encoding();
+  // Rejoin from peers: a learner's offer to serve names its server's key, checked against the allow-list name its
+  // connection authenticated with.
+  if (!I.cfg.net.plaintext && !I.cfg.net.allow.empty()) {
+    try {
+      I.allow_list = AllowList::load(I.cfg.net.allow);
+    } catch (const std::exception&) {  // the transport reports an unreadable allow-list itself; no donors then
+    }
+  }
   for (const auto& L : I.layouts)
     I.send_window = std::max(I.send_window, 2 * (encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements)) +
                                                  kWireHeaderBytes));
@@ -1057,9 +1180,18 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
       if (I.role == Impl::Role::kFollower) I.follower_housekeeping();
       continue;
     }
+    I.leader_tick();
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
-    if (I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1))) I.handle(env);
+    if (I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1))) {
+      bool replica = false;
+      if (I.holding()) try {
+          replica = env.parts == 2 && decode_header(env.header.data(), env.header.size(), I.limits).kind == MessageKind::kReplica;
+        } catch (const WireError&) {
+        }
+      if (!I.holding() || replica) I.handle(env);
+      else if (I.held_messages.size() < 100000) I.held_messages.push_back(std::move(env));
+    }
     I.housekeeping();
     I.flush_journal();  // after the checkpoints the handling wrote: durable first, then replicated, then visible
   }

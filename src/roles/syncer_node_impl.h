@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,8 @@
 namespace deloco {
 
 namespace syncer_detail {
+
+struct StateSnapshot;
 
 struct Peer {
   std::string route;        // transport peer id ("" : no live connection)
@@ -73,6 +76,12 @@ struct Peer {
   // acknowledgement). A slow link makes silences of a few frames' time normal: liveness allows for them.
   Ema upload_time, broadcast_time;
   double last_beat = -1;     // steady time of its latest heartbeat: the one the learner sends right before a push
+  // ---- rejoin from peers (docs/reliability.md) ----
+  // Where this learner serves state chunks to joining learners and its server's public key (its hello; "" : none).
+  std::string serve, serve_key;
+  // A download this learner fetches chunk by chunk (Welcome::fetch): the snapshot its state requests are answered from.
+  std::shared_ptr<const StateSnapshot> fetch_snap;
+  int64_t fetch_chunks_sent = 0;
 };
 
 // The latest broadcast of a fragment (version 0: none yet), kept encoded for a learner that comes back without a
@@ -90,6 +99,10 @@ struct StateSnapshot {
   int64_t round = 0;              // merges when it was taken: the welcome's round
   Bytes bytes;                    // fp32 elements of the whole model (model_layout order)
   uint64_t hash = 0;              // FNV-1a-64 of `bytes`
+  // FNV-1a-64 of each chunk of chunk_elements elements (Welcome::chunk_hashes), computed on first use.
+  mutable std::vector<uint64_t> chunk_hashes;
+  mutable int64_t hashed_chunk_elements = 0;
+  const std::vector<uint64_t>& hashes(int64_t chunk_elements) const;
 };
 
 }  // namespace syncer_detail
@@ -142,6 +155,21 @@ struct SyncerNode::Impl {
   // one was outstanding. Records the sink failed to take (emit never throws).
   std::shared_ptr<const syncer_detail::StateSnapshot> snapshot;  // the newest; older ones live while queued chunks point into them
   int64_t state_snapshots = 0, state_downloads = 0, state_requests_dropped = 0, record_errors = 0;
+  // Rejoin from peers: downloads fetched with donors, chunks the syncer sent of those, donor offers ignored (a key
+  // that is not the hello's own), and the allow-list that checks them (CURVE).
+  int64_t fetch_downloads = 0, fetch_chunks_sent = 0, serve_offers_refused = 0;
+  std::optional<AllowList> allow_list;
+  uint64_t donor_rotation = 0;
+  void on_state_request(const Envelope& env, const MessageHeader& h, int64_t m);
+  // State requests waiting for net.serve_rate (a token bucket of bytes), answered by serve_chunks().
+  struct QueuedChunk {
+    int64_t learner = 0;
+    std::string route;
+    MessageHeader h;
+  };
+  std::deque<QueuedChunk> chunk_queue;
+  double chunk_tokens = 0, chunk_tokens_at = -1;
+  void serve_chunks();
   int64_t states_held = 0;  // joins that asked for the state and held it already (hash matched): no chunks sent
   // Broadcasts: handed to the transport, superseded by a newer merge before they could be sent (the learner's send
   // window was full), acknowledged by the learner. The send window in bytes per learner (set at construction:
@@ -202,6 +230,14 @@ struct SyncerNode::Impl {
   std::unique_ptr<ClientTransport> peer_link;
   double epoch_told = -1e9;
   void tell_peer_epoch();
+  // A leader with a standby that was paused holds every learner message (no push received, nothing merged) until
+  // its standby is heard again — or, silent, dropped a lease later — so a leader replaced meanwhile merges nothing
+  // beside its successor; its successor's epoch (tell_peer_epoch) arrives first and it steps down instead.
+  double hold_until = -1;
+  std::deque<Envelope> held_messages;
+  void leader_tick();          // at the top of each loop: notices a pause, starts the hold
+  void release_held();         // the hold ends: the held messages are handled in order
+  bool holding() const { return hold_until >= 0; }
   bool first_merge_pending = false;
   // Applies `e` to the core (repl::apply) and, on a leader with a standby, sends it there. Sets e.seq.
   repl::Applied journal(repl::Entry e);

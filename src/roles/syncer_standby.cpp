@@ -61,7 +61,10 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   if (e.kind != repl::EntryKind::kFollow && e.kind != repl::EntryKind::kAck) return;  // a leader's: nothing to do
   if (role != Role::kLeader) return;
   const double t = now();
-  if (env.peer == standby_route) standby_heard = t;
+  if (env.peer == standby_route) {
+    standby_heard = t;
+    if (holding()) release_held();  // the standby still follows this leader: nothing was taken over
+  }
   if (e.kind == repl::EntryKind::kAck && env.peer != standby_route) {
     // A standby this leader dropped (it was silent past the lease: paused, say) still believes it follows. Unanswered
     // it would take over beside this live leader after a lease; a fresh image makes it a replica again instead.
@@ -464,18 +467,38 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
   standby_route.clear();
   journal_out.clear();
   peer_link.reset();
+  hold_until = -1;
+  held_messages.clear();  // their learners join the leader of the newer epoch
   forget_learners();
   following = false;
   upstream = dial_peer();
   send_follow();
 }
 
-void SyncerNode::Impl::leader_housekeeping() {
+void SyncerNode::Impl::leader_tick() {
   const double t = now();
   // A leader that did not run for a while may have been replaced meanwhile: it does not blame its standby for the
   // silence (dropping it would release the broadcasts held for its acknowledgement); the standby, or the newer
-  // leader it became (whose epoch arrives right behind), gets a full lease to be heard.
-  excuse_pause(pause_began(t), t, standby_heard);
+  // leader it became (whose epoch arrives right behind), gets a full lease to be heard. Until then it holds.
+  const double began = pause_began(t);
+  if (began < 0 || standby_route.empty()) return;
+  excuse_pause(began, t, standby_heard);
+  hold_until = t + lease;
+}
+
+void SyncerNode::Impl::release_held() {
+  hold_until = -1;
+  std::deque<Envelope> q;
+  q.swap(held_messages);
+  for (Envelope& env : q) {
+    if (role != Role::kLeader) break;  // stepped down meanwhile: its learners join the new leader
+    handle(env);
+  }
+}
+
+void SyncerNode::Impl::leader_housekeeping() {
+  const double t = now();
+  if (holding() && (t >= hold_until || standby_route.empty())) release_held();
   if (standby_route.empty()) {
     tell_peer_epoch();
     return;

@@ -63,6 +63,24 @@ LearnerLinks dial_learner_links(const RuntimeConfig& cfg, const TransportOptions
   if (!cfg.net.standby.empty())
     for (const auto& e : shard_endpoints(cfg.net.standby, cfg.syncer.shards))
       links.standbys.push_back(make_zmq_client(e, options));
+  links.donor_options = options;
+  links.donor_options.lanes = 1;
+  links.donor_options.server_public_key_file.clear();
+  if (cfg.net.serve == "auto")
+    throw ConfigError("net.serve=auto is for `deloco run` (it picks an endpoint per learner); a learner started by "
+                      "hand serves at an endpoint named in net.serve, e.g. tcp://HOST:PORT");
+  if (!cfg.net.serve.empty()) {
+    TransportOptions so = options;
+    so.lanes = 1;
+    if (!options.plaintext) {
+      if (cfg.net.allow.empty())
+        throw ConfigError("net.serve under CURVE needs net.allow on this learner: the learners' keys that may fetch "
+                          "state chunks from it (the syncer's allow-list folder will do)");
+      so.allow = cfg.net.allow;
+      links.serve_key = read_public_key_file(options.secret_key_file);
+    }
+    links.serve = make_zmq_server(cfg.net.serve, so);
+  }
   return links;
 }
 

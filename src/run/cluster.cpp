@@ -355,6 +355,22 @@ std::vector<std::string> LocalCluster::argv_of(const Child& c) const {
       add_set(a, "net.secret_key=" + (keys / ("learner-" + std::to_string(c.learner) + ".key")).string());
       add_set(a, "net.server_key=" + (keys / "syncer.pub").string());
     }
+    // Rejoin from peers (net.serve=auto): rank 0 serves the state it holds to joining learners, at its testbed
+    // host's address (a port per learner above the syncers'), else on an ipc socket in the run folder.
+    if (cfg_.net.serve == "auto" && c.rank == 0) {
+      std::string serve;
+      if (!testbed_addrs_.empty()) {
+        serve = "tcp://" + testbed_addrs_[static_cast<size_t>(learner_host(c.learner, 0))] + ":" +
+                std::to_string(cfg_.testbed.port + 200 + c.learner);
+      } else {
+        const std::string sock = (fs::absolute(dir_) / ("serve-" + std::to_string(c.learner) + ".sock")).lexically_normal().string();
+        serve = sock.size() < 100 ? "ipc://" + sock : "tcp://127.0.0.1:" + std::to_string(free_loopback_port());
+      }
+      add_set(a, "net.serve=" + serve);
+      if (!cfg_.net.plaintext) add_set(a, "net.allow=" + (keys / "allow").string());
+    } else if (cfg_.net.serve == "auto") {
+      add_set(a, "net.serve=");
+    }
   }
   return a;
 }
@@ -364,7 +380,9 @@ std::vector<std::string> LocalCluster::learner_command_environment(int64_t learn
   const fs::path keys = dir_ / "keys";
   std::vector<std::string> extra = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1",
                                     "DELOCO_CONFIG=" + (dir_ / "config.json").string(),
-                                    "DELOCO_SET=sync.learners=" + std::to_string(M_),
+                                    // Python learners serve no peers (yet): net.serve=auto is for deloco's own.
+                                    "DELOCO_SET=sync.learners=" + std::to_string(M_) +
+                                        (cfg_.net.serve == "auto" ? "\nnet.serve=" : ""),
                                     "DELOCO_LEARNER_ID=" + std::to_string(learner),
                                     "DELOCO_SYNCER=" + dial_addr_,
                                     "DELOCO_OUT=" + dir_.string()};

@@ -93,6 +93,7 @@ const char* kind_name(MessageKind k) {
     case MessageKind::kLeave: return "leave";
     case MessageKind::kReject: return "reject";
     case MessageKind::kReplica: return "replica";
+    case MessageKind::kStateRequest: return "state_request";
   }
   return "unknown";
 }
