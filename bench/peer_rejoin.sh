@@ -7,12 +7,15 @@
 # and each download's time is read from its `joined` record (hello to verified state). Prints the medians, their
 # ratio and what the donors served, and appends one JSON line to --out.
 #
-#   bench/peer_rejoin.sh [--rate 100mbit] [--rejoins 3] [--embd 512] [--layers 4] [--out FILE]
+#   bench/peer_rejoin.sh [--rate 100mbit] [--rejoins 4] [--embd 512] [--layers 2] [--out FILE]
+#
+# The cluster: configs/tiny.toml widened to n_embd x n_layer (512 x 2: 6.4M parameters, a 25 MB state), 5 learners,
+# K = 4, P = 4, H = 50, learners never wait, int4 pushes, fp32 broadcasts, learner.slowdown = 3, CURVE.
 #
 # Needs root (namespaces) and build/deloco. Holds /tmp/deloco-testbed.lock; removes the testbed on every exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=100mbit rejoins=3 embd=512 layers=4 out=docs/reliability/peer_rejoin.jsonl
+rate=100mbit rejoins=4 embd=512 layers=2 out=docs/reliability/peer_rejoin.jsonl
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) rate=$2; shift 2 ;;
@@ -43,7 +46,7 @@ phase() { # donors -> prints the download seconds, one per line, and leaves $run
   local donors=$1 dir=$runs/d$1 serve=""
   [ "$donors" -gt 0 ] && serve="--set net.serve=auto"
   ./build/deloco run --config configs/tiny.toml --set testbed.name=$TESTBED_NAME --set syncer.out_dir="$dir" \
-    --set sync.learners=5 --set sync.quorum=1 --set sync.sync_every=10 --set sync.fragments=4 \
+    --set sync.learners=5 --set sync.quorum=4 --set sync.sync_every=50 --set sync.fragments=4 --set sync.wait_for_answer=false \
     --set model.n_embd="$embd" --set model.n_layer="$layers" --set model.n_head=8 --set train.steps=100000 \
     --set learner.slowdown=3 --set net.encoding=int4 --set syncer.eval_interval=0 --set net.donors="$donors" $serve \
     --set net.join_timeout=120 >"$dir.console.log" 2>&1 &
@@ -64,19 +67,21 @@ phase() { # donors -> prints the download seconds, one per line, and leaves $run
       sleep 1; tries=$((tries + 1)); [ $tries -lt 300 ] || { echo "peer_rejoin: learner 4 did not rejoin" >&2; exit 1; }
     done
     n=$((n + 1))
-    sleep 5  # the donors settle (they apply the merges made meanwhile) before the next kill
+    # The donors settle (they apply the merges made meanwhile), and deloco run's crash-loop policy (5 exits in 120 s
+    # end a process) is kept clear of.
+    sleep 25
   done
   kill -INT "$run_pid"; wait "$run_pid" || true; run_pid=""
 }
 phase 0
 phase 4
-/usr/bin/python3 - "$runs" "$rate" "$embd" "$layers" "$out" <<'PY'
+/usr/bin/python3 - "$runs" "$rate" "$embd" "$layers" "$out" "$rejoins" <<'PY'
 import json, os, statistics, sys, time
-runs, rate, embd, layers, out = sys.argv[1:]
-def joins(d):
+runs, rate, embd, layers, out, rejoins = sys.argv[1:]
+def joins(d):  # the downloads of the restarted processes: the last `rejoins` (the first join may have downloaded too)
     rs = [json.loads(l) for l in open(os.path.join(runs, d, "learner-4.jsonl")) if l.strip()]
-    return [r for r in rs if r.get("kind") == "joined" and r.get("download_bytes", 0) > 0][-int(os.environ.get("N", "99")):]
-alone, peers = joins("d0")[1:], joins("d4")[1:]  # the first join of each phase is the start, not a restart
+    return [r for r in rs if r.get("kind") == "joined" and r.get("download_bytes", 0) > 0][-int(rejoins):]
+alone, peers = joins("d0"), joins("d4")
 served = 0
 for n in range(4):
     for l in open(os.path.join(runs, "d4", f"learner-{n}.jsonl")):

@@ -9,6 +9,10 @@
 //                                  state_hash[, state_held]}   (state_hash: FNV-1a-64 hex of the fp32 bytes;
 //                                  state_held: the hello's state_hash matched, no chunks follow)
 //   syncer → learner  state_chunk  fp32, fragment_id = chunk index, round = welcome.round   (only if want_state)
+//   Rejoin from peers (docs/reliability.md): hello[, serve, serve_key] offers this learner's state to joiners;
+//   welcome[, fetch, donors[{learner, endpoint, key}], chunk_hashes] sends no chunks: the learner asks for each one
+//   learner → syncer or donor  state_request  fragment_id = chunk, round = welcome.round, JSON {shard, elements,
+//                                  chunk_elements, versions}; answered by a state_chunk or a reject not_held
 //   learner → syncer  fragment_push    the outer gradient Δ_p = Θ_p^v − θ_p in net.encoding (with error feedback),
 //                                      c_steps/c_tokens in the header, round = v, the version of Θ_p the learner
 //                                      holds (last applied or downloaded); JSON-free. A heartbeat carrying the

@@ -476,6 +476,7 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
 }
 
 void SyncerNode::Impl::leader_tick() {
+  if (!dial_peer) return;  // no pair: nobody can have taken over
   const double t = now();
   // A leader that did not run for a while may have been replaced meanwhile: it does not blame its standby for the
   // silence (dropping it would release the broadcasts held for its acknowledgement); the standby, or the newer
