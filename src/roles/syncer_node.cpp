@@ -1180,10 +1180,11 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
       if (I.role == Impl::Role::kFollower) I.follower_housekeeping();
       continue;
     }
-    I.leader_tick();
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
-    if (I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1))) {
+    const bool got = I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1));
+    I.leader_tick();  // after the wait, before anything is handled: a pause during either shows here
+    if (got) {
       bool replica = false;
       if (I.holding()) try {
           replica = env.parts == 2 && decode_header(env.header.data(), env.header.size(), I.limits).kind == MessageKind::kReplica;

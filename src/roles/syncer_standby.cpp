@@ -482,8 +482,10 @@ void SyncerNode::Impl::leader_tick() {
   // silence (dropping it would release the broadcasts held for its acknowledgement); the standby, or the newer
   // leader it became (whose epoch arrives right behind), gets a full lease to be heard. Until then it holds.
   const double began = pause_began(t);
-  if (began < 0 || standby_route.empty()) return;
+  if (began < 0) return;
   excuse_pause(began, t, standby_heard);
+  // Even with no standby following (dropped before the pause): one that still believed it followed may have taken
+  // over meanwhile. Its epoch, sent every lease, arrives within the hold.
   hold_until = t + lease;
 }
 
@@ -499,7 +501,7 @@ void SyncerNode::Impl::release_held() {
 
 void SyncerNode::Impl::leader_housekeeping() {
   const double t = now();
-  if (holding() && (t >= hold_until || standby_route.empty())) release_held();
+  if (holding() && t >= hold_until) release_held();
   if (standby_route.empty()) {
     tell_peer_epoch();
     return;
