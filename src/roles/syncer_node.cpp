@@ -920,6 +920,9 @@ double SyncerNode::Impl::goodput() const {
 
 void SyncerNode::Impl::housekeeping() {
   leader_housekeeping();
+  // A leader holding after a pause (leader_tick) merges nothing, not even on a grace timer, and counts no learner
+  // silent (their messages wait in the hold) until it knows it still leads.
+  if (holding()) return;
   if (!chunk_queue.empty()) serve_chunks();
   const double t = now();
   // Uptime: global training is stalled while a fragment waits below its quorum, no learner is connected, or every
