@@ -230,9 +230,10 @@ struct SyncerNode::Impl {
   std::unique_ptr<ClientTransport> peer_link;
   double epoch_told = -1e9;
   void tell_peer_epoch();
-  // A leader with a standby that was paused holds every learner message (no push received, nothing merged) until
-  // its standby is heard again — or, silent, dropped a lease later — so a leader replaced meanwhile merges nothing
-  // beside its successor; its successor's epoch (tell_peer_epoch) arrives first and it steps down instead.
+  // A leader of a pair that was paused holds every learner message (no push received, nothing merged, no grace
+  // timer) for two leases, so a leader replaced meanwhile merges nothing beside its successor: its successor's epoch
+  // (tell_peer_epoch, every lease) arrives within the hold and it steps down. Acknowledgements do not end the hold:
+  // they may have waited in the queue since before its successor took over.
   double hold_until = -1;
   std::deque<Envelope> held_messages;
   void leader_tick();          // at the top of each loop: notices a pause, starts the hold

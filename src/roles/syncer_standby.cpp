@@ -61,10 +61,7 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   if (e.kind != repl::EntryKind::kFollow && e.kind != repl::EntryKind::kAck) return;  // a leader's: nothing to do
   if (role != Role::kLeader) return;
   const double t = now();
-  if (env.peer == standby_route) {
-    standby_heard = t;
-    if (holding()) release_held();  // the standby still follows this leader: nothing was taken over
-  }
+  if (env.peer == standby_route) standby_heard = t;  // not the end of a hold: this ack may have waited in the queue
   if (e.kind == repl::EntryKind::kAck && env.peer != standby_route) {
     // A standby this leader dropped (it was silent past the lease: paused, say) still believes it follows. Unanswered
     // it would take over beside this live leader after a lease; a fresh image makes it a replica again instead.
@@ -486,7 +483,7 @@ void SyncerNode::Impl::leader_tick() {
   excuse_pause(began, t, standby_heard);
   // Even with no standby following (dropped before the pause): one that still believed it followed may have taken
   // over meanwhile. Its epoch, sent every lease, arrives within the hold.
-  hold_until = t + lease;
+  hold_until = t + 2 * lease;  // the other syncer's epoch, if it leads now, comes every lease
 }
 
 void SyncerNode::Impl::release_held() {
