@@ -290,6 +290,8 @@ struct SyncerNode::Impl {
   void send_follow();
   // A control entry (kFollow, kAck) of `kind` at this replica's journal position and epoch, to the leader.
   void send_upstream(repl::EntryKind kind);
+  // A control entry (kFollow, kAck, kLease) at this replica's journal position and epoch, framed.
+  proto::Frame control_frame(repl::EntryKind kind) const;
   // Role changes: every learner counts as gone (routes, send windows, waiting pushes and timers dropped); they join
   // the syncer that leads afresh.
   void forget_learners();

@@ -123,14 +123,18 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   emit(std::move(sb));
 }
 
-void SyncerNode::Impl::send_upstream(repl::EntryKind kind) {
-  if (!upstream) return;
+proto::Frame SyncerNode::Impl::control_frame(repl::EntryKind kind) const {
   repl::Entry e;
   e.kind = kind;
   e.seq = journal_seq;
   e.epoch = epoch;
   const repl::EncodedEntry enc = repl::encode(e, fingerprint);
-  const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+  return proto::make_frame(enc.header, enc.payload, replica_limits);
+}
+
+void SyncerNode::Impl::send_upstream(repl::EntryKind kind) {
+  if (!upstream) return;
+  const proto::Frame f = control_frame(kind);
   upstream->send(f.header, f.payload);
 }
 
@@ -349,12 +353,7 @@ void SyncerNode::Impl::tell_peer_epoch() {
   if (!dial_peer || t - epoch_told < lease) return;
   epoch_told = t;
   if (!peer_link) peer_link = dial_peer();
-  repl::Entry e;
-  e.kind = repl::EntryKind::kLease;
-  e.seq = journal_seq;
-  e.epoch = epoch;
-  const repl::EncodedEntry enc = repl::encode(e, fingerprint);
-  const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+  const proto::Frame f = control_frame(repl::EntryKind::kLease);
   peer_link->send(f.header, f.payload);
 }
 
@@ -519,12 +518,7 @@ void SyncerNode::Impl::leader_housekeeping() {
     return;
   }
   if (t - lease_sent >= lease / 4) {
-    repl::Entry e;
-    e.kind = repl::EntryKind::kLease;
-    e.seq = journal_seq;
-    e.epoch = epoch;
-    const repl::EncodedEntry enc = repl::encode(e, fingerprint);
-    const proto::Frame f = proto::make_frame(enc.header, enc.payload, replica_limits);
+    const proto::Frame f = control_frame(repl::EntryKind::kLease);
     tx->send(standby_route, f.header, f.payload);
     // The node's counters ride along once per lease: what the standby continues from if it takes over.
     repl::Entry c;
