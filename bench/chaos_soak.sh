@@ -65,6 +65,17 @@ fi
 "$bin" run --config "$config" --set syncer.out_dir="$out" --set chaos.enabled=false --set sync.learners=2 \
   --set train.steps="$steps" --set syncer.eval_interval=15 "${extra[@]}" >"$out.console.log" 2>&1 &
 run_pid=$!
+# However this script ends (a failed check, ctest's timeout, ^C), the run ends too: a stopped process is continued
+# first, so it can hear its run's stop.
+cleanup() {
+  kill -0 "$run_pid" 2>/dev/null || return 0
+  for p in $(pgrep -P "$run_pid" 2>/dev/null); do kill -CONT "$p" 2>/dev/null || true; done
+  kill -INT "$run_pid" 2>/dev/null || true
+  for _ in $(seq 20); do kill -0 "$run_pid" 2>/dev/null || return 0; sleep 0.5; done
+  pkill -KILL -P "$run_pid" 2>/dev/null || true
+  kill -KILL "$run_pid" 2>/dev/null || true
+}
+trap cleanup EXIT
 echo "soak: deloco run pid $run_pid, folder $out, $kills kills every ~${interval}s, $stops stops, $steps steps per learner"
 
 # The cluster's processes: children of the run, named by their role (syncer, or learner --id N).
@@ -152,5 +163,14 @@ rc=$?
 set -e
 check_args=()
 [ "$pairs" = 1 ] && check_args=(--pairs)
+set +e
 /usr/bin/python3 bench/chaos_soak_check.py "$out" --exit-code "$rc" --kills "$done_kills" --syncer-kills "$syncer_kills" \
   --stops "$done_stops" "${check_args[@]}"
+check=$?
+set -e
+# A run that finished before the attack was done is not the soak that was asked for.
+if [ "$done_kills" -lt "$kills" ]; then
+  echo "FAIL  the attack was done: $done_kills of $kills kills before the run ended"
+  exit 1
+fi
+exit "$check"

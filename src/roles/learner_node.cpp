@@ -81,11 +81,13 @@ struct LearnerNode::Impl {
       int64_t got = 0, refused = 0, timeouts = 0;
       // A donor still connecting refuses sends: asked again a little later, and given up after kFetchTimeout.
       double retry_at = -1, unready_since = -1;
+      double first_at = -1;  // when its first chunk came
     };
     std::vector<Source> src;
     std::deque<int64_t> todo;         // chunks anyone may serve, not yet asked
     std::deque<int64_t> syncer_todo;  // chunks a donor could not serve (or served wrong): the syncer's
     int64_t peer_bytes = 0, lied = 0;
+    double started = 0;  // the welcome
   };
   static constexpr int64_t kFetchWindow = 4;     // chunks asked of one source at a time
   static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
@@ -651,6 +653,9 @@ struct LearnerNode::Impl {
         c.fetch.reset();
         return;
       }
+      Fetch::Source& sy = c.fetch->src[0];
+      ++sy.got;
+      if (sy.first_at < 0) sy.first_at = now();
     }
     accept_chunk(L, k, h, env);
   }
@@ -703,6 +708,20 @@ struct LearnerNode::Impl {
         r.peer_bytes = c.fetch->peer_bytes;
         r.donors = static_cast<int64_t>(c.fetch->src.size()) - 1;
         r.donors_lied = c.fetch->lied;
+        r.welcome_seconds = c.fetch->started - c.hello_sent_at;
+        std::vector<int64_t> got;
+        std::vector<double> first;
+        int64_t refused = 0, timeouts = 0;
+        for (const auto& s : c.fetch->src) {
+          got.push_back(s.got);
+          first.push_back(s.first_at < 0 ? -1.0 : s.first_at - c.fetch->started);
+          refused += s.refused;
+          timeouts += s.timeouts;
+        }
+        r.source_chunks = std::move(got);
+        r.source_first_seconds = std::move(first);
+        r.donor_refused = refused;
+        r.donor_timeouts = timeouts;
       }
       emit(L, r);
       cv.notify_all();
@@ -714,6 +733,7 @@ struct LearnerNode::Impl {
   // ---- rejoin from peers: fetching ----
   void start_fetch(Link& L, const proto::Welcome& w) {
     auto f = std::make_unique<Fetch>();
+    f->started = now();
     f->src.emplace_back();  // the syncer
     if (donor_options)
       for (const auto& d : w.donors) {
@@ -843,6 +863,7 @@ struct LearnerNode::Impl {
     if (!chunk_matches(L, k, h, env))
       return caught_lying(L, i, k, "chunk " + std::to_string(k) + " does not match the syncer's hash of it");
     ++s.got;
+    if (s.first_at < 0) s.first_at = now();
     f.peer_bytes += static_cast<int64_t>(env.payload.size());
     accept_chunk(L, k, h, env);
   }
