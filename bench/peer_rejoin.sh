@@ -87,6 +87,25 @@ for n in range(4):
     for l in open(os.path.join(runs, "d4", f"learner-{n}.jsonl")):
         r = json.loads(l)
         if r.get("kind") == "learner_done": served += r.get("served_bytes", 0)
+# What serving costs the donors' training: each donor's step rate across a download (from its last progress record
+# before the download began to its first after it ended) over its rate in the 12 s before; the same ratio in the
+# syncer-only phase is the control (a restarting process loads the machine either way).
+def rate_ratios(d, downloads):
+    out = []
+    for n in range(4):
+        prog = [json.loads(l) for l in open(os.path.join(runs, d, f"learner-{n}.jsonl")) if '"kind":"learner"' in l]
+        prog = [(r["t"], r["step"]) for r in prog]
+        def rate(a, b):  # steps per second between the last record at or before a and the first at or after b
+            lo = [p for p in prog if p[0] <= a]
+            hi = [p for p in prog if p[0] >= b]
+            if not lo or not hi or hi[0][0] <= lo[-1][0] or hi[0][1] < lo[-1][1]: return None
+            return (hi[0][1] - lo[-1][1]) / (hi[0][0] - lo[-1][0])
+        for r in downloads:
+            t1 = r["t"]; t0 = t1 - r["download_seconds"]
+            during, before = rate(t0, t1), rate(t0 - 12, t0 - 2)
+            if during and before: out.append(during / before)
+    return out
+ctrl, serving = rate_ratios("d0", alone), rate_ratios("d4", peers)
 ma = statistics.median(r["download_seconds"] for r in alone)
 mp = statistics.median(r["download_seconds"] for r in peers)
 row = {"t": time.time(), "rate": rate, "model_bytes": alone[0]["download_bytes"], "rejoins": len(alone),
@@ -94,10 +113,18 @@ row = {"t": time.time(), "rate": rate, "model_bytes": alone[0]["download_bytes"]
        "four_donors_s": [round(r["download_seconds"], 3) for r in peers],
        "median_syncer_only_s": round(ma, 3), "median_four_donors_s": round(mp, 3), "ratio": round(mp / ma, 3),
        "peer_share": round(statistics.median(r.get("peer_bytes", 0) / r["download_bytes"] for r in peers), 3),
-       "donors_served_bytes": served}
+       "donors_served_bytes": served,
+       "welcome_s": [round(r.get("welcome_seconds", 0), 3) for r in peers],
+       "source_chunks": [r.get("source_chunks") for r in peers],
+       "source_first_s": [[round(x, 3) for x in r.get("source_first_seconds", [])] for r in peers],
+       "donor_refused": [r.get("donor_refused") for r in peers], "endgame_asks": [r.get("endgame_asks") for r in peers],
+       "donor_step_rate_ratio_control": round(statistics.median(ctrl), 3) if ctrl else None,
+       "donor_step_rate_ratio_serving": round(statistics.median(serving), 3) if serving else None}
 print(f"peer_rejoin: {row['model_bytes'] / 1e6:.1f} MB state at {rate} per host: syncer alone median {ma:.2f} s "
       f"{row['syncer_only_s']}, with 4 donors median {mp:.2f} s {row['four_donors_s']}: {100 * mp / ma:.0f}% of the "
       f"time; donors served {100 * row['peer_share']:.0f}% of each download")
+print(f"peer_rejoin: donors' step rate during a download over before it: {row['donor_step_rate_ratio_serving']} serving "
+      f"(median of {len(serving)}), {row['donor_step_rate_ratio_control']} in the syncer-only phase (control, {len(ctrl)})")
 os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
 with open(out, "a") as f: f.write(json.dumps(row) + "\n")
 PY

@@ -361,18 +361,18 @@ struct Joined : RecordBase {
   std::optional<int64_t> peer_bytes, donors, donors_lied;
   // Where the time of a fetched download went: hello to welcome; per source (the syncer first, then each donor) the
   // chunks it served and the seconds from the welcome to its first chunk (-1: none); donors' refusals (not_held)
-  // and chunks that timed out.
+  // and chunks that timed out; chunks asked of a second source at the end of the fetch (endgame_asks).
   std::optional<double> welcome_seconds;
   std::optional<std::vector<int64_t>> source_chunks;
   std::optional<std::vector<double>> source_first_seconds;
-  std::optional<int64_t> donor_refused, donor_timeouts;
+  std::optional<int64_t> donor_refused, donor_timeouts, endgame_asks;
   template <class V> void fields(V& v) {
     v("step", step); v("syncer_round", syncer_round); v("download_bytes", download_bytes);
     v("download_seconds", download_seconds); v("resume_step", resume_step); v("hello_seconds", hello_seconds);
     v("state_held", state_held); v("peer_bytes", peer_bytes); v("donors", donors); v("donors_lied", donors_lied);
     v("welcome_seconds", welcome_seconds); v("source_chunks", source_chunks);
     v("source_first_seconds", source_first_seconds); v("donor_refused", donor_refused);
-    v("donor_timeouts", donor_timeouts);
+    v("donor_timeouts", donor_timeouts); v("endgame_asks", endgame_asks);
   }
 };
 

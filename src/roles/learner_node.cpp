@@ -36,6 +36,7 @@
 #include "protocol.h"
 #include "records/kinds.h"
 #include "util/text.h"
+#include "util/token_bucket.h"
 #include "wire/quantize.h"
 
 namespace deloco {
@@ -86,12 +87,15 @@ struct LearnerNode::Impl {
     std::vector<Source> src;
     std::deque<int64_t> todo;         // chunks anyone may serve, not yet asked
     std::deque<int64_t> syncer_todo;  // chunks a donor could not serve (or served wrong): the syncer's
-    int64_t peer_bytes = 0, lied = 0;
+    int64_t peer_bytes = 0, lied = 0, duplicates = 0;
     double started = 0;  // the welcome
+    double latency_sum = 0;  // seconds from ask to answer, over the chunks answered (the endgame's yardstick)
+    int64_t latency_n = 0;
   };
   static constexpr int64_t kFetchWindow = 4;     // chunks asked of one source at a time
   static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
   static constexpr double kServeFreeze = 5.0;    // seconds a donor's copy stays at the versions a fetch asked for
+  static constexpr double kServeWait = 2.0;      // seconds a request for newer versions waits for their broadcast
   // Serving (net.serve): the server, and per link (Link::served) this learner's copy of the syncer's state.
   std::unique_ptr<ServerTransport> serve_tx;
   std::string serve_endpoint, serve_key;
@@ -100,9 +104,13 @@ struct LearnerNode::Impl {
     std::string route;
     MessageHeader h;
     proto::StateRequest r;
+    double since = 0;  // when it came
   };
   std::deque<ServeRequest> serve_queue;
-  double serve_tokens = 0, serve_tokens_at = -1;
+  // Requests for versions newer than this learner holds (the broadcast is on its way): answered when it comes, or
+  // refused (not_held) after kServeWait.
+  std::deque<ServeRequest> serve_waiting;
+  TokenBucket serve_tokens;  // net.serve_rate
   std::atomic<int64_t> served_chunks{0}, served_bytes{0}, serve_refused{0};
   // What the comms thread alone touches, per link.
   struct Comms {
@@ -169,6 +177,10 @@ struct LearnerNode::Impl {
     double frozen_until = -1;
     std::map<int64_t, std::pair<int64_t, at::Tensor>> deferred;
     std::vector<std::vector<std::array<int64_t, 3>>> segments;
+    // The version each local fragment had before its latest broadcast (-1: none) and its elements (fragment order):
+    // a joiner whose welcome predates a merge that reached this learner first still finds its versions here.
+    std::vector<int64_t> prev_versions;
+    std::vector<at::Tensor> prev;
     int64_t unacknowledged() const { return sent_base + static_cast<int64_t>(sent.size()) - pushes_acked; }
     Comms c;
   };
@@ -331,15 +343,18 @@ struct LearnerNode::Impl {
         }
         send_push(L, *out, b, is_joined);
       }
-      bool busy = out || !serve_queue.empty();
+      // A push to send: no wait. A fetch or serving under way: 1 ms (donors' answers and the rate bound; a spin
+      // would take a core from training, the donors' included when they share a machine).
+      bool active = !serve_queue.empty();
       for (auto& L : links) {
         tend_fetch(L);
-        busy = busy || L.c.fetch;
+        active = active || L.c.fetch;
       }
       tend_serving();
+      const int64_t wait = out ? 0 : active ? 1 : wait_ms;
       for (auto& L : links) {
         Envelope env;
-        if (L.tx->receive(&env, std::chrono::milliseconds(busy ? 0 : wait_ms))) {
+        if (L.tx->receive(&env, std::chrono::milliseconds(wait))) {
           handle(L, env);
           // A download's chunks come back to back: take what is there now, up to a window's worth.
           for (int n = 0; n < 8 && L.c.dl && L.tx->receive(&env, std::chrono::milliseconds(0)); ++n) handle(L, env);
@@ -644,7 +659,9 @@ struct LearnerNode::Impl {
     const int64_t k = h.fragment_id;
     if (k >= c.dl->chunks) throw WireError("state chunk index out of range");
     if (c.fetch) {
-      c.fetch->src[0].asked.erase(k);
+      const auto asked = c.fetch->src[0].asked.find(k);
+      const double asked_at = asked == c.fetch->src[0].asked.end() ? -1 : asked->second;
+      if (asked != c.fetch->src[0].asked.end()) c.fetch->src[0].asked.erase(asked);
       if (!chunk_matches(L, k, h, env)) {  // the syncer's own chunk is not what its welcome said: start again
         emit(L, bad_frame("state chunk " + std::to_string(k) + " from the syncer does not match its hash; joining again"));
         std::lock_guard<std::mutex> lock(mu);
@@ -654,8 +671,12 @@ struct LearnerNode::Impl {
         return;
       }
       Fetch::Source& sy = c.fetch->src[0];
-      ++sy.got;
+      if (!c.dl_have[static_cast<size_t>(k)]) ++sy.got;
       if (sy.first_at < 0) sy.first_at = now();
+      if (asked_at >= 0) {
+        c.fetch->latency_sum += now() - asked_at;
+        ++c.fetch->latency_n;
+      }
     }
     accept_chunk(L, k, h, env);
   }
@@ -686,6 +707,8 @@ struct LearnerNode::Impl {
       c.dl_have[static_cast<size_t>(k)] = true;
       ++c.dl_count;
     }
+    if (c.fetch)  // asked of two sources (the endgame): the other's answer, when it comes, is dropped
+      for (auto& s : c.fetch->src) s.asked.erase(k);
     if (c.dl_count < c.dl->chunks) return;
     const uint64_t hash = fnv1a64(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
     std::lock_guard<std::mutex> lock(mu);
@@ -722,6 +745,7 @@ struct LearnerNode::Impl {
         r.source_first_seconds = std::move(first);
         r.donor_refused = refused;
         r.donor_timeouts = timeouts;
+        r.endgame_asks = c.fetch->duplicates;
       }
       emit(L, r);
       cv.notify_all();
@@ -769,8 +793,7 @@ struct LearnerNode::Impl {
     Bytes body = Bytes::from_string(proto::encode_state_request(r));
     const bool sent = s.tx ? send_on(*s.tx, h, std::move(body)) : send(L, h, std::move(body));
     const double t = now();
-    if (!sent) {  // not connected yet, or a full queue: the chunk goes back, this source waits a moment
-      c.fetch->todo.push_front(k);
+    if (!sent) {  // not connected yet, or a full queue: the caller keeps the chunk, this source waits a moment
       s.retry_at = t + 0.02;
       if (s.unready_since < 0) s.unready_since = t;
       if (s.tx && t - s.unready_since > kFetchTimeout) s.banned = true;
@@ -822,8 +845,7 @@ struct LearnerNode::Impl {
         f.todo.pop_back();
       }
       if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, 0, k)) {
-        f.todo.pop_front();  // request_chunk put it in front of todo: the syncer's own queue keeps it
-        f.syncer_todo.push_front(k);
+        f.syncer_todo.push_front(k);  // the syncer's own queue keeps it
         break;
       }
     }
@@ -832,7 +854,44 @@ struct LearnerNode::Impl {
       while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow && !f.todo.empty()) {
         const int64_t k = f.todo.front();
         f.todo.pop_front();
-        if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, i, k)) break;
+        if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, i, k)) {
+          f.todo.push_front(k);
+          break;
+        }
+      }
+    }
+    if (f.todo.empty() && f.syncer_todo.empty()) endgame(L, t);
+  }
+
+  // The end of a fetch: every chunk is asked of someone, and the download waits for the slowest source's last ones.
+  // A source with room in its window is asked too for a chunk another source has had longest, once that chunk has
+  // waited twice the fetch's mean time from ask to answer so far (each chunk of at most two sources); the first
+  // answer counts, the other is dropped.
+  void endgame(Link& L, double t) {
+    Fetch& f = *L.c.fetch;
+    if (f.latency_n == 0) return;
+    const double overdue = t - 2 * f.latency_sum / static_cast<double>(f.latency_n);
+    std::map<int64_t, std::pair<int, double>> out;  // chunk -> sources asked, earliest ask
+    for (const auto& s : f.src)
+      for (const auto& [k, at] : s.asked) {
+        auto [it, fresh] = out.try_emplace(k, 0, at);
+        ++it->second.first;
+        it->second.second = std::min(it->second.second, at);
+      }
+    for (size_t i = 0; i < f.src.size(); ++i) {
+      Fetch::Source& s = f.src[i];
+      while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow) {
+        int64_t pick = -1;
+        double oldest = 0;
+        for (const auto& [k, na] : out)
+          if (na.first == 1 && na.second < overdue && !s.asked.count(k) && !L.c.dl_have[static_cast<size_t>(k)] &&
+              (pick < 0 || na.second < oldest)) {
+            pick = k;
+            oldest = na.second;
+          }
+        if (pick < 0 || !request_chunk(L, i, pick)) break;
+        out[pick].first = 2;
+        ++f.duplicates;
       }
     }
   }
@@ -853,6 +912,7 @@ struct LearnerNode::Impl {
     const int64_t k = h.fragment_id;
     // An answer to an abandoned request (a reject's round is its code, so only the chunk names it).
     if ((h.kind != MessageKind::kReject && h.round != c.dl->round) || !s.asked.count(k)) return;
+    const double asked_at = s.asked[k];
     s.asked.erase(k);
     if (h.kind == MessageKind::kReject) {  // it holds other versions now: the syncer serves the chunk
       f.syncer_todo.push_back(k);
@@ -864,6 +924,8 @@ struct LearnerNode::Impl {
       return caught_lying(L, i, k, "chunk " + std::to_string(k) + " does not match the syncer's hash of it");
     ++s.got;
     if (s.first_at < 0) s.first_at = now();
+    f.latency_sum += now() - asked_at;
+    ++f.latency_n;
     f.peer_bytes += static_cast<int64_t>(env.payload.size());
     accept_chunk(L, k, h, env);
   }
@@ -888,6 +950,8 @@ struct LearnerNode::Impl {
     if (versions.size() != L.segments.size() || flat.numel() != L.plan.model.elements) return;
     L.served = flat.clone();
     L.served_versions = versions;
+    L.prev_versions.assign(versions.size(), -1);
+    L.prev.assign(versions.size(), at::Tensor());
   }
   void serve_broadcast(Link& L, int64_t p, int64_t version, const at::Tensor& flat) {
     if (!L.served.defined()) return;
@@ -900,8 +964,14 @@ struct LearnerNode::Impl {
     }
     float* dst = L.served.data_ptr<float>();
     const float* src = flat.data_ptr<float>();
-    for (const auto& [part, frag, n] : L.segments[static_cast<size_t>(k)])
+    at::Tensor& old = L.prev[static_cast<size_t>(k)];
+    if (!old.defined() || old.numel() != flat.numel()) old = torch::empty({flat.numel()}, torch::kFloat);
+    float* keep = old.data_ptr<float>();
+    for (const auto& [part, frag, n] : L.segments[static_cast<size_t>(k)]) {
+      std::memcpy(keep + frag, dst + part, static_cast<size_t>(n) * sizeof(float));
       std::memcpy(dst + part, src + frag, static_cast<size_t>(n) * sizeof(float));
+    }
+    L.prev_versions[static_cast<size_t>(k)] = L.served_versions[static_cast<size_t>(k)];
     L.served_versions[static_cast<size_t>(k)] = version;
   }
 
@@ -923,59 +993,100 @@ struct LearnerNode::Impl {
         if (h.kind != MessageKind::kStateRequest || h.fingerprint != fingerprint) throw WireError("not a state request for this model");
         // CURVE: only keys bound to a learner fetch (the transport's allow-list admitted the key at all).
         if (!env.identity.empty() && !proto::learner_of_key_name(env.identity)) throw WireError("key is not a learner's");
-        serve_queue.push_back(ServeRequest{env.peer, h, proto::parse_state_request(env.payload.data(), env.payload.size())});
+        serve_queue.push_back(
+            ServeRequest{env.peer, h, proto::parse_state_request(env.payload.data(), env.payload.size()), now()});
       } catch (const WireError&) {
         ++serve_refused;  // a joining learner treats silence as a slow donor; nothing more to say to a stranger
       }
     }
-    // The rate bound: a token bucket of net.serve_rate Mbit/s, at most one chunk of burst beyond a tenth of a second.
+    // Waiting requests whose broadcasts came (or whose wait is over) go first; then the new ones. The rate bound:
+    // net.serve_rate.
     const double t = now();
-    const double rate = cfg.net.serve_rate * 1e6 / 8;
-    if (serve_tokens_at < 0) serve_tokens_at = t;
-    if (rate > 0)
-      serve_tokens = std::min(serve_tokens + (t - serve_tokens_at) * rate,
-                              std::max(rate * 0.1, static_cast<double>(cfg.net.chunk_bytes)));
-    serve_tokens_at = t;
+    serve_tokens.refill(t);
+    for (size_t i = serve_waiting.size(); i-- > 0;) serve_queue.push_front(std::move(serve_waiting[i]));
+    serve_waiting.clear();
     while (!serve_queue.empty()) {
-      const ServeRequest& q = serve_queue.front();
-      const int64_t n = std::min(q.r.chunk_elements, q.r.elements - static_cast<int64_t>(q.h.fragment_id) * q.r.chunk_elements);
-      if (rate > 0 && serve_tokens < static_cast<double>(n) * 4) break;
-      serve_one(q);
-      if (rate > 0) serve_tokens -= static_cast<double>(std::max<int64_t>(n, 0)) * 4;
+      ServeRequest& q = serve_queue.front();
+      const Holding held = holding(q);
+      if (held.what == Holding::kNewer && t - q.since < kServeWait && serve_waiting.size() < 64) {
+        serve_waiting.push_back(std::move(q));
+        serve_queue.pop_front();
+        continue;
+      }
+      if (held.what == Holding::kYes) {
+        if (!serve_tokens.take(static_cast<double>(held.n) * 4)) break;
+        serve_one(q, held);
+      } else {
+        refuse_request(q);
+      }
       serve_queue.pop_front();
     }
   }
 
-  void serve_one(const ServeRequest& q) {
+  // Whether this learner holds a requested chunk at the versions asked for: each fragment with elements in it at its
+  // current version or the one before (Link::prev); kNewer: some fragment is asked at a version newer than held.
+  struct Holding {
+    enum What { kYes, kNewer, kNo } what = kNo;
+    Link* L = nullptr;
+    int64_t first = 0, n = 0;
+    std::vector<size_t> from_prev;  // fragments served from their previous version
+  };
+  Holding holding(const ServeRequest& q) {
+    Holding out;
+    const int64_t first = static_cast<int64_t>(q.h.fragment_id) * q.r.chunk_elements;
+    for (auto& l : links)
+      if (l.plan.shard == q.r.shard) out.L = &l;
+    Link* L = out.L;
+    if (!L || !L->served.defined() || q.r.elements != L->plan.model.elements || q.r.chunk_elements <= 0 || first < 0 ||
+        first >= q.r.elements || q.r.versions.size() != L->served_versions.size())
+      return out;
+    out.first = first;
+    out.n = std::min(q.r.chunk_elements, q.r.elements - first);
+    bool newer = false;
+    for (size_t f = 0; f < L->segments.size(); ++f) {
+      bool touches = false;
+      for (const auto& [part, frag, cnt] : L->segments[f]) touches = touches || (part < first + out.n && part + cnt > first);
+      if (!touches) continue;
+      const int64_t want = q.r.versions[f];
+      if (want == L->served_versions[f]) continue;
+      if (want == L->prev_versions[f] && L->prev[f].defined()) out.from_prev.push_back(f);
+      else if (want > L->served_versions[f]) newer = true;
+      else return out;  // older than this learner keeps
+    }
+    out.what = newer ? Holding::kNewer : Holding::kYes;
+    return out;
+  }
+
+  void refuse_request(const ServeRequest& q) {
+    MessageHeader rh = header(MessageKind::kReject);
+    rh.round = static_cast<uint64_t>(RejectReason::kNotHeld);  // a reject's round is its code
+    rh.fragment_id = q.h.fragment_id;
+    const auto f = proto::make_frame(rh, std::string("not_held: this learner holds other versions of that chunk"), limits);
+    serve_tx->send(q.route, f.header, f.payload);
+    ++serve_refused;
+  }
+
+  void serve_one(const ServeRequest& q, const Holding& held) {
     MessageHeader h = header(MessageKind::kStateChunk);
     h.round = q.h.round;
     h.fragment_id = q.h.fragment_id;
-    const int64_t k = q.h.fragment_id, first = k * q.r.chunk_elements;
-    Link* L = nullptr;
-    for (auto& l : links)
-      if (l.plan.shard == q.r.shard) L = &l;
-    const bool fits = L && L->served.defined() && q.r.elements == L->plan.model.elements && first >= 0 &&
-                      first < q.r.elements && q.r.versions.size() == L->served_versions.size();
-    bool held = fits;
-    const int64_t n = fits ? std::min(q.r.chunk_elements, q.r.elements - first) : 0;
-    if (fits)  // every fragment with elements in the chunk at the requested version
-      for (size_t f = 0; f < L->segments.size() && held; ++f)
-        for (const auto& [part, frag, cnt] : L->segments[f])
-          if (part < first + n && part + cnt > first && L->served_versions[f] != q.r.versions[f]) {
-            held = false;
-            break;
-          }
-    if (!held) {
-      MessageHeader rh = header(MessageKind::kReject);
-      rh.round = static_cast<uint64_t>(RejectReason::kNotHeld);  // a reject's round is its code
-      rh.fragment_id = q.h.fragment_id;
-      const auto f = proto::make_frame(rh, std::string("not_held: this learner holds other versions of that chunk"), limits);
-      serve_tx->send(q.route, f.header, f.payload);
-      ++serve_refused;
-      return;
-    }
+    Link* L = held.L;
+    const int64_t first = held.first, n = held.n;
     L->frozen_until = now() + kServeFreeze;  // the rest of this fetch finds these versions
-    Bytes payload = Bytes::copy(L->served.data_ptr<float>() + first, static_cast<size_t>(n) * 4);
+    Bytes payload;
+    if (held.from_prev.empty()) {
+      payload = Bytes::copy(L->served.data_ptr<float>() + first, static_cast<size_t>(n) * 4);
+    } else {  // the current copy, with the parts of fragments asked at their previous version from Link::prev
+      std::vector<float> chunk(L->served.data_ptr<float>() + first, L->served.data_ptr<float>() + first + n);
+      for (size_t f : held.from_prev) {
+        const float* old = L->prev[f].data_ptr<float>();
+        for (const auto& [part, frag, cnt] : L->segments[f]) {
+          const int64_t a = std::max(part, first), b = std::min(part + cnt, first + n);
+          if (a < b) std::memcpy(chunk.data() + (a - first), old + frag + (a - part), static_cast<size_t>(b - a) * 4);
+        }
+      }
+      payload = Bytes::copy(chunk.data(), chunk.size() * 4);
+    }
     if (cfg.learner.serve_corrupt) {  // the fault drill: one flipped bit in the first element
       std::string s = payload.str();
       s[0] = static_cast<char>(s[0] ^ 1);
@@ -1484,6 +1595,7 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
     throw ConfigError("a learner needs one connection per syncer shard: " + std::to_string(shards.size()) +
                       " given, syncer.shards=" + std::to_string(I.cfg.syncer.shards));
   I.id = learner_id;
+  I.serve_tokens = TokenBucket::mbit(I.cfg.net.serve_rate);
   I.record = std::move(record);
   I.work = std::move(workload);
   I.fingerprint = parse_fingerprint_hex(I.work->fingerprint());

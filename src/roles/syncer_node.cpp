@@ -328,13 +328,7 @@ void SyncerNode::Impl::on_state_request(const Envelope& env, const MessageHeader
 }
 
 void SyncerNode::Impl::serve_chunks() {
-  const double t = now();
-  const double rate = cfg.net.serve_rate * 1e6 / 8;
-  if (chunk_tokens_at < 0) chunk_tokens_at = t;
-  if (rate > 0)
-    chunk_tokens = std::min(chunk_tokens + (t - chunk_tokens_at) * rate,
-                            std::max(rate * 0.1, static_cast<double>(cfg.net.chunk_bytes)));
-  chunk_tokens_at = t;
+  chunk_tokens.refill(now());
   const int64_t chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
   while (!chunk_queue.empty()) {
     const QueuedChunk q = chunk_queue.front();
@@ -360,9 +354,8 @@ void SyncerNode::Impl::serve_chunks() {
       continue;
     }
     const int64_t n = std::min(chunk_elements, elements - first);
-    if (rate > 0 && chunk_tokens < static_cast<double>(n) * 4) return;  // the rest when the bucket has refilled
+    if (!chunk_tokens.take(static_cast<double>(n) * 4)) return;  // the rest when the bucket has refilled
     chunk_queue.pop_front();
-    if (rate > 0) chunk_tokens -= static_cast<double>(n) * 4;
     MessageHeader ch;
     ch.kind = MessageKind::kStateChunk;
     ch.encoding = Encoding::kFp32;
@@ -1035,6 +1028,7 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.M = I.cfg.resolved_learners();
   I.cfg.sync.learners = I.M;
   I.cfg.sync.learners_auto_ok = false;
+  I.chunk_tokens = TokenBucket::mbit(I.cfg.net.serve_rate);
   I.record = std::move(record);
   I.evaluator = std::move(evaluator);
   I.fingerprint = parse_fingerprint_hex(I.evaluator->fingerprint());

@@ -22,6 +22,7 @@
 #include "protocol.h"
 #include "records/kinds.h"
 #include "replication.h"
+#include "util/token_bucket.h"
 
 namespace deloco {
 
@@ -168,7 +169,7 @@ struct SyncerNode::Impl {
     MessageHeader h;
   };
   std::deque<QueuedChunk> chunk_queue;
-  double chunk_tokens = 0, chunk_tokens_at = -1;
+  TokenBucket chunk_tokens;  // net.serve_rate
   void serve_chunks();
   int64_t states_held = 0;  // joins that asked for the state and held it already (hash matched): no chunks sent
   // Broadcasts: handed to the transport, superseded by a newer merge before they could be sent (the learner's send

@@ -77,6 +77,13 @@ TEST(PeerRejoin, ARestartedLearnerFetchesFromDonorsAndCatchesALiar) {
   EXPECT_GT(joined.value("peer_bytes", int64_t{0}), 0) << joined.dump();
   EXPECT_GT(joined.value("peer_bytes", int64_t{0}), joined.value("download_bytes", int64_t{0}) / 2) << joined.dump();
   EXPECT_EQ(joined.value("donors_lied", int64_t{-1}), 1) << joined.dump();
+  // Where the time went: each chunk counted once, at the source whose answer came first (the syncer, then donors).
+  const auto per_source = joined.value("source_chunks", std::vector<int64_t>{});
+  ASSERT_EQ(per_source.size(), 4u) << joined.dump();
+  int64_t chunks = 0;
+  for (int64_t c : per_source) chunks += c;
+  EXPECT_EQ(chunks, (joined.value("download_bytes", int64_t{0}) + 4095) / 4096) << joined.dump();
+  EXPECT_EQ(joined.value("source_first_seconds", std::vector<double>{}).size(), 4u) << joined.dump();
   // Caught by this download (and by the first process's, which fetched from the liar too), always learner 1.
   const auto lies = records(l3, "peer_lied");
   ASSERT_GE(lies.size(), 1u);
