@@ -8,7 +8,9 @@
 # of 2 shards, each a standby pair (syncer.standby); the victims are every process: learners, their other ranks,
 # both shards' leaders and standbys. A syncer of a shard is killed at most once per 15 s (its pair must have
 # followed again: a double failure of a pair is not promised). The checks then include the pair invariants (every
-# fragment's merges in sequence over every term, no version applied twice by a learner, no replica mismatch).
+# fragment's merges in sequence over every term, no version applied twice by a learner, no replica mismatch, every
+# push merged exactly once or not merged for a reason its learner recorded, every shard's newest checkpoint loads
+# and holds every merge).
 #
 # Starts `deloco run` (configs/demo.toml, its own chaos off, two learners) and, from outside it, SIGKILLs a random
 # process of the cluster (the syncer included: at least every third victim is the syncer) about every S seconds
@@ -22,7 +24,7 @@
 #   2. no merge a learner has seen is missing after a syncer's resume: the versions a resumed syncer starts from
 #      are ≥ every version any learner applied before the kill, and no learner ever reports the syncer behind;
 #   3. the merge count and the checkpointed model never go back (checkpoint records, `latest`, restored counts);
-#   4. no temporary files are left in the run folder;
+#   4. no temporary files are left in the run folder, and the newest checkpoint loads and evaluates (`deloco eval`);
 #   5. validation loss still falls (the last evaluation of the global model is below the first).
 # Prints a summary line per invariant and exits non-zero when any fails. Takes about N × S seconds plus the tail of
 # the run (≈ 9–12 min with the defaults on 2 cores).
@@ -165,7 +167,7 @@ check_args=()
 [ "$pairs" = 1 ] && check_args=(--pairs)
 set +e
 /usr/bin/python3 bench/chaos_soak_check.py "$out" --exit-code "$rc" --kills "$done_kills" --syncer-kills "$syncer_kills" \
-  --stops "$done_stops" "${check_args[@]}"
+  --stops "$done_stops" --binary "$bin" "${check_args[@]}"
 check=$?
 set -e
 # A run that finished before the attack was done is not the soak that was asked for.

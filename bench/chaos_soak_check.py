@@ -3,7 +3,7 @@
 
 Reads the records the run wrote: syncer.jsonl (started, merge, checkpoint, eval, retired) and learner-N.jsonl
 (apply, syncer_behind). Prints one line per invariant and exits 1 when any fails."""
-import argparse, glob, json, os, re, sys
+import argparse, glob, json, math, os, re, subprocess, sys
 
 
 def records(path):
@@ -30,6 +30,7 @@ def main():
     ap.add_argument("--syncer-kills", type=int, default=0)
     ap.add_argument("--stops", type=int, default=0)
     ap.add_argument("--pairs", action="store_true", help="a sharded syncer of standby pairs (chaos_soak.sh --pairs)")
+    ap.add_argument("--binary", help="deloco binary: also check that the newest checkpoint loads and evaluates")
     a = ap.parse_args()
     d = a.run_dir
     if a.pairs:
@@ -96,6 +97,9 @@ def main():
     # 4. No temporary files are left.
     tmp = [os.path.join(root, n) for root, dirs, files in os.walk(d) for n in dirs + files if ".tmp" in n]
     check("no temporary files left", not tmp, f"{len(tmp)} found" + (f": {tmp[:3]}" if tmp else ""))
+    if a.binary:
+        ok, _, _, detail = final_eval(a.binary, d)
+        check("the newest checkpoint loads and evaluates", ok, detail)
 
     # 5. Validation loss still falls.
     evals = [r for r in syncer if r.get("kind") in ("eval", "final_eval") and r.get("val_loss") is not None]
@@ -107,6 +111,56 @@ def main():
     print(f"soak: {a.kills} SIGKILLs ({a.syncer_kills} of the syncer), {a.stops} SIGSTOPs, {len(starts)} syncer starts, "
           f"{merges} merges, {len(applies)} fragments applied by learners")
     sys.exit(0 if all(results) else 1)
+
+
+def account_pushes(merges_by_shard, learners):
+    """Every contribution's fate. A push (learner, shard, fragment, base version) is merged when a merge of that fragment
+    names the learner with that base (version - 1 - staleness); each merge counts once per contribution. A push not
+    merged must have a reason its learner recorded before its next push of that fragment: refused (`rejected`,
+    `pushes_settled`), its syncer failed over or was lost (`syncer_failover`, `syncer_lost`), or the learner itself
+    restarted (`state_restored`). Returns (pushes, merged, reasons Counter, unexplained list, merged-without-push)."""
+    import collections
+    merged = collections.Counter()
+    for k, ms in merges_by_shard.items():
+        for m in ms:
+            for l, st in zip(m.get("learners", []), m.get("staleness", [])):
+                merged[(l, k, m["fragment"], m["version"] - 1 - st)] += 1
+    n_push, reasons, unexplained, pushed = 0, collections.Counter(), [], collections.Counter()
+    for name, rs in learners.items():
+        lid = int(re.sub(r"\D", "", name) or -1)
+        rs = sorted(rs, key=lambda r: r.get("t", 0))
+        pushes = [r for r in rs if r.get("kind") == "push"]
+        n_push += len(pushes)
+        by_key = collections.defaultdict(list)
+        for r in pushes:
+            by_key[(lid, r.get("shard", 0), r["fragment"], r["base_version"])].append(r)
+        for key, ps in by_key.items():
+            pushed[key] = len(ps)
+            for r in ps[:max(0, len(ps) - merged[key])]:  # a refused push's progress goes in the next one: the earlier
+                t, sh, f = r["t"], key[1], key[2]
+                t1 = next((q["t"] for q in pushes if q["t"] > t and q.get("shard", 0) == sh and q["fragment"] == f), 1e300)
+                why = next((q["kind"] for q in rs if t < q.get("t", 0) <= t1 and (
+                    (q.get("kind") == "pushes_settled" and q.get("shard", 0) == sh and f in q.get("fragments", [])) or
+                    (q.get("kind") in ("rejected", "syncer_failover", "syncer_lost") and q.get("shard", 0) == sh) or
+                    q.get("kind") == "state_restored")), None)
+                if why: reasons[why] += 1
+                else: unexplained.append(f"{name} shard {sh} fragment {f} base {key[3]} at t={t:.3f}")
+    extra = sum(max(0, n - pushed[k]) for k, n in merged.items())
+    return n_push, sum(min(n, merged[k]) for k, n in pushed.items()), reasons, unexplained, extra
+
+
+def final_eval(binary, run_dir):
+    """`deloco eval` of the run folder's newest checkpoint (every shard's, assembled): (ok, merges, loss, detail)."""
+    try:
+        p = subprocess.run([binary, "eval", "--checkpoint", run_dir, "--set", "train.eval_tokens=4096"],
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, None, None, str(e)
+    m = re.search(r"after (\d+) merges\): val loss ([-+0-9.eEnaif]+) nats", p.stdout)
+    if p.returncode != 0 or not m:
+        return False, None, None, f"exit {p.returncode}: {(p.stderr or p.stdout).strip()[-300:]}"
+    loss = float(m.group(2))
+    return math.isfinite(loss), int(m.group(1)), loss, f"{int(m.group(1))} merges, val loss {loss:.4f}"
 
 
 def check_pairs(a):
@@ -132,6 +186,7 @@ def check_pairs(a):
     # Every fragment's merges in sequence over every term of its shard; a killed leader's merge that was checkpointed
     # but never replicated (never sent: broadcasts wait for the standby) is void, by the takeover's merge count.
     bad, total, void, takeovers, mismatches = [], 0, 0, 0, 0
+    kept_by_shard = {}
     for k, rs in sorted(shards.items()):
         kept, version = [], {}
         for r in sorted((r for r in rs if r.get("kind") in ("merge", "takeover")), key=lambda r: r["t"]):
@@ -148,10 +203,16 @@ def check_pairs(a):
                 bad.append(f"shard {k} fragment {f}: version {v} after {version.get(f, 0)}")
             version[f] = v
         total += len(kept)
+        kept_by_shard[k] = kept
         mismatches += sum(1 for r in rs if r.get("kind") == "standby" and r.get("event") == "mismatch")
     check("merges in sequence over every term", not bad,
           f"{total} merges, {takeovers} takeovers, {void} void merges of killed leaders" + (f"; first: {bad[0]}" if bad else ""))
     check("standbys replayed every merge exactly", mismatches == 0, f"{mismatches} mismatches")
+
+    n, ok_n, reasons, unexplained, extra = account_pushes(kept_by_shard, learners)
+    check("every push merged once, or not merged for a recorded reason", not unexplained and extra == 0 and n > 0,
+          f"{n} pushes: {ok_n} merged, {sum(reasons.values())} not ({dict(reasons)}), {len(unexplained)} unexplained, "
+          f"{extra} merged without a push" + (f"; first: {unexplained[0]}" if unexplained else ""))
 
     twice, behind, applies = [], 0, 0
     for name, rs in learners.items():
@@ -169,6 +230,10 @@ def check_pairs(a):
 
     tmp = [os.path.join(root, n) for root, dirs, files in os.walk(d) for n in dirs + files if ".tmp" in n]
     check("no temporary files left", not tmp, f"{len(tmp)} found" + (f": {tmp[:3]}" if tmp else ""))
+    if a.binary:  # every shard's newest checkpoint (of either syncer of its pair), assembled: every merge in it
+        ok, merges, loss, detail = final_eval(a.binary, d)
+        check("the newest checkpoints load and evaluate, holding every merge", ok and merges == total,
+              detail + f" (the records hold {total})")
 
     evals = sorted((r for r in shards.get(0, []) if r.get("kind") in ("eval", "final_eval") and r.get("val_loss") is not None),
                    key=lambda r: r["t"])

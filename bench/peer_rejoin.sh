@@ -36,6 +36,7 @@ cleanup() {
   [ -n "$run_pid" ] && kill -INT "$run_pid" 2>/dev/null && sleep 3 && kill -KILL "$run_pid" 2>/dev/null
   pkill -KILL -f "$runs/" 2>/dev/null || true
   $TB down >/dev/null 2>&1 || true
+  rm -rf "$runs"
 }
 trap cleanup EXIT
 $TB up --hosts 6 --rate none >/dev/null
@@ -68,8 +69,8 @@ phase() { # donors -> prints the download seconds, one per line, and leaves $run
     done
     n=$((n + 1))
     # The donors settle (they apply the merges made meanwhile), and deloco run's crash-loop policy (5 exits in 120 s
-    # end a process) is kept clear of.
-    sleep 25
+    # end a process) is kept clear of: at most 4 kills in any 120 s.
+    sleep 32
   done
   kill -INT "$run_pid"; wait "$run_pid" || true; run_pid=""
 }

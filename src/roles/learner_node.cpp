@@ -95,7 +95,7 @@ struct LearnerNode::Impl {
   static constexpr int64_t kFetchWindow = 4;     // chunks asked of one source at a time
   static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
   static constexpr double kServeFreeze = 5.0;    // seconds a donor's copy stays at the versions a fetch asked for
-  static constexpr double kServeWait = 2.0;      // seconds a request for newer versions waits for their broadcast
+  static constexpr double kServeWait = 5.0;      // seconds a request for newer versions waits for their broadcast
   // Serving (net.serve): the server, and per link (Link::served) this learner's copy of the syncer's state.
   std::unique_ptr<ServerTransport> serve_tx;
   std::string serve_endpoint, serve_key;
@@ -865,8 +865,8 @@ struct LearnerNode::Impl {
 
   // The end of a fetch: every chunk is asked of someone, and the download waits for the slowest source's last ones.
   // A source with room in its window is asked too for a chunk another source has had longest, once that chunk has
-  // waited twice the fetch's mean time from ask to answer so far (each chunk of at most two sources); the first
-  // answer counts, the other is dropped.
+  // waited twice the fetch's mean time from ask to answer so far (each chunk of at most two donors, and the syncer,
+  // which always holds the versions asked for, may be the third); the first answer counts, the others are dropped.
   void endgame(Link& L, double t) {
     Fetch& f = *L.c.fetch;
     if (f.latency_n == 0) return;
@@ -884,13 +884,13 @@ struct LearnerNode::Impl {
         int64_t pick = -1;
         double oldest = 0;
         for (const auto& [k, na] : out)
-          if (na.first == 1 && na.second < overdue && !s.asked.count(k) && !L.c.dl_have[static_cast<size_t>(k)] &&
+          if ((i == 0 || na.first == 1) && na.second < overdue && !s.asked.count(k) && !L.c.dl_have[static_cast<size_t>(k)] &&
               (pick < 0 || na.second < oldest)) {
             pick = k;
             oldest = na.second;
           }
         if (pick < 0 || !request_chunk(L, i, pick)) break;
-        out[pick].first = 2;
+        ++out[pick].first;
         ++f.duplicates;
       }
     }
