@@ -6,11 +6,13 @@
 #
 # --pairs: the cluster of issue 34 instead — configs/tiny.toml, 2 learners of 2 ranks each (learner groups), a syncer
 # of 2 shards, each a standby pair (syncer.standby); the victims are every process: learners, their other ranks,
-# both shards' leaders and standbys. A syncer of a shard is killed at most once per 15 s (its pair must have
+# both shards' leaders and standbys. The learners serve the state they hold (net.serve=auto, 16 KB chunks), so a
+# restarted learner fetches its download from the other learner and the syncer (each at most 8 Mbit/s, so both
+# serve), every chunk checked against the syncer's hash (rejoin from peers). A syncer of a shard is killed at most once per 15 s (its pair must have
 # followed again: a double failure of a pair is not promised). The checks then include the pair invariants (every
 # fragment's merges in sequence over every term, no version applied twice by a learner, no replica mismatch, every
-# push merged exactly once or not merged for a reason its learner recorded, every shard's newest checkpoint loads
-# and holds every merge).
+# push merged exactly once or not merged for a reason its learner recorded, no honest donor's chunk failing its hash,
+# every shard's newest checkpoint loads and holds every merge).
 #
 # Starts `deloco run` (configs/demo.toml, its own chaos off, two learners) and, from outside it, SIGKILLs a random
 # process of the cluster (the syncer included: at least every third victim is the syncer) about every S seconds
@@ -61,7 +63,7 @@ if [ "$pairs" = 1 ]; then
   config=configs/tiny.toml full=8
   extra=(--set syncer.shards=2 --set syncer.standby=true --set learner.ranks=2 --set sync.fragments=4
          --set sync.sync_every=20 --set sync.wait_for_answer=false --set sync.quorum=1 --set learner.slowdown=4
-         --set train.eval_tokens=4096 "${extra[@]}")
+         --set train.eval_tokens=4096 --set net.serve=auto --set net.chunk_bytes=16384 --set net.serve_rate=8 "${extra[@]}")
   steps=$((steps * 4))
 fi
 "$bin" run --config "$config" --set syncer.out_dir="$out" --set chaos.enabled=false --set sync.learners=2 \

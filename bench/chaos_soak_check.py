@@ -228,6 +228,15 @@ def check_pairs(a):
     check("no version applied twice, no syncer behind", not twice and behind == 0,
           f"{applies} applies, {len(twice)} twice, {behind} 'syncer behind'" + (f"; first: {twice[0]}" if twice else ""))
 
+    # Rejoin from peers (net.serve): every donor is honest here, so a chunk that failed its hash would be a serving bug.
+    fetched = [r for rs in learners.values() for r in rs if r.get("kind") == "joined" and r.get("peer_bytes") is not None]
+    lied = [r for rs in learners.values() for r in rs if r.get("kind") == "peer_lied"]
+    if fetched:
+        check("no honest donor served a wrong chunk", not lied,
+              f"{len(fetched)} downloads fetched with donors, {sum(1 for r in fetched if r['peer_bytes'] > 0)} got chunks "
+              f"from them ({sum(r['peer_bytes'] for r in fetched)} bytes), {len(lied)} 'peer_lied'"
+              + (f"; first: {lied[0].get('detail', '')[:200]}" if lied else ""))
+
     tmp = [os.path.join(root, n) for root, dirs, files in os.walk(d) for n in dirs + files if ".tmp" in n]
     check("no temporary files left", not tmp, f"{len(tmp)} found" + (f": {tmp[:3]}" if tmp else ""))
     if a.binary:  # every shard's newest checkpoint (of either syncer of its pair), assembled: every merge in it
