@@ -659,9 +659,9 @@ struct LearnerNode::Impl {
     const int64_t k = h.fragment_id;
     if (k >= c.dl->chunks) throw WireError("state chunk index out of range");
     if (c.fetch) {
-      const auto asked = c.fetch->src[0].asked.find(k);
-      const double asked_at = asked == c.fetch->src[0].asked.end() ? -1 : asked->second;
-      if (asked != c.fetch->src[0].asked.end()) c.fetch->src[0].asked.erase(asked);
+      Fetch::Source& sy = c.fetch->src[0];
+      const auto asked = sy.asked.find(k);
+      const double asked_at = asked == sy.asked.end() ? -1 : asked->second;
       if (!chunk_matches(L, k, h, env)) {  // the syncer's own chunk is not what its welcome said: start again
         emit(L, bad_frame("state chunk " + std::to_string(k) + " from the syncer does not match its hash; joining again"));
         std::lock_guard<std::mutex> lock(mu);
@@ -670,13 +670,7 @@ struct LearnerNode::Impl {
         c.fetch.reset();
         return;
       }
-      Fetch::Source& sy = c.fetch->src[0];
-      if (!c.dl_have[static_cast<size_t>(k)]) ++sy.got;
-      if (sy.first_at < 0) sy.first_at = now();
-      if (asked_at >= 0) {
-        c.fetch->latency_sum += now() - asked_at;
-        ++c.fetch->latency_n;
-      }
+      if (!c.dl_have[static_cast<size_t>(k)]) answered(*c.fetch, sy, asked_at);
     }
     accept_chunk(L, k, h, env);
   }
@@ -922,12 +916,21 @@ struct LearnerNode::Impl {
     if (h.kind != MessageKind::kStateChunk) return caught_lying(L, i, k, std::string("answered with ") + kind_name(h.kind));
     if (!chunk_matches(L, k, h, env))
       return caught_lying(L, i, k, "chunk " + std::to_string(k) + " does not match the syncer's hash of it");
-    ++s.got;
-    if (s.first_at < 0) s.first_at = now();
-    f.latency_sum += now() - asked_at;
-    ++f.latency_n;
+    answered(f, s, asked_at);
     f.peer_bytes += static_cast<int64_t>(env.payload.size());
     accept_chunk(L, k, h, env);
+  }
+
+  // A source's answer to a chunk it was asked for (at asked_at; -1: not asked of it) counted: the per-source figures
+  // of the joined record and the endgame's mean answer time.
+  void answered(Fetch& f, Fetch::Source& s, double asked_at) const {
+    const double t = now();
+    ++s.got;
+    if (s.first_at < 0) s.first_at = t;
+    if (asked_at >= 0) {
+      f.latency_sum += t - asked_at;
+      ++f.latency_n;
+    }
   }
 
   void caught_lying(Link& L, size_t i, int64_t k, const std::string& what) {
