@@ -23,7 +23,7 @@ namespace {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
-  const auto e = static_cast<deloco::Encoding>(1 + data[0] % deloco::kMaxEncoding);  // a float encoding
+  const auto e = static_cast<deloco::Encoding>(1 + data[0] % deloco::kMaxDenseEncoding);  // a dense float encoding (fuzz_topk: sparse)
   const size_t n = static_cast<size_t>(data[1]) | (static_cast<size_t>(data[2]) << 8);
   const char* payload = reinterpret_cast<const char*>(data + 3);
   const size_t bytes = size - 3;

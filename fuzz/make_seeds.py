@@ -56,6 +56,29 @@ write("fuzz_codecs", "int4", bytes([3]) + struct.pack("<H", 8) + struct.pack("<f
 write("fuzz_codecs", "int8_nan_scale", bytes([2]) + struct.pack("<H", 2) + struct.pack("<f", float("nan")) + b"\x01\x02")
 write("fuzz_codecs", "many", bytes([2]) + struct.pack("<H", 130) + struct.pack("<3f", 1, 2, 3) + bytes(130))
 
+# --- topk: mode byte (bits 0-1 encoding topk8/4/2, bits 2-5 density, bit 6 chunked), u16 element count, payload ----
+# A payload (docs/wire.md): u32 k, the k values as int8/int4/int2 blocks (fp32 scale per 64, then codes), then k
+# indices as LEB128 gaps (the first index itself).
+def topk8(indices, codes, scale=0.5):
+    gaps, prev = b"", None
+    for i in indices:
+        v = i if prev is None else i - prev
+        while v >= 0x80:
+            gaps += bytes([(v & 0x7F) | 0x80]); v >>= 7
+        gaps += bytes([v]); prev = i
+    return struct.pack("<I", len(indices)) + struct.pack("<f", scale) + bytes(c & 0xFF for c in codes) + gaps
+write("fuzz_topk", "three", bytes([0]) + struct.pack("<H", 300) + topk8([2, 130, 299], [1, -3, 127]))
+write("fuzz_topk", "empty", bytes([0]) + struct.pack("<H", 16) + struct.pack("<I", 0))
+write("fuzz_topk", "duplicate", bytes([0]) + struct.pack("<H", 16) + topk8([4, 4], [1, 1]))
+write("fuzz_topk", "out_of_range", bytes([0]) + struct.pack("<H", 16) + topk8([3, 16], [1, 1]))
+write("fuzz_topk", "truncated", bytes([0]) + struct.pack("<H", 300) + topk8([2, 130, 299], [1, -3, 127])[:-1])
+write("fuzz_topk", "huge_count", bytes([0]) + struct.pack("<H", 16) + struct.pack("<I", 0xFFFFFFFF) + bytes(8))
+# topk4 (mode 1): two values in one byte; topk2 (mode 2, chunked, density bits set): four per byte.
+write("fuzz_topk", "topk4", bytes([1]) + struct.pack("<H", 40) + struct.pack("<I", 2) + struct.pack("<f", 0.25) +
+      bytes([0x9F]) + bytes([5, 20]))
+write("fuzz_topk", "topk2_floats", bytes([2 | (7 << 2) | 0x40]) + struct.pack("<H", 64) +
+      struct.pack("<16f", *[((-1) ** i) * (i + 1) * 0.1 for i in range(16)]))
+
 # --- config: TOML plus --set lines -------------------------------------------------------------------------------------
 write("fuzz_config", "basic", b'[a]\nint = 4\nreal = 1.5\nflag = true\ntext = "hi"\n[b]\nints = [1, 2, 3]\nreals = [0.5]\n')
 write("fuzz_config", "overrides", b'[a]\nint = 1\n--set a.real=2.5\n--set b.ints=4,5\n--set a.flag=false\n')

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs one libFuzzer target for SECONDS: scripts/fuzz.sh TARGET SECONDS [libFuzzer flags...]
-#   TARGET: fuzz_wire (wire decoder + payload codecs), fuzz_codecs (float codecs both ways), fuzz_config (TOML
+#   TARGET: fuzz_wire (wire decoder + payload codecs), fuzz_codecs (float codecs both ways), fuzz_topk (the sparse top-k codec both ways), fuzz_config (TOML
 #           loader and overrides), fuzz_safetensors (safetensors header), fuzz_manifest (checkpoint manifest),
 #           fuzz_report (run records, as `deloco report` and the live dashboard read them).
 # Builds build-san/ (clang, ASan + UBSan, see scripts/sanitize.sh) when needed. The working corpus is

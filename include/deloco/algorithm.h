@@ -50,11 +50,20 @@ struct AlgorithmConfig {
   OuterOptions outer = unresolved_outer();  // kind "" and NaN rates until resolve()
   // The codecs are part of the algorithm (they change what is merged), so both drivers apply them.
   std::string encoding = "fp32";            // net.encoding: pushes (outer gradients): fp32 | bf16 | int8 | int4 | int2
-  std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners
+                                            // | topk (top-k entries, src/wire/sparse.h)
+  std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners (topk: as
+                                            // a delta against the version the learner holds)
   bool error_feedback = true;               // net.error_feedback: carry the push quantization residual
+  int64_t topk_bits = 2;                    // net.topk_bits: bits per kept value of a topk payload: 2 | 4 | 8
+  double topk_density = 0.03;               // net.topk_density: kept fraction of a topk push, in (0, 1]
+  int64_t topk_chunk = 0;                   // net.topk_chunk: top-k per chunk of this many elements (0: per payload)
+  double broadcast_topk_density = 0;        // net.broadcast_topk_density: of a topk broadcast (0: topk_density)
+  bool broadcast_delta = false;             // net.broadcast_delta: broadcast a merge as the change against the
+                                            // version the learner holds (Syncer::set_delta_broadcast); topk implies it
 
   // Binds sync.*, merge.* (MergeConfig::Use::kTraining), outer.kind, outer.lr, outer.momentum, net.encoding,
-  // net.broadcast_encoding, net.error_feedback.
+  // net.broadcast_encoding, net.error_feedback, net.topk_bits, net.topk_density, net.topk_chunk,
+  // net.broadcast_topk_density, net.broadcast_delta.
   void bind(ConfigSchema& schema);
   // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
   // unknown preset.
@@ -62,8 +71,13 @@ struct AlgorithmConfig {
   // Throws ConfigError naming the first bad key (also an unresolved outer optimizer).
   void validate() const;
   MergePlan merge_plan() const { return merge.plan(); }
-  Encoding push_encoding() const { return parse_encoding(encoding); }
-  Encoding answer_encoding() const { return parse_encoding(broadcast_encoding); }
+  Encoding push_encoding() const { return push_codec().encoding; }
+  Encoding answer_encoding() const { return answer_codec().encoding; }
+  // The codecs with their top-k options ("topk" resolves to kTopk2/4/8 by net.topk_bits). Throw ConfigError.
+  Codec push_codec() const;
+  Codec answer_codec() const;
+  // Whether merges go out as deltas (net.broadcast_delta, or net.broadcast_encoding = topk).
+  bool delta_broadcast() const { return broadcast_delta || broadcast_encoding == "topk"; }
 
   static OuterOptions unresolved_outer();
 };

@@ -74,6 +74,10 @@ struct Applied {
   int64_t version = 0;
 };
 
+// base + delta (flat fp32 CPU, equal sizes) as a new tensor, element by element in fp32: exactly what
+// Syncer::set_delta_broadcast installs as the new version (deloco/sync.h). The one place a learner applies a delta.
+at::Tensor add_delta(const at::Tensor& base, const at::Tensor& delta);
+
 class LearnerCore {
  public:
   // params: the model's named parameters (bound, see above). plan: plan_model() over them (deloco/sync.h): the
@@ -81,7 +85,7 @@ class LearnerCore {
   // the plan's. The learner starts holding version 0 of every fragment = the current parameters (every node
   // initialises identically).
   LearnerCore(const SyncOptions& opts, const ModelPlan& plan, std::vector<std::pair<std::string, at::Tensor>> params,
-              int64_t total_steps, Encoding push_encoding = Encoding::kFp32, bool error_feedback = true);
+              int64_t total_steps, Codec push_codec = Codec(), bool error_feedback = true);
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
   const FlatLayout& layout(int64_t fragment) const { return layouts_.at(static_cast<size_t>(fragment)); }
@@ -95,6 +99,14 @@ class LearnerCore {
   // ≥ 0 = it includes this learner's pushes of the fragment based on versions below `covers` (the syncer's mark:
   // 1 + the base version of the latest of its pushes merged into it, 0 = none).
   void receive(int64_t fragment, int64_t version, at::Tensor flat, int64_t covers = -1);
+  // A delta broadcast (Syncer::set_delta_broadcast): `delta` (flat fp32 CPU, the fragment's layout) is version
+  // `version` of Θ_p minus version `version` − 1. When the newest version of the fragment this learner holds or has
+  // pending is `version` − 1, receives (receive()) that version + delta, computed in fp32 exactly as the syncer
+  // computed it; returns true. True, doing nothing, when it has `version` or newer already. False, changing nothing,
+  // when it holds an older version (a delta was lost or superseded): it needs the whole fragment.
+  bool receive_delta(int64_t fragment, int64_t version, const at::Tensor& delta, int64_t covers = -1);
+  // The newest version of fragment p this learner holds or has pending.
+  int64_t newest_version(int64_t fragment) const;
   // At the boundary before inner step `step` + 1: applies every received answer whose time has come.
   std::vector<Applied> apply_due(int64_t step);
   // With wait_for_answer: the fragments whose answer the learner must have before it trains on (empty: go on).
@@ -150,7 +162,7 @@ class LearnerCore {
   std::vector<FlatLayout> layouts_;
   FlatLayout model_layout_;
   int64_t total_steps_ = 0;
-  Encoding encoding_ = Encoding::kFp32;
+  Codec codec_;
   bool error_feedback_ = true;
 
   std::vector<int64_t> c_steps_, c_tokens_, sent_at_, sent_base_, held_version_;

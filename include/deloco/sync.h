@@ -324,6 +324,10 @@ struct RoundResult {
   at::Tensor flat;         // merged: the new Θ_p, flat fp32 CPU in the fragment's layout (what the learners receive);
                            // the caller's own copy, or with Syncer::share_flat(true) the syncer's Θ_p itself (never
                            // written again by the syncer; the caller must not write it either)
+  // Merged with a delta broadcast on (Syncer::set_delta_broadcast): Θ_p^version − Θ_p^(version−1) in the broadcast
+  // codec, what a learner holding version − 1 adds to it to hold `flat` exactly (null: no delta this round, send
+  // `flat`). Shared, never written.
+  std::shared_ptr<const std::string> delta;
   bool merged() const { return decision.kind == RoundDecision::kMerge && outcome.ok(); }
   bool rolled_back() const { return decision.kind == RoundDecision::kMerge && !outcome.ok(); }
 };
@@ -402,6 +406,21 @@ class Syncer {
     stats_.sync.add(upload_seconds + merge_seconds + broadcast_seconds, opts_.ema);
   }
 
+  // The compressed broadcast (net.broadcast_encoding = topk, or net.broadcast_delta): after every merge the new
+  // Θ_p' is not kept as merged. With Θ_p the version the learners hold and e_p the fragment's broadcast residual
+  // (zero at the start), the syncer encodes D = Θ_p' + e_p − Θ_p in `codec`, installs Θ_p + decode(D) as the new
+  // version (fp32, exactly what a learner computes from the delta) and keeps e_p ← Θ_p' + e_p − that. So Θ is always
+  // what the learners hold (state downloads, donors and anchors stay exact), and what compression left out is sent
+  // later (error feedback on the broadcast): the sum of the versions' changes plus e_p is the sum of the merged outer
+  // steps. RoundResult::delta carries the encoded D. An encoding failure (Θ_p' + e_p − Θ_p overflowing) installs
+  // Θ_p' + e_p as merged and sends no delta (e_p ← 0). Needs every fragment held flat in fp32 on the CPU; throws
+  // SyncError otherwise or for a codec that is not a float encoding. restore() and resync() set e_p to zero, or to
+  // the image's. Call before the first merge.
+  void set_delta_broadcast(const Codec& codec);
+  bool delta_broadcast() const { return delta_on_; }
+  // e_p of each fragment (flat fp32; empty tensors when off).
+  const std::vector<at::Tensor>& broadcast_residual() const { return residual_; }
+
   // RoundResult::flat shares the syncer's new Θ_p instead of copying it (the syncer never writes a Θ_p buffer it
   // has handed out: every merge and restore writes a new one). For drivers that only read it (the syncer node).
   void share_flat(bool share) { share_flat_ = share; }
@@ -452,6 +471,7 @@ class Syncer {
     GraceStats stats;
     int64_t fused_merges = 0, general_merges = 0, stale_bases = 0;
     std::map<std::string, int64_t> rejected;
+    std::vector<at::Tensor> broadcast_residual;  // per fragment e_p (empty: zero, or the delta broadcast is off)
   };
   Image image() const;
   void resync(const Image& image);
@@ -529,6 +549,12 @@ class Syncer {
   GraceStats stats_;
   std::map<std::string, int64_t> rejected_;
   int64_t merged_ = 0;
+  // The delta broadcast (set_delta_broadcast): its codec and each fragment's residual e_p.
+  bool delta_on_ = false;
+  Codec delta_codec_;
+  std::vector<at::Tensor> residual_;
+  // Replaces the new Θ_p (flat_[p], just merged) by prev + decode(encode(Θ_p' + e_p − prev)); returns the payload.
+  std::shared_ptr<const std::string> compress_version(int64_t fragment, const at::Tensor& prev);
   // Contribution bounds: per fragment ‖Θ_p‖, its element count and the last delta_window accepted ‖Δ̂‖ (a ring).
   std::vector<double> theta_norm_;
   std::vector<int64_t> elements_;

@@ -18,8 +18,11 @@
 //   kFp32 4 bytes per element; kBf16 2 bytes per element (round to nearest even)
 //   kInt8 / kInt4 / kInt2: ceil(n/64) fp32 block scales, then n int8 values / ceil(n/2) bytes of packed int4
 //   values / ceil(n/4) bytes of packed ternary int2 values (src/wire/quantize.h)
-// Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk, fragment_push
-// and fragment_broadcast carry a float encoding (kFp32, kBf16, kInt8, kInt4, kInt2).
+//   kTopk8 / kTopk4 / kTopk2: sparse (src/wire/sparse.h): u32 k, the k kept values in kInt8 / kInt4 / kInt2, then
+//   the k indices as LEB128 gaps; the size depends on the payload (max_encoded_bytes bounds it)
+// Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk carries a dense
+// float encoding (kFp32, kBf16, kInt8, kInt4, kInt2); fragment_push, fragment_broadcast and fragment_delta any float
+// encoding, the sparse ones included.
 //
 // Contract
 //  * decode_header() / decode_message() validate everything before trusting it, in this order: frame length ≥
@@ -61,11 +64,41 @@ enum class MessageKind : uint8_t {
   kReplica = 9,            // leader syncer <-> its standby: the journal (src/roles/replication.h)
   kStateRequest = 10,      // learner -> syncer or a donor learner: send chunk fragment_id of the state of welcome
                            // round `round` (rejoin from peers, docs/reliability.md); payload JSON
+  kFragmentDelta = 11,     // syncer -> learner: merged fragment version `round` as its change against version
+                           // round − 1, in any float encoding (net.broadcast_delta; the learner adds it in fp32)
 };
-constexpr uint8_t kMaxMessageKind = 10;
+constexpr uint8_t kMaxMessageKind = 11;
 
-enum class Encoding : uint8_t { kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5 };
-constexpr uint8_t kMaxEncoding = 5;
+enum class Encoding : uint8_t {
+  kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5,  // dense: the size follows from n
+  kTopk8 = 6, kTopk4 = 7, kTopk2 = 8,                              // sparse: top-k entries, values in 8/4/2 bits
+};
+constexpr uint8_t kMaxEncoding = 8;
+constexpr uint8_t kMaxDenseEncoding = 5;
+// A sparse (top-k) encoding: its payload's size depends on what it holds.
+inline bool is_sparse(Encoding e) { return e == Encoding::kTopk8 || e == Encoding::kTopk4 || e == Encoding::kTopk2; }
+// The dense block encoding of a sparse encoding's values (kTopk4 → kInt4); `e` itself when it is not sparse.
+inline Encoding topk_values(Encoding e) {
+  return e == Encoding::kTopk8 ? Encoding::kInt8 : e == Encoding::kTopk4 ? Encoding::kInt4
+                                                 : e == Encoding::kTopk2 ? Encoding::kInt2 : e;
+}
+// The largest element count a sparse payload may describe (its k and indices are 32-bit).
+constexpr uint64_t kMaxSparseElements = 0xffffffffull;
+
+// What a sparse encoding keeps (src/wire/sparse.h).
+struct TopkOptions {
+  double density = 0.03;  // kept fraction, in (0, 1] (net.topk_density)
+  int64_t chunk = 0;      // top-k per chunk of this many elements; 0: over the whole payload (net.topk_chunk)
+};
+// An encoding with what encoding needs besides it (a sparse encoding's density and chunk). Decoding needs only the
+// encoding: a sparse payload carries its count.
+struct Codec {
+  Encoding encoding = Encoding::kFp32;
+  TopkOptions topk;
+  Codec() = default;
+  Codec(Encoding e) : encoding(e) {}  // NOLINT(google-explicit-constructor): an encoding with the default options
+  Codec(Encoding e, TopkOptions t) : encoding(e), topk(t) {}
+};
 
 struct MessageHeader {
   MessageKind kind = MessageKind::kHeartbeat;
@@ -97,11 +130,17 @@ struct DecodedMessage {
 constexpr uint64_t kFnvOffset = 0xcbf29ce484222325ull;
 uint64_t fnv1a64(const void* data, size_t n, uint64_t seed = kFnvOffset);
 
-// Bytes of a payload of n elements in encoding e (kRaw: n). Throws WireError on an unknown encoding or overflow.
+// Bytes of a payload of n elements in a dense encoding e (kRaw: n). Throws WireError on an unknown or a sparse
+// encoding (whose size depends on the payload) or overflow.
 size_t encoded_bytes(Encoding e, uint64_t n);
+// The most bytes a payload of n elements in encoding e can take: encoded_bytes for a dense encoding; for a sparse
+// one 4 + encoded_bytes(topk_values(e), n) + 5·n (every element kept, every gap a 5-byte varint). What buffers and
+// transport limits are sized by.
+size_t max_encoded_bytes(Encoding e, uint64_t n);
 
 const char* kind_name(MessageKind k);      // "hello", ..., or "unknown"
-const char* encoding_name(Encoding e);     // "raw", "fp32", "bf16", "int8", "int4", "int2", or "unknown"
+// "raw", "fp32", "bf16", "int8", "int4", "int2", "topk8", "topk4", "topk2", or "unknown"
+const char* encoding_name(Encoding e);
 Encoding parse_encoding(const std::string& name);  // inverse of encoding_name for the float encodings; throws
 
 std::string fingerprint_hex(uint64_t fp);                // 16 lowercase hex chars

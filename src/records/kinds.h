@@ -316,6 +316,9 @@ struct LearnerDone : RecordBase {
   std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, pushes_superseded, broadcasts, rejected, bytes_sent,
       bytes_received, ranks;
   std::optional<int64_t> served_chunks, served_bytes;  // rejoin from peers: state chunks this learner served (net.serve)
+  // The delta broadcast (net.broadcast_delta): fragment_delta frames added to the version held, and those whose base
+  // this learner did not hold (it asked for the whole fragment).
+  std::optional<int64_t> deltas_applied, deltas_unapplied;
   std::optional<double> wall_seconds, busy_seconds, steps_per_second, train_steps_per_second, comm_seconds,
       comm_fraction, wait_seconds, group_comm_seconds;
   std::optional<bool> finished;                        // trained every step and every shard let it in
@@ -334,6 +337,7 @@ struct LearnerDone : RecordBase {
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
     v("precision", precision); v("precision_setting", precision_setting); v("fp32_gflops", fp32_gflops);
     v("bf16_gflops", bf16_gflops); v("served_chunks", served_chunks); v("served_bytes", served_bytes);
+    v("deltas_applied", deltas_applied); v("deltas_unapplied", deltas_unapplied);
   }
 };
 

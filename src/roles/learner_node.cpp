@@ -181,6 +181,11 @@ struct LearnerNode::Impl {
     // a joiner whose welcome predates a merge that reached this learner first still finds its versions here.
     std::vector<int64_t> prev_versions;
     std::vector<at::Tensor> prev;
+    // The delta broadcast (comms thread only): per fragment id, the newest whole version this process holds or will
+    // hold (a whole fp32 broadcast, or the last delta applied to one): what the next fragment_delta is added to. The
+    // fragments whose delta found another version, told to the syncer with the next heartbeat (Beat::resend).
+    std::map<int64_t, std::pair<int64_t, at::Tensor>> exact;
+    std::set<int64_t> resend;
     int64_t unacknowledged() const { return sent_base + static_cast<int64_t>(sent.size()) - pushes_acked; }
     Comms c;
   };
@@ -202,6 +207,7 @@ struct LearnerNode::Impl {
   std::string leave_reason;                 // set by main at the end
   bool comms_stop = false;
   int64_t pushes = 0, pushes_dropped = 0, pushes_superseded = 0, broadcasts = 0, rejected = 0;
+  int64_t deltas_applied = 0, deltas_unapplied = 0;  // comms thread; read at the end
 
   std::thread comms;
   std::mutex record_mu;  // both threads emit records
@@ -521,6 +527,7 @@ struct LearnerNode::Impl {
         case MessageKind::kWelcome: return on_welcome(L, env);
         case MessageKind::kStateChunk: return on_state_chunk(L, h, env);
         case MessageKind::kFragmentBroadcast: return on_broadcast(L, h, env);
+        case MessageKind::kFragmentDelta: return on_delta(L, h, env);
         case MessageKind::kHeartbeat: return on_syncer_beat(L, env);
         case MessageKind::kLeave: {  // the syncer handled our goodbye
           proto::parse_leave(env.payload.data(), env.payload.size());
@@ -1104,30 +1111,73 @@ struct LearnerNode::Impl {
     }
   }
 
-  void on_broadcast(Link& L, const MessageHeader& h, const Envelope& env) {
+  // A broadcast's fragment and its element count, checked against this link's plan.
+  int64_t broadcast_fragment(const Link& L, const MessageHeader& h, const char* what) const {
     const int64_t p = h.fragment_id;
-    if (p >= static_cast<int64_t>(layouts.size())) throw WireError("broadcast of an unknown fragment");
+    if (p >= static_cast<int64_t>(layouts.size())) throw WireError(std::string(what) + " of an unknown fragment");
     if (L.plan.local[static_cast<size_t>(p)] < 0)
-      throw WireError("broadcast of fragment " + std::to_string(p) + ", which shard " + std::to_string(L.plan.shard) +
-                      " does not serve");
+      throw WireError(std::string(what) + " of fragment " + std::to_string(p) + ", which shard " +
+                      std::to_string(L.plan.shard) + " does not serve");
+    if (static_cast<int64_t>(h.element_count) != layouts[static_cast<size_t>(p)].elements)
+      throw WireError(std::string(what) + " has the wrong size");
+    return p;
+  }
+
+  void on_broadcast(Link& L, const MessageHeader& h, const Envelope& env) {
+    const int64_t p = broadcast_fragment(L, h, "broadcast");
     const int64_t n = layouts[static_cast<size_t>(p)].elements;
-    if (static_cast<int64_t>(h.element_count) != n) throw WireError("broadcast has the wrong size");
     at::Tensor flat = torch::empty({n}, torch::kFloat);
     decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n), flat.data_ptr<float>());
-    if (h.encoding == Encoding::kFp32) serve_broadcast(L, p, static_cast<int64_t>(h.round), flat);
-    else L.served = at::Tensor();  // lossy broadcasts: this learner's copy is not the syncer's state
+    if (h.encoding == Encoding::kFp32) {
+      serve_broadcast(L, p, static_cast<int64_t>(h.round), flat);
+      if (cfg.delta_broadcast()) L.exact[p] = {static_cast<int64_t>(h.round), flat};  // never written: shared
+    } else {
+      L.served = at::Tensor();  // lossy broadcasts: this learner's copy is not the syncer's state
+    }
+    accept_answer(L, h, p, flat);
+  }
+
+  // A fragment_delta (the delta broadcast): version round − (round − 1), added to the whole version this process
+  // holds of the fragment when that is round − 1 (as the syncer computed it, add_delta); otherwise the syncer is
+  // asked for the whole fragment (Beat::resend) and the delta is dropped.
+  void on_delta(Link& L, const MessageHeader& h, const Envelope& env) {
+    const int64_t p = broadcast_fragment(L, h, "delta");
+    const int64_t n = layouts[static_cast<size_t>(p)].elements;
+    const int64_t version = static_cast<int64_t>(h.round);
+    at::Tensor d = torch::empty({n}, torch::kFloat);
+    decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n), d.data_ptr<float>());
+    auto it = L.exact.find(p);
+    if (it != L.exact.end() && it->second.first >= version) return accept_answer(L, h, p, at::Tensor());  // had it
+    if (it == L.exact.end() || it->second.first != version - 1) {
+      ++deltas_unapplied;
+      L.resend.insert(p);
+      return accept_answer(L, h, p, at::Tensor());
+    }
+    at::Tensor flat = add_delta(it->second.second, d);
+    it->second = {version, flat};
+    ++deltas_applied;
+    serve_broadcast(L, p, version, flat);
+    accept_answer(L, h, p, flat);
+  }
+
+  // The rest of a broadcast or delta: the answer to the main thread (undefined `flat`: none), the acknowledgement.
+  void accept_answer(Link& L, const MessageHeader& h, int64_t p, const at::Tensor& flat) {
     std::unique_lock<std::mutex> lock(mu);
-    auto it = inbox.find(p);
-    if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
-      inbox[p] = Answer{static_cast<int64_t>(h.round), flat, L.marks_answers ? static_cast<int64_t>(h.c_tokens) : -1};
-    L.unsettled.erase(p);  // an answer for p answers our push of p too (the core clears it when it applies)
-    ++broadcasts;
-    cv.notify_all();
+    if (flat.defined()) {
+      auto it = inbox.find(p);
+      if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
+        inbox[p] = Answer{static_cast<int64_t>(h.round), flat, L.marks_answers ? static_cast<int64_t>(h.c_tokens) : -1};
+      L.unsettled.erase(p);  // an answer for p answers our push of p too (the core clears it when it applies)
+      ++broadcasts;
+      cv.notify_all();
+    }
     // The acknowledgement, at once: the syncer's send window and its measured broadcast time count on it.
     L.c.rx_seq = std::max(L.c.rx_seq, static_cast<int64_t>(h.c_steps));
     proto::Beat b = beat;
     b.state_round = L.state_round;
     b.broadcasts = L.c.rx_seq;
+    b.resend.assign(L.resend.begin(), L.resend.end());
+    L.resend.clear();
     lock.unlock();
     send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
     L.c.last_beat = now();
@@ -1511,6 +1561,10 @@ struct LearnerNode::Impl {
     d.pushes_superseded = pushes_superseded;
     d.broadcasts = broadcasts;
     d.rejected = rejected;
+    if (cfg.delta_broadcast()) {
+      d.deltas_applied = deltas_applied;
+      d.deltas_unapplied = deltas_unapplied;
+    }
     if (serve_tx) {
       d.served_chunks = served_chunks.load();
       d.served_bytes = served_bytes.load();
@@ -1611,7 +1665,7 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
   SyncOptions so = I.cfg.sync;
   so.learners = I.M;
   I.core = std::make_unique<LearnerCore>(so, plan, I.work->parameters(), I.cfg.run.train.steps,
-                                         I.cfg.push_encoding(), I.cfg.error_feedback);
+                                         I.cfg.push_codec(), I.cfg.error_feedback);
   I.held_versions = I.core->versions();
   I.links.resize(shards.size());
   for (size_t s = 0; s < shards.size(); ++s) {

@@ -202,6 +202,7 @@ std::string encode_beat(const Beat& b) {
   nlohmann::json j{{"step", b.step}, {"tokens", b.tokens}, {"busy_seconds", b.busy_seconds}, {"step_time", b.step_time}};
   if (b.state_round >= 0) j["state_round"] = b.state_round;
   if (b.broadcasts >= 0) j["broadcasts"] = b.broadcasts;
+  if (!b.resend.empty()) j["resend"] = b.resend;
   return j.dump();
 }
 
@@ -214,6 +215,16 @@ Beat parse_beat(const char* data, size_t n) {
   b.step_time = get_double(j, "step_time", "heartbeat");
   if (j.contains("state_round")) b.state_round = get_int(j, "state_round", "heartbeat", 0, kMaxI);
   if (j.contains("broadcasts")) b.broadcasts = get_int(j, "broadcasts", "heartbeat", 0, kMaxI);
+  if (j.contains("resend")) {
+    const auto& r = j["resend"];
+    if (!r.is_array() || r.size() > kMaxResend)
+      throw WireError("heartbeat field 'resend' is not a list of at most " + std::to_string(kMaxResend) + " fragments");
+    for (const auto& v : r) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 0xffffffffll)
+        throw WireError("heartbeat field 'resend' holds something other than a fragment id");
+      b.resend.push_back(v.get<int64_t>());
+    }
+  }
   return b;
 }
 

@@ -107,7 +107,12 @@ struct Beat {
   // the wire, an older learner). The learner sends a heartbeat as soon as a broadcast arrives, so this is the
   // syncer's delivery acknowledgement: its send window (syncer_node.cpp, pump()) and its measured broadcast time.
   int64_t broadcasts = -1;
+  // The delta broadcast (net.broadcast_delta): fragments (global ids) whose fragment_delta this learner could not
+  // apply, not holding the version it is based on: the syncer sends the whole fragment next. Optional on the wire
+  // (absent = none); at most kMaxResend.
+  std::vector<int64_t> resend;
 };
+constexpr size_t kMaxResend = 4096;
 std::string encode_beat(const Beat& b);
 Beat parse_beat(const char* data, size_t n);
 

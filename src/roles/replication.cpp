@@ -134,6 +134,8 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
       for (const auto& [n, t] : im.global) tf.tensors["theta/" + n] = t.detach().to(torch::kCPU).contiguous();
       for (const auto& [n, t] : im.outer)
         if (t.defined()) tf.tensors["outer/" + n] = t.detach().to(torch::kCPU).contiguous();
+      for (size_t f = 0; f < im.broadcast_residual.size(); ++f)  // the delta broadcast's e_p (sync.h)
+        tf.tensors["residual/" + std::to_string(f)] = im.broadcast_residual[f].detach().to(torch::kCPU).contiguous();
       binary = encode_safetensors(tf);
       break;
     }
@@ -226,10 +228,30 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       } catch (const std::exception& x) {
         throw WireError(std::string("replica image tensors: ") + x.what());
       }
+      std::map<int64_t, at::Tensor> residual;
       for (auto& [name, t] : tf.tensors) {
-        if (name.rfind("theta/", 0) == 0) im.global[name.substr(6)] = t;
-        else if (name.rfind("outer/", 0) == 0) im.outer[name.substr(6)] = t;
-        else throw WireError("replica image tensor '" + name.substr(0, 80) + "' is neither theta/ nor outer/");
+        if (name.rfind("theta/", 0) == 0) {
+          im.global[name.substr(6)] = t;
+        } else if (name.rfind("outer/", 0) == 0) {
+          im.outer[name.substr(6)] = t;
+        } else if (name.rfind("residual/", 0) == 0) {
+          int64_t f = -1;
+          try {
+            f = std::stoll(name.substr(9));
+          } catch (const std::exception&) {
+          }
+          if (f < 0 || f >= fragments || std::to_string(f) != name.substr(9))
+            throw WireError("replica image tensor '" + name.substr(0, 80) + "' names no fragment");
+          residual[f] = t;
+        } else {
+          throw WireError("replica image tensor '" + name.substr(0, 80) + "' is neither theta/, outer/ nor residual/");
+        }
+      }
+      if (!residual.empty()) {
+        if (static_cast<int64_t>(residual.size()) != fragments)
+          throw WireError("replica image holds the broadcast residual of " + std::to_string(residual.size()) + " of " +
+                          std::to_string(fragments) + " fragments");
+        for (auto& [f, t] : residual) im.broadcast_residual.push_back(t);
       }
       break;
     }

@@ -149,9 +149,15 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"resumed", resumed},
                    {"learners", M},
                    {"checkpoint", last_checkpoint}};
-  nlohmann::json joins = nlohmann::json::array();
+  nlohmann::json joins = nlohmann::json::array(), bytes = nlohmann::json::array();
   for (const auto& p : peers) joins.push_back(p.joins);
   s["joins"] = joins;
+  // Per learner: frame bytes read from it (pushes, heartbeats, hellos) and broadcast to it (whole fragments and
+  // deltas; state downloads are counted in state_downloads).
+  for (const auto& p : peers) bytes.push_back({{"up", p.bytes_up}, {"down", p.bytes_down}});
+  s["learner_bytes"] = bytes;
+  s["deltas_sent"] = deltas_sent;
+  s["delta_resends"] = delta_resends;
   // Measured transfer times (moving averages; null until one was measured).
   s["upload_seconds"] = upload_time.seeded ? nlohmann::json(upload_time.value) : nlohmann::json();
   s["broadcast_seconds"] = broadcast_time.seeded ? nlohmann::json(broadcast_time.value) : nlohmann::json();

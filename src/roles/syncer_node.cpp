@@ -193,6 +193,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   }
   Peer& P = peers[m];
   P.last_heard = t;
+  P.bytes_up += static_cast<int64_t>(env.header.size() + env.payload.size());
   if (!P.alive && !retired[m]) {
     P.alive = true;
     core_connected(m, true);
@@ -239,7 +240,17 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
           P.acks = true;
           acknowledge(m, b.broadcasts, t);
         }
-        if (download_done || b.broadcasts >= 0) pump(m);
+        for (int64_t g : b.resend) {  // deltas it could not apply: the whole fragment, from its latest version
+          if (g >= static_cast<int64_t>(shard.local.size()) || shard.local[static_cast<size_t>(g)] < 0) continue;
+          const int64_t p = shard.local[static_cast<size_t>(g)];
+          ++delta_resends;
+          P.delta_held[static_cast<size_t>(p)] = -1;
+          if (latest[p].version > 0) {
+            auto it = P.pending.find(p);
+            if (it == P.pending.end() || it->second.version < latest[p].version) queue_broadcast(m, p, latest[p]);
+          }
+        }
+        if (download_done || b.broadcasts >= 0 || !b.resend.empty()) pump(m);
         return;
       }
       case MessageKind::kStateRequest: return on_state_request(env, h, m);
@@ -456,7 +467,8 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
       w.chunks = (w.elements + w.chunk_elements - 1) / w.chunk_elements;
       // Rejoin from peers: learners that hold the state and serve it share the download (their chunks are checked
       // against this syncer's hashes). Only with fp32 broadcasts: a donor's copy of Θ is what the broadcasts carried.
-      if (cfg.net.donors > 0 && broadcast_enc == Encoding::kFp32 && w.chunks <= proto::kMaxFetchChunks) {
+      // (The delta broadcast keeps it exact too: its Θ is what learners hold.)
+      if (cfg.net.donors > 0 && (broadcast_enc == Encoding::kFp32 || delta_on) && w.chunks <= proto::kMaxFetchChunks) {
         ++donor_rotation;
         for (int64_t i = 0; i < M && static_cast<int64_t>(w.donors.size()) < cfg.net.donors; ++i) {
           const int64_t n = static_cast<int64_t>((donor_rotation + static_cast<uint64_t>(i)) % static_cast<uint64_t>(M));
@@ -527,6 +539,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     broadcasts_superseded += static_cast<int64_t>(P.pending.size());
     P.pending.clear();
   }
+  P.delta_held.assign(layouts.size(), -1);  // a new connection: the next broadcast of each fragment goes whole
   P.route = env.peer;
   P.identity = env.identity;
   P.instance = hello.instance;
@@ -657,8 +670,20 @@ void SyncerNode::Impl::send_beat(int64_t m) {
   send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
 }
 
-void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, int64_t version, const MessageHeader& h,
-                                       const Bytes& payload) {
+void SyncerNode::Impl::attach_delta(int64_t p, const std::shared_ptr<const std::string>& delta,
+                                    syncer_detail::Latest* b) const {
+  b->has_delta = false;
+  if (!delta_on || !delta) return;
+  b->delta_header = b->header;
+  b->delta_header.kind = MessageKind::kFragmentDelta;
+  b->delta_header.encoding = broadcast_enc;
+  b->delta = Bytes(delta, delta->data(), delta->size());
+  b->has_delta = true;
+  (void)p;
+}
+
+void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, const syncer_detail::Latest& b) {
+  const int64_t version = b.version;
   Peer& P = peers[m];
   auto [it, fresh] = P.pending.try_emplace(p);
   if (!fresh) {
@@ -668,11 +693,15 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, int64_t version, co
   it->second.version = version;
   it->second.order = static_cast<uint64_t>(merges);
   it->second.journal = journal_seq;
-  it->second.header = h;
+  it->second.header = b.header;
   // The push of p from m this version answers (queued right after its merge, or the latest version by catch_up:
   // either way the marks as they stand now are this version's).
   it->second.header.c_tokens = static_cast<uint64_t>(answer_marks.mark(m, p));
-  it->second.payload = payload;
+  it->second.payload = b.payload;
+  it->second.has_delta = b.has_delta;
+  it->second.delta_header = b.delta_header;
+  it->second.delta_header.c_tokens = it->second.header.c_tokens;
+  it->second.delta = b.delta;
   pump(m);
 }
 
@@ -682,7 +711,7 @@ void SyncerNode::Impl::catch_up(int64_t m) {
   P.missed = false;
   for (size_t p = 0; p < latest.size(); ++p)
     if (latest[p].version > 0)
-      queue_broadcast(m, static_cast<int64_t>(p), latest[p].version, latest[p].header, latest[p].payload);
+      queue_broadcast(m, static_cast<int64_t>(p), latest[p]);
 }
 
 void SyncerNode::Impl::pump(int64_t m) {
@@ -693,16 +722,28 @@ void SyncerNode::Impl::pump(int64_t m) {
     auto next = P.pending.begin();
     for (auto it = P.pending.begin(); it != P.pending.end(); ++it)
       if (it->second.order < next->second.order) next = it;
-    const size_t bytes = next->second.payload.size() + kWireHeaderBytes;
+    // The delta broadcast: the fragment_delta when the learner holds the version it is based on, else the whole.
+    const int64_t fp = next->first;
+    int64_t& held = P.delta_held[static_cast<size_t>(fp)];
+    const bool as_delta = next->second.has_delta && held == next->second.version - 1;
+    const Bytes& body = as_delta ? next->second.delta : next->second.payload;
+    const size_t bytes = body.size() + kWireHeaderBytes;
     if (P.acks && !P.in_flight.empty() && P.in_flight_bytes + bytes > send_window) return;
     // A standby follows: no learner sees a merge before the standby holds it (a takeover then loses none).
     if (!standby_route.empty() && next->second.journal > standby_acked) return;
-    MessageHeader h = next->second.header;
+    MessageHeader h = as_delta ? next->second.delta_header : next->second.header;
     h.learner_id = static_cast<uint32_t>(m);
     h.c_steps = ++P.seq;  // the delivery sequence number the learner acknowledges (Beat::broadcasts)
-    const proto::Frame f = proto::make_frame(h, next->second.payload, limits);
+    const int64_t version = next->second.version;
+    const proto::Frame f = proto::make_frame(h, body, limits);
     P.pending.erase(next);
-    if (!tx->send(P.route, f.header, f.payload)) continue;  // the transport's queue is full: dropped (counted there)
+    if (!tx->send(P.route, f.header, f.payload)) {  // the transport's queue is full: dropped (counted there)
+      held = -1;  // it may lack this version: the next one goes whole
+      continue;
+    }
+    held = version;
+    P.bytes_down += static_cast<int64_t>(bytes);
+    if (as_delta) ++deltas_sent;
     ++broadcasts_sent;
     if (P.acks) {
       P.in_flight.push_back({P.seq, bytes, now()});
@@ -729,19 +770,21 @@ bool SyncerNode::Impl::encode_broadcast(int64_t p, int64_t version, const at::Te
   MessageHeader& bh = *h;
   bh = MessageHeader();
   bh.kind = MessageKind::kFragmentBroadcast;
-  bh.encoding = broadcast_enc;
+  // The delta broadcast sends a whole fragment only to a learner without the previous version: exact, in fp32.
+  const Encoding enc = delta_on ? Encoding::kFp32 : broadcast_enc;
+  bh.encoding = enc;
   bh.fragment_id = static_cast<uint32_t>(global_id(p));
   bh.fingerprint = fingerprint;
   bh.round = static_cast<uint64_t>(version);
   bh.element_count = static_cast<uint64_t>(L.elements);
   try {
-    if (broadcast_enc == Encoding::kFp32 && host_is_little_endian()) {
+    if (enc == Encoding::kFp32 && host_is_little_endian()) {
       // fp32 on a little-endian host is Θ_p's own bytes: share the buffer (the core never writes it again).
       auto keep = std::make_shared<at::Tensor>(flat);
       *payload = Bytes(keep, static_cast<const char*>(keep->data_ptr()), static_cast<size_t>(keep->nbytes()));
     } else {
       *payload = Bytes::from_string(
-          encode_floats(flat.data_ptr<float>(), static_cast<size_t>(flat.numel()), broadcast_enc));
+          encode_floats(flat.data_ptr<float>(), static_cast<size_t>(flat.numel()), enc));
     }
   } catch (const WireError& e) {
     // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
@@ -806,10 +849,13 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   Bytes payload;
   const bool encoded = encode_broadcast(p, out.version, r.flat, &bh, &payload);
   answer_marks.merged(p, out.learners);
-  if (encoded) latest[p] = syncer_detail::Latest{out.version, bh, payload};
+  if (encoded) {
+    latest[p] = syncer_detail::Latest{out.version, bh, payload};
+    attach_delta(p, r.delta, &latest[p]);
+  }
   for (int64_t m = 0; m < M && encoded; ++m) {
     if (!peers[m].alive || retired[m]) continue;
-    queue_broadcast(m, p, out.version, bh, payload);
+    queue_broadcast(m, p, latest[p]);
   }
   // ξ_sync = upload + merge + broadcast, the transfers as measured on the links (a push: its heartbeat to its
   // arrival; a broadcast: hand-off to acknowledgement; moving averages over every learner). Until one of each was
@@ -1042,6 +1088,8 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   for (const auto& n : I.shard.model.names) own.emplace_back(n, by_name.at(n));
   I.core = std::make_unique<Syncer>(I.cfg.sync, I.shard.local_fragments, own, I.cfg.merge_plan(), I.cfg.outer);
   I.core->share_flat(true);  // the broadcast reads the new Θ_p in place (finish_round)
+  I.delta_on = I.cfg.delta_broadcast();
+  if (I.delta_on) I.core->set_delta_broadcast(I.cfg.answer_codec());
   for (int64_t m = 0; m < I.M; ++m)
     I.core->set_budget(m, learner_budget(*I.evaluator, m, I.M, I.cfg.run.train.steps, I.cfg.learner.ranks));
   // Shard 0 evaluates the whole model: the other shards' fragments start at version 0, the evaluator's own values.
@@ -1067,9 +1115,10 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
     }
   }
   for (const auto& L : I.layouts)
-    I.send_window = std::max(I.send_window, 2 * (encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements)) +
+    I.send_window = std::max(I.send_window, 2 * (max_encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements)) +
                                                  kWireHeaderBytes));
   I.peers.resize(static_cast<size_t>(I.M));
+  for (auto& P : I.peers) P.delta_held.assign(I.layouts.size(), -1);
   I.retired.assign(static_cast<size_t>(I.M), false);
   I.timers.assign(I.layouts.size(), -1.0);
   I.latest.resize(I.layouts.size());

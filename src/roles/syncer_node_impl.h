@@ -69,8 +69,19 @@ struct Peer {
     uint64_t journal = 0;  // the journal entry of its merge: sent only once the standby acknowledged it (pump())
     MessageHeader header;
     Bytes payload;
+    // The delta broadcast: the fragment_delta from version − 1, sent instead when the learner holds version − 1.
+    bool has_delta = false;
+    MessageHeader delta_header;
+    Bytes delta;
   };
   std::map<int64_t, Pending> pending;
+  // The delta broadcast: per local fragment, the version the frames handed to the transport on the current
+  // connection leave this learner holding (−1: unknown, so the next broadcast is the whole fragment). Reset by a
+  // hello, a failed send and the learner's Beat::resend.
+  std::vector<int64_t> delta_held;
+  // Frame bytes read from and handed to the transport for this learner (pushes, hellos, heartbeats / broadcasts,
+  // deltas, state chunks): the per-learner accounting of the summary.
+  int64_t bytes_up = 0, bytes_down = 0;
   // ---- pushes on the current connection ----
   int64_t pushes_rx = 0;     // pushes read on `route` since its latest hello (told back: proto::SyncerBeat)
   // This link's measured transfer times (moving averages): a push (upload) and a broadcast (hand-off to
@@ -91,6 +102,9 @@ struct Latest {
   int64_t version = 0;
   MessageHeader header;
   Bytes payload;
+  bool has_delta = false;  // the delta broadcast: the fragment_delta from version − 1
+  MessageHeader delta_header;
+  Bytes delta;
 };
 
 // The global state as joining learners download it: Θ flattened to fp32 once per set of fragment versions, kept as
@@ -126,6 +140,10 @@ struct SyncerNode::Impl {
   uint64_t fingerprint = 0;
   WireLimits limits;
   Encoding broadcast_enc = Encoding::kFp32;
+  // The delta broadcast (net.broadcast_delta / topk, Syncer::set_delta_broadcast): merges go to a learner that holds
+  // the previous version as fragment_delta frames in broadcast_enc, and otherwise whole, in fp32 (exact).
+  bool delta_on = false;
+  int64_t deltas_sent = 0, delta_resends = 0;
   std::vector<syncer_detail::Peer> peers;
   AnswerMarks answer_marks;  // by learner id and local fragment: the push each broadcast answers
   std::map<std::string, int64_t> route_to_id;
@@ -376,7 +394,9 @@ struct SyncerNode::Impl {
   }
   // The send window (docs/runtime.md, "Flow control"): queues merged fragment p (local) of `version` for learner m,
   // replacing an older one of p not yet sent, then pump(m).
-  void queue_broadcast(int64_t m, int64_t p, int64_t version, const MessageHeader& h, const Bytes& payload);
+  void queue_broadcast(int64_t m, int64_t p, const syncer_detail::Latest& b);
+  // The delta broadcast: adds the core's delta payload of fragment p's merge to `b` (a fragment_delta frame).
+  void attach_delta(int64_t p, const std::shared_ptr<const std::string>& delta, syncer_detail::Latest* b) const;
   // Hands learner m's queued broadcasts to the transport, oldest merge first, while its window allows: nothing
   // unacknowledged, or the unacknowledged bytes plus the next one within send_window (a learner that never
   // acknowledges, an older build, gets every one at once). Nothing while a state download to it is outstanding: the

@@ -18,6 +18,10 @@ uint64_t costliest_float_bytes(int64_t n) {
   uint64_t most = 0;
   for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4, Encoding::kInt2})
     most = std::max<uint64_t>(most, encoded_bytes(e, static_cast<uint64_t>(n)));
+  // A top-k payload that keeps every element in one gap each (density 1): 4 + int8's bytes + one byte per index
+  // (the first index up to 5). Honest pushes at lower densities are smaller.
+  most = std::max<uint64_t>(most, 4 + encoded_bytes(Encoding::kInt8, static_cast<uint64_t>(n)) +
+                                      static_cast<uint64_t>(n) + 4);
   return most;
 }
 

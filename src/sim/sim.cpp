@@ -105,6 +105,8 @@ struct Snapshot {  // a merged fragment in flight, decoded once and shared by ev
   int64_t fragment = -1;
   int64_t version = 0;
   at::Tensor flat;
+  at::Tensor delta;         // a delta broadcast: version − (version − 1), decoded from its payload (else undefined)
+  int64_t delta_frame = 0;  // its frame bytes
 };
 
 struct Event {
@@ -129,6 +131,7 @@ struct Learner {
   double speed = 1.0, straggle = 1.0;
   bool up = true, done = false, waiting = false, stepping = false;
   int64_t epoch = 0, tokens = 0;
+  int64_t bytes_up = 0, bytes_down = 0;  // frames this learner sent and was sent
   double step_started = 0, step_duration = 0, wait_started = 0;
   double useful = 0, waited = 0, lost = 0;
 };
@@ -145,6 +148,8 @@ struct Simulator::Impl {
   std::vector<FlatLayout> layouts;
   FlatLayout model_layout;
   Encoding answer_enc = Encoding::kFp32;
+  bool delta_on = false;       // net.broadcast_delta / topk: merges go out as deltas
+  int64_t dense_fallbacks = 0;  // deltas a learner could not apply (it got the whole fragment instead)
   std::priority_queue<Event, std::vector<Event>, Later> queue;
   uint64_t seq = 0;
   double now = 0, stalled_time = 0;
@@ -156,6 +161,7 @@ struct Simulator::Impl {
   Simulator* self = nullptr;
   int64_t inflight = 0;  // contributions on the network
   int64_t merges = 0, bytes_up = 0, bytes_down = 0, failures = 0;
+  std::vector<int64_t> last_push_frame;  // per fragment: the frame bytes of its latest push (0: none yet)
   EvalResult last_eval;
   double initial_val_loss = 0;
 
@@ -173,7 +179,7 @@ struct Simulator::Impl {
   }
   static int64_t frame_bytes(int64_t payload) { return payload + static_cast<int64_t>(kWireHeaderBytes); }
   int64_t fragment_frame_bytes(int64_t p, Encoding e) const {
-    return frame_bytes(static_cast<int64_t>(encoded_bytes(e, static_cast<uint64_t>(layouts[p].elements))));
+    return frame_bytes(static_cast<int64_t>(max_encoded_bytes(e, static_cast<uint64_t>(layouts[p].elements))));
   }
   int64_t total_tokens() const {
     int64_t n = 0;
@@ -255,6 +261,8 @@ struct Simulator::Impl {
       c->step = out.step;  // what the syncer node hears in the heartbeat that precedes a push
       const int64_t bytes = frame_bytes(static_cast<int64_t>(out.payload.size()));
       bytes_up += bytes;
+      L.bytes_up += bytes;
+      last_push_frame[static_cast<size_t>(out.fragment)] = bytes;
       ++inflight;
       Event a;
       a.t = now + transfer(bytes);
@@ -346,13 +354,18 @@ struct Simulator::Impl {
     snap->fragment = p;
     snap->version = out.version;
     snap->flat = r.flat;
-    if (answer_enc != Encoding::kFp32) {
+    if (r.delta) {  // the delta as the learner node decodes it; flat (Θ_p, exact) only for a learner that lacks the base
+      snap->delta = torch::empty({layouts[p].elements}, torch::kFloat);
+      decode_floats_into(r.delta->data(), r.delta->size(), answer_enc, static_cast<size_t>(layouts[p].elements),
+                         snap->delta.data_ptr<float>());
+      snap->delta_frame = frame_bytes(static_cast<int64_t>(r.delta->size()));
+    } else if (answer_enc != Encoding::kFp32 && !delta_on) {
       const std::string wire = encode_floats(snap->flat.data_ptr<float>(), static_cast<size_t>(layouts[p].elements), answer_enc);
       decode_floats_into(wire.data(), wire.size(), answer_enc, static_cast<size_t>(layouts[p].elements),
                          snap->flat.data_ptr<float>());
     }
     answer_marks.merged(p, out.learners);
-    const int64_t down = fragment_frame_bytes(p, answer_enc);
+    const int64_t down = r.delta ? snap->delta_frame : fragment_frame_bytes(p, delta_on ? Encoding::kFp32 : answer_enc);
     const double leave = now + cfg.sim.merge_time;
     for (int64_t m = 0; m < static_cast<int64_t>(learners.size()); ++m) {
       Learner& L = learners[m];
@@ -368,15 +381,27 @@ struct Simulator::Impl {
       a.sync_every = syncer->local_updates(m);
       push(a);
       bytes_down += down;
+      L.bytes_down += down;
     }
-    syncer->observe_sync(transfer(fragment_frame_bytes(p, cfg.push_encoding())), cfg.sim.merge_time, transfer(down));
+    // The upload: the latest push of this fragment (a sparse push's size depends on what it holds).
+    const int64_t up = last_push_frame[static_cast<size_t>(p)] > 0 ? last_push_frame[static_cast<size_t>(p)]
+                                                                   : fragment_frame_bytes(p, cfg.push_encoding());
+    syncer->observe_sync(transfer(up), cfg.sim.merge_time, transfer(down));
     emit(rec::merge_record(r, p, total_tokens()));
   }
 
   void on_answer(const Event& e) {
     Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up) return;
-    L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat, e.covers);
+    if (!e.snapshot->delta.defined() ||
+        !L.core->receive_delta(e.snapshot->fragment, e.snapshot->version, e.snapshot->delta, e.covers)) {
+      if (e.snapshot->delta.defined()) {  // it lacks the delta's base: the whole fragment follows, in fp32
+        ++dense_fallbacks;
+        bytes_down += fragment_frame_bytes(e.snapshot->fragment, Encoding::kFp32);
+        L.bytes_down += fragment_frame_bytes(e.snapshot->fragment, Encoding::kFp32);
+      }
+      L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat, e.covers);
+    }
     L.core->set_sync_every(e.sync_every);
     if (L.waiting) boundary(e.learner);
   }
@@ -423,6 +448,7 @@ struct Simulator::Impl {
     // as the syncer node sends them) and holds the newest Θ at that moment (merges during the transfer included).
     const int64_t bytes = frame_bytes(model_layout.elements * 4);
     bytes_down += bytes;
+    learners[e.learner].bytes_down += bytes;
     Event r;
     r.t = now + transfer(bytes);
     r.kind = kRestore;
@@ -536,14 +562,17 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
     throw ConfigError(e.what());
   }
   I.syncer = std::make_unique<Syncer>(cfg.sync, plan.fragments, p0, cfg.merge_plan(), cfg.outer);
+  I.delta_on = cfg.delta_broadcast();
+  if (I.delta_on) I.syncer->set_delta_broadcast(cfg.answer_codec());
   for (int64_t m = 0; m < M; ++m) I.syncer->set_budget(m, learner_budget(*I.learners[m].work, m, M, run.train.steps));
   for (int64_t m = 0; m < M; ++m) {
     Learner& L = I.learners[m];
-    L.core = std::make_unique<LearnerCore>(cfg.sync, plan, L.work->parameters(), run.train.steps, cfg.push_encoding(),
+    L.core = std::make_unique<LearnerCore>(cfg.sync, plan, L.work->parameters(), run.train.steps, cfg.push_codec(),
                                            cfg.error_feedback);
     I.syncer->note_joined(m);
   }
   I.layouts = plan.fragment_layouts;
+  I.last_push_frame.assign(I.layouts.size(), 0);
   I.model_layout = plan.model;
 }
 
@@ -656,7 +685,8 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     lost += L.lost;
     steps += L.work->step();
     per_learner.push_back({{"steps", L.work->step()}, {"tokens", L.tokens}, {"useful_s", L.useful},
-                           {"waited_s", L.waited}, {"lost_s", L.lost}, {"speed", L.speed}});
+                           {"waited_s", L.waited}, {"lost_s", L.lost}, {"speed", L.speed},
+                           {"bytes_up", L.bytes_up}, {"bytes_down", L.bytes_down}});
   }
   rec::RunSummary s;
   s.command = "sim";
@@ -683,6 +713,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"lost_seconds", lost},
       {"bytes_up", I.bytes_up},
       {"bytes_down", I.bytes_down},
+      {"delta_fallbacks", I.dense_fallbacks},
       {"rejected_by_reason", I.syncer->rejected()},
       {"stale_bases", I.syncer->stale_bases()},
       {"reached_max_time", hit_max},

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "deloco/config.h"
+#include "wire/sparse.h"
 
 namespace deloco {
 
@@ -90,18 +91,68 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
   auto float_encoding = [](const std::string* v, const char* key) {
     return [v, key] {
       try {
-        parse_encoding(*v);
+        if (*v != "topk") parse_encoding(*v);
         return std::string();
       } catch (const std::exception&) {
-        return std::string(key) + " must be fp32, bf16, int8, int4 or int2 (got '" + *v + "')";
+        return std::string(key) + " must be fp32, bf16, int8, int4, int2 or topk (got '" + *v + "')";
       }
     };
   };
-  s.bind("net.encoding", &encoding, "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4 | int2",
+  s.bind("net.encoding", &encoding,
+         "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4 | int2 | topk",
          float_encoding(&encoding, "net.encoding"));
-  s.bind("net.broadcast_encoding", &broadcast_encoding, "merged fragment encoding: fp32 | bf16 | int8 | int4 | int2",
+  s.bind("net.broadcast_encoding", &broadcast_encoding,
+         "merged fragment encoding: fp32 | bf16 | int8 | int4 | int2 | topk (a sparse delta against the learner's version)",
          float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
   s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
+  s.bind("net.topk_bits", &topk_bits, "bits per kept value of a topk payload: 2 | 4 | 8", [this] {
+    return topk_bits == 2 || topk_bits == 4 || topk_bits == 8
+               ? std::string()
+               : "net.topk_bits must be 2, 4 or 8 (got " + std::to_string(topk_bits) + ")";
+  });
+  s.bind("net.topk_density", &topk_density, "fraction of a topk push's entries kept, in (0, 1]", [this] {
+    return topk_density > 0 && topk_density <= 1
+               ? std::string()
+               : "net.topk_density must be in (0, 1] (got " + std::to_string(topk_density) + ")";
+  });
+  s.bind("net.topk_chunk", &topk_chunk, "top-k per chunk of this many elements (0: over the whole fragment)", [this] {
+    return topk_chunk >= 0 ? std::string()
+                           : "net.topk_chunk must be >= 0 (got " + std::to_string(topk_chunk) + ")";
+  });
+  s.bind("net.broadcast_delta", &broadcast_delta,
+         "send each merged fragment as its change against the version the learner holds, in "
+         "net.broadcast_encoding, with the residual carried to the next merge (topk: always)");
+  s.bind("net.broadcast_topk_density", &broadcast_topk_density,
+         "fraction of a topk broadcast's entries kept, in (0, 1] (0: net.topk_density)", [this] {
+           return broadcast_topk_density >= 0 && broadcast_topk_density <= 1
+                      ? std::string()
+                      : "net.broadcast_topk_density must be in [0, 1] (got " +
+                            std::to_string(broadcast_topk_density) + ")";
+         });
+}
+
+namespace {
+Codec codec_of(const std::string& name, int64_t bits, double density, int64_t chunk) {
+  if (name != "topk") return Codec(parse_encoding(name));
+  if (bits != 2 && bits != 4 && bits != 8)
+    throw ConfigError("net.topk_bits must be 2, 4 or 8 (got " + std::to_string(bits) + ")");
+  TopkOptions t;
+  t.density = density;
+  t.chunk = chunk;
+  try {
+    validate_topk(t);
+  } catch (const WireError& e) {
+    throw ConfigError(e.what());
+  }
+  return Codec(bits == 2 ? Encoding::kTopk2 : bits == 4 ? Encoding::kTopk4 : Encoding::kTopk8, t);
+}
+}  // namespace
+
+Codec AlgorithmConfig::push_codec() const { return codec_of(encoding, topk_bits, topk_density, topk_chunk); }
+
+Codec AlgorithmConfig::answer_codec() const {
+  return codec_of(broadcast_encoding, topk_bits, broadcast_topk_density > 0 ? broadcast_topk_density : topk_density,
+                  topk_chunk);
 }
 
 void AlgorithmConfig::validate() const {
@@ -116,8 +167,8 @@ void AlgorithmConfig::validate() const {
   try {
     outer.validate();
     MergeSelector sel(merge_plan());
-    push_encoding();
-    answer_encoding();
+    push_codec();
+    answer_codec();
   } catch (const std::exception& e) {
     throw ConfigError(e.what());
   }

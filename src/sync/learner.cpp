@@ -45,16 +45,24 @@ Contribution decode_push(int64_t learner, const Push& p, const FlatLayout& layou
 
 LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
                          std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
-                         Encoding push_encoding, bool error_feedback)
+                         Codec push_codec, bool error_feedback)
     : opts_(opts),
       fragments_(plan.fragments),
       params_(std::move(params)),
       layouts_(plan.fragment_layouts),
       model_layout_(plan.model),
       total_steps_(total_steps),
-      encoding_(push_encoding),
+      codec_(push_codec),
       error_feedback_(error_feedback) {
-  if (encoding_ == Encoding::kRaw) throw SyncError("the push encoding must be a float encoding");
+  if (codec_.encoding == Encoding::kRaw || static_cast<uint8_t>(codec_.encoding) > kMaxEncoding)
+    throw SyncError("the push encoding must be a float encoding");
+  if (is_sparse(codec_.encoding)) {
+    try {
+      validate_topk(codec_.topk);
+    } catch (const WireError& e) {
+      throw SyncError(e.what());
+    }
+  }
   if (params_.size() != model_layout_.names.size() || layouts_.size() != fragments_.size())
     throw SyncError("the model plan describes " + std::to_string(model_layout_.names.size()) +
                     " parameter tensors, the learner has " + std::to_string(params_.size()));
@@ -118,7 +126,7 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     push.c_tokens = c_tokens_[p];
     push.step = step;
     push.step_time = last_step_time_;
-    push.encoding = encoding_;
+    push.encoding = codec_.encoding;
     push.elements = layouts_[p].elements;
     // Δ_p = Θ_p^v − θ_p, the outer gradient against the held version.
     std::vector<float> delta(static_cast<size_t>(layouts_[p].elements));
@@ -127,11 +135,11 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     flatten_into(ts, delta.data());
     const float* held = held_[p].data_ptr<float>();
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
-    if (error_feedback_ && encoding_ != Encoding::kFp32) {
+    if (error_feedback_ && codec_.encoding != Encoding::kFp32) {
       if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
-      push.payload = quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), encoding_);
+      push.payload = quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec_);
     } else {
-      push.payload = encode_floats(delta.data(), delta.size(), encoding_);
+      push.payload = encode_floats(delta.data(), delta.size(), codec_);
     }
     sent_at_[p] = step;
     sent_base_[p] = held_version_[p];
@@ -156,6 +164,40 @@ void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat, in
   if (version <= held_version_[p]) return;
   if (pending_[p] && pending_[p]->version >= version) return;
   pending_[p] = Answer{version, flat.contiguous(), covers};
+}
+
+int64_t LearnerCore::newest_version(int64_t fragment) const {
+  const size_t p = static_cast<size_t>(fragment);
+  if (fragment < 0 || p >= fragments_.size()) throw SyncError("unknown fragment " + std::to_string(fragment));
+  return pending_[p] ? std::max(pending_[p]->version, held_version_[p]) : held_version_[p];
+}
+
+bool LearnerCore::receive_delta(int64_t fragment, int64_t version, const at::Tensor& delta, int64_t covers) {
+  const size_t p = static_cast<size_t>(fragment);
+  if (fragment < 0 || p >= fragments_.size()) throw SyncError("delta for unknown fragment " + std::to_string(fragment));
+  if (delta.numel() != layouts_[p].elements || delta.scalar_type() != at::kFloat || !delta.device().is_cpu())
+    throw SyncError("delta for fragment " + std::to_string(fragment) + " has " + std::to_string(delta.numel()) +
+                    " elements, the fragment " + std::to_string(layouts_[p].elements) + " (flat fp32 CPU expected)");
+  const int64_t newest = newest_version(fragment);
+  if (version <= newest) return true;
+  if (newest != version - 1) return false;
+  const at::Tensor& base = pending_[p] && pending_[p]->version == newest ? pending_[p]->flat : held_[p];
+  receive(fragment, version, add_delta(base, delta), covers);
+  return true;
+}
+
+at::Tensor add_delta(const at::Tensor& base, const at::Tensor& delta) {
+  if (base.numel() != delta.numel() || base.scalar_type() != at::kFloat || delta.scalar_type() != at::kFloat ||
+      !base.device().is_cpu() || !delta.device().is_cpu())
+    throw SyncError("add_delta: a delta of " + std::to_string(delta.numel()) + " elements for a base of " +
+                    std::to_string(base.numel()) + " (flat fp32 CPU expected)");
+  const at::Tensor bc = base.contiguous(), dc = delta.contiguous();
+  at::Tensor flat = torch::empty({base.numel()}, torch::kFloat);
+  const float* b = bc.data_ptr<float>();
+  const float* d = dc.data_ptr<float>();
+  float* out = flat.data_ptr<float>();
+  for (int64_t i = 0; i < base.numel(); ++i) out[i] = b[i] + d[i];  // as Syncer::compress_version
+  return flat;
 }
 
 bool LearnerCore::answers_push(size_t p) const {

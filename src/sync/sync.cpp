@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
+#include "deloco/learner.h"  // add_delta
 #include "sync/fused_merge.h"
 #include "wire/quantize.h"
 
@@ -422,6 +423,7 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
     recent_next_[i] = 0;
   }
   for (auto& h : history_) h.clear();
+  for (auto& e : residual_) e.zero_();  // a checkpoint does not hold it: at most one merge's compression error
   for (auto& fl : floor_)
     for (size_t i = 0; i < fl.size(); ++i) fl[i] = versions[i];
   std::fill(seen_step_.begin(), seen_step_.end(), 0);
@@ -443,6 +445,7 @@ Syncer::Image Syncer::image() const {
   im.general_merges = general_merges_;
   im.stale_bases = stale_bases_;
   im.rejected = rejected_;
+  for (const auto& e : residual_) im.broadcast_residual.push_back(e.clone());
   return im;
 }
 
@@ -451,7 +454,20 @@ void Syncer::resync(const Image& im) {
   if (im.connected.size() != M || im.retired.size() != M || im.learner_step.size() != M)
     throw SyncError("replica image is for " + std::to_string(im.connected.size()) + " learners, this syncer has " +
                     std::to_string(M));
+  if (!im.broadcast_residual.empty()) {
+    if (im.broadcast_residual.size() != residual_.size())
+      throw SyncError("replica image has a broadcast residual of " + std::to_string(im.broadcast_residual.size()) +
+                      " fragments, this syncer " + std::to_string(residual_.size()) +
+                      " (net.broadcast_encoding or net.broadcast_delta differ?)");
+    for (size_t f = 0; f < residual_.size(); ++f)
+      if (im.broadcast_residual[f].numel() != residual_[f].numel() ||
+          !torch::isfinite(im.broadcast_residual[f]).all().item<bool>())
+        throw SyncError("replica image's broadcast residual of fragment " + std::to_string(f) +
+                        " has the wrong size or a non-finite value");
+  }
   restore(im.global, im.outer, im.versions, im.merged);  // checks everything else; throws before changing anything
+  for (size_t f = 0; f < im.broadcast_residual.size(); ++f)
+    residual_[f].copy_(im.broadcast_residual[f].reshape({-1}));
   connected_ = im.connected;
   retired_ = im.retired;
   learner_step_ = im.learner_step;
@@ -789,9 +805,15 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
   sync_detail::FusedJob job;
   job.elements = elements_[p];
   job.sources.resize(M);
+  std::vector<std::vector<float>> densified;  // sparse pushes, decoded for the pass (it reads elements in blocks)
+  densified.reserve(M);
   for (size_t i = 0; i < M; ++i) {
     const Contribution& c = held[i]->c;
-    if (c.encoded.defined()) {
+    if (c.encoded.defined() && is_sparse(c.encoded.encoding)) {
+      densified.push_back(decode_floats(c.encoded.data, c.encoded.bytes, c.encoded.encoding,
+                                        static_cast<size_t>(c.encoded.elements)));  // validated by receive()
+      job.sources[i].enc = wire_kernels::view(densified.back().data(), Encoding::kFp32, densified.back().size());
+    } else if (c.encoded.defined()) {
       job.sources[i].enc =
           wire_kernels::view(c.encoded.data, c.encoded.encoding, static_cast<size_t>(c.encoded.elements));
     } else {
@@ -996,13 +1018,79 @@ std::vector<RoundResult> Syncer::drain(double now) {
   return out;
 }
 
+void Syncer::set_delta_broadcast(const Codec& codec) {
+  if (codec.encoding == Encoding::kRaw || static_cast<uint8_t>(codec.encoding) > kMaxEncoding)
+    throw SyncError(std::string("the delta broadcast needs a float encoding, not ") + encoding_name(codec.encoding));
+  if (is_sparse(codec.encoding)) {
+    try {
+      validate_topk(codec.topk);
+    } catch (const WireError& e) {
+      throw SyncError(e.what());
+    }
+  }
+  for (size_t f = 0; f < fragments_.size(); ++f)
+    if (!flat_[f].defined())
+      throw SyncError("the delta broadcast (net.broadcast_encoding=topk, net.broadcast_delta) needs every fragment in "
+                      "fp32 on the CPU; fragment " + std::to_string(f) + " is not");
+  delta_on_ = true;
+  delta_codec_ = codec;
+  residual_.clear();
+  for (size_t f = 0; f < fragments_.size(); ++f) residual_.push_back(torch::zeros({elements_[f]}, torch::kFloat));
+}
+
+std::shared_ptr<const std::string> Syncer::compress_version(int64_t fragment, const at::Tensor& prev) {
+  const size_t p = static_cast<size_t>(fragment);
+  const size_t n = static_cast<size_t>(elements_[p]);
+  float* cur = flat_[p].data_ptr<float>();  // Θ_p', merged, not yet handed to anyone
+  float* e = residual_[p].data_ptr<float>();
+  const float* old = prev.data_ptr<float>();
+  std::vector<float> target(n), d(n);
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    target[i] = cur[i] + e[i];  // the merged version with what earlier broadcasts left out
+    d[i] = target[i] - old[i];
+    finite &= std::isfinite(d[i]) && std::isfinite(target[i]);
+  }
+  std::shared_ptr<std::string> payload;
+  at::Tensor next;  // prev + decode(payload), as a learner computes it (add_delta, deloco/learner.h)
+  if (finite) {
+    try {
+      payload = std::make_shared<std::string>(encode_floats(d.data(), n, delta_codec_));
+      at::Tensor sent = torch::empty({elements_[p]}, torch::kFloat);
+      decode_floats_into(payload->data(), payload->size(), delta_codec_.encoding, n, sent.data_ptr<float>());
+      next = add_delta(prev, sent);
+      finite = torch::isfinite(next).all().item<bool>();
+    } catch (const WireError&) {
+      finite = false;
+    }
+  }
+  if (!finite) {  // Θ_p' + e_p as merged, if finite; no delta (learners get the whole fragment)
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) ok = std::isfinite(target[i]);
+    if (ok) std::copy(target.begin(), target.end(), cur);
+    std::fill(e, e + n, 0.f);
+    payload.reset();
+  } else {
+    const float* v = next.data_ptr<float>();
+    for (size_t i = 0; i < n; ++i) {
+      cur[i] = v[i];
+      e[i] = target[i] - v[i];
+    }
+  }
+  theta_amax_[p] = -1;
+  theta_norm_[p] = fragment_norm(fragment);
+  return payload;
+}
+
 void Syncer::merge_round(double now, int64_t fragment, RoundResult* r) {
   const double qt = quorum_time(fragment);
   r->grace = grace();
   r->grace_wait = qt >= 0 ? now - qt : 0.0;
+  const size_t p = static_cast<size_t>(fragment);
+  const at::Tensor prev = delta_on_ ? flat_[p] : at::Tensor();  // Θ_p^v (merge() installs a new buffer)
   r->outcome = merge(fragment);
   if (!r->outcome.ok()) return;
-  const size_t p = static_cast<size_t>(fragment);
+  if (delta_on_) r->delta = compress_version(fragment, prev);
   if (share_flat_ && flat_[p].defined()) {
     r->flat = flat_[p];  // never written again: the next merge or restore installs a new buffer
     return;

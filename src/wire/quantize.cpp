@@ -47,6 +47,20 @@ void require_float_encoding(Encoding e) {
                     std::to_string(static_cast<int>(e)) + ") is not a float encoding");
 }
 
+void require_dense(Encoding e) {
+  require_float_encoding(e);
+  if (is_sparse(e))
+    throw WireError(std::string("quantize: ") + encoding_name(e) +
+                    " is sparse: its payload has no fixed size (encode_floats with a Codec)");
+}
+
+// A sparse payload decoded into n dense elements (zeros where it holds nothing).
+void decode_sparse_into(const void* payload, size_t bytes, Encoding e, size_t n, float* out) {
+  const SparseEntries s = decode_topk(payload, bytes, e, n);  // validates everything before out is written
+  std::fill(out, out + n, 0.f);
+  for (size_t j = 0; j < s.index.size(); ++j) out[s.index[j]] = s.value[j];
+}
+
 // Block scales for int8 (qmax 127), int4 (qmax 7) or int2 (qmax 1), written before the values. `bits`: 8, 4, 2.
 void encode_blocks(const float* x, size_t n, int qmax, int bits, char* out) {
   const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
@@ -111,7 +125,7 @@ void decode_blocks(const unsigned char* in, size_t n, int bits, float* out) {
 }  // namespace
 
 void encode_floats_into(const float* x, size_t n, Encoding e, char* out) {
-  require_float_encoding(e);
+  require_dense(e);
   check_finite(x, n);
   switch (e) {
     case Encoding::kFp32:
@@ -134,8 +148,10 @@ void encode_floats_into(const float* x, size_t n, Encoding e, char* out) {
   }
 }
 
-std::string encode_floats(const float* x, size_t n, Encoding e) {
+std::string encode_floats(const float* x, size_t n, const Codec& c) {
+  const Encoding e = c.encoding;
   require_float_encoding(e);
+  if (is_sparse(e)) return encode_topk(x, n, e, c.topk);
   std::string out(encoded_bytes(e, n), '\0');
   encode_floats_into(x, n, e, out.data());
   return out;
@@ -143,6 +159,7 @@ std::string encode_floats(const float* x, size_t n, Encoding e) {
 
 void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n, float* out) {
   require_float_encoding(e);
+  if (is_sparse(e)) return decode_sparse_into(payload, bytes, e, n, out);
   const size_t want = encoded_bytes(e, n);
   if (bytes != want)
     throw WireError("quantize: payload of " + std::to_string(bytes) + " bytes for " + std::to_string(n) +
@@ -167,6 +184,12 @@ void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n,
 
 std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
   require_float_encoding(e);
+  if (is_sparse(e)) {
+    const SparseEntries s = decode_topk(payload, bytes, e, n);  // checks n and the payload before allocating
+    std::vector<float> out(n, 0.f);
+    for (size_t j = 0; j < s.index.size(); ++j) out[s.index[j]] = s.value[j];
+    return out;
+  }
   const size_t want = encoded_bytes(e, n);  // checks n against the payload before allocating n floats
   if (bytes != want)
     throw WireError("quantize: payload of " + std::to_string(bytes) + " bytes for " + std::to_string(n) +
@@ -296,6 +319,11 @@ bool host_little_endian() {
 }  // namespace
 
 void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
+  require_float_encoding(e);
+  if (is_sparse(e)) {
+    decode_topk(payload, bytes, e, n);
+    return;
+  }
   check_size(bytes, e, n);
   const unsigned char* p = static_cast<const unsigned char*>(payload);
   if (e == Encoding::kFp32 || e == Encoding::kBf16) {
@@ -375,7 +403,8 @@ void scan_span(const unsigned char* p, Encoding e, size_t blocks, size_t lo, siz
 
 FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, const std::vector<size_t>& ends,
                       int threads) {
-  check_size(bytes, e, n);
+  require_float_encoding(e);
+  if (!is_sparse(e)) check_size(bytes, e, n);
   if (ends.empty() || ends.back() != n)
     throw WireError("quantize: scan segments end at " + std::to_string(ends.empty() ? 0 : ends.back()) +
                     ", the payload has " + std::to_string(n) + " elements");
@@ -384,6 +413,17 @@ FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, c
   const unsigned char* p = static_cast<const unsigned char*>(payload);
   FloatScan out;
   out.sumsq.assign(ends.size(), 0.0);
+  if (is_sparse(e)) {  // the kept entries only, in index order
+    const SparseEntries sp = decode_topk(payload, bytes, e, n);
+    size_t s = 0;
+    for (size_t j = 0; j < sp.index.size(); ++j) {
+      while (ends[s] <= sp.index[j]) ++s;
+      const double x = sp.value[j];
+      out.sumsq[s] += x * x;
+      out.amax = std::max(out.amax, std::fabs(x));
+    }
+    return out;
+  }
   if (!host_little_endian()) {  // the portable (slow) way: decode, then measure
     std::vector<float> x = decode_floats(payload, bytes, e, n);
     size_t lo = 0;
@@ -443,10 +483,11 @@ FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, c
   return out;
 }
 
-std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, Encoding e) {
+std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c) {
+  const Encoding e = c.encoding;
   std::vector<float> y(n);
   for (size_t i = 0; i < n; ++i) y[i] = x[i] + residual[i];
-  std::string enc = encode_floats(y.data(), n, e);
+  std::string enc = encode_floats(y.data(), n, c);
   std::vector<float> back = decode_floats(enc.data(), enc.size(), e, n);
   for (size_t i = 0; i < n; ++i) residual[i] = y[i] - back[i];
   return enc;

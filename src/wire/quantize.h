@@ -1,4 +1,5 @@
-// wire/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8, int4 and int2).
+// wire/quantize.h — float payload codecs for the wire (fp32, bf16, block-scaled int8, int4 and int2; the sparse
+// top-k encodings are wire/sparse.h's, and every function here dispatches to it for them).
 //
 // Layouts (little-endian; n elements; blocks of kQuantBlock = 64 consecutive elements, the last one may be short):
 //   kFp32  n × 4 bytes (IEEE binary32, exact)
@@ -26,16 +27,18 @@
 
 #include "deloco/error.h"  // NonFiniteError
 #include "deloco/wire.h"
+#include "wire/sparse.h"
 
 namespace deloco {
 
 constexpr size_t kQuantBlock = 64;
 
-// Writes encoded_bytes(e, n) bytes to `out`. e must be a float encoding (not kRaw).
+// Writes encoded_bytes(e, n) bytes to `out`. e must be a dense float encoding (not kRaw, not sparse).
 void encode_floats_into(const float* x, size_t n, Encoding e, char* out);
-std::string encode_floats(const float* x, size_t n, Encoding e);
+// Any float encoding, sparse ones included.
+std::string encode_floats(const float* x, size_t n, const Codec& c);
 
-// Reads n elements from a payload of `bytes` bytes into out[0..n).
+// Reads n elements from a payload of `bytes` bytes into out[0..n) (a sparse payload: zeros where it holds nothing).
 void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n, float* out);
 std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n);
 
@@ -59,6 +62,6 @@ void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n);
 
 // Error feedback (learner side): y = x + residual; returns encode(y); residual <- y - decode(encode(y)).
 // `residual` holds n floats (start at zero); it is left untouched if encoding throws.
-std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, Encoding e);
+std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c);
 
 }  // namespace deloco

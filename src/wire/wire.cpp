@@ -26,7 +26,8 @@ uint64_t get_le(const unsigned char* p, int bytes) {
 bool is_float_encoding(Encoding e) { return e != Encoding::kRaw; }
 
 bool carries_floats(MessageKind k) {
-  return k == MessageKind::kStateChunk || k == MessageKind::kFragmentPush || k == MessageKind::kFragmentBroadcast;
+  return k == MessageKind::kStateChunk || k == MessageKind::kFragmentPush || k == MessageKind::kFragmentBroadcast ||
+         k == MessageKind::kFragmentDelta;
 }
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
@@ -37,7 +38,8 @@ void validate_header(const MessageHeader& h, const WireLimits& limits) {
   if (k == 0 || k > kMaxMessageKind) throw WireError("wire: unknown message kind " + std::to_string(k));
   const uint8_t e = static_cast<uint8_t>(h.encoding);
   if (e > kMaxEncoding) throw WireError("wire: unknown payload encoding " + std::to_string(e));
-  if (carries_floats(h.kind) != is_float_encoding(h.encoding))
+  if (carries_floats(h.kind) != is_float_encoding(h.encoding) ||
+      (is_sparse(h.encoding) && h.kind == MessageKind::kStateChunk))
     throw WireError(std::string("wire: message kind ") + kind_name(h.kind) + " cannot carry encoding " +
                     encoding_name(h.encoding));
   if (h.element_count > limits.max_elements)
@@ -46,6 +48,16 @@ void validate_header(const MessageHeader& h, const WireLimits& limits) {
   if (h.payload_bytes > limits.max_payload_bytes)
     throw WireError("wire: payload_bytes " + u64s(h.payload_bytes) + " exceeds the limit " +
                     u64s(limits.max_payload_bytes));
+  if (is_sparse(h.encoding)) {
+    if (h.element_count > kMaxSparseElements)
+      throw WireError("wire: element_count " + u64s(h.element_count) + " exceeds the " + u64s(kMaxSparseElements) +
+                      " a " + encoding_name(h.encoding) + " payload can index");
+    const size_t most = max_encoded_bytes(h.encoding, h.element_count);
+    if (h.payload_bytes < 4 || h.payload_bytes > most)
+      throw WireError("wire: payload_bytes " + u64s(h.payload_bytes) + " outside [4, " + u64s(most) + "] for " +
+                      u64s(h.element_count) + " elements in " + encoding_name(h.encoding));
+    return;
+  }
   const size_t want = encoded_bytes(h.encoding, h.element_count);
   if (h.payload_bytes != want)
     throw WireError("wire: payload_bytes " + u64s(h.payload_bytes) + " does not match element_count " +
@@ -76,8 +88,20 @@ size_t encoded_bytes(Encoding e, uint64_t n) {
     case Encoding::kInt8: b = 4 * blocks + n; break;
     case Encoding::kInt4: b = 4 * blocks + (n + 1) / 2; break;
     case Encoding::kInt2: b = 4 * blocks + (n + 3) / 4; break;
+    case Encoding::kTopk8:
+    case Encoding::kTopk4:
+    case Encoding::kTopk2:
+      throw WireError(std::string("wire: a ") + encoding_name(e) +
+                      " payload's size depends on what it holds (max_encoded_bytes bounds it)");
     default: throw WireError("wire: unknown payload encoding " + std::to_string(static_cast<int>(e)));
   }
+  if (b > std::numeric_limits<size_t>::max()) throw WireError("wire: payload of " + u64s(n) + " elements too big");
+  return static_cast<size_t>(b);
+}
+
+size_t max_encoded_bytes(Encoding e, uint64_t n) {
+  if (!is_sparse(e)) return encoded_bytes(e, n);
+  const uint64_t b = 4 + static_cast<uint64_t>(encoded_bytes(topk_values(e), n)) + 5 * n;  // n ≤ 2^60: no overflow
   if (b > std::numeric_limits<size_t>::max()) throw WireError("wire: payload of " + u64s(n) + " elements too big");
   return static_cast<size_t>(b);
 }
@@ -94,6 +118,7 @@ const char* kind_name(MessageKind k) {
     case MessageKind::kReject: return "reject";
     case MessageKind::kReplica: return "replica";
     case MessageKind::kStateRequest: return "state_request";
+    case MessageKind::kFragmentDelta: return "fragment_delta";
   }
   return "unknown";
 }
@@ -106,14 +131,18 @@ const char* encoding_name(Encoding e) {
     case Encoding::kInt8: return "int8";
     case Encoding::kInt4: return "int4";
     case Encoding::kInt2: return "int2";
+    case Encoding::kTopk8: return "topk8";
+    case Encoding::kTopk4: return "topk4";
+    case Encoding::kTopk2: return "topk2";
   }
   return "unknown";
 }
 
 Encoding parse_encoding(const std::string& name) {
-  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4, Encoding::kInt2})
+  for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4, Encoding::kInt2,
+                     Encoding::kTopk8, Encoding::kTopk4, Encoding::kTopk2})
     if (name == encoding_name(e)) return e;
-  throw WireError("wire: unknown encoding '" + name + "' (expected fp32, bf16, int8, int4 or int2)");
+  throw WireError("wire: unknown encoding '" + name + "' (expected fp32, bf16, int8, int4, int2, topk8, topk4 or topk2)");
 }
 
 std::string fingerprint_hex(uint64_t fp) {

@@ -91,7 +91,7 @@ TEST(Wire, EveryKindRoundTrips) {
     MessageHeader h;
     h.kind = static_cast<MessageKind>(k);
     const bool floats = h.kind == MessageKind::kStateChunk || h.kind == MessageKind::kFragmentPush ||
-                        h.kind == MessageKind::kFragmentBroadcast;
+                        h.kind == MessageKind::kFragmentBroadcast || h.kind == MessageKind::kFragmentDelta;
     std::string payload;
     if (floats) {
       const float x[5] = {1, -2, 3, -4, 5};
@@ -181,7 +181,7 @@ TEST(Wire, UnknownKindAndEncoding) {
   expect_rejected(f, "unknown message kind " + std::to_string(kMaxMessageKind + 1));
   f = sample_frame();
   f[7] = static_cast<char>(kMaxEncoding + 1);
-  expect_rejected(f, "unknown payload encoding 6");
+  expect_rejected(f, "unknown payload encoding " + std::to_string(kMaxEncoding + 1));
   f = sample_frame();
   f[7] = static_cast<char>(Encoding::kRaw);  // a fragment push cannot carry opaque bytes
   expect_rejected(f, "cannot carry encoding raw");

@@ -1,0 +1,275 @@
+// Tests for the sparse (top-k) codec: what it keeps, its size, its error bound, error feedback, and every malformed
+// payload the decoder must refuse without writing anything. The references here (sort-based top-k, the byte count
+// from the layout in docs/wire.md) are written from the format's definition, not from sparse.cpp.
+#include "wire/sparse.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "wire/quantize.h"
+
+namespace deloco {
+namespace {
+
+std::vector<float> gaussian(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = g(rng);
+  return x;
+}
+
+// The reference: indices of the k largest |x| (ties: lower index), ascending, zeros never.
+std::vector<uint32_t> reference_topk(const std::vector<float>& x, size_t lo, size_t hi, size_t k) {
+  std::vector<uint32_t> idx(hi - lo);
+  std::iota(idx.begin(), idx.end(), static_cast<uint32_t>(lo));
+  std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) { return std::fabs(x[a]) > std::fabs(x[b]); });
+  idx.resize(std::min(k, idx.size()));
+  idx.erase(std::remove_if(idx.begin(), idx.end(), [&](uint32_t i) { return x[i] == 0.f; }), idx.end());
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+size_t varint_bytes(uint64_t v) {
+  size_t b = 1;
+  while (v >= 128) v >>= 7, ++b;
+  return b;
+}
+
+// The payload size the layout defines for these indices.
+size_t layout_bytes(const std::vector<uint32_t>& idx, Encoding e) {
+  size_t b = 4 + encoded_bytes(topk_values(e), idx.size());
+  for (size_t j = 0; j < idx.size(); ++j) b += varint_bytes(j == 0 ? idx[0] : idx[j] - idx[j - 1]);
+  return b;
+}
+
+TopkOptions at(double density, int64_t chunk = 0) {
+  TopkOptions o;
+  o.density = density;
+  o.chunk = chunk;
+  return o;
+}
+
+TEST(Topk, KeepsTheLargestEntriesWithinHalfAStep) {
+  const std::vector<float> x = gaussian(10000, 1);
+  for (Encoding e : {Encoding::kTopk8, Encoding::kTopk4, Encoding::kTopk2}) {
+    const std::string enc = encode_floats(x.data(), x.size(), Codec(e, at(0.03)));
+    const SparseEntries s = decode_topk(enc.data(), enc.size(), e, x.size());
+    const std::vector<uint32_t> want = reference_topk(x, 0, x.size(), 300);
+    EXPECT_EQ(s.index, want) << encoding_name(e);
+    EXPECT_EQ(enc.size(), layout_bytes(want, e));
+    const int qmax = e == Encoding::kTopk8 ? 127 : e == Encoding::kTopk4 ? 7 : 1;
+    for (size_t j = 0; j < s.index.size(); ++j) {
+      const size_t lo = j / kQuantBlock * kQuantBlock, hi = std::min(s.index.size(), lo + kQuantBlock);
+      float amax = 0;
+      for (size_t t = lo; t < hi; ++t) amax = std::max(amax, std::fabs(x[want[t]]));
+      EXPECT_LE(std::fabs(s.value[j] - x[s.index[j]]), amax / qmax * 0.5f * 1.0001f) << j;
+    }
+    // The dense decode: the kept values where they were, zero elsewhere.
+    const std::vector<float> d = decode_floats(enc.data(), enc.size(), e, x.size());
+    size_t nz = 0;
+    for (size_t i = 0; i < d.size(); ++i) nz += d[i] != 0.f;
+    EXPECT_LE(nz, want.size());
+    for (size_t j = 0; j < s.index.size(); ++j) EXPECT_EQ(d[s.index[j]], s.value[j]);
+  }
+}
+
+TEST(Topk, BytesPerElementAtThreePercent) {
+  // 3% with 2-bit values: ≈ 0.03 · (1 byte of gap + 1/4 byte of value + 4/64 of scale) ≈ 0.039 bytes per element,
+  // under a fourteenth of int4's 0.5625.
+  const std::vector<float> x = gaussian(1 << 20, 2);
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, at(0.03)));
+  const double per = static_cast<double>(enc.size()) / static_cast<double>(x.size());
+  EXPECT_LT(per, 0.042);
+  EXPECT_GT(per, 0.035);
+  EXPECT_LT(per * 14, static_cast<double>(encoded_bytes(Encoding::kInt4, x.size())) / static_cast<double>(x.size()));
+}
+
+TEST(Topk, TiesGoToTheLowerIndexAndZerosAreNeverKept) {
+  std::vector<float> x(100, 0.f);
+  for (int i : {5, 17, 40, 41, 90}) x[static_cast<size_t>(i)] = (i % 2 ? -1.f : 1.f);
+  // k = 3 of five equal magnitudes: the three lowest indices.
+  std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk8, at(0.03)));
+  EXPECT_EQ(decode_topk(enc.data(), enc.size(), Encoding::kTopk8, x.size()).index,
+            (std::vector<uint32_t>{5, 17, 40}));
+  // k = 50 but five non-zeros: five entries.
+  enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk8, at(0.5)));
+  EXPECT_EQ(decode_topk(enc.data(), enc.size(), Encoding::kTopk8, x.size()).index,
+            (std::vector<uint32_t>{5, 17, 40, 41, 90}));
+  // All zeros: an empty payload, which decodes to zeros.
+  std::vector<float> z(64, 0.f);
+  enc = encode_floats(z.data(), z.size(), Codec(Encoding::kTopk2, at(0.1)));
+  EXPECT_EQ(enc.size(), 4u);
+  EXPECT_EQ(decode_floats(enc.data(), enc.size(), Encoding::kTopk2, z.size()), z);
+}
+
+TEST(Topk, ChunkedKeepsItsShareOfEveryChunk) {
+  const std::vector<float> x = gaussian(10000, 3);
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk4, at(0.05, 1024)));
+  const SparseEntries s = decode_topk(enc.data(), enc.size(), Encoding::kTopk4, x.size());
+  std::vector<uint32_t> want;
+  for (size_t lo = 0; lo < x.size(); lo += 1024) {
+    const size_t hi = std::min(x.size(), lo + 1024);
+    const size_t k = std::max<size_t>(1, static_cast<size_t>(std::lround(0.05 * static_cast<double>(hi - lo))));
+    for (uint32_t i : reference_topk(x, lo, hi, k)) want.push_back(i);
+  }
+  EXPECT_EQ(s.index, want);
+}
+
+TEST(Topk, ErrorFeedbackLosesNothing) {
+  // Over many pushes, what was sent plus what is still held equals what went in (to float rounding).
+  const size_t n = 4096;
+  std::vector<float> residual(n, 0.f);
+  std::vector<double> in(n, 0.0), sent(n, 0.0);
+  for (uint32_t r = 0; r < 40; ++r) {
+    const std::vector<float> x = gaussian(n, 100 + r);
+    const std::string enc =
+        quantize_with_error_feedback(x.data(), residual.data(), n, Codec(Encoding::kTopk2, at(0.03)));
+    const std::vector<float> d = decode_floats(enc.data(), enc.size(), Encoding::kTopk2, n);
+    for (size_t i = 0; i < n; ++i) in[i] += x[i], sent[i] += d[i];
+  }
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::fabs(in[i] - sent[i] - residual[i]));
+    scale = std::max(scale, std::fabs(in[i]));
+  }
+  EXPECT_LT(worst, 1e-4 * scale);
+  // And the residual stays bounded: entries that wait long enough are sent.
+  double rms = 0;
+  for (float v : residual) rms += static_cast<double>(v) * v;
+  EXPECT_LT(std::sqrt(rms / n), 40.0);
+}
+
+TEST(Topk, ScanMatchesTheDecodedValues) {
+  const std::vector<float> x = gaussian(3000, 4);
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk4, at(0.1)));
+  const std::vector<float> d = decode_floats(enc.data(), enc.size(), Encoding::kTopk4, x.size());
+  const std::vector<size_t> ends{1000, 1000, 2500, 3000};
+  const FloatScan s = scan_floats(enc.data(), enc.size(), Encoding::kTopk4, x.size(), ends);
+  size_t lo = 0;
+  double amax = 0;
+  for (size_t k = 0; k < ends.size(); ++k) {
+    double sq = 0;
+    for (size_t i = lo; i < ends[k]; ++i) sq += static_cast<double>(d[i]) * d[i], amax = std::max(amax, std::fabs(double{d[i]}));
+    EXPECT_NEAR(s.sumsq[k], sq, 1e-9 * (1 + sq)) << k;
+    lo = ends[k];
+  }
+  EXPECT_EQ(s.amax, amax);
+}
+
+// ---- Malformed payloads: refused by name, nothing written --------------------------------------------------
+
+std::string u32le(uint32_t v) {
+  std::string s(4, '\0');
+  for (int b = 0; b < 4; ++b) s[static_cast<size_t>(b)] = static_cast<char>((v >> (8 * b)) & 0xff);
+  return s;
+}
+
+// A payload of the given k, values (fp32 scale 1, int8 codes 1) and raw index bytes, for kTopk8.
+std::string craft(uint32_t k, const std::string& index_bytes, float scale = 1.f) {
+  std::string s = u32le(k);
+  const size_t blocks = (k + 63) / 64;
+  for (size_t b = 0; b < blocks; ++b) {
+    uint32_t u;
+    std::memcpy(&u, &scale, 4);
+    s += u32le(u);
+  }
+  s += std::string(k, '\x01');
+  return s + index_bytes;
+}
+
+void expect_refused(const std::string& payload, size_t n, const std::string& says) {
+  std::vector<float> out(n, 7.f);
+  try {
+    decode_floats_into(payload.data(), payload.size(), Encoding::kTopk8, n, out.data());
+    ADD_FAILURE() << "accepted: expected '" << says << "'";
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+  for (float v : out) ASSERT_EQ(v, 7.f) << "a refused payload wrote to the output";
+  EXPECT_THROW(validate_floats(payload.data(), payload.size(), Encoding::kTopk8, n), WireError);
+  EXPECT_THROW(scan_floats(payload.data(), payload.size(), Encoding::kTopk8, n, {n}), WireError);
+}
+
+TEST(TopkDecode, RefusesMalformedPayloads) {
+  EXPECT_NO_THROW(decode_floats(craft(2, std::string("\x03\x04", 2)).data(), craft(2, "\x03\x04").size(),
+                                Encoding::kTopk8, 10));
+  expect_refused("\x01\x00", 10, "truncated (no count)");
+  expect_refused(craft(11, std::string(11, '\x00')), 10, "exceeds the 10 elements");
+  expect_refused(u32le(0xffffffffu) + std::string(16, '\x01'), 10, "exceeds the 10 elements");
+  expect_refused(u32le(5) + std::string(4, '\0'), 1u << 20, "truncated");  // a count the bytes cannot hold
+  expect_refused(craft(3, "\x01\x02"), 10, "truncated");                     // too few index bytes
+  expect_refused(craft(2, "\x03\x80"), 10, "truncated");                     // a varint that runs off the end
+  expect_refused(craft(2, "\x03\x07"), 10, "out of range");                  // 3 + 7 = 10
+  expect_refused(craft(1, "\x0a"), 10, "out of range");
+  expect_refused(craft(2, std::string("\x03\x00", 2)), 10, "duplicate index");
+  expect_refused(craft(1, std::string("\x83\x00", 2)), 200, "overlong");
+  expect_refused(craft(1, "\xff\xff\xff\xff\x7f"), 10, "wider than 32 bits");
+  expect_refused(craft(1, "\x01\x02"), 10, "trailing");
+  expect_refused(craft(1, "\x01", -1.f), 10, "negative scale");
+  try {
+    const std::string nan = craft(1, "\x01", std::numeric_limits<float>::quiet_NaN());
+    decode_floats(nan.data(), nan.size(), Encoding::kTopk8, 10);
+    ADD_FAILURE() << "a NaN scale was accepted";
+  } catch (const NonFiniteError&) {
+  }
+}
+
+TEST(TopkDecode, EveryTruncationIsRefused) {
+  const std::vector<float> x = gaussian(5000, 5);
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk8, at(0.02)));
+  for (size_t len = 0; len < enc.size(); ++len)
+    EXPECT_THROW(validate_floats(enc.data(), len, Encoding::kTopk8, x.size()), WireError) << len;
+}
+
+TEST(TopkEncode, RefusesBadInputAndOptions) {
+  std::vector<float> x(10, 1.f);
+  x[3] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, at(0.5))), NonFiniteError);
+  x[3] = 1.f;
+  EXPECT_THROW(encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, at(0.0))), WireError);
+  EXPECT_THROW(encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, at(1.5))), WireError);
+  EXPECT_THROW(encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, at(0.5, -1))), WireError);
+  // A dense-only entry point refuses a sparse encoding by name.
+  std::string out(100, '\0');
+  try {
+    encode_floats_into(x.data(), x.size(), Encoding::kTopk2, out.data());
+    ADD_FAILURE();
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("topk2 is sparse"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TopkWire, HeaderBoundsASparsePayload) {
+  MessageHeader h;
+  h.kind = MessageKind::kFragmentPush;
+  h.encoding = Encoding::kTopk2;
+  h.element_count = 1000;
+  const std::vector<float> x = gaussian(1000, 6);
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, at(0.03)));
+  const std::string frame = encode_message(h, enc);
+  const DecodedMessage m = decode_message(frame.data(), frame.size());
+  EXPECT_EQ(m.header.encoding, Encoding::kTopk2);
+  EXPECT_EQ(m.payload_size, enc.size());
+  EXPECT_THROW(encode_message(h, std::string(3, '\0')), WireError);  // no room for the count
+  EXPECT_THROW(encode_message(h, std::string(max_encoded_bytes(Encoding::kTopk2, 1000) + 1, '\0')), WireError);
+  h.kind = MessageKind::kStateChunk;  // a state download is always dense
+  EXPECT_THROW(encode_message(h, enc), WireError);
+  h.kind = MessageKind::kFragmentBroadcast;
+  EXPECT_NO_THROW(encode_message(h, enc));
+  h.element_count = uint64_t{1} << 33;
+  WireLimits big;
+  big.max_elements = uint64_t{1} << 40;
+  EXPECT_THROW(encode_message(h, enc, big), WireError);
+  EXPECT_THROW(encoded_bytes(Encoding::kTopk2, 10), WireError);
+  EXPECT_EQ(parse_encoding("topk4"), Encoding::kTopk4);
+}
+
+}  // namespace
+}  // namespace deloco
