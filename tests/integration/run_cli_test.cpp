@@ -216,7 +216,9 @@ TEST_F(RunCli, MixesACppAndAPythonLearner) {
         std::string("sync.wait_for_answer=true"),
         std::string("sync.fragments=2"), std::string("train.eval_tokens=2048"), std::string("syncer.eval_interval=0"),
         std::string("outer.kind=sgd"), std::string("outer.lr=1.0"), std::string("outer.momentum=0"),
-        std::string("syncer.metrics=")})
+        // Issue 35: the Python learner pushes top-k and applies delta broadcasts like the C++ one.
+        std::string("net.encoding=topk"), std::string("net.broadcast_encoding=topk"),
+        std::string("net.topk_density=0.25"), std::string("net.topk_bits=8"), std::string("syncer.metrics=")})
     argv.insert(argv.end(), {"--set", set});
   argv.insert(argv.end(), {"--learner-command", "1=/usr/bin/python3 " + kSrc + "/examples/pytorch/train.py", "--summary",
                            (dir_ / "s.json").string()});
@@ -241,13 +243,18 @@ TEST_F(RunCli, MixesACppAndAPythonLearner) {
   EXPECT_GE(both, merges - 1);
   // The Python learner: its records, merged fragments applied in place, a finished goodbye, its own log line.
   int applies = 0;
+  int64_t deltas = 0;
   bool finished = false;
   for (const auto& line : split_lines(read_file((run_dir / "learner-1.jsonl").string()))) {
     const auto j = nlohmann::json::parse(line);
     applies += j["kind"] == "apply";
-    if (j["kind"] == "learner_done") finished = j["finished"].get<bool>() && j["step"].get<int64_t>() == 60;
+    if (j["kind"] == "learner_done") {
+      finished = j["finished"].get<bool>() && j["step"].get<int64_t>() == 60;
+      deltas = j.value("deltas_applied", int64_t{0});
+    }
   }
   EXPECT_GT(applies, 0);
+  EXPECT_GT(deltas, 0);
   EXPECT_TRUE(finished);
   const std::string py_log = read_file(py_log_file.string());
   EXPECT_NE(py_log.find("train.py: learner 1 trained 60 steps"), std::string::npos) << py_log;
@@ -398,6 +405,56 @@ TEST_F(RunCli, AsynchronousOuterVariantsRunUnderTheRuntime) {
   EXPECT_NE(outer.find(".delay_sum"), std::string::npos);
   EXPECT_NE(outer.find(".delay_count"), std::string::npos);
   EXPECT_NE(outer.find(".momentum_buffer"), std::string::npos);
+}
+
+// Issue 35: sparse pushes and the delta broadcast under the runtime. Top-k pushes at 10% with 4-bit values go up;
+// merges come down as fragment_delta frames (top-k of the change, the syncer carrying the residual). A learner killed
+// by chaos rejoins: its first broadcast of each fragment is whole (fp32), the deltas after it apply to that. The run
+// trains, both learners apply deltas, and the syncer's per-learner byte counts show the downlink far below a whole
+// fp32 fragment per merge.
+TEST_F(RunCli, SparsePushesAndDeltaBroadcastsRunUnderTheRuntime) {
+  auto r = run("run " + tiny(1000, true) +
+                   " --set net.encoding=topk --set net.broadcast_encoding=topk --set net.topk_density=0.1"
+                   " --set net.topk_bits=4 --set sync.quorum=2 --set sync.wait_for_answer=true"
+                   " --set chaos.enabled=true --set chaos.kill_interval=2 --set chaos.restart_delay=0.5"
+                   " --set chaos.seed=5",
+               dir_ / "out.log", 240);
+  ASSERT_EQ(r.code, 0) << r.out;
+  expect_trained(summary());
+  EXPECT_GE(summary()["learner_kills"].get<int64_t>(), 1) << r.out;
+  const fs::path run_dir = dir_ / "run";
+  int64_t applied = 0, unapplied = 0, learners_done = 0;
+  for (int64_t m : {0, 1})
+    for (const auto& line : split_lines(read_file((run_dir / ("learner-" + std::to_string(m) + ".jsonl")).string()))) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.value("kind", "") != "learner_done" || !j.contains("deltas_applied")) continue;
+      applied += j["deltas_applied"].get<int64_t>();
+      unapplied += j["deltas_unapplied"].get<int64_t>();
+      ++learners_done;
+    }
+  EXPECT_GE(learners_done, 2);
+  EXPECT_GT(applied, 10);
+  EXPECT_LE(unapplied, applied / 4) << applied << " applied";
+  nlohmann::json done;
+  for (const auto& line : split_lines(read_file((run_dir / "syncer.jsonl").string()))) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.value("kind", "") == "done") done = j;
+  }
+  ASSERT_FALSE(done.is_null());
+  const nlohmann::json& x = done.contains("learner_bytes") ? done : done["extra"];
+  ASSERT_TRUE(x.contains("learner_bytes")) << done.dump();
+  EXPECT_GT(x["deltas_sent"].get<int64_t>(), 10);
+  const int64_t merges = done["outer_steps"].get<int64_t>();
+  for (const auto& b : x["learner_bytes"]) {
+    EXPECT_GT(b["up"].get<int64_t>(), 0);
+    EXPECT_GT(b["down"].get<int64_t>(), 0);
+  }
+  // Whole fp32 fragments for every merge would be merges × (model bytes / 2) per learner; the deltas at 10% of
+  // 4-bit values are a small share of that even with the whole fragments after the joins.
+  const int64_t params = done.value("parameters", x.value("parameters", int64_t{0}));
+  ASSERT_GT(params, 0) << done.dump();
+  for (const auto& b : x["learner_bytes"])
+    EXPECT_LT(b["down"].get<int64_t>(), merges * params * 4 / 2 / 3) << b.dump() << " for " << merges << " merges";
 }
 
 // Issue 13: one learner that is a data-parallel group of two processes (c10d Gloo). Chaos kills a random rank; the
