@@ -211,6 +211,9 @@ TUNE_SEED = 0
 # full-scale model's fp32 fragments with 0.5 s latency each way) fit inside τ inner steps (5 s), so the window
 # γ(τ·ξ_step − ξ_quorum − ξ_sync) opens. configs/sim-diloco.toml's 1 MB/s link makes ξ_sync 10–35 s: the window is 0.
 FAST_LINK = ["sim.bandwidth=6.4e7"]  # 64 MB/s (512 Mbit/s)
+# Experiment 5b: the densities of the sparse pushes and broadcasts; the links its communication time is given at.
+TOPK_DENSITIES = [0.01, 0.03, 0.1]
+E5_LINKS_MBIT = [10, 100]
 # Experiment 8: link bandwidths (bytes/s) swept with and without the grace window.
 SWEEP_BANDWIDTHS = [5e5, 4e6, 3.2e7, 1.28e8]
 
@@ -301,6 +304,19 @@ def plan(S):
         pts.append(("e4", v, meth, decoupled(S) + ["sim.mtbf=0"] + FAST_LINK))
     for enc in ("fp32", "bf16", "int8", "int4", "int2"):  # 5. outer-gradient precision
         pts.append(("e5", enc, "diloco", sync_run(S, M, T) + [f"net.encoding={enc}", "net.error_feedback=true"]))
+    # 5b. Fewer bytes than int4 (issue 35): today's smallest pair (int4 up, bf16 down), then sparse top-k pushes
+    # (2-bit values, error feedback) with the whole fp32 fragment down, and both ways (the broadcast as a top-k delta
+    # of the same density, its residual carried by the syncer). The sparse rows run the mean under outer SGD
+    # (mean_sgd, tuned in experiment 2): top-k with error feedback replaces the outer momentum, as in SparseLoCo; a
+    # delta broadcast under Nesterov is anchored at what the syncer has merged, and the momentum then integrates the
+    # residual (docs/wire.md). Its fp32 row is the paired reference.
+    pts.append(("e5", "int4 up, bf16 down", "diloco",
+                sync_run(S, M, T) + ["net.encoding=int4", "net.broadcast_encoding=bf16", "net.error_feedback=true"]))
+    pts.append(("e5", "fp32, outer SGD", "mean_sgd", sync_run(S, M, T) + ["net.encoding=fp32"]))
+    for d in TOPK_DENSITIES:
+        topk = ["net.encoding=topk", "net.topk_bits=2", f"net.topk_density={d:g}", "net.error_feedback=true"]
+        pts.append(("e5", f"top-k {d:.0%} up", "mean_sgd", sync_run(S, M, T) + topk))
+        pts.append(("e5", f"top-k {d:.0%} both ways", "mean_sgd", sync_run(S, M, T) + topk + ["net.broadcast_encoding=topk"]))
     # 6 and 7. One failure schedule (every learner fails every ~4 outer rounds on average, down 20 steps' time).
     mtbf, downtime = failure_schedule(S)
     fail = ["sim.mtbf=" + str(mtbf), "sim.downtime=" + str(downtime), "sim.jitter=0.1"]
@@ -402,7 +418,7 @@ RESULTS_FILE = None  # set by main(): where results.jsonl lives
 
 FIELDS = ("final_val_loss", "val_bpb", "initial_val_loss", "uptime", "goodput", "virtual_seconds", "tokens",
           "outer_steps", "bytes_sent", "failures", "contributions_rejected", "_wall", "curve", "grace_mean",
-          "grace_open", "per_merge", "staleness_mean")
+          "grace_open", "per_merge", "staleness_mean", "bytes_up", "bytes_down", "parameters")
 
 
 class Results:
@@ -678,6 +694,64 @@ def seeds_sorted(res, exp, variant, field="final_val_loss"):
     return [r.get(field) for r in rows]
 
 
+def e5b(res, S, w, claims):
+    """Experiment 5b (issue 35): bytes up and down per element and outer step against test loss; the communication
+    time per outer step at E5_LINKS_MBIT in the simulator's link model (latency + bytes / bandwidth each way)."""
+    M = S["m_exp"]
+    rows = [("fp32", "fp32"), ("int4 up, bf16 down", "fp32"), ("fp32, outer SGD", "fp32, outer SGD")]
+    rows += [(f"top-k {d:.0%} {way}", "fp32, outer SGD") for d in TOPK_DENSITIES for way in ("up", "both ways")]
+    have = [(v, ref) for v, ref in rows if seeds_sorted(res, "e5", v)]
+    if not have:
+        return
+    try:
+        import tomllib
+        latency = tomllib.load(open(os.path.join(ROOT, "configs/sim-diloco.toml"), "rb"))["sim"]["latency"]
+    except Exception:
+        latency = 0.5
+
+    def per_element(v, field):
+        """Frame bytes per parameter, per learner and outer step (mean over seeds), or None."""
+        xs = [r for r in res.rows.values() if r["exp"] == "e5" and r["variant"] == v and r.get(field) is not None
+              and r.get("parameters") and r.get("outer_steps")]
+        return statistics.fmean(r[field] / (r["outer_steps"] * M * r["parameters"]) for r in xs) if xs else None
+
+    base_up, base_down = per_element("int4 up, bf16 down", "bytes_up"), per_element("int4 up, bf16 down", "bytes_down")
+    base = base_up + base_down if base_up is not None and base_down is not None else None
+    params = next((r["parameters"] for r in res.rows.values() if r["exp"] == "e5" and r.get("parameters")), None)
+    w(f"\n### 5b. Fewer bytes than int4 (synchronous, M = {M}; sparse rows: the mean under outer SGD, `mean_sgd`)\n")
+    w("Bytes are frame bytes (header included) per parameter, per learner and outer step, as the simulator sent them. "
+      "The communication time per outer step is the simulator's link model, " + f"{latency:g} s latency each way plus "
+      "the bytes at the link's rate, for one push and one broadcast" +
+      (f" of the {params}-parameter model" if params else "") + ". − ref is paired by seed against the fp32 row "
+      "of the same outer optimizer.\n")
+    w("| push / broadcast | up B/el | down B/el | total | int4+bf16 ÷ total | comm s @" +
+      " | @".join(f"{b} Mbit/s" for b in E5_LINKS_MBIT) + " | test loss | − ref (paired) |")
+    w("|---|---|---|---|---|" + "---|" * len(E5_LINKS_MBIT) + "---|---|")
+    stats = {}
+    for v, ref in have:
+        up, down = per_element(v, "bytes_up"), per_element(v, "bytes_down")
+        loss, rl = seeds_sorted(res, "e5", v), seeds_sorted(res, "e5", ref)
+        g, h = diff_ci(loss, rl) if v != ref and rl else (float("nan"), float("nan"))
+        tot = up + down if up is not None and down is not None else None
+        stats[v] = (tot, g, h)
+        times = [2 * latency + tot * params / (b * 1e6 / 8) if tot is not None and params else float("nan")
+                 for b in E5_LINKS_MBIT]
+        ratio = base / tot if base and tot else float("nan")
+        w(f"| {v} | {up if up is not None else float('nan'):.4f} | {down if down is not None else float('nan'):.4f} | "
+          f"{tot if tot is not None else float('nan'):.4f} | {ratio:.1f} | " + " | ".join(f"{t:.2f}" for t in times) +
+          f" | {fmt(loss)} | " + ("—" if v == ref else f"{g:+.4f} ± {h:.4f}") + " |")
+    v3 = "top-k 3% both ways"
+    if v3 in stats and base and stats[v3][0]:
+        tot, _, _ = stats[v3]
+        f32, l3 = seeds_sorted(res, "e5", "fp32"), seeds_sorted(res, "e5", v3)
+        g, h = diff_ci(l3, f32)
+        small = tot * 20 <= base
+        claims.append(("top-k 3% both ways: ≤ 1/20 of int4 + bf16 bytes, within 0.02 nats of fp32",
+                       label(small and g + h <= MARGIN, small or g - h <= MARGIN),
+                       f"bytes {base / tot:.1f}× fewer than int4 up + bf16 down; test loss − fp32 (Nesterov) = "
+                       f"{g:+.4f} ± {h:.4f}."))
+
+
 def label(cond_all, cond_some):
     return "reproduced" if cond_all else ("partly" if cond_some else "not reproduced")
 
@@ -902,6 +976,8 @@ def report(res, S, best, quick, out, doc, plots_dir):
     if bars(plots_dir, "e5.png", "Outer-gradient precision", "test loss",
             [(enc, seeds_sorted(res, "e5", enc)) for enc in ("fp32", "bf16", "int8", "int4", "int2")]):
         w("\n![experiment 5](science/e5.png)\n")
+    # 5b.
+    e5b(res, S, w, claims)
     if "int4" in d5 and "int2" in d5:
         g4, h4 = d5["int4"]
         g2, h2 = d5["int2"]

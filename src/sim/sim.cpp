@@ -714,6 +714,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"bytes_up", I.bytes_up},
       {"bytes_down", I.bytes_down},
       {"delta_fallbacks", I.dense_fallbacks},
+      {"parameters", I.model_layout.elements},
       {"rejected_by_reason", I.syncer->rejected()},
       {"stale_bases", I.syncer->stale_bases()},
       {"reached_max_time", hit_max},

@@ -60,22 +60,16 @@ Codec topk(double density, Encoding e = Encoding::kTopk2) {
   return Codec(e, o);
 }
 
-TEST(DeltaBroadcast, EachVersionIsThePreviousPlusTheDecodedDeltaAndTheResidualCarriesTheRest) {
+TEST(DeltaBroadcast, EachVersionIsThePreviousPlusTheDecodedDelta) {
   const auto g = model(1);
-  const OuterOptions nesterov{"nesterov", 0.7, 0.9};
-  Syncer compressed(two_learners(), whole(g), g, MergePlan::preset("diloco"), nesterov);
-  Syncer plain(two_learners(), whole(g), g, MergePlan::preset("diloco"), nesterov);
-  compressed.set_delta_broadcast(topk(0.05));
-  const int64_t n = flat_of(plain).numel();
+  Syncer s(two_learners(), whole(g), g, MergePlan::preset("diloco"), OuterOptions{"nesterov", 0.7, 0.9});
+  s.set_delta_broadcast(topk(0.05));
+  const int64_t n = flat_of(s).numel();
   for (int64_t round = 0; round < 12; ++round) {
-    const at::Tensor before = flat_of(compressed).clone();
-    for (int64_t m = 0; m < 2; ++m) {
-      ASSERT_EQ(compressed.receive(0.0, push(m, round, 100 * round + m)), SyncReject::kNone);
-      ASSERT_EQ(plain.receive(0.0, push(m, round, 100 * round + m)), SyncReject::kNone);
-    }
-    const RoundResult r = compressed.on_round(0.0, 0);
+    const at::Tensor before = flat_of(s).clone();
+    for (int64_t m = 0; m < 2; ++m) ASSERT_EQ(s.receive(0.0, push(m, round, 100 * round + m)), SyncReject::kNone);
+    const RoundResult r = s.on_round(0.0, 0);
     ASSERT_TRUE(r.merged());
-    ASSERT_TRUE(plain.on_round(0.0, 0).merged());
     ASSERT_TRUE(r.delta) << "round " << round;
     // What a learner holding the previous version computes is exactly the new version.
     const std::vector<float> d = decode_floats(r.delta->data(), r.delta->size(), Encoding::kTopk2, n);
@@ -83,14 +77,34 @@ TEST(DeltaBroadcast, EachVersionIsThePreviousPlusTheDecodedDeltaAndTheResidualCa
     for (float v : d) kept += v != 0.f;
     EXPECT_LE(kept, static_cast<int64_t>(std::lround(0.05 * n)));
     const at::Tensor applied = add_delta(before, torch::from_blob(const_cast<float*>(d.data()), {n}).clone());
-    EXPECT_TRUE(torch::equal(applied, flat_of(compressed))) << "round " << round;
-    EXPECT_TRUE(torch::equal(r.flat, flat_of(compressed)));
-    // Version + residual is the uncompressed syncer's Θ (the same merges, to float rounding).
-    const at::Tensor reached = flat_of(compressed) + compressed.broadcast_residual()[0];
-    EXPECT_TRUE(torch::allclose(reached, flat_of(plain), 1e-5, 1e-5)) << "round " << round;
+    EXPECT_TRUE(torch::equal(applied, flat_of(s))) << "round " << round;
+    EXPECT_TRUE(torch::equal(r.flat, flat_of(s)));
   }
   // The codec left most of each step out at 5%: the residual is not zero, the learners are behind.
-  EXPECT_GT(compressed.broadcast_residual()[0].abs().max().item<float>(), 0.f);
+  EXPECT_GT(s.broadcast_residual()[0].abs().max().item<float>(), 0.f);
+}
+
+// Outer SGD with η = 1 is model averaging: the merged model is the mean of the learners' models θ_m = Θ^v − Δ̂_m.
+// With the delta broadcast the learners hold Θ^v (the lagging version) and the merge is anchored at Θ^v + e, so
+// version + residual is exactly that mean after every round, however little the codec delivered: nothing is lost
+// and nothing is counted twice.
+TEST(DeltaBroadcast, VersionPlusResidualIsTheLearnersMeanUnderModelAveraging) {
+  const auto g = model(5);
+  Syncer s(two_learners(), whole(g), g, MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.set_delta_broadcast(topk(0.03));
+  for (int64_t round = 0; round < 10; ++round) {
+    const at::Tensor held = flat_of(s).clone();
+    at::Tensor mean = torch::zeros_like(held);
+    for (int64_t m = 0; m < 2; ++m) {
+      const Contribution c = push(m, round, 10 * round + m);
+      std::vector<at::Tensor> parts;
+      for (const auto& t : c.deltas) parts.push_back(t.flatten());
+      mean += 0.5 * (held - torch::cat(parts));
+      ASSERT_EQ(s.receive(0.0, c), SyncReject::kNone);
+    }
+    ASSERT_TRUE(s.on_round(0.0, 0).merged());
+    EXPECT_TRUE(torch::allclose(flat_of(s) + s.broadcast_residual()[0], mean, 1e-5, 1e-5)) << "round " << round;
+  }
 }
 
 TEST(DeltaBroadcast, TheResidualTravelsInAnImageAndARestoreClearsIt) {

@@ -753,6 +753,8 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
   const auto& hist = history_[p];
   const OuterOptimizer::Rule rule = outer_->rule();
   if (rule.delayed) return false;  // delayed_nesterov keeps more state than the pass updates: the general path
+  // The delta broadcast anchors every contribution at Θ_p + e_p (merge_general): not a source of this pass.
+  if (delta_on_ && opts_.delta_anchor != "base") return false;
   const bool global_anchor = opts_.delta_anchor != "base";
   const size_t T = f.names.size();
   // Sources and their anchors: the version whose Θ^v anchors a contribution at the current Θ (−1: none needed).
@@ -933,6 +935,18 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
       }
       decoded.push_back(std::move(views));
     }
+    // The delta broadcast (anchor global): the learners hold Θ_p (what was broadcast), the merges have reached
+    // Θ_p + e_p. Each Δ_m is anchored there, Δ_m = (Θ_p + e_p) − θ_m, so what the codec has not delivered yet is
+    // neither lost nor proposed twice (a learner's progress from the lagging Θ_p covers it again).
+    std::vector<at::Tensor> residual;
+    if (delta_on_ && opts_.delta_anchor != "base") {
+      int64_t off = 0;
+      for (const auto& n : f.names) {
+        const at::Tensor& g = global_tensor(n);
+        residual.push_back(residual_[p].narrow(0, off, g.numel()).view(g.sizes()));
+        off += g.numel();
+      }
+    }
     for (size_t i = 0; i < f.names.size() && out->ok(); ++i) {
       const std::string& name = f.names[i];
       at::Tensor& theta = global_tensor(name);
@@ -942,7 +956,8 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
       in.round = static_cast<uint64_t>(r.version + 1);  // random methods (dare) draw fresh masks every outer step
       size_t k = 0;
       for (const auto& [m, h] : r.waiting) {
-        const at::Tensor& d = decoded[k++][i];
+        const at::Tensor& d0 = decoded[k++][i];
+        const at::Tensor d = residual.empty() ? d0 : d0 + residual[i];
         // θ_m = Θ^v − Δ̂. Anchor base: Δ_m = Θ^v − θ_m = Δ̂. Anchor global: Δ_m = Θ − θ_m = Δ̂ + (Θ − Θ^v).
         if (opts_.delta_anchor == "base" || h.c.base_version == r.version) {
           in.deltas.push_back(d);
