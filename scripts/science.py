@@ -321,6 +321,10 @@ def plan(S):
         topk = ["net.encoding=topk", "net.topk_bits=2", f"net.topk_density={d:g}", "net.error_feedback=true"]
         pts.append(("e5", f"top-k {d:.0%} up", "mean_sgd", sync_run(S, M, T) + topk))
         pts.append(("e5", f"top-k {d:.0%} both ways", "mean_sgd", sync_run(S, M, T) + topk + ["net.broadcast_encoding=topk"]))
+    # Chunked top-k (the same share of every chunk of 4096 elements) against whole-fragment top-k, at 3%.
+    pts.append(("e5", "top-k 3% both ways, chunks of 4096", "mean_sgd",
+                sync_run(S, M, T) + ["net.encoding=topk", "net.topk_bits=2", "net.topk_density=0.03",
+                                     "net.topk_chunk=4096", "net.error_feedback=true", "net.broadcast_encoding=topk"]))
     # 6 and 7. One failure schedule (every learner fails every ~4 outer rounds on average, down 20 steps' time).
     mtbf, downtime = failure_schedule(S)
     fail = ["sim.mtbf=" + str(mtbf), "sim.downtime=" + str(downtime), "sim.jitter=0.1"]
@@ -709,6 +713,7 @@ def e5b(res, S, w, claims):
     M = S["m_exp"]
     rows = [("fp32", "fp32"), ("int4 up, bf16 down", "fp32"), ("fp32, outer SGD", "fp32, outer SGD")]
     rows += [(f"top-k {d:.0%} {way}", "fp32, outer SGD") for d in TOPK_DENSITIES for way in ("up", "both ways")]
+    rows += [("top-k 3% both ways, chunks of 4096", "fp32, outer SGD")]
     have = [(v, ref) for v, ref in rows if seeds_sorted(res, "e5", v)]
     if not have:
         return
