@@ -850,7 +850,10 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   const bool encoded = encode_broadcast(p, out.version, r.flat, &bh, &payload);
   answer_marks.merged(p, out.learners);
   if (encoded) {
-    latest[p] = syncer_detail::Latest{out.version, bh, payload};
+    latest[p] = syncer_detail::Latest();
+    latest[p].version = out.version;
+    latest[p].header = bh;
+    latest[p].payload = payload;
     attach_delta(p, r.delta, &latest[p]);
   }
   for (int64_t m = 0; m < M && encoded; ++m) {

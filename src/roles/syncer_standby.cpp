@@ -208,7 +208,12 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
       flatten_into(ts, flat.data_ptr<float>());
       MessageHeader bh;
       Bytes payload;
-      if (encode_broadcast(p, v, flat, &bh, &payload)) latest[p] = syncer_detail::Latest{v, bh, payload};
+      if (encode_broadcast(p, v, flat, &bh, &payload)) {  // whole: which version a learner holds is not known
+        latest[p] = syncer_detail::Latest();
+        latest[p].version = v;
+        latest[p].header = bh;
+        latest[p].payload = payload;
+      }
     }
     rec::Standby sb;
     sb.event = "image";
@@ -275,8 +280,14 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
     answer_marks.merged(r.outcome.fragment, r.outcome.learners);
     MessageHeader bh;
     Bytes payload;
-    if (encode_broadcast(r.outcome.fragment, r.outcome.version, r.flat, &bh, &payload))
-      latest[r.outcome.fragment] = syncer_detail::Latest{r.outcome.version, bh, payload};
+    if (encode_broadcast(r.outcome.fragment, r.outcome.version, r.flat, &bh, &payload)) {
+      syncer_detail::Latest& b = latest[r.outcome.fragment];
+      b = syncer_detail::Latest();
+      b.version = r.outcome.version;
+      b.header = bh;
+      b.payload = payload;
+      attach_delta(r.outcome.fragment, r.delta, &b);  // a takeover's first broadcasts may go as deltas
+    }
   }
   if (diff.empty() && a.rounds.size() != e.results.size())
     diff = "the leader reported " + std::to_string(e.results.size()) + " rounds, this standby ran " +
