@@ -94,8 +94,9 @@ std::string encode_topk(const float* x, size_t n, Encoding e, const TopkOptions&
       throw NonFiniteError("topk: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
   std::vector<uint32_t> idx;
   std::vector<float> mag;
-  const size_t chunk = o.chunk > 0 ? static_cast<size_t>(o.chunk) : n;
-  idx.reserve(keep_of(o.density, n) + (n + chunk - 1) / std::max<size_t>(chunk, 1));
+  // (n = 0: one empty chunk; found by fuzz/fuzz_topk, where n − 1 wrapped the reserve size around)
+  const size_t chunk = o.chunk > 0 ? static_cast<size_t>(o.chunk) : std::max<size_t>(n, 1);
+  idx.reserve(keep_of(o.density, n) + (n + chunk - 1) / chunk);
   for (size_t lo = 0; lo < n; lo += chunk) {
     const size_t hi = std::min(n, lo + chunk);
     select(x, lo, hi, keep_of(o.density, hi - lo), mag, &idx);

@@ -102,6 +102,12 @@ TEST(Topk, TiesGoToTheLowerIndexAndZerosAreNeverKept) {
   enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk8, at(0.5)));
   EXPECT_EQ(decode_topk(enc.data(), enc.size(), Encoding::kTopk8, x.size()).index,
             (std::vector<uint32_t>{5, 17, 40, 41, 90}));
+  // No elements at all (whole-fragment and chunked): a payload of k = 0.
+  for (int64_t chunk : {0, 16}) {
+    enc = encode_floats(x.data(), 0, Codec(Encoding::kTopk4, at(0.1, chunk)));
+    EXPECT_EQ(enc, std::string(4, '\0'));
+    EXPECT_TRUE(decode_floats(enc.data(), enc.size(), Encoding::kTopk4, 0).empty());
+  }
   // All zeros: an empty payload, which decodes to zeros.
   std::vector<float> z(64, 0.f);
   enc = encode_floats(z.data(), z.size(), Codec(Encoding::kTopk2, at(0.1)));
