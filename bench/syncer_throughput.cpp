@@ -18,8 +18,12 @@
 // (4); the GB/s column is that over the round time, and "of copy" its fraction of the copy rate. (The fused path
 // writes the new Θ and the broadcast as one buffer, so it moves 4 bytes per parameter less than counted.)
 //
+// --broadcast-delta ENC[:DENSITY] turns on the delta broadcast (Syncer::set_delta_broadcast, e.g. topk2:0.03): every
+// merge is then anchored at Θ_p + e_p and followed by the re-encoding of the new version (compress_version), whose
+// time the round includes (run it with and without to see that cost); the bytes-moved column stays the merge's.
+//
 //   ./build/syncer_throughput [--sizes 4,16,64,128] [--learners 8] [--presets diloco,decoupled] [--paths fused,general]
-//                             [--encoding int8] [--reps 3] [--threads N] [--max-gb 12]
+//                             [--encoding int8] [--broadcast-delta topk2:0.03] [--reps 3] [--threads N] [--max-gb 12]
 //
 // Threads default to the machine's cores (the fused merge's default is the process's compute threads). Prints a
 // Markdown table.
@@ -30,6 +34,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -107,7 +112,7 @@ double copy_bandwidth(int threads) {
 
 int main(int argc, char** argv) {
   std::string sizes = "4,16,64,128", learners = "8", presets = "diloco,decoupled", paths = "fused,general";
-  std::string encoding = "int8";
+  std::string encoding = "int8", broadcast_delta;
   int reps = 3;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   double max_gb = 12;
@@ -118,6 +123,7 @@ int main(int argc, char** argv) {
     else if (k == "--presets") presets = v;
     else if (k == "--paths") paths = v;
     else if (k == "--encoding") encoding = v;
+    else if (k == "--broadcast-delta") broadcast_delta = v;
     else if (k == "--reps") reps = std::stoi(v);
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--max-gb") max_gb = std::stod(v);
@@ -127,12 +133,21 @@ int main(int argc, char** argv) {
     }
   }
   const Encoding enc = parse_encoding(encoding);
+  std::optional<Codec> delta_codec;
+  if (!broadcast_delta.empty()) {
+    const auto colon = broadcast_delta.find(':');
+    TopkOptions t;
+    if (colon != std::string::npos) t.density = std::stod(broadcast_delta.substr(colon + 1));
+    delta_codec = Codec(parse_encoding(broadcast_delta.substr(0, colon)), t);
+  }
   at::set_num_threads(threads);
   torch::NoGradGuard no_grad;
   const double copy = copy_bandwidth(threads);
   const int64_t d = 1024;
   std::printf("copy bandwidth (memcpy of 512 MiB, %d threads, read + write): %.1f GB/s; fused loops: %s\n\n", threads,
               copy / 1e9, sync_detail::fused_isa());
+  if (delta_codec)
+    std::printf("delta broadcast: %s, density %g\n\n", encoding_name(delta_codec->encoding), delta_codec->topk.density);
   std::printf("| preset | path | parameters | M | seconds per round (median of %d) | parameters per second | "
               "of which receive | bytes moved per parameter | GB/s | of copy | peak bytes per parameter |\n", reps);
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -179,6 +194,7 @@ int main(int argc, char** argv) {
           const ModelPlan plan = plan_model(global, 1, 40);
           Syncer syncer(o, plan.fragments, global, a.merge_plan(), a.outer);
           syncer.share_flat(o.fused_merge);  // the node shares it; the general path as before (a copy)
+          if (delta_codec) syncer.set_delta_broadcast(*delta_codec);
           global.clear();                   // the syncer holds its own copy, as in the node
           for (int64_t m = 0; m < M; ++m) syncer.note_joined(m);
           // Each learner's push as it comes off the wire: a small random step, encoded once (reused every round).

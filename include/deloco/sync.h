@@ -413,8 +413,9 @@ class Syncer {
   // what the learners hold (state downloads, donors and anchors stay exact), and what compression left out is sent
   // later (error feedback on the broadcast): the sum of the versions' changes plus e_p is the sum of the merged outer
   // steps. With delta_anchor = global every contribution is anchored at Θ_p + e_p (Δ_m = Θ_p + e_p − θ_m, the
-  // general merge path): the learners train from the lagging Θ_p, and anchored there their progress would propose
-  // what e_p holds a second time (measured: Nesterov diverged at 3% top-k). RoundResult::delta carries the encoded D. An encoding failure (Θ_p' + e_p − Θ_p overflowing) installs
+  // fused pass adds (Σ c_i)·e_p, the general path adds e_p to each Δ̂): the learners train from the lagging Θ_p, and
+  // anchored there their progress would propose what e_p holds a second time (measured: Nesterov diverged at 3%
+  // top-k). RoundResult::delta carries the encoded D. An encoding failure (Θ_p' + e_p − Θ_p overflowing) installs
   // Θ_p' + e_p as merged and sends no delta (e_p ← 0). Needs every fragment held flat in fp32 on the CPU; throws
   // SyncError otherwise or for a codec that is not a float encoding. restore() and resync() set e_p to zero, or to
   // the image's. Call before the first merge.

@@ -37,7 +37,7 @@ Plan make_plan(const FusedJob& job) {
   return p;
 }
 
-// acc[0, hi − lo) = Σ_i c_i Δ̂_i + Σ_v C_v·(Θ − Θ^v) over [lo, hi) of tensor t.
+// acc[0, hi − lo) = Σ_i c_i Δ̂_i + Σ_v C_v·(Θ − Θ^v) (+ (Σ_i c_i)·e_p) over [lo, hi) of tensor t.
 DELOCO_ALWAYS_INLINE void accumulate(const FusedJob& job, const Segment& s, float* __restrict acc) {
   const FusedTensor& t = job.tensors[s.t];
   const size_t len = static_cast<size_t>(s.hi - s.lo);
@@ -63,6 +63,7 @@ DELOCO_ALWAYS_INLINE void accumulate(const FusedJob& job, const Segment& s, floa
     const float* __restrict hv = h + in_tensor;
     for (size_t k = 0; k < len; ++k) acc[k] += c * (th[k] - hv[k]);
   }
+  if (job.residual != nullptr) wire_kernels::axpy_fp32<false>(job.residual + s.lo, len, t.residual_coef, acc);
 }
 
 // The outer rule over one segment: Rule 0 no momentum, 1 heavy ball, 2 nesterov. `acc` may alias theta_out (rda).
@@ -251,7 +252,7 @@ FusedStats run_fused(FusedJob& job) {
 }
 
 double fused_delta_sumsq(const FusedSource& s, size_t t, const FusedTensor& tensor, const float* theta_t,
-                         const float* hist_t) {
+                         const float* hist_t, const float* residual_t) {
   alignas(64) float tmp[kFusedChunk];
   double sum = 0;
   for (int64_t lo = 0; lo < tensor.numel; lo += kFusedChunk) {
@@ -262,10 +263,10 @@ double fused_delta_sumsq(const FusedSource& s, size_t t, const FusedTensor& tens
                                1.f, tmp);
     else
       wire_kernels::axpy_fp32<true>(s.tensors[t] + lo, len, 1.f, tmp);
-    for (size_t k = 0; k < len; ++k) {
-      const float d = tmp[k] + (theta_t[lo + static_cast<int64_t>(k)] - hist_t[lo + static_cast<int64_t>(k)]);
-      sum += static_cast<double>(d) * static_cast<double>(d);
-    }
+    if (hist_t != nullptr)
+      for (size_t k = 0; k < len; ++k) tmp[k] += theta_t[lo + static_cast<int64_t>(k)] - hist_t[lo + static_cast<int64_t>(k)];
+    if (residual_t != nullptr) wire_kernels::axpy_fp32<false>(residual_t + lo, len, 1.f, tmp);
+    for (size_t k = 0; k < len; ++k) sum += static_cast<double>(tmp[k]) * static_cast<double>(tmp[k]);
   }
   return sum;
 }

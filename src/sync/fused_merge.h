@@ -4,7 +4,8 @@
 // One fragment, M contributions, the weighted-sum merges (mean, rda) and the outer step, in one cache-blocked pass
 // over the fragment's flat fp32 layout: for each chunk of kFusedChunk elements it decodes every contribution
 // straight from its wire payload (or reads its fp32 values) into an accumulator that stays in the L1 cache, adds
-// the anchor correction (Σ_v C_v·(Θ − Θ^v), delta_anchor = global with older bases), and applies the outer rule:
+// the anchor correction (Σ_v C_v·(Θ − Θ^v), delta_anchor = global with older bases) and, under the delta broadcast,
+// the residual (Σ_i c_i)·e_p (every Δ_i is anchored at Θ_p + e_p), and applies the outer rule:
 //     g = s·acc,  b ← μ·b + g,  u = g + μ·b (nesterov) | b (heavy ball) | g (no momentum),  Θ' = Θ − η·u
 // writing Θ' to a new buffer (Θ stays untouched: it becomes the history entry, or is dropped) and b in place.
 // An rda tensor needs ‖Σ c_i Δ_i‖ before its scale s is known: a first pass over the rda tensors writes the
@@ -39,6 +40,7 @@ struct FusedTensor {
   // Anchor global with older bases: (Θ^v of this tensor, C_v = Σ c_i over the contributions with base v), one per
   // older base v in use; the accumulator gets C_v·(Θ − Θ^v).
   std::vector<std::pair<const float*, float>> hist;
+  float residual_coef = 0;  // FusedJob::residual: Σ_i c_i; the accumulator gets residual_coef·e_p
   float* buf = nullptr;     // its momentum buffer, updated in place (FusedJob::momentum)
   double radius = 0;        // rda: Σ w_i ‖Δ_i‖
   float scale = 1;          // s (mean: 1; rda: radius / ‖dir‖, set by run_fused)
@@ -49,6 +51,7 @@ struct FusedJob {
   std::vector<FusedSource> sources;
   std::vector<FusedTensor> tensors;  // cover [0, elements) in order
   const float* theta = nullptr;      // Θ (read)
+  const float* residual = nullptr;   // the delta broadcast's e_p over the fragment (read), or none
   float* theta_out = nullptr;        // Θ' (written; may not alias theta)
   bool momentum = false, nesterov = false;
   float lr = 0, mu = 0;
@@ -65,10 +68,11 @@ struct FusedStats {
 // Runs both passes. Never throws once it has started writing (no allocation after its first write).
 FusedStats run_fused(FusedJob& job);
 
-// ‖Δ̂ + Θ − Θ^v‖² over one tensor (index t of the job's sources) in double: an rda weight's norm for a contribution
-// anchored at the current Θ with an older base.
+// ‖Δ̂ + (Θ − Θ^v) + e‖² over one tensor (index t of the job's sources) in double: an rda weight's norm for a
+// contribution anchored at the current Θ with an older base (hist_t = Θ^v of the tensor, else null) and/or at
+// Θ_p + e_p under the delta broadcast (residual_t = e_p of the tensor, else null).
 double fused_delta_sumsq(const FusedSource& s, size_t t, const FusedTensor& tensor, const float* theta_t,
-                         const float* hist_t);
+                         const float* hist_t, const float* residual_t = nullptr);
 
 // The instruction set the chunk loops run with here: "avx512", "avx2" or "generic".
 const char* fused_isa();

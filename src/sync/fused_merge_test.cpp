@@ -147,6 +147,79 @@ TEST(SyncFusedMerge, MatchesTheGeneralPathForEveryEncodingAnchorPlanAndRule) {
         }
 }
 
+// The delta broadcast (anchor global): every Δ_m anchored at Θ_p + e_p. A general syncer merges two rounds under
+// top-k broadcasts (so e_p is the large unsent part of those merges); a fused and a general syncer resync from its
+// image (the same Θ, momentum, versions and e_p) and merge three more rounds of the same pushes with merge(), which
+// leaves e_p as it is (the top-k re-encoding of on_round would turn fp32 rounding into different kept entries).
+// Returns the relative difference, and the max |e_p| they merged with in *residual.
+double run_delta_pair(const Case& s, double* residual, bool drop_residual = false) {
+  const auto g = model(11);
+  TopkOptions topk;
+  topk.density = 0.05;
+  const Codec codec(Encoding::kTopk8, topk);
+  Syncer seed(options(s, false), one_fragment(g), g, MergePlan::preset(s.plan), s.outer);
+  seed.set_delta_broadcast(codec);
+  const FlatLayout L = layout_of(seed);
+  for (int64_t m = 0; m < 4; ++m) seed.note_joined(m);
+  for (int64_t r = 0; r < 2; ++r) {
+    for (int64_t m = 0; m < 4; ++m)
+      EXPECT_EQ(seed.receive(0, push(L, m, 10 + r, r, s.enc, 100 * (m + 1))), SyncReject::kNone);
+    EXPECT_TRUE(seed.on_round(0.0, 0).merged());
+  }
+  Syncer::Image im = seed.image();
+  EXPECT_EQ(im.broadcast_residual.size(), 1u);
+  *residual = max_abs(im.broadcast_residual.at(0));
+  Syncer a(options(s, true), one_fragment(g), g, MergePlan::preset(s.plan), s.outer);
+  Syncer b(options(s, false), one_fragment(g), g, MergePlan::preset(s.plan), s.outer);
+  a.set_delta_broadcast(codec);
+  b.set_delta_broadcast(codec);
+  a.resync(im);
+  if (drop_residual) im.broadcast_residual[0].zero_();
+  b.resync(im);
+  const int64_t v = im.versions.at(0);  // 2
+  const std::vector<std::vector<std::pair<int64_t, int64_t>>> rounds = {
+      {{0, v}, {1, v}, {2, v}, {3, v}}, {{0, v + 1}, {1, v}, {2, v + 1}}, {{0, v + 2}, {1, v + 2}, {2, v + 2}, {3, v}}};
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    for (const auto& [m, base] : rounds[r]) {
+      const int64_t tokens = 100 * (m + 1) * (m + 1);
+      EXPECT_EQ(a.receive(0, push(L, m, static_cast<int64_t>(r), base, s.enc, tokens)), SyncReject::kNone);
+      EXPECT_EQ(b.receive(0, push(L, m, static_cast<int64_t>(r), base, s.enc, tokens)), SyncReject::kNone);
+    }
+    const MergeOutcome oa = a.merge(0), ob = b.merge(0);
+    EXPECT_TRUE(oa.ok() && ob.ok()) << oa.detail << ob.detail;
+    EXPECT_EQ(oa.weights, ob.weights);
+    if (!drop_residual) {
+      EXPECT_NEAR(oa.delta_norm, ob.delta_norm, 1e-5 * ob.delta_norm);
+    }
+  }
+  EXPECT_EQ(a.fused_merges() - im.fused_merges, 3);  // the path under test was taken
+  EXPECT_EQ(b.fused_merges() - im.fused_merges, 0);
+  EXPECT_EQ(a.stale_bases(), b.stale_bases());
+  return difference(a, b);
+}
+
+TEST(SyncFusedMerge, MatchesTheGeneralPathUnderTheDeltaBroadcast) {
+  const std::vector<OuterOptions> rules = {{"nesterov", 0.7, 0.9}, {"sgd", 1.0, 0.0}};
+  for (Encoding enc : {Encoding::kFp32, Encoding::kInt4, Encoding::kTopk2})
+    for (const std::string plan : {"diloco", "decoupled"})
+      for (const OuterOptions& rule : rules) {
+        Case s;
+        s.enc = enc;
+        s.plan = plan;
+        s.outer = rule;
+        double residual = 0;
+        const double d = run_delta_pair(s, &residual);
+        EXPECT_GT(residual, 1e-3) << "e_p should hold most of two merges' steps";  // so the comparison means something
+        EXPECT_LT(d, kTolerance) << encoding_name(enc) << " " << plan << " " << rule.kind;
+      }
+}
+
+TEST(SyncFusedMerge, UnderTheDeltaBroadcastTheResidualCounts) {
+  Case s;
+  double residual = 0;
+  EXPECT_GT(run_delta_pair(s, &residual, /*drop_residual=*/true), 10 * kTolerance);  // general without e_p
+}
+
 TEST(SyncFusedMerge, TheComparisonCanFail) {
   Case s;
   EXPECT_GT(run_pair(s, 1.01), 10 * kTolerance);  // η 1 % off

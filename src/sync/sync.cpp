@@ -753,9 +753,10 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
   const auto& hist = history_[p];
   const OuterOptimizer::Rule rule = outer_->rule();
   if (rule.delayed) return false;  // delayed_nesterov keeps more state than the pass updates: the general path
-  // The delta broadcast anchors every contribution at Θ_p + e_p (merge_general): not a source of this pass.
-  if (delta_on_ && opts_.delta_anchor != "base") return false;
   const bool global_anchor = opts_.delta_anchor != "base";
+  // The delta broadcast (anchor global) anchors every contribution at Θ_p + e_p, as merge_general does: e_p is one
+  // more term of the pass, with the sum of the contributions' coefficients.
+  const float* residual = delta_on_ && global_anchor ? residual_[p].data_ptr<float>() : nullptr;
   const size_t T = f.names.size();
   // Sources and their anchors: the version whose Θ^v anchors a contribution at the current Θ (−1: none needed).
   std::vector<const Held*> held;
@@ -800,9 +801,10 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
       hist_amax[v] = ver.amax;
     }
   const size_t M = held.size();
+  const double residual_amax = residual != nullptr ? abs_max(residual_[p]) : 0.0;
   std::vector<double> reach(M);  // max |Δ_i|
   for (size_t i = 0; i < M; ++i)
-    reach[i] = held[i]->amax + (anchor[i] >= 0 ? theta_amax_[p] + hist_amax[anchor[i]] : 0.0);
+    reach[i] = held[i]->amax + (anchor[i] >= 0 ? theta_amax_[p] + hist_amax[anchor[i]] : 0.0) + residual_amax;
 
   sync_detail::FusedJob job;
   job.elements = elements_[p];
@@ -836,22 +838,26 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
     x.rda = std::string(selector_.select(name, th.dim()).name()) == "rda";
     x.coef.assign(M, 0.f);
     std::map<int64_t, float> per_version;
-    double acc_bound = 0;
+    double acc_bound = 0, coef_sum = 0;
     for (size_t i = 0; i < M; ++i) {
       double c = w[i];
       if (x.rda) {
         double sq = held[i]->sumsq[t];
-        if (anchor[i] >= 0)
-          sq = sync_detail::fused_delta_sumsq(job.sources[i], t, x, theta + x.offset,
-                                              hist.at(anchor[i]).tensors[t].data_ptr<float>());
+        if (anchor[i] >= 0 || residual != nullptr)
+          sq = sync_detail::fused_delta_sumsq(
+              job.sources[i], t, x, theta + x.offset,
+              anchor[i] >= 0 ? hist.at(anchor[i]).tensors[t].data_ptr<float>() : nullptr,
+              residual != nullptr ? residual + x.offset : nullptr);
         const double norm = std::sqrt(sq);
         x.radius += w[i] * norm;
         c = norm > 0 ? w[i] / norm : 0.0;
       }
       x.coef[i] = static_cast<float>(c);
       acc_bound += std::fabs(static_cast<double>(x.coef[i])) * reach[i];
+      coef_sum += static_cast<double>(x.coef[i]);
       if (anchor[i] >= 0) per_version[anchor[i]] += x.coef[i];
     }
+    x.residual_coef = static_cast<float>(coef_sum);
     for (const auto& [v, c] : per_version) x.hist.emplace_back(hist.at(v).tensors[t].data_ptr<float>(), c);
     // |g| ≤ Σ |c_i|·max|Δ_i| for the mean; rda rescales to at most its radius (|s·dir_j| ≤ s·‖dir‖ = radius).
     if (!(acc_bound < kFusedBound)) return false;
@@ -872,6 +878,7 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
       job.tensors[t].buf = bufs[t].data_ptr<float>();
     }
   job.theta = theta;
+  job.residual = residual;
   job.theta_out = next.data_ptr<float>();
   job.momentum = rule.momentum;
   job.nesterov = rule.nesterov;
