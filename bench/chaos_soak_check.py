@@ -170,7 +170,16 @@ def check_pairs(a):
     for path in sorted(glob.glob(os.path.join(d, "shard-*", "syncer.jsonl")) +
                        glob.glob(os.path.join(d, "shard-*", "standby", "syncer.jsonl"))):
         k = int(os.path.relpath(path, d).split(os.sep)[0][6:])
-        shards.setdefault(k, []).extend(records(path))
+        rs = records(path)
+        # Each merge with the term its syncer led in: the first leader's is 1, a takeover's its epoch (a restarted
+        # syncer comes back as a standby and merges only after a takeover).
+        term = 0 if os.sep + "standby" + os.sep in path else 1
+        for r in sorted(rs, key=lambda r: r.get("t", 0)):
+            if r.get("kind") == "takeover":
+                term = r.get("epoch", term)
+            elif r.get("kind") == "merge":
+                r["_term"] = term
+        shards.setdefault(k, []).extend(rs)
     learners = {os.path.basename(p): records(p) for p in sorted(glob.glob(os.path.join(d, "learner-*.jsonl")))}
     results = []
 
@@ -184,17 +193,23 @@ def check_pairs(a):
           f"exit {a.exit_code}, learners retired per shard: {[len(v) for k, v in sorted(retired.items())]}")
 
     # Every fragment's merges in sequence over every term of its shard; a killed leader's merge that was checkpointed
-    # but never replicated (never sent: broadcasts wait for the standby) is void, by the takeover's merge count.
+    # but never replicated (never sent: broadcasts wait for the standby) is void, by the takeover's merge count, and
+    # so is a merge a replaced leader finished after its successor's takeover (it was paused in the middle of it; its
+    # broadcast waits for the standby that now leads: were it delivered, a learner would apply that version twice).
     bad, total, void, takeovers, mismatches = [], 0, 0, 0, 0
-    kept_by_shard = {}
+    kept_by_shard, replaced = {}, []
     for k, rs in sorted(shards.items()):
-        kept, version = [], {}
+        kept, version, newest = [], {}, 1
         for r in sorted((r for r in rs if r.get("kind") in ("merge", "takeover")), key=lambda r: r["t"]):
             if r["kind"] == "takeover":
                 takeovers += 1
+                newest = max(newest, r.get("epoch", newest))
                 mismatches += r.get("mismatches", 0)
                 void += sum(1 for m in kept if m.get("merges", 0) > r["merges"])
                 kept = [m for m in kept if m.get("merges", 0) <= r["merges"]]
+            elif r.get("_term", newest) < newest:
+                void += 1
+                replaced.append(r)
             else:
                 kept.append(r)
         for m in kept:
@@ -206,7 +221,21 @@ def check_pairs(a):
         kept_by_shard[k] = kept
         mismatches += sum(1 for r in rs if r.get("kind") == "standby" and r.get("event") == "mismatch")
     check("merges in sequence over every term", not bad,
-          f"{total} merges, {takeovers} takeovers, {void} void merges of killed leaders" + (f"; first: {bad[0]}" if bad else ""))
+          f"{total} merges, {takeovers} takeovers, {void} void merges of killed or replaced leaders" +
+          (f"; first: {bad[0]}" if bad else ""))
+    # A replaced leader's void merge never reached a learner: no apply of its (fragment, version) before the merge
+    # of that version the successor made (which every learner then applies).
+    reached = []
+    for r in replaced:
+        f, v = r["fragment"], r["version"]
+        after = min((m["t"] for ks in kept_by_shard.values() for m in ks
+                     if m["fragment"] == f and m["version"] == v and m["t"] > r["t"]), default=1e300)
+        for name, rs in learners.items():
+            reached += [f"{name}: fragment {f} version {v} at t={q['t']:.3f}" for q in rs if q.get("kind") == "apply"
+                        and q.get("fragment") == f and q.get("version") == v and r["t"] <= q.get("t", 0) < after]
+    check("no replaced leader's merge reached a learner", not reached,
+          f"{len(replaced)} merges finished by a leader after its successor took over, {len(reached)} applied" +
+          (f"; first: {reached[0]}" if reached else ""))
     check("standbys replayed every merge exactly", mismatches == 0, f"{mismatches} mismatches")
 
     n, ok_n, reasons, unexplained, extra = account_pushes(kept_by_shard, learners)

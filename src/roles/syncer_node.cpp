@@ -1242,6 +1242,10 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
       if (!I.holding() || replica) I.handle(env);
       else if (I.held_messages.size() < 100000) I.held_messages.push_back(std::move(env));
     }
+    // Again before the housekeeping: a pause while a message was handled (a SIGSTOP in the middle of a merge) must
+    // start the hold before the standby's silence is judged. Without it, the standby that took over meanwhile was
+    // dropped as silent and the broadcasts held for its acknowledgement (the replaced leader's last merge) went out.
+    I.leader_tick();
     I.housekeeping();
     I.flush_journal();  // after the checkpoints the handling wrote: durable first, then replicated, then visible
   }
