@@ -556,6 +556,7 @@ class Syncer {
   bool delta_on_ = false;
   Codec delta_codec_;
   std::vector<at::Tensor> residual_;
+  std::vector<std::vector<float>> delta_scratch_;  // per fragment: D, then its decoding (kept: no page faults)
   // Replaces the new Θ_p (flat_[p], just merged) by prev + decode(encode(Θ_p' + e_p − prev)); returns the payload.
   std::shared_ptr<const std::string> compress_version(int64_t fragment, const at::Tensor& prev);
   // Contribution bounds: per fragment ‖Θ_p‖, its element count and the last delta_window accepted ‖Δ̂‖ (a ring).

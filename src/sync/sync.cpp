@@ -10,7 +10,6 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/learner.h"  // add_delta
 #include "sync/fused_merge.h"
 #include "wire/quantize.h"
 
@@ -1066,37 +1065,39 @@ std::shared_ptr<const std::string> Syncer::compress_version(int64_t fragment, co
   float* cur = flat_[p].data_ptr<float>();  // Θ_p', merged, not yet handed to anyone
   float* e = residual_[p].data_ptr<float>();
   const float* old = prev.data_ptr<float>();
-  std::vector<float> target(n), d(n);
+  if (delta_scratch_.size() != flat_.size()) delta_scratch_.resize(flat_.size());
+  std::vector<float>& d = delta_scratch_[p];  // D, then decode(D): one buffer kept across merges
+  d.resize(n);
+  // e ← T = Θ_p' + e_p (the merged version with what earlier broadcasts left out), D = T − Θ_p.
   bool finite = true;
   for (size_t i = 0; i < n; ++i) {
-    target[i] = cur[i] + e[i];  // the merged version with what earlier broadcasts left out
-    d[i] = target[i] - old[i];
-    finite &= std::isfinite(d[i]) && std::isfinite(target[i]);
+    const float t = cur[i] + e[i];
+    e[i] = t;
+    d[i] = t - old[i];
+    finite &= std::isfinite(d[i]) && std::isfinite(t);
   }
   std::shared_ptr<std::string> payload;
-  at::Tensor next;  // prev + decode(payload), as a learner computes it (add_delta, deloco/learner.h)
   if (finite) {
     try {
       payload = std::make_shared<std::string>(encode_floats(d.data(), n, delta_codec_));
-      at::Tensor sent = torch::empty({elements_[p]}, torch::kFloat);
-      decode_floats_into(payload->data(), payload->size(), delta_codec_.encoding, n, sent.data_ptr<float>());
-      next = add_delta(prev, sent);
-      finite = torch::isfinite(next).all().item<bool>();
+      decode_floats_into(payload->data(), payload->size(), delta_codec_.encoding, n, d.data());
+      // The next version, Θ_p + decode(D), as a learner computes it (add_delta, deloco/learner.h): checked first.
+      for (size_t i = 0; i < n && finite; ++i) finite = std::isfinite(old[i] + d[i]);
     } catch (const WireError&) {
       finite = false;
     }
   }
-  if (!finite) {  // Θ_p' + e_p as merged, if finite; no delta (learners get the whole fragment)
+  if (!finite) {  // T as merged, if finite; no delta (learners get the whole fragment)
     bool ok = true;
-    for (size_t i = 0; i < n && ok; ++i) ok = std::isfinite(target[i]);
-    if (ok) std::copy(target.begin(), target.end(), cur);
+    for (size_t i = 0; i < n && ok; ++i) ok = std::isfinite(e[i]);
+    if (ok) std::copy(e, e + n, cur);
     std::fill(e, e + n, 0.f);
     payload.reset();
   } else {
-    const float* v = next.data_ptr<float>();
     for (size_t i = 0; i < n; ++i) {
-      cur[i] = v[i];
-      e[i] = target[i] - v[i];
+      const float v = old[i] + d[i];  // as add_delta
+      cur[i] = v;
+      e[i] -= v;  // e_p ← T − that
     }
   }
   theta_amax_[p] = -1;

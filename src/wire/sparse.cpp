@@ -93,7 +93,9 @@ std::string encode_topk(const float* x, size_t n, Encoding e, const TopkOptions&
     if (!std::isfinite(x[i]))
       throw NonFiniteError("topk: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
   std::vector<uint32_t> idx;
-  std::vector<float> mag;
+  // The magnitudes' scratch, kept per thread at the largest chunk encoded: a fresh one every push cost more in page
+  // faults than the selection itself (a syncer re-encoding a 67M-parameter fragment every merge, on a VM).
+  thread_local std::vector<float> mag;
   // (n = 0: one empty chunk; found by fuzz/fuzz_topk, where n − 1 wrapped the reserve size around)
   const size_t chunk = o.chunk > 0 ? static_cast<size_t>(o.chunk) : std::max<size_t>(n, 1);
   idx.reserve(keep_of(o.density, n) + (n + chunk - 1) / chunk);

@@ -38,7 +38,7 @@ namespace deloco {
 // Throws WireError for a density outside (0, 1] or a negative chunk.
 void validate_topk(const TopkOptions& o);
 
-// The sparse payload of x[0..n) in sparse encoding e.
+// The sparse payload of x[0..n) in sparse encoding e. Keeps a scratch buffer of the largest chunk's size per thread.
 std::string encode_topk(const float* x, size_t n, Encoding e, const TopkOptions& o);
 
 // A sparse payload's entries, validated: indices ascending < n, values finite.
