@@ -556,6 +556,7 @@ class Syncer {
   bool delta_on_ = false;
   Codec delta_codec_;
   std::vector<at::Tensor> residual_;
+  std::vector<double> residual_amax_;  // per fragment: max |e_p| (< 0: unknown), kept by compress_version
   std::vector<std::vector<float>> delta_scratch_;  // per fragment: D, then its decoding (kept: no page faults)
   // Replaces the new Θ_p (flat_[p], just merged) by prev + decode(encode(Θ_p' + e_p − prev)); returns the payload.
   std::shared_ptr<const std::string> compress_version(int64_t fragment, const at::Tensor& prev);

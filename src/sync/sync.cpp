@@ -423,6 +423,7 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
   }
   for (auto& h : history_) h.clear();
   for (auto& e : residual_) e.zero_();  // a checkpoint does not hold it: at most one merge's compression error
+  std::fill(residual_amax_.begin(), residual_amax_.end(), 0.0);
   for (auto& fl : floor_)
     for (size_t i = 0; i < fl.size(); ++i) fl[i] = versions[i];
   std::fill(seen_step_.begin(), seen_step_.end(), 0);
@@ -465,8 +466,10 @@ void Syncer::resync(const Image& im) {
                         " has the wrong size or a non-finite value");
   }
   restore(im.global, im.outer, im.versions, im.merged);  // checks everything else; throws before changing anything
-  for (size_t f = 0; f < im.broadcast_residual.size(); ++f)
+  for (size_t f = 0; f < im.broadcast_residual.size(); ++f) {
     residual_[f].copy_(im.broadcast_residual[f].reshape({-1}));
+    residual_amax_[f] = -1;
+  }
   connected_ = im.connected;
   retired_ = im.retired;
   learner_step_ = im.learner_step;
@@ -800,7 +803,8 @@ bool Syncer::merge_fused(int64_t fragment, const std::vector<double>& w, MergeOu
       hist_amax[v] = ver.amax;
     }
   const size_t M = held.size();
-  const double residual_amax = residual != nullptr ? abs_max(residual_[p]) : 0.0;
+  if (residual != nullptr && residual_amax_[p] < 0) residual_amax_[p] = abs_max(residual_[p]);
+  const double residual_amax = residual != nullptr ? residual_amax_[p] : 0.0;
   std::vector<double> reach(M);  // max |Δ_i|
   for (size_t i = 0; i < M; ++i)
     reach[i] = held[i]->amax + (anchor[i] >= 0 ? theta_amax_[p] + hist_amax[anchor[i]] : 0.0) + residual_amax;
@@ -1057,6 +1061,7 @@ void Syncer::set_delta_broadcast(const Codec& codec) {
   delta_codec_ = codec;
   residual_.clear();
   for (size_t f = 0; f < fragments_.size(); ++f) residual_.push_back(torch::zeros({elements_[f]}, torch::kFloat));
+  residual_amax_.assign(fragments_.size(), 0.0);
 }
 
 std::shared_ptr<const std::string> Syncer::compress_version(int64_t fragment, const at::Tensor& prev) {
@@ -1087,20 +1092,27 @@ std::shared_ptr<const std::string> Syncer::compress_version(int64_t fragment, co
       finite = false;
     }
   }
+  // The fused pass bounds what it can reach by max |Θ_p| and max |e_p|: both are taken here, as they are written,
+  // rather than by two more reads of the fragment at the next merge.
+  float theta_m = 0.f, e_m = 0.f;
   if (!finite) {  // T as merged, if finite; no delta (learners get the whole fragment)
     bool ok = true;
     for (size_t i = 0; i < n && ok; ++i) ok = std::isfinite(e[i]);
     if (ok) std::copy(e, e + n, cur);
     std::fill(e, e + n, 0.f);
     payload.reset();
+    theta_amax_[p] = -1;  // not measured on this rare path
   } else {
     for (size_t i = 0; i < n; ++i) {
       const float v = old[i] + d[i];  // as add_delta
       cur[i] = v;
       e[i] -= v;  // e_p ← T − that
+      theta_m = std::max(theta_m, std::fabs(v));
+      e_m = std::max(e_m, std::fabs(e[i]));
     }
+    theta_amax_[p] = theta_m;
   }
-  theta_amax_[p] = -1;
+  residual_amax_[p] = e_m;
   theta_norm_[p] = fragment_norm(fragment);
   return payload;
 }
