@@ -78,6 +78,12 @@ struct SimResult {
   nlohmann::json summary;
 };
 
+// The run config a simulation trains with: `run`, except that train.precision = "auto" becomes "fp32". Outside the
+// simulator, auto times fp32 and bf16 matmuls and takes the faster (deloco/gpt/precision.h); where the two are close
+// that choice flips on timing noise, and one run of a simulation would then train in another precision than the
+// next. A simulation is a function of its config, so it trains in bf16 only when train.precision = "bf16" says so.
+RunConfig simulated_run(const RunConfig& run);
+
 class Simulator {
  public:
   // Builds M workloads with `workloads(m, M)` (every learner starts from learner 0's initial parameters) plus one
@@ -99,6 +105,7 @@ class Simulator {
   const std::vector<std::pair<std::string, at::Tensor>>& global() const;
   Workload& learner(int64_t m);
   const Syncer& syncer() const;
+  const std::string& precision() const;  // train.precision as the learners train: fp32 or bf16 (simulated_run)
 
  private:
   struct Impl;

@@ -50,7 +50,9 @@ void run_sim(const SimArgs& args) {
   std::cerr << "deloco sim: " << cfg.sync.learners << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
             << ", H=" << cfg.sync.sync_every << ", tau=" << cfg.sync.overlap << (cfg.sync.grace ? ", grace" : "")
             << ", merge " << cfg.merge.preset << (cfg.merge.method.empty() ? "" : "/" + cfg.merge.method) << ", outer "
-            << cfg.outer.kind << " lr " << cfg.outer.lr << "; run folder " << dir << "\n";
+            << cfg.outer.kind << " lr " << cfg.outer.lr << ", " << sim.precision()
+            << (run.train.precision == "auto" ? " (train.precision = auto is fp32 in the simulator)" : "")
+            << "; run folder " << dir << "\n";
   const auto t0 = std::chrono::steady_clock::now();
   SimResult res = sim.run([&](const nlohmann::json& j) {
     metrics.write_json(j);

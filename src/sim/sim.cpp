@@ -521,8 +521,14 @@ struct Simulator::Impl {
   }
 };
 
+RunConfig simulated_run(const RunConfig& run) {
+  RunConfig r = run;
+  if (r.train.precision == "auto") r.train.precision = "fp32";
+  return r;
+}
+
 Simulator::Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr<const Corpus> corpus)
-    : Simulator(run, cfg, gpt_workloads(run, std::move(corpus))) {}
+    : Simulator(run, cfg, gpt_workloads(simulated_run(run), std::move(corpus))) {}
 
 Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFactory workloads)
     : impl_(std::make_unique<Impl>()) {
@@ -530,7 +536,7 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
   cfg.resolve();
   cfg.validate(run);
   Impl& I = *impl_;
-  I.run = run;
+  I.run = simulated_run(run);
   I.cfg = cfg;
   I.self = this;
   I.answer_enc = cfg.answer_encoding();
@@ -581,6 +587,7 @@ Simulator::~Simulator() = default;
 const std::vector<std::pair<std::string, at::Tensor>>& Simulator::global() const { return impl_->syncer->global(); }
 Workload& Simulator::learner(int64_t m) { return *impl_->learners.at(static_cast<size_t>(m)).work; }
 const Syncer& Simulator::syncer() const { return *impl_->syncer; }
+const std::string& Simulator::precision() const { return impl_->run.train.precision; }
 
 SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& record) {
   Impl& I = *impl_;
@@ -715,6 +722,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"bytes_down", I.bytes_down},
       {"delta_fallbacks", I.dense_fallbacks},
       {"parameters", I.model_layout.elements},
+      {"precision", I.run.train.precision},
       {"rejected_by_reason", I.syncer->rejected()},
       {"stale_bases", I.syncer->stale_bases()},
       {"reached_max_time", hit_max},

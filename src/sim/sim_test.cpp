@@ -131,6 +131,35 @@ TEST(SimDeterminism, SameSeedSameBits) {
   EXPECT_NE(other.run().summary.dump(), sums[0].dump());
 }
 
+// train.precision = auto would time fp32 against bf16 matmuls, and where they are close two runs of one simulation
+// would train in different precisions now and then: the simulator takes auto as fp32, bitwise, and says so.
+TEST(SimDeterminism, AutoPrecisionTrainsInFp32) {
+  SimConfig cfg = decoupled(2);
+  auto run_with = [&](const std::string& precision) {
+    RunConfig run = sim_run(8);
+    run.train.precision = precision;
+    Simulator sim(run, cfg, sim_corpus());
+    EXPECT_EQ(sim.precision(), precision == "auto" ? "fp32" : precision);
+    nlohmann::json summary = sim.run().summary;
+    std::vector<at::Tensor> out;
+    for (const auto& [n, t] : sim.global()) out.push_back(t.clone());
+    return std::make_pair(summary, out);
+  };
+  const auto [s_auto, auto_params] = run_with("auto");
+  const auto [s_fp32, fp32_params] = run_with("fp32");
+  const auto [s_bf16, bf16_params] = run_with("bf16");
+  EXPECT_EQ(s_auto["precision"], "fp32");
+  EXPECT_EQ(s_bf16["precision"], "bf16");
+  EXPECT_EQ(s_auto["final_val_loss"], s_fp32["final_val_loss"]);
+  ASSERT_EQ(auto_params.size(), fp32_params.size());
+  bool bf16_differs = false;
+  for (size_t i = 0; i < auto_params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(auto_params[i], fp32_params[i])) << i;
+    bf16_differs |= !torch::equal(bf16_params[i], fp32_params[i]);
+  }
+  EXPECT_TRUE(bf16_differs);  // the precisions do train differently, so the equality above can fail
+}
+
 TEST(SimDecoupled, FailuresKeepUptimeOneAndLossFalls) {
   RunConfig run = sim_run(40);
   SimConfig cfg = decoupled(3);
