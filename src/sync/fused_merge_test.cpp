@@ -91,6 +91,33 @@ double difference(const Syncer& a, const Syncer& b) {
   return diff / scale;
 }
 
+using Rounds = std::vector<std::vector<std::pair<int64_t, int64_t>>>;  // per round: (learner, base version)
+
+// The same pushes into a (fused) and b (general), each round merged with merge(); token weights 1 : 4 : 9 : 16, capped
+// at 0.4. Checks that the outcomes agree (‖Δ‖ too when `same_norm`) and that only a took the fused path.
+void merge_both(Syncer& a, Syncer& b, const FlatLayout& L, Encoding enc, const Rounds& rounds, bool same_norm) {
+  const int64_t fused_a = a.fused_merges(), fused_b = b.fused_merges();
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    for (const auto& [m, base] : rounds[r]) {
+      const int64_t tokens = 100 * (m + 1) * (m + 1);
+      EXPECT_EQ(a.receive(0, push(L, m, static_cast<int64_t>(r), base, enc, tokens)), SyncReject::kNone);
+      EXPECT_EQ(b.receive(0, push(L, m, static_cast<int64_t>(r), base, enc, tokens)), SyncReject::kNone);
+    }
+    const MergeOutcome oa = a.merge(0), ob = b.merge(0);
+    EXPECT_TRUE(oa.ok() && ob.ok()) << oa.detail << ob.detail;
+    EXPECT_EQ(oa.learners, ob.learners);
+    EXPECT_EQ(oa.weights, ob.weights);
+    EXPECT_EQ(oa.version, ob.version);
+    if (same_norm) {
+      EXPECT_NEAR(oa.delta_norm, ob.delta_norm, 1e-5 * ob.delta_norm);
+    }
+  }
+  EXPECT_EQ(a.fused_merges() - fused_a, static_cast<int64_t>(rounds.size()));  // the path under test was taken
+  EXPECT_EQ(b.fused_merges() - fused_b, 0);
+  EXPECT_EQ(a.stale_bases(), b.stale_bases());
+  EXPECT_EQ(a.versions(), b.versions());
+}
+
 // Three rounds into a fused and a general syncer; the second round mixes bases (a learner still on version 0),
 // so anchor global uses the history. Returns the relative difference after the last round.
 double run_pair(const Case& s, double lr_scale = 1.0) {
@@ -99,32 +126,13 @@ double run_pair(const Case& s, double lr_scale = 1.0) {
   other.lr *= lr_scale;
   Syncer a(options(s, true), one_fragment(g), g, MergePlan::preset(s.plan), other);
   Syncer b(options(s, false), one_fragment(g), g, MergePlan::preset(s.plan), s.outer);
-  const FlatLayout L = layout_of(a);
   for (Syncer* x : {&a, &b})
     for (int64_t m = 0; m < 4; ++m) x->note_joined(m);
-  const std::vector<std::vector<std::pair<int64_t, int64_t>>> rounds = {
-      {{0, 0}, {1, 0}, {2, 0}, {3, 0}},  // (learner, base)
-      {{0, 1}, {1, 0}, {2, 1}},          // learner 1 still holds version 0
-      {{0, 2}, {1, 2}, {2, 2}, {3, 0}}}; // learner 3 too (two older bases are not both kept here: 0 is)
-  for (size_t r = 0; r < rounds.size(); ++r) {
-    for (const auto& [m, base] : rounds[r]) {
-      const int64_t tokens = 100 * (m + 1) * (m + 1);  // token weights 1 : 4 : 9 : 16, capped at 0.4
-      EXPECT_EQ(a.receive(0, push(L, m, static_cast<int64_t>(r), base, s.enc, tokens)), SyncReject::kNone);
-      EXPECT_EQ(b.receive(0, push(L, m, static_cast<int64_t>(r), base, s.enc, tokens)), SyncReject::kNone);
-    }
-    const MergeOutcome oa = a.merge(0), ob = b.merge(0);
-    EXPECT_TRUE(oa.ok() && ob.ok()) << oa.detail << ob.detail;
-    EXPECT_EQ(oa.learners, ob.learners);
-    EXPECT_EQ(oa.weights, ob.weights);
-    EXPECT_EQ(oa.version, ob.version);
-    if (lr_scale == 1.0) {
-      EXPECT_NEAR(oa.delta_norm, ob.delta_norm, 1e-5 * ob.delta_norm);
-    }
-  }
-  EXPECT_EQ(a.fused_merges(), 3);  // the path under test was taken
-  EXPECT_EQ(b.fused_merges(), 0);
-  EXPECT_EQ(a.stale_bases(), b.stale_bases());
-  EXPECT_EQ(a.versions(), b.versions());
+  merge_both(a, b, layout_of(a), s.enc,
+             {{{0, 0}, {1, 0}, {2, 0}, {3, 0}},   // (learner, base)
+              {{0, 1}, {1, 0}, {2, 1}},           // learner 1 still holds version 0
+              {{0, 2}, {1, 2}, {2, 2}, {3, 0}}},  // learner 3 too (two older bases are not both kept here: 0 is)
+             /*same_norm=*/lr_scale == 1.0);
   return difference(a, b);
 }
 
@@ -177,24 +185,9 @@ double run_delta_pair(const Case& s, double* residual, bool drop_residual = fals
   if (drop_residual) im.broadcast_residual[0].zero_();
   b.resync(im);
   const int64_t v = im.versions.at(0);  // 2
-  const std::vector<std::vector<std::pair<int64_t, int64_t>>> rounds = {
-      {{0, v}, {1, v}, {2, v}, {3, v}}, {{0, v + 1}, {1, v}, {2, v + 1}}, {{0, v + 2}, {1, v + 2}, {2, v + 2}, {3, v}}};
-  for (size_t r = 0; r < rounds.size(); ++r) {
-    for (const auto& [m, base] : rounds[r]) {
-      const int64_t tokens = 100 * (m + 1) * (m + 1);
-      EXPECT_EQ(a.receive(0, push(L, m, static_cast<int64_t>(r), base, s.enc, tokens)), SyncReject::kNone);
-      EXPECT_EQ(b.receive(0, push(L, m, static_cast<int64_t>(r), base, s.enc, tokens)), SyncReject::kNone);
-    }
-    const MergeOutcome oa = a.merge(0), ob = b.merge(0);
-    EXPECT_TRUE(oa.ok() && ob.ok()) << oa.detail << ob.detail;
-    EXPECT_EQ(oa.weights, ob.weights);
-    if (!drop_residual) {
-      EXPECT_NEAR(oa.delta_norm, ob.delta_norm, 1e-5 * ob.delta_norm);
-    }
-  }
-  EXPECT_EQ(a.fused_merges() - im.fused_merges, 3);  // the path under test was taken
-  EXPECT_EQ(b.fused_merges() - im.fused_merges, 0);
-  EXPECT_EQ(a.stale_bases(), b.stale_bases());
+  merge_both(a, b, L, s.enc,
+             {{{0, v}, {1, v}, {2, v}, {3, v}}, {{0, v + 1}, {1, v}, {2, v + 1}}, {{0, v + 2}, {1, v + 2}, {2, v + 2}, {3, v}}},
+             /*same_norm=*/!drop_residual);
   return difference(a, b);
 }
 
