@@ -1154,7 +1154,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
         w("## Where a claim falls short: what the results themselves show\n")
         w("\n".join(f"* {n}" for n in notes) + "\n")
     w("## Regenerate\n")
-    w("```\nscripts/science.sh --quick         # the quick scale, about 360 runs, about 10 minutes on 2 cores\n"
+    w("```\nscripts/science.sh --quick         # the quick scale, about 400 runs, 15-20 minutes on 2 cores\n"
       "scripts/science.sh --smoke         # the quick scale with one seed and no grid, 93 runs, 2.5 minutes (CI)\n"
       "scripts/science.sh                 # the full suite (runs/science; hours; resumable)\n"
       "scripts/science.py --report-only [--quick] [--out DIR] --doc docs/science.md\n```\n")

@@ -2,7 +2,7 @@
 # The science suite (issue 14): every experiment of docs/science.md in the deterministic simulator, with seeds,
 # tuning on a dev split and 95% intervals. Needs the built deloco and /usr/bin/python3 (matplotlib for the plots:
 # scripts/setup.sh installs python3-matplotlib).
-#   scripts/science.sh --quick     # the reduced suite (tiny model), about 360 runs, about 10 min on 2 cores
+#   scripts/science.sh --quick     # the reduced suite (tiny model), about 400 runs, 15-20 min on 2 cores
 #   scripts/science.sh --smoke     # the quick scale with one seed and one tuning point per method, 93 runs, 2.5 min
 #                                  # on 2 cores: every experiment end to end; CI runs it
 #   scripts/science.sh             # the full suite into runs/science and docs/science.md (hours; resumable)
