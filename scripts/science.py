@@ -376,6 +376,21 @@ def key_of(sets):
     return hashlib.sha1("\n".join(sorted(s.replace(ROOT, "<root>") for s in sets)).encode()).hexdigest()[:16]
 
 
+def snapshot_binary(args, out):
+    """Points args.deloco at a copy of it taken now, in OUT/bin: a suite runs for hours, and a rebuild of build/deloco
+    meanwhile would make a run that starts while the linker writes it fail (a half-written file) and stop the suite.
+    Each start (or resume) takes the build there is then."""
+    d = os.path.join(out, "bin")
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".deloco.{os.getpid()}")
+    try:
+        shutil.copy2(args.deloco, tmp)
+    except OSError as e:
+        sys.exit(f"science: cannot copy {args.deloco} ({e}); build it (cmake --build build) or pass --deloco PATH")
+    os.replace(tmp, os.path.join(d, "deloco"))  # a run still using an earlier copy keeps its file
+    args.deloco = os.path.join(d, "deloco")
+
+
 def run_point(args, out, sets):
     """Runs one `deloco sim`; returns its summary (dict)."""
     k = key_of(sets)
@@ -1359,6 +1374,8 @@ def main():
             print(json.dumps(r))
         return
     os.makedirs(out, exist_ok=True)
+    if not args.report_only:
+        snapshot_binary(args, out)
     if not args.quick and not args.report_only:
         ensure_tokens(args, out)
     res = Results(RESULTS_FILE) if args.report_only else run_suite(args, out, S, pts, tuned)
