@@ -118,7 +118,10 @@ def account_pushes(merges_by_shard, learners):
     names the learner with that base (version - 1 - staleness); each merge counts once per contribution. A push not
     merged must have a reason its learner recorded before its next push of that fragment: refused (`rejected`,
     `pushes_settled`), its syncer failed over or was lost (`syncer_failover`, `syncer_lost`), or the learner itself
-    restarted (`state_restored`). Returns (pushes, merged, reasons Counter, unexplained list, merged-without-push)."""
+    restarted (`state_restored`); failing those, that next push has the same base (`superseded`: no answer came in
+    between, so the next push is the progress since that base again, this push's included, and the accounting moves
+    to it). Returns
+    (pushes, merged, reasons Counter, unexplained list, merged-without-push)."""
     import collections
     merged = collections.Counter()
     for k, ms in merges_by_shard.items():
@@ -138,11 +141,14 @@ def account_pushes(merges_by_shard, learners):
             pushed[key] = len(ps)
             for r in ps[:max(0, len(ps) - merged[key])]:  # a refused push's progress goes in the next one: the earlier
                 t, sh, f = r["t"], key[1], key[2]
-                t1 = next((q["t"] for q in pushes if q["t"] > t and q.get("shard", 0) == sh and q["fragment"] == f), 1e300)
+                nxt = next((q for q in pushes if q["t"] > t and q.get("shard", 0) == sh and q["fragment"] == f), None)
+                t1 = nxt["t"] if nxt is not None else 1e300
                 why = next((q["kind"] for q in rs if t < q.get("t", 0) <= t1 and (
                     (q.get("kind") == "pushes_settled" and q.get("shard", 0) == sh and f in q.get("fragments", [])) or
                     (q.get("kind") in ("rejected", "syncer_failover", "syncer_lost") and q.get("shard", 0) == sh) or
                     q.get("kind") == "state_restored")), None)
+                if why is None and nxt is not None and nxt["base_version"] == key[3]:
+                    why = "superseded"
                 if why: reasons[why] += 1
                 else: unexplained.append(f"{name} shard {sh} fragment {f} base {key[3]} at t={t:.3f}")
     extra = sum(max(0, n - pushed[k]) for k, n in merged.items())
