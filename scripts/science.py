@@ -1170,7 +1170,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
         w("\n".join(f"* {n}" for n in notes) + "\n")
     w("## Regenerate\n")
     w("```\nscripts/science.sh --quick         # the quick scale, about 400 runs, 15-20 minutes on 2 cores\n"
-      "scripts/science.sh --smoke         # the quick scale with one seed and no grid, 93 runs, 2.5 minutes (CI)\n"
+      "scripts/science.sh --smoke         # the quick scale with one seed and no grid, about 110 runs, 3-7 minutes (CI)\n"
       "scripts/science.sh                 # the full suite (runs/science; hours; resumable)\n"
       "scripts/science.py --report-only [--quick] [--out DIR] --doc docs/science.md\n```\n")
     os.makedirs(os.path.dirname(doc) or ".", exist_ok=True)
