@@ -120,8 +120,7 @@ def account_pushes(merges_by_shard, learners):
     `pushes_settled`), its syncer failed over or was lost (`syncer_failover`, `syncer_lost`), or the learner itself
     restarted (`state_restored`); failing those, that next push has the same base (`superseded`: no answer came in
     between, so the next push is the progress since that base again, this push's included, and the accounting moves
-    to it). Returns
-    (pushes, merged, reasons Counter, unexplained list, merged-without-push)."""
+    to it). Returns (pushes, merged, reasons Counter, unexplained list, merged-without-push)."""
     import collections
     merged = collections.Counter()
     for k, ms in merges_by_shard.items():

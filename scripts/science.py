@@ -93,8 +93,8 @@ def scale(quick, out):
         base = ["model.block_size=32", "model.n_layer=2", "model.n_head=2", "model.n_embd=48", "train.batch_size=8",
                 "train.lr=3e-3", "train.eval_tokens=4096", "train.threads=1", "data.path=" + os.path.join(ROOT, "data/sotu"),
                 "data.val_fraction=0.05", "train.precision=fp32"]
-        # fp32, named: the tiny model's bf16 and fp32 matmuls run at about the same speed, and bf16 has no fast path
-        # on CPUs without AVX-512 (CI's machines vary). Until the simulator took train.precision = auto as fp32
+        # fp32, named: the tiny model's bf16 and fp32 matmuls run at about the same speed here, and libtorch's bf16
+        # matmuls are slow on CPUs without AVX-512 (not measured here; CI's machines vary). Until the simulator took train.precision = auto as fp32
         # (deloco/sim.h), auto timed the two at each run's start and chose bf16 in about 149 of 150 runs here.
         return dict(base=base, ms=[1, 2, 4, 8], seeds=3, total_steps=800, sync_every=20, m_exp=4,
                     lr_factors=[0.6, 1.0, 1.5], momenta=[], model="tiny byte-level GPT (2 × 48, T = 32)",
