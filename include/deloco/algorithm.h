@@ -54,6 +54,8 @@ struct AlgorithmConfig {
   std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners (topk: as
                                             // a delta against the version the learner holds)
   bool error_feedback = true;               // net.error_feedback: carry the push quantization residual
+  double error_feedback_decay = 1.0;        // net.error_feedback_decay: β in (0, 1]; the residual is βe before it
+                                            // joins the next push (e ← βe + Δ: SparseLoCo's accumulator; 1: classic)
   int64_t topk_bits = 2;                    // net.topk_bits: bits per kept value of a topk payload: 2 | 4 | 8
   double topk_density = 0.03;               // net.topk_density: kept fraction of a topk push, in (0, 1]
   int64_t topk_chunk = 0;                   // net.topk_chunk: top-k per chunk of this many elements (0: per payload)
@@ -62,8 +64,8 @@ struct AlgorithmConfig {
                                             // version the learner holds (Syncer::set_delta_broadcast); topk implies it
 
   // Binds sync.*, merge.* (MergeConfig::Use::kTraining), outer.kind, outer.lr, outer.momentum, net.encoding,
-  // net.broadcast_encoding, net.error_feedback, net.topk_bits, net.topk_density, net.topk_chunk,
-  // net.broadcast_topk_density, net.broadcast_delta.
+  // net.broadcast_encoding, net.error_feedback, net.error_feedback_decay, net.topk_bits, net.topk_density,
+  // net.topk_chunk, net.broadcast_topk_density, net.broadcast_delta.
   void bind(ConfigSchema& schema);
   // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
   // unknown preset.

@@ -83,9 +83,11 @@ class LearnerCore {
   // params: the model's named parameters (bound, see above). plan: plan_model() over them (deloco/sync.h): the
   // core takes its fragments and layouts from it and throws SyncError when the parameters' names or shapes are not
   // the plan's. The learner starts holding version 0 of every fragment = the current parameters (every node
-  // initialises identically).
+  // initialises identically). error_feedback: carry each push's compression residual e into the next (a lossy
+  // push_codec only); error_feedback_decay β ∈ (0, 1] scales e first (e ← βe + Δ, SparseLoCo), else SyncError.
   LearnerCore(const SyncOptions& opts, const ModelPlan& plan, std::vector<std::pair<std::string, at::Tensor>> params,
-              int64_t total_steps, Codec push_codec = Codec(), bool error_feedback = true);
+              int64_t total_steps, Codec push_codec = Codec(), bool error_feedback = true,
+              double error_feedback_decay = 1.0);
 
   const std::vector<Fragment>& fragments() const { return fragments_; }
   const FlatLayout& layout(int64_t fragment) const { return layouts_.at(static_cast<size_t>(fragment)); }
@@ -164,6 +166,7 @@ class LearnerCore {
   int64_t total_steps_ = 0;
   Codec codec_;
   bool error_feedback_ = true;
+  float error_feedback_decay_ = 1.0f;  // β of net.error_feedback_decay: the residual is βe before it joins a push
 
   std::vector<int64_t> c_steps_, c_tokens_, sent_at_, sent_base_, held_version_;
   int64_t sync_every_ = 0;          // H, or the learner's own period under dynamic local updates

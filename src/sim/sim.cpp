@@ -574,7 +574,7 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
   for (int64_t m = 0; m < M; ++m) {
     Learner& L = I.learners[m];
     L.core = std::make_unique<LearnerCore>(cfg.sync, plan, L.work->parameters(), run.train.steps, cfg.push_codec(),
-                                           cfg.error_feedback);
+                                           cfg.error_feedback, cfg.error_feedback_decay);
     I.syncer->note_joined(m);
   }
   I.layouts = plan.fragment_layouts;

@@ -222,6 +222,46 @@ TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
   d.bind(schema);
   schema.apply_override("sim.bandwidth=-5");
   EXPECT_THROW(schema.validate(), ConfigError);
+  for (const char* bad : {"net.error_feedback_decay=0", "net.error_feedback_decay=1.5"}) {
+    SimConfig e;
+    ConfigSchema es;
+    e.bind(es);
+    es.apply_override(bad);
+    try {
+      es.validate();
+      ADD_FAILURE() << "no error for " << bad;
+    } catch (const ConfigError& err) {
+      EXPECT_NE(std::string(err.what()).find("net.error_feedback_decay must be in (0, 1]"), std::string::npos)
+          << err.what();
+    }
+  }
+}
+
+// net.error_feedback_decay reaches every learner's pushes: under top-k 3% pushes, β = 1 is the default bit for bit
+// and β = 0.5 trains a different model.
+TEST(SimCompression, ErrorFeedbackDecayReachesThePushes) {
+  RunConfig run = sim_run(20);
+  auto global_after = [&](double beta, bool set) {
+    SimConfig cfg;
+    cfg.sync.learners = 2;
+    cfg.sync.quorum = 2;
+    cfg.sync.sync_every = 5;
+    cfg.outer = OuterOptions{"sgd", 1.0, 0.0};
+    cfg.encoding = "topk";
+    cfg.topk_density = 0.03;
+    if (set) cfg.error_feedback_decay = beta;
+    Simulator sim(run, cfg, sim_corpus());
+    sim.run();
+    NamedTensors g;
+    for (const auto& [n, t] : sim.global()) g.emplace_back(n, t.clone());
+    return g;
+  };
+  const NamedTensors def = global_after(1.0, false), one = global_after(1.0, true), half = global_after(0.5, true);
+  double same = 0;
+  for (size_t i = 0; i < def.size(); ++i)
+    same = std::max(same, (def[i].second - one[i].second).abs().max().item<double>());
+  EXPECT_EQ(same, 0.0);
+  EXPECT_GT(max_diff(def, half), 0.0);
 }
 
 // The runtime's hang of issue 10 under the simulator: τ = 5 with waiting and K = 2 of 2. Every answer that comes
@@ -265,7 +305,8 @@ TEST(SimConfigCheck, SimAndRunShareTheAlgorithmDefaults) {
   b.validate();
   const auto ja = a.to_json(), jb = b.to_json();
   for (const char* section : {"sync", "merge", "outer"}) EXPECT_EQ(ja[section], jb[section]) << section;
-  for (const char* key : {"encoding", "broadcast_encoding", "error_feedback"}) EXPECT_EQ(ja["net"][key], jb["net"][key]);
+  for (const char* key : {"encoding", "broadcast_encoding", "error_feedback", "error_feedback_decay"})
+    EXPECT_EQ(ja["net"][key], jb["net"][key]);
   EXPECT_EQ(ja["merge"]["preset"], "diloco");
   EXPECT_EQ(ja["outer"]["lr"], 0.7);
 }

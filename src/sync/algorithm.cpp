@@ -105,6 +105,14 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
          "merged fragment encoding: fp32 | bf16 | int8 | int4 | int2 | topk (a sparse delta against the learner's version)",
          float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
   s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
+  s.bind("net.error_feedback_decay", &error_feedback_decay,
+         "beta in (0, 1]: the carried residual is scaled by it before it joins the next push (e <- beta*e + delta, "
+         "SparseLoCo's accumulator, which takes the outer momentum's place; 1: classic error feedback)",
+         [this] {
+           return error_feedback_decay > 0 && error_feedback_decay <= 1
+                      ? std::string()
+                      : "net.error_feedback_decay must be in (0, 1] (got " + std::to_string(error_feedback_decay) + ")";
+         });
   s.bind("net.topk_bits", &topk_bits, "bits per kept value of a topk payload: 2 | 4 | 8", [this] {
     return topk_bits == 2 || topk_bits == 4 || topk_bits == 8
                ? std::string()

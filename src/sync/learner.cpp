@@ -45,7 +45,7 @@ Contribution decode_push(int64_t learner, const Push& p, const FlatLayout& layou
 
 LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
                          std::vector<std::pair<std::string, at::Tensor>> params, int64_t total_steps,
-                         Codec push_codec, bool error_feedback)
+                         Codec push_codec, bool error_feedback, double error_feedback_decay)
     : opts_(opts),
       fragments_(plan.fragments),
       params_(std::move(params)),
@@ -53,7 +53,11 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
       model_layout_(plan.model),
       total_steps_(total_steps),
       codec_(push_codec),
-      error_feedback_(error_feedback) {
+      error_feedback_(error_feedback),
+      error_feedback_decay_(static_cast<float>(error_feedback_decay)) {
+  if (!(error_feedback_decay > 0 && error_feedback_decay <= 1))
+    throw SyncError("the error feedback decay (net.error_feedback_decay) must be in (0, 1] (got " +
+                    std::to_string(error_feedback_decay) + ")");
   if (codec_.encoding == Encoding::kRaw || static_cast<uint8_t>(codec_.encoding) > kMaxEncoding)
     throw SyncError("the push encoding must be a float encoding");
   if (is_sparse(codec_.encoding)) {
@@ -137,7 +141,8 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
     if (error_feedback_ && codec_.encoding != Encoding::kFp32) {
       if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
-      push.payload = quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec_);
+      push.payload =
+          quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec_, error_feedback_decay_);
     } else {
       push.payload = encode_floats(delta.data(), delta.size(), codec_);
     }

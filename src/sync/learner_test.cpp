@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "deloco/learner.h"
 #include "deloco/merge.h"
 #include "deloco/sync.h"
@@ -66,6 +68,53 @@ TEST(LearnerCore, PushesTheOuterGradientAgainstTheHeldVersion) {
   EXPECT_EQ(pushes[0].base_version, 1);
   EXPECT_EQ(pushes[0].c_tokens, 14);
   for (float x : decode(pushes[0])) EXPECT_EQ(x, -2.0f);  // 5 − 7
+}
+
+// net.error_feedback_decay reaches the pushes (e ← βe + Δ, SparseLoCo). Ten elements, top-k keeps one (density 0.1,
+// 8-bit values), one push per step, the answer Θ = 0 applied after the first. Round 1 moves one element by 10 and
+// another by 6: Δ = Θ − θ sends −10 and carries −6. Round 2 moves a third element by 4: with β = 1 the carried −6
+// is the largest and goes; with β = 0.5 it is −3, so the −4 goes instead.
+TEST(LearnerCore, ErrorFeedbackDecayScalesTheCarriedResidual) {
+  auto pushes = [](double beta) {
+    Toy toy(1, 1);
+    LearnerCore core(opts(1, 0, false), toy.plan, toy.params, 100, Codec(Encoding::kTopk8, TopkOptions{0.1, 0}), true,
+                     beta);
+    auto move = [&](int64_t i, float by) {
+      torch::NoGradGuard ng;
+      toy.params[0].second.view({-1})[i].add_(by);
+    };
+    std::vector<std::vector<float>> sent;
+    move(0, 10.f);
+    move(1, 6.f);
+    auto p = core.after_step(1, 1, 1.0);
+    EXPECT_EQ(p.size(), 1u);
+    sent.push_back(decode(p.at(0)));
+    core.receive(0, 1, answer(core, 0, 0.0f));
+    EXPECT_EQ(core.apply_due(1).size(), 1u);
+    move(2, 4.f);
+    p = core.after_step(2, 1, 1.0);
+    EXPECT_EQ(p.size(), 1u);
+    sent.push_back(decode(p.at(0)));
+    return sent;
+  };
+  auto only_value = [](const std::vector<float>& d) {
+    std::vector<float> nz;
+    for (float v : d)
+      if (v != 0.f) nz.push_back(v);
+    EXPECT_EQ(nz.size(), 1u);
+    return nz.empty() ? 0.f : nz[0];
+  };
+  const auto classic = pushes(1.0), decayed = pushes(0.5);
+  EXPECT_EQ(classic[0], decayed[0]);  // nothing carried yet
+  EXPECT_NEAR(only_value(classic[0]), -10.f, 0.05f);
+  EXPECT_NEAR(only_value(classic[1]), -6.f, 0.05f);
+  EXPECT_NEAR(only_value(decayed[1]), -4.f, 0.05f);
+  for (double bad : {0.0, -0.5, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+    Toy toy(1, 1);
+    EXPECT_THROW(LearnerCore(opts(1, 0, false), toy.plan, toy.params, 100, Codec(Encoding::kInt8), true, bad),
+                 SyncError)
+        << bad;
+  }
 }
 
 // The hang of issue 10: with τ > 0 and waiting, an answer that came within τ steps was applied but the send stayed

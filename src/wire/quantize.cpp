@@ -483,10 +483,14 @@ FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, c
   return out;
 }
 
-std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c) {
+std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c, float decay) {
   const Encoding e = c.encoding;
   std::vector<float> y(n);
-  for (size_t i = 0; i < n; ++i) y[i] = x[i] + residual[i];
+  if (decay == 1.0f) {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] + residual[i];
+  } else {
+    for (size_t i = 0; i < n; ++i) y[i] = x[i] + decay * residual[i];
+  }
   std::string enc = encode_floats(y.data(), n, c);
   std::vector<float> back = decode_floats(enc.data(), enc.size(), e, n);
   for (size_t i = 0; i < n; ++i) residual[i] = y[i] - back[i];

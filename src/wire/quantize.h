@@ -60,8 +60,10 @@ FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, c
 // Only the validation (the same errors as decode_floats_into), cheaper: for int8/int4 it reads the block scales only.
 void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n);
 
-// Error feedback (learner side): y = x + residual; returns encode(y); residual <- y - decode(encode(y)).
-// `residual` holds n floats (start at zero); it is left untouched if encoding throws.
-std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c);
+// Error feedback (learner side): y = x + decay·residual; returns encode(y); residual <- y - decode(encode(y)).
+// `residual` holds n floats (start at zero); it is left untouched if encoding throws. decay = 1 (the default) is
+// classic error feedback; decay = β < 1 is SparseLoCo's decayed accumulator (e ← βe + Δ, send Q(TopK(e)), e ← e −
+// sent), whose carried mass takes the outer momentum's place. The caller checks 0 < decay ≤ 1.
+std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c, float decay = 1.0f);
 
 }  // namespace deloco

@@ -152,6 +152,47 @@ TEST(Topk, ErrorFeedbackLosesNothing) {
   EXPECT_LT(std::sqrt(rms / n), 40.0);
 }
 
+// SparseLoCo's accumulator (decay β < 1), from the paper's formulas: e ← βe + Δ; send Q(TopK(e)); e ← e − sent.
+// Each push is the codec applied to that accumulator, and unrolled, what is still held is the β-discounted sum of
+// what went in less the β-discounted sum of what was sent: e_T = Σ_t β^(T−t) (x_t − sent_t).
+TEST(Topk, DecayedErrorFeedbackIsSparseLoCosAccumulator) {
+  const size_t n = 4096;
+  const float beta = 0.9f;
+  const Codec c(Encoding::kTopk2, at(0.03));
+  std::vector<float> residual(n, 0.f), e_ref(n, 0.f);
+  std::vector<double> in(n, 0.0), sent(n, 0.0);
+  for (uint32_t r = 0; r < 30; ++r) {
+    const std::vector<float> x = gaussian(n, 300 + r);
+    std::vector<float> acc(n);
+    for (size_t i = 0; i < n; ++i) acc[i] = beta * e_ref[i] + x[i];
+    const std::string enc = quantize_with_error_feedback(x.data(), residual.data(), n, c, beta);
+    ASSERT_EQ(enc, encode_floats(acc.data(), n, c)) << "push " << r << " is not the codec of βe + Δ";
+    const std::vector<float> d = decode_floats(enc.data(), enc.size(), Encoding::kTopk2, n);
+    for (size_t i = 0; i < n; ++i) {
+      e_ref[i] = acc[i] - d[i];
+      in[i] = beta * in[i] + x[i];
+      sent[i] = beta * sent[i] + d[i];
+    }
+    ASSERT_EQ(residual, e_ref) << "after push " << r;
+  }
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < n; ++i) {
+    worst = std::max(worst, std::fabs(in[i] - sent[i] - residual[i]));
+    scale = std::max(scale, std::fabs(in[i]));
+  }
+  EXPECT_LT(worst, 1e-4 * scale);
+  // β = 1 is classic error feedback, bit for bit, and β < 1 changes what is sent.
+  std::vector<float> r1(n, 0.f), r2(n, 0.f), r3(n, 0.f);
+  for (uint32_t r = 0; r < 3; ++r) {
+    const std::vector<float> x = gaussian(n, 500 + r);
+    const std::string a = quantize_with_error_feedback(x.data(), r1.data(), n, c);
+    EXPECT_EQ(a, quantize_with_error_feedback(x.data(), r2.data(), n, c, 1.0f));
+    const std::string b = quantize_with_error_feedback(x.data(), r3.data(), n, c, 0.5f);
+    if (r == 0) EXPECT_EQ(a, b);  // nothing carried yet
+    else EXPECT_NE(a, b);
+  }
+}
+
 TEST(Topk, ScanMatchesTheDecodedValues) {
   const std::vector<float> x = gaussian(3000, 4);
   const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk4, at(0.1)));
