@@ -486,11 +486,7 @@ FloatScan scan_floats(const void* payload, size_t bytes, Encoding e, size_t n, c
 std::string quantize_with_error_feedback(const float* x, float* residual, size_t n, const Codec& c, float decay) {
   const Encoding e = c.encoding;
   std::vector<float> y(n);
-  if (decay == 1.0f) {
-    for (size_t i = 0; i < n; ++i) y[i] = x[i] + residual[i];
-  } else {
-    for (size_t i = 0; i < n; ++i) y[i] = x[i] + decay * residual[i];
-  }
+  for (size_t i = 0; i < n; ++i) y[i] = x[i] + decay * residual[i];  // decay = 1: exactly x + r (1·r is exact)
   std::string enc = encode_floats(y.data(), n, c);
   std::vector<float> back = decode_floats(enc.data(), enc.size(), e, n);
   for (size_t i = 0; i < n; ++i) residual[i] = y[i] - back[i];
