@@ -724,7 +724,11 @@ def diff_ci(a, b):
     return mean_ci([x - y for x, y in zip(a[:n], b[:n])]) if n else (float("nan"), float("nan"))
 
 
+READ = set()  # every (experiment, variant) seeds_sorted was asked for: what the report's claims rest on (Claims)
+
+
 def seeds_sorted(res, exp, variant, field="final_val_loss"):
+    READ.add((exp, variant))
     rows = sorted((r for r in res.rows.values() if r["exp"] == exp and r["variant"] == variant), key=lambda r: r["seed"])
     return [r.get(field) for r in rows]
 
@@ -772,10 +776,12 @@ def e5b(res, S, w, claims):
         stats[v] = (tot, g, h)
         times = [2 * latency + tot * params / (b * 1e6 / 8) if tot is not None and params else float("nan")
                  for b in E5_LINKS_MBIT]
-        ratio = base / tot if base and tot else float("nan")
-        w(f"| {v} | {up if up is not None else float('nan'):.4f} | {down if down is not None else float('nan'):.4f} | "
-          f"{tot if tot is not None else float('nan'):.4f} | {ratio:.1f} | " + " | ".join(f"{t:.2f}" for t in times) +
-          f" | {fmt(loss)} | " + ("—" if v == ref else f"{g:+.4f} ± {h:.4f}") + " |")
+        ratio = base / tot if base and tot else None
+
+        def show(x, spec):  # "-": rows recorded before the byte counters existed
+            return "-" if x is None or not math.isfinite(x) else format(x, spec)
+        w(f"| {v} | {show(up, '.4f')} | {show(down, '.4f')} | {show(tot, '.4f')} | {show(ratio, '.1f')} | " +
+          " | ".join(show(t, ".2f") for t in times) + f" | {fmt(loss)} | " + ("—" if v == ref else f"{g:+.4f} ± {h:.4f}") + " |")
     v3 = "top-k 3% both ways"
     if v3 in stats and base and stats[v3][0]:
         tot, _, _ = stats[v3]
@@ -794,7 +800,64 @@ def label(cond_all, cond_some):
     return "reproduced" if cond_all else ("partly" if cond_some else "not reproduced")
 
 
-def report(res, S, best, quick, out, doc, plots_dir):
+def pending_points(res, S, pts, meths):
+    """(experiment, variant) -> how many of its reported runs are still to do: the seeds with no row yet, or every
+    seed while its method's tuning is unfinished (its η, μ may still change); ("tune", method) -> its tuning runs
+    known to be missing (an extension of its grid may add more). Empty when the suite is complete."""
+    unfinished, todo = set(), {}
+    for m in meths:
+        _, missing, b, _ = tuning_points(res, S, m)
+        if missing or b is None:
+            unfinished.add(m)
+            todo[("tune", m)] = len(missing)
+    best = chosen(res, S, meths)
+    for exp, variant, meth, _ in pts:  # no tuning result at all yet: reported_jobs skips the point
+        if meth is not None and meth not in best:
+            todo[(exp, variant)] = todo.get((exp, variant), 0) + S["seeds"]
+    for job, sets in reported_jobs(S, pts, best, res):
+        if job["method"] in unfinished or Results.row_id(dict(job, key=key_of(sets))) not in res.rows:
+            k = (job["exp"], job["variant"])
+            todo[k] = todo.get(k, 0) + 1
+    return todo
+
+
+class Claims(list):
+    """The report's claims, (claim, label, why). A claim rests on every row its section of the report has read so far
+    (seeds_sorted records them in READ); while any of those points still has runs to do, it is labelled *pending*,
+    and its why keeps the verdict on the rows so far. A section whose claims could not be formed yet for want of rows
+    gets one pending line of its own, so that a partial report says what it is still waiting for."""
+
+    def __init__(self, pending):
+        super().__init__()
+        self.pending = pending
+        self.name, self.count = None, 0
+
+    def section(self, name):
+        self.close()
+        READ.clear()
+        self.name, self.count = name, len(self)
+
+    def close(self):
+        todo = sorted(p for p in READ if self.pending.get(p))
+        if self.name and todo and len(self) == self.count:
+            super().append((f"{self.name}: its claims", "pending", self.waiting(todo) + "; too few rows to judge yet."))
+        self.name = None
+
+    def waiting(self, todo):
+        runs = sum(self.pending[p] for p in todo)
+        names = [f"{e} {v}" for e, v in todo]
+        return (f"{runs} run{'s' if runs != 1 else ''} still to do ({', '.join(names[:4])}" +
+                (f" and {len(names) - 4} more" if len(names) > 4 else "") + ")")
+
+    def append(self, claim):
+        c, lab, why = claim
+        todo = sorted(p for p in READ if self.pending.get(p))
+        if todo:
+            lab, why = "pending", self.waiting(todo) + f"; on the rows so far: {lab}, {why}"
+        super().append((c, lab, why))
+
+
+def report(res, S, best, quick, out, doc, plots_dir, pending=None):
     L = []
     w = L.append
     mode = ("smoke (CI: one seed, no tuning grid)" if S["seeds"] == 1 else "quick") if quick else "full"
@@ -815,10 +878,18 @@ def report(res, S, best, quick, out, doc, plots_dir):
     if not quick:
         w(f"* **Why not ≥ 10M parameters** (issue 14's aim): a 12.3M model (6 × 384) costs 0.43 s of CPU per learner "
           f"step here against 0.18 s for this one, so the suite would take about 2.4 times the {sum(walls) / 7200:.1f} h "
-          "this one took on 2 cores (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
+          f"this one {'has taken so far' if pending else 'took'} on 2 cores (`scale()` in scripts/science.py has the arithmetic). The token budget per run was "
           "kept instead. It is still small: at M = 8 each learner takes "
           f"{S['total_steps'] // S['m_exp']} inner steps, {S['total_steps'] // S['m_exp'] // S['sync_every']} outer "
           "rounds of H = " + str(S["sync_every"]) + ", far fewer than the papers' runs.")
+    todo = {p: n for p, n in (pending or {}).items() if p[0] != "tune"}
+    tunes = {p[1]: n for p, n in (pending or {}).items() if p[0] == "tune"}
+    if todo or tunes:
+        w(f"* **A partial report: the suite is not complete.** {sum(todo.values())} reported runs of "
+          f"{len(todo)} points are still to do, after {sum(tunes.values())} tuning runs known so far for the "
+          f"{len(tunes)} methods whose tuning is unfinished (extensions of their grids may add more); every claim that rests "
+          "on one of them is labelled *pending*, and the tables show the rows so far (a row with fewer seeds than "
+          "the others has runs to come). `scripts/science.sh` resumes the suite.")
     w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({sum(1 for r in res.rows.values() if r['exp'] == 'tune')} for tuning), "
       f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).\n")
     w(f"## Tuning: the grids and the choices (dev half, seed {TUNE_SEED})\n")
@@ -854,8 +925,9 @@ def report(res, S, best, quick, out, doc, plots_dir):
       ("Tuning is not finished for " + ", ".join(unfinished) + ": their choice may still change."
        if unfinished else "" if edges or not best else "Every choice is inside its grid.") + "\n")
 
-    claims = []
+    claims = Claims(pending or {})
     # 1.
+    claims.section("experiment 1")
     w("## 1. IsoLoCo against DiLoCo at equal total tokens\n")
     w("| M | DiLoCo | IsoLoCo | DiLoCo − IsoLoCo (paired) |")
     w("|---|---|---|---|")
@@ -882,6 +954,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
               for name, meth in (("DiLoCo", "diloco"), ("IsoLoCo", "isoloco"))}, logx=True)
         w("\n![experiment 1](science/e1.png)\n")
     # 2.
+    claims.section("experiment 2")
     w(f"## 2. Merge methods at M = {S['m_exp']}\n")
     w("| method | outer | test loss | − DiLoCo (paired) |")
     w("|---|---|---|---|")
@@ -920,6 +993,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
                        f"DiLoCo − Iso-C+SGD = {g:+.4f} ± {h:.4f}."))
     w("")
     # 3.
+    claims.section("experiment 3")
     w("## 3. Heterogeneous learners (half 18% slower, 10% step variance)\n")
     w(f"The first three rows use `configs/sim-diloco.toml`'s 1 MB/s link, where one synchronisation takes longer than "
       f"τ = 5 steps and the grace window is clamped to 0; the `fast link` rows use {FAST_LINK[0].split('=')[1]} bytes/s, where it "
@@ -968,6 +1042,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
                         f"closest: {near[3]}, {near[1]:+.4f} ± {near[2]:.4f} (goodput {near[4]:.3f}).")))
     w("")
     # 4.
+    claims.section("experiment 4")
     w(f"## 4. RDA against the token-weighted mean (Decoupled DiLoCo, M = {S['m_exp']}, K = 1)\n")
     r4, k4, m4 = (seeds_sorted(res, "e4", v) for v in ("rda", "mean_k1", "diloco"))
     if r4 and (k4 or m4):
@@ -1000,6 +1075,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
                   f"{fmt_opt(res, 'e4', v, 'per_merge', 2)} | {fmt_opt(res, 'e4', v, 'grace_open', 2)} |")
         w("")
     # 5.
+    claims.section("experiment 5")
     w(f"## 5. Outer-gradient precision (DiLoCo, M = {S['m_exp']}, error feedback on)\n")
     w("| push encoding | bytes/element | test loss | − fp32 (paired) |")
     w("|---|---|---|---|")
@@ -1014,8 +1090,6 @@ def report(res, S, best, quick, out, doc, plots_dir):
     if bars(plots_dir, "e5.png", "Outer-gradient precision", "test loss",
             [(enc, seeds_sorted(res, "e5", enc)) for enc in ("fp32", "bf16", "int8", "int4", "int2")]):
         w("\n![experiment 5](science/e5.png)\n")
-    # 5b.
-    e5b(res, S, w, claims)
     if "int4" in d5 and "int2" in d5:
         g4, h4 = d5["int4"]
         g2, h2 = d5["int2"]
@@ -1023,8 +1097,12 @@ def report(res, S, best, quick, out, doc, plots_dir):
                        f"int4 − fp32 = {g4:+.4f} ± {h4:.4f}" + ("." if g4 + h4 <= MARGIN else
                        "; no loss is detected, but the interval is wider than the margin, so losslessness is not shown.")))
         claims.append(("2-bit hurts", label(g2 - h2 > 0, g2 > 0), f"int2 − fp32 = {g2:+.4f} ± {h2:.4f}."))
+    # 5b.
+    claims.section("experiment 5b")
+    e5b(res, S, w, claims)
     w("")
     # 6.
+    claims.section("experiment 6")
     w("## 6. One failure schedule under Decoupled DiLoCo, synchronous DiLoCo and DP\n")
     sim = tomllib.load(open(os.path.join(ROOT, "configs/sim-diloco.toml"), "rb"))["sim"]
     mtbf, downtime = failure_schedule(S)
@@ -1066,6 +1144,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
                        label(g - h > 0, g > 0), f"uptime Decoupled − synchronous = {g:+.3f} ± {h:.3f}."))
     w("")
     # 7.
+    claims.section("experiment 7")
     w("## 7. Quality: Decoupled DiLoCo with failures against DP without, at the same tokens\n")
     a, b = seeds_sorted(res, "e7", "Decoupled DiLoCo, failures"), seeds_sorted(res, "e7", "DP, no failures")
     if a and b:
@@ -1076,6 +1155,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
         claims.append(("Decoupled DiLoCo with failures matches DP without", label(g + h <= MARGIN, g <= MARGIN),
                        f"Decoupled − DP = {g:+.4f} ± {h:.4f}."))
     # 8.
+    claims.section("experiment 8")
     w("## 8. Where the grace window works: link bandwidth\n")
     w(f"Experiment 3's learners (M = {S['m_exp']}, half 18% slower), K = 1 with and without the grace window, the mean "
       f"tuned on the fast link, fp32 pushes and answers; the link's latency stays 0.5 s. The window is "
@@ -1107,6 +1187,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
     w("")
     # 9.
     HR = S["horizon_rounds"]
+    claims.section("experiment 9")
     w(f"## 9. The horizon: {HR} outer rounds per learner (M = {S['m_exp']}, small model)\n")
     w(f"Model: {S['small_model']}; each learner trains {HR} × H = {HR * S['sync_every']} inner steps "
       f"({horizon_total(S, S['m_exp'])} in all, equal tokens for every row; DP takes the same tokens in "
@@ -1136,6 +1217,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
             claims.append((f"Decoupled DiLoCo with failures matches DP without at {HR} outer rounds",
                            label(g + h <= MARGIN, g <= MARGIN), f"Decoupled − DP = {g:+.4f} ± {h:.4f}."))
     # 10.
+    claims.section("experiment 10")
     w(f"## 10. Many learners: IsoLoCo against DiLoCo up to M = {max(S['many_ms'])} (small model)\n")
     w(f"Equal total tokens: {many_total(S)} inner steps in all ({S['many_rounds']} outer rounds at M = "
       f"{max(S['many_ms'])}); both methods tuned at every M.\n")
@@ -1153,6 +1235,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
                        f"{gaps10[0][1]:+.4f} ± {gaps10[0][2]:.4f} at M = {gaps10[0][0]}, {gaps10[-1][1]:+.4f} ± "
                        f"{gaps10[-1][2]:.4f} at M = {gaps10[-1][0]}."))
     w("")
+    claims.close()
     w("## The claims\n")
     w("| claim | label | why |")
     w("|---|---|---|")
@@ -1163,7 +1246,9 @@ def report(res, S, best, quick, out, doc, plots_dir):
       "lies wholly on the claimed side, *partly* when only the mean does. A claim that one matches the other (the grace\n"
       f"window, int4, Decoupled against DP, Iso-C+SGD against DiLoCo): *reproduced* when the interval's worse end is\n"
       f"within a margin of {MARGIN} nats, *partly* when the mean is (int4: when no loss is detected). Otherwise *not\n"
-      "reproduced*. Negative results stay in.\n")
+      "reproduced*. Negative results stay in. *Pending*: some run the claim's section rests on is still to do (a seed\n"
+      "without a row, or a method whose tuning is unfinished); the why gives the verdict on the rows so far, which the\n"
+      "missing runs may still change.\n")
     notes = shortfalls(res, S, {c: lab for c, lab, _ in claims})
     if notes:
         w("## Where a claim falls short: what the results themselves show\n")
@@ -1181,6 +1266,7 @@ def report(res, S, best, quick, out, doc, plots_dir):
 def shortfalls(res, S, labels):
     """One paragraph per claim that is not fully reproduced, from the suite's own numbers (the why behind the label)."""
     notes, M, H = [], S["m_exp"], S["sync_every"]
+    labels = {c: ("reproduced" if lab == "pending" else lab) for c, lab in labels.items()}  # judged when complete
     rounds = S["total_steps"] // M // H
 
     def mean(exp, variant, field="final_val_loss"):
@@ -1383,7 +1469,7 @@ def main():
     res.keep_only({key_of(sets) for _, sets in reported_jobs(S, pts, best, res)})
     doc = args.doc or (os.path.join(out, "science.md") if args.quick else os.path.join(ROOT, "docs", "science.md"))
     plots = os.path.join(os.path.dirname(doc), "science")
-    report(res, S, best, args.quick, out, doc, plots)
+    report(res, S, best, args.quick, out, doc, plots, pending_points(res, S, pts, tuned))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
   at the quick and the full scale; every key a planned run sets is one `deloco sim` knows;
 * experiment 1 tunes each method at each M (its own setting per M), the variants are tuned on the fast link;
 * a grid whose best η lies on its edge grows on that side;
-* more seeds only where a decisive comparison's interval contains its threshold, and seeds once added stay reported.
+* more seeds only where a decisive comparison's interval contains its threshold, and seeds once added stay reported;
+* a partial report labels "pending" every claim that rests on a run still to do, and judges the others.
 """
 import importlib.util
 import os
@@ -99,6 +100,68 @@ class Protocol(unittest.TestCase):
             put("e5", "int2", [3.05, 3.05, 3.05, 3.2, 3.0])
             put("e5", "fp32", [3.0, 3.1, 2.9, 3.0, 3.0])
             self.assertEqual(sci.seed_counts(S, res)[("e5", "int2")], 5)  # at MAX_SEEDS: no more, the 5 stay
+
+
+class PartialReport(unittest.TestCase):
+    def test_a_claim_is_pending_while_a_run_it_rests_on_is_to_do(self):
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            for seed, (a, b) in enumerate([(3.0, 2.5), (3.1, 2.6), (2.9, 2.4)], 1):
+                res.add(dict(exp="e1", variant="a", seed=seed, key=f"a{seed}", final_val_loss=a))
+                res.add(dict(exp="e1", variant="b", seed=seed, key=f"b{seed}", final_val_loss=b))
+            claims = sci.Claims({("e1", "b"): 1, ("e9", "c"): 3})
+            claims.section("experiment 1")
+            sci.seeds_sorted(res, "e1", "a"), sci.seeds_sorted(res, "e1", "b")
+            claims.append(("a beats b", "reproduced", "a − b = +0.5."))
+            claims.section("experiment 2")
+            sci.seeds_sorted(res, "e1", "a")
+            claims.append(("a is a", "partly", "why."))
+            claims.section("experiment 9")
+            sci.seeds_sorted(res, "e9", "c")  # no rows: the section forms no claim
+            claims.close()
+            self.assertEqual([c[:2] for c in claims], [("a beats b", "pending"), ("a is a", "partly"),
+                                                      ("experiment 9: its claims", "pending")])
+            self.assertIn("1 run still to do (e1 b); on the rows so far: reproduced, a − b = +0.5.", claims[0][2])
+            self.assertIn("3 runs still to do (e9 c)", claims[2][2])
+
+    def test_the_report_judges_complete_points_and_holds_the_rest(self):
+        S = sci.scale(True, tempfile.gettempdir())
+        sci.METHODS.clear()
+        sci.load_methods(Args, S)
+        pts = sci.plan(S)
+        meths = sorted({m for _, _, m, _ in pts if m is not None})
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            self.assertTrue(all(sci.pending_points(res, S, pts, meths).get(p[:2]) for p in pts))
+            lrs, mus = sci.grid(S, "diloco")
+            mid = sorted(lrs)[len(lrs) // 2]
+            for lr in lrs:  # diloco's tuning done, its best η inside the grid
+                for mu in mus:
+                    res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(sci.tuning_sets(S, "diloco", lr, mu)),
+                                 final_val_loss=3.0 + abs(lr - mid) + mu))
+            best = sci.chosen(res, S, meths)
+            loss = {"fp32": [3.0, 3.1, 2.9], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9], "int4": [3.0, 3.1, 2.9],
+                    "int2": [3.2, 3.31, 3.1]}
+            for job, sets in sci.reported_jobs(S, pts, best, res):
+                if job["exp"] == "e5" and job["variant"] in loss:
+                    res.add(dict(job, key=sci.key_of(sets), sets=sets, final_val_loss=loss[job["variant"]][job["seed"] - 1]))
+            pending = sci.pending_points(res, S, pts, meths)
+            self.assertNotIn(("e5", "int2"), pending)
+            self.assertNotIn(("tune", "diloco"), pending)
+            self.assertEqual(pending[("e1", "diloco M=1")], S["seeds"])
+            self.assertIn(("e5", "top-k 3% both ways"), pending)  # mean_sgd is not tuned
+            doc = os.path.join(d, "science.md")
+            sci.RESULTS_FILE = res.path
+            sci.report(res, S, best, True, d, doc, os.path.join(d, "plots"), pending)
+            text = open(doc).read()
+            self.assertIn("A partial report", text)
+            table = dict((c.strip(), l.strip(" *")) for c, l in
+                         (line.split("|")[1:3] for line in text.split("## The claims")[1].splitlines() if line.startswith("| ")
+                          and not line.startswith("| claim")))
+            self.assertEqual(table["int4 stays lossless"], "reproduced")
+            self.assertEqual(table["2-bit hurts"], "reproduced")
+            self.assertEqual(table["experiment 1: its claims"], "pending")
+            self.assertNotIn("*2-bit hurts*", text)  # no shortfall note for a reproduced claim
 
 
 if __name__ == "__main__":
