@@ -846,7 +846,7 @@ class Claims(list):
     def waiting(self, todo):
         runs = sum(self.pending[p] for p in todo)
         names = [f"{e} {v}" for e, v in todo]
-        return (f"{runs} run{'s' if runs != 1 else ''} still to do ({', '.join(names[:4])}" +
+        return (f"{runs} run{'s' if runs != 1 else ''} still to do ({'; '.join(names[:4])}" +
                 (f" and {len(names) - 4} more" if len(names) > 4 else "") + ")")
 
     def append(self, claim):
