@@ -768,6 +768,9 @@ def e5b(res, S, w, claims):
       " | @".join(f"{b} Mbit/s" for b in E5_LINKS_MBIT) + " | test loss | − ref (paired) |")
     w("|---|---|---|---|---|" + "---|" * len(E5_LINKS_MBIT) + "---|---|")
     stats = {}
+
+    def show(x, spec):  # "-": rows recorded before the byte counters existed
+        return "-" if x is None or not math.isfinite(x) else format(x, spec)
     for v, ref in have:
         up, down = per_element(v, "bytes_up"), per_element(v, "bytes_down")
         loss, rl = seeds_sorted(res, "e5", v), seeds_sorted(res, "e5", ref)
@@ -777,9 +780,6 @@ def e5b(res, S, w, claims):
         times = [2 * latency + tot * params / (b * 1e6 / 8) if tot is not None and params else float("nan")
                  for b in E5_LINKS_MBIT]
         ratio = base / tot if base and tot else None
-
-        def show(x, spec):  # "-": rows recorded before the byte counters existed
-            return "-" if x is None or not math.isfinite(x) else format(x, spec)
         w(f"| {v} | {show(up, '.4f')} | {show(down, '.4f')} | {show(tot, '.4f')} | {show(ratio, '.1f')} | " +
           " | ".join(show(t, ".2f") for t in times) + f" | {fmt(loss)} | " + ("—" if v == ref else f"{g:+.4f} ± {h:.4f}") + " |")
     v3 = "top-k 3% both ways"
@@ -837,8 +837,12 @@ class Claims(list):
         READ.clear()
         self.name, self.count = name, len(self)
 
+    def todo(self):
+        """The points read since the section began that still have runs to do."""
+        return sorted(p for p in READ if self.pending.get(p))
+
     def close(self):
-        todo = sorted(p for p in READ if self.pending.get(p))
+        todo = self.todo()
         if self.name and todo and len(self) == self.count:
             super().append((f"{self.name}: its claims", "pending", self.waiting(todo) + "; too few rows to judge yet."))
         self.name = None
@@ -851,7 +855,7 @@ class Claims(list):
 
     def append(self, claim):
         c, lab, why = claim
-        todo = sorted(p for p in READ if self.pending.get(p))
+        todo = self.todo()
         if todo:
             lab, why = "pending", self.waiting(todo) + f"; on the rows so far: {lab}, {why}"
         super().append((c, lab, why))
