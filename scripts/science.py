@@ -890,10 +890,11 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None):
     tunes = {p[1]: n for p, n in (pending or {}).items() if p[0] == "tune"}
     if todo or tunes:
         w(f"* **A partial report: the suite is not complete.** {sum(todo.values())} reported runs of "
-          f"{len(todo)} points are still to do, after {sum(tunes.values())} tuning runs known so far for the "
-          f"{len(tunes)} methods whose tuning is unfinished (extensions of their grids may add more); every claim that rests "
-          "on one of them is labelled *pending*, and the tables show the rows so far (a row with fewer seeds than "
-          "the others has runs to come). `scripts/science.sh` resumes the suite.")
+          f"{len(todo)} points are still to do (a comparison whose interval stays too wide to label may add seeds), " +
+          (f"after {sum(tunes.values())} tuning runs known so far for the {len(tunes)} methods whose tuning is "
+           "unfinished (extensions of their grids may add more)" if tunes else "and every method's tuning is done") +
+          "; every claim that rests on one of them is labelled *pending*, and the tables show the rows so far (a row "
+          "with fewer seeds than the others has runs to come). `scripts/science.sh` resumes the suite.")
     w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({sum(1 for r in res.rows.values() if r['exp'] == 'tune')} for tuning), "
       f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).\n")
     w(f"## Tuning: the grids and the choices (dev half, seed {TUNE_SEED})\n")
