@@ -475,10 +475,11 @@ class Results:
     def row_id(r):
         return f"{r['key']}|{r['exp']}|{r['variant']}|{r['seed']}"
 
-    def keep_only(self, keys):
-        """Drops the reported rows whose setting the current plan no longer has (an older plan's runs stay in the
-        file, and count again if the plan returns to them); tuning rows are looked up by setting and stay."""
-        self.rows = {i: r for i, r in self.rows.items() if r["exp"] == "tune" or r["key"] in keys}
+    def view(self, rows):
+        """The same results with only `rows` (a dict like self.rows) to read; lookups by setting still see every row."""
+        v = Results.__new__(Results)
+        v.path, v.rows, v.by_key = self.path, rows, self.by_key
+        return v
 
     def get(self, sets):
         return self.by_key.get(key_of(sets))
@@ -677,20 +678,37 @@ def seed_counts(S, res):
     return counts
 
 
+def job_sets(S, exp, meth, sets, best, seed):
+    """The settings of one reported run: the point's, its method's with the chosen η and μ, the test half, the seed."""
+    extra = [] if meth is None else METHODS[meth]["sets"] + [f"outer.lr={best[meth][0]}", f"outer.momentum={best[meth][1]}"]
+    return (S["small"] if exp in ("e9", "e10") else S["base"]) + extra + sets + \
+        ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
+
+
+def plan_rows(S, pts, best, res):
+    """The rows of res the current plan reports, and the tuning rows. Each (experiment, variant, seed) has one setting
+    under the plan and the current choices of η and μ; a row of the same name under another setting is not its
+    (an older plan's run, or a run under an earlier choice, or a setting another point shares: experiment 2's DiLoCo
+    is synchronous DiLoCo at M = 8 tuned over μ, experiment 1's is tuned at the preset's μ). Such rows stay in the
+    file and count again if the plan returns to their setting."""
+    want = {}
+    for exp, variant, meth, sets in pts:
+        if meth is None or meth in best:
+            for seed in range(1, max(S["seeds"], MAX_SEEDS) + 1):
+                want[(exp, variant, seed)] = key_of(job_sets(S, exp, meth, sets, best, seed))
+    return {i: r for i, r in res.rows.items()
+            if r["exp"] == "tune" or want.get((r["exp"], r["variant"], r["seed"])) == r["key"]}
+
+
 def reported_jobs(S, pts, best, res=None):
-    counts = seed_counts(S, res)
+    counts = seed_counts(S, res.view(plan_rows(S, pts, best, res)) if res is not None else None)
     jobs = []
     for exp, variant, meth, sets in pts:
-        extra = []
-        if meth is not None:
-            if meth not in best:
-                continue
-            lr, mu = best[meth]
-            extra = METHODS[meth]["sets"] + [f"outer.lr={lr}", f"outer.momentum={mu}"]
+        if meth is not None and meth not in best:
+            continue
         for seed in range(1, max(S["seeds"], counts.get((exp, variant), 0)) + 1):
-            s = (S["small"] if exp in ("e9", "e10") else S["base"]) + extra + sets + \
-                ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
-            jobs.append((dict(exp=exp, variant=variant, method=meth, seed=seed, holdout="test"), s))
+            jobs.append((dict(exp=exp, variant=variant, method=meth, seed=seed, holdout="test"),
+                         job_sets(S, exp, meth, sets, best, seed)))
     return jobs
 
 
@@ -1471,7 +1489,7 @@ def main():
         ensure_tokens(args, out)
     res = Results(RESULTS_FILE) if args.report_only else run_suite(args, out, S, pts, tuned)
     best = chosen(res, S, tuned)
-    res.keep_only({key_of(sets) for _, sets in reported_jobs(S, pts, best, res)})
+    res = res.view(plan_rows(S, pts, best, res))
     doc = args.doc or (os.path.join(out, "science.md") if args.quick else os.path.join(ROOT, "docs", "science.md"))
     plots = os.path.join(os.path.dirname(doc), "science")
     report(res, S, best, args.quick, out, doc, plots, pending_points(res, S, pts, tuned))

@@ -8,7 +8,9 @@
 * experiment 1 tunes each method at each M (its own setting per M), the variants are tuned on the fast link;
 * a grid whose best η lies on its edge grows on that side;
 * more seeds only where a decisive comparison's interval contains its threshold, and seeds once added stay reported;
-* a partial report labels "pending" every claim that rests on a run still to do, and judges the others.
+* a partial report labels "pending" every claim that rests on a run still to do, and judges the others;
+* a variant's rows are those of its own setting under the current plan: a row of the same name under another setting
+  (an older plan, an earlier choice, a setting another point shares) neither enters the report nor adds seeds.
 """
 import importlib.util
 import os
@@ -162,6 +164,42 @@ class PartialReport(unittest.TestCase):
             self.assertEqual(table["2-bit hurts"], "reproduced")
             self.assertEqual(table["experiment 1: its claims"], "pending")
             self.assertNotIn("*2-bit hurts*", text)  # no shortfall note for a reproduced claim
+
+
+class PlanRows(unittest.TestCase):
+    def test_a_variant_reads_only_the_rows_of_its_own_setting(self):
+        S = sci.scale(True, tempfile.gettempdir())
+        sci.METHODS.clear()
+        sci.load_methods(Args, S)
+        pts = sci.plan(S)
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            lrs, mus = sci.grid(S, "diloco")
+            mid = sorted(lrs)[len(lrs) // 2]
+            for lr in lrs:
+                for mu in mus:
+                    res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(sci.tuning_sets(S, "diloco", lr, mu)),
+                                 final_val_loss=3.0 + abs(lr - mid) + mu))
+            best = sci.chosen(res, S, ["diloco"])
+            jobs = {(j["variant"], j["seed"]): (j, sets) for j, sets in sci.reported_jobs(S, pts, best, res) if j["exp"] == "e5"}
+            for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int4", [3.0, 3.1, 2.9])):
+                for seed, x in enumerate(losses, 1):
+                    j, sets = jobs[(v, seed)]
+                    res.add(dict(j, key=sci.key_of(sets), sets=sets, final_val_loss=x))
+            # Rows named like int4's under settings that are not int4's now: fp32's (a setting another point has, as
+            # experiment 2's DiLoCo is for experiment 1's name at M = 8) and an older plan's, with a fourth seed.
+            for seed, x in enumerate([9.0, 9.0, 9.0, 9.0], 1):
+                foreign = jobs[("fp32", seed)][1] if seed <= 3 else jobs[("fp32", 1)][1] + ["model.n_layer=99"]
+                res.add(dict(exp="e5", variant="int4", seed=seed, key=sci.key_of(foreign), final_val_loss=x))
+            self.assertEqual(len(sci.seeds_sorted(res, "e5", "int4")), 7)  # the file holds them all
+            view = res.view(sci.plan_rows(S, pts, best, res))
+            self.assertEqual(sci.seeds_sorted(view, "e5", "int4"), [3.0, 3.1, 2.9])
+            self.assertEqual(sci.seeds_sorted(view, "e5", "fp32"), [3.0, 3.1, 2.9])
+            self.assertEqual(len(res.rows), len(sci.Results(res.path).rows))  # a view leaves the results as they are
+            # Neither the stray fourth seed nor the mixed-up interval adds seeds: int4 − fp32 = 0 ± 0 is decided.
+            self.assertNotIn(("e5", "int4"), sci.seed_counts(S, view))
+            self.assertEqual(max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best, res)
+                                 if (j["exp"], j["variant"]) == ("e5", "int4")), S["seeds"])
 
 
 if __name__ == "__main__":
