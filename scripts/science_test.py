@@ -33,6 +33,16 @@ def setting(sets):
     return dict(s.split("=", 1) for s in sets)
 
 
+def tune_diloco(res, S):
+    """diloco's tuning grid, every point done, its best η at the grid's centre (inside the grid)."""
+    lrs, mus = sci.grid(S, "diloco")
+    mid = sorted(lrs)[len(lrs) // 2]
+    for lr in lrs:
+        for mu in mus:
+            res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(sci.tuning_sets(S, "diloco", lr, mu)),
+                         final_val_loss=3.0 + abs(lr - mid) + mu))
+
+
 class Protocol(unittest.TestCase):
     def scales(self):
         for quick in (True, False):
@@ -135,12 +145,7 @@ class PartialReport(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
             self.assertTrue(all(sci.pending_points(res, S, pts, meths).get(p[:2]) for p in pts))
-            lrs, mus = sci.grid(S, "diloco")
-            mid = sorted(lrs)[len(lrs) // 2]
-            for lr in lrs:  # diloco's tuning done, its best η inside the grid
-                for mu in mus:
-                    res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(sci.tuning_sets(S, "diloco", lr, mu)),
-                                 final_val_loss=3.0 + abs(lr - mid) + mu))
+            tune_diloco(res, S)
             best = sci.chosen(res, S, meths)
             loss = {"fp32": [3.0, 3.1, 2.9], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9], "int4": [3.0, 3.1, 2.9],
                     "int2": [3.2, 3.31, 3.1]}
@@ -174,12 +179,7 @@ class PlanRows(unittest.TestCase):
         pts = sci.plan(S)
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
-            lrs, mus = sci.grid(S, "diloco")
-            mid = sorted(lrs)[len(lrs) // 2]
-            for lr in lrs:
-                for mu in mus:
-                    res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(sci.tuning_sets(S, "diloco", lr, mu)),
-                                 final_val_loss=3.0 + abs(lr - mid) + mu))
+            tune_diloco(res, S)
             best = sci.chosen(res, S, ["diloco"])
             jobs = {(j["variant"], j["seed"]): (j, sets) for j, sets in sci.reported_jobs(S, pts, best, res) if j["exp"] == "e5"}
             for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int4", [3.0, 3.1, 2.9])):
