@@ -1182,10 +1182,12 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None):
     w("## 8. Where the grace window works: link bandwidth\n")
     w(f"Experiment 3's learners (M = {S['m_exp']}, half 18% slower), K = 1 with and without the grace window, the mean "
       f"tuned on the fast link, fp32 pushes and answers; the link's latency stays 0.5 s. The window is "
-      "γ(τ·ξ_step − ξ_quorum − ξ_sync): it opens once one synchronisation fits inside τ = 5 steps.\n")
-    w("| bandwidth | K=1 | K=1 + grace | grace − none (paired) | window (s) | open | per merge | goodput (grace) |")
-    w("|---|---|---|---|---|---|---|---|")
-    sweep = []
+      "γ(τ·ξ_step − ξ_quorum − ξ_sync): it opens once one synchronisation fits inside τ = 5 steps. Staleness: the "
+      "merges between a contribution's base version and the merge that takes it (K = 1, without the window).\n")
+    w("| bandwidth | K=1 | K=1 + grace | grace − none (paired) | window (s) | open | per merge | goodput (grace) | "
+      "staleness |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    sweep, diverged = [], []
     for bw in SWEEP_BANDWIDTHS:
         v = f"{bw / 1e6:g} MB/s"
         a, b = seeds_sorted(res, "e8", v), seeds_sorted(res, "e8", v + " + grace")
@@ -1195,7 +1197,19 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None):
         sweep.append((bw, g, h))
         w(f"| {v} | {fmt(a)} | {fmt(b)} | {g:+.4f} ± {h:.4f} | {fmt_opt(res, 'e8', v + ' + grace', 'grace_mean', 2)} | "
           f"{fmt_opt(res, 'e8', v + ' + grace', 'grace_open', 2)} | {fmt_opt(res, 'e8', v + ' + grace', 'per_merge', 2)} | "
-          f"{fmt(seeds_sorted(res, 'e8', v + ' + grace', 'goodput'), 3)} |")
+          f"{fmt(seeds_sorted(res, 'e8', v + ' + grace', 'goodput'), 3)} | {fmt_opt(res, 'e8', v, 'staleness_mean', 1)} |")
+        # A run that ends above the loss it started from has diverged: say so, with how stale its merges were.
+        for var in (v, v + " + grace"):
+            up = [(x, x0) for x, x0 in zip(seeds_sorted(res, "e8", var), seeds_sorted(res, "e8", var, "initial_val_loss"))
+                  if x0 is not None and x > x0]
+            if up:
+                diverged.append(f"{var}: {len(up)} of {len(a if var == v else b)} seeds (final loss "
+                                f"{', '.join(f'{x:.2f}' for x, _ in up)}; initial about {up[0][1]:.2f})")
+    if diverged:
+        w("\nEnded above their initial loss (diverged): " + "; ".join(diverged) + ". The outer step was tuned on the "
+          f"fast link, where K = 1's contributions are {fmt_opt(res, 'e3', 'K=1, fast link', 'staleness_mean', 1)} "
+          "merges stale (experiment 3); on a slower link each push takes more merges to arrive (the staleness column), "
+          "and the same step applied to such stale pseudo-gradients can diverge.\n")
     if sweep:
         plot(plots_dir, "e8.png", "Grace window against link bandwidth", "bandwidth (MB/s)", "test loss",
              {name: [(bw / 1e6, *mean_ci(seeds_sorted(res, "e8", f"{bw / 1e6:g} MB/s" + suffix))) for bw in SWEEP_BANDWIDTHS

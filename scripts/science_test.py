@@ -9,6 +9,7 @@
 * a grid whose best η lies on its edge grows on that side;
 * more seeds only where a decisive comparison's interval contains its threshold, and seeds once added stay reported;
 * a partial report labels "pending" every claim that rests on a run still to do, and judges the others;
+* experiment 8 names the runs that ended above their initial loss (diverged), with K = 1's staleness per bandwidth;
 * a variant's rows are those of its own setting under the current plan: a row of the same name under another setting
   (an older plan, an earlier choice, a setting another point shares) neither enters the report nor adds seeds.
 """
@@ -169,6 +170,29 @@ class PartialReport(unittest.TestCase):
             self.assertEqual(table["2-bit hurts"], "reproduced")
             self.assertEqual(table["experiment 1: its claims"], "pending")
             self.assertNotIn("*2-bit hurts*", text)  # no shortfall note for a reproduced claim
+
+    def test_a_run_that_ends_above_its_initial_loss_is_reported_as_diverged(self):
+        S = sci.scale(True, tempfile.gettempdir())
+        sci.METHODS.clear()
+        sci.load_methods(Args, S)
+        pts = sci.plan(S)
+        meths = sorted({m for _, _, m, _ in pts if m is not None})
+        slow, fast = (f"{bw / 1e6:g} MB/s" for bw in sci.SWEEP_BANDWIDTHS[:2])
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            for seed in (1, 2, 3):
+                for v, x, st in ((slow, [9.5, 3.0, 3.1][seed - 1], 16.0), (slow + " + grace", 3.0, 15.0),
+                                 (fast, 3.0, 2.0), (fast + " + grace", 2.9, 1.5)):
+                    res.add(dict(exp="e8", variant=v, seed=seed, key=f"{v}{seed}", final_val_loss=x,
+                                 initial_val_loss=5.5, staleness_mean=st, goodput=0.8))
+            doc = os.path.join(d, "science.md")
+            sci.RESULTS_FILE = res.path
+            sci.report(res, S, {}, True, d, doc, os.path.join(d, "plots"), sci.pending_points(res, S, pts, meths))
+            e8 = open(doc).read().split("## 8.")[1].split("## 9.")[0]
+            self.assertIn(f"Ended above their initial loss (diverged): {slow}: 1 of 3 seeds (final loss 9.50; "
+                          "initial about 5.50).", e8)
+            self.assertNotIn(fast + ":", e8.split("Ended above")[1])  # the runs that did not diverge are not named
+            self.assertIn("| 16.0 ± 0.0 |", e8)  # K = 1's staleness at the slow link
 
 
 class PlanRows(unittest.TestCase):
