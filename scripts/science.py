@@ -1209,7 +1209,10 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None):
         w("\nEnded above their initial loss (diverged): " + "; ".join(diverged) + ". The outer step was tuned on the "
           f"fast link, where K = 1's contributions are {fmt_opt(res, 'e3', 'K=1, fast link', 'staleness_mean', 1)} "
           "merges stale (experiment 3); on a slower link each push takes more merges to arrive (the staleness column), "
-          "and the same step applied to such stale pseudo-gradients can diverge.\n")
+          "and the same step applied to such stale pseudo-gradients can diverge." +
+          (f" Tuned on the 1 MB/s link instead (mean_k1, experiments 3 and 4), the same mean chose η {best['mean_k1'][0]}, "
+           f"μ {best['mean_k1'][1]} against the fast link's η {best['mean_fast'][0]}, μ {best['mean_fast'][1]}."
+           if "mean_k1" in best and "mean_fast" in best else "") + "\n")
     if sweep:
         plot(plots_dir, "e8.png", "Grace window against link bandwidth", "bandwidth (MB/s)", "test loss",
              {name: [(bw / 1e6, *mean_ci(seeds_sorted(res, "e8", f"{bw / 1e6:g} MB/s" + suffix))) for bw in SWEEP_BANDWIDTHS
