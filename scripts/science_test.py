@@ -34,6 +34,15 @@ def setting(sets):
     return dict(s.split("=", 1) for s in sets)
 
 
+def quick_plan():
+    """The quick scale with the binary's presets: (S, its points, the methods they tune)."""
+    S = sci.scale(True, tempfile.gettempdir())
+    sci.METHODS.clear()
+    sci.load_methods(Args, S)
+    pts = sci.plan(S)
+    return S, pts, sorted({m for _, _, m, _ in pts if m is not None})
+
+
 def tune_diloco(res, S):
     """diloco's tuning grid, every point done, its best η at the grid's centre (inside the grid)."""
     lrs, mus = sci.grid(S, "diloco")
@@ -138,11 +147,7 @@ class PartialReport(unittest.TestCase):
             self.assertIn("3 runs still to do (e9 c)", claims[2][2])
 
     def test_the_report_judges_complete_points_and_holds_the_rest(self):
-        S = sci.scale(True, tempfile.gettempdir())
-        sci.METHODS.clear()
-        sci.load_methods(Args, S)
-        pts = sci.plan(S)
-        meths = sorted({m for _, _, m, _ in pts if m is not None})
+        S, pts, meths = quick_plan()
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
             self.assertTrue(all(sci.pending_points(res, S, pts, meths).get(p[:2]) for p in pts))
@@ -172,11 +177,7 @@ class PartialReport(unittest.TestCase):
             self.assertNotIn("*2-bit hurts*", text)  # no shortfall note for a reproduced claim
 
     def test_a_run_that_ends_above_its_initial_loss_is_reported_as_diverged(self):
-        S = sci.scale(True, tempfile.gettempdir())
-        sci.METHODS.clear()
-        sci.load_methods(Args, S)
-        pts = sci.plan(S)
-        meths = sorted({m for _, _, m, _ in pts if m is not None})
+        S, pts, meths = quick_plan()
         slow, fast = (f"{bw / 1e6:g} MB/s" for bw in sci.SWEEP_BANDWIDTHS[:2])
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
@@ -197,10 +198,7 @@ class PartialReport(unittest.TestCase):
 
 class PlanRows(unittest.TestCase):
     def test_a_variant_reads_only_the_rows_of_its_own_setting(self):
-        S = sci.scale(True, tempfile.gettempdir())
-        sci.METHODS.clear()
-        sci.load_methods(Args, S)
-        pts = sci.plan(S)
+        S, pts, _ = quick_plan()
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
             tune_diloco(res, S)
