@@ -303,8 +303,10 @@ class SyncerNode {
   // as its standby (it sends an image, then every change to the core; this node checks each merge against the
   // leader's and takes over when the leader is silent for syncer.lease). Else lead, with the standby following
   // this one; a leader that learns of a newer epoch (a learner's hello, a standby's request) steps down and
-  // follows. Call before run().
-  void pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow);
+  // follows. `slot` is this syncer's place in the pair (0: the primary, at net.address; 1: the standby, at
+  // net.standby): when neither syncer leads (the leader died before its standby held an image, then came back as a
+  // standby), the one with the newer state takes over, the primary on a tie (repl::leads_leaderless). Call before run().
+  void pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow, int slot);
   std::string prometheus() const;    // the metrics text (thread-safe)
   // The live dashboard on the metrics endpoint (when syncer.metrics is on): `page_html` at "/", and at
   // "/api/data" the charts' data of the run folder (its records and summary: the learners' too when they write

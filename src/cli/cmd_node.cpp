@@ -89,7 +89,6 @@ void run_syncer(const NodeArgs& a) {
     throw ConfigError(std::string(a.standby ? "--standby" : "--follow") +
                       " needs net.standby: the endpoint of the pair's second syncer");
   if (a.standby && a.follow) throw ConfigError("--standby and --follow name the same thing twice: give one");
-  if (a.standby && a.resume) throw ConfigError("--standby follows the leader's state; it takes no --resume");
   std::string peer;
   if (!cfg.net.standby.empty()) {
     const std::string primary = shard_endpoints(cfg.net.address, cfg.syncer.shards)[static_cast<size_t>(shard)];
@@ -134,7 +133,8 @@ void run_syncer(const NodeArgs& a) {
   if (popts.server_public_key_file.empty()) popts.server_public_key_file = popts.secret_key_file;
   SyncerNode node(cfg, std::move(transport), std::move(evaluator), a.resume,
                   [&](const nlohmann::json& j) { log.write_json(j); });
-  if (!peer.empty()) node.pair([peer, popts] { return make_zmq_client(peer, popts); }, a.standby || a.follow);
+  if (!peer.empty()) node.pair([peer, popts] { return make_zmq_client(peer, popts); }, a.standby || a.follow,
+                                /*slot=*/a.standby ? 1 : 0);
   if (!a.resume) write_file_atomic((fs::path(dir) / "syncer-config.json").string(), schema.to_json().dump(2) + "\n");
   // The live dashboard at the metrics endpoint's / (docs/report.md), when the build has its chart library.
   if (node.metrics_port() > 0 && std::string(kUplotJs).size() > 0) {
@@ -243,7 +243,9 @@ void add_node_commands(CLI::App& app) {
   add_common_options(s, &sargs->common);
   s->add_option("--bind", sargs->address, "endpoint to serve: tcp://host:port or ipc:///path (default net.address)");
   s->add_option("--out", sargs->out, "run folder (default syncer.out_dir, else runs/<config>-<time>)");
-  s->add_flag("--resume", sargs->resume, "continue from the run folder's latest syncer checkpoint");
+  s->add_flag("--resume", sargs->resume,
+              "continue from the run folder's latest syncer checkpoint (with --standby or --follow: the state this "
+              "syncer offers a pair that has no leader; the leader's image replaces it)");
   s->add_flag("--standby", sargs->standby,
               "be the standby of a pair: serve net.standby, follow the leader at net.address, take over when its "
               "lease (syncer.lease) lapses (docs/reliability.md)");

@@ -125,8 +125,9 @@ struct Started : RecordBase {
   int64_t shards = 1;
   std::vector<int64_t> fragments;
   std::string metrics_warning;
+  bool follows = false;  // started as the standby of a pair: its own state (resumed or not) only until an image
   template <class V> void fields(V& v) {
-    v("resumed", resumed); v("merges", merges); v("endpoint", endpoint); v("metrics_port", metrics_port);
+    v("follows", follows); v("resumed", resumed); v("merges", merges); v("endpoint", endpoint); v("metrics_port", metrics_port);
     v("learners", learners); v("fingerprint", fingerprint); v("versions", versions); v("shards", shards);
     v("fragments", fragments); v("metrics_warning", metrics_warning);
   }
@@ -220,10 +221,11 @@ struct TakeOver : RecordBase {
   int64_t epoch = 0, merges = 0, journal = 0, rounds_checked = 0, mismatches = 0, learners_told = 0;
   double silent_seconds = 0;
   std::string model_hash;
+  std::string detail;  // "" : the lease lapsed; else why a pair that had no leader elected this syncer
   template <class V> void fields(V& v) {
     v("epoch", epoch); v("merges", merges); v("journal", journal); v("rounds_checked", rounds_checked);
     v("mismatches", mismatches); v("learners_told", learners_told); v("silent_seconds", silent_seconds);
-    v("model_hash", model_hash);
+    v("model_hash", model_hash); v("detail", detail);
   }
 };
 

@@ -152,8 +152,12 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
     case EntryKind::kObserveSync: j = {{"upload", e.upload}, {"merge", e.merge}, {"broadcast", e.broadcast}}; break;
     case EntryKind::kDrain: j = {{"t", e.t}, {"results", checks_json(e.results)}}; break;
     case EntryKind::kCounters: j = {{"counters", e.counters}}; break;
-    case EntryKind::kLease:
     case EntryKind::kFollow:
+      j = json::object();
+      if (e.merges >= 0) j["merges"] = e.merges;
+      if (e.slot >= 0) j["slot"] = e.slot;
+      break;
+    case EntryKind::kLease:
     case EntryKind::kAck: j = json::object(); break;
   }
   const std::string text = j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -300,11 +304,21 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       e.counters = field(j, "counters", what);
       if (!e.counters.is_object()) throw WireError("replica counters entry is not an object");
       break;
+    case EntryKind::kFollow:  // the sender's state: optional (older syncers send none), in range when given
+      if (j.contains("merges")) e.merges = int_field(j, "merges", what, 0, std::numeric_limits<int64_t>::max());
+      if (j.contains("slot")) e.slot = int_field(j, "slot", what, 0, 1);
+      break;
     case EntryKind::kLease:
-    case EntryKind::kFollow:
     case EntryKind::kAck: break;
   }
   return e;
+}
+
+bool leads_leaderless(const PairState& mine, const PairState& other) {
+  if (mine.slot < 0 || other.slot < 0 || mine.slot == other.slot) return false;
+  if (mine.epoch != other.epoch) return mine.epoch > other.epoch;
+  if (mine.merges != other.merges) return mine.merges > other.merges;
+  return mine.slot < other.slot;
 }
 
 Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layouts) {

@@ -74,6 +74,9 @@ struct Entry {
   nlohmann::json counters;      // kCounters, kImage: the node's counters (SyncerNode's checkpoint "counters")
   Syncer::Image image;          // kImage
   Bytes payload;                // kReceive: the push's encoded bytes
+  // kFollow: the asking syncer's own state, for a pair that has no leader (leads_leaderless): its merge count and
+  // its slot in the pair (0: the primary, net.address; 1: the standby, net.standby). -1: not said (an older peer).
+  int64_t merges = -1, slot = -1;
 };
 
 // The frame of an entry (header and payload) under `fingerprint`.
@@ -94,6 +97,16 @@ struct Applied {
   SyncReject received = SyncReject::kNone;  // kReceive: the core's answer
 };
 Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layouts);
+
+// A pair with no leader: both syncers are down to asking each other to be followed (the leader died before its
+// standby held an image, then came back as a standby; or both restarted). The one holding the newer state leads:
+// the higher epoch (it led, or followed a leader, more recently), then more merges, then the primary (slot 0).
+// True when `mine` outranks `other`; false for both when their slots are equal or unknown (a misconfigured pair
+// never elects two leaders: it keeps waiting, as before).
+struct PairState {
+  int64_t epoch = 0, merges = 0, slot = -1;
+};
+bool leads_leaderless(const PairState& mine, const PairState& other);
 
 // What the leader records of a round for its standby to check.
 RoundCheck check_of(const RoundResult& r);

@@ -318,5 +318,67 @@ TEST(Replication, MalformedEntriesAreRefusedNamingTheProblem) {
   EXPECT_EQ(s.pending(0), 0);
 }
 
+// A follow request carries the asker's state (merges, slot) through the wire; an older peer's carries none (-1),
+// and values out of range are refused naming the field.
+TEST(Replication, AFollowRequestCarriesTheAskersState) {
+  Entry f;
+  f.kind = EntryKind::kFollow;
+  f.epoch = 3;
+  f.merges = 41;
+  f.slot = 1;
+  const Entry got = wire_trip(f, 2, 2);
+  EXPECT_EQ(got.kind, EntryKind::kFollow);
+  EXPECT_EQ(got.epoch, 3);
+  EXPECT_EQ(got.merges, 41);
+  EXPECT_EQ(got.slot, 1);
+  Entry bare;
+  bare.kind = EntryKind::kFollow;
+  const Entry old = wire_trip(bare, 2, 2);
+  EXPECT_EQ(old.merges, -1);
+  EXPECT_EQ(old.slot, -1);
+  const EncodedEntry enc = encode(f, 1);
+  const auto body = [](const std::string& j) {
+    std::string b(4, '\0');
+    b[0] = static_cast<char>(j.size() & 0xff);
+    return b + j;
+  };
+  for (const auto& [json, needle] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"merges":-2})", "'merges' = -2 is out of range"},
+           {R"({"slot":2})", "'slot' = 2 is out of range"},
+           {R"({"slot":"primary"})", "'slot' is not an integer"}}) {
+    try {
+      decode(enc.header, Bytes::from_string(body(json)), 2, 2);
+      ADD_FAILURE() << json << " was accepted";
+    } catch (const WireError& x) {
+      EXPECT_NE(std::string(x.what()).find(needle), std::string::npos) << x.what();
+    }
+  }
+}
+
+// A pair with no leader elects exactly one of its two syncers: the newer state (epoch, then merges), then the
+// primary. Checked both ways round for every case, so the two syncers, each deciding alone, never both lead; a pair
+// whose slots are equal or unknown elects nobody.
+TEST(Replication, ALeaderlessPairElectsExactlyOneSyncerTheNewerState) {
+  struct Case {
+    PairState a, b;
+    int winner;  // 0: a, 1: b, -1: neither
+  };
+  const std::vector<Case> cases = {
+      {{2, 0, 1}, {1, 90, 0}, 0},   // a newer epoch beats more merges
+      {{1, 20, 0}, {1, 0, 1}, 0},   // a restarted leader's checkpoint beats a standby that never held an image
+      {{1, 18, 0}, {1, 20, 1}, 1},  // a standby that replicated further beats an older checkpoint
+      {{1, 5, 1}, {1, 5, 0}, 1},    // a tie: the primary
+      {{1, 5, 0}, {1, 5, 0}, -1},   // both say they are the primary: nobody
+      {{1, 5, -1}, {1, 3, 1}, -1},  // an older peer that does not say its slot: nobody
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    const bool a = leads_leaderless(c.a, c.b), b = leads_leaderless(c.b, c.a);
+    EXPECT_EQ(a, c.winner == 0) << "case " << i;
+    EXPECT_EQ(b, c.winner == 1) << "case " << i;
+    EXPECT_FALSE(a && b) << "case " << i;
+  }
+}
+
 }  // namespace
 }  // namespace deloco::repl

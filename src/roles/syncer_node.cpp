@@ -1179,12 +1179,15 @@ std::string SyncerNode::metrics_warning() const {
   return impl_->metrics ? impl_->metrics->exposure_warning() : std::string();
 }
 
-void SyncerNode::pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow) {
+void SyncerNode::pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow, int slot) {
   Impl& I = *impl_;
+  if (slot != 0 && slot != 1) throw ConfigError("a standby pair's slot is 0 (the primary) or 1 (the standby), not " + std::to_string(slot));
   I.dial_peer = std::move(dial);
+  I.slot = slot;
   if (!follow) return;
   I.role = Impl::Role::kFollower;
   I.upstream = I.dial_peer();
+  I.upstream_heard = I.now();  // a leader gets a full lease from this start to be heard
 }
 
 std::string SyncerNode::prometheus() const {
@@ -1198,6 +1201,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   {
     rec::Started st;
     st.resumed = I.resumed;
+    st.follows = I.role == Impl::Role::kFollower;
     st.merges = I.merges;
     st.endpoint = I.tx->endpoint();
     st.metrics_port = I.metrics ? I.metrics->port() : 0;
@@ -1260,6 +1264,9 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
       I.timers[r.outcome.fragment] = -1;
       I.finish_round(r.outcome.fragment, t, start, r);
     }
+    // The drain goes to the standby now (its merges are checkpointed): the final evaluation below can take longer
+    // than a lease, and a standby that heard nothing meanwhile took over from a leader that was only finishing.
+    I.flush_journal();
   }
   if (I.shard.shard == 0) I.evaluate(/*final=*/true);
   I.checkpoint(/*final=*/I.all_retired());

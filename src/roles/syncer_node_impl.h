@@ -233,7 +233,15 @@ struct SyncerNode::Impl {
   std::unique_ptr<ClientTransport> upstream;
   bool following = false;
   bool drained = false;  // the leader's final drain was applied: the run is over
-  double upstream_heard = -1e9, follow_sent = -1e9;
+  double upstream_heard = -1e9, follow_sent = -1e9;  // upstream_heard: any sign of a live leader (also its lease
+                                                     // on the learners' endpoint, sent while no standby follows it)
+  // A pair with no leader (repl::leads_leaderless): this syncer's slot, and the other's follow requests heard while
+  // this one had no image and heard no leader: the first and latest (steady time) and the latest's state. Queued
+  // requests arrive in a burst; requests spread over a lease show the other syncer is asking now, so not leading.
+  int slot = -1;
+  double peer_asks_first = -1, peer_asks_last = -1;
+  repl::PairState peer_asks;
+  std::string leaderless_detail;  // why the latest takeover happened without a lease lapsing ("" : a lease lapsed)
   nlohmann::json leader_counters;
   std::map<int64_t, std::string> standby_routes;  // learner → route of its latest hello here while following
   int64_t rounds_checked = 0, replica_mismatches = 0, images_applied = 0, takeovers = 0, step_downs = 0;
@@ -304,7 +312,11 @@ struct SyncerNode::Impl {
   // The follower's side: one message from the leader.
   void on_upstream(const Envelope& env);
   // Role changes: the lease lapsed (follower → leader), or a newer epoch was seen (leader → follower).
-  void take_over(double silent);
+  void take_over(double silent, int64_t other_epoch = 0);
+  // The other syncer asked to follow this one (kFollow) while this one is a follower: kept for a leaderless pair.
+  void note_peer_asks(const repl::Entry& e);
+  // True when this follower, holding no image and hearing no leader, should lead a pair that has none.
+  bool leads_leaderless_pair(double t) const;
   void step_down(int64_t newer_epoch, const std::string& why);
   void send_follow();
   // A control entry (kFollow, kAck) of `kind` at this replica's journal position and epoch, to the leader.

@@ -58,8 +58,16 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
     step_down(e.epoch, e.kind == repl::EntryKind::kLease
                            ? "the other syncer of the pair leads epoch " + std::to_string(e.epoch)
                            : "a standby that follows epoch " + std::to_string(e.epoch) + " asked to follow this syncer");
+  if (role == Role::kFollower) {
+    // A leader no standby follows tells this syncer its epoch every lease: it is alive, so nobody takes over.
+    if (e.kind == repl::EntryKind::kLease && e.epoch >= epoch) {
+      upstream_heard = now();
+      peer_asks_first = -1;
+    }
+    if (e.kind == repl::EntryKind::kFollow) note_peer_asks(e);
+    return;
+  }
   if (e.kind != repl::EntryKind::kFollow && e.kind != repl::EntryKind::kAck) return;  // a leader's: nothing to do
-  if (role != Role::kLeader) return;
   const double t = now();
   if (env.peer == standby_route) standby_heard = t;  // not the end of a hold: this ack may have waited in the queue
   if (e.kind == repl::EntryKind::kAck && env.peer != standby_route) {
@@ -128,8 +136,32 @@ proto::Frame SyncerNode::Impl::control_frame(repl::EntryKind kind) const {
   e.kind = kind;
   e.seq = journal_seq;
   e.epoch = epoch;
+  if (kind == repl::EntryKind::kFollow) {  // this syncer's state, for a pair that has no leader
+    e.merges = merges;
+    e.slot = slot;
+  }
   const repl::EncodedEntry enc = repl::encode(e, fingerprint);
   return proto::make_frame(enc.header, enc.payload, replica_limits);
+}
+
+void SyncerNode::Impl::note_peer_asks(const repl::Entry& e) {
+  if (following) return;  // this syncer follows a leader: the other's request is stale or misdirected
+  const double t = now();
+  if (peer_asks_first < 0) peer_asks_first = t;
+  peer_asks_last = t;
+  peer_asks.epoch = e.epoch;
+  peer_asks.merges = e.merges;
+  peer_asks.slot = e.slot;
+}
+
+bool SyncerNode::Impl::leads_leaderless_pair(double t) const {
+  if (following || peer_asks_first < 0 || peer_asks_last - peer_asks_first < lease || t - upstream_heard <= lease)
+    return false;
+  repl::PairState mine;
+  mine.epoch = epoch;
+  mine.merges = merges;
+  mine.slot = slot;
+  return repl::leads_leaderless(mine, peer_asks);
 }
 
 void SyncerNode::Impl::send_upstream(repl::EntryKind kind) {
@@ -178,6 +210,7 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
   }
   if (e.epoch < epoch) return;  // a leader older than the one this standby follows
   upstream_heard = now();
+  peer_asks_first = -1;  // a leader exists
   epoch = e.epoch;
   const auto ack = [&] { send_upstream(repl::EntryKind::kAck); };
   if (e.kind == repl::EntryKind::kLease) return;
@@ -381,7 +414,20 @@ void SyncerNode::Impl::follower_housekeeping() {
     send_upstream(repl::EntryKind::kAck);
     lease_sent = t;
   }
-  if (following && t - upstream_heard > lease) take_over(t - upstream_heard);
+  if (following && t - upstream_heard > lease) {
+    take_over(t - upstream_heard);
+  } else if (leads_leaderless_pair(t)) {
+    // Nobody leads: the other syncer has asked to follow this one for over a lease, and no leader was heard. This
+    // one holds the newer state (or is the primary, on a tie), so it leads; the other follows it from an image.
+    const int64_t tenths = static_cast<int64_t>((peer_asks_last - peer_asks_first) * 10 + 0.5);
+    leaderless_detail = "the pair had no leader: the other syncer (slot " + std::to_string(peer_asks.slot) +
+                        ", epoch " + std::to_string(peer_asks.epoch) + ", " + std::to_string(peer_asks.merges) +
+                        " merges) asked to follow this one for " + std::to_string(tenths / 10) + "." +
+                        std::to_string(tenths % 10) + " s; this one (slot " + std::to_string(slot) + ", epoch " +
+                        std::to_string(epoch) + ", " + std::to_string(merges) + " merges" +
+                        (images_applied == 0 ? ", no image held" : "") + ") holds the newer state";
+    take_over(t - upstream_heard, peer_asks.epoch);
+  }
   update_prometheus();
 }
 
@@ -398,10 +444,11 @@ void SyncerNode::Impl::forget_learners() {
   }
 }
 
-void SyncerNode::Impl::take_over(double silent) {
+void SyncerNode::Impl::take_over(double silent, int64_t other_epoch) {
   const double t = now();
   const int64_t replayed = merges;
-  const int64_t next_epoch = epoch + 1;
+  const int64_t next_epoch = std::max(epoch, other_epoch) + 1;
+  peer_asks_first = -1;
   role = Role::kLeader;
   ++takeovers;
   took_over_at = t;
@@ -446,6 +493,8 @@ void SyncerNode::Impl::take_over(double silent) {
   to.mismatches = replica_mismatches;
   to.learners_told = told;
   to.silent_seconds = silent;
+  to.detail = std::move(leaderless_detail);
+  leaderless_detail.clear();
   {  // name order, as a checkpoint's safetensors lists them: anyone can recompute it from a checkpoint
     std::map<std::string, at::Tensor> by_name;
     for (const auto& [n, t] : core->global()) by_name.emplace(n, t);

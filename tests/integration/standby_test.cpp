@@ -73,6 +73,29 @@ std::string checkpoint_hash(const fs::path& run, int64_t merges) {
   return "";
 }
 
+// The (fragment, version) pairs learner n applied, each expected once; returns how many.
+size_t versions_applied_once(const std::vector<json>& learner_records, int n) {
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (const auto& r : of_kind(learner_records, "apply")) {
+    const std::pair<int64_t, int64_t> key{r["fragment"].get<int64_t>(), r["version"].get<int64_t>()};
+    EXPECT_TRUE(seen.insert(key).second) << "learner " << n << " applied fragment " << key.first << " version "
+                                         << key.second << " twice";
+  }
+  return seen.size();
+}
+
+// `a` (a command and its flags) followed by the settings of a pair of syncers in `dir` (ipc sockets a.sock and
+// b.sock, plaintext) for two Decoupled DiLoCo learners of the tiny model, quorum 1, 3000 steps, lease 1 s.
+std::vector<std::string> with_quorum_one_settings(std::vector<std::string> a, const std::string& src, const fs::path& dir) {
+  a.insert(a.end(), {"--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set",
+                     "net.plaintext=true", "--set", "net.address=ipc://" + (dir / "a.sock").string(), "--set",
+                     "net.standby=ipc://" + (dir / "b.sock").string(), "--set", "sync.learners=2", "--set",
+                     "sync.quorum=1", "--set", "sync.fragments=2", "--set", "sync.sync_every=10", "--set",
+                     "sync.wait_for_answer=false", "--set", "train.steps=3000", "--set", "train.threads=1", "--set",
+                     "syncer.eval_interval=0", "--set", "syncer.metrics=", "--set", "syncer.lease=1"});
+  return a;
+}
+
 TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
   const std::string src = test::source_dir();
   ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
@@ -231,16 +254,7 @@ TEST(Standby, APausedSyncerNeverLeadsBesideALiveOne) {
   const fs::path dir = fs::temp_directory_path() / ("deloco_pause_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const std::vector<std::string> common = {
-      "--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set", "net.plaintext=true",
-      "--set", "net.address=ipc://" + (dir / "a.sock").string(), "--set", "net.standby=ipc://" + (dir / "b.sock").string(),
-      "--set", "sync.learners=2", "--set", "sync.quorum=1", "--set", "sync.fragments=2", "--set", "sync.sync_every=10",
-      "--set", "sync.wait_for_answer=false", "--set", "train.steps=3000", "--set", "train.threads=1", "--set",
-      "syncer.eval_interval=0", "--set", "syncer.metrics=", "--set", "syncer.lease=1"};
-  const auto args = [&](std::vector<std::string> a) {
-    a.insert(a.end(), common.begin(), common.end());
-    return a;
-  };
+  const auto args = [&](std::vector<std::string> a) { return with_quorum_one_settings(std::move(a), src, dir); };
   const fs::path A = dir / "a", B = dir / "b";
   Proc a(args({"syncer", "--out", A.string()}), (dir / "a.log").string());
   Proc b(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
@@ -285,16 +299,96 @@ TEST(Standby, APausedSyncerNeverLeadsBesideALiveOne) {
   EXPECT_EQ(a.wait(60), 0) << a.log();
 
   for (int n = 0; n < 2; ++n) {
-    std::set<std::pair<int64_t, int64_t>> seen;
     const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
-    for (const auto& r : of_kind(l, "apply")) {
-      const std::pair<int64_t, int64_t> key{r["fragment"].get<int64_t>(), r["version"].get<int64_t>()};
-      EXPECT_TRUE(seen.insert(key).second) << "learner " << n << " applied fragment " << key.first << " version "
-                                           << key.second << " twice";
-    }
-    EXPECT_GE(seen.size(), 10u) << "learner " << n;
+    EXPECT_GE(versions_applied_once(l, n), 10u) << "learner " << n;
     EXPECT_TRUE(of_kind(l, "syncer_behind").empty()) << "learner " << n;
     EXPECT_EQ(of_kind(l, "syncer_failover").size(), 1u) << "learner " << n;
+  }
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
+// The leader dies before its standby ever held an image (here: before the standby started; in CI's run it was a
+// standby still starting on a loaded machine). Alone the standby could never take over: it holds nothing the
+// learners trained on. The killed leader comes back as a standby with its own checkpoint (`--follow --resume`, as
+// `deloco run` restarts it), so neither leads: each asks the other to be followed. The pair elects the one with
+// the newer state — the restarted leader, whose checkpoint holds every merge (checkpoint_every = 1) — which takes
+// over with epoch 2 and says why; the fresh standby follows it from an image and never leads. No learner finds its
+// syncer behind it or applies a version twice, and merge versions run on across both terms.
+TEST(Standby, APairWithNoLeaderElectsTheSyncerWithTheNewerState) {
+  const std::string src = test::source_dir();
+  ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  const fs::path dir = fs::temp_directory_path() / ("deloco_leaderless_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto args = [&](std::vector<std::string> a) {
+    a = with_quorum_one_settings(std::move(a), src, dir);
+    a.insert(a.end(), {"--set", "syncer.checkpoint_every=1"});  // every merge a learner saw is on disk
+    return a;
+  };
+  const fs::path A = dir / "a", B = dir / "b";
+  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+  auto a = std::make_unique<Proc>(args({"syncer", "--out", A.string()}), (dir / "a.log").string());
+  Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
+  Proc l1(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
+
+  // ---- term 1: a leads alone (its standby is not up yet) and is killed ----
+  ASSERT_TRUE(wait_for([&] { return of_kind(recs(A), "merge").size() >= 6; }, 90)) << a->log();
+  a->kill9();
+  const auto first = recs(A);
+  const size_t a_lines = first.size();
+  int64_t n1 = 0;  // the newest checkpoint a committed: every merge it made, since each is written before its broadcast
+  for (const auto& j : of_kind(first, "checkpoint")) n1 = std::max(n1, j.value("merges", int64_t{0}));
+  ASSERT_GE(n1, 6) << a->log();
+
+  // ---- both come up as standbys: b fresh, a from its checkpoint ----
+  Proc b(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
+  a = std::make_unique<Proc>(args({"syncer", "--follow", "--resume", "--out", A.string()}), (dir / "a2.log").string());
+  ASSERT_TRUE(wait_for([&] { return !of_kind(recs(A), "failover_merge").empty(); }, 60)) << a->log() << b.log();
+  const auto took = of_kind(recs(A), "takeover");
+  ASSERT_EQ(took.size(), 1u) << a->log();
+  EXPECT_EQ(took[0]["epoch"], 2);
+  EXPECT_EQ(took[0]["merges"], n1) << "a led from another state than its newest checkpoint";
+  EXPECT_NE(took[0].value("detail", "").find("the pair had no leader"), std::string::npos) << took[0].dump();
+  EXPECT_EQ(took[0]["model_hash"], checkpoint_hash(A, n1)) << "a's model at its takeover is not its checkpoint's";
+  ASSERT_TRUE(wait_for(
+      [&] {
+        for (const auto& j : of_kind(recs(B), "standby"))
+          if (j.value("event", "") == "image") return true;
+        return false;
+      },
+      30))
+      << b.log();
+
+  EXPECT_EQ(l0.wait(240), 0) << l0.log();
+  EXPECT_EQ(l1.wait(60), 0) << l1.log();
+  EXPECT_EQ(a->wait(60), 0) << a->log();
+  EXPECT_EQ(b.wait(60), 0) << b.log();
+  EXPECT_TRUE(of_kind(recs(B), "takeover").empty()) << "b, which held no state, led";
+  EXPECT_TRUE(of_kind(recs(B), "merge").empty()) << b.log();
+
+  // Merge versions run on across a's two terms: none lost, none repeated.
+  std::map<int64_t, int64_t> version;
+  const auto all = recs(A);
+  bool led = false;
+  size_t second_term = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const json& j = all[i];
+    if (i >= a_lines && j.value("kind", "") == "takeover") led = true;
+    if (j.value("kind", "") != "merge") continue;
+    if (i >= a_lines) EXPECT_TRUE(led) << "a merged before it took over: " << j.dump();
+    second_term += i >= a_lines;
+    const int64_t f = j["fragment"], v = j["version"];
+    EXPECT_EQ(v, version[f] + 1) << "fragment " << f << ": " << j.dump();
+    version[f] = v;
+  }
+  EXPECT_GE(second_term, 4u);
+  for (int n = 0; n < 2; ++n) {
+    const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
+    versions_applied_once(l, n);
+    EXPECT_TRUE(of_kind(l, "syncer_behind").empty()) << "learner " << n;
+    const auto done = of_kind(l, "learner_done");
+    ASSERT_EQ(done.size(), 1u) << "learner " << n;
+    EXPECT_EQ(done[0].value("finished", false), true) << done[0].dump();
   }
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
