@@ -33,6 +33,10 @@ bool ChaosSchedule::next_syncer_kill(double now, double* at) {
   return true;
 }
 
+bool ChaosSchedule::syncer_kill_due(double now) const {
+  return next_syncer_kill_ < syncer_kills_at_.size() && now >= syncer_kills_at_[next_syncer_kill_];
+}
+
 size_t ChaosSchedule::pick(size_t n) { return std::uniform_int_distribution<size_t>(0, n - 1)(rng_); }
 
 bool chaos_may_hit(int64_t step, int64_t steps, int64_t sync_every) {

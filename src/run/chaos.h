@@ -28,6 +28,8 @@ class ChaosSchedule {
   bool learner_stop_due(double now);
   // The syncer kill times up to `now` not returned before, one per call, in order: true and *at set, or false.
   bool next_syncer_kill(double now, double* at);
+  // Whether next_syncer_kill(now, ...) would return one (without taking it: a kill may wait for its target).
+  bool syncer_kill_due(double now) const;
   // A uniform index in [0, n) for n ≥ 1: which of n eligible learners is hit.
   size_t pick(size_t n);
 

@@ -52,6 +52,23 @@ TEST(ChaosSchedule, SyncerKillsInOrderOnceEach) {
   EXPECT_EQ(syncer, (std::vector<std::string>{"12@12", "40@40"}));
 }
 
+// A kill that waits for its target (a pair's standby not following yet) stays due, without being taken, until the
+// caller takes it; then the next one is due at its own time.
+TEST(ChaosSchedule, ADueSyncerKillStaysDueUntilTaken) {
+  ChaosSchedule s(chaos(1));
+  EXPECT_FALSE(s.syncer_kill_due(11.9));
+  EXPECT_TRUE(s.syncer_kill_due(12));
+  EXPECT_TRUE(s.syncer_kill_due(30));  // asked again later: still the same kill
+  double at = 0;
+  ASSERT_TRUE(s.next_syncer_kill(30, &at));
+  EXPECT_EQ(at, 12);
+  EXPECT_FALSE(s.syncer_kill_due(39));
+  EXPECT_TRUE(s.syncer_kill_due(40));
+  ASSERT_TRUE(s.next_syncer_kill(40, &at));
+  EXPECT_EQ(at, 40);
+  EXPECT_FALSE(s.syncer_kill_due(1000));
+}
+
 TEST(ChaosSchedule, DisabledOrZeroIntervalIsNeverDue) {
   ChaosOptions off = chaos(1);
   off.enabled = false;

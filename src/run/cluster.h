@@ -157,11 +157,14 @@ class LocalCluster {
   std::vector<std::string> base_args_;
   std::vector<Child> syncers_;  // one per shard
   // syncer.standby: the second syncer of each shard's pair (its run folder shard_dir(s)/standby), the pair's
-  // endpoints, and which of the two leads each shard as far as `deloco run` knows (0: syncers_[s], 1: standbys_[s];
-  // chaos kills the leader, and the other takes over).
+  // endpoints (which of the two leads each shard: RunRecords::shard(s).leader, from the takeover records; chaos kills
+  // the leader, and the other takes over).
   std::vector<Child> standbys_;
   std::vector<std::string> standby_addrs_;
-  std::vector<int> leader_slot_;
+  // The epoch of each shard's leader when chaos last killed it: the next kill of that shard waits for a takeover
+  // (a newer epoch in the records) and for the new leader's standby to follow it (SyncerView::replica_ready).
+  std::vector<int64_t> killed_epoch_;
+  bool kill_wait_noted_ = false;
   std::filesystem::path standby_dir(int64_t s) const { return shard_dir(s) / "standby"; }
   std::vector<Child> learners_;
   std::vector<std::vector<Child>> followers_;  // per learner: ranks 1..R-1 of its group (empty when R = 1)

@@ -105,12 +105,18 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
   SyncerView& s = shards_[static_cast<size_t>(shard)];
   const std::string who = (shards_.size() > 1 ? "syncer shard " + std::to_string(shard) : std::string("syncer")) +
                           (standby ? " (standby)" : s.leader.empty() ? "" : " (primary)");
-  if (auto to = read<rec::TakeOver>(j, {"epoch", "silent_seconds", "rounds_checked", "mismatches", "merges"})) {
-    s.leader = standby ? "standby" : "primary";
-    s.epoch = to->epoch;
+  const int side = standby ? 1 : 0;
+  const double at = has(j, "t") && j["t"].is_number() ? j["t"].get<double>() : unix_now();
+  if (auto to = read<rec::TakeOver>(j, {"epoch", "silent_seconds", "rounds_checked", "mismatches", "merges", "detail"})) {
+    if (to->epoch >= s.epoch) {  // the two files are read in turn: an older takeover read late changes nothing
+      s.leader = standby ? "standby" : "primary";
+      s.epoch = to->epoch;
+    }
+    s.lead_since = std::max(s.lead_since, at);  // the other syncer follows it once it holds its image
     event_(who + " took over (epoch " + std::to_string(to->epoch) + ") after " + fixed(to->silent_seconds, 2) +
            " s without the leader, at " + std::to_string(to->merges) + " merges; " + std::to_string(to->rounds_checked) +
-           " rounds checked, " + std::to_string(to->mismatches) + " differed");
+           " rounds checked, " + std::to_string(to->mismatches) + " differed" +
+           (to->detail.empty() ? std::string() : " (" + to->detail + ")"));
     if (standby && shard == 0 && standby_port_ > 0 && standby_port_ != dashboard_port_) {  // the leader's dashboard
       dashboard_port_ = standby_port_;
       event_("dashboard: http://" + dashboard_host_ + ":" + std::to_string(standby_port_) + "/");
@@ -119,6 +125,13 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
   }
   if (auto fm = read<rec::FailoverMerge>(j, {"seconds_after_takeover"})) {
     event_(who + ": first merge " + fixed(fm->seconds_after_takeover, 2) + " s after the takeover");
+    return;
+  }
+  if (auto sb = read<rec::Standby>(j, {"event"})) {
+    if (sb->event == "image") s.image_at[side] = std::max(s.image_at[side], at);
+    if (sb->event == "gap" || sb->event == "mismatch" || sb->event == "malformed" || sb->event == "image_refused")
+      s.lost_at[side] = std::max(s.lost_at[side], at);
+    if (sb->event == "dropped") s.lost_at[1 - side] = std::max(s.lost_at[1 - side], at);  // the leader dropped it
     return;
   }
   if (auto sd = read<rec::StepDown>(j, {"epoch", "newer_epoch"})) {
@@ -131,9 +144,9 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
       return;
     }
   }
-  if (auto st = read<rec::Started>(j, {"resumed", "merges", "metrics_port", "metrics_warning"})) {
+  if (auto st = read<rec::Started>(j, {"resumed", "merges", "metrics_port", "metrics_warning", "follows"})) {
     ++s.starts;
-    if (st->resumed) event_(who + " resumed at " + std::to_string(st->merges) + " merges");
+    if (st->resumed && !st->follows) event_(who + " resumed at " + std::to_string(st->merges) + " merges");
     // Its dashboard (the metrics endpoint's /), once per port: a restarted syncer listens on a new one.
     const int64_t port = st->metrics_port;
     if (port > 0 && shard == 0 && port != dashboard_port_) {

@@ -47,6 +47,16 @@ struct SyncerView {
   // A standby pair (syncer.standby): which of the two leads ("" : no pair; "primary" or "standby") and its epoch.
   std::string leader;
   int64_t epoch = 0;
+  // Whether the other syncer of the pair follows the leader: it applied an image after the leader took over, and
+  // no gap, mismatch or malformed entry made it ask again, nor did the leader drop it since. A kill of the leader
+  // now is one failure, which the standby absorbs. Record times (unix), so the two files' order does not matter.
+  double lead_since = 0;                 // the current leader's takeover
+  double image_at[2] = {-1, -1};         // per syncer of the pair (0: primary, 1: standby): its latest image applied
+  double lost_at[2] = {-1, -1};          // ... and the latest sign it stopped following
+  bool replica_ready() const {
+    const int other = leader == "standby" ? 0 : 1;
+    return !leader.empty() && image_at[other] > lead_since && image_at[other] > lost_at[other];
+  }
 };
 
 // The state of the run as its records tell it. `event` receives one line per notable record (a resumed syncer,
@@ -66,6 +76,7 @@ class RunRecords {
   // A standby pair: the shards' views start with the primary leading at epoch 1.
   void set_pairs();
   SyncerView syncer() const;
+  const SyncerView& shard(int64_t s) const { return shards_[static_cast<size_t>(s)]; }
   // Where the dashboard URL points (default 127.0.0.1; a testbed's host 0).
   void set_dashboard_host(std::string host) { dashboard_host_ = std::move(host); }
   const std::vector<LearnerView>& learners() const { return learners_; }

@@ -276,5 +276,45 @@ TEST(LiveView, AStandbyPairShowsWhichSyncerLeads) {
   EXPECT_NE(status_lines(in)[0].find("syncer up (standby leads, epoch 2)"), std::string::npos) << status_lines(in)[0];
 }
 
+// Whether the other syncer of a pair follows the leader (chaos kills a pair's leader only then): after an image
+// applied since the leader took over, until it stops following. The two syncers' files are read in turn, so an
+// image read before the takeover it followed still counts, by the records' times.
+TEST(LiveView, APairsReplicaIsReadyOnlyWhileTheOtherSyncerFollowsTheLeader) {
+  RejoinLog rejoins(2);
+  RunRecords r(2, &rejoins, [](const std::string&) {});
+  r.set_pairs();
+  EXPECT_FALSE(r.shard(0).replica_ready());  // the standby has no image yet
+  r.on_line(R"({"kind":"standby","event":"image","epoch":1,"t":1.5})", -1, 0, true);
+  EXPECT_TRUE(r.shard(0).replica_ready());
+  r.on_line(R"({"kind":"standby","event":"gap","epoch":1,"t":2})", -1, 0, true);
+  EXPECT_FALSE(r.shard(0).replica_ready());
+  r.on_line(R"({"kind":"standby","event":"image","epoch":1,"t":2.5})", -1, 0, true);
+  EXPECT_TRUE(r.shard(0).replica_ready());
+  r.on_line(R"({"kind":"standby","event":"dropped","epoch":1,"t":3})", -1, 0, false);  // the leader dropped it
+  EXPECT_FALSE(r.shard(0).replica_ready());
+  r.on_line(R"({"kind":"standby","event":"image","epoch":1,"t":3.5})", -1, 0, true);
+  EXPECT_TRUE(r.shard(0).replica_ready());
+  // The leader is killed and the standby takes over: the restarted primary's image (t 6) is read before the
+  // takeover record (t 5) that it followed.
+  r.on_line(R"({"kind":"standby","event":"image","epoch":2,"t":6})", -1, 0, false);
+  r.on_line(R"({"kind":"takeover","epoch":2,"merges":7,"silent_seconds":1,"rounds_checked":3,"mismatches":0,"t":5})",
+            -1, 0, true);
+  EXPECT_EQ(r.shard(0).leader, "standby");
+  EXPECT_EQ(r.shard(0).epoch, 2);
+  EXPECT_TRUE(r.shard(0).replica_ready());
+  // A later takeover by the primary: its standby's image from before does not count.
+  r.on_line(R"({"kind":"takeover","epoch":3,"merges":9,"silent_seconds":1,"rounds_checked":3,"mismatches":0,"t":8})",
+            -1, 0, false);
+  EXPECT_EQ(r.shard(0).leader, "primary");
+  EXPECT_FALSE(r.shard(0).replica_ready());
+  // An older takeover read late changes nobody's role.
+  r.on_line(R"({"kind":"takeover","epoch":2,"merges":7,"silent_seconds":1,"rounds_checked":3,"mismatches":0,"t":5})",
+            -1, 0, true);
+  EXPECT_EQ(r.shard(0).leader, "primary");
+  EXPECT_EQ(r.shard(0).epoch, 3);
+  r.on_line(R"({"kind":"standby","event":"image","epoch":3,"t":9})", -1, 0, true);
+  EXPECT_TRUE(r.shard(0).replica_ready());
+}
+
 }  // namespace
 }  // namespace deloco::run
