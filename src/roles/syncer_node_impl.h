@@ -241,7 +241,6 @@ struct SyncerNode::Impl {
   int slot = -1;
   double peer_asks_first = -1, peer_asks_last = -1;
   repl::PairState peer_asks;
-  std::string leaderless_detail;  // why the latest takeover happened without a lease lapsing ("" : a lease lapsed)
   nlohmann::json leader_counters;
   std::map<int64_t, std::string> standby_routes;  // learner → route of its latest hello here while following
   int64_t rounds_checked = 0, replica_mismatches = 0, images_applied = 0, takeovers = 0, step_downs = 0;
@@ -312,7 +311,8 @@ struct SyncerNode::Impl {
   // The follower's side: one message from the leader.
   void on_upstream(const Envelope& env);
   // Role changes: the lease lapsed (follower → leader), or a newer epoch was seen (leader → follower).
-  void take_over(double silent, int64_t other_epoch = 0);
+  // A leaderless pair's election passes the other syncer's epoch (the new one is above both) and why (`detail`).
+  void take_over(double silent, int64_t other_epoch = 0, std::string detail = "");
   // The other syncer asked to follow this one (kFollow) while this one is a follower: kept for a leaderless pair.
   void note_peer_asks(const repl::Entry& e);
   // True when this follower, holding no image and hearing no leader, should lead a pair that has none.

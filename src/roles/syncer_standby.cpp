@@ -425,13 +425,13 @@ void SyncerNode::Impl::follower_housekeeping() {
     // Nobody leads: the other syncer has asked to follow this one for over a lease, and no leader was heard. This
     // one holds the newer state (or is the primary, on a tie), so it leads; the other follows it from an image.
     const int64_t tenths = static_cast<int64_t>((peer_asks_last - peer_asks_first) * 10 + 0.5);
-    leaderless_detail = "the pair had no leader: the other syncer (slot " + std::to_string(peer_asks.slot) +
+    std::string why = "the pair had no leader: the other syncer (slot " + std::to_string(peer_asks.slot) +
                         ", epoch " + std::to_string(peer_asks.epoch) + ", " + std::to_string(peer_asks.merges) +
                         " merges) asked to follow this one for " + std::to_string(tenths / 10) + "." +
                         std::to_string(tenths % 10) + " s; this one (slot " + std::to_string(slot) + ", epoch " +
                         std::to_string(epoch) + ", " + std::to_string(merges) + " merges" +
                         (images_applied == 0 ? ", no image held" : "") + ") holds the newer state";
-    take_over(t - upstream_heard, peer_asks.epoch);
+    take_over(t - upstream_heard, peer_asks.epoch, std::move(why));
   }
   update_prometheus();
 }
@@ -449,7 +449,7 @@ void SyncerNode::Impl::forget_learners() {
   }
 }
 
-void SyncerNode::Impl::take_over(double silent, int64_t other_epoch) {
+void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string detail) {
   const double t = now();
   const int64_t replayed = merges;
   const int64_t next_epoch = std::max(epoch, other_epoch) + 1;
@@ -498,8 +498,7 @@ void SyncerNode::Impl::take_over(double silent, int64_t other_epoch) {
   to.mismatches = replica_mismatches;
   to.learners_told = told;
   to.silent_seconds = silent;
-  to.detail = std::move(leaderless_detail);
-  leaderless_detail.clear();
+  to.detail = std::move(detail);
   {  // name order, as a checkpoint's safetensors lists them: anyone can recompute it from a checkpoint
     std::map<std::string, at::Tensor> by_name;
     for (const auto& [n, t] : core->global()) by_name.emplace(n, t);

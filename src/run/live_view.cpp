@@ -106,13 +106,13 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
   const std::string who = (shards_.size() > 1 ? "syncer shard " + std::to_string(shard) : std::string("syncer")) +
                           (standby ? " (standby)" : s.leader.empty() ? "" : " (primary)");
   const int side = standby ? 1 : 0;
-  const double at = has(j, "t") && j["t"].is_number() ? j["t"].get<double>() : unix_now();
+  const auto when = [](const rec::RecordBase& r) { return r.t.value_or(unix_now()); };
   if (auto to = read<rec::TakeOver>(j, {"epoch", "silent_seconds", "rounds_checked", "mismatches", "merges", "detail"})) {
     if (to->epoch >= s.epoch) {  // the two files are read in turn: an older takeover read late changes nothing
       s.leader = standby ? "standby" : "primary";
       s.epoch = to->epoch;
     }
-    s.lead_since = std::max(s.lead_since, at);  // the other syncer follows it once it holds its image
+    s.lead_since = std::max(s.lead_since, when(*to));  // the other syncer follows it once it holds its image
     event_(who + " took over (epoch " + std::to_string(to->epoch) + ") after " + fixed(to->silent_seconds, 2) +
            " s without the leader, at " + std::to_string(to->merges) + " merges; " + std::to_string(to->rounds_checked) +
            " rounds checked, " + std::to_string(to->mismatches) + " differed" +
@@ -128,6 +128,7 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
     return;
   }
   if (auto sb = read<rec::Standby>(j, {"event"})) {
+    const double at = when(*sb);
     if (sb->event == "image") s.image_at[side] = std::max(s.image_at[side], at);
     if (sb->event == "gap" || sb->event == "mismatch" || sb->event == "malformed" || sb->event == "image_refused")
       s.lost_at[side] = std::max(s.lost_at[side], at);
