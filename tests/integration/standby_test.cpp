@@ -17,6 +17,7 @@
 #include "deloco/safetensors.h"
 #include "deloco/wire.h"
 #include "support/proc.h"
+#include "util/checkpoint_store.h"
 #include "util/fs.h"
 
 namespace deloco {
@@ -336,9 +337,14 @@ TEST(Standby, APairWithNoLeaderElectsTheSyncerWithTheNewerState) {
   a->kill9();
   const auto first = recs(A);
   const size_t a_lines = first.size();
-  int64_t n1 = 0;  // the newest checkpoint a committed: every merge it made, since each is written before its broadcast
-  for (const auto& j : of_kind(first, "checkpoint")) n1 = std::max(n1, j.value("merges", int64_t{0}));
-  ASSERT_GE(n1, 6) << a->log();
+  // The newest checkpoint a committed holds every merge it made (each is written before its broadcast). Its
+  // records may lag it: a kill between a checkpoint and its merge record loses nothing.
+  const std::optional<CommittedCheckpoint> ck = newest_checkpoint(A.string());
+  ASSERT_TRUE(ck.has_value()) << a->log();
+  const json newest = json::parse(read_file(ck->dir + "/manifest.json"));
+  const int64_t n1 = newest.at("step").get<int64_t>();
+  ASSERT_GE(n1, static_cast<int64_t>(of_kind(first, "merge").size())) << "a recorded merges its checkpoint lacks";
+  ASSERT_GE(n1, 6);
 
   // ---- both come up as standbys: b fresh, a from its checkpoint ----
   Proc b(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
@@ -346,6 +352,7 @@ TEST(Standby, APairWithNoLeaderElectsTheSyncerWithTheNewerState) {
   ASSERT_TRUE(wait_for([&] { return !of_kind(recs(A), "failover_merge").empty(); }, 60)) << a->log() << b.log();
   const auto took = of_kind(recs(A), "takeover");
   ASSERT_EQ(took.size(), 1u) << a->log();
+
   EXPECT_EQ(took[0]["epoch"], 2);
   EXPECT_EQ(took[0]["merges"], n1) << "a led from another state than its newest checkpoint";
   EXPECT_NE(took[0].value("detail", "").find("the pair had no leader"), std::string::npos) << took[0].dump();
@@ -366,14 +373,22 @@ TEST(Standby, APairWithNoLeaderElectsTheSyncerWithTheNewerState) {
   EXPECT_TRUE(of_kind(recs(B), "takeover").empty()) << "b, which held no state, led";
   EXPECT_TRUE(of_kind(recs(B), "merge").empty()) << b.log();
 
-  // Merge versions run on across a's two terms: none lost, none repeated.
+  // Merge versions run on across a's two terms: none lost, none repeated. The first term's records run on to at
+  // most the checkpoint's versions; the second term continues from the checkpoint's.
   std::map<int64_t, int64_t> version;
+  const auto ckpt_versions = newest.at("versions").get<std::vector<int64_t>>();
   const auto all = recs(A);
   bool led = false;
   size_t second_term = 0;
   for (size_t i = 0; i < all.size(); ++i) {
     const json& j = all[i];
-    if (i >= a_lines && j.value("kind", "") == "takeover") led = true;
+    if (i >= a_lines && j.value("kind", "") == "takeover") {
+      led = true;
+      for (size_t f = 0; f < ckpt_versions.size(); ++f) {
+        EXPECT_LE(version[static_cast<int64_t>(f)], ckpt_versions[f]) << "fragment " << f;
+        version[static_cast<int64_t>(f)] = ckpt_versions[f];
+      }
+    }
     if (j.value("kind", "") != "merge") continue;
     if (i >= a_lines) EXPECT_TRUE(led) << "a merged before it took over: " << j.dump();
     second_term += i >= a_lines;
