@@ -19,8 +19,9 @@
 # of 256 KiB (queue limit per direction; at low rates a full queue adds delay, as on a real slow link).
 # TESTBED_NAME (default "dlt") prefixes every namespace and names the state file /run/<name>.testbed (hosts=N,
 # addr<i>=ADDRESS, rate<i>=RATE, script=PATH of this script: what `deloco run --set testbed.name=<name>` reads), so two testbeds can coexist (the machine reaches the hosts of the first one up). The machine's
-# own namespace joins the bridge at 198.18.255.254 (interface <name>-root, unshaped), so a dashboard on a host can
-# be opened here. `up` on a failure removes what it made; `down` is safe to repeat.
+# own namespace joins the bridge at 198.18.255.254/16 (interface <name>-root, unshaped), so a dashboard on a host can
+# be opened here; `up` refuses (naming it, nothing made) while any route or address of this machine other than a
+# testbed's own port lies in 198.18.0.0/15. `up` on a failure removes what it made; `down` is safe to repeat.
 # Delay and loss need the kernel's netem qdisc; where it is absent (`status` says so) links have rate limits and
 # queues but no added propagation delay.
 set -Eeuo pipefail
@@ -45,6 +46,47 @@ check_host() {
   [[ "$1" =~ ^[0-9]+$ ]] && [ "$1" -lt "$n" ] || die "no host '$1' (hosts are 0 .. $((n - 1)))"
 }
 valid_rate() { [ "$1" = none ] || [[ "$1" =~ ^[0-9]+(\.[0-9]+)?([kmgt]?bit|[kmgt]?bps)$ ]]; }
+
+# Whether the IPv4 prefix $1 ("A.B.C.D" or "A.B.C.D/LEN") overlaps 198.18.0.0/15 (198.18.0.0 .. 198.19.255.255).
+in_bench_range() {
+  local net=${1%/*} len=32 a b c d
+  [[ $1 == */* ]] && len=${1#*/}
+  IFS=. read -r a b c d <<<"$net"
+  [[ "$a.$b.$c.$d/$len" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+/[0-9]+$ ]] && [ "$len" -le 32 ] || return 1
+  local lo=$(( ((10#$a << 24) | (10#$b << 16) | (10#$c << 8) | 10#$d) & ((0xffffffff << (32 - 10#$len)) & 0xffffffff) ))
+  local hi=$(( lo + (1 << (32 - 10#$len)) - 1 ))
+  [ "$lo" -le $(( 0xc613ffff )) ] && [ "$hi" -ge $(( 0xc6120000 )) ]
+}
+
+# The routes (every table) and addresses of this machine's own namespace that touch 198.18.0.0/15, one a line as
+# `ip` prints them, except those on the port of a testbed of this script that is up (<name>-root with its
+# /run/<name>.testbed): two testbeds may coexist. The default route covers everything and is not counted.
+foreign_bench_routes() {
+  local routes addrs line words dest dev i
+  routes=$(ip -4 route show table all) || die "cannot list this machine's routes (ip -4 route show table all)"
+  addrs=$(ip -4 -o addr show) || die "cannot list this machine's addresses (ip -4 -o addr show)"
+  while read -r line; do
+    [ -n "$line" ] || continue
+    read -r -a words <<<"$line"
+    i=0
+    case "${words[0]}" in
+      unicast | local | broadcast | multicast | anycast | blackhole | unreachable | prohibit | throw | nat) i=1 ;;
+    esac
+    dest=${words[i]:-}
+    [ "$dest" = default ] && continue
+    in_bench_range "$dest" || continue
+    dev=""
+    [[ " $line " =~ \ dev\ ([^ ]+)\  ]] && dev=${BASH_REMATCH[1]}
+    if [[ "$dev" =~ ^([a-z][a-z0-9]{0,9})-root$ ]] && [ -f "/run/${BASH_REMATCH[1]}.testbed" ]; then continue; fi
+    echo "route '$line'"
+  done <<<"$routes"
+  while read -r i dev words dest _; do   # "3: eth0    inet 198.19.200.1/24 ..."
+    [ "$words" = inet ] && in_bench_range "${dest%/*}" || continue
+    if [[ "$dev" =~ ^([a-z][a-z0-9]{0,9})-root$ ]] && [ -f "/run/${BASH_REMATCH[1]}.testbed" ]; then continue; fi
+    echo "address $dest on $dev"
+  done <<<"$addrs"
+  return 0
+}
 
 # Shapes one direction: the egress of `dev` in namespace `ns`.
 shape_dev() {
@@ -112,6 +154,12 @@ cmd_up() {
   valid_rate "$rate" || die "--rate must be like 10mbit, 1gbit or none (got '$rate')"
   [ -f "$STATE" ] && die "testbed '$NAME' is already up (scripts/testbed.sh down first, or set TESTBED_NAME)"
   ip netns list | awk '{print $1}' | grep -qx "$BR_NS" && die "namespace $BR_NS exists but no state file: scripts/testbed.sh down"
+  # This machine gets $ROOT_ADDR/16, a route to 198.18.0.0/16: refused while anything else here uses 198.18.0.0/15
+  # (a real network there would be shadowed, or would shadow the testbed).
+  local foreign; foreign=$(foreign_bench_routes)
+  [ -z "$foreign" ] || die "198.18.0.0/15 is already in use on this machine, and the testbed would take 198.18.0.0/16:
+$(sed 's/^/  /' <<<"$foreign")
+nothing was made; remove those (or run the testbed on another machine)"
   # Anything that fails from here removes what was made.
   trap 'echo "testbed: up failed; removing what was made" >&2; cmd_down >/dev/null 2>&1 || true' ERR
   printf 'hosts=%s\nburst=%s\nlimit=%s\nscript=%s\n' "$n" "$burst" "$limit" "$SELF" > "$STATE"
