@@ -132,14 +132,18 @@ std::pair<double, double> sodium_limit(size_t payload, int count) {
 }
 
 deloco::Envelope connect_pair(deloco::ServerTransport& server, deloco::ClientTransport& client,
-                              const deloco::Bytes& header, const deloco::Bytes& payload) {
+                              const deloco::Bytes& header, const deloco::Bytes& payload, int lanes) {
   deloco::Envelope e;
   for (auto end = Clock::now() + 10s; !client.send(header, payload);)  // warm-up: wait for the handshake
     if (Clock::now() > end) throw std::runtime_error("ours: client never connected");
   if (!server.receive(&e, 10s)) throw std::runtime_error("ours: warm-up message lost");
-  // Lanes past the first connect at their own pace: give their handshakes a moment, then one more message each way.
-  std::this_thread::sleep_for(200ms);
+  // Lanes past the first connect at their own pace, and carry parts once the server answered their hello: run both
+  // ends until every lane is up, then one more message each way.
   deloco::Envelope r;
+  for (auto end = Clock::now() + 10s; client.stats().lanes_up < static_cast<uint64_t>(lanes);) {
+    if (Clock::now() > end) throw std::runtime_error("ours: lanes never came up");
+    if (server.receive(&r, 1ms) || client.receive(&r, 1ms)) throw std::runtime_error("ours: unexpected message");
+  }
   if (!client.send(header, payload) || !server.receive(&r, 10s)) throw std::runtime_error("ours: warm-up lost");
   if (!server.send(e.peer, header, payload) || !client.receive(&r, 10s)) throw std::runtime_error("ours: warm-up lost");
   return e;
@@ -152,7 +156,7 @@ double ours(const deloco::Bytes& payload, int count, const deloco::TransportOpti
   auto server = deloco::make_zmq_server("tcp://127.0.0.1:0", server_opts);
   auto client = deloco::make_zmq_client(server->endpoint(), client_opts);
   const deloco::Bytes header = deloco::Bytes::from_string(std::string(kHeaderBytes, 'h'));
-  deloco::Envelope e = connect_pair(*server, *client, header, payload);
+  deloco::Envelope e = connect_pair(*server, *client, header, payload, client_opts.lanes);
   const double cpu0 = cpu_seconds();
   const auto t0 = Clock::now();
   std::thread sender([&] {
@@ -176,7 +180,7 @@ double both_ways(const deloco::Bytes& payload, int count, const deloco::Transpor
   auto server = deloco::make_zmq_server("tcp://127.0.0.1:0", server_opts);
   auto client = deloco::make_zmq_client(server->endpoint(), client_opts);
   const deloco::Bytes header = deloco::Bytes::from_string(std::string(kHeaderBytes, 'h'));
-  const std::string peer = connect_pair(*server, *client, header, payload).peer;
+  const std::string peer = connect_pair(*server, *client, header, payload, client_opts.lanes).peer;
   const auto t0 = Clock::now();
   std::thread learner([&] {  // a transport belongs to one thread: this one sends and receives for the client
     deloco::Envelope e;

@@ -25,6 +25,9 @@
 //      The receive path keeps the first two frames of a message, closes the others as it reads them, and
 //      delivers the message with `parts` set so the caller counts it as malformed.
 //    - `queue_limit` messages are queued per peer for sending (senders share payload buffers by reference).
+//    - laned clients (TransportOptions::lanes): per key (the allow-list name; in plaintext each session) at most
+//      (receive_limit + 1) × max_frame_bytes held for incomplete messages, and sessions bounded per key (plaintext:
+//      in all) and removed once their connections have closed; see TransportOptions::lanes.
 //  * Security: with CURVE on, the server accepts a client only when the client's public key is in the allow-list;
 //    each accepted message carries the key's allow-list name in Envelope::identity. Refused handshakes and
 //    protocol errors (random bytes on the port) are counted in TransportStats, never delivered. A secret key file
@@ -84,8 +87,9 @@ struct TransportStats {
   uint64_t messages_in = 0, messages_out = 0;
   uint64_t bytes_in = 0, bytes_out = 0;     // header + payload bytes
   uint64_t dropped_out = 0;                 // sends refused (unknown peer, not connected, queue full)
-  // Messages split over lanes (TransportOptions::lanes) that arrived incomplete and were discarded: a part lost with
-  // a dropped connection, a part that never came within the bounds (see docs/transport.md), parts that do not fit.
+  // Messages split over lanes (TransportOptions::lanes) that arrived incomplete and were discarded, each counted once:
+  // a part lost with a dropped connection or refused (lane_refused), a lead over its key's budget, what a session
+  // still held when it was removed or went silent (see docs/transport.md).
   uint64_t dropped_in = 0;
   // CURVE handshakes refused by the allow-list. Server: those it refused. Client: those the server refused (our key
   // is not in its allow-list; libzmq reports the server's refusal, and keeps reconnecting with backoff).
@@ -100,6 +104,16 @@ struct TransportStats {
   // the connection with no other event, so it shows only here.
   uint64_t connections = 0;
   uint64_t disconnects = 0;
+  // Lanes (docs/transport.md, "Bounds" under "Lanes"). lane_refused: lane frames received and not kept, so that
+  // memory stays bounded: a part on a lane of a session whose lane 0 has not spoken, a lead or part over its key's
+  // budget, a part that can complete nothing (its lead settled, discarded or out of order). Their messages count
+  // in dropped_in. lane_sessions (server, now): laned client sessions held. lane_held_bytes (now): bytes held for
+  // incomplete laned messages, every key together, each frame counted with 256 bytes of bookkeeping. lanes_up
+  // (client, now): lanes it sends on, lane 0 included while connected.
+  uint64_t lane_refused = 0;
+  uint64_t lane_sessions = 0;
+  uint64_t lane_held_bytes = 0;
+  uint64_t lanes_up = 0;
 };
 
 // A CURVE key pair, Z85 text (40 characters each).
@@ -157,7 +171,18 @@ struct TransportOptions {
   // kept: every message is delivered whole, in the order sent, or (a part lost with its connection) not at all,
   // counted in dropped_in. A split payload may not exceed max_frame_bytes. 1: one connection, the wire exactly as
   // without lanes. At most kMaxLanes.
+  // A client sends on lane i > 0 only once the server has answered that connection's hello, which the server does
+  // once the session's lane 0 has spoken; parts arriving on a lane of a session whose lane 0 has not are not kept.
+  // Server bounds on laned clients (a key: the allow-list name with CURVE; in plaintext every session is its own):
+  //  * sessions: a session is removed once none of its connections is open any more (checked at every disconnect
+  //    and every second, during receive()); a key holds at most kLaneSessionsPerKey (a new one replaces the key's
+  //    least recently heard); in plaintext at most kPlaintextLaneSessions in all (the least recently heard goes).
+  //  * memory: the incomplete messages of all a key's sessions hold at most (receive_limit + 1) × max_frame_bytes
+  //    bytes (each frame counted with 256 bytes of bookkeeping); a frame that does not fit is refused and counted
+  //    (lane_refused, its message in dropped_in), never kept. A session silent for 120 s drops what it held.
   static constexpr int kMaxLanes = 8;
+  static constexpr int kLaneSessionsPerKey = 2;
+  static constexpr int kPlaintextLaneSessions = 1024;
   int lanes = 1;
   uint64_t split_bytes = uint64_t{1} << 20;
   // ZeroMQ I/O threads of this transport (ZMQ_IO_THREADS; each connection lives on one). A client's lane i uses

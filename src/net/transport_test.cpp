@@ -760,6 +760,18 @@ struct RawLane {
   }
 };
 
+// One message on `lane` within `within`, while `server` runs (it reads its peers' frames, and answers hellos, only
+// inside receive()); messages the server delivers meanwhile are counted in *unexpected.
+bool receive_while_serving(RawLane& lane, ServerTransport& server, std::vector<std::string>* frames, int* unexpected,
+                           std::chrono::milliseconds within = 10s) {
+  Envelope e;
+  for (const auto end = Clock::now() + within; Clock::now() < end;) {
+    if (lane.receive(frames, 10ms)) return true;
+    if (server.receive(&e, 10ms)) ++*unexpected;
+  }
+  return false;
+}
+
 // The lane tag as docs/transport.md gives it (36 bytes, little-endian).
 std::string tag(int kind, int index, int count, uint32_t mask, uint64_t seq, uint64_t offset, uint64_t total) {
   std::string t = "DLN1";
@@ -776,7 +788,13 @@ std::string lead_tag(uint32_t mask, uint64_t seq, uint64_t total) {
   return tag(1, 0, __builtin_popcount(mask), mask, seq, 0, total);
 }
 std::string part_tag(int index, uint64_t seq, uint64_t offset) { return tag(2, index, 0, 0, seq, offset, 0); }
-std::string hello_tag(int lane, uint64_t seq) { return tag(3, lane, 0, 0, seq, 0, 0); }
+// A hello; `greeting` (the offset field) numbers the connection's hellos, and the answer echoes it.
+std::string hello_tag(int lane, uint64_t seq, uint64_t greeting = 0) { return tag(3, lane, 0, 0, seq, greeting, 0); }
+uint64_t u64_at(const std::string& t, size_t at) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= uint64_t{static_cast<uint8_t>(t[at + i])} << (8 * i);
+  return v;
+}
 uint32_t mask_of(const std::string& t) {
   uint32_t m = 0;
   for (int i = 0; i < 4; ++i) m |= uint32_t{static_cast<uint8_t>(t[8 + i])} << (8 * i);
@@ -807,16 +825,24 @@ TEST(ZmqLanes, LargePayloadTravelsAsPartsOnSeveralConnections) {
   };
   {
     auto client = make_zmq_client(ep, laned(plain_options(), 3, 100000));  // 300000 bytes: three parts
-    // The client greets the server on lanes 1 and 2 once their handshakes are done (it notices during its calls).
+    // The client greets the server on lanes 1 and 2 once their handshakes are done (it notices during its calls),
+    // and sends parts there once the server answered, echoing the hello's greeting number.
     std::set<std::string> greeted;
     std::vector<std::string> f;
     Envelope none;
     for (auto end = Clock::now() + 10s; greeted.size() < 2 && Clock::now() < end;) {
       client->receive(&none, 10ms);
       while (read(&f))
-        if (f.size() == 2 && f[1].size() == 36 && f[1][4] == 3) greeted.insert(f[0]);
+        if (f.size() == 2 && f[1].size() == 36 && f[1][4] == 3) {
+          greeted.insert(f[0]);
+          const std::string answer = hello_tag(f[0].back(), 0, u64_at(f[1], 20));
+          zmq_send(router, f[0].data(), f[0].size(), ZMQ_SNDMORE);
+          zmq_send(router, answer.data(), answer.size(), 0);
+        }
     }
     ASSERT_EQ(greeted.size(), 2u);
+    for (auto end = Clock::now() + 10s; client->stats().lanes_up < 3 && Clock::now() < end;) client->receive(&none, 10ms);
+    ASSERT_EQ(client->stats().lanes_up, 3u) << "the client does not use the lanes whose hello was answered";
     const std::string payload = random_bytes(300000, 7);
     ASSERT_TRUE(client->send(Bytes::from_string("hdr"), Bytes::from_string(payload)));
     std::map<std::string, std::string> carried;  // routing id -> payload bytes it carried
@@ -899,9 +925,17 @@ TEST(ZmqLanes, LostPartDiscardsItsMessageOnlyAndDroppedLaneIsLeftOut) {
   auto server = make_zmq_server("tcp://127.0.0.1:0", laned(plain_options(), 1, 2500));
   const std::string session = random_bytes(16, 9);
   RawLane lane0(server->endpoint(), session, 0), lane1(server->endpoint(), session, 1);
-  lane1.send({hello_tag(1, 0)});
-  // Message 1 names lane 1, whose part never comes (lost with a connection); message 2's part is there first.
+  lane1.send({hello_tag(1, 0, 1)});
+  // Message 1 names lane 1, whose part never comes (lost with a connection); message 2's part is there first. The
+  // server answers lane 1's hello once lane 0 spoke; a client sends parts on lane 1 only after that answer.
   lane0.send({"h1", "abc", lead_tag(3, 1, 6)});
+  std::vector<std::string> f;
+  int unexpected = 0;
+  ASSERT_TRUE(receive_while_serving(lane1, *server, &f, &unexpected));
+  ASSERT_EQ(unexpected, 0);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0][4], 3);
+  EXPECT_EQ(u64_at(f[0], 20), 1u) << "the answer echoes the hello's greeting";
   lane1.send({part_tag(1, 2, 3), "XYZ"});
   lane0.send({"h2", "uvw", lead_tag(3, 2, 6)});
   lane0.send({"h3", "solo", lead_tag(1, 3, 4)});
@@ -921,18 +955,16 @@ TEST(ZmqLanes, LostPartDiscardsItsMessageOnlyAndDroppedLaneIsLeftOut) {
   lane0.send({"h4", "abc", lead_tag(3, 4, 6)});
   lane0.send({"h5", "next", lead_tag(1, 5, 4)});
   EXPECT_FALSE(server->receive(&e, 100ms)) << "message 5 overtook message 4";
-  lane1.send({hello_tag(1, 4)});
+  lane1.send({hello_tag(1, 4, 2)});
   ASSERT_TRUE(server->receive(&e, 10s));
   EXPECT_EQ(e.header.str(), "h5");
   EXPECT_EQ(server->stats().dropped_in, 2u);
 
-  // The server answered each hello with its own, and splits what it sends over both lanes.
-  std::vector<std::string> f;
+  // The server answered this hello too, and splits what it sends over both lanes.
   ASSERT_TRUE(lane1.receive(&f));
   ASSERT_EQ(f.size(), 1u);
   EXPECT_EQ(f[0][4], 3);
-  ASSERT_TRUE(lane1.receive(&f));
-  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(u64_at(f[0], 20), 2u);
   const std::string big = random_bytes(5000, 11);
   ASSERT_TRUE(server->send(e.peer, Bytes::from_string("down"), Bytes::from_string(big)));
   ASSERT_TRUE(lane1.receive(&f));
@@ -959,6 +991,167 @@ TEST(ZmqLanes, LostPartDiscardsItsMessageOnlyAndDroppedLaneIsLeftOut) {
     }
   }
   EXPECT_TRUE(alone) << "the server kept splitting over a lane that was gone";
+}
+
+// Issue 52, defect 4 ("lanes keep what nobody bounds"): the session table, parts on a lane with no lane 0, and the
+// memory a key's incomplete messages hold are bounded (docs/transport.md, "Bounds" under "Lanes").
+
+// A laned client that comes, speaks and goes leaves no session behind; a key cycling session ids with its
+// connections left open holds at most kLaneSessionsPerKey, and another key's session is not touched.
+TEST(ZmqLanes, SessionTableStaysBoundedAcrossReconnectsAndCycledRoutingIds) {
+  Keys k;
+  const uint64_t per_key = TransportOptions::kLaneSessionsPerKey;
+  for (const bool curve : {true, false}) {
+    SCOPED_TRACE(curve ? "curve" : "plaintext");
+    auto server = make_zmq_server("tcp://127.0.0.1:0", laned(curve ? server_curve(k) : plain_options(), 1, 1024));
+    for (int i = 0; i < 10; ++i) {
+      auto client = make_zmq_client(server->endpoint(),
+                                    laned(curve ? client_curve(k, k.alice_key) : plain_options(), 3, 1024));
+      Envelope e;
+      const std::string payload = random_bytes(5000, 30 + i);
+      ASSERT_TRUE(deliver(*client, *server, Bytes::from_string("h"), Bytes::from_string(payload), &e)) << i;
+      EXPECT_EQ(e.payload.str(), payload);
+      EXPECT_GE(server->stats().lane_sessions, 1u) << "reconnect " << i;
+      if (curve) EXPECT_LE(server->stats().lane_sessions, per_key) << "reconnect " << i;
+    }
+    int unexpected = 0;
+    EXPECT_TRUE(wait_for(*server, [&] { return server->stats().lane_sessions == 0; }, &unexpected))
+        << server->stats().lane_sessions << " sessions kept after every client left";
+    EXPECT_EQ(unexpected, 0);
+  }
+
+  // Cycled routing ids: one key opens a new session after another and keeps every connection open.
+  write_keypair(k.allow_dir + "/bob", generate_keypair());
+  auto server = make_zmq_server("tcp://127.0.0.1:0", laned(server_curve(k), 1, 1024));
+  const std::string server_pub = k.server_pub, bob_key = k.allow_dir + "/bob.key", bob_session(16, 'b');
+  RawLane bob0(server->endpoint(), bob_session, 0, &bob_key, &server_pub);
+  RawLane bob1(server->endpoint(), bob_session, 1, &bob_key, &server_pub);
+  bob1.send({hello_tag(1, 0, 1)});
+  bob0.send({"b1", "solo", lead_tag(1, 1, 4)});
+  Envelope e;
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.identity, "bob");
+  std::vector<std::string> f;
+  int unexpected = 0;
+  ASSERT_TRUE(receive_while_serving(bob1, *server, &f, &unexpected)) << "bob's hello on lane 1 was not answered";
+  EXPECT_EQ(unexpected, 0);
+  std::vector<std::unique_ptr<RawLane>> cycled;
+  for (int i = 0; i < 12; ++i) {
+    cycled.push_back(
+        std::make_unique<RawLane>(server->endpoint(), random_bytes(16, 200 + i), 0, &k.alice_key, &server_pub));
+    cycled.back()->send({"a", "x" + std::to_string(i), lead_tag(1, 1, 2 + (i >= 10))});
+    ASSERT_TRUE(server->receive(&e, 10s)) << i;
+    EXPECT_EQ(e.identity, "alice");
+    EXPECT_EQ(e.payload.str(), "x" + std::to_string(i));
+    EXPECT_LE(server->stats().lane_sessions, 1 + per_key) << "after alice's session " << i;
+  }
+  // Bob's session kept its state: a message split over its two lanes still joins.
+  bob1.send({part_tag(1, 2, 3), "def"});
+  bob0.send({"b2", "abc", lead_tag(3, 2, 6)});
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.header.str(), "b2");
+  EXPECT_EQ(e.payload.str(), "abcdef");
+}
+
+// Parts on a lane of a session whose lane 0 never spoke are refused, not held; its hello is answered only once
+// lane 0 speaks, and from then on the lane's parts are kept and joined.
+TEST(ZmqLanes, PartsOnALaneWhoseLaneZeroNeverSpokeAreNotHeld) {
+  auto server = make_zmq_server("tcp://127.0.0.1:0", laned(plain_options(), 1, 1024));
+  const std::string session = random_bytes(16, 41);
+  RawLane lane1(server->endpoint(), session, 1);
+  lane1.send({hello_tag(1, 0, 1)});
+  const std::string chunk(10000, 'p');
+  constexpr int kParts = 50;
+  for (int i = 0; i < kParts; ++i) lane1.send({part_tag(1, 1 + i, 0), chunk});
+  int unexpected = 0;
+  ASSERT_TRUE(wait_for(*server, [&] {  // every part refused, or held
+    const TransportStats st = server->stats();
+    return st.lane_refused >= kParts || st.lane_held_bytes >= kParts * chunk.size();
+  }, &unexpected)) << server->stats().lane_refused << " of " << kParts << " parts refused";
+  EXPECT_EQ(server->stats().lane_held_bytes, 0u) << "parts with no lane 0 are held";
+  EXPECT_EQ(server->stats().lane_refused, uint64_t{kParts});
+  EXPECT_EQ(server->stats().lane_sessions, 1u);
+  EXPECT_EQ(unexpected, 0);
+  std::vector<std::string> f;
+  EXPECT_FALSE(lane1.receive(&f, 200ms)) << "a hello was answered before the session's lane 0 spoke";
+
+  RawLane lane0(server->endpoint(), session, 0);
+  lane0.send({"h1", "solo", lead_tag(1, 60, 4)});
+  Envelope e;
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.payload.str(), "solo");
+  ASSERT_TRUE(receive_while_serving(lane1, *server, &f, &unexpected)) << "the hello was not answered once lane 0 spoke";
+  EXPECT_EQ(unexpected, 0);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0][4], 3);
+  EXPECT_EQ(u64_at(f[0], 20), 1u);
+  lane1.send({part_tag(1, 61, 2), "cd"});
+  lane0.send({"h2", "ab", lead_tag(3, 61, 4)});
+  ASSERT_TRUE(server->receive(&e, 10s));
+  EXPECT_EQ(e.header.str(), "h2");
+  EXPECT_EQ(e.payload.str(), "abcd");
+  EXPECT_EQ(server->stats().lane_held_bytes, 0u);
+}
+
+// One key floods partial messages (parts whose leads never come): what it holds stays within its budget,
+// (receive_limit + 1) × max_frame_bytes, the rest is refused; another key's split messages still arrive whole.
+TEST(ZmqLanes, KeyFloodingPartialMessagesStaysWithinItsBudgetWhileAnotherKeysMessagesArrive) {
+  Keys k;
+  write_keypair(k.allow_dir + "/bob", generate_keypair());
+  TransportOptions so = laned(server_curve(k), 1, 16384);
+  so.receive_limit = 4;
+  so.max_frame_bytes = 64 * 1024;
+  const uint64_t budget = 5 * so.max_frame_bytes;
+  auto server = make_zmq_server("tcp://127.0.0.1:0", so);
+  const std::string server_pub = k.server_pub, bob_key = k.allow_dir + "/bob.key", session = random_bytes(16, 51);
+  RawLane bob0(server->endpoint(), session, 0, &bob_key, &server_pub);
+  RawLane bob1(server->endpoint(), session, 1, &bob_key, &server_pub);
+  bob1.send({hello_tag(1, 0, 1)});
+  bob0.send({"b", "solo", lead_tag(1, 1, 4)});
+  Envelope e;
+  ASSERT_TRUE(server->receive(&e, 10s));
+  std::vector<std::string> f;
+  int unexpected = 0;
+  ASSERT_TRUE(receive_while_serving(bob1, *server, &f, &unexpected)) << "bob's hello on lane 1 was not answered";
+  EXPECT_EQ(unexpected, 0);
+  const std::string chunk(32 * 1024, 'b');
+  constexpr int kParts = 200;  // 6.5 MB: 20 times the budget
+  for (int i = 0; i < kParts; ++i) bob1.send({part_tag(1, 2 + i, 0), chunk});
+  uint64_t most = 0;
+  auto held = [&] {
+    const uint64_t h = server->stats().lane_held_bytes;
+    most = std::max(most, h);
+    return h;
+  };
+  const uint64_t fit = budget / chunk.size();
+  ASSERT_TRUE(wait_for(*server, [&] {  // every part refused or held, or more held than the budget
+    return held() > budget || server->stats().lane_refused >= kParts - fit;
+  }, &unexpected)) << server->stats().lane_refused << " parts refused, " << held() << " bytes held";
+  EXPECT_EQ(unexpected, 0);
+  EXPECT_GT(most, 0u) << "the parts that fit are held";
+  EXPECT_LE(most, budget) << "bob's parts outgrew his key's budget";
+
+  // Alice (her own key, her own budget) sends split messages over two lanes meanwhile: all arrive, whole, in order.
+  auto alice = make_zmq_client(server->endpoint(), laned(client_curve(k, k.alice_key), 2, 16384));
+  ASSERT_TRUE(deliver(*alice, *server, Bytes::from_string("hi"), Bytes(), &e));
+  EXPECT_EQ(e.identity, "alice");
+  Envelope none;
+  for (auto end = Clock::now() + 10s; alice->stats().lanes_up < 2 && Clock::now() < end;) {
+    alice->receive(&none, 10ms);  // the server answers lane 1's hello, and alice reads the answer
+    if (server->receive(&none, 10ms)) ++unexpected;
+  }
+  ASSERT_EQ(alice->stats().lanes_up, 2u);
+  EXPECT_EQ(unexpected, 0);
+  for (int i = 0; i < 20; ++i) {
+    const std::string payload = random_bytes(50000, 60 + i);
+    ASSERT_TRUE(alice->send(Bytes::from_string("a" + std::to_string(i)), Bytes::from_string(payload)));
+    ASSERT_TRUE(server->receive(&e, 10s)) << i;
+    ASSERT_EQ(e.header.str(), "a" + std::to_string(i));
+    EXPECT_EQ(e.payload.str(), payload);
+    EXPECT_EQ(e.identity, "alice");
+    EXPECT_LE(held(), 2 * budget);
+  }
+  EXPECT_LE(held(), budget) << "alice's finished messages are still held";
 }
 
 TEST(ZmqLanes, OptionsOutOfRangeAreRefused) {

@@ -17,11 +17,13 @@
 // without that a stream of random bytes could be parsed as ZMTP 1.0 messages and delivered.
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -61,7 +63,8 @@ std::string zerr() { return zmq_strerror(zmq_errno()); }
 // Counters shared between the owner's thread and the server's auth thread; stats() may read them from anywhere.
 struct Counters {
   std::atomic<uint64_t> messages_in{0}, messages_out{0}, bytes_in{0}, bytes_out{0}, dropped_out{0}, dropped_in{0}, auth_denied{0},
-      handshake_failures{0}, connections{0}, disconnects{0};
+      handshake_failures{0}, connections{0}, disconnects{0}, lane_refused{0}, lane_sessions{0}, lane_held_bytes{0},
+      lanes_up{0};
   TransportStats snapshot() const {
     TransportStats s;
     s.messages_in = messages_in.load();
@@ -74,6 +77,10 @@ struct Counters {
     s.handshake_failures = handshake_failures.load();
     s.connections = connections.load();
     s.disconnects = disconnects.load();
+    s.lane_refused = lane_refused.load();
+    s.lane_sessions = lane_sessions.load();
+    s.lane_held_bytes = lane_held_bytes.load();
+    s.lanes_up = lanes_up.load();
     return s;
   }
   // Hands out the oldest complete message of `ready`, counted in; false when there is none.
@@ -265,8 +272,10 @@ bool receive_any(const std::vector<void*>& socks, size_t* next, size_t keep, Clo
 // session carries a tag frame (below); a payload of at least split_bytes is cut into contiguous parts:
 //   lane 0 ("lead"):  header | part 0 | tag(lead: seq, parts, lane mask, total bytes)
 //   lane i ("part"):  tag(part: seq, index, offset) | part
-//   lane i ("hello"): tag(hello, seq = the sender's last seq), sent by the client once per handshake of lane i, so
-//                     that the server learns the lane and may use it; the server answers with its own hello
+//   lane i ("hello"): tag(hello, seq = the sender's last seq, offset = greeting number), sent by the client once per
+//                     handshake of lane i, so that the server learns the lane and may use it; the server answers
+//                     with its own hello echoing the number, once the session's lane 0 has spoken, and only then
+//                     does the client send parts on the lane (the server keeps no part of a session without lane 0)
 // Each lane is FIFO, so the receiver matches the oldest lead with the oldest part on each lane the lead names. A part
 // is lost only with its connection; then the lead is discarded and counted: a part newer than the lead shows it, and
 // so does a hello on the part's lane (a new connection: nothing sent up to the hello's seq is still coming there).
@@ -278,6 +287,10 @@ constexpr size_t kTagBytes = 36;
 constexpr int kMaxLanes = TransportOptions::kMaxLanes;
 // Pending parts of a session with no frame from it for this long are discarded (a client that vanished mid-message).
 constexpr auto kStalePending = std::chrono::seconds(120);
+// The server looks for sessions whose connections have all closed after each disconnect (at most every kSweepGap)
+// and every kSweepEvery (a disconnect is reported just before its descriptor closes).
+constexpr auto kSweepGap = std::chrono::milliseconds(10);
+constexpr auto kSweepEvery = std::chrono::seconds(1);
 
 enum class TagKind : uint8_t { kLead = 1, kPart = 2, kHello = 3 };
 
@@ -374,7 +387,45 @@ std::vector<Piece> cut(const std::vector<int>& usable, const Bytes& payload, uin
   return pieces;
 }
 
-// One laned peer's receiving side: leads and parts as they arrive, complete messages out, in order.
+// Bytes held for incomplete laned messages against a limit: on the server one budget per key, shared by the key's
+// sessions; on a client one for its session. `gauge` (TransportStats::lane_held_bytes) follows the sum of the
+// budgets that share it. Every frame held is charged its size plus kPieceOverhead.
+constexpr uint64_t kPieceOverhead = 256;  // per frame held: its zmq_msg_t, its tag, the queue entry, the identity
+
+class LaneBudget {
+ public:
+  LaneBudget(uint64_t limit, std::atomic<uint64_t>* gauge) : limit_(limit), gauge_(gauge) {}
+  LaneBudget(const LaneBudget&) = delete;
+  LaneBudget& operator=(const LaneBudget&) = delete;
+  // Takes `n` bytes when they fit under the limit; false, taking nothing, when they do not.
+  bool take(uint64_t n) {
+    if (n > limit_ - held_) return false;
+    held_ += n;
+    *gauge_ += n;
+    return true;
+  }
+  void give(uint64_t n) {
+    held_ -= n;
+    *gauge_ -= n;
+  }
+
+ private:
+  const uint64_t limit_;
+  uint64_t held_ = 0;
+  std::atomic<uint64_t>* gauge_;
+};
+
+// (receive_limit + 1) × max_frame_bytes, saturating: what one key may hold in incomplete laned messages.
+uint64_t lane_budget_bytes(uint64_t messages, uint64_t max_frame_bytes) {
+  const uint64_t n = messages + 1;
+  return max_frame_bytes > std::numeric_limits<uint64_t>::max() / n ? std::numeric_limits<uint64_t>::max()
+                                                                     : n * max_frame_bytes;
+}
+
+// One laned peer's receiving side: leads and parts as they arrive, complete messages out, in order. What it holds
+// is charged to a LaneBudget; a frame that does not fit is refused (counted), never kept. Leads arrive in seq order
+// on lane 0 and each lane's parts in seq order, so a part older than the newest lead whose lead is not waiting, or
+// not newer than its lane's floor, can never complete a message: it is refused too.
 class Reassembler {
  public:
   struct Done {
@@ -384,14 +435,35 @@ class Reassembler {
   };
 
   // bound: whole messages a peer may have waiting; max_payload: the largest payload a lead may announce.
-  Reassembler(size_t bound, uint64_t max_payload) : bound_(std::max<size_t>(bound, 1)), max_payload_(max_payload) {}
+  Reassembler(size_t bound, uint64_t max_payload, LaneBudget* budget)
+      : bound_(std::max<size_t>(bound, 1)), max_payload_(max_payload), budget_(budget) {}
+  ~Reassembler() { discard(); }
+  Reassembler(const Reassembler&) = delete;
+  Reassembler& operator=(const Reassembler&) = delete;
 
   // Returns the messages the new frame completed (appended to `out`), counting what it had to discard.
   void lead(const Tag& t, MsgPtr header, MsgPtr part0, std::string identity, std::deque<Done>* out) {
     touched_ = Clock::now();
-    if (t.seq <= settled_) { ++dropped_; return; }  // a replay or a sender that restarted its count: not ours
-    leads_.push_back({t, std::move(header), std::move(part0), std::move(identity)});
-    if (leads_.size() > bound_) { leads_.pop_front(); ++dropped_; }
+    if (t.seq <= settled_ || t.seq <= newest_lead_) {  // a replay, or a sender that restarted its count: not ours
+      ++dropped_;
+      return;
+    }
+    const uint64_t previous = newest_lead_;
+    newest_lead_ = t.seq;
+    erase_parts(previous, t.seq - 1);  // orphans: their leads, older than this one, will never come
+    if (leads_.size() >= bound_) {     // the oldest waits for a part that may never come: make room
+      release(leads_.front().cost);
+      leads_.pop_front();
+      ++dropped_;
+    }
+    const uint64_t cost = zmq_msg_size(header.get()) + zmq_msg_size(part0.get()) + kPieceOverhead;
+    if (!budget_->take(cost)) {  // over the key's budget: the message is lost, and so are its parts
+      ++dropped_;
+      ++refused_;
+      erase_parts(t.seq - 1, t.seq);
+    } else {
+      leads_.push_back({t, std::move(header), std::move(part0), std::move(identity), cost});
+    }
     settle(out);
   }
   // A hello on `lane`: a new connection, on which nothing up to `seq` will arrive any more.
@@ -402,11 +474,26 @@ class Reassembler {
   }
   void part(int lane, const Tag& t, MsgPtr data, std::string identity, std::deque<Done>* out) {
     touched_ = Clock::now();
-    if (t.seq <= settled_) return;  // belonged to a lead already settled or discarded
     auto& q = parts_[lane];
-    q.push_back({t, std::move(data), std::move(identity)});
-    if (q.size() > bound_ * kMaxParts) q.pop_front();  // (bytes: each part is bounded by max_frame_bytes)
+    if (t.seq <= settled_ || t.seq <= floor_[lane] || (!q.empty() && t.seq < q.back().t.seq) ||
+        (t.seq <= newest_lead_ && !lead_waiting(t.seq))) {
+      ++refused_;  // belonged to a lead settled or discarded, or out of order: it can complete nothing
+      return;
+    }
+    const uint64_t cost = zmq_msg_size(data.get()) + kPieceOverhead;
+    if (!budget_->take(cost)) {
+      refuse_part(lane, t.seq);
+      settle(out);
+      return;
+    }
+    q.push_back({t, std::move(data), std::move(identity), cost});
     settle(out);
+  }
+  // A part not kept (the caller's bounds, or the budget's): its message cannot complete; nothing up to its seq is
+  // kept on `lane` any more, so a lead waiting for it is discarded instead of waiting.
+  void refuse_part(int lane, uint64_t seq) {
+    ++refused_;
+    floor_[lane] = std::max(floor_[lane], seq);
   }
   bool pending() const {
     if (!leads_.empty()) return true;
@@ -416,24 +503,61 @@ class Reassembler {
   // Discards what waited longer than kStalePending since the peer's last frame.
   void expire(Clock::time_point now) {
     if (!pending() || now - touched_ < kStalePending) return;
-    dropped_ += leads_.size();
+    dropped_ += discard();
+  }
+  // Releases everything held; returns the incomplete messages (leads) it discarded.
+  size_t discard() {
+    const size_t leads = leads_.size();
+    for (const Lead& l : leads_) release(l.cost);
     leads_.clear();
-    for (auto& q : parts_) q.clear();
+    for (auto& q : parts_) {
+      for (const Part& p : q) release(p.cost);
+      q.clear();
+    }
+    return leads;
   }
   uint64_t take_dropped() { return std::exchange(dropped_, 0); }
   uint64_t take_denied() { return std::exchange(denied_, 0); }
+  uint64_t take_refused() { return std::exchange(refused_, 0); }
 
  private:
   struct Lead {
     Tag t;
     MsgPtr header, part0;
     std::string identity;
+    uint64_t cost;
   };
   struct Part {
     Tag t;
     MsgPtr data;
     std::string identity;
+    uint64_t cost;
   };
+
+  void release(uint64_t cost) { budget_->give(cost); }
+
+  bool lead_waiting(uint64_t seq) const {
+    const auto it = std::lower_bound(leads_.begin(), leads_.end(), seq,
+                                     [](const Lead& l, uint64_t s) { return l.t.seq < s; });
+    return it != leads_.end() && it->t.seq == seq;
+  }
+
+  // Erases the parts with lo < seq <= hi from every lane (each lane's parts are in seq order).
+  void erase_parts(uint64_t lo, uint64_t hi) {
+    if (hi <= lo) return;
+    auto by_seq = [](uint64_t s, const Part& p) { return s < p.t.seq; };
+    for (auto& q : parts_) {
+      const auto first = std::upper_bound(q.begin(), q.end(), lo, by_seq);
+      const auto last = std::upper_bound(first, q.end(), hi, by_seq);
+      for (auto it = first; it != last; ++it) release(it->cost);
+      q.erase(first, last);
+    }
+  }
+
+  void pop_part(int lane) {
+    release(parts_[lane].front().cost);
+    parts_[lane].pop_front();
+  }
 
   // The lanes of a lead's mask, lane 0 first; part i travels on lanes[i % lanes.size()].
   static std::vector<int> lanes_of(const Tag& t) {
@@ -446,8 +570,8 @@ class Reassembler {
   void settle(std::deque<Done>* out) {
     while (!leads_.empty()) {
       Lead& l = leads_.front();
-      for (auto& q : parts_)
-        while (!q.empty() && q.front().t.seq < l.t.seq) q.pop_front();  // orphans of discarded leads
+      for (int lane = 0; lane < kMaxLanes; ++lane)  // orphans of discarded leads
+        while (!parts_[lane].empty() && parts_[lane].front().t.seq < l.t.seq) pop_part(lane);
       const std::vector<int> lanes = lanes_of(l.t);
       size_t need[kMaxLanes] = {};
       for (size_t i = 1; i < l.t.count; ++i) ++need[lanes[i % lanes.size()]];
@@ -465,7 +589,8 @@ class Reassembler {
       if (lost || !assemble(l, lanes, need, out)) ++dropped_;
       for (int lane : lanes)
         for (size_t i = 0; i < need[lane] && !parts_[lane].empty() && parts_[lane].front().t.seq == l.t.seq; ++i)
-          parts_[lane].pop_front();
+          pop_part(lane);
+      release(l.cost);
       leads_.pop_front();
     }
   }
@@ -506,10 +631,11 @@ class Reassembler {
 
   size_t bound_;
   uint64_t max_payload_;
+  LaneBudget* budget_;
   std::deque<Lead> leads_;
   std::deque<Part> parts_[kMaxLanes];
   uint64_t floor_[kMaxLanes] = {};
-  uint64_t settled_ = 0, dropped_ = 0, denied_ = 0;
+  uint64_t settled_ = 0, newest_lead_ = 0, dropped_ = 0, denied_ = 0, refused_ = 0;
   Clock::time_point touched_ = Clock::now();
 };
 
@@ -591,6 +717,7 @@ class ZmqServer final : public ServerTransport {
         split_bytes_(o.split_bytes),
         pending_bound_(static_cast<size_t>(o.receive_limit > 0 ? o.receive_limit : o.queue_limit)),
         max_payload_(o.max_frame_bytes),
+        budget_bytes_(lane_budget_bytes(pending_bound_, o.max_frame_bytes)),
         ctx_(io_threads_option(o)) {
     KeyPair own;
     if (curve_) {
@@ -646,12 +773,13 @@ class ZmqServer final : public ServerTransport {
   bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
+      sweep_sessions();
       if (c_.pop(ready_, out)) return true;
       std::vector<MsgPtr> f;
       int total = 0;
       size_t next = 0, which = 0;
       if (!receive_any({router_.get()}, &next, 4, deadline, &which, &f, &total)) {
-        expire_sessions();
+        sweep_sessions();
         return false;
       }
       take(f, total);
@@ -746,14 +874,145 @@ class ZmqServer final : public ServerTransport {
     return true;
   }
 
+  // A connection as a frame it carried shows it: its descriptor (ZMQ_SRCFD) and that socket's inode, so that the
+  // descriptor number reused by a later connection is not taken for it.
+  struct Conn {
+    int fd = -1;
+    dev_t dev = 0;
+    ino_t ino = 0;
+  };
+  static Conn conn_of(zmq_msg_t* m) {
+    Conn c;
+    const int fd = zmq_msg_get(m, ZMQ_SRCFD);
+    struct stat st;
+    if (fd >= 0 && ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+      c.fd = fd;
+      c.dev = st.st_dev;
+      c.ino = st.st_ino;
+    }
+    return c;
+  }
+  static bool is_open(const Conn& c) {
+    struct stat st;
+    return c.fd >= 0 && ::fstat(c.fd, &st) == 0 && st.st_ino == c.ino && st.st_dev == c.dev;
+  }
+
+  // What a key's laned sessions hold (docs/transport.md, lanes' bounds).
+  struct KeyState {
+    KeyState(uint64_t limit, std::atomic<uint64_t>* gauge) : budget(limit, gauge) {}
+    LaneBudget budget;
+    size_t sessions = 0;
+  };
+
   // A laned client (routing ids kLaneMark + session + lane): its lanes known to be up, and its reassembly.
   struct Session {
-    Session(size_t bound, uint64_t max_payload) : rx(bound, max_payload) {}
+    Session(std::string key_, KeyState* ks_, std::string identity_, size_t bound, uint64_t max_payload)
+        : key(std::move(key_)), ks(ks_), identity(std::move(identity_)), rx(bound, max_payload, &ks_->budget) {}
+    const std::string key;       // what it is charged to: the identity with CURVE, the session id in plaintext
+    KeyState* const ks;
+    const std::string identity;  // the allow-list name of its first frame; every lane must carry the same
     Reassembler rx;
-    std::string identity;       // the allow-list name of its first frame; every lane must carry the same
-    bool known[kMaxLanes] = {};  // lanes that said hello and have not failed a send since
-    uint64_t send_seq = 0;
+    bool known[kMaxLanes] = {};  // lanes whose hello we answered and that have not failed a send since
+    bool lead_heard = false;     // lane 0 has spoken: parts on other lanes are kept, hellos answered
+    bool answer_due[kMaxLanes] = {};    // hellos heard before lane 0 spoke: answered when it does
+    uint64_t greeting[kMaxLanes] = {};  // each lane's last hello's greeting number, echoed in our answer
+    Conn conn[kMaxLanes];               // the connection each lane's last frame came on
+    Clock::time_point heard = Clock::now();  // its last frame
   };
+
+  static bool any_open(const Session& s) {
+    for (const Conn& c : s.conn)
+      if (is_open(c)) return true;
+    return false;
+  }
+
+  // Collects a session's counts into the transport's.
+  void count(Session& s) {
+    c_.dropped_in += s.rx.take_dropped();
+    c_.auth_denied += s.rx.take_denied();
+    c_.lane_refused += s.rx.take_refused();
+  }
+
+  using SessionIt = std::map<std::string, Session>::iterator;
+
+  // Forgets a session; what it still held is discarded (counted in dropped_in). Returns the next one.
+  SessionIt remove_session(SessionIt it) {
+    Session& s = it->second;
+    c_.dropped_in += s.rx.discard();
+    count(s);
+    KeyState* ks = s.ks;
+    const std::string key = s.key;
+    it = sessions_.erase(it);
+    if (--ks->sessions == 0) keys_.erase(key);
+    c_.lane_sessions = sessions_.size();
+    return it;
+  }
+
+  // A new session for `sid`, after making room: with CURVE the key's sessions with no connection open go, then its
+  // least recently heard while it has kLaneSessionsPerKey; in plaintext (every session its own key) the same over
+  // all sessions, once there are kPlaintextLaneSessions.
+  SessionIt open_session(const std::string& sid, const std::string& identity) {
+    const std::string key = curve_ ? identity : sid;
+    const size_t cap = curve_ ? TransportOptions::kLaneSessionsPerKey : TransportOptions::kPlaintextLaneSessions;
+    auto shares = [&](const Session& s) { return !curve_ || s.key == key; };
+    size_t n = 0;
+    for (const auto& [id, s] : sessions_) n += shares(s) ? 1 : 0;
+    if (curve_ || n >= cap) {
+      for (auto it = sessions_.begin(); it != sessions_.end();) {
+        if (shares(it->second) && !any_open(it->second)) {
+          it = remove_session(it);
+          --n;
+        } else {
+          ++it;
+        }
+      }
+    }
+    while (n >= cap) {
+      SessionIt oldest = sessions_.end();
+      for (auto it = sessions_.begin(); it != sessions_.end(); ++it)
+        if (shares(it->second) && (oldest == sessions_.end() || it->second.heard < oldest->second.heard)) oldest = it;
+      remove_session(oldest);
+      --n;
+    }
+    KeyState& ks = keys_.try_emplace(key, budget_bytes_, &c_.lane_held_bytes).first->second;
+    ++ks.sessions;
+    const SessionIt it = sessions_.try_emplace(sid, key, &ks, identity, pending_bound_, max_payload_).first;
+    c_.lane_sessions = sessions_.size();
+    return it;
+  }
+
+  // Removes the sessions none of whose connections is open any more, and discards what silent ones held: after a
+  // disconnect (at most every kSweepGap) and every kSweepEvery.
+  void sweep_sessions() {
+    if (sessions_.empty()) return;
+    const auto now = Clock::now();
+    const uint64_t disconnects = c_.disconnects.load();
+    if (now - swept_at_ < (disconnects != swept_disconnects_ ? kSweepGap : kSweepEvery)) return;
+    swept_at_ = now;
+    swept_disconnects_ = disconnects;
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      if (!any_open(it->second)) {
+        it = remove_session(it);
+        continue;
+      }
+      it->second.rx.expire(now);
+      count(it->second);
+      ++it;
+    }
+  }
+
+  // Our hello on `lane`, echoing its greeting: the client may now send parts there. Its seq tells the client that
+  // nothing we sent up to it is still coming on the lane's earlier connections.
+  void answer_hello(Session& s, const std::string& sid, int lane) {
+    Tag back;
+    back.kind = TagKind::kHello;
+    back.index = static_cast<uint8_t>(lane);
+    back.seq = seq_;
+    back.offset = s.greeting[lane];
+    s.answer_due[lane] = false;
+    s.known[lane] = send_copy(router_.get(), lane_id(sid, lane), ZMQ_SNDMORE) &&
+                    send_frame(router_.get(), encode_tag(back), 0);
+  }
 
   static std::string lane_id(const std::string& session, int lane) {
     return std::string(1, kLaneMark) + session + static_cast<char>(lane);
@@ -782,21 +1041,27 @@ class ZmqServer final : public ServerTransport {
     }
     const std::string sid = rid.substr(1, kSessionBytes);
     const int lane = static_cast<uint8_t>(rid.back());
-    auto it = sessions_.find(sid);
-    if (it == sessions_.end()) {
-      if (lane >= kMaxLanes) return;
-      it = sessions_.emplace(sid, Session(pending_bound_, max_payload_)).first;
-      it->second.identity = identity;
+    if (lane >= kMaxLanes) {
+      c_.lane_refused++;
+      return;
     }
+    auto it = sessions_.find(sid);
+    if (it == sessions_.end()) it = open_session(sid, identity);
     Session& s = it->second;
     if (identity != s.identity) {  // a lane under another key than its session's: refused, whatever it carries
       c_.auth_denied++;
       return;
     }
+    s.heard = Clock::now();
+    s.conn[lane] = conn_of(f.size() > 1 ? f[1].get() : f[0].get());
     Tag t;
     std::deque<Reassembler::Done> done;
     if (lane == 0) {
-      s.known[0] = true;
+      if (!s.lead_heard) {  // the session is established: answer the hellos that came first
+        s.lead_heard = true;
+        for (int i = 1; i < kMaxLanes; ++i)
+          if (s.answer_due[i]) answer_hello(s, sid, i);
+      }
       if (total == 4 && decode_tag(f[3].get(), &t) && t.kind == TagKind::kLead) {
         s.rx.lead(t, f[1], f[2], identity, &done);
       } else if (total == 3 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kPart) {
@@ -805,29 +1070,24 @@ class ZmqServer final : public ServerTransport {
         deliver(std::move(rid), std::move(identity), f.size() > 1 ? f[1] : nullptr,
                 f.size() > 2 ? wrap(f[2]) : Bytes(), total - 1);
       }
-    } else if (lane < kMaxLanes && total == 2 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kHello) {
+    } else if (total == 2 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kHello) {
       s.rx.reset_lane(lane, t.seq, &done);
-      Tag back;  // ours: the client forgets what we sent on this lane's earlier connections
-      back.kind = TagKind::kHello;
-      back.index = static_cast<uint8_t>(lane);
-      back.seq = s.send_seq;
-      s.known[lane] = send_copy(router_.get(), rid, ZMQ_SNDMORE) && send_frame(router_.get(), encode_tag(back), 0);
-    } else if (lane < kMaxLanes && total == 3 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kPart) {
-      s.rx.part(lane, t, f[2], identity, &done);
+      s.greeting[lane] = t.offset;
+      s.known[lane] = false;
+      if (s.lead_heard)
+        answer_hello(s, sid, lane);
+      else
+        s.answer_due[lane] = true;
+    } else if (total == 3 && decode_tag(f[1].get(), &t) && t.kind == TagKind::kPart) {
+      if (s.lead_heard)
+        s.rx.part(lane, t, f[2], identity, &done);
+      else
+        s.rx.refuse_part(lane, t.seq);  // no lane 0 yet: nothing to complete, and nothing kept for it
     } else {
       c_.dropped_in++;  // a malformed lane message: nothing to deliver it as
     }
-    c_.dropped_in += s.rx.take_dropped();
-    c_.auth_denied += s.rx.take_denied();
+    count(s);
     for (auto& d : done) deliver(lane_id(sid, 0), std::move(d.identity), d.header, std::move(d.payload), 2);
-  }
-
-  void expire_sessions() {
-    const auto now = Clock::now();
-    for (auto& [sid, s] : sessions_) {
-      s.rx.expire(now);
-      c_.dropped_in += s.rx.take_dropped();
-    }
   }
 
   bool send_plain(const std::string& peer, const Bytes& header, const Bytes& payload) {
@@ -845,7 +1105,7 @@ class ZmqServer final : public ServerTransport {
       std::vector<int> usable;
       for (int lane = 0; lane < kMaxLanes; ++lane)
         if (lane == 0 || s.known[lane]) usable.push_back(lane);
-      const std::vector<Piece> pieces = cut(usable, payload, split_bytes_, ++s.send_seq);
+      const std::vector<Piece> pieces = cut(usable, payload, split_bytes_, ++seq_);
       bool retry = false;
       for (size_t i = 0; i + 1 < pieces.size() && !retry; ++i) {
         const Piece& p = pieces[i];
@@ -864,17 +1124,25 @@ class ZmqServer final : public ServerTransport {
     }
   }
 
+  Counters c_;  // declared first: the sessions' budgets report to it until they are gone
   const bool curve_;
   const uint64_t split_bytes_;
   const size_t pending_bound_;
   const uint64_t max_payload_;  // a split payload is held to the bound of one frame
+  const uint64_t budget_bytes_;  // what one key's incomplete laned messages may hold
   std::optional<AllowList> allow_;
+  std::map<std::string, KeyState> keys_;     // laned clients' keys; declared before the sessions charged to them
   std::map<std::string, Session> sessions_;  // laned clients by session id
+  // The seq of our last laned message, over all sessions, started from the clock: a session that is removed and
+  // comes back (its client reconnected), or a restarted server, goes on above what the client has seen.
+  uint64_t seq_ = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  uint64_t swept_disconnects_ = 0;
+  Clock::time_point swept_at_{};
   std::deque<Envelope> ready_;               // complete messages not yet returned by receive()
   Context ctx_;  // declared before the sockets: destroyed after them
   Socket zap_, router_, monitor_;
   std::string endpoint_;
-  Counters c_;
   std::thread thread_;
 };
 
@@ -882,7 +1150,11 @@ class ZmqServer final : public ServerTransport {
 class ZmqClient final : public ClientTransport {
  public:
   ZmqClient(const std::string& endpoint, const TransportOptions& o)
-      : ctx_(io_threads_option(o)), split_bytes_(o.split_bytes), rx_(static_cast<size_t>(std::max(1, o.queue_limit)), o.max_frame_bytes) {
+      : ctx_(io_threads_option(o)),
+        split_bytes_(o.split_bytes),
+        budget_(lane_budget_bytes(static_cast<uint64_t>(std::max(1, o.queue_limit)), o.max_frame_bytes),
+                &c_.lane_held_bytes),
+        rx_(static_cast<size_t>(std::max(1, o.queue_limit)), o.max_frame_bytes, &budget_) {
     const int lanes = lanes_option(o);
     KeyPair own;
     std::string server;
@@ -978,8 +1250,20 @@ class ZmqClient final : public ClientTransport {
   struct Lane {
     Socket dealer, monitor;
     bool connected = false;
-    bool greeted = false;  // lanes past 0: this connection's hello is queued, so the server can use the lane
+    bool greeted = false;   // lanes past 0: this connection's hello is queued, so the server can use the lane
+    bool answered = false;  // lanes past 0: the server answered that hello, so we may send parts on the lane
+    uint64_t greeting = 0;  // lanes past 0: the number of this connection's hello (the server echoes it)
   };
+
+  bool usable(size_t i) const {
+    const Lane& l = lanes_[i];
+    return l.connected && (i == 0 || (l.greeted && l.answered));
+  }
+  void count_lanes_up() {
+    uint64_t n = 0;
+    for (size_t i = 0; i < lanes_.size(); ++i) n += usable(i) ? 1 : 0;
+    c_.lanes_up = n;
+  }
 
   void deliver(MsgPtr header, Bytes payload, int parts) {
     Envelope e;
@@ -1007,10 +1291,16 @@ class ZmqClient final : public ClientTransport {
       rx_.part(lane, t, f[1], "", &done);
     } else if (total == 1 && decode_tag(f[0].get(), &t) && t.kind == TagKind::kHello) {
       rx_.reset_lane(lane, t.seq, &done);
+      Lane& l = lanes_[lane];
+      if (l.greeted && t.offset == l.greeting) {  // the answer to this connection's hello, not an earlier one's
+        l.answered = true;
+        count_lanes_up();
+      }
     } else {
       c_.dropped_in++;
     }
     c_.dropped_in += rx_.take_dropped();
+    c_.lane_refused += rx_.take_refused();
     for (auto& d : done) deliver(d.header, std::move(d.payload), 2);
   }
 
@@ -1019,13 +1309,13 @@ class ZmqClient final : public ClientTransport {
     return send_frame(d, header, ZMQ_SNDMORE) && send_frame(d, payload, 0);
   }
 
-  // The pieces of cut(), on the lanes that are up and greeted. A piece refused (queue full) drops the message;
-  // pieces already queued are discarded by the server as orphans.
+  // The pieces of cut(), on lane 0 and the lanes that are up and whose hello the server answered. A piece refused
+  // (queue full) drops the message; pieces already queued are discarded by the server as orphans.
   bool send_laned(const Bytes& header, const Bytes& payload) {
-    std::vector<int> usable;
+    std::vector<int> lanes;
     for (size_t i = 0; i < lanes_.size(); ++i)
-      if (i == 0 || (lanes_[i].connected && lanes_[i].greeted)) usable.push_back(static_cast<int>(i));
-    const std::vector<Piece> pieces = cut(usable, payload, split_bytes_, ++send_seq_);
+      if (i == 0 || usable(i)) lanes.push_back(static_cast<int>(i));
+    const std::vector<Piece> pieces = cut(lanes, payload, split_bytes_, ++send_seq_);
     for (size_t i = 0; i + 1 < pieces.size(); ++i) {
       void* d = lanes_[pieces[i].lane].dealer.get();
       if (!(send_frame(d, pieces[i].tag, ZMQ_SNDMORE) && send_frame(d, pieces[i].bytes, 0))) return false;
@@ -1057,6 +1347,7 @@ class ZmqClient final : public ClientTransport {
           if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
             l.connected = true;
             l.greeted = false;
+            l.answered = false;
           }
           if (event == ZMQ_EVENT_DISCONNECTED) l.connected = false;
           if (event & kHandshakeFailureEvents) c_.handshake_failures++;
@@ -1070,20 +1361,23 @@ class ZmqClient final : public ClientTransport {
         hello.kind = TagKind::kHello;
         hello.index = static_cast<uint8_t>(i);
         hello.seq = send_seq_;
+        hello.offset = ++l.greeting;
         l.greeted = send_frame(l.dealer.get(), encode_tag(hello), 0);
       }
     }
+    count_lanes_up();
   }
 
+  Counters c_;  // declared first: the budget reports to it
   Context ctx_;  // declared before the sockets: destroyed after them
   std::deque<Lane> lanes_;
   std::vector<void*> socks_;
   size_t next_ = 0;
   const uint64_t split_bytes_;
   uint64_t send_seq_ = 0;
+  LaneBudget budget_;
   Reassembler rx_;
   std::deque<Envelope> ready_;
-  Counters c_;
 };
 
 }  // namespace
