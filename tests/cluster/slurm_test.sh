@@ -10,6 +10,10 @@
 # contributed to merges after the resume and retired, nothing was rejected, merge counts never went back.
 # Job 3 runs a syncer of 2 shards (DELOCO_SHARDS=2) with 2 learners: both shards merge their own fragment with both
 # learners, and the script assembles the global model.
+# Keys: no secret key is ever in the run folder (the filesystem every node shares), during job 1 nor after any job;
+# while job 1 trains, each of its 3 tasks holds its own key in a 0700 folder of its own under DELOCO_KEY_DIR (the
+# "node-local" folder here); every job publishes its public keys in a folder of its own (job 2's keys are new, not
+# job 1's), and the tasks remove their secret keys when they end.
 # Prints the jobs' wall times, the merges, and the merges each learner contributed to.
 #
 # usage: tests/cluster/slurm_test.sh [DELOCO_BINARY]      (run from anywhere; KEEP=1 keeps the temporary folder)
@@ -35,7 +39,7 @@ work=$(mktemp -d /tmp/deloco-slurm.XXXXXX)
 chmod 755 "$work"   # munged wants its socket's folders searchable by all and writable by root only
 mkdir -m 755 "$work/munge"
 mkdir -m 700 "$work/munge-key"
-mkdir -p "$work/state" "$work/spool" "$work/log"
+mkdir -p "$work/state" "$work/spool" "$work/log" "$work/node-local"
 daemon_pids=()
 job=""
 
@@ -182,6 +186,22 @@ sync.fragments=2
 sync.quorum=1
 syncer.eval_interval=0"
 export OMP_WAIT_POLICY=PASSIVE SLURM_DEBUG=1
+export DELOCO_KEY_DIR=$work/node-local   # each task's own key folder: node-local on a real cluster
+# No secret key anywhere in run folder $1 (what every node sees): no *.key file, no file holding a secret-key line.
+no_secrets() {
+  local found
+  found=$(find "$1" \( -name '*.key' -print \) -o \( -type f -exec grep -l 'secret-key' {} + \) 2>/dev/null || true)
+  [ -z "$found" ] || fail "$2: secret keys in the shared run folder: $found"
+}
+# The public keys job $1 published in run folder $2: its one folder RUN/keys/job-<id>.*, holding syncer.pub and
+# allow/learner-0.pub, allow/learner-1.pub. Prints the folder.
+job_keys() {
+  local d
+  d=$(compgen -G "$2/keys/job-$1.*") || fail "job $1 made no key folder in $2/keys"
+  [ "$(wc -l <<<"$d")" = 1 ] || fail "job $1 made more than one key folder: $d"
+  for f in syncer.pub allow/learner-0.pub allow/learner-1.pub; do [ -s "$d/$f" ] || fail "job $1 published no $f"; done
+  echo "$d"
+}
 # submit [TASKS [CPUS_PER_TASK]]: the job id.
 submit() {
   local id
@@ -216,10 +236,23 @@ until grep -q '"kind":"merge"' "$work/run/syncer.jsonl" 2>/dev/null &&
   esac
   sleep 0.2
 done
+# While it trains: no secret key in the run folder; each task holds its own (syncer, learner-0, learner-1), each in a
+# 0700 folder of its own.
+no_secrets "$work/run" "while job $job trains"
+own=$(find "$work/node-local" -name '*.key' | sort)
+[ "$(wc -l <<<"$own")" = 3 ] || fail "job $job's tasks hold $(wc -l <<<"$own") secret keys, not 3 (one each): $own"
+[ "$(xargs -n1 dirname <<<"$own" | sort -u | wc -l)" = 3 ] || fail "two tasks share a key folder: $own"
+[ "$(xargs -n1 basename <<<"$own" | sort | tr '\n' ' ')" = "learner-0.key learner-1.key syncer.key " ] ||
+  fail "the tasks' keys are not the syncer's and each learner's own: $own"
+for d in $(xargs -n1 dirname <<<"$own"); do
+  [ "$(stat -c %a "$d")" = 700 ] || fail "task key folder $d has mode $(stat -c %a "$d"), not 700"
+done
 sl scancel "$job" || fail "scancel $job"
 jstate=$(wait_end "$job" 30)
 [ "$jstate" = CANCELLED ] || fail "job 1 ($job) ended '$jstate', not CANCELLED (did it finish before the cancel?)"
 [ -e "$work/run/latest" ] || fail "the cancelled job left no syncer checkpoint (run/latest)"
+no_secrets "$work/run" "after job $job"
+keys1=$(job_keys "$job" "$work/run")
 echo "slurm: job $job cancelled once both learners pushed;" \
   "$(grep -c '"kind":"merge"' "$work/run/syncer.jsonl") merges"
 
@@ -241,6 +274,14 @@ grep -Eq '^srun: cpus-per-task +: 2$' "$out" ||
   fail "the job step did not get --cpus-per-task 2 (srun's options in $out)"
 grep -q "^deloco: syncer on $node:$deloco_port, 2 learners" "$out" || fail "the job did not announce its syncer"
 if grep -q 'failed (try' "$out"; then fail "a task failed and was started again: $(grep 'failed (try' "$out")"; fi
+no_secrets "$work/run" "after job $job"
+keys2=$(job_keys "$job" "$work/run")
+for f in syncer.pub allow/learner-0.pub allow/learner-1.pub; do
+  ! cmp -s "$keys1/$f" "$keys2/$f" || fail "job $job reused job $first's key $f: a job's keys are its own"
+done
+[ -z "$(ls -A "$work/node-local")" ] || fail "job $job's tasks left their keys behind: $(ls -A "$work/node-local")"
+echo "slurm: keys: jobs $first and $job each published their own public keys ($(basename "$keys1")," \
+  "$(basename "$keys2")); no secret key in the run folder; the tasks removed theirs"
 
 python3 - "$work/run" "$steps" <<'PY'
 import json, sys
@@ -294,6 +335,10 @@ grep -q "^deloco: 2 syncer shards on tcp://$node:$deloco_port,tcp://$node:$((del
   fail "the sharded job did not announce its shards"
 if grep -q 'failed (try' "$out"; then fail "a task failed and was started again: $(grep 'failed (try' "$out")"; fi
 ls -d "$work"/run-sharded/checkpoints/assembled_* >/dev/null 2>&1 || fail "the sharded job assembled no global model"
+no_secrets "$work/run-sharded" "after sharded job $job"   # the shards' shared key went through handoff/, emptied
+keys3=$(job_keys "$job" "$work/run-sharded")
+[ -e "$keys3/handoff/taken-1" ] || fail "shard 1 did not take the shards' key through handoff/"
+[ -z "$(ls -A "$work/node-local")" ] || fail "sharded job $job's tasks left their keys behind: $(ls -A "$work/node-local")"
 python3 - "$work/run-sharded" "$steps" <<'PY'
 import json, sys
 run, steps = sys.argv[1], int(sys.argv[2])
