@@ -32,6 +32,8 @@ namespace {
 struct RunArgs {
   CommonOptions common;
   std::vector<std::string> learner_commands;  // "N=COMMAND"
+  std::string testbed_script;                 // --testbed-script ("" : the state file's, else the source tree's)
+  std::string testbed_user;                   // --testbed-user ("" : SUDO_UID/SUDO_GID)
 };
 
 // --learner-command N=COMMAND, checked against the run's learners.
@@ -101,7 +103,10 @@ void run_run(const RunArgs& args) {
   write_file_atomic((fs::path(dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
 
   run::ChildConfig children{args.common.config_path, args.common.sets, parse_learner_commands(args.learner_commands, M, cfg)};
-  run::LocalCluster cluster(cfg, children, M, dir);
+  if (cfg.testbed.name.empty() && (!args.testbed_script.empty() || !args.testbed_user.empty()))
+    throw ConfigError(std::string(args.testbed_script.empty() ? "--testbed-user" : "--testbed-script") +
+                      " is for a run on a testbed: set testbed.name too (docs/testbed.md)");
+  run::LocalCluster cluster(cfg, children, M, dir, {args.testbed_script, args.testbed_user, build_source_tree()});
   cluster.prepare();
   std::cerr << "deloco run: " << M << " learner" << (M == 1 ? "" : "s") << (auto_m ? " (one per core)" : "")
             << ", K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments << ", H=" << cfg.sync.sync_every
@@ -145,6 +150,15 @@ void add_run_command(CLI::App& app) {
                   "N=COMMAND: learner N is this program of yours instead of `deloco learner` (e.g. a PyTorch script "
                   "with the Python module, docs/python.md); repeatable")
       ->type_name("N=CMD");
+  sub->add_option("--testbed-script", args->testbed_script,
+                  "on a testbed with chaos.net: the testbed script to run (as root) to change links; it and its "
+                  "folders must be writable by no one but root (default: the one the state file names, else the "
+                  "source tree's this binary was built from; docs/testbed.md)")
+      ->type_name("PATH");
+  sub->add_option("--testbed-user", args->testbed_user,
+                  "on a testbed, run as root: the user (name or uid) the processes inside the hosts run as (default: "
+                  "the one who ran sudo, SUDO_UID/SUDO_GID; \"root\" keeps root)")
+      ->type_name("USER");
   sub->callback([args] { run_run(*args); });
 }
 

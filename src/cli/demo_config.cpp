@@ -19,4 +19,6 @@ std::string demo_data_path(const std::string& path) {
   return fs::exists(in_tree, ec) ? in_tree.string() : path;
 }
 
+const char* build_source_tree() { return DELOCO_SOURCE_TREE; }
+
 }  // namespace deloco::cli

@@ -15,4 +15,8 @@ inline constexpr const char* kDemoConfigOrigin = "the built-in demo config (conf
 // loading the corpus then fails naming it).
 std::string demo_data_path(const std::string& path);
 
+// The source tree this binary was built from (CMake's source folder, compiled into demo_config.cpp); it may have
+// moved or gone since. `deloco run` takes the testbed script from there when the testbed's state file names none.
+const char* build_source_tree();
+
 }  // namespace deloco::cli

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -113,25 +114,13 @@ TestbedState read_testbed(const std::string& name, int64_t hosts_wanted) {
   return st;
 }
 
-// The testbed script that changes links: the one the state file names, else scripts/testbed.sh of the source tree
-// beside the build folder of this executable, else under the working directory ("" : none found).
-std::string find_testbed_script(const std::string& named) {
-  std::error_code ec;
-  std::vector<fs::path> tries;
-  if (!named.empty()) tries.emplace_back(named);
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) tries.push_back(exe.parent_path().parent_path() / "scripts" / "testbed.sh");
-  tries.push_back(fs::current_path(ec) / "scripts" / "testbed.sh");
-  for (const fs::path& p : tries)
-    if (fs::is_regular_file(p, ec)) return p.lexically_normal().string();
-  return "";
-}
-
 }  // namespace
 
-LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, fs::path dir)
+LocalCluster::LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, fs::path dir,
+                           TestbedAccess access)
     : cfg_(cfg),
       children_(std::move(children)),
+      access_(std::move(access)),
       M_(learners),
       dir_(std::move(dir)),
       tty_(::isatty(STDERR_FILENO) == 1),
@@ -195,12 +184,25 @@ void LocalCluster::prepare() {
     if (!faults.empty() && cfg_.chaos.enabled) {
       place_net_faults(faults, hosts, M_, R);
       net_chaos_ = NetChaosSchedule(std::move(faults), testbed_rates_);
-      testbed_script_ = find_testbed_script(tb.script);
-      if (testbed_script_.empty())
-        throw RunError("chaos.net: cannot find scripts/testbed.sh to change the testbed's links (the state file /run/" +
-                       cfg_.testbed.name + ".testbed names none, and neither the source tree of this executable nor "
-                       "the working directory has one)");
+      try {
+        testbed_script_ = resolve_testbed_script(access_, tb.script, ::geteuid());
+      } catch (const RunError& e) {
+        throw RunError(std::string("chaos.net on testbed '") + cfg_.testbed.name + "': " + e.what());
+      }
     }
+    // The processes on the hosts drop root to the invoking user, when one is known; said once either way.
+    run_as_ = testbed_run_as(access_.user, std::getenv("SUDO_UID"), std::getenv("SUDO_GID"), ::geteuid());
+    if (run_as_.drop)
+      std::cerr << "deloco run: the processes on testbed '" << cfg_.testbed.name << "' run as "
+                << (run_as_.name.empty() ? "uid " + std::to_string(run_as_.uid) : run_as_.name) << " (uid "
+                << run_as_.uid << ", gid " << run_as_.gid << (access_.user.empty() ? ", from sudo" : "")
+                << "); the run folder becomes theirs\n";
+    else if (::geteuid() == 0)
+      std::cerr << "deloco run: the processes on testbed '" << cfg_.testbed.name << "' run as root"
+                << (access_.user.empty() ? ": no other user to run them as is known (not started through sudo by "
+                                           "another user, no --testbed-user)"
+                                         : " (--testbed-user " + access_.user + ")")
+                << "\n";
     bind_addrs_.clear();
     dial_addr_.clear();
     for (int64_t s = 0; s < S_; ++s) {
@@ -237,6 +239,29 @@ void LocalCluster::prepare() {
     add_set(base_args_, "net.standby=" + standby);
   }
   if (!cfg_.net.plaintext) make_keys();
+  if (run_as_.drop) hand_over_run_folder();
+}
+
+void LocalCluster::hand_over_run_folder() {
+  const uid_t uid = run_as_.uid;
+  const gid_t gid = run_as_.gid;
+  struct stat st {};
+  if (::lstat(dir_.c_str(), &st) != 0)
+    throw IoError("cannot stat the run folder " + dir_.string() + ": " + std::strerror(errno));
+  if (st.st_uid != 0 && st.st_uid != uid)
+    throw RunError("the run folder " + dir_.string() + " belongs to uid " + std::to_string(st.st_uid) +
+                   ", neither root nor uid " + std::to_string(uid) + " whom the testbed's processes run as");
+  const auto give = [&](const fs::path& p) {
+    struct stat s {};
+    if (::lstat(p.c_str(), &s) != 0) throw IoError("cannot stat " + p.string() + ": " + std::strerror(errno));
+    // Everything here was made by this run (the folder was new or empty); a file with another name elsewhere is not.
+    if (S_ISREG(s.st_mode) && s.st_nlink > 1)
+      throw RunError(p.string() + " has other hard links; not handing it to uid " + std::to_string(uid));
+    if (::lchown(p.c_str(), uid, gid) != 0)
+      throw IoError("cannot hand " + p.string() + " to uid " + std::to_string(uid) + ": " + std::strerror(errno));
+  };
+  give(dir_);
+  for (const auto& e : fs::recursive_directory_iterator(dir_)) give(e.path());  // symlinks not followed
 }
 
 json LocalCluster::run(const StopSignals& stop) {
@@ -447,15 +472,28 @@ void LocalCluster::start(Child& c) {
     l << "\n";
   }
   // One thread per process: M learners, one per core, and a syncer that mostly waits.
+  // On a testbed host: the user run_as_ says (prepare), with that user's HOME, USER and LOGNAME.
+  const std::string netns = netns_of(c);
+  const RunAs as = netns.empty() ? RunAs{} : run_as_;
+  std::vector<std::string> user_env;
+  if (as.drop && !as.name.empty()) user_env = {"USER=" + as.name, "LOGNAME=" + as.name};
+  if (as.drop && !as.home.empty()) user_env.push_back("HOME=" + as.home);
   if (command != nullptr) {
-    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + *command}, learner_command_environment(c.learner), log,
-                          netns_of(c));
+    std::vector<std::string> env = learner_command_environment(c.learner);
+    for (const auto& kv : user_env) {
+      const std::string name = kv.substr(0, kv.find('=') + 1);
+      env.erase(std::remove_if(env.begin(), env.end(), [&](const std::string& e) { return e.rfind(name, 0) == 0; }),
+                env.end());
+      env.push_back(kv);
+    }
+    c.pid = spawn_program("/bin/sh", {"sh", "-c", "exec " + *command}, env, log, netns, as);
   } else {
     std::vector<std::string> env = {"OPENBLAS_NUM_THREADS=1", "OMP_NUM_THREADS=1"};
     // A learner group on the testbed: Gloo's pairs on the host's testbed interface (scripts/testbed.sh), whatever
     // this machine's GLOO_SOCKET_IFNAME says.
     if (c.learner >= 0 && cfg_.learner.ranks > 1 && !testbed_addrs_.empty()) env.push_back("GLOO_SOCKET_IFNAME=eth0");
-    c.pid = spawn_self(argv, child_environment(env), log, netns_of(c));
+    env.insert(env.end(), user_env.begin(), user_env.end());
+    c.pid = spawn_self(argv, child_environment(env), log, netns, as);
   }
   c.stopped = false;
   c.chaos_killed = false;
@@ -881,7 +919,8 @@ json LocalCluster::make_summary() {
       for (int64_t r = 0; r < std::max<int64_t>(1, cfg_.learner.ranks); ++r) ranks.push_back(learner_host(n, r));
       placement.push_back(ranks);
     }
-    x["testbed"] = {{"name", cfg_.testbed.name}, {"hosts", testbed_addrs_}, {"learner_hosts", placement}};
+    x["testbed"] = {{"name", cfg_.testbed.name}, {"hosts", testbed_addrs_}, {"learner_hosts", placement},
+                    {"uid", run_as_.drop ? run_as_.uid : ::geteuid()}};
   }
   if (!net_chaos_.faults().empty()) {
     json faults = json::array();

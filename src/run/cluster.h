@@ -36,11 +36,22 @@
 //     A learner group's store is at rank 0's host's testbed address (--master-addr), and its ranks get
 //     GLOO_SOCKET_IFNAME=eth0, so the all-reduce crosses the testbed's links. The syncer's metrics endpoint and
 //     dashboard listen on host 0's address (this machine reaches it over the testbed's bridge). The summary's
-//     "testbed" names the hosts and each learner's ranks' hosts ("learner_hosts").
+//     "testbed" names the hosts, each learner's ranks' hosts ("learner_hosts") and the uid the hosts' processes ran
+//     as ("uid").
+//   * Rights on a testbed (testbed_access.h, testbed_run_as): run as root, `deloco run` starts the processes inside
+//     the hosts as the invoking user when one is known (TestbedAccess::user, --testbed-user; else SUDO_UID and
+//     SUDO_GID), with that user's groups, HOME, USER and LOGNAME: each child joins its host's namespace as root, then
+//     drops root (RunAs, supervisor.h) before exec. The run folder (new or empty when the run began) and all
+//     prepare() made in it (config.json, keys/, logs/, shard and standby folders) are handed to that user first
+//     (lchown, symlinks not followed; RunError for a run folder of a third user, or a file in it with other hard
+//     links). When no user is known, root keeps root and prepare() says so once on stderr. The testbed script
+//     (below) and everything off the hosts keep this process's rights.
 //   * Network faults (chaos.net with chaos.enabled, net_chaos.h): scheduled from the run's start and carried out
-//     with the testbed's own scripts/testbed.sh (`link H down|up`, `shape H RATE`; the script named by the state
-//     file's script=, else scripts/testbed.sh beside the build folder or under the working directory), its output in
-//     logs/testbed.log. Each action writes a net_fault record (and a chaos line) to events.jsonl. Every fault still
+//     with the testbed's own scripts/testbed.sh (`link H down|up`, `shape H RATE`), run with this process's rights:
+//     TestbedAccess::script (--testbed-script), else the state file's script=, else the source tree's that this
+//     executable was built from, and only when no one but root (or this user) could change it or a folder above it
+//     (resolve_testbed_script, testbed_access.h; else prepare() throws RunError naming the problem). Never one found
+//     from the working directory. Its output goes to logs/testbed.log. Each action writes a net_fault record (and a chaos line) to events.jsonl. Every fault still
 //     on when the run ends (finished, interrupted, failed) is healed before run() returns or throws: link up, the
 //     host's own rate (rate<h>= of the state file as it was at prepare()). The summary lists the faults
 //     ("net_faults").
@@ -64,6 +75,7 @@
 #include "run/net_chaos.h"
 #include "run/summary.h"
 #include "run/supervisor.h"
+#include "run/testbed_access.h"
 #include "util/stop_signals.h"
 
 namespace deloco::run {
@@ -84,8 +96,10 @@ struct ChildConfig {
 
 class LocalCluster {
  public:
-  // `cfg` must outlive the object; `learners` = M ≥ 1.
-  LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, std::filesystem::path dir);
+  // `cfg` must outlive the object; `learners` = M ≥ 1; `dir` new or empty; `access`: on a testbed, the script to run
+  // and the user to run the hosts' processes as (testbed_access.h; unused off a testbed).
+  LocalCluster(const RuntimeConfig& cfg, ChildConfig children, int64_t learners, std::filesystem::path dir,
+               TestbedAccess access = {});
   LocalCluster(const LocalCluster&) = delete;  // callbacks hold `this`
   LocalCluster& operator=(const LocalCluster&) = delete;
   // Creates logs/ (and keys/ unless plaintext), chooses the endpoint and the children's arguments.
@@ -97,6 +111,8 @@ class LocalCluster {
  private:
   double elapsed() const;
   void make_keys();
+  // Gives the run folder and everything in it to run_as_ (see "Rights on a testbed" above).
+  void hand_over_run_folder();
   std::vector<std::string> argv_of(const Child& c) const;
   std::vector<std::string> learner_command_environment(int64_t learner) const;
   bool has_checkpoint(int64_t shard) const;
@@ -140,6 +156,8 @@ class LocalCluster {
 
   const RuntimeConfig& cfg_;
   const ChildConfig children_;
+  const TestbedAccess access_;
+  RunAs run_as_;  // on a testbed: whom the hosts' processes run as (drop = false: this process's user)
   const int64_t M_;
   const std::filesystem::path dir_;
   const bool tty_;  // stderr is a terminal

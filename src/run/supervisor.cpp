@@ -2,6 +2,7 @@
 #include "run/supervisor.h"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -40,12 +41,21 @@ std::vector<std::string> child_environment(const std::vector<std::string>& extra
 }
 
 pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log,
-                 const std::string& netns) {
-  return spawn_program("/proc/self/exe", argv, env, log, netns);
+                 const std::string& netns, const RunAs& run_as) {
+  return spawn_program("/proc/self/exe", argv, env, log, netns, run_as);
 }
 
+namespace {
+// In a forked child: writes `what` to stderr (the child's log) and exits 126. Async-signal-safe.
+[[noreturn]] void child_fail(const char* what) {
+  (void)!::write(STDERR_FILENO, what, std::strlen(what));
+  ::_exit(126);
+}
+}  // namespace
+
 pid_t spawn_program(const std::string& program, const std::vector<std::string>& argv,
-                    const std::vector<std::string>& env, const std::string& log, const std::string& netns) {
+                    const std::vector<std::string>& env, const std::string& log, const std::string& netns,
+                    const RunAs& run_as) {
   int ns_fd = -1;
   if (!netns.empty()) {
     const std::string path = "/run/netns/" + netns;
@@ -81,10 +91,16 @@ pid_t spawn_program(const std::string& program, const std::vector<std::string>& 
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    if (ns_fd >= 0 && ::setns(ns_fd, CLONE_NEWNET) != 0) {
-      static const char bad[] = "deloco run: cannot join the child's network namespace\n";
-      (void)!::write(STDERR_FILENO, bad, sizeof(bad) - 1);
-      ::_exit(126);
+    if (ns_fd >= 0 && ::setns(ns_fd, CLONE_NEWNET) != 0) child_fail("deloco run: cannot join the child's network namespace\n");
+    if (run_as.drop) {  // groups first, then the group, then the user: each needs the rights the next one drops
+      if (::setgroups(run_as.groups.size(), run_as.groups.empty() ? nullptr : run_as.groups.data()) != 0)
+        child_fail("deloco run: setgroups failed: cannot drop root's groups in the child\n");
+      if (::setgid(run_as.gid) != 0) child_fail("deloco run: setgid failed: cannot drop root's group in the child\n");
+      if (::setuid(run_as.uid) != 0) child_fail("deloco run: setuid failed: cannot drop root in the child\n");
+      if (::setuid(0) == 0 || ::geteuid() != run_as.uid || ::getegid() != run_as.gid)
+        child_fail("deloco run: the child could regain root after dropping it\n");
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // cleared by the change of user
+      if (::getppid() != parent) ::_exit(127);
     }
     ::execve(program.c_str(), av.data(), ev.data());
     static const char msg[] = "deloco run: exec of a child failed\n";

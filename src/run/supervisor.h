@@ -40,6 +40,20 @@ struct Child {
   std::string last_exit;        // "exit status 3", "signal Segmentation fault"
 };
 
+// Whom a child runs as (spawn_program's run_as). drop = false: this process's own user, untouched. drop = true: in
+// the child, after it joined its network namespace and before exec, setgroups(groups), setgid(gid) and setuid(uid)
+// in that order, each checked, then a check that root cannot be regained (setuid(0) must fail), and
+// PR_SET_PDEATHSIG set again (a change of user clears it); a child where any step fails writes which to its log and
+// exits 126. Only root can drop; the caller's environment for the child is its own business (HOME, USER, ...).
+struct RunAs {
+  bool drop = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;  // supplementary groups, the primary one included (empty: none)
+  std::string name;           // the user's name ("" : not in the user database)
+  std::string home;           // the user's home folder ("" : unknown)
+};
+
 // The environment of a child: ours without the DELOCO_* address/key/id fallbacks and torchrun's RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR, MASTER_PORT (the command line says everything), plus `extra` ("NAME=value", replacing any variable of that name).
 std::vector<std::string> child_environment(const std::vector<std::string>& extra);
@@ -47,11 +61,13 @@ std::vector<std::string> child_environment(const std::vector<std::string>& extra
 // Starts /proc/self/exe with `argv` (argv[0] is only a name) and `env` as described above; returns its pid.
 // netns: "" runs it on this machine's network; else the name of a network namespace (`ip netns`, /run/netns/NAME)
 // it joins before exec (RunError naming it when it cannot be opened; a child that cannot join exits 126).
+// run_as: whom the child runs as (RunAs above; the default keeps this process's user).
 pid_t spawn_self(const std::vector<std::string>& argv, const std::vector<std::string>& env, const std::string& log,
-                 const std::string& netns = "");
+                 const std::string& netns = "", const RunAs& run_as = {});
 // The same for another program (a path, e.g. "/bin/sh").
 pid_t spawn_program(const std::string& program, const std::vector<std::string>& argv,
-                    const std::vector<std::string>& env, const std::string& log, const std::string& netns = "");
+                    const std::vector<std::string>& env, const std::string& log, const std::string& netns = "",
+                    const RunAs& run_as = {});
 
 // If `c` is running and has exited, reaps it: pid = 0, stopped = false, last_exit set, done = true when it exited
 // with status 0. Returns whether it exited. Never blocks.

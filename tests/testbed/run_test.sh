@@ -6,7 +6,10 @@
 # join and to its next merged push are printed), no push is rejected, merge counts never go back, and each host's
 # link (its interface's counters) carried at least the bytes its learner counted as sent (learner 0, never cut:
 # at most 1.25x, the framing; learner 1: the bytes of the pushes it sent while its link was up).
-# Then one learner of 2 ranks on the same testbed: its ranks on hosts 1 and 2, the all-reduce on both links.
+# The run goes as if started by `sudo` from uid 65534 (SUDO_UID/SUDO_GID): every process on the hosts runs as
+# 65534 (the summary's testbed.uid, the owner of the records they wrote), none as root.
+# Then one learner of 2 ranks on the same testbed: its ranks on hosts 1 and 2, the all-reduce on both links; no
+# sudo user this time, so its processes keep root and deloco run says so.
 # Skips (77) where no testbed can be made (not root). Bounded: the run has a 240 s timeout; the testbed is removed
 # on every exit.
 set -euo pipefail
@@ -17,15 +20,17 @@ scripts/testbed.sh check || { echo "testbed run test skipped"; exit 77; }
 exec 9>/tmp/deloco-testbed.lock
 flock -w 300 9 || { echo "FAIL: another testbed held /tmp/deloco-testbed.lock for 5 minutes" >&2; exit 1; }
 DELOCO=${1:-build/deloco}
+unset SUDO_UID SUDO_GID   # whom the runs' processes run as is this test's choice, whoever started it
 export TESTBED_NAME=dlr$$
 TB=scripts/testbed.sh
 PY=/usr/bin/python3
 out=$(mktemp -d); echo "run folder: $out"
+chmod 755 "$out"   # the run's processes run as uid 65534: they must reach their run folder
 trap '$TB down >/dev/null 2>&1 || true; [ -n "${KEEP:-}" ] || rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*" >&2; tail -30 "$out/run.log" >&2 || true; exit 1; }
 
 $TB up --hosts 3 --rate 20mbit
-OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE timeout 240 "$DELOCO" run --config configs/tiny.toml \
+SUDO_UID=65534 SUDO_GID=65534 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE timeout 240 "$DELOCO" run --config configs/tiny.toml \
   --set syncer.out_dir="$out/run" --set testbed.name="$TESTBED_NAME" --set sync.learners=2 --set sync.quorum=1 \
   --set sync.fragments=2 --set sync.sync_every=10 --set train.steps=1500 --set train.threads=1 \
   --set net.dead_after=5 > "$out/run.log" 2>&1 &
@@ -42,6 +47,11 @@ sleep 10
 heal_t=$(date +%s.%N); $TB link 2 up
 wait $run || fail "deloco run exited $?"
 
+grep -q "run as .*(uid 65534, gid 65534, from sudo)" "$out/run.log" ||
+  fail "deloco run did not say that the hosts' processes run as the sudo user"
+for f in syncer.jsonl learner-0.jsonl learner-1.jsonl; do
+  [ "$(stat -c %u:%g "$out/run/$f")" = 65534:65534 ] || fail "$f was written as $(stat -c %u:%g "$out/run/$f"), not 65534"
+done
 tx1=$($TB counters 1 | sed 's/.*tx_bytes=\([0-9]*\).*/\1/')
 tx2=$($TB counters 2 | sed 's/.*tx_bytes=\([0-9]*\).*/\1/')
 $PY - "$out/run" "$cut_t" "$heal_t" "$tx1" "$tx2" <<'PY'
@@ -68,6 +78,7 @@ rejects = [r for r in syncer if r["kind"] == "reject"]
 assert not rejects, f"pushes rejected: {rejects[:3]}"
 s = json.load(open(f"{run}/summary.json"))
 assert s["testbed"]["hosts"][0] == "198.18.0.1", s.get("testbed")
+assert s["testbed"]["uid"] == 65534, f"the hosts' processes ran as uid {s['testbed']['uid']}, not the sudo user's"
 sent = {}
 for n in (0, 1):
     done = [r for r in records(f"learner-{n}.jsonl") if r["kind"] == "learner_done"]
@@ -102,6 +113,8 @@ OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE timeout 120 "$DELOCO" run --config con
   --set syncer.out_dir="$out/group" --set testbed.name="$TESTBED_NAME" --set sync.learners=1 --set sync.quorum=1 \
   --set learner.ranks=2 --set sync.sync_every=20 --set train.steps=40 --set train.threads=1 --set chaos.enabled=false \
   > "$out/group.log" 2>&1 || { rc=$?; tail -30 "$out/group.log" >&2; fail "deloco run of a 2-rank learner exited $rc"; }
+[ "$(grep -c "run as root: no other user" "$out/group.log")" = 1 ] ||
+  fail "deloco run did not say once that the hosts' processes keep root (no sudo user)"
 after=$(link_counters)
 $PY - "$out/group" "$before" "$after" <<'PY'
 import json, sys
@@ -111,6 +124,7 @@ after = [[int(x) for x in l.split()] for l in sys.argv[3].splitlines()]
 moved = {h: [a - b for a, b in zip(after[h - 1], before[h - 1])] for h in (1, 2)}  # [tx, rx]
 s = json.load(open(f"{run}/summary.json"))
 assert s["testbed"]["learner_hosts"] == [[1, 2]], s["testbed"]
+assert s["testbed"]["uid"] == 0, f"no sudo user, yet the hosts' processes ran as uid {s['testbed']['uid']}"
 logs = {r: open(f"{run}/logs/learner-0{'' if r == 0 else '.rank-1'}.log").read() for r in (0, 1)}
 for r, text in logs.items():
     assert "--master-addr 198.18.0.2" in text, f"rank {r} was not told the group's store at host 1's address"
