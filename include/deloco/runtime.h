@@ -190,6 +190,12 @@ struct ChaosOptions {                // used by `deloco run` only
   double stop_seconds = 5.0;         // SIGCONT after this long
   double restart_delay = 2.0;        // seconds before a killed process is started again
   std::vector<double> syncer_kill_at;  // seconds after start at which the syncer is killed (then --resume)
+  // The same by the run's progress (src/run/chaos.h: the furthest learner's inner step over train.steps), so chaos
+  // hits the same point of a run on any machine: the mean fraction of train.steps between learner SIGKILLs
+  // (0: none; not with kill_interval), and the fractions in (0, 1) at which the syncer is killed (not with
+  // syncer_kill_at).
+  double kill_interval_progress = 0.0;
+  std::vector<double> syncer_kill_at_progress;
   int64_t slow_learner = -1;         // this learner runs learner.slowdown = slow_factor (-1: none)
   double slow_factor = 2.0;
   int64_t seed = 1;

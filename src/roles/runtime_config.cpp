@@ -236,6 +236,31 @@ void ChaosOptions::bind(ConfigSchema& s) {
       if (!(t >= 0 && t <= kMaxSeconds)) return std::string("chaos.syncer_kill_at times must be in [0, 1e6] seconds");
     return std::string();
   });
+  // The progress forms (src/run/chaos.h): fractions of train.steps the furthest learner reached. Each kind is
+  // scheduled by one clock: a config that sets both forms is refused, naming both keys and how to clear one.
+  s.bind("chaos.kill_interval_progress", &kill_interval_progress,
+         "mean fraction of train.steps (the furthest learner's) between SIGKILLs of a random learner (0: none)",
+         [this] {
+           if (!(kill_interval_progress >= 0 && kill_interval_progress <= 1))
+             return "chaos.kill_interval_progress must be in [0, 1], a fraction of train.steps (got " +
+                    fmt(kill_interval_progress) + ")";
+           if (kill_interval_progress > 0 && kill_interval > 0)
+             return "chaos.kill_interval_progress=" + fmt(kill_interval_progress) + " and chaos.kill_interval=" +
+                    fmt(kill_interval) + " are both set: space the learner kills by progress or by seconds, not both "
+                    "(set the other to 0)";
+           return std::string();
+         });
+  s.bind("chaos.syncer_kill_at_progress", &syncer_kill_at_progress,
+         "fractions of train.steps (the furthest learner's) at which the syncer is killed, e.g. [0.5]: mid-run", [this] {
+           for (double f : syncer_kill_at_progress)
+             if (!(f > 0 && f < 1))
+               return "chaos.syncer_kill_at_progress fractions must be in (0, 1) of train.steps (got " + fmt(f) + ")";
+           if (!syncer_kill_at_progress.empty() && !syncer_kill_at.empty())
+             return std::string("chaos.syncer_kill_at_progress and chaos.syncer_kill_at are both set: schedule the "
+                                "syncer kills by progress or by seconds, not both (clear the other: "
+                                "--set chaos.syncer_kill_at= or --set chaos.syncer_kill_at_progress=)");
+           return std::string();
+         });
   s.bind("chaos.slow_learner", &slow_learner, "learner slowed down by chaos.slow_factor (-1: none)");
   s.bind("chaos.slow_factor", &slow_factor, "step-time factor of the slow learner",
          [this] { return slow_factor >= 1 && slow_factor <= 1000 ? "" : "chaos.slow_factor must be in [1, 1000]"; });

@@ -648,6 +648,9 @@ void LocalCluster::chaos() {
   for (const Child& c : syncers_)
     if (c.done) return;  // the end: nobody would be there to rejoin
   const double now = elapsed();
+  std::vector<int64_t> steps;  // the progress marks (chaos.*_progress) go by the learners' records
+  for (const LearnerView& v : records_.learners()) steps.push_back(v.step);
+  chaos_.set_progress(run_progress(steps, cfg_.run.train.steps));
   if (chaos_.learner_kill_due(now)) {
     if (Child* c = pick_learner()) {
       // In a learner group, any of its ranks: the group goes down as one (reap()).
@@ -673,7 +676,7 @@ void LocalCluster::chaos() {
       note("chaos: SIGSTOP " + c->name + " for " + fixed(cfg_.chaos.stop_seconds, 1) + " s");
     }
   }
-  double at = 0;
+  ChaosMark at;
   while (chaos_.syncer_kill_due(now)) {
     // A sharded syncer: the kills go to the shards in turn (shard 0, 1, ..., then 0 again). A standby pair: the
     // kill goes to the syncer that leads (as its records tell), and the other takes over. It waits until the other
@@ -697,16 +700,16 @@ void LocalCluster::chaos() {
     const std::string who = (S_ == 1 ? std::string("the syncer") : "syncer shard " + std::to_string(victim.shard)) +
                             (pair ? std::string(" (the leader: ") + victim.name + ")" : std::string());
     if (any_learner_finished()) {
-      note("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (a learner already finished)");
+      note("chaos: skipped the kill of " + who + " at " + at.text() + " (a learner already finished)");
     } else if (victim.pid == 0) {
-      note("chaos: skipped the kill of " + who + " at " + fixed(at, 0) + " s (it is down)");
+      note("chaos: skipped the kill of " + who + " at " + at.text() + " (it is down)");
     } else {
       ::kill(victim.pid, SIGKILL);
       victim.chaos_killed = true;
       ++syncer_kills_;
       if (pair) killed_epoch_[s] = records_.shard(static_cast<int64_t>(s)).epoch;
       kill_wait_noted_ = false;
-      note("chaos: SIGKILL " + who +
+      note("chaos: SIGKILL " + who + (at.by_progress ? " at " + at.text() : std::string()) +
            (pair ? " (its standby takes over; it restarts as the standby in " : " (restart with --resume in ") +
            fixed(cfg_.chaos.restart_delay, 1) + " s)");
     }
