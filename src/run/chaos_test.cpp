@@ -240,5 +240,36 @@ TEST(ChaosConfig, BothFormsOfOneKindAreRefused) {
             "");
 }
 
+// The demo (the config of a bare `deloco run`) schedules its chaos by progress: the syncer is killed about mid-run
+// and learners are killed during it, however long the run takes on this machine.
+TEST(ChaosConfig, TheDemoKillsTheSyncerMidRunByProgress) {
+  RuntimeConfig cfg;
+  ConfigSchema schema;
+  cfg.bind(schema);
+  schema.load_file(test::source_dir() + "/configs/demo.toml");
+  schema.validate();
+  ASSERT_TRUE(cfg.chaos.enabled);
+  EXPECT_TRUE(cfg.chaos.syncer_kill_at.empty());
+  EXPECT_EQ(cfg.chaos.kill_interval, 0);
+  ASSERT_EQ(cfg.chaos.syncer_kill_at_progress.size(), 1u);
+  EXPECT_GE(cfg.chaos.syncer_kill_at_progress[0], 0.3);
+  EXPECT_LE(cfg.chaos.syncer_kill_at_progress[0], 0.7);
+  // Its schedule over a run of any length: one syncer kill, before the last learner kills are spared (the last
+  // 5% of train.steps), so a kill is never skipped because a learner finished first.
+  for (double seconds_per_step : {0.001, 0.1}) {
+    const auto actions = replay_progress(cfg.chaos, seconds_per_step);
+    int syncer = 0, kills = 0;
+    for (const auto& [thousandths, what] : actions) {
+      if (what.rfind("syncer", 0) == 0) {
+        ++syncer;
+        EXPECT_LT(thousandths, 950) << what;
+      }
+      kills += what.rfind("kill", 0) == 0 && thousandths < 950;
+    }
+    EXPECT_EQ(syncer, 1);
+    EXPECT_GE(kills, 1);  // chaos.seed = 1 draws its first learner kill before the spared end
+  }
+}
+
 }  // namespace
 }  // namespace deloco::run
