@@ -3,16 +3,20 @@
 // simulator (deloco/sync.h, deloco/learner.h). Used by `deloco syncer`, `deloco learner` and `deloco run`.
 //
 // Protocol (every message one wire frame; see docs/runtime.md for the sequence diagrams)
-//   learner → syncer  hello        JSON {learner, instance, step, want_state[, state_hash]}; the fingerprint is in the
-//                                  header; state_hash: FNV-1a-64 of the parameters the process started from
+//   learner → syncer  hello        JSON {learner, instance, step, want_state[, state_hash][, epoch]}; the fingerprint is
+//                                  in the header; state_hash: BLAKE2b-256 of the parameters the process started from;
+//                                  epoch: the highest leader epoch it joined (a hint: refused not_leader by an older
+//                                  leader, which steps down only on the other syncer's lease)
 //   syncer → learner  welcome      JSON {round, versions[P], resume_step, chunks, chunk_elements, elements,
-//                                  state_hash[, state_held]}   (state_hash: FNV-1a-64 hex of the fp32 bytes;
+//                                  state_hash[, state_held]}   (state_hash: BLAKE2b-256 hex of the fp32 bytes;
 //                                  state_held: the hello's state_hash matched, no chunks follow)
 //   syncer → learner  state_chunk  fp32, fragment_id = chunk index, round = welcome.round   (only if want_state)
-//   Rejoin from peers (docs/reliability.md): hello[, serve, serve_key] offers this learner's state to joiners;
-//   welcome[, fetch, donors[{learner, endpoint, key}], chunk_hashes] sends no chunks: the learner asks for each one
+//   Rejoin from peers (docs/reliability.md): hello[, serve, serve_key, serve_secret] offers this learner's state to
+//   joiners; welcome[, fetch, donors[{learner, endpoint, key, ticket}], chunk_hashes (BLAKE2b-256)] sends no chunks:
+//   the learner asks for each one
 //   learner → syncer or donor  state_request  fragment_id = chunk, round = welcome.round, JSON {shard, elements,
-//                                  chunk_elements, versions}; answered by a state_chunk or a reject not_held
+//                                  chunk_elements, versions[, learner, ticket]} (to a donor: its ticket from the
+//                                  welcome, proto::fetch_ticket); answered by a state_chunk or a reject not_held/busy
 //   learner → syncer  fragment_push    the outer gradient Δ_p = Θ_p^v − θ_p in net.encoding (with error feedback),
 //                                      c_steps/c_tokens in the header, round = v, the version of Θ_p the learner
 //                                      holds (last applied or downloaded); JSON-free. A heartbeat carrying the
@@ -142,10 +146,10 @@ struct NetOptions {
   int64_t io_threads = 1;            // ZeroMQ I/O threads per transport (TransportOptions::io_threads)
   // Rejoin from peers (docs/reliability.md). Learners: where this learner serves chunks of the state it holds to
   // joining learners ("" : it serves none; a concrete address others can dial, not 0.0.0.0), and at most how many
-  // Mbit/s it sends them (0: unbounded). Syncer: at most how many donors a joining learner's welcome names (0: the
-  // syncer sends the whole state itself).
+  // Mbit/s it sends them (default 200, so serving never takes a donor's whole link; 0: unbounded, by choice).
+  // Syncer: at most how many donors a joining learner's welcome names (0: the syncer sends the whole state itself).
   std::string serve;
-  double serve_rate = 0.0;
+  double serve_rate = 200.0;
   int64_t donors = 4;
   void bind(ConfigSchema& schema);
   // net.* as TransportOptions, without the model-sized bounds (node_transport_options adds them).
@@ -266,7 +270,7 @@ enum class NodeRole { kSyncer, kLearner };
 //   syncer:  a fragment push, the largest fragment in the costliest float encoding; or a control message
 //            (hello, heartbeat, leave: at most 64 KiB).
 //   learner: a state chunk or a fragment broadcast, never more than the whole model in the costliest float
-//            encoding (whatever net.chunk_bytes the syncer uses); or a control message.
+//            encoding (whatever net.chunk_bytes the syncer uses); or a control message (a welcome: 256 KiB).
 // Throws ConfigError when the size overflows.
 uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t model_elements);
 // TransportOptions of a node of `role` serving `model` under `cfg` (cut into fragments as the node will cut it):
@@ -275,6 +279,8 @@ uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t mod
 // a few heartbeats, and a push plus its heartbeat per fragment in flight; a full queue only slows that learner's
 // sending down, TCP back-pressure, it loses nothing).
 TransportOptions node_transport_options(const RuntimeConfig& cfg, Workload& model, NodeRole role);
+// That per-learner bound, 4·fragments + 16: also the most messages a paused leader holds from one connection.
+int syncer_receive_limit(int64_t fragments);
 // A learner's connections over ZeroMQ with `options`: one per syncer shard (net.address, in shard order) and, with
 // net.standby, one per shard to the other syncer of that shard's pair (for LearnerNode::standbys; empty without).
 struct LearnerLinks {
@@ -308,9 +314,10 @@ class SyncerNode {
   // A standby pair (docs/reliability.md): `dial` opens a connection to the other syncer of the pair. follow: start
   // as its standby (it sends an image, then every change to the core; this node checks each merge against the
   // leader's and takes over when the leader is silent for syncer.lease). Else lead, with the standby following
-  // this one; a leader that learns of a newer epoch (a learner's hello, a standby's request) steps down and
-  // follows. `slot` is this syncer's place in the pair (0: the primary, at net.address; 1: the standby, at
-  // net.standby): when neither syncer leads (the leader died before its standby held an image, then came back as a
+  // this one; a leader that hears the other syncer at a newer epoch (its lease, or its request to follow) steps
+  // down and follows (a learner's hello with a newer epoch is only a hint: refused, recorded, nothing changes).
+  // `slot` is this syncer's place in the pair (0: the primary, at net.address; 1: the standby, at net.standby): when
+  // neither syncer leads (the leader died before its standby held an image, then came back as a
   // standby), the one with the newer state takes over, the primary on a tie (repl::leads_leaderless). Call before run().
   void pair(std::function<std::unique_ptr<ClientTransport>()> dial, bool follow, int slot);
   std::string prometheus() const;    // the metrics text (thread-safe)

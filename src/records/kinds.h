@@ -84,7 +84,11 @@ struct Reject : RecordBase {
   int64_t fragment = -1;
   std::string reason;
   std::optional<std::string> detail;
-  template <class V> void fields(V& v) { v("fragment", fragment); v("reason", reason); v("detail", detail); }
+  // A refused join (a hello, or a message from a connection that has not joined), not a refused contribution.
+  std::optional<bool> join;
+  template <class V> void fields(V& v) {
+    v("fragment", fragment); v("reason", reason); v("detail", detail); v("join", join);
+  }
 };
 
 // An evaluation of the global model during the run (syncer shard 0, simulator; `deloco train`: the trainer's).
@@ -140,10 +144,12 @@ struct Status : RecordBase {
   std::vector<int64_t> connected;  // the learners connected
   bool stalled = false, blocked = false;
   double uptime = 0, goodput = 0;
+  // rejected: refused contributions and other messages (the summary's contributions_rejected); joins_refused apart.
   int64_t merges = 0, rejected = 0, bytes_in = 0, bytes_out = 0, tokens = 0;
+  std::optional<int64_t> joins_refused;
   template <class V> void fields(V& v) {
     v("alive", alive); v("connected", connected); v("stalled", stalled); v("blocked", blocked); v("uptime", uptime);
-    v("goodput", goodput); v("merges", merges); v("rejected", rejected); v("bytes_in", bytes_in);
+    v("goodput", goodput); v("merges", merges); v("rejected", rejected); v("joins_refused", joins_refused); v("bytes_in", bytes_in);
     v("bytes_out", bytes_out); v("tokens", tokens);
   }
 };
@@ -317,7 +323,9 @@ struct LearnerDone : RecordBase {
   // The learner node's summary (learner node, embedded learner): counts, times and bytes of its whole run.
   std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, pushes_superseded, broadcasts, rejected, bytes_sent,
       bytes_received, ranks;
+  std::optional<int64_t> joins_refused;  // refusals of its hellos (duplicate_id, not_leader, ...): not in `rejected`
   std::optional<int64_t> served_chunks, served_bytes;  // rejoin from peers: state chunks this learner served (net.serve)
+  std::optional<nlohmann::json> serve_refused;  // ... and the state requests it refused, by reason (ServeRefused)
   // The delta broadcast (net.broadcast_delta): fragment_delta frames added to the version held, and those whose base
   // this learner did not hold (it asked for the whole fragment).
   std::optional<int64_t> deltas_applied, deltas_unapplied;
@@ -339,6 +347,7 @@ struct LearnerDone : RecordBase {
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
     v("precision", precision); v("precision_setting", precision_setting); v("fp32_gflops", fp32_gflops);
     v("bf16_gflops", bf16_gflops); v("served_chunks", served_chunks); v("served_bytes", served_bytes);
+    v("serve_refused", serve_refused); v("joins_refused", joins_refused);
     v("deltas_applied", deltas_applied); v("deltas_unapplied", deltas_unapplied);
   }
 };
@@ -389,6 +398,16 @@ struct PeerLied : RecordBase {
   int64_t donor = -1, chunk = -1;
   std::string detail;
   template <class V> void fields(V& v) { v("donor", donor); v("chunk", chunk); v("detail", detail); }
+};
+
+// A learner that serves peers (net.serve) refused a state request: `reason` stranger (no ticket, or a key that is not
+// the ticket's learner's), bad_ticket, busy (kFetchWindow chunks queued or on their way to that learner), not_held
+// or malformed; `count` of that reason so far. Written at the 1st, 2nd, 4th, 8th, ... of each reason.
+struct ServeRefused : RecordBase {
+  static constexpr const char* kKind = "serve_refused";
+  std::string reason, detail;
+  int64_t count = 0;
+  template <class V> void fields(V& v) { v("reason", reason); v("count", count); v("detail", detail); }
 };
 
 // The first welcome of a join that downloads the state: Joined's fields (hello_seconds); "joined" follows once the

@@ -77,6 +77,7 @@ struct LearnerNode::Impl {
     struct Source {
       int64_t donor = -1;  // learner id (-1: the syncer)
       std::unique_ptr<ClientTransport> tx;  // null: the syncer's link
+      Digest ticket{};                      // a donor's: the welcome's ticket for it (proto::fetch_ticket)
       std::map<int64_t, double> asked;      // chunk -> when it was asked
       bool banned = false;
       int64_t got = 0, refused = 0, timeouts = 0;
@@ -92,9 +93,10 @@ struct LearnerNode::Impl {
     double latency_sum = 0;  // seconds from ask to answer, over the chunks answered (the endgame's yardstick)
     int64_t latency_n = 0;
   };
-  static constexpr int64_t kFetchWindow = 4;     // chunks asked of one source at a time
+  static constexpr int64_t kFetchWindow = proto::kFetchWindow;  // chunks asked of one source at a time
   static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
   static constexpr double kServeFreeze = 5.0;    // seconds a donor's copy stays at the versions a fetch asked for
+  static constexpr double kServeFreezeMax = 15.0;  // ... at most, counted from that fetch's first request here
   static constexpr double kServeWait = 5.0;      // seconds a request for newer versions waits for their broadcast
   // Serving (net.serve): the server, and per link (Link::served) this learner's copy of the syncer's state.
   std::unique_ptr<ServerTransport> serve_tx;
@@ -112,6 +114,32 @@ struct LearnerNode::Impl {
   std::deque<ServeRequest> serve_waiting;
   TokenBucket serve_tokens;  // net.serve_rate
   std::atomic<int64_t> served_chunks{0}, served_bytes{0}, serve_refused{0};
+  // The key this learner's server checks fetch tickets with: random per process, told to the syncers in the hello.
+  Digest serve_secret = random_key();
+  // Why a state request was refused, counted per reason (serve_refused records, learner_done's serve_refused):
+  // stranger (no ticket, or a key that is not the ticket's learner's), bad_ticket (not one the syncer gave for this
+  // server and these fields), busy (the requester has kFetchWindow chunks queued or on their way), not_held (other
+  // versions held), malformed (not a state request for this model).
+  enum Refusal { kStranger, kBadTicket, kBusy, kNotHeldHere, kMalformed, kRefusals };
+  static constexpr const char* kRefusalNames[kRefusals] = {"stranger", "bad_ticket", "busy", "not_held", "malformed"};
+  std::array<std::atomic<int64_t>, kRefusals> refused_by{};
+  // Per requesting learner (its ticket's id, bound to its key under CURVE): requests queued here and replies the
+  // transport still holds (each reply's payload owns a count that its release, once sent or dropped, takes back).
+  struct Requester {
+    int64_t queued = 0;
+    std::shared_ptr<std::atomic<int64_t>> in_flight = std::make_shared<std::atomic<int64_t>>(0);
+    double last = 0;
+  };
+  std::map<int64_t, Requester> requesters;
+  double requesters_swept = 0;
+  // The first request of each fetch (learner, welcome round) here: a fetch keeps the copy frozen kServeFreezeMax at
+  // most, so a trickle of requests cannot keep it at old versions (and honest joiners refused) for good.
+  std::map<std::pair<int64_t, uint64_t>, double> fetch_first;
+  // Replies point into the served copy without copying it. A broadcast that arrives while replies still point into
+  // the copy writes a new one (copy on write); older copies stay alive only while replies hold them, at most
+  // kMaxPinned of them: past that the broadcast waits (Link::deferred) until they are released.
+  std::vector<at::Tensor> pinned;
+  static constexpr size_t kMaxPinned = 2;
   // What the comms thread alone touches, per link.
   struct Comms {
     double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
@@ -144,10 +172,10 @@ struct LearnerNode::Impl {
     bool marks_answers = false;  // its broadcasts say which push they answer (proto::Welcome::marks_answers)
     std::optional<State> state_ready;  // a verified download of this shard's part, waiting to be installed
     // The parameters of this shard's part as the process started (its seeded initialisation, model_layout order)
-    // and their FNV-1a-64: offered in the hello (proto::Hello::state_hash) until the link first holds a state, so a
+    // and their BLAKE2b-256: offered in the hello (proto::Hello::state_hash) until the link first holds a state, so a
     // syncer still at the same state sends no download (Welcome::state_held). Set before the comms thread starts.
     at::Tensor initial;
-    uint64_t initial_hash = 0;
+    Digest initial_hash{};
     int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
     // Fragments pushed on this link while joined, since it last (re)joined. A (re)join settles each of them as
     // refused: the syncer that answers now may not hold them (a restarted syncer never got them, or lost them
@@ -207,6 +235,7 @@ struct LearnerNode::Impl {
   std::string leave_reason;                 // set by main at the end
   bool comms_stop = false;
   int64_t pushes = 0, pushes_dropped = 0, pushes_superseded = 0, broadcasts = 0, rejected = 0;
+  int64_t joins_refused = 0;  // refusals of a hello (or of a message before joining): not refused contributions
   int64_t deltas_applied = 0, deltas_unapplied = 0;  // comms thread; read at the end
 
   std::thread comms;
@@ -447,6 +476,7 @@ struct LearnerNode::Impl {
     if (serve_tx) {
       h.serve = serve_endpoint;
       h.serve_key = serve_key;
+      h.serve_secret = serve_secret;
     }
     return h;
   }
@@ -617,7 +647,7 @@ struct LearnerNode::Impl {
     welcomed_once = true;
     if (w.state_held) {
       // The syncer's state is what this process started from (the hashes matched): install that, download nothing.
-      if (!L.initial.defined() || w.state_hash != L.initial_hash || w.elements != L.plan.model.elements)
+      if (!L.initial.defined() || !digests_equal(w.state_hash, L.initial_hash) || w.elements != L.plan.model.elements)
         throw WireError("welcome says this learner holds the state already, but it offered no parameters with that hash");
       c.dl.reset();
       c.fetch.reset();
@@ -695,7 +725,7 @@ struct LearnerNode::Impl {
     if (h.encoding != Encoding::kFp32 || static_cast<int64_t>(h.element_count) != n ||
         env.payload.size() != static_cast<size_t>(n) * 4 || !little_endian())
       return false;
-    return fnv1a64(env.payload.data(), env.payload.size()) == w.chunk_hashes[static_cast<size_t>(k)];
+    return digests_equal(blake2b256(env.payload.data(), env.payload.size()), w.chunk_hashes[static_cast<size_t>(k)]);
   }
 
   void accept_chunk(Link& L, int64_t k, const MessageHeader& h, const Envelope& env) {
@@ -711,9 +741,9 @@ struct LearnerNode::Impl {
     if (c.fetch)  // asked of two sources (the endgame): the other's answer, when it comes, is dropped
       for (auto& s : c.fetch->src) s.asked.erase(k);
     if (c.dl_count < c.dl->chunks) return;
-    const uint64_t hash = fnv1a64(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
+    const Digest hash = blake2b256(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
     std::lock_guard<std::mutex> lock(mu);
-    if (hash != c.dl->state_hash) {
+    if (!digests_equal(hash, c.dl->state_hash)) {
       emit(L, bad_frame("global state hash mismatch; downloading again"));
       L.joined = false;  // hello again with want_state
     } else {
@@ -768,6 +798,7 @@ struct LearnerNode::Impl {
         if (!o.plaintext && d.key.empty()) continue;
         Fetch::Source s;
         s.donor = d.learner;
+        s.ticket = d.ticket;
         try {
           s.tx = make_zmq_client(d.endpoint, o);
         } catch (const std::exception& e) {
@@ -791,6 +822,10 @@ struct LearnerNode::Impl {
     r.elements = c.dl->elements;
     r.chunk_elements = c.dl->chunk_elements;
     r.versions = c.dl->versions;
+    if (s.tx) {  // a donor serves only with the ticket the welcome gave for it
+      r.learner = id;
+      r.ticket = s.ticket;
+    }
     Bytes body = Bytes::from_string(proto::encode_state_request(r));
     const bool sent = s.tx ? send_on(*s.tx, h, std::move(body)) : send(L, h, std::move(body));
     const double t = now();
@@ -915,9 +950,10 @@ struct LearnerNode::Impl {
     if ((h.kind != MessageKind::kReject && h.round != c.dl->round) || !s.asked.count(k)) return;
     const double asked_at = s.asked[k];
     s.asked.erase(k);
-    if (h.kind == MessageKind::kReject) {  // it holds other versions now: the syncer serves the chunk
+    if (h.kind == MessageKind::kReject) {  // it holds other versions now, or is busy: the syncer serves the chunk
       f.syncer_todo.push_back(k);
-      if (++s.refused >= 3) s.banned = true;
+      ++s.refused;
+      if (proto::reject_reason_of(h) != RejectReason::kBusy && s.refused >= 3) s.banned = true;
       return;
     }
     if (h.kind != MessageKind::kStateChunk) return caught_lying(L, i, k, std::string("answered with ") + kind_name(h.kind));
@@ -963,11 +999,22 @@ struct LearnerNode::Impl {
     L.prev_versions.assign(versions.size(), -1);
     L.prev.assign(versions.size(), at::Tensor());
   }
+  // Whether L.served may be written now: no reply points into it, or it could be replaced by a copy (the old one
+  // stays alive, pinned, while replies hold it; at most kMaxPinned such copies at a time).
+  bool served_writable(Link& L) {
+    if (L.served.use_count() == 1) return true;
+    pinned.erase(std::remove_if(pinned.begin(), pinned.end(), [](const at::Tensor& t) { return t.use_count() == 1; }),
+                 pinned.end());
+    if (pinned.size() >= kMaxPinned) return false;
+    pinned.push_back(L.served);
+    L.served = L.served.clone();
+    return true;
+  }
   void serve_broadcast(Link& L, int64_t p, int64_t version, const at::Tensor& flat) {
     if (!L.served.defined()) return;
     const int64_t k = L.plan.local[static_cast<size_t>(p)];
     if (k < 0 || version <= L.served_versions[static_cast<size_t>(k)]) return;
-    if (now() < L.frozen_until) {  // a fetch is reading this copy: later
+    if (now() < L.frozen_until || !served_writable(L)) {  // a fetch is reading this copy, or replies pin it: later
       auto it = L.deferred.find(k);
       if (it == L.deferred.end() || it->second.first < version) L.deferred[k] = {version, flat};
       return;
@@ -985,29 +1032,78 @@ struct LearnerNode::Impl {
     L.served_versions[static_cast<size_t>(k)] = version;
   }
 
+  // A state request refused for `why`: counted, and recorded at the 1st, 2nd, 4th, 8th, ... of each reason.
+  void refused(Refusal why, const std::string& detail) {
+    ++serve_refused;
+    const int64_t n = ++refused_by[why];
+    if ((n & (n - 1)) != 0) return;
+    rec::ServeRefused r;
+    r.reason = kRefusalNames[why];
+    r.count = n;
+    r.detail = clip_utf8(detail, 300);
+    emit(r);
+  }
+
   void tend_serving() {
     if (!serve_tx) return;
+    const double t0s = now();
     for (auto& L : links)  // thawed: the broadcasts that waited go in
-      if (!L.deferred.empty() && now() >= L.frozen_until) {
+      if (!L.deferred.empty() && t0s >= L.frozen_until) {
         std::map<int64_t, std::pair<int64_t, at::Tensor>> d;
         d.swap(L.deferred);
         for (auto& [k, vf] : d) serve_broadcast(L, L.plan.fragments[static_cast<size_t>(k)], vf.first, vf.second);
       }
+    if (t0s - requesters_swept > 1) {  // requesters with nothing queued or on its way, quiet for a while, are forgotten
+      requesters_swept = t0s;
+      for (auto it = requesters.begin(); it != requesters.end();)
+        it = it->second.queued == 0 && it->second.in_flight->load() == 0 && t0s - it->second.last > 30 ? requesters.erase(it)
+                                                                                                   : std::next(it);
+      for (auto it = fetch_first.begin(); it != fetch_first.end();)
+        it = t0s - it->second > 600 ? fetch_first.erase(it) : std::next(it);
+    }
     Envelope env;
     for (int n = 0; n < 16 && serve_queue.size() < 64 && serve_tx->receive(&env, std::chrono::milliseconds(0)); ++n) {
       MessageHeader h;
+      proto::StateRequest r;
       try {
         if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
         h = decode_header(env.header.data(), env.header.size(), limits);
         verify_payload(h, env.payload.data(), env.payload.size());
         if (h.kind != MessageKind::kStateRequest || h.fingerprint != fingerprint) throw WireError("not a state request for this model");
-        // CURVE: only keys bound to a learner fetch (the transport's allow-list admitted the key at all).
-        if (!env.identity.empty() && !proto::learner_of_key_name(env.identity)) throw WireError("key is not a learner's");
-        serve_queue.push_back(
-            ServeRequest{env.peer, h, proto::parse_state_request(env.payload.data(), env.payload.size()), now()});
-      } catch (const WireError&) {
-        ++serve_refused;  // a joining learner treats silence as a slow donor; nothing more to say to a stranger
+        r = proto::parse_state_request(env.payload.data(), env.payload.size());
+      } catch (const WireError& e) {
+        refused(kMalformed, e.what());  // a joining learner treats silence as a slow donor; nothing to say to a stranger
+        continue;
       }
+      // Only learners the syncer introduced: the ticket its welcome gave for this server, for the request's own
+      // learner, shard, round and chunk size, from a connection whose key (CURVE) is that learner's.
+      if (!r.ticket || r.learner < 0) {
+        refused(kStranger, "a state request without a ticket (only learners a syncer's welcome names this server to are served)");
+        continue;
+      }
+      if (!env.identity.empty()) {
+        const std::optional<int64_t> bound = proto::learner_of_key_name(env.identity);
+        if (!bound || *bound != r.learner) {
+          refused(kStranger, "key '" + env.identity + "' asked with learner " + std::to_string(r.learner) + "'s ticket");
+          continue;
+        }
+      }
+      if (!digests_equal(*r.ticket, proto::fetch_ticket(serve_secret, r.learner, r.shard, h.round, r.chunk_elements, r.elements))) {
+        refused(kBadTicket, "learner " + std::to_string(r.learner) + "'s ticket is not the one a syncer gave it for this server, "
+                            "round " + std::to_string(h.round) + " and chunks of " + std::to_string(r.chunk_elements) + " elements");
+        continue;
+      }
+      Requester& R = requesters[r.learner];
+      R.last = now();
+      if (R.queued + R.in_flight->load() >= kFetchWindow) {
+        refuse_request(env.peer, h, RejectReason::kBusy,
+                       "busy: this learner serves at most " + std::to_string(kFetchWindow) + " chunks at a time to one learner");
+        refused(kBusy, "learner " + std::to_string(r.learner) + " asked for more than " + std::to_string(kFetchWindow) +
+                           " chunks at a time");
+        continue;
+      }
+      ++R.queued;
+      serve_queue.push_back(ServeRequest{env.peer, h, std::move(r), now()});
     }
     // Waiting requests whose broadcasts came (or whose wait is over) go first; then the new ones. The rate bound:
     // net.serve_rate.
@@ -1027,8 +1123,11 @@ struct LearnerNode::Impl {
         if (!serve_tokens.take(static_cast<double>(held.n) * 4)) break;
         serve_one(q, held);
       } else {
-        refuse_request(q);
+        refuse_request(q.route, q.h, RejectReason::kNotHeld, "not_held: this learner holds other versions of that chunk");
+        refused(kNotHeldHere, "learner " + std::to_string(q.r.learner) + " asked for chunk " +
+                                  std::to_string(q.h.fragment_id) + " at versions this learner does not hold");
       }
+      if (auto it = requesters.find(q.r.learner); it != requesters.end() && it->second.queued > 0) --it->second.queued;
       serve_queue.pop_front();
     }
   }
@@ -1067,14 +1166,28 @@ struct LearnerNode::Impl {
     return out;
   }
 
-  void refuse_request(const ServeRequest& q) {
+  void refuse_request(const std::string& route, const MessageHeader& q, RejectReason why, const std::string& text) {
     MessageHeader rh = header(MessageKind::kReject);
-    rh.round = static_cast<uint64_t>(RejectReason::kNotHeld);  // a reject's round is its code
-    rh.fragment_id = q.h.fragment_id;
-    const auto f = proto::make_frame(rh, std::string("not_held: this learner holds other versions of that chunk"), limits);
-    serve_tx->send(q.route, f.header, f.payload);
-    ++serve_refused;
+    rh.round = static_cast<uint64_t>(why);  // a reject's round is its code
+    rh.fragment_id = q.fragment_id;
+    const auto f = proto::make_frame(rh, text, limits);
+    serve_tx->send(route, f.header, f.payload);
   }
+
+  // What a reply's payload points into, and the count of its requester's replies on their way: released (the count
+  // taken back) when the transport has sent or dropped the reply.
+  struct ServeHold {
+    at::Tensor copy;              // the served copy (zero copy), or
+    std::vector<float> patched;   // a chunk with parts from previous versions
+    std::shared_ptr<std::atomic<int64_t>> in_flight;
+    ServeHold(at::Tensor t, std::vector<float> v, std::shared_ptr<std::atomic<int64_t>> n)
+        : copy(std::move(t)), patched(std::move(v)), in_flight(std::move(n)) {
+      ++*in_flight;
+    }
+    ~ServeHold() { --*in_flight; }
+    ServeHold(const ServeHold&) = delete;
+    ServeHold& operator=(const ServeHold&) = delete;
+  };
 
   void serve_one(const ServeRequest& q, const Holding& held) {
     MessageHeader h = header(MessageKind::kStateChunk);
@@ -1082,10 +1195,16 @@ struct LearnerNode::Impl {
     h.fragment_id = q.h.fragment_id;
     Link* L = held.L;
     const int64_t first = held.first, n = held.n;
-    L->frozen_until = now() + kServeFreeze;  // the rest of this fetch finds these versions
-    Bytes payload;
-    if (held.from_prev.empty()) {
-      payload = Bytes::copy(L->served.data_ptr<float>() + first, static_cast<size_t>(n) * 4);
+    const double t = now();
+    // The rest of this fetch finds these versions, for kServeFreezeMax at most from its first request here.
+    auto [ff, fresh] = fetch_first.try_emplace({q.r.learner, q.h.round}, t);
+    L->frozen_until = std::max(L->frozen_until, std::min(t + kServeFreeze, ff->second + kServeFreezeMax));
+    const std::shared_ptr<std::atomic<int64_t>> count = requesters[q.r.learner].in_flight;
+    std::shared_ptr<ServeHold> hold;
+    const char* data = nullptr;
+    if (held.from_prev.empty() && !cfg.learner.serve_corrupt) {
+      hold = std::make_shared<ServeHold>(L->served, std::vector<float>(), count);
+      data = reinterpret_cast<const char*>(L->served.data_ptr<float>() + first);
     } else {  // the current copy, with the parts of fragments asked at their previous version from Link::prev
       std::vector<float> chunk(L->served.data_ptr<float>() + first, L->served.data_ptr<float>() + first + n);
       for (size_t f : held.from_prev) {
@@ -1095,16 +1214,19 @@ struct LearnerNode::Impl {
           if (a < b) std::memcpy(chunk.data() + (a - first), old + frag + (a - part), static_cast<size_t>(b - a) * 4);
         }
       }
-      payload = Bytes::copy(chunk.data(), chunk.size() * 4);
-    }
-    if (cfg.learner.serve_corrupt) {  // the fault drill: one flipped bit in the first element
-      std::string s = payload.str();
-      s[0] = static_cast<char>(s[0] ^ 1);
-      payload = Bytes::from_string(std::move(s));
+      if (cfg.learner.serve_corrupt) {  // the fault drill: one flipped bit in the first element
+        uint32_t bits;
+        std::memcpy(&bits, chunk.data(), 4);
+        bits ^= 1;
+        std::memcpy(chunk.data(), &bits, 4);
+      }
+      hold = std::make_shared<ServeHold>(at::Tensor(), std::move(chunk), count);
+      data = reinterpret_cast<const char*>(hold->patched.data());
     }
     h.encoding = Encoding::kFp32;
     h.element_count = static_cast<uint64_t>(n);
-    auto f = proto::make_frame(h, std::move(payload), limits);
+    auto f = proto::make_frame(h, Bytes(hold, data, static_cast<size_t>(n) * 4), limits);
+    hold.reset();  // the frame's payload holds it now
     if (serve_tx->send(q.route, f.header, f.payload)) {
       ++served_chunks;
       served_bytes += n * 4;
@@ -1202,7 +1324,11 @@ struct LearnerNode::Impl {
     const std::string why = clip_utf8(std::string_view(env.payload.data(), env.payload.size()), 500);
     const RejectReason code = reject_reason_of(h);
     std::lock_guard<std::mutex> lock(mu);
-    ++rejected;
+    const bool join = h.fragment_id == proto::kNoFragment &&
+                      (code == RejectReason::kDuplicateId || code == RejectReason::kNotLeader || code == RejectReason::kNotJoined ||
+                       code == RejectReason::kKeyIdMismatch || code == RejectReason::kUnboundKey ||
+                       code == RejectReason::kUnknownLearner || code == RejectReason::kLearnerIdMismatch);
+    ++(join ? joins_refused : rejected);
     rec::Rejected r;
     r.reason = why;
     r.code = reject_reason_name(code);
@@ -1304,7 +1430,7 @@ struct LearnerNode::Impl {
       for (const auto& name : L.plan.model.names) ts.push_back(by_name.at(name));
       at::Tensor flat = torch::empty({L.plan.model.elements}, torch::kFloat);
       flatten_into(ts, flat.data_ptr<float>());
-      L.initial_hash = fnv1a64(flat.data_ptr<float>(), static_cast<size_t>(L.plan.model.elements) * 4);
+      L.initial_hash = blake2b256(flat.data_ptr<float>(), static_cast<size_t>(L.plan.model.elements) * 4);
       L.initial = flat;
     }
   }
@@ -1561,6 +1687,7 @@ struct LearnerNode::Impl {
     d.pushes_superseded = pushes_superseded;
     d.broadcasts = broadcasts;
     d.rejected = rejected;
+    d.joins_refused = joins_refused;
     if (cfg.delta_broadcast()) {
       d.deltas_applied = deltas_applied;
       d.deltas_unapplied = deltas_unapplied;
@@ -1568,6 +1695,9 @@ struct LearnerNode::Impl {
     if (serve_tx) {
       d.served_chunks = served_chunks.load();
       d.served_bytes = served_bytes.load();
+      nlohmann::json by = nlohmann::json::object();
+      for (int r = 0; r < kRefusals; ++r) by[kRefusalNames[r]] = refused_by[static_cast<size_t>(r)].load();
+      d.serve_refused = std::move(by);
     }
     d.finished = done && refused_links().empty();
     d.bytes_sent = static_cast<int64_t>(bytes_out);

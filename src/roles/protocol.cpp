@@ -1,6 +1,7 @@
 // JSON control bodies and flat-vector layouts (see protocol.h).
 #include "protocol.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <cstring>
@@ -15,10 +16,9 @@
 namespace deloco::proto {
 namespace {
 
-nlohmann::json parse_object(const char* data, size_t n, const char* what) {
-  if (n > kMaxControlBytes)
-    throw WireError(std::string(what) + " body of " + std::to_string(n) + " bytes exceeds " +
-                    std::to_string(kMaxControlBytes));
+nlohmann::json parse_object(const char* data, size_t n, const char* what, size_t max = kMaxControlBytes) {
+  if (n > max)
+    throw WireError(std::string(what) + " body of " + std::to_string(n) + " bytes exceeds " + std::to_string(max));
   nlohmann::json j = nlohmann::json::parse(data, data + n, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) throw WireError(std::string(what) + " body is not a JSON object");
   return j;
@@ -50,6 +50,14 @@ uint64_t get_hex(const nlohmann::json& j, const char* key, const char* what) {
 
 constexpr int64_t kMaxI = int64_t{1} << 53;
 
+Digest get_digest(const nlohmann::json& j, const char* key, const char* what) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) throw WireError(std::string(what) + " field '" + key + "' is missing or not a string");
+  const std::optional<Digest> d = parse_digest_hex(it->get_ref<const std::string&>());
+  if (!d) throw WireError(std::string(what) + " field '" + key + "' is not a BLAKE2b-256 digest (64 hex digits)");
+  return *d;
+}
+
 // An optional string field of at most `max` bytes of printable ASCII ("" when absent).
 std::string get_short_string(const nlohmann::json& j, const char* key, const char* what, size_t max) {
   auto it = j.find(key);
@@ -64,12 +72,22 @@ std::string get_short_string(const nlohmann::json& j, const char* key, const cha
 
 }  // namespace
 
+std::optional<int64_t> next_epoch(int64_t mine, int64_t other) {
+  if (mine < 0 || other < 0 || mine > kMaxEpoch || other > kMaxEpoch) return std::nullopt;
+  const int64_t top = std::max(mine, other);
+  if (top >= kMaxEpoch) return std::nullopt;
+  return top + 1;
+}
+
 std::string encode_hello(const Hello& h) {
   nlohmann::json j{{"learner", h.learner}, {"instance", fingerprint_hex(h.instance)}, {"step", h.step},
                    {"want_state", h.want_state}};
-  if (h.state_hash) j["state_hash"] = fingerprint_hex(*h.state_hash);
+  if (h.state_hash) j["state_hash"] = digest_hex(*h.state_hash);
   if (h.epoch > 0) j["epoch"] = h.epoch;
-  if (!h.serve.empty()) j["serve"] = h.serve;
+  if (!h.serve.empty()) {
+    j["serve"] = h.serve;
+    j["serve_secret"] = digest_hex(h.serve_secret);
+  }
   if (!h.serve_key.empty()) j["serve_key"] = h.serve_key;
   return j.dump();
 }
@@ -83,13 +101,14 @@ Hello parse_hello(const char* data, size_t n) {
   auto it = j.find("want_state");
   if (it == j.end() || !it->is_boolean()) throw WireError("hello field 'want_state' is missing or not a boolean");
   h.want_state = it->get<bool>();
-  if (j.contains("state_hash")) h.state_hash = get_hex(j, "state_hash", "hello");
-  if (j.contains("epoch")) h.epoch = get_int(j, "epoch", "hello", 1, kMaxI);
+  if (j.contains("state_hash")) h.state_hash = get_digest(j, "state_hash", "hello");
+  if (j.contains("epoch")) h.epoch = get_int(j, "epoch", "hello", 1, kMaxEpoch);
   h.serve = get_short_string(j, "serve", "hello", 256);
   h.serve_key = get_short_string(j, "serve_key", "hello", 40);
   if (!h.serve.empty() && h.serve.rfind("tcp://", 0) != 0 && h.serve.rfind("ipc://", 0) != 0)
     throw WireError("hello field 'serve' must start with tcp:// or ipc://");
   if (!h.serve_key.empty() && h.serve_key.size() != 40) throw WireError("hello field 'serve_key' is not a z85 public key");
+  if (!h.serve.empty()) h.serve_secret = get_digest(j, "serve_secret", "hello");
   return h;
 }
 
@@ -100,7 +119,7 @@ std::string encode_welcome(const Welcome& w) {
                    {"chunks", w.chunks},
                    {"chunk_elements", w.chunk_elements},
                    {"elements", w.elements},
-                   {"state_hash", fingerprint_hex(w.state_hash)}};
+                   {"state_hash", digest_hex(w.state_hash)}};
   if (w.pushes >= 0) j["pushes"] = w.pushes;
   if (w.state_held) j["state_held"] = true;
   if (w.marks_answers) j["marks_answers"] = true;
@@ -108,17 +127,18 @@ std::string encode_welcome(const Welcome& w) {
   if (w.fetch) {
     j["fetch"] = true;
     nlohmann::json d = nlohmann::json::array();
-    for (const auto& x : w.donors) d.push_back({{"learner", x.learner}, {"endpoint", x.endpoint}, {"key", x.key}});
+    for (const auto& x : w.donors)
+      d.push_back({{"learner", x.learner}, {"endpoint", x.endpoint}, {"key", x.key}, {"ticket", digest_hex(x.ticket)}});
     j["donors"] = std::move(d);
     nlohmann::json h = nlohmann::json::array();
-    for (uint64_t v : w.chunk_hashes) h.push_back(fingerprint_hex(v));
+    for (const Digest& v : w.chunk_hashes) h.push_back(digest_hex(v));
     j["chunk_hashes"] = std::move(h);
   }
   return j.dump();
 }
 
 Welcome parse_welcome(const char* data, size_t n) {
-  auto j = parse_object(data, n, "welcome");
+  auto j = parse_object(data, n, "welcome", kMaxWelcomeBytes);
   Welcome w;
   w.round = static_cast<uint64_t>(get_int(j, "round", "welcome", 0, kMaxI));
   auto it = j.find("versions");
@@ -131,7 +151,7 @@ Welcome parse_welcome(const char* data, size_t n) {
   w.chunks = get_int(j, "chunks", "welcome", 0, 1 << 24);
   w.chunk_elements = get_int(j, "chunk_elements", "welcome", 0, int64_t{1} << 28);
   w.elements = get_int(j, "elements", "welcome", 0, int64_t{1} << 34);
-  w.state_hash = get_hex(j, "state_hash", "welcome");
+  w.state_hash = get_digest(j, "state_hash", "welcome");
   if (j.contains("pushes")) w.pushes = get_int(j, "pushes", "welcome", 0, kMaxI);
   if (auto held = j.find("state_held"); held != j.end()) {
     if (!held->is_boolean()) throw WireError("welcome field 'state_held' is not a boolean");
@@ -141,7 +161,7 @@ Welcome parse_welcome(const char* data, size_t n) {
     if (!marks->is_boolean()) throw WireError("welcome field 'marks_answers' is not a boolean");
     w.marks_answers = marks->get<bool>();
   }
-  if (j.contains("epoch")) w.epoch = get_int(j, "epoch", "welcome", 1, kMaxI);
+  if (j.contains("epoch")) w.epoch = get_int(j, "epoch", "welcome", 1, kMaxEpoch);
   if (auto f = j.find("fetch"); f != j.end()) {
     if (!f->is_boolean()) throw WireError("welcome field 'fetch' is not a boolean");
     w.fetch = f->get<bool>();
@@ -158,14 +178,16 @@ Welcome parse_welcome(const char* data, size_t n) {
       if (don.endpoint.rfind("tcp://", 0) != 0 && don.endpoint.rfind("ipc://", 0) != 0)
         throw WireError("welcome donor endpoint must start with tcp:// or ipc://");
       if (!don.key.empty() && don.key.size() != 40) throw WireError("welcome donor key is not a z85 public key");
+      don.ticket = get_digest(x, "ticket", "welcome donor");
       w.donors.push_back(std::move(don));
     }
     auto h = j.find("chunk_hashes");
     if (h == j.end() || !h->is_array() || static_cast<int64_t>(h->size()) != w.chunks || w.chunks > kMaxFetchChunks)
       throw WireError("welcome field 'chunk_hashes' is missing or does not list one hash per chunk");
     for (const auto& x : *h) {
-      if (!x.is_string()) throw WireError("welcome field 'chunk_hashes' holds a non-string");
-      w.chunk_hashes.push_back(parse_fingerprint_hex(x.get<std::string>()));
+      const std::optional<Digest> d = x.is_string() ? parse_digest_hex(x.get_ref<const std::string&>()) : std::nullopt;
+      if (!d) throw WireError("welcome field 'chunk_hashes' holds something other than a BLAKE2b-256 digest");
+      w.chunk_hashes.push_back(*d);
     }
     if (w.chunks == 0) throw WireError("welcome: fetch without chunks");
   }
@@ -177,9 +199,22 @@ Welcome parse_welcome(const char* data, size_t n) {
 }
 
 std::string encode_state_request(const StateRequest& r) {
-  return nlohmann::json{{"shard", r.shard}, {"elements", r.elements}, {"chunk_elements", r.chunk_elements},
-                        {"versions", r.versions}}
-      .dump();
+  nlohmann::json j{{"shard", r.shard}, {"elements", r.elements}, {"chunk_elements", r.chunk_elements},
+                   {"versions", r.versions}};
+  if (r.learner >= 0) j["learner"] = r.learner;
+  if (r.ticket) j["ticket"] = digest_hex(*r.ticket);
+  return j.dump();
+}
+
+Digest fetch_ticket(const Digest& serve_secret, int64_t learner, int64_t shard, uint64_t round, int64_t chunk_elements,
+                    int64_t elements) {
+  // A fixed-layout message: a domain tag, then the five fields as little-endian 64-bit integers.
+  unsigned char msg[16 + 5 * 8] = {'d', 'e', 'l', 'o', 'c', 'o', '-', 'f', 'e', 't', 'c', 'h', '-', 'v', '1', 0};
+  const uint64_t fields[5] = {static_cast<uint64_t>(learner), static_cast<uint64_t>(shard), round,
+                              static_cast<uint64_t>(chunk_elements), static_cast<uint64_t>(elements)};
+  for (size_t f = 0; f < 5; ++f)
+    for (size_t b = 0; b < 8; ++b) msg[16 + 8 * f + b] = static_cast<unsigned char>(fields[f] >> (8 * b));
+  return blake2b256_keyed(serve_secret.data(), serve_secret.size(), msg, sizeof(msg));
 }
 
 StateRequest parse_state_request(const char* data, size_t n) {
@@ -195,6 +230,8 @@ StateRequest parse_state_request(const char* data, size_t n) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0) throw WireError("state request field 'versions' holds a non-integer");
     r.versions.push_back(v.get<int64_t>());
   }
+  if (j.contains("learner")) r.learner = get_int(j, "learner", "state request", 0, 1 << 20);
+  if (j.contains("ticket")) r.ticket = get_digest(j, "ticket", "state request");
   return r;
 }
 
@@ -242,7 +279,7 @@ SyncerBeat parse_syncer_beat(const char* data, size_t n) {
   b.pushes = get_int(j, "pushes", "syncer heartbeat", 0, kMaxI);
   if (j.contains("patience")) b.patience = get_double(j, "patience", "syncer heartbeat");
   if (j.contains("sync_every")) b.sync_every = get_int(j, "sync_every", "syncer heartbeat", 1, kMaxI);
-  if (j.contains("leader_epoch")) b.leader_epoch = get_int(j, "leader_epoch", "syncer heartbeat", 1, kMaxI);
+  if (j.contains("leader_epoch")) b.leader_epoch = get_int(j, "leader_epoch", "syncer heartbeat", 1, kMaxEpoch);
   return b;
 }
 
@@ -290,6 +327,7 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::kDeltaTooLarge: return "delta_too_large";
     case RejectReason::kNotLeader: return "not_leader";
     case RejectReason::kNotHeld: return "not_held";
+    case RejectReason::kBusy: return "busy";
     case RejectReason::kOther: break;
   }
   return "other";

@@ -20,27 +20,45 @@
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "util/clock.h"
+#include "util/hash.h"
 
 namespace deloco::proto {
 
-constexpr size_t kMaxControlBytes = 64 * 1024;  // hello/welcome/heartbeat/leave/reject bodies
+constexpr size_t kMaxControlBytes = 64 * 1024;  // hello/heartbeat/leave/reject bodies
+constexpr size_t kMaxWelcomeBytes = 256 * 1024;  // a welcome body (up to kMaxFetchChunks chunk hashes)
+// Payloads of at least this many bytes the ZeroMQ transport sends by reference (src/net/zmq_transport.cpp, kCopyBelow):
+// their owner is released once the transport has written them (or dropped them with their connection), which is how
+// a node learns that a message has left. Smaller ones are copied when queued.
+constexpr size_t kByReferenceBytes = 1024;
+
+// A standby pair's epochs (its fencing tokens) lie in [1, kMaxEpoch]: every parse (hello, welcome, syncer beat,
+// replica entry), every checkpoint load and every increment keeps them there, so an epoch is exact as a JSON
+// number (2^53 - 1 is the largest integer every JSON parser keeps) and max(a, b) + 1 never overflows.
+constexpr int64_t kMaxEpoch = (int64_t{1} << 53) - 1;
+// The epoch a takeover leads: one above both `mine` and `other`; nullopt when that would pass kMaxEpoch (or either
+// is out of range), so the caller refuses to take over rather than lead an epoch nobody accepts.
+std::optional<int64_t> next_epoch(int64_t mine, int64_t other);
 
 struct Hello {
   int64_t learner = 0;
   uint64_t instance = 0;   // random per learner process: tells a restart from a duplicate
   int64_t step = 0;        // the learner's inner step when it says hello
   bool want_state = true;  // download the global parameters
-  // With want_state: the FNV-1a-64 of the fp32 parameters the learner holds for this syncer's part (model_layout
+  // With want_state: the BLAKE2b-256 of the fp32 parameters the learner holds for this syncer's part (model_layout
   // order), e.g. its seeded initialisation. Optional on the wire (absent: none). A syncer whose state has this hash
   // sends no chunks (Welcome::state_held): the learner installs what it holds.
-  std::optional<uint64_t> state_hash;
+  std::optional<Digest> state_hash;
   // A standby pair (docs/reliability.md): the highest leader epoch this learner has joined (0 = none, absent on the
-  // wire). A syncer leading an older epoch learns from it that it was replaced, and steps down (fencing).
+  // wire; at most kMaxEpoch). A hint only: a syncer leading an older epoch refuses the hello (not_leader) and
+  // records it, but steps down only on the other syncer's own word (its lease or a follow request at that epoch).
   int64_t epoch = 0;
   // Rejoin from peers (docs/reliability.md): where this learner serves chunks of the state it holds to joining
   // learners (net.serve; "" : it does not), and the CURVE public key (z85) its server authenticates with ("" in
   // plaintext). Optional on the wire.
   std::string serve, serve_key;
+  // With `serve`: the key this learner's server checks fetch tickets with (fetch_ticket; random per process). Only
+  // syncers see it (the hello goes to them alone, encrypted under CURVE); required on the wire with `serve`.
+  Digest serve_secret{};
 };
 std::string encode_hello(const Hello& h);
 Hello parse_hello(const char* data, size_t n);
@@ -52,7 +70,7 @@ struct Welcome {
   int64_t chunks = 0;                // state_chunk messages that follow (0: no download)
   int64_t chunk_elements = 0;
   int64_t elements = 0;              // total fp32 elements of the model
-  uint64_t state_hash = 0;           // FNV-1a-64 of the elements' fp32 bytes
+  Digest state_hash{};               // BLAKE2b-256 of the elements' fp32 bytes
   // The pushes the syncer read on this connection between its previous hello and this one (-1: unknown, absent on
   // the wire: another connection, another process, or an older syncer). Pushes arrive in order, so the learner's
   // first `pushes` sends since its previous welcome reached the syncer (they will be answered); the rest were lost.
@@ -70,14 +88,17 @@ struct Welcome {
   int64_t epoch = 0;
   // Rejoin from peers: with `fetch`, the syncer sends no chunks on its own. The learner asks for each chunk
   // (kStateRequest), from the donors listed and from the syncer, and checks every chunk against chunk_hashes
-  // (FNV-1a-64 of its fp32 bytes, computed by the syncer from its own state). Optional on the wire.
+  // (BLAKE2b-256 of its fp32 bytes, computed by the syncer from its own state: a donor is a peer, not trusted, and
+  // must not be able to plant a chunk). Each donor serves only with the ticket listed for it (fetch_ticket).
+  // Optional on the wire.
   struct Donor {
     int64_t learner = 0;
     std::string endpoint, key;  // key: z85, "" in plaintext
+    Digest ticket{};            // fetch_ticket(the donor's serve_secret, this learner, ...): the donor checks it
   };
   bool fetch = false;
   std::vector<Donor> donors;
-  std::vector<uint64_t> chunk_hashes;
+  std::vector<Digest> chunk_hashes;
 };
 std::string encode_welcome(const Welcome& w);
 Welcome parse_welcome(const char* data, size_t n);
@@ -88,12 +109,24 @@ struct StateRequest {
   int64_t shard = 0;
   int64_t elements = 0, chunk_elements = 0;
   std::vector<int64_t> versions;  // per local fragment of the shard, as the welcome listed them
+  // To a donor (absent when asking the syncer): the asking learner and the ticket its welcome gave for this donor.
+  int64_t learner = -1;
+  std::optional<Digest> ticket;
 };
 std::string encode_state_request(const StateRequest& r);
 StateRequest parse_state_request(const char* data, size_t n);
-// Welcomes list chunk hashes only up to this many chunks (the welcome is a control body of kMaxControlBytes);
+// Welcomes list chunk hashes only up to this many chunks (the welcome is a body of at most kMaxWelcomeBytes);
 // a larger state is downloaded from the syncer alone.
 constexpr int64_t kMaxFetchChunks = 2048;
+// Chunks a joining learner asks of one source at a time; a donor serves no requester more than this many at once
+// (queued or on their way), and refuses the rest as busy.
+constexpr int64_t kFetchWindow = 4;
+// The ticket a syncer's welcome gives a joining learner for one donor: BLAKE2b-256 keyed with the donor's
+// serve_secret over (learner, shard, round, chunk_elements, elements). A donor serves a state request only when its
+// ticket is this value for the request's own fields, so it serves only learners the syncer introduced, at the chunk
+// size the welcome named, for the state of that welcome.
+Digest fetch_ticket(const Digest& serve_secret, int64_t learner, int64_t shard, uint64_t round, int64_t chunk_elements,
+                    int64_t elements);
 
 struct Beat {
   int64_t step = 0;
@@ -180,8 +213,9 @@ enum class RejectReason : uint8_t {
                         // so the learner drops its drift of the fragment (LearnerCore::drop_drift)
   kNotLeader = 16,      // a standby syncer answering a learner's hello: it follows the leader (docs/reliability.md)
   kNotHeld = 17,        // a state request for a chunk the answering node does not hold (another round or versions)
+  kBusy = 18,           // a donor already serves this requester kFetchWindow chunks: it asks the syncer instead
 };
-constexpr RejectReason kLastRejectReason = RejectReason::kNotHeld;
+constexpr RejectReason kLastRejectReason = RejectReason::kBusy;
 // A reject frame's fragment_id: the fragment of the refused push, or kNoFragment when the reject is not about one.
 constexpr uint32_t kNoFragment = 0xffffffffu;
 const char* reject_reason_name(RejectReason r);  // "malformed_frame", ... ("other" for kOther)

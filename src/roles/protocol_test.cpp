@@ -1,5 +1,6 @@
 // The control bodies of the runtime protocol: round trips and refusal of malformed or hostile input.
 #include <algorithm>
+#include <limits>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -13,6 +14,14 @@
 namespace deloco::proto {
 namespace {
 
+// A digest whose 32 bytes are all `b` (round trips only; real ones come from blake2b256).
+Digest dg(unsigned char b) {
+  Digest d;
+  d.fill(b);
+  return d;
+}
+const std::string kHex1 = std::string(63, '0') + "1";  // a well-formed digest on the wire
+
 TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   Hello h{3, 0xdeadbeefcafef00dull, 1234, false};
   auto s = encode_hello(h);
@@ -24,11 +33,11 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   EXPECT_FALSE(g.state_hash);  // absent on the wire unless offered
   EXPECT_EQ(s.find("state_hash"), std::string::npos);
   h.want_state = true;
-  h.state_hash = 0x00000000000000a5ull;
+  h.state_hash = dg(0xa5);
   s = encode_hello(h);
   g = parse_hello(s.data(), s.size());
   ASSERT_TRUE(g.state_hash);
-  EXPECT_EQ(*g.state_hash, 0xa5u);
+  EXPECT_EQ(*g.state_hash, dg(0xa5));
 
   Welcome w;
   w.round = 17;
@@ -37,7 +46,7 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   w.chunks = 3;
   w.chunk_elements = 10;
   w.elements = 25;
-  w.state_hash = 0x0123456789abcdefull;
+  w.state_hash = blake2b256("abc", 3);
   s = encode_welcome(w);
   Welcome v = parse_welcome(s.data(), s.size());
   EXPECT_EQ(v.round, 17u);
@@ -83,17 +92,21 @@ TEST(Protocol, RefusesMalformedBodiesNamingTheField) {
   expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":1})", "want_state", parse_hello);
   expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"state_hash":5})", "state_hash",
                parse_hello);
-  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":1,"chunk_elements":50,"elements":50,"state_hash":"0000000000000001","state_held":true})",
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":1,"chunk_elements":50,"elements":50,"state_hash":"0000000000000000000000000000000000000000000000000000000000000001","state_held":true})",
                "state_held", parse_welcome);
-  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000001","marks_answers":"yes"})",
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000000000000000000000000000000000000000000000000000001","marks_answers":"yes"})",
                "marks_answers", parse_welcome);
-  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000001","state_held":1})",
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000000000000000000000000000000000000000000000000000001","state_held":1})",
                "state_held", parse_welcome);
   expect_error(R"({"step":1,"tokens":1,"busy_seconds":-1,"step_time":0})", "busy_seconds", parse_beat);
   expect_error(R"({"reason":"explode"})", "leave reason", parse_leave);
   expect_error(std::string(kMaxControlBytes + 1, ' '), "exceeds", parse_hello);
+  expect_error(std::string(kMaxWelcomeBytes + 1, ' '), "exceeds", parse_welcome);
+  // Hashes that cross a trust boundary are BLAKE2b-256: a 64-bit FNV value is refused, naming the field.
+  expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"state_hash":"00000000000000a5"})",
+               "BLAKE2b-256", parse_hello);
   // chunks that do not cover the elements
-  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":2,"chunk_elements":10,"elements":50,"state_hash":"0000000000000001"})",
+  expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":2,"chunk_elements":10,"elements":50,"state_hash":"0000000000000000000000000000000000000000000000000000000000000001"})",
                "cover", parse_welcome);
 }
 
@@ -274,9 +287,11 @@ TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {
   h.instance = 7;
   h.serve = "tcp://198.18.0.3:6100";
   h.serve_key = std::string(40, 'a');
+  h.serve_secret = dg(0x5e);
   const Hello h2 = parse_hello(encode_hello(h).data(), encode_hello(h).size());
   EXPECT_EQ(h2.serve, h.serve);
   EXPECT_EQ(h2.serve_key, h.serve_key);
+  EXPECT_EQ(h2.serve_secret, h.serve_secret);
   Hello plain;  // absent on the wire: none
   const std::string pb = encode_hello(plain);
   EXPECT_EQ(pb.find("serve"), std::string::npos);
@@ -288,10 +303,10 @@ TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {
   w.elements = 10;
   w.chunk_elements = 4;
   w.chunks = 3;
-  w.state_hash = 11;
+  w.state_hash = dg(11);
   w.fetch = true;
-  w.donors = {{1, "ipc:///tmp/a.sock", ""}, {3, "tcp://198.18.0.4:6100", std::string(40, 'k')}};
-  w.chunk_hashes = {0x1, 0xffffffffffffffffull, 0x123456789abcdefull};
+  w.donors = {{1, "ipc:///tmp/a.sock", "", dg(1)}, {3, "tcp://198.18.0.4:6100", std::string(40, 'k'), dg(3)}};
+  w.chunk_hashes = {dg(0x1), dg(0xff), blake2b256("chunk", 5)};
   const std::string wb = encode_welcome(w);
   const Welcome w2 = parse_welcome(wb.data(), wb.size());
   EXPECT_TRUE(w2.fetch);
@@ -299,6 +314,7 @@ TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {
   EXPECT_EQ(w2.donors[1].learner, 3);
   EXPECT_EQ(w2.donors[1].endpoint, "tcp://198.18.0.4:6100");
   EXPECT_EQ(w2.donors[1].key, std::string(40, 'k'));
+  EXPECT_EQ(w2.donors[1].ticket, dg(3));
   EXPECT_EQ(w2.chunk_hashes, w.chunk_hashes);
 
   StateRequest r;
@@ -310,6 +326,15 @@ TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {
   const StateRequest r2 = parse_state_request(rb.data(), rb.size());
   EXPECT_EQ(r2.shard, 1);
   EXPECT_EQ(r2.versions, r.versions);
+  EXPECT_EQ(r2.learner, -1);  // to the syncer: no ticket
+  EXPECT_FALSE(r2.ticket);
+  r.learner = 5;
+  r.ticket = dg(9);
+  const std::string rt = encode_state_request(r);
+  const StateRequest r3 = parse_state_request(rt.data(), rt.size());
+  EXPECT_EQ(r3.learner, 5);
+  ASSERT_TRUE(r3.ticket);
+  EXPECT_EQ(*r3.ticket, dg(9));
 
   auto expect_error = [](const std::string& body, const char* needle, auto parse) {
     try {
@@ -319,18 +344,76 @@ TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  const std::string head = R"({"round":1,"versions":[1],"resume_step":0,"chunks":2,"chunk_elements":4,"elements":8,"state_hash":"0000000000000001","fetch":true,)";
-  expect_error(head + R"("donors":[],"chunk_hashes":["0000000000000001"]})", "one hash per chunk", parse_welcome);
-  expect_error(head + R"("donors":[{"learner":1,"endpoint":"http://x","key":""}],"chunk_hashes":["01","02"]})",
+  const std::string head = R"({"round":1,"versions":[1],"resume_step":0,"chunks":2,"chunk_elements":4,"elements":8,"state_hash":")" +
+                           kHex1 + R"(","fetch":true,)";
+  const std::string two = R"("chunk_hashes":[")" + kHex1 + R"(",")" + kHex1 + R"("]})";
+  const std::string ticket = R"(,"ticket":")" + kHex1 + R"("})";
+  expect_error(head + R"("donors":[],"chunk_hashes":[")" + kHex1 + R"("]})", "one hash per chunk", parse_welcome);
+  expect_error(head + R"("donors":[{"learner":1,"endpoint":"http://x","key":"")" + ticket + "]," + two,
                "tcp:// or ipc://", parse_welcome);
-  expect_error(head + R"("donors":[{"learner":1,"endpoint":"ipc:///a","key":"short"}],"chunk_hashes":["01","02"]})",
-               "z85", parse_welcome);
-  expect_error(head + R"("chunk_hashes":["01","02"]})", "donors", parse_welcome);
+  expect_error(head + R"("donors":[{"learner":1,"endpoint":"ipc:///a","key":"short")" + ticket + "]," + two, "z85",
+               parse_welcome);
+  expect_error(head + R"("donors":[{"learner":1,"endpoint":"ipc:///a","key":""}],)" + two, "ticket", parse_welcome);
+  expect_error(head + R"("donors":[],"chunk_hashes":["01","02"]})", "BLAKE2b-256", parse_welcome);
+  expect_error(head + two, "donors", parse_welcome);
+  expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"serve":"ipc:///a"})",
+               "serve_secret", parse_hello);
+  expect_error(R"({"shard":0,"elements":8,"chunk_elements":4,"versions":[],"learner":1,"ticket":"ab"})", "ticket",
+               parse_state_request);
   expect_error(R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"serve":"ipc:///a b"})",
                "printable", parse_hello);
   expect_error(R"({"shard":0,"elements":0,"chunk_elements":4,"versions":[]})", "elements", parse_state_request);
   expect_error(R"({"shard":0,"elements":8,"chunk_elements":4,"versions":[-1]})", "versions", parse_state_request);
   EXPECT_STREQ(reject_reason_name(RejectReason::kNotHeld), "not_held");
+  EXPECT_STREQ(reject_reason_name(RejectReason::kBusy), "busy");
+}
+
+// A fetch ticket is BLAKE2b-256 keyed with the donor's secret over (learner, shard, round, chunk_elements,
+// elements): the reference is Python's hashlib (an independent implementation of RFC 7693), and changing any field
+// or the key gives another ticket.
+TEST(Protocol, AFetchTicketBindsEveryFieldAndTheDonorsKey) {
+  Digest key;
+  for (size_t i = 0; i < key.size(); ++i) key[i] = static_cast<unsigned char>(i);
+  // /usr/bin/python3 -c "import hashlib,struct; print(hashlib.blake2b(b'deloco-fetch-v1\0' +
+  //   struct.pack('<5Q', 2, 0, 7, 262144, 1000000), digest_size=32, key=bytes(range(32))).hexdigest())"
+  const Digest t = fetch_ticket(key, 2, 0, 7, 262144, 1000000);
+  EXPECT_EQ(digest_hex(t), "8f9a2ada5b4ad6bbc11d8e418df02ae7a7df9c8e1d9fc486bf48d7ca3be984d9");
+  EXPECT_NE(fetch_ticket(key, 3, 0, 7, 262144, 1000000), t);
+  EXPECT_NE(fetch_ticket(key, 2, 1, 7, 262144, 1000000), t);
+  EXPECT_NE(fetch_ticket(key, 2, 0, 8, 262144, 1000000), t);
+  EXPECT_NE(fetch_ticket(key, 2, 0, 7, 1000000, 1000000), t);  // a whole-state "chunk" is another ticket
+  EXPECT_NE(fetch_ticket(key, 2, 0, 7, 262144, 1000001), t);
+  Digest other = key;
+  other[0] ^= 1;
+  EXPECT_NE(fetch_ticket(other, 2, 0, 7, 262144, 1000000), t);
+}
+
+// Epochs stay in [1, 2^53 - 1]: parses refuse more (a learner cannot hand a syncer an epoch nobody accepts), and a
+// takeover after the largest one is refused rather than overflowing.
+TEST(Protocol, EpochsAreBoundedOnEveryParseAndIncrement) {
+  EXPECT_EQ(kMaxEpoch, (int64_t{1} << 53) - 1);
+  EXPECT_EQ(next_epoch(1, 0), 2);
+  EXPECT_EQ(next_epoch(3, 7), 8);
+  EXPECT_EQ(next_epoch(kMaxEpoch - 1, 0), kMaxEpoch);
+  EXPECT_FALSE(next_epoch(kMaxEpoch, 0));
+  EXPECT_FALSE(next_epoch(1, kMaxEpoch));
+  EXPECT_FALSE(next_epoch(std::numeric_limits<int64_t>::max(), 1));  // was max(a, b) + 1: signed overflow
+  EXPECT_FALSE(next_epoch(-1, 1));
+  const auto hello_with = [](const std::string& epoch) {
+    return R"({"learner":1,"instance":"00000000000000aa","step":0,"want_state":true,"epoch":)" + epoch + "}";
+  };
+  const std::string ok = hello_with(std::to_string(kMaxEpoch));
+  EXPECT_EQ(parse_hello(ok.data(), ok.size()).epoch, kMaxEpoch);
+  for (const std::string bad : {std::to_string(kMaxEpoch + 1), std::string("9223372036854775807"), std::string("0")}) {
+    const std::string b = hello_with(bad);
+    EXPECT_THROW(parse_hello(b.data(), b.size()), WireError) << b;
+  }
+  SyncerBeat sb;
+  sb.leader_epoch = kMaxEpoch;
+  const std::string e = encode_syncer_beat(sb);
+  EXPECT_EQ(parse_syncer_beat(e.data(), e.size()).leader_epoch, kMaxEpoch);
+  const std::string over = R"({"pushes":0,"leader_epoch":9007199254740992})";
+  EXPECT_THROW(parse_syncer_beat(over.data(), over.size()), WireError);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "deloco/learner.h"
 #include "deloco/safetensors.h"
+#include "protocol.h"
 
 namespace deloco::repl {
 namespace {
@@ -181,8 +182,8 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
   if (h.kind != MessageKind::kReplica) throw WireError("not a replica frame");
   if (h.fragment_id == 0 || h.fragment_id > kLastEntryKind)
     throw WireError("replica entry kind " + std::to_string(h.fragment_id) + " is unknown");
-  if (h.c_steps > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-    throw WireError("replica epoch is out of range");
+  if (h.c_steps > static_cast<uint64_t>(proto::kMaxEpoch))
+    throw WireError("replica epoch " + std::to_string(h.c_steps) + " is out of range (at most 2^53 - 1)");
   Entry e;
   e.kind = static_cast<EntryKind>(h.fragment_id);
   e.seq = h.round;

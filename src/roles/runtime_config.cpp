@@ -105,7 +105,7 @@ void NetOptions::bind(ConfigSchema& s) {
          });
   s.bind("net.serve_rate", &serve_rate,
          "at most this many Mbit/s of state chunks sent to joining learners that fetch from peers: a learner's as a "
-         "donor, the syncer's own share (0: unbounded)", [this] {
+         "donor, the syncer's own share (default 200; 0: unbounded)", [this] {
            return std::isfinite(serve_rate) && serve_rate >= 0 && serve_rate <= 1e6
                       ? std::string()
                       : std::string("net.serve_rate must be in [0, 1e6] Mbit/s (0: unbounded)");

@@ -96,7 +96,11 @@ void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
   joins_refused = c.value("joins_refused", int64_t{0});  // absent from checkpoints of older syncers
   grace_waits = c.value("grace_waits", int64_t{0});
   grace_wait_total = c.value("grace_wait_total", 0.0);
-  epoch = std::max(epoch, c.value("epoch", int64_t{1}));  // a resumed leader keeps its term (fencing token)
+  // A resumed leader keeps its term (fencing token); one outside [1, 2^53 - 1] is a corrupt or forged file.
+  const int64_t saved_epoch = c.value("epoch", int64_t{1});
+  if (saved_epoch < 1 || saved_epoch > proto::kMaxEpoch)
+    throw CheckpointError("the counters hold epoch " + std::to_string(saved_epoch) + ", outside [1, 2^53 - 1]");
+  epoch = std::max(epoch, saved_epoch);
   for (int64_t m = 0; m < M; ++m) {
     peers[m].step = pj[m].at("step").get<int64_t>();
     peers[m].tokens = pj[m].at("tokens").get<int64_t>();

@@ -90,8 +90,14 @@ void SyncerNode::Impl::update_prometheus() {
   metric("record_errors_total", "counter", "Records the record sink failed to take.", static_cast<double>(record_errors));
   if (have_eval) metric("validation_loss", "gauge", ("Validation loss of the global model (" + last_eval_result.loss_unit + ").").c_str(),
                         last_eval_result.loss);
-  o << "# HELP deloco_rejects_total Messages rejected, by reason.\n# TYPE deloco_rejects_total counter\n";
+  o << "# HELP deloco_rejects_total Messages rejected, by reason (refused joins included).\n# TYPE deloco_rejects_total counter\n";
   for (const auto& [k, v] : rejects) o << "deloco_rejects_total{reason=\"" << k << "\"} " << v << "\n";
+  metric("contributions_rejected_total", "counter",
+         "Messages rejected other than refused joins: refused contributions (pushes) and malformed or unexpected messages.",
+         static_cast<double>(contribution_rejects()));
+  o << "# HELP deloco_joins_refused_total Refused joins (hellos, and messages from connections that have not joined), "
+       "by reason.\n# TYPE deloco_joins_refused_total counter\n";
+  for (const auto& [k, v] : joins_refused_by) o << "deloco_joins_refused_total{reason=\"" << k << "\"} " << v << "\n";
   std::lock_guard<std::mutex> lock(prom_mu);
   prom_text = o.str();
 }
@@ -125,6 +131,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   nlohmann::json s{{"bytes_received", st.bytes_in},
                    {"rejects", rejects},
                    {"joins_refused", joins_refused},
+                   {"joins_refused_by", joins_refused_by},
                    {"grace_waits", grace_waits},
                    {"state_snapshots", state_snapshots},
                    {"state_downloads", state_downloads},
@@ -174,6 +181,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                  {"journal", journal_seq},
                  {"takeovers", takeovers},
                  {"step_downs", step_downs},
+                 {"epoch_hints", epoch_hints},
                  {"rounds_checked", rounds_checked},
                  {"mismatches", replica_mismatches},
                  {"images_applied", images_applied},

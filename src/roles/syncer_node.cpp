@@ -61,13 +61,17 @@ void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t
                               const std::string& detail, const std::string& counter) {
   const std::string reason = counter.empty() ? proto::reject_reason_name(code) : counter;
   ++rejects[reason];
-  if (in_hello) ++joins_refused;
+  if (in_hello) {
+    ++joins_refused;
+    ++joins_refused_by[reason];
+  }
   const std::string text = clip_utf8(detail, 400);  // may quote the peer
   rec::Reject rj;
   rj.learner = learner;
   rj.fragment = fragment;
   rj.reason = reason;
   rj.detail = text;
+  if (in_hello || (code == RejectReason::kNotJoined && fragment < 0)) rj.join = true;
   log_limited(reason, std::move(rj));
   if (route.empty()) return;
   MessageHeader h;
@@ -88,7 +92,24 @@ void SyncerNode::Impl::ack_leave(const std::string& route, const MessageHeader& 
   h.learner_id = leave.learner_id;
   h.fingerprint = fingerprint;
   h.round = static_cast<uint64_t>(merges);
-  auto f = proto::make_frame(h, proto::encode_leave(reason), limits);
+  // The answer's payload counts itself in goodbyes_unsent until the transport lets go of it (written to the
+  // connection, or dropped with it): the end of the run waits for that, not for acknowledgements of broadcasts.
+  struct Goodbye {
+    std::string body;
+    std::shared_ptr<std::atomic<int64_t>> unsent;
+    Goodbye(std::string b, std::shared_ptr<std::atomic<int64_t>> n) : body(std::move(b)), unsent(std::move(n)) { ++*unsent; }
+    ~Goodbye() { --*unsent; }
+    Goodbye(const Goodbye&) = delete;
+    Goodbye& operator=(const Goodbye&) = delete;
+  };
+  // Padded with JSON whitespace to proto::kByReferenceBytes: the ZeroMQ transport copies smaller payloads when it
+  // queues them (so their release would say nothing) and sends larger ones by reference, releasing them once written.
+  std::string text = proto::encode_leave(reason);
+  if (text.size() < proto::kByReferenceBytes) text.resize(proto::kByReferenceBytes, ' ');
+  auto g = std::make_shared<Goodbye>(std::move(text), goodbyes_unsent);
+  const Bytes body(g, g->body.data(), g->body.size());
+  g.reset();
+  auto f = proto::make_frame(h, body, limits);
   tx->send(route, f.header, f.payload);
 }
 
@@ -172,6 +193,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     // but say so again. A leave moves nobody without a joined connection.
     try {
       ack_leave(env.peer, h, proto::parse_leave(env.payload.data(), env.payload.size()));
+      last_leave_heard = t;
     } catch (const WireError& e) {
       reject(env.peer, h.learner_id, carried, RejectReason::kMalformedFrame, e.what());
     }
@@ -182,7 +204,10 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     // A heartbeat (not a push) from a connection that has not joined: typically one queued before a cut, arriving on
     // the learner's new connection ahead of its hello. The answer tells it to say hello: part of rejoining, counted
     // with the refused joins, not as a refused contribution.
-    if (carried < 0) ++joins_refused;
+    if (carried < 0) {
+      ++joins_refused;
+      ++joins_refused_by[proto::reject_reason_name(RejectReason::kNotJoined)];
+    }
     return;
   }
   const int64_t m = it->second;
@@ -256,9 +281,13 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
       case MessageKind::kStateRequest: return on_state_request(env, h, m);
       case MessageKind::kLeave: {
         const std::string why = proto::parse_leave(env.payload.data(), env.payload.size());
+        last_leave_heard = t;
         P.alive = false;
         P.dl_sent = -1;
         P.fetch_snap.reset();
+        // Nothing more is sent to a learner that left: broadcasts still queued here are dropped, so the answer below
+        // waits only behind what the transport already holds (the send window: at most two broadcasts).
+        broadcasts_superseded += static_cast<int64_t>(P.pending.size());
         reset_window(P);
         if (why == "done") {  // the connection keeps its id: a goodbye repeated on it (answer lost) is answered again
           retire(m, "leave");
@@ -311,19 +340,19 @@ std::shared_ptr<const syncer_detail::StateSnapshot> SyncerNode::Impl::state_snap
   auto snap = std::make_shared<syncer_detail::StateSnapshot>();
   snap->versions = std::move(versions);
   snap->round = merges;
-  snap->hash = fnv1a64(flat->data(), flat->size() * sizeof(float));
+  snap->hash = blake2b256(flat->data(), flat->size() * sizeof(float));
   snap->bytes = Bytes(flat, reinterpret_cast<const char*>(flat->data()), flat->size() * sizeof(float));
   snapshot = std::move(snap);
   ++state_snapshots;
   return snapshot;
 }
 
-const std::vector<uint64_t>& syncer_detail::StateSnapshot::hashes(int64_t chunk_elements) const {
+const std::vector<Digest>& syncer_detail::StateSnapshot::hashes(int64_t chunk_elements) const {
   if (hashed_chunk_elements != chunk_elements) {
     const int64_t elements = static_cast<int64_t>(bytes.size() / 4);
     chunk_hashes.clear();
     for (int64_t first = 0; first < elements; first += chunk_elements)
-      chunk_hashes.push_back(fnv1a64(bytes.data() + first * 4, static_cast<size_t>(std::min(chunk_elements, elements - first)) * 4));
+      chunk_hashes.push_back(blake2b256(bytes.data() + first * 4, static_cast<size_t>(std::min(chunk_elements, elements - first)) * 4));
     hashed_chunk_elements = chunk_elements;
   }
   return chunk_hashes;
@@ -394,13 +423,6 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   } catch (const WireError& e) {
     return reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
   }
-  // Fencing: the learner has joined a leader of a newer epoch, so this syncer was replaced (it was cut off, or is a
-  // restarted old leader). It must not merge into versions the new leader owns: it becomes the new leader's standby.
-  if (dial_peer && hello.epoch > epoch) {
-    step_down(hello.epoch, "learner " + std::to_string(hello.learner) + " has joined a leader of epoch " +
-                               std::to_string(hello.epoch) + ", newer than this syncer's " + std::to_string(epoch));
-    return refuse_not_leader(env, h);
-  }
   // ---- checks: nothing changes until all pass ----
   const int64_t m = hello.learner;
   if (static_cast<int64_t>(h.learner_id) != m)
@@ -424,16 +446,34 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
                     "key '" + env.identity + "' may only join as learner " + std::to_string(*bound) + ", not as learner " +
                         std::to_string(m));
   }
+  // A learner that has joined a leader of a newer epoch: this syncer may have been replaced (cut off, or a restarted
+  // old leader). A learner's word is only a hint (any learner key could send any number): the hello is refused and
+  // recorded, and this syncer steps down only on the other syncer's own word, its lease or a follow request at the
+  // newer epoch, which a leader no standby follows sends every lease (on_replica_message).
+  if (dial_peer && hello.epoch > epoch) return refuse_newer_epoch(env, m, hello.epoch);
   if (auto it = route_to_id.find(env.peer); it != route_to_id.end() && it->second != m)
     return reject(env.peer, m, -1, RejectReason::kLearnerIdMismatch,
                   "this connection joined as learner " + std::to_string(it->second) +
                       "; a connection's learner id never changes");
   Peer& P = peers[m];
   const bool other_route = !P.route.empty() && P.route != env.peer;
-  const bool other_live = P.alive && other_route && t - P.last_heard < 2 * cfg.net.heartbeat && P.instance != hello.instance;
-  if (other_live)
+  const bool other_live = P.alive && other_route && t - P.last_heard < 2 * cfg.net.heartbeat &&
+                          P.instance != hello.instance && route_alive(P.route, m);
+  if (other_live) {
+    // A fast restart or a duplicate: the hello waits (retry_waiting_hellos) a heartbeat for the old connection to end.
+    if (P.waiting_since < 0 || (P.waiting_hello && P.waiting_hello->peer != env.peer)) P.waiting_since = t;
+    if (t - P.waiting_since < cfg.net.heartbeat) {
+      P.waiting_hello = env;
+      P.waiting_tried = t;
+      return;
+    }
+    P.waiting_hello.reset();
+    P.waiting_since = -1;
     return reject(env.peer, m, -1, RejectReason::kDuplicateId,
                   "learner " + std::to_string(m) + " is held by a live connection (another process with this id?)");
+  }
+  if (P.waiting_hello && P.waiting_hello->peer == env.peer) P.waiting_hello.reset();
+  P.waiting_since = -1;
   // Another connection gets a download of its own only once the one holding the id went quiet (or is gone).
   const bool quiet = !P.alive || t - P.last_heard >= 2 * cfg.net.heartbeat;
   if (hello.want_state && download_outstanding(P, t) && (!other_route || !quiet)) {
@@ -460,7 +500,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     w.round = static_cast<uint64_t>(snap->round);
     w.versions = snap->versions;
     w.state_hash = snap->hash;
-    held = hello.state_hash && *hello.state_hash == snap->hash;
+    held = hello.state_hash && digests_equal(*hello.state_hash, snap->hash);
     w.state_held = held;
     if (!held) {
       w.chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
@@ -474,7 +514,9 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
           const int64_t n = static_cast<int64_t>((donor_rotation + static_cast<uint64_t>(i)) % static_cast<uint64_t>(M));
           const Peer& D = peers[n];
           if (n == m || !D.alive || retired[n] || D.serve.empty() || D.dl_sent >= 0 || D.route.empty()) continue;
-          w.donors.push_back(proto::Welcome::Donor{n, D.serve, D.serve_key});
+          w.donors.push_back(proto::Welcome::Donor{
+              n, D.serve, D.serve_key,
+              proto::fetch_ticket(D.serve_secret, m, shard.shard, snap->round, w.chunk_elements, w.elements)});
         }
         if (!w.donors.empty()) {
           w.fetch = true;
@@ -553,6 +595,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     if (plain ? hello.serve_key.empty() : name && *name == env.identity) {
       P.serve = hello.serve;
       P.serve_key = hello.serve_key;
+      P.serve_secret = hello.serve_secret;
     } else {
       ++serve_offers_refused;
     }
@@ -960,11 +1003,37 @@ double SyncerNode::Impl::goodput() const {
   return run_goodput(busy, M, elapsed());
 }
 
+bool SyncerNode::Impl::route_alive(const std::string& route, int64_t m) {
+  MessageHeader h;
+  h.kind = MessageKind::kHeartbeat;
+  h.learner_id = static_cast<uint32_t>(m);
+  h.fingerprint = fingerprint;
+  h.round = static_cast<uint64_t>(merges);
+  const auto f = proto::make_frame(h, std::string(), limits);  // an empty syncer beat: read as "nothing new"
+  return tx->send(route, f.header, f.payload);
+}
+
+void SyncerNode::Impl::retry_waiting_hellos(double t) {
+  for (int64_t m = 0; m < M; ++m) {
+    Peer& P = peers[m];
+    if (!P.waiting_hello || t - P.waiting_tried < 0.05) continue;
+    Envelope env = std::move(*P.waiting_hello);
+    P.waiting_hello.reset();
+    try {
+      const MessageHeader h = decode_header(env.header.data(), env.header.size(), limits);
+      on_hello(env, h, t);
+    } catch (const std::exception& e) {
+      handler_error(env, e.what());
+    }
+  }
+}
+
 void SyncerNode::Impl::housekeeping() {
   leader_housekeeping();
   // A leader holding after a pause (leader_tick) merges nothing, not even on a grace timer, and counts no learner
   // silent (their messages wait in the hold) until it knows it still leads.
   if (holding()) return;
+  if (role == Role::kLeader) retry_waiting_hellos(now());
   if (!chunk_queue.empty()) serve_chunks();
   const double t = now();
   // Uptime: global training is stalled while a fragment waits below its quorum, no learner is connected, or every
@@ -1046,7 +1115,8 @@ void SyncerNode::Impl::housekeeping() {
     sr.uptime = uptime();
     sr.goodput = goodput();
     sr.merges = merges;
-    sr.rejected = total_rejects();
+    sr.rejected = contribution_rejects();
+    sr.joins_refused = joins_refused;
     sr.bytes_in = static_cast<int64_t>(st.bytes_in);
     sr.bytes_out = static_cast<int64_t>(st.bytes_out);
     sr.tokens = total_tokens();
@@ -1244,7 +1314,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
         } catch (const WireError&) {
         }
       if (!I.holding() || replica) I.handle(env);
-      else if (I.held_messages.size() < 100000) I.held_messages.push_back(std::move(env));
+      else I.hold(std::move(env));
     }
     // Again before the housekeeping: a pause while a message was handled (a SIGSTOP in the middle of a merge) must
     // start the hold before the standby's silence is judged. Without it, the standby that took over meanwhile was
@@ -1275,15 +1345,15 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   nlohmann::json s = I.summary(wall);
   I.emit_json(rec::done_record(s, stop.load()));
-  // The answers to the last goodbyes are queued behind the broadcasts still in flight to those learners: on a slow
-  // link they take longer than the transport's linger. Keep reading (the learners acknowledge each broadcast) until
-  // nothing is in flight, or net.join_timeout (the learners' own patience for that answer) passes.
+  // The answers to the last goodbyes are queued behind the broadcasts the transport already held for those learners:
+  // on a slow link they take longer than the transport's linger. Keep reading (a goodbye repeated is answered again)
+  // until the transport has let go of every answer (written, or dropped with its connection), while some learner
+  // still waits for one (it repeats its goodbye every net.heartbeat: none repeated for 3 heartbeats, none waits), and
+  // for net.join_timeout (the learners' own patience for that answer) at most.
   if (I.all_retired()) {
     const double until = I.now() + I.cfg.net.join_timeout;
     const auto in_flight = [&] {
-      for (const auto& P : I.peers)
-        if (!P.in_flight.empty() && !P.route.empty()) return true;
-      return false;
+      return I.goodbyes_unsent->load() > 0 && I.now() - I.last_leave_heard < 3 * I.cfg.net.heartbeat;
     };
     while (!stop.load() && I.now() < until && in_flight()) {
       Envelope env;

@@ -5,6 +5,7 @@
 // Private to src/roles; everything runs on the syncer's one thread (the Prometheus text is guarded by prom_mu).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -32,6 +33,12 @@ struct StateSnapshot;
 
 struct Peer {
   std::string route;        // transport peer id ("" : no live connection)
+  // A hello of another process (instance) on another connection while this id's connection still looks live: a
+  // fast restart whose old connection's end the transport has not shown yet, or a real duplicate. It waits here
+  // (the newest one only) and is judged again every 50 ms: accepted once the old connection is gone (a message to
+  // it fails) or quiet for 2 net.heartbeat, refused as duplicate_id once it waited a heartbeat beside a live one.
+  std::optional<Envelope> waiting_hello;
+  double waiting_since = -1, waiting_tried = -1;
   std::string identity;     // CURVE allow-list name
   uint64_t instance = 0;
   bool alive = false;
@@ -91,6 +98,7 @@ struct Peer {
   // ---- rejoin from peers (docs/reliability.md) ----
   // Where this learner serves state chunks to joining learners and its server's public key (its hello; "" : none).
   std::string serve, serve_key;
+  Digest serve_secret{};  // its hello's key for the fetch tickets the welcomes of joining learners carry
   // A download this learner fetches chunk by chunk (Welcome::fetch): the snapshot its state requests are answered from.
   std::shared_ptr<const StateSnapshot> fetch_snap;
   int64_t fetch_chunks_sent = 0;
@@ -113,11 +121,11 @@ struct StateSnapshot {
   std::vector<int64_t> versions;  // the core's fragment versions it holds
   int64_t round = 0;              // merges when it was taken: the welcome's round
   Bytes bytes;                    // fp32 elements of the whole model (model_layout order)
-  uint64_t hash = 0;              // FNV-1a-64 of `bytes`
-  // FNV-1a-64 of each chunk of chunk_elements elements (Welcome::chunk_hashes), computed on first use.
-  mutable std::vector<uint64_t> chunk_hashes;
+  Digest hash{};                  // BLAKE2b-256 of `bytes`
+  // BLAKE2b-256 of each chunk of chunk_elements elements (Welcome::chunk_hashes), computed on first use.
+  mutable std::vector<Digest> chunk_hashes;
   mutable int64_t hashed_chunk_elements = 0;
-  const std::vector<uint64_t>& hashes(int64_t chunk_elements) const;
+  const std::vector<Digest>& hashes(int64_t chunk_elements) const;
 };
 
 }  // namespace syncer_detail
@@ -168,6 +176,10 @@ struct SyncerNode::Impl {
   // ...) and messages other than pushes from connections that have not joined ("say hello first"): part of joining,
   // not refused contributions, so the summary reports them apart (joins_refused).
   int64_t joins_refused = 0;
+  // Answers to goodbyes (ack_leave) the transport still holds: the end of the run waits for them (run()).
+  std::shared_ptr<std::atomic<int64_t>> goodbyes_unsent = std::make_shared<std::atomic<int64_t>>(0);
+  double last_leave_heard = -1e9;  // steady time of the latest leave read (a repeat included)
+  std::map<std::string, int64_t> joins_refused_by;  // reason -> count (summary, Prometheus)
   bool in_hello = false;  // on_hello is running: reject() counts into joins_refused too
   std::map<std::string, std::pair<double, int64_t>> reject_log;  // log key → (window start, records logged)
   // State downloads (on_hello): snapshots encoded, downloads queued, requests answered without a new copy because
@@ -244,6 +256,7 @@ struct SyncerNode::Impl {
   nlohmann::json leader_counters;
   std::map<int64_t, std::string> standby_routes;  // learner → route of its latest hello here while following
   int64_t rounds_checked = 0, replica_mismatches = 0, images_applied = 0, takeovers = 0, step_downs = 0;
+  int64_t epoch_hints = 0;  // hellos refused because their learner had joined a newer epoch (refuse_newer_epoch)
   double took_over_at = -1;  // steady time of the latest takeover (its first merge is timed from it)
   // Pauses (SIGSTOP, a frozen VM, a long stall): the loop's previous housekeeping. A gap of more than half a lease
   // means this process did not run, so silence it "saw" meanwhile proves nothing about the other syncer.
@@ -252,7 +265,7 @@ struct SyncerNode::Impl {
   double pause_began(double t);  // the loop's previous tick when the gap to `t` is such a pause (recorded), else -1
   void excuse_pause(double began, double t, double& heard) const;
   // A leader no standby follows tells the other syncer of the pair its epoch every lease (a syncer that still
-  // thinks it leads, say one paused past the lease, steps down on it instead of waiting for a learner's hello).
+  // thinks it leads, say one paused past the lease, steps down on it: the only evidence a leader steps down on).
   std::unique_ptr<ClientTransport> peer_link;
   double epoch_told = -1e9;
   void tell_peer_epoch();
@@ -260,8 +273,13 @@ struct SyncerNode::Impl {
   // timer) for two leases, so a leader replaced meanwhile merges nothing beside its successor: its successor's epoch
   // (tell_peer_epoch, every lease) arrives within the hold and it steps down. Acknowledgements do not end the hold:
   // they may have waited in the queue since before its successor took over.
+  // Held messages are bounded as the transport bounds what it queues: at most syncer_receive_limit(P) per connection
+  // (more from one connection are dropped and counted, held_dropped); the transport's own queues stay bounded too.
   double hold_until = -1;
   std::deque<Envelope> held_messages;
+  std::map<std::string, int64_t> held_per_peer;
+  int64_t held_dropped = 0;
+  void hold(Envelope env);
   void leader_tick();          // at the top of each loop: notices a pause, starts the hold
   void release_held();         // the hold ends: the held messages are handled in order
   bool holding() const { return hold_until >= 0; }
@@ -330,6 +348,14 @@ struct SyncerNode::Impl {
   void leader_housekeeping();  // leases and counters to the standby; drops a standby silent for the lease
   // A hello or other message from a learner while following: refused with not_leader (its route kept for the takeover).
   void refuse_not_leader(const Envelope& env, const MessageHeader& h);
+  // Whether the connection `route` is still there: a syncer beat to it is queued (the transport refuses a peer whose
+  // connection it has dropped).
+  bool route_alive(const std::string& route, int64_t m);
+  void retry_waiting_hellos(double t);
+  // A checked hello from learner m that has joined a leader of `newer` > epoch: refused with not_leader and recorded
+  // (a Standby record "epoch_hint", rate limited); nothing else changes. Only the other syncer's word makes a leader
+  // step down (on_replica_message).
+  void refuse_newer_epoch(const Envelope& env, int64_t m, int64_t newer);
   // The node counters (counters()) of a checkpoint or of the leader: what --resume and a takeover continue from.
   void load_counters(const nlohmann::json& c, double down);
 

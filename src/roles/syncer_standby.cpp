@@ -368,6 +368,28 @@ void SyncerNode::Impl::refuse_not_leader(const Envelope& env, const MessageHeade
   tx->send(env.peer, f.header, f.payload);
 }
 
+void SyncerNode::Impl::refuse_newer_epoch(const Envelope& env, int64_t m, int64_t newer) {
+  ++epoch_hints;
+  rec::Standby sb;
+  sb.event = "epoch_hint";
+  sb.epoch = epoch;
+  sb.journal = static_cast<int64_t>(journal_seq);
+  sb.merges = merges;
+  sb.detail = "learner " + std::to_string(m) + " says it joined a leader of epoch " + std::to_string(newer) +
+              ", newer than this syncer's: its hello is refused; this syncer steps down only when the other syncer "
+              "of the pair shows that epoch (its lease, or a follow request)";
+  log_limited("standby_epoch_hint", std::move(sb));
+  MessageHeader rh;
+  rh.kind = MessageKind::kReject;
+  rh.round = static_cast<uint64_t>(RejectReason::kNotLeader);
+  rh.learner_id = static_cast<uint32_t>(m);
+  rh.fragment_id = proto::kNoFragment;
+  rh.fingerprint = fingerprint;
+  const auto f = proto::make_frame(rh, "not_leader: this syncer leads epoch " + std::to_string(epoch) +
+                                           ", older than the one this learner joined", limits);
+  tx->send(env.peer, f.header, f.payload);
+}
+
 double SyncerNode::Impl::pause_began(double t) {
   const double before = loop_tick;
   loop_tick = t;
@@ -452,7 +474,18 @@ void SyncerNode::Impl::forget_learners() {
 void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string detail) {
   const double t = now();
   const int64_t replayed = merges;
-  const int64_t next_epoch = std::max(epoch, other_epoch) + 1;
+  const std::optional<int64_t> next = proto::next_epoch(epoch, other_epoch);
+  if (!next) {  // unreachable while every parse and load bounds epochs; never lead an epoch learners refuse
+    rec::Standby sb;
+    sb.event = "epoch_exhausted";
+    sb.epoch = epoch;
+    sb.merges = merges;
+    sb.detail = "cannot take over: the next epoch after " + std::to_string(std::max(epoch, other_epoch)) +
+                " would pass 2^53 - 1, which learners refuse";
+    log_limited("standby_epoch_exhausted", std::move(sb));
+    return;
+  }
+  const int64_t next_epoch = *next;
   peer_asks_first = -1;
   role = Role::kLeader;
   ++takeovers;
@@ -529,6 +562,7 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
   peer_link.reset();
   hold_until = -1;
   held_messages.clear();  // their learners join the leader of the newer epoch
+  held_per_peer.clear();
   forget_learners();
   following = false;
   upstream = dial_peer();
@@ -549,8 +583,28 @@ void SyncerNode::Impl::leader_tick() {
   hold_until = t + 2 * lease;  // the other syncer's epoch, if it leads now, comes every lease
 }
 
+void SyncerNode::Impl::hold(Envelope env) {
+  int64_t& n = held_per_peer[env.peer];
+  if (n >= syncer_receive_limit(cfg.sync.fragments)) {
+    ++held_dropped;
+    ++rejects["held_dropped"];
+    rec::Standby sb;
+    sb.event = "held_dropped";
+    sb.epoch = epoch;
+    sb.merges = merges;
+    sb.detail = "a connection sent more than " + std::to_string(syncer_receive_limit(cfg.sync.fragments)) +
+                " messages while this paused leader held them: the rest are dropped (" + std::to_string(held_dropped) +
+                " so far)";
+    log_limited("standby_held_dropped", std::move(sb));
+    return;
+  }
+  ++n;
+  held_messages.push_back(std::move(env));
+}
+
 void SyncerNode::Impl::release_held() {
   hold_until = -1;
+  held_per_peer.clear();
   std::deque<Envelope> q;
   q.swap(held_messages);
   for (Envelope& env : q) {

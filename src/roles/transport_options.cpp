@@ -33,13 +33,16 @@ uint64_t legit_frame_bytes(NodeRole role, int64_t fragment_elements, int64_t mod
                       " elements in a model of " + std::to_string(model_elements));
   try {
     const uint64_t floats = costliest_float_bytes(role == NodeRole::kSyncer ? fragment_elements : model_elements);
-    const uint64_t largest = std::max<uint64_t>(floats, proto::kMaxControlBytes);
+    const uint64_t largest =
+        std::max<uint64_t>(floats, role == NodeRole::kSyncer ? proto::kMaxControlBytes : proto::kMaxWelcomeBytes);
     if (largest > std::numeric_limits<uint64_t>::max() - kSlackBytes) throw WireError("overflow");
     return largest + kSlackBytes;
   } catch (const WireError&) {
     throw ConfigError("a model of " + std::to_string(model_elements) + " elements is too large for the wire format");
   }
 }
+
+int syncer_receive_limit(int64_t fragments) { return static_cast<int>(4 * std::max<int64_t>(fragments, 1) + 16); }
 
 TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& model, NodeRole role) {
   RuntimeConfig cfg = cfg_in;
@@ -50,7 +53,7 @@ TransportOptions node_transport_options(const RuntimeConfig& cfg_in, Workload& m
   TransportOptions t = cfg.net.transport();
   if (cfg.net.max_frame_bytes <= 0) t.max_frame_bytes = legit_frame_bytes(role, largest, plan.model.elements);
   if (role == NodeRole::kSyncer) {
-    t.receive_limit = static_cast<int>(4 * plan.fragments.size() + 16);
+    t.receive_limit = syncer_receive_limit(static_cast<int64_t>(plan.fragments.size()));
     t.linger = std::chrono::milliseconds(1000);  // the answers to the last goodbyes leave before the syncer exits
   }
   return t;

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -84,6 +85,92 @@ inline long long oversized_handshake(int port, uint64_t declared, std::chrono::m
   const long long sent = stream_until_closed(fd, declared, within);
   ::close(fd);
   return sent;
+}
+
+}  // namespace deloco::testing
+
+namespace deloco::testing {
+
+// A plaintext ZeroMQ DEALER written in raw bytes over a Unix socket (an ipc:// endpoint): the ZMTP 3.0 greeting
+// with the NULL mechanism and a READY command, then two-frame messages, and it never reads what the server sends:
+// what an attacker who stops reading looks like to the server. -1 when it cannot connect.
+inline int unix_connect(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (path.size() >= sizeof a.sun_path) {
+    ::close(fd);
+    return -1;
+  }
+  std::memcpy(a.sun_path, path.c_str(), path.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// One ZMTP frame: flags (more, command) and the size in the short or the long form.
+inline std::string zmtp_frame(const std::string& body, bool more, bool command = false) {
+  std::string f;
+  const bool lng = body.size() > 255;
+  f.push_back(static_cast<char>((more ? 0x01 : 0) | (lng ? 0x02 : 0) | (command ? 0x04 : 0)));
+  if (lng) {
+    for (int i = 7; i >= 0; --i) f.push_back(static_cast<char>((static_cast<uint64_t>(body.size()) >> (8 * i)) & 0xff));
+  } else {
+    f.push_back(static_cast<char>(body.size()));
+  }
+  return f + body;
+}
+
+// The greeting (NULL mechanism, as a client) and READY (Socket-Type DEALER).
+inline std::string zmtp_null_dealer_handshake() {
+  std::string g(64, '\0');
+  g[0] = static_cast<char>(0xff);
+  g[9] = 0x7f;
+  g[10] = 3;
+  std::memcpy(&g[12], "NULL", 4);
+  std::string ready = std::string("\x05READY", 6) + std::string("\x0bSocket-Type", 12) + std::string("\0\0\0\x06", 4) + "DEALER";
+  return g + zmtp_frame(ready, false, true);
+}
+
+// Reads exactly n bytes within `within` (false on EOF, an error or the deadline).
+inline bool read_exactly(int fd, char* out, size_t n, std::chrono::milliseconds within) {
+  const auto end = std::chrono::steady_clock::now() + within;
+  size_t got = 0;
+  while (got < n && std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 20) <= 0) continue;
+    const ssize_t r = ::recv(fd, out + got, n - got, 0);
+    if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) return false;
+    if (r > 0) got += static_cast<size_t>(r);
+  }
+  return got == n;
+}
+
+// The server's side of the handshake: its greeting and its READY command. libzmq drops a connection whose first
+// message arrives before its handshake (with a ZAP handler, the READY's check) is done, so a raw client sends
+// messages only after this returns true.
+inline bool zmtp_await_ready(int fd, std::chrono::milliseconds within = std::chrono::seconds(10)) {
+  char greeting[64];
+  if (!read_exactly(fd, greeting, sizeof greeting, within)) return false;
+  unsigned char head[2];
+  if (!read_exactly(fd, reinterpret_cast<char*>(head), 2, within) || !(head[0] & 0x04) || (head[0] & 0x02)) return false;
+  std::string body(head[1], '\0');
+  return read_exactly(fd, body.data(), body.size(), within) && body.compare(0, 6, "\x05READY") == 0;
+}
+
+// Writes all of `bytes` (blocking); false when the connection failed.
+inline bool write_all(int fd, const std::string& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
 }
 
 }  // namespace deloco::testing
