@@ -457,12 +457,14 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
                       "; a connection's learner id never changes");
   Peer& P = peers[m];
   const bool other_route = !P.route.empty() && P.route != env.peer;
-  const bool other_live = P.alive && other_route && t - P.last_heard < 2 * cfg.net.heartbeat &&
-                          P.instance != hello.instance && route_alive(P.route, m);
+  const bool other_live = P.alive && other_route && t - P.last_heard < 2 * cfg.net.heartbeat && P.instance != hello.instance;
   if (other_live) {
-    // A fast restart or a duplicate: the hello waits (retry_waiting_hellos) a heartbeat for the old connection to end.
+    // A fast restart or a duplicate: the hello waits (retry_waiting_hellos). A dead process says nothing more, so its
+    // connection goes quiet and the hello is taken once it has been for 2 net.heartbeat; one that still speaks after
+    // this hello came, a heartbeat on, is another live process with this id.
     if (P.waiting_since < 0 || (P.waiting_hello && P.waiting_hello->peer != env.peer)) P.waiting_since = t;
-    if (t - P.waiting_since < cfg.net.heartbeat) {
+    const bool old_spoke = P.last_heard > P.waiting_since;
+    if (!old_spoke || t - P.waiting_since < cfg.net.heartbeat) {
       P.waiting_hello = env;
       P.waiting_tried = t;
       return;
@@ -1001,16 +1003,6 @@ double SyncerNode::Impl::goodput() const {
   double busy = 0;
   for (const auto& p : peers) busy += p.busy + p.busy_done;
   return run_goodput(busy, M, elapsed());
-}
-
-bool SyncerNode::Impl::route_alive(const std::string& route, int64_t m) {
-  MessageHeader h;
-  h.kind = MessageKind::kHeartbeat;
-  h.learner_id = static_cast<uint32_t>(m);
-  h.fingerprint = fingerprint;
-  h.round = static_cast<uint64_t>(merges);
-  const auto f = proto::make_frame(h, std::string(), limits);  // an empty syncer beat: read as "nothing new"
-  return tx->send(route, f.header, f.payload);
 }
 
 void SyncerNode::Impl::retry_waiting_hellos(double t) {

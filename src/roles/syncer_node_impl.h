@@ -34,9 +34,9 @@ struct StateSnapshot;
 struct Peer {
   std::string route;        // transport peer id ("" : no live connection)
   // A hello of another process (instance) on another connection while this id's connection still looks live: a
-  // fast restart whose old connection's end the transport has not shown yet, or a real duplicate. It waits here
-  // (the newest one only) and is judged again every 50 ms: accepted once the old connection is gone (a message to
-  // it fails) or quiet for 2 net.heartbeat, refused as duplicate_id once it waited a heartbeat beside a live one.
+  // fast restart whose old connection has not gone quiet yet, or a real duplicate. It waits here (the newest one only)
+  // and is judged again every 50 ms: accepted once the old connection has been quiet for 2 net.heartbeat, refused as
+  // duplicate_id once the old connection spoke after it came and it waited a heartbeat.
   std::optional<Envelope> waiting_hello;
   double waiting_since = -1, waiting_tried = -1;
   std::string identity;     // CURVE allow-list name
@@ -348,9 +348,6 @@ struct SyncerNode::Impl {
   void leader_housekeeping();  // leases and counters to the standby; drops a standby silent for the lease
   // A hello or other message from a learner while following: refused with not_leader (its route kept for the takeover).
   void refuse_not_leader(const Envelope& env, const MessageHeader& h);
-  // Whether the connection `route` is still there: a syncer beat to it is queued (the transport refuses a peer whose
-  // connection it has dropped).
-  bool route_alive(const std::string& route, int64_t m);
   void retry_waiting_hellos(double t);
   // A checked hello from learner m that has joined a leader of `newer` > epoch: refused with not_leader and recorded
   // (a Standby record "epoch_hint", rate limited); nothing else changes. Only the other syncer's word makes a leader

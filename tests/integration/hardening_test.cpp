@@ -272,7 +272,8 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
   Client c("ipc://" + (dir / "a.sock").string(), fp);
   proto::Beat beat;
   const std::string body = proto::encode_beat(beat);
-  c.send(MessageKind::kHeartbeat, 0, body);  // connected
+  c.send(MessageKind::kHeartbeat, 0, body);  // connected; its refusal (say hello first) shows the loop has run
+  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "reject").empty(); }, 30)) << a.log();
   // The pause (what a SIGSTOP of a whole VM does to a leader): longer than half a lease.
   a.signal(SIGSTOP);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
