@@ -457,11 +457,15 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
                       "; a connection's learner id never changes");
   Peer& P = peers[m];
   const bool other_route = !P.route.empty() && P.route != env.peer;
-  const bool other_live = P.alive && other_route && t - P.last_heard < 2 * cfg.net.heartbeat && P.instance != hello.instance;
+  // Another process on another connection while this id's connection spoke within net.dead_after (or 2 heartbeats,
+  // whichever is longer: the liveness the syncer itself judges learners by).
+  const bool other_live = P.alive && other_route && P.instance != hello.instance &&
+                          t - P.last_heard < std::max(2 * cfg.net.heartbeat, cfg.net.dead_after);
   if (other_live) {
     // A fast restart or a duplicate: the hello waits (retry_waiting_hellos). A dead process says nothing more, so its
-    // connection goes quiet and the hello is taken once it has been for 2 net.heartbeat; one that still speaks after
-    // this hello came, a heartbeat on, is another live process with this id.
+    // connection goes quiet and the hello is taken once it has been for net.dead_after; one that still speaks after
+    // this hello came, a heartbeat on, is another live process with this id (a live but loaded learner may be quiet
+    // for 2 heartbeats; for net.dead_after it would count as gone anyway).
     if (P.waiting_since < 0 || (P.waiting_hello && P.waiting_hello->peer != env.peer)) P.waiting_since = t;
     const bool old_spoke = P.last_heard > P.waiting_since;
     if (!old_spoke || t - P.waiting_since < cfg.net.heartbeat) {

@@ -35,7 +35,7 @@ struct Peer {
   std::string route;        // transport peer id ("" : no live connection)
   // A hello of another process (instance) on another connection while this id's connection still looks live: a
   // fast restart whose old connection has not gone quiet yet, or a real duplicate. It waits here (the newest one only)
-  // and is judged again every 50 ms: accepted once the old connection has been quiet for 2 net.heartbeat, refused as
+  // and is judged again every 50 ms: accepted once the old connection has been quiet for net.dead_after, refused as
   // duplicate_id once the old connection spoke after it came and it waited a heartbeat.
   std::optional<Envelope> waiting_hello;
   double waiting_since = -1, waiting_tried = -1;

@@ -304,13 +304,14 @@ TEST(FastRestart, ANewProcessJoinsWhileTheOldConnectionsEndIsPending) {
   const fs::path dir = fs::temp_directory_path() / ("deloco_restart_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  // Heartbeats every 5 s: the old connection counts live for 10 s after its last message, longer than a restart.
+  // Heartbeats every 5 s: the old rule counted the old connection live for 2 heartbeats (10 s) after its last message,
+  // longer than a restart takes; now the new hello waits until the old one is quiet for net.dead_after (12 s).
   const std::vector<std::string> common = {
       "--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set", "net.plaintext=true",
       "--set", "net.address=ipc://" + (dir / "s.sock").string(), "--set", "sync.learners=1", "--set", "sync.quorum=1",
       "--set", "sync.fragments=2", "--set", "sync.sync_every=10", "--set", "train.steps=100000", "--set",
       "train.threads=1", "--set", "syncer.eval_interval=0", "--set", "syncer.metrics=", "--set", "net.heartbeat=5",
-      "--set", "net.dead_after=30"};
+      "--set", "net.dead_after=12"};
   const auto args = [&](std::vector<std::string> a) {
     a.insert(a.end(), common.begin(), common.end());
     return a;
