@@ -353,6 +353,8 @@ struct SyncerNode::Impl {
   // (a Standby record "epoch_hint", rate limited); nothing else changes. Only the other syncer's word makes a leader
   // step down (on_replica_message).
   void refuse_newer_epoch(const Envelope& env, int64_t m, int64_t newer);
+  // A not_leader reject to learner m on `route` (not counted as a refusal: it is how a pair works).
+  void send_not_leader(const std::string& route, int64_t m, const std::string& text);
   // The node counters (counters()) of a checkpoint or of the leader: what --resume and a takeover continue from.
   void load_counters(const nlohmann::json& c, double down);
 

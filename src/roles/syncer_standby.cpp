@@ -356,16 +356,20 @@ void SyncerNode::Impl::refuse_not_leader(const Envelope& env, const MessageHeade
     if (!bound || *bound != m) return;
   }
   standby_routes[m] = env.peer;
+  send_not_leader(env.peer, m,
+                  "not_leader: this syncer is the standby (epoch " + std::to_string(epoch) +
+                      "); it tells this learner when it takes over");
+}
+
+void SyncerNode::Impl::send_not_leader(const std::string& route, int64_t m, const std::string& text) {
   MessageHeader rh;
   rh.kind = MessageKind::kReject;
   rh.round = static_cast<uint64_t>(RejectReason::kNotLeader);
   rh.learner_id = static_cast<uint32_t>(m);
   rh.fragment_id = proto::kNoFragment;
   rh.fingerprint = fingerprint;
-  auto f = proto::make_frame(rh, std::string("not_leader: this syncer is the standby (epoch ") + std::to_string(epoch) +
-                                     "); it tells this learner when it takes over",
-                             limits);
-  tx->send(env.peer, f.header, f.payload);
+  const auto f = proto::make_frame(rh, text, limits);
+  tx->send(route, f.header, f.payload);
 }
 
 void SyncerNode::Impl::refuse_newer_epoch(const Envelope& env, int64_t m, int64_t newer) {
@@ -379,15 +383,8 @@ void SyncerNode::Impl::refuse_newer_epoch(const Envelope& env, int64_t m, int64_
               ", newer than this syncer's: its hello is refused; this syncer steps down only when the other syncer "
               "of the pair shows that epoch (its lease, or a follow request)";
   log_limited("standby_epoch_hint", std::move(sb));
-  MessageHeader rh;
-  rh.kind = MessageKind::kReject;
-  rh.round = static_cast<uint64_t>(RejectReason::kNotLeader);
-  rh.learner_id = static_cast<uint32_t>(m);
-  rh.fragment_id = proto::kNoFragment;
-  rh.fingerprint = fingerprint;
-  const auto f = proto::make_frame(rh, "not_leader: this syncer leads epoch " + std::to_string(epoch) +
-                                           ", older than the one this learner joined", limits);
-  tx->send(env.peer, f.header, f.payload);
+  send_not_leader(env.peer, m,
+                  "not_leader: this syncer leads epoch " + std::to_string(epoch) + ", older than the one this learner joined");
 }
 
 double SyncerNode::Impl::pause_began(double t) {
