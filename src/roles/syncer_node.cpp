@@ -218,6 +218,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
   }
   Peer& P = peers[m];
   P.last_heard = t;
+  P.last_spoke = t;
   P.bytes_up += static_cast<int64_t>(env.header.size() + env.payload.size());
   if (!P.alive && !retired[m]) {
     P.alive = true;
@@ -467,7 +468,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     // this hello came, a heartbeat on, is another live process with this id (a live but loaded learner may be quiet
     // for 2 heartbeats; for net.dead_after it would count as gone anyway).
     if (P.waiting_since < 0 || (P.waiting_hello && P.waiting_hello->peer != env.peer)) P.waiting_since = t;
-    const bool old_spoke = P.last_heard > P.waiting_since;
+    const bool old_spoke = P.last_spoke > P.waiting_since;
     if (!old_spoke || t - P.waiting_since < cfg.net.heartbeat) {
       P.waiting_hello = env;
       P.waiting_tried = t;
@@ -484,7 +485,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   const bool quiet = !P.alive || t - P.last_heard >= 2 * cfg.net.heartbeat;
   if (hello.want_state && download_outstanding(P, t) && (!other_route || !quiet)) {
     ++state_requests_dropped;
-    if (P.route == env.peer) P.last_heard = t;
+    if (P.route == env.peer) P.last_heard = P.last_spoke = t;
     rec::StateRequestDropped d;
     d.learner = m;
     d.detail = "a state download to this connection is outstanding; no new copy";
@@ -609,6 +610,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.fetch_snap = w.fetch ? snap : nullptr;
   P.alive = !retired[m];
   P.last_heard = t;
+  P.last_spoke = t;
   P.step = resume_step;
   if (!repeat) {
     ++P.joins;

@@ -42,7 +42,12 @@ struct Peer {
   std::string identity;     // CURVE allow-list name
   uint64_t instance = 0;
   bool alive = false;
+  // Liveness: the steady time of its connection's last message, moved on by the time this syncer spent not
+  // listening (excuse_peers: a checkpoint, an evaluation), so the syncer's own work never makes a learner look silent.
   double last_heard = -1e9;
+  // The steady time of its connection's last message, never moved on: whether the old connection spoke after a
+  // waiting hello came is a question of messages (excused time made a closed connection seem to speak on).
+  double last_spoke = -1e9;
   double last_beat_sent = -1e9;
   int64_t sync_every_told = 0;  // the sync period (sync.dynamic_local_updates) the latest beat to it carried
   int64_t step = 0, tokens = 0;
