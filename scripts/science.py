@@ -30,7 +30,8 @@ Experiments: 1 IsoLoCo vs DiLoCo over M (plus the fast Newton–Schulz Iso-C at 
 where the window opens, with the asynchronous outer variants (delayed Nesterov, staleness-aware weights, dynamic
 local updates); 4 RDA vs the mean at K = 1 (and the variants on the fast link); 5 push precision; 6 one failure
 schedule (also on the fast link); 7 Decoupled with failures vs DP; 8 the grace window over link bandwidths; 9 the
-horizon (32 outer rounds per learner, small model); 10 many learners (up to M = 64, small model).
+horizon (32 outer rounds per learner, small model); 10 many learners (up to M = 64, small model); 11 MuLoCo
+(Muon as the inner optimizer) against DiLoCo, each against its own DP, and MuLoCo's int2 pushes (issue 53).
 
 The binary is the authority on the configuration: the presets' outer optimizers (kind, η, μ) come from
 `deloco config presets --json`, and every key a planned run sets is checked against `deloco config keys --for sim
@@ -163,6 +164,9 @@ METHOD_SPECS = {
                        mu_grid=False),
     "dlu_fast": dict(preset="diloco", extra=["sync.dynamic_local_updates=true"], link="fast", mu_grid=False),
     "rda_fast": dict(preset="decoupled", link="fast", mu_grid=False),
+    # MuLoCo (issue 53): DiLoCo's mean and Nesterov outer step over learners that train with Muon (the preset sets
+    # train.optimizer = muon); its outer step tuned like DiLoCo's.
+    "muloco": dict(preset="muloco"),
 }
 METHODS = {}  # method -> dict(sets=["merge.preset=P", "outer.kind=K"], lr=η, mu=μ), filled by load_methods()
 
@@ -221,6 +225,8 @@ FAST_LINK = ["sim.bandwidth=6.4e7"]  # 64 MB/s (512 Mbit/s)
 # Experiment 5b: the densities of the sparse pushes and broadcasts; the links its communication time is given at.
 TOPK_DENSITIES = [0.01, 0.03, 0.1]
 E5_LINKS_MBIT = [10, 100]
+# Experiment 11: MuLoCo's int2 pushes with error feedback hold within this many nats of its fp32 pushes (issue 53).
+MULOCO_INT2_MARGIN = 0.01
 # Experiment 8: link bandwidths (bytes/s) swept with and without the grace window.
 SWEEP_BANDWIDTHS = [5e5, 4e6, 3.2e7, 1.28e8]
 
@@ -363,6 +369,15 @@ def plan(S):
     pts.append(("e9", "mean, outer SGD, top-k 3% both ways", tuned_at("mean_sgd_topk3", ("horizon", M)),
                 sync_run(S, M, HT)))  # the method's own keys carry the codec
     pts.append(("e9", "DP, no failures", None, dp_run(S, M, HT) + ["sim.mtbf=0", "sim.jitter=0.1"]))
+    # 11. MuLoCo (issue 53): Muon as the inner optimizer against AdamW, at M = m_exp and equal tokens, each against
+    # its own DP baseline (one learner with the global batch and the same inner optimizer), and MuLoCo's pushes at
+    # int2 with error feedback. DiLoCo's row is experiment 1's run at M = m_exp (same settings: run once).
+    pts.append(("e11", "DiLoCo (AdamW)", tuned_at("diloco", ("sync", M)), sync_run(S, M, T)))
+    pts.append(("e11", "MuLoCo (Muon)", tuned_at("muloco", ("sync", M)), sync_run(S, M, T)))
+    pts.append(("e11", "MuLoCo, int2 + error feedback", tuned_at("muloco", ("sync", M)),
+                sync_run(S, M, T) + ["net.encoding=int2", "net.error_feedback=true"]))
+    pts.append(("e11", "DP, AdamW", None, dp_run(S, M, T) + ["sim.mtbf=0", "sim.jitter=0.1"]))  # experiment 7's run
+    pts.append(("e11", "DP, Muon", None, dp_run(S, M, T) + ["sim.mtbf=0", "sim.jitter=0.1", "train.optimizer=muon"]))
     # 10. Many learners: IsoLoCo against DiLoCo up to M = 64 at equal total tokens, on the small model.
     for Mm in S["many_ms"]:
         for meth in ("diloco", "isoloco"):
@@ -654,6 +669,8 @@ def decisive_pairs(S):
                "K=1 + grace + staleness weights, fast link", "K=1 + grace + dynamic local updates, fast link")]
     pairs += [("e8", f"{bw / 1e6:g} MB/s + grace", f"{bw / 1e6:g} MB/s", 0.0) for bw in SWEEP_BANDWIDTHS]
     pairs += [("e10", f"diloco M={m}", f"isoloco M={m}", 0.0) for m in S["many_ms"]]
+    pairs += [("e11", "MuLoCo (Muon)", "DiLoCo (AdamW)", 0.0),
+              ("e11", "MuLoCo, int2 + error feedback", "MuLoCo (Muon)", MULOCO_INT2_MARGIN)]
     return pairs
 
 
@@ -1274,6 +1291,39 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None):
         claims.append((f"the IsoLoCo gap keeps widening up to M = {gaps10[-1][0]}", label(widen, gaps10[-1][1] > gaps10[0][1]),
                        f"{gaps10[0][1]:+.4f} ± {gaps10[0][2]:.4f} at M = {gaps10[0][0]}, {gaps10[-1][1]:+.4f} ± "
                        f"{gaps10[-1][2]:.4f} at M = {gaps10[-1][0]}."))
+    w("")
+    # 11.
+    claims.section("experiment 11")
+    w(f"## 11. MuLoCo: Muon as the inner optimizer (M = {S['m_exp']}, equal tokens)\n")
+    w("DiLoCo's mean and Nesterov outer step over learners that train with Muon (`merge.preset = muloco`: Muon on the "
+      "hidden matrices, AdamW on embeddings, head and vectors; src/train/muon.h) against the same with AdamW, each with "
+      "its outer step tuned here, and each against its own DP baseline (one learner with the global batch and the same "
+      "inner optimizer, at train.lr). The relative gap is (method − its DP) / its DP.\n")
+    rows11 = {v: seeds_sorted(res, "e11", v) for v in ("DiLoCo (AdamW)", "MuLoCo (Muon)", "MuLoCo, int2 + error feedback",
+                                                        "DP, AdamW", "DP, Muon")}
+    w("| run | test loss |\n|---|---|")
+    for v, xs in rows11.items():
+        if xs:
+            w(f"| {v} | {fmt(xs)} |")
+    d11, m11, i11 = rows11["DiLoCo (AdamW)"], rows11["MuLoCo (Muon)"], rows11["MuLoCo, int2 + error feedback"]
+    if d11 and m11:
+        g, h = diff_ci(m11, d11)
+        w(f"\nMuLoCo − DiLoCo = {g:+.4f} ± {h:.4f}")
+        claims.append((f"MuLoCo beats DiLoCo at M = {S['m_exp']} at equal tokens", label(g + h < 0, g < 0),
+                       f"MuLoCo − DiLoCo = {g:+.4f} ± {h:.4f}."))
+    if d11 and m11 and rows11["DP, AdamW"] and rows11["DP, Muon"]:
+        da, dm = statistics.mean(rows11["DP, AdamW"]), statistics.mean(rows11["DP, Muon"])
+        ga = (statistics.mean(d11) - da) / da
+        gm = (statistics.mean(m11) - dm) / dm
+        w(f"\nRelative gap to its DP: DiLoCo {ga:+.2%} (to AdamW DP), MuLoCo {gm:+.2%} (to Muon DP)")
+        claims.append((f"MuLoCo's relative gap to Muon DP is at most half DiLoCo's to AdamW DP at M = {S['m_exp']}",
+                       label(gm <= ga / 2, gm < ga), f"MuLoCo {gm:+.2%}, DiLoCo {ga:+.2%} (means over seeds)."))
+    if m11 and i11:
+        g, h = diff_ci(i11, m11)
+        w(f"\nMuLoCo int2 + error feedback − fp32 = {g:+.4f} ± {h:.4f}")
+        claims.append((f"MuLoCo's int2 pushes with error feedback are within {MULOCO_INT2_MARGIN} nats of fp32",
+                       label(abs(g) + h <= MULOCO_INT2_MARGIN, abs(g) <= MULOCO_INT2_MARGIN),
+                       f"int2 − fp32 = {g:+.4f} ± {h:.4f}."))
     w("")
     claims.close()
     w("## The claims\n")

@@ -39,10 +39,16 @@ struct AlgorithmPreset {
   std::string name;
   MergePlan plan;
   OuterOptions outer;
+  std::string inner = "adamw";  // the learners' inner optimizer where train.optimizer = auto (muloco: muon)
 };
 // Throws ConfigError for an unknown name, listing the known ones.
 const AlgorithmPreset& algorithm_preset(const std::string& name);
 const std::vector<AlgorithmPreset>& algorithm_presets();
+struct TrainConfig;
+// train.optimizer = "auto" becomes the inner optimizer of merge.preset `preset` (muon for muloco, else adamw); an
+// explicit adamw or muon stays. Every driver that builds learners from a run config and an algorithm config (the
+// simulator, the learner node) calls it once. Throws ConfigError for an unknown preset.
+void resolve_inner_optimizer(TrainConfig& train, const std::string& preset);
 
 struct AlgorithmConfig {
   SyncOptions sync;

@@ -82,7 +82,8 @@ struct SimResult {
 // simulator, auto times fp32 and bf16 matmuls and takes the faster (deloco/gpt/precision.h); where the two are close
 // that choice flips on timing noise, and one run of a simulation would then train in another precision than the
 // next. A simulation is a function of its config, so it trains in bf16 only when train.precision = "bf16" says so.
-RunConfig simulated_run(const RunConfig& run);
+// And train.optimizer = "auto" becomes merge.preset's inner optimizer (resolve_inner_optimizer, deloco/algorithm.h).
+RunConfig simulated_run(const RunConfig& run, const AlgorithmConfig& algo);
 
 class Simulator {
  public:

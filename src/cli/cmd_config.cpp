@@ -92,7 +92,8 @@ nlohmann::json presets_json() {
     for (const auto& r : p.plan.rules) rules.push_back({{"pattern", r.pattern}, {"method", r.method}});
     presets.push_back({{"name", p.name},
                        {"merge", {{"method", p.plan.method}, {"rules", rules}, {"vector_method", p.plan.vector_method}}},
-                       {"outer", {{"kind", p.outer.kind}, {"lr", p.outer.lr}, {"momentum", p.outer.momentum}}}});
+                       {"outer", {{"kind", p.outer.kind}, {"lr", p.outer.lr}, {"momentum", p.outer.momentum}}},
+                       {"inner", p.inner}});
   }
   return {{"presets", presets}, {"merge_methods", merger_names()}, {"merge_plans", merge_plan_names()}};
 }
@@ -128,16 +129,16 @@ void add_config_command(CLI::App& app) {
   });
 
   auto pjson = std::make_shared<bool>(false);
-  CLI::App* presets = cmd->add_subcommand("presets", "the merge.preset table: merge plan, outer optimizer, eta, mu");
-  presets->add_flag("--json", *pjson, "a JSON object {presets: [{name, merge, outer}], merge_methods, merge_plans}");
+  CLI::App* presets = cmd->add_subcommand("presets", "the merge.preset table: inner optimizer, merge plan, outer optimizer, eta, mu");
+  presets->add_flag("--json", *pjson, "a JSON object {presets: [{name, merge, outer, inner}], merge_methods, merge_plans}");
   presets->callback([pjson] {
     const nlohmann::json j = presets_json();
     if (*pjson) {
       std::cout << j.dump(2) << "\n";
       return;
     }
-    std::cout << std::left << std::setw(11) << "preset" << std::setw(10) << "outer" << std::setw(6) << "eta"
-              << std::setw(5) << "mu" << "merge\n";
+    std::cout << std::left << std::setw(11) << "preset" << std::setw(7) << "inner" << std::setw(10) << "outer"
+              << std::setw(6) << "eta" << std::setw(5) << "mu" << "merge\n";
     for (const auto& p : j["presets"]) {
       std::string merge = p["merge"]["method"];
       std::map<std::string, std::string> by_method;  // rules grouped by method: "mean for *embed* *wte*"
@@ -149,7 +150,8 @@ void add_config_command(CLI::App& app) {
       std::ostringstream eta, mu;
       eta << p["outer"]["lr"].get<double>();
       mu << p["outer"]["momentum"].get<double>();
-      std::cout << std::setw(11) << p["name"].get<std::string>() << std::setw(10) << p["outer"]["kind"].get<std::string>()
+      std::cout << std::setw(11) << p["name"].get<std::string>() << std::setw(7) << p["inner"].get<std::string>()
+                << std::setw(10) << p["outer"]["kind"].get<std::string>()
                 << std::setw(6) << eta.str() << std::setw(5) << mu.str() << merge << "\n";
     }
   });

@@ -1,12 +1,12 @@
 // iso_c_ns: the iso_c target σ̄·U Vᵀ, σ̄ = (1/r)·Σ_{i≤r} σ_i (r = min(m,n)), by a Newton–Schulz-type polynomial
 // iteration: matrix products only, no SVD and no eigendecomposition.
 //
-// For the tall view X (m ≥ n; a wide matrix is transposed, so every Gram matrix is n×n with n = min(m,n)):
-//  1. Normalise. X₀ = X / max|x| (no overflow in the Gram products), A = X₀ᵀX₀, B = A·A and
+// For the wide view X (m ≤ n; a tall matrix is transposed, so every Gram matrix is r×r with r = min(m,n)):
+//  1. Normalise. X₀ = X / max|x| (no overflow in the Gram products), A = X₀X₀ᵀ, B = A·A and
 //     s = ‖B‖_F^{1/4} = (Σ σ_i⁸)^{1/8} ≥ σ_max, a safe bound (no power-iteration guess) that is much tighter
 //     than ‖X‖_F and free: step 1 needs A and B anyway. Then Y = X₀/s, A /= s², B /= s⁴, all σ_i(Y) ∈ [0, 1].
-//  2. Iterate K odd quintics Y ← Y·(a I + b A + c B), A = YᵀY, B = A·A (three products for a square matrix):
-//     every singular value goes through p(σ) = aσ + bσ³ + cσ⁵ while the singular vectors stay put.
+//  2. Iterate K odd quintics Y ← (a I + b A + c B)·Y, A = YYᵀ, B = A·A (linalg::odd_quintic_steps, the iteration
+//     Muon uses too): every singular value goes through p(σ) = aσ + bσ³ + cσ⁵ while the singular vectors stay put.
 //  3. σ̄ = ⟨O, X⟩_F / r with O = Y (for the exact polar factor ⟨U Vᵀ, U S Vᵀ⟩_F = Σσ_i), result σ̄·O.
 //
 // The schedule (docs/merge.md "iso_c_ns"): K − 2 minimax steps, then two steps of the fixed quintic
@@ -37,6 +37,7 @@
 
 #include <torch/torch.h>
 
+#include "linalg/newton_schulz.h"
 #include "merge/methods.h"
 
 namespace deloco::merge_detail {
@@ -94,22 +95,24 @@ namespace {
 
 class IsoCNs final : public Merger {
  public:
-  IsoCNs(int steps, at::ScalarType iter_dtype) : schedule_(iso_ns_schedule(steps)), iter_dtype_(iter_dtype) {}
+  IsoCNs(int steps, at::ScalarType iter_dtype) : iter_dtype_(iter_dtype) {
+    for (const auto& q : iso_ns_schedule(steps)) schedule_.push_back({q[0], q[1], q[2]});
+  }
   const char* name() const override { return "iso_c_ns"; }
   bool needs_matrix() const override { return true; }
 
  protected:
   at::Tensor compute(const std::vector<at::Tensor>& d, const std::vector<double>& w, uint64_t) const override {
     at::Tensor M = weighted_sum(d, w);
-    const bool wide = M.size(0) < M.size(1);
-    at::Tensor X = wide ? M.t() : M;  // m ≥ n
-    const int64_t n = X.size(1);
+    const bool tall = M.size(0) > M.size(1);
+    at::Tensor X = tall ? M.t() : M;  // m ≤ n: every Gram matrix is r×r, r = min(m, n)
+    const int64_t r = X.size(0);
     const double amax = X.abs().max().item<double>();
     if (!(amax > 0)) return at::zeros_like(M);
     // fp64 compute stays fp64; otherwise the option's dtype (fp32 or bf16) runs the iteration.
     const at::ScalarType it = X.scalar_type() == at::kDouble ? at::kDouble : iter_dtype_;
     at::Tensor Y = X.div(amax).to(it);
-    at::Tensor A = at::matmul(Y.t(), Y);
+    at::Tensor A = at::matmul(Y, Y.t());
     at::Tensor B = at::matmul(A, A);
     const double s4 = at::linalg_vector_norm(B.to(X.scalar_type()), 2, c10::nullopt, false, c10::nullopt)
                           .item<double>();
@@ -120,27 +123,18 @@ class IsoCNs final : public Merger {
     Y.div_(s);
     A.div_(s * s);
     B.div_(s4);
-    for (size_t k = 0; k < schedule_.size(); ++k) {
-      if (k > 0) {
-        A = at::matmul(Y.t(), Y);
-        B = at::matmul(A, A);
-      }
-      const auto& q = schedule_[k];
-      at::Tensor P = B.mul(q[2]).add_(A, q[1]);
-      P.diagonal().add_(q[0]);
-      Y = at::matmul(Y, P);
-    }
-    at::Tensor O = Y.to(X.scalar_type());
-    const double sbar = O.mul(X).sum().item<double>() / static_cast<double>(n);
+    // The iteration itself is linalg's (shared with Muon); its first step reuses A and B.
+    at::Tensor O = linalg::odd_quintic_steps(Y, schedule_, A, B).to(X.scalar_type());
+    const double sbar = O.mul(X).sum().item<double>() / static_cast<double>(r);
     if (!std::isfinite(sbar))
       throw MergeError("iso_c_ns: the Newton-Schulz iteration did not stay finite (scale " + std::to_string(sbar) +
                        ")");
     O.mul_(sbar);
-    return wide ? O.t().contiguous() : O;
+    return tall ? O.t().contiguous() : O;
   }
 
  private:
-  std::vector<std::array<double, 3>> schedule_;
+  std::vector<linalg::OddQuintic> schedule_;
   at::ScalarType iter_dtype_;
 };
 

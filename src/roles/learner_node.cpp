@@ -1750,10 +1750,18 @@ struct LearnerNode::Impl {
   }
 };
 
+namespace {
+RunConfig inner_resolved(const RuntimeConfig& cfg) {
+  RunConfig r = cfg.run;
+  resolve_inner_optimizer(r.train, cfg.merge.preset);
+  return r;
+}
+}  // namespace
+
 LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::unique_ptr<ClientTransport> transport,
                          std::shared_ptr<const Corpus> corpus, RecordSink record)
     : LearnerNode(cfg_in, learner_id, std::move(transport),
-                  gpt_workloads(cfg_in.run, std::move(corpus))(learner_id, cfg_in.resolved_learners()),
+                  gpt_workloads(inner_resolved(cfg_in), std::move(corpus))(learner_id, cfg_in.resolved_learners()),
                   std::move(record)) {}
 
 LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id, std::unique_ptr<ClientTransport> transport,

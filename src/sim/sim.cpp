@@ -521,14 +521,15 @@ struct Simulator::Impl {
   }
 };
 
-RunConfig simulated_run(const RunConfig& run) {
+RunConfig simulated_run(const RunConfig& run, const AlgorithmConfig& algo) {
   RunConfig r = run;
   if (r.train.precision == "auto") r.train.precision = "fp32";
+  resolve_inner_optimizer(r.train, algo.merge.preset);
   return r;
 }
 
 Simulator::Simulator(const RunConfig& run, const SimConfig& cfg, std::shared_ptr<const Corpus> corpus)
-    : Simulator(run, cfg, gpt_workloads(simulated_run(run), std::move(corpus))) {}
+    : Simulator(run, cfg, gpt_workloads(simulated_run(run, cfg), std::move(corpus))) {}
 
 Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFactory workloads)
     : impl_(std::make_unique<Impl>()) {
@@ -536,7 +537,7 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
   cfg.resolve();
   cfg.validate(run);
   Impl& I = *impl_;
-  I.run = simulated_run(run);
+  I.run = simulated_run(run, cfg);
   I.cfg = cfg;
   I.self = this;
   I.answer_enc = cfg.answer_encoding();

@@ -174,6 +174,28 @@ TEST(SimDecoupled, FailuresKeepUptimeOneAndLossFalls) {
   EXPECT_GT(s["contributions_merged"].get<int64_t>(), 0);
 }
 
+// merge.preset = muloco: the learners train with Muon (train.optimizer = auto resolves to it; their optimizer state
+// holds Muon's momentum), and the run learns through failures and rejoins like DiLoCo's.
+TEST(SimMuLoCo, ThePresetTrainsWithMuonAndLearnsThroughFailures) {
+  RunConfig run = sim_run(40);
+  SimConfig cfg = decoupled(3);
+  cfg.merge.preset = "muloco";
+  cfg.sim.mtbf = 10.0;
+  cfg.sim.downtime = 2.0;
+  Simulator sim(run, cfg, sim_corpus());
+  auto s = sim.run().summary;
+  bool muon_state = false;
+  for (const auto& [name, t] : sim.learner(0).optimizer_state()) muon_state |= name.rfind("muon_momentum/", 0) == 0;
+  EXPECT_TRUE(muon_state) << "learner 0 does not train with Muon";
+  EXPECT_GT(s["failures"].get<int64_t>(), 0);
+  EXPECT_LT(s["final_val_loss"].get<double>(), s["initial_val_loss"].get<double>() - 0.3);
+  // An explicit train.optimizer wins over the preset's.
+  run.train.optimizer = "adamw";
+  Simulator plain(run, cfg, sim_corpus());
+  for (const auto& [name, t] : plain.learner(0).optimizer_state())
+    EXPECT_NE(name.rfind("muon_momentum/", 0), 0u) << name;
+}
+
 TEST(SimDiLoCo, SynchronousDiLoCoStallsOnAFailure) {
   RunConfig run = sim_run(12);
   SimConfig cfg;

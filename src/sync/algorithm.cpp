@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "deloco/config.h"
+#include "deloco/gpt/config.h"
 #include "wire/sparse.h"
 
 namespace deloco {
@@ -17,6 +18,10 @@ AlgorithmPreset make(const std::string& name, MergePlan plan, const std::string&
   p.outer.kind = kind;
   p.outer.lr = lr;
   p.outer.momentum = mu;
+  return p;
+}
+AlgorithmPreset with_inner(AlgorithmPreset p, const std::string& inner) {
+  p.inner = inner;
   return p;
 }
 MergePlan method_plan(const std::string& method) {
@@ -36,6 +41,9 @@ const std::vector<AlgorithmPreset>& algorithm_presets() {
       make("tsv", method_plan("tsv"), "nesterov", 0.6, 0.8),
       make("ties", method_plan("ties"), "nesterov", 0.7, 0.8),
       make("dare", method_plan("dare"), "nesterov", 1.5, 0.8),
+      // MuLoCo (Thérien et al., 2025): DiLoCo's averaging and Nesterov outer step (DiLoCo's 0.7 / 0.9, where the
+      // paper's sweeps start) over learners that train with Muon.
+      with_inner(make("muloco", MergePlan::preset("diloco"), "nesterov", 0.7, 0.9), "muon"),
   };
   return table;
 }
@@ -47,6 +55,10 @@ const AlgorithmPreset& algorithm_preset(const std::string& name) {
     known += (known.empty() ? "" : ", ") + p.name;
   }
   throw ConfigError("merge.preset '" + name + "' is not a preset (known: " + known + ")");
+}
+
+void resolve_inner_optimizer(TrainConfig& train, const std::string& preset) {
+  if (train.optimizer == "auto") train.optimizer = algorithm_preset(preset).inner;
 }
 
 OuterOptions AlgorithmConfig::unresolved_outer() {

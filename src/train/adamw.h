@@ -16,6 +16,7 @@
 #include <string>
 
 #include "deloco/gpt/model.h"
+#include "train/inner_optimizer.h"
 
 namespace deloco {
 
@@ -23,20 +24,21 @@ struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
 };
 
-class AdamW {
+class AdamW final : public InnerOptimizer {
  public:
   AdamW(NamedTensors params, AdamWOptions opts);
   // One update with learning rate `lr`, using grad * grad_scale as the gradient (grad_scale < 1: the clipping
   // coefficient of clip_coefficient(), applied here instead of in a separate pass over the gradients).
-  void step(double lr, double grad_scale = 1.0);
+  void step(double lr, double grad_scale = 1.0) override;
   // Forces the ATen path even where the fused loop applies (the benchmark's and the tests' reference).
   void set_fused(bool on) { fused_ = on; }
-  void zero_grad();
-  int64_t steps() const { return t_; }
+  void zero_grad() override;
+  int64_t steps() const override { return t_; }
+  const char* name() const override { return "adamw"; }
   // "exp_avg/<name>", "exp_avg_sq/<name>" and "step" (a 0-d int64 tensor).
-  std::map<std::string, torch::Tensor> state() const;
+  std::map<std::string, torch::Tensor> state() const override;
   // Restores state(); throws CheckpointError naming the tensor on a missing entry or a shape mismatch.
-  void load_state(const std::map<std::string, torch::Tensor>& state);
+  void load_state(const std::map<std::string, torch::Tensor>& state) override;
 
  private:
   NamedTensors params_;

@@ -8,6 +8,7 @@
 #include "deloco/config.h"
 #include "deloco/group.h"
 #include "train/adamw.h"
+#include "train/muon.h"
 
 namespace deloco {
 namespace {
@@ -29,6 +30,31 @@ void RunConfig::bind(ConfigSchema& s) {
          [&t] { return t.weight_decay >= 0 ? "" : "must not be negative"; });
   s.bind("train.beta1", &t.beta1, "AdamW beta1", [&t] { return (t.beta1 >= 0 && t.beta1 < 1) ? "" : "must be in [0, 1)"; });
   s.bind("train.beta2", &t.beta2, "AdamW beta2", [&t] { return (t.beta2 >= 0 && t.beta2 < 1) ? "" : "must be in [0, 1)"; });
+  s.bind("train.optimizer", &t.optimizer,
+         "inner optimizer: adamw | muon (Muon on hidden matrices, AdamW on embeddings, head and vectors) | auto (the "
+         "merge preset's: muon for merge.preset=muloco, else adamw)",
+         [&t] {
+           return t.optimizer == "auto" || t.optimizer == "adamw" || t.optimizer == "muon"
+                      ? ""
+                      : "must be auto, adamw or muon, not '" + t.optimizer + "'";
+         });
+  s.bind("train.muon_lr", &t.muon_lr, "Muon's peak learning rate (0: train.lr; same warm-up and cosine)",
+         [&t] { return t.muon_lr >= 0 ? "" : "must not be negative"; });
+  s.bind("train.muon_momentum", &t.muon_momentum, "Muon's momentum mu",
+         [&t] { return (t.muon_momentum >= 0 && t.muon_momentum < 1) ? "" : "must be in [0, 1)"; });
+  s.bind("train.muon_nesterov", &t.muon_nesterov, "Muon's Nesterov form (update = g + mu*B)");
+  s.bind("train.muon_ns_steps", &t.muon_ns_steps, "Newton-Schulz quintic steps per Muon update",
+         [&t] { return (t.muon_ns_steps >= 1 && t.muon_ns_steps <= 20) ? "" : "must be in [1, 20]"; });
+  s.bind("train.muon_ns_precision", &t.muon_ns_precision,
+         "dtype of the Newton-Schulz iteration: fp32 | bf16 | auto (bf16 when train.precision trains in bf16)", [&t] {
+           return t.muon_ns_precision == "auto" || t.muon_ns_precision == "fp32" || t.muon_ns_precision == "bf16"
+                      ? ""
+                      : "must be auto, fp32 or bf16, not '" + t.muon_ns_precision + "'";
+         });
+  s.bind("train.muon_scale", &t.muon_scale,
+         "Muon's step scale: rms (0.2*sqrt(max(m,n)): AdamW's step RMS, so train.lr and weight decay carry over) | "
+         "shape (sqrt(max(1, m/n)), Jordan's; use with train.muon_lr ~ 0.02)",
+         [&t] { return t.muon_scale == "rms" || t.muon_scale == "shape" ? "" : "must be rms or shape, not '" + t.muon_scale + "'"; });
   s.bind("train.grad_clip", &t.grad_clip, "max gradient norm (0 disables)",
          [&t] { return t.grad_clip >= 0 ? "" : "must not be negative"; });
   s.bind("train.eval_every", &t.eval_every, "steps between evaluations (0: at the end only)",
@@ -112,11 +138,7 @@ Trainer::Trainer(const RunConfig& cfg, std::shared_ptr<const Corpus> corpus)
   params_ = model_->parameters();
   model_->set_fused(cfg.train.fused);
   fingerprint_ = model_fingerprint(params_);
-  AdamWOptions o;
-  o.beta1 = cfg.train.beta1;
-  o.beta2 = cfg.train.beta2;
-  o.weight_decay = cfg.train.weight_decay;
-  opt_ = std::make_unique<AdamW>(params_, o);
+  opt_ = make_inner_optimizer(cfg_.train, cfg_.model, params_);
   val_windows_ = evaluation_windows(corpus_->val_tokens(), cfg_.model.block_size, cfg.train.eval_tokens).to(device_);
 }
 
@@ -231,6 +253,9 @@ const PrecisionChoice& Trainer::resolve_precision() {
   }
   precision_ = deloco::resolve_precision(cfg_.train.precision, shapes, device_);
   cfg_.train.precision = precision_.chosen;
+  // Muon's Newton-Schulz iteration in bf16 where the forward trains in bf16 (the same measurement chose it).
+  if (auto* muon = dynamic_cast<Muon*>(opt_.get()); muon && cfg_.train.muon_ns_precision == "auto")
+    muon->set_ns_dtype(precision_.chosen == "bf16" ? at::kBFloat16 : at::kFloat);
   return precision_;
 }
 

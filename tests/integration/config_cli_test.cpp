@@ -53,11 +53,13 @@ TEST(ConfigCli, PresetsAreTheAlgorithmsTable) {
     EXPECT_EQ(q["outer"]["kind"], p.outer.kind);
     EXPECT_EQ(q["outer"]["lr"].get<double>(), p.outer.lr);  // exactly: scripts read these instead of copying them
     EXPECT_EQ(q["outer"]["momentum"].get<double>(), p.outer.momentum);
+    EXPECT_EQ(q["inner"], p.inner);
   }
   EXPECT_EQ(j["merge_plans"], nlohmann::json({"diloco", "decoupled", "isoloco"}));
   const Result text = run("config presets");
   ASSERT_EQ(text.code, 0) << text.out;
-  EXPECT_NE(text.out.find("isoloco    nesterov  1.8   0.8  iso_c"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("isoloco    adamw  nesterov  1.8   0.8  iso_c"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("muloco     muon   nesterov  0.7   0.9  mean"), std::string::npos) << text.out;
 }
 
 TEST(ConfigCli, KeysListEachCommandsBindings) {

@@ -425,6 +425,42 @@ TEST_F(RunCli, ChaosKillsALearnerAndTheRunStillFinishes) {
   EXPECT_NE(r.out.find("chaos: SIGKILL learner-"), std::string::npos) << r.out;
 }
 
+// Issue 53: MuLoCo (merge.preset = muloco: the learners train with Muon) learns under chaos, and a killed learner
+// that restarts takes its Muon state back from learner.state_dir (its momentum for every hidden matrix).
+TEST_F(RunCli, MuLoCoLearnsUnderChaosAndARestartKeepsMuonsState) {
+  const fs::path state = dir_ / "state";
+  auto r = run("run " + tiny(1500, true) + " --set merge.preset=muloco --set learner.state_dir=" + state.string() +
+                   " --set chaos.enabled=true --set chaos.kill_interval=2 --set chaos.restart_delay=0.5"
+                   " --set chaos.seed=3",
+               dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  expect_trained(s);
+  EXPECT_GE(s["learner_kills"].get<int64_t>(), 1) << r.out;
+  // It learned: the byte model starts at about ln 256 = 5.5 nats.
+  EXPECT_LT(s["final_val_loss"].get<double>(), 3.0) << s.dump();
+  int64_t restored = 0;
+  for (int64_t m : {0, 1})
+    for (const auto& line : split_lines(read_file((dir_ / "run" / ("learner-" + std::to_string(m) + ".jsonl")).string())))
+      restored += nlohmann::json::parse(line).value("kind", "") == "state_restored";
+  EXPECT_GE(restored, 1) << "no restarted learner took its state back";
+  // The saved states are Muon's: momentum for the hidden matrices, AdamW's moments for the rest, none for both.
+  size_t files = 0;
+  for (const auto& e : fs::recursive_directory_iterator(state)) {
+    if (e.path().filename() != "optimizer.safetensors") continue;
+    const std::string bytes = read_file(e.path().string());
+    ASSERT_GT(bytes.size(), 8u);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+    const auto header = nlohmann::json::parse(bytes.substr(8, n));
+    EXPECT_TRUE(header.contains("muon_momentum/h.0.attn.c_attn.weight")) << header.dump().substr(0, 400);
+    EXPECT_TRUE(header.contains("exp_avg/wte.weight")) << header.dump().substr(0, 400);
+    EXPECT_FALSE(header.contains("exp_avg/h.0.attn.c_attn.weight"));
+    ++files;
+  }
+  EXPECT_GE(files, 1u);
+}
+
 // Issue 33: the asynchronous outer variants run under the runtime exactly as configured for the simulator. Learner 1
 // is slowed 3x, so with dynamic local updates the syncer's heartbeats give it a period of about H/3 and it pushes
 // more often than learner 0 (K = M with waiting and one fragment keeps the two in step, so learner 0 cannot finish

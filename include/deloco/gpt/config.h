@@ -59,6 +59,15 @@ struct TrainConfig {
   int64_t warmup_steps = 100;
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95;
+  // The inner optimizer (src/train/muon.h): "adamw", "muon" (Muon on the hidden matrices, AdamW on embeddings, head
+  // and vectors), or "auto": the merge preset's (muon for merge.preset = muloco, else adamw; deloco/algorithm.h).
+  std::string optimizer = "auto";
+  double muon_lr = 0;             // Muon's peak learning rate (0: train.lr; the same warm-up and cosine)
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;      // Newton–Schulz quintic steps per update
+  std::string muon_ns_precision = "auto";  // fp32 | bf16 | auto (bf16 when train.precision trains in bf16)
+  std::string muon_scale = "rms"; // rms: 0.2·√max(m,n) (AdamW's step RMS: lr and weight decay carry over) | shape
   double grad_clip = 1.0;         // max global gradient norm (0 disables)
   int64_t eval_every = 250;       // steps between validation evaluations (0: only at the end)
   int64_t eval_tokens = 131072;   // validation tokens per evaluation

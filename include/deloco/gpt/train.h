@@ -1,4 +1,5 @@
-// deloco/gpt/train.h — one learner's inner loop: sample a batch from its shard, forward, backward, clip, AdamW; and the
+// deloco/gpt/train.h — one learner's inner loop: sample a batch from its shard, forward, backward, clip, the inner
+// optimizer (train.optimizer: AdamW or Muon); and the
 // run configuration (model, data, train) it is made from.
 //
 // The Trainer owns a model replica and its optimizer and knows nothing of clocks or terminals, and of files only
@@ -24,7 +25,7 @@
 
 namespace deloco {
 
-class AdamW;  // the fused inner optimizer (src/train/adamw.h)
+class InnerOptimizer;  // AdamW or Muon (src/train/inner_optimizer.h)
 class GradientSync;
 
 // The GPT workload factory (deloco/workload.h) of a run config over one corpus.
@@ -70,7 +71,7 @@ class Trainer : public Workload {
   int64_t group_size() const;
   double current_lr() const;
   LanguageModel& model() { return *model_; }
-  AdamW& optimizer() { return *opt_; }
+  InnerOptimizer& optimizer() { return *opt_; }
   const RunConfig& config() const { return cfg_; }
   // The compute precision of the training forward: train.precision, or with "auto" what the probe chose (measured
   // once, here or at the first step; deloco/gpt/precision.h). After it, config().train.precision names the choice.
@@ -97,7 +98,7 @@ class Trainer : public Workload {
   torch::Device device_;
   std::unique_ptr<LanguageModel> model_;
   NamedTensors params_;
-  std::unique_ptr<AdamW> opt_;
+  std::unique_ptr<InnerOptimizer> opt_;
   ShardSampler sampler_;
   torch::Tensor val_windows_;
   std::string fingerprint_;
