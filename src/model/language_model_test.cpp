@@ -19,20 +19,14 @@
 #include "deloco/gpt/model.h"
 #include "deloco/gpt/train.h"
 #include "support/proc.h"
+#include "support/shell.h"
 #include "util/fs.h"
 
 namespace deloco {
 namespace {
 namespace fs = std::filesystem;
 
-// Runs a shell command; returns its exit status and output.
-std::pair<int, std::string> shell(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return {::pclose(p), out};
-}
+using test::shell;
 
 // The fixtures folder, made once per test process.
 const fs::path& fixtures() {

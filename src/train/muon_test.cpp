@@ -10,9 +10,12 @@
 
 #include <torch/torch.h>
 
+#include "deloco/config.h"
 #include "deloco/error.h"
+#include "deloco/gpt/train.h"
 #include "deloco/gpt/config.h"
 #include "support/proc.h"
+#include "support/shell.h"
 #include "train/muon.h"
 #include "util/fs.h"
 
@@ -20,13 +23,7 @@ namespace deloco {
 namespace {
 namespace fs = std::filesystem;
 
-std::pair<int, std::string> shell(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  std::string out;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return {::pclose(p), out};
-}
+using test::shell;
 
 constexpr int64_t kVocab = 40, kC = 8;
 
@@ -172,6 +169,27 @@ TEST(Muon, StateRoundTripsAndAnAdamWStateIsRefusedByName) {
   } catch (const CheckpointError& e) {
     EXPECT_NE(std::string(e.what()).find("muon_momentum/"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("train.optimizer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Muon, BadOptimizerKeysAreRefusedByName) {
+  for (const auto& [set, word] : std::vector<std::pair<std::string, std::string>>{
+           {"train.optimizer=sgd", "must be auto, adamw or muon, not 'sgd'"},
+           {"train.muon_ns_precision=fp16", "must be auto, fp32 or bf16, not 'fp16'"},
+           {"train.muon_scale=spectral", "must be rms or shape, not 'spectral'"},
+           {"train.muon_momentum=1", "must be in [0, 1)"},
+           {"train.muon_ns_steps=0", "must be in [1, 20]"}}) {
+    RunConfig cfg;
+    ConfigSchema schema;
+    cfg.bind(schema);
+    schema.apply_override(set);
+    try {
+      schema.validate();
+      ADD_FAILURE() << set << " was taken";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(set.substr(0, set.find('='))), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
   }
 }
 

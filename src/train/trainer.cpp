@@ -14,6 +14,15 @@ namespace deloco {
 namespace {
 std::string positive(int64_t v) { return v > 0 ? "" : "must be positive"; }
 std::string non_negative(int64_t v) { return v >= 0 ? "" : "must not be negative"; }
+// "" when `v` is one of `allowed`, else "must be a, b or c, not 'v'".
+std::string one_of(const std::string& v, const std::vector<std::string>& allowed) {
+  std::string list;
+  for (size_t i = 0; i < allowed.size(); ++i) {
+    if (v == allowed[i]) return "";
+    list += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ") + allowed[i];
+  }
+  return "must be " + list + ", not '" + v + "'";
+}
 }  // namespace
 
 void RunConfig::bind(ConfigSchema& s) {
@@ -33,11 +42,7 @@ void RunConfig::bind(ConfigSchema& s) {
   s.bind("train.optimizer", &t.optimizer,
          "inner optimizer: adamw | muon (Muon on hidden matrices, AdamW on embeddings, head and vectors) | auto (the "
          "merge preset's: muon for merge.preset=muloco, else adamw)",
-         [&t] {
-           return t.optimizer == "auto" || t.optimizer == "adamw" || t.optimizer == "muon"
-                      ? ""
-                      : "must be auto, adamw or muon, not '" + t.optimizer + "'";
-         });
+         [&t] { return one_of(t.optimizer, {"auto", "adamw", "muon"}); });
   s.bind("train.muon_lr", &t.muon_lr, "Muon's peak learning rate (0: train.lr; same warm-up and cosine)",
          [&t] { return t.muon_lr >= 0 ? "" : "must not be negative"; });
   s.bind("train.muon_momentum", &t.muon_momentum, "Muon's momentum mu",
@@ -46,15 +51,12 @@ void RunConfig::bind(ConfigSchema& s) {
   s.bind("train.muon_ns_steps", &t.muon_ns_steps, "Newton-Schulz quintic steps per Muon update",
          [&t] { return (t.muon_ns_steps >= 1 && t.muon_ns_steps <= 20) ? "" : "must be in [1, 20]"; });
   s.bind("train.muon_ns_precision", &t.muon_ns_precision,
-         "dtype of the Newton-Schulz iteration: fp32 | bf16 | auto (bf16 when train.precision trains in bf16)", [&t] {
-           return t.muon_ns_precision == "auto" || t.muon_ns_precision == "fp32" || t.muon_ns_precision == "bf16"
-                      ? ""
-                      : "must be auto, fp32 or bf16, not '" + t.muon_ns_precision + "'";
-         });
+         "dtype of the Newton-Schulz iteration: fp32 | bf16 | auto (bf16 when train.precision trains in bf16)",
+         [&t] { return one_of(t.muon_ns_precision, {"auto", "fp32", "bf16"}); });
   s.bind("train.muon_scale", &t.muon_scale,
          "Muon's step scale: rms (0.2*sqrt(max(m,n)): AdamW's step RMS, so train.lr and weight decay carry over) | "
          "shape (sqrt(max(1, m/n)), Jordan's; use with train.muon_lr ~ 0.02)",
-         [&t] { return t.muon_scale == "rms" || t.muon_scale == "shape" ? "" : "must be rms or shape, not '" + t.muon_scale + "'"; });
+         [&t] { return one_of(t.muon_scale, {"rms", "shape"}); });
   s.bind("train.grad_clip", &t.grad_clip, "max gradient norm (0 disables)",
          [&t] { return t.grad_clip >= 0 ? "" : "must not be negative"; });
   s.bind("train.eval_every", &t.eval_every, "steps between evaluations (0: at the end only)",
@@ -80,11 +82,7 @@ void RunConfig::bind(ConfigSchema& s) {
   s.bind("train.precision", &t.precision,
          "auto (measure fp32 and bf16 matmuls at the model's shapes at the first step, take bf16 only where faster), "
          "fp32, or bf16 (bf16 forward; float32 weights, optimizer and loss)",
-         [&t] {
-           return t.precision == "auto" || t.precision == "fp32" || t.precision == "bf16"
-                      ? ""
-                      : "must be auto, fp32 or bf16, not '" + t.precision + "'";
-         });
+         [&t] { return one_of(t.precision, {"auto", "fp32", "bf16"}); });
   s.bind("train.out_dir", &t.out_dir, "run folder (empty: runs/<config>-<time>)");
   s.bind("train.device", &t.device, "torch device: cpu, cuda, cuda:N", [&t] {
     try {
