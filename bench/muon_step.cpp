@@ -3,12 +3,13 @@
 //  2. The batched Newton–Schulz pass (linalg::orthogonalise, 5 steps) over a model's hidden matrices, grouped by
 //     shape as Muon runs it, per precision: GFLOP/s (linalg::odd_quintic_flops) and its share of that peak. Models:
 //     the science suite's (n_embd 256, 4 layers) and a wider one (n_embd 512, 4 layers).
-//  3. One inner step of the science suite's model (V 4096, T 128) with AdamW and with Muon, interleaved ABAB:
-//     the optimizer's update alone and the whole training step, at the science suite's batch (8 × 128 = 1k tokens)
-//     and at 16k tokens per step (128 × 128).
+//  3. One inner step of the science suite's model (V 4096, T 128, train.precision bf16 as the suite trains it; Muon's
+//     Newton–Schulz then in bf16 too) with AdamW and with Muon, interleaved ABAB: the optimizer's update alone and
+//     the whole training step, at the science suite's batch (8 × 128 = 1k tokens) and at 16k tokens per step
+//     (128 × 128). --precision fp32 for float32 training (and Newton–Schulz).
 // Medians of --reps runs after one warm-up each; --json FILE writes every figure.
 //
-//   ./build/muon_step [--reps 7] [--threads 2] [--peak-n 1024] [--json out.json] [--quick]
+//   ./build/muon_step [--reps 7] [--threads 2] [--peak-n 1024] [--precision bf16] [--json out.json] [--quick]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +28,7 @@
 #include "deloco/gpt/train.h"
 #include "linalg/newton_schulz.h"
 #include "train/inner_optimizer.h"
+#include "util/blas.h"
 
 using namespace deloco;
 using Clock = std::chrono::steady_clock;
@@ -69,10 +71,11 @@ std::shared_ptr<const Corpus> corpus() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  reexec_with_tuned_environment(argv);  // as the deloco CLI runs: passive OpenMP, OpenBLAS's own kernels for the CPU
   int reps = 7, threads = 2;
   int64_t peak_n = 1024;
   bool quick = false;
-  std::string json_path;
+  std::string json_path, precision = "bf16";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--quick") quick = true;
@@ -80,14 +83,17 @@ int main(int argc, char** argv) {
     else if (i + 1 < argc && a == "--threads") threads = std::atoi(argv[++i]);
     else if (i + 1 < argc && a == "--peak-n") peak_n = std::atoll(argv[++i]);
     else if (i + 1 < argc && a == "--json") json_path = argv[++i];
+    else if (i + 1 < argc && a == "--precision") precision = argv[++i];
     else {
-      std::fprintf(stderr, "usage: muon_step [--reps N] [--threads N] [--peak-n N] [--json FILE] [--quick]\n");
+      std::fprintf(stderr, "usage: muon_step [--reps N] [--threads N] [--peak-n N] [--precision bf16|fp32] [--json FILE] "
+                           "[--quick]\n");
       return 2;
     }
   }
   if (quick) reps = std::min(reps, 2), peak_n = std::min<int64_t>(peak_n, 256);
   torch::set_num_threads(threads);
-  nlohmann::json out{{"threads", threads}, {"reps", reps}};
+  nlohmann::json out{{"threads", threads}, {"reps", reps}, {"blas", blas_description()}};
+  std::printf("BLAS: %s\n", blas_description().c_str());
 
   // 1. Peak.
   std::map<at::ScalarType, double> peak;
@@ -132,13 +138,13 @@ int main(int argc, char** argv) {
     cfg.model.vocab_size = 4096;
     cfg.train.batch_size = batch;
     cfg.train.steps = 1000;
-    cfg.train.precision = "fp32";
+    cfg.train.precision = precision;
     cfg.train.eval_tokens = 1024;
     cfg.train.threads = threads;
     RunConfig mc = cfg;
     cfg.train.optimizer = "adamw";
     mc.train.optimizer = "muon";
-    mc.train.muon_ns_precision = "fp32";
+    mc.train.muon_ns_precision = "auto";  // the training precision's
     Trainer adam(cfg, data), muon(mc, data);
     std::vector<double> ta, tm, oa, om;
     adam.train_step();
@@ -151,11 +157,12 @@ int main(int argc, char** argv) {
     }
     const int64_t tokens = batch * cfg.model.block_size;
     const std::string key = std::to_string(tokens) + " tokens";
+    out["step"]["precision"] = precision;
     out["step"][key] = {{"adamw_step_s", median(ta)}, {"muon_step_s", median(tm)}, {"adamw_update_s", median(oa)},
                         {"muon_update_s", median(om)}, {"step_ratio", median(tm) / median(ta)}};
-    std::printf("science model, %lld tokens/step: train step AdamW %.1f ms, Muon %.1f ms (x%.2f); update alone AdamW "
+    std::printf("science model (%s), %lld tokens/step: train step AdamW %.1f ms, Muon %.1f ms (x%.2f); update alone AdamW "
                 "%.2f ms, Muon %.2f ms (x%.1f)\n",
-                static_cast<long long>(tokens), median(ta) * 1e3, median(tm) * 1e3, median(tm) / median(ta),
+                precision.c_str(), static_cast<long long>(tokens), median(ta) * 1e3, median(tm) * 1e3, median(tm) / median(ta),
                 median(oa) * 1e3, median(om) * 1e3, median(om) / median(oa));
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

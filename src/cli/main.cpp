@@ -14,38 +14,9 @@
 #include "util/blas.h"
 #include "util/malloc_tuning.h"
 
-namespace {
-
-// Two libraries read their settings from the environment in constructors that run before main(), so the only way
-// to change them is to set the variable and execute ourselves again, once:
-// - libgomp's OMP_WAIT_POLICY: spinning OpenMP workers halve the speed of two training threads on a two-core
-//   machine, so deloco asks for the passive policy when the user set none;
-// - OpenBLAS's OPENBLAS_CORETYPE: on a CPU model newer than the library, OpenBLAS falls back to generic SSE3
-//   kernels (util/blas.h), so deloco names the kernels the CPU runs when the user named none.
-// If exec fails we simply continue as we are.
-void prepare_environment(char** argv) {
-  bool changed = false;
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    changed = true;
-  }
-  const char* keep = std::getenv("DELOCO_KEEP_BLAS_CORE");
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && (keep == nullptr || std::strcmp(keep, "1") != 0)) {
-    const std::string chosen = deloco::openblas_core_name();
-    const std::string better = deloco::better_openblas_core(chosen, deloco::host_cpu_features());
-    if (!better.empty()) {
-      ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
-      ::setenv(deloco::kBlasFallbackEnv, chosen.c_str(), 1);  // so logs can say what was corrected
-      changed = true;
-    }
-  }
-  if (changed) ::execv("/proc/self/exe", argv);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
-  prepare_environment(argv);
+  deloco::reexec_with_tuned_environment(argv);  // OMP_WAIT_POLICY, OPENBLAS_CORETYPE (util/blas.h)
   deloco::tune_malloc_for_training();  // before anything large is allocated (util/malloc_tuning.h)
   deloco::cli::set_program(argv[0]);
   CLI::App app{"deloco: resilient, low-communication distributed training (DiLoCo, Decoupled DiLoCo, IsoLoCo)"};

@@ -1,11 +1,13 @@
 #include "util/blas.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 
 namespace deloco {
 
@@ -50,6 +52,25 @@ std::string blas_description() {
   if (const char* was = std::getenv(kBlasFallbackEnv); was != nullptr && *was != '\0')
     out += " (set by deloco; OpenBLAS chose " + std::string(was) + ")";
   return out;
+}
+
+void reexec_with_tuned_environment(char** argv) {
+  bool changed = false;
+  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
+    ::setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+    changed = true;
+  }
+  const char* keep = std::getenv("DELOCO_KEEP_BLAS_CORE");
+  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && (keep == nullptr || std::strcmp(keep, "1") != 0)) {
+    const std::string chosen = openblas_core_name();
+    const std::string better = better_openblas_core(chosen, host_cpu_features());
+    if (!better.empty()) {
+      ::setenv("OPENBLAS_CORETYPE", better.c_str(), 1);
+      ::setenv(kBlasFallbackEnv, chosen.c_str(), 1);  // so logs can say what was corrected
+      changed = true;
+    }
+  }
+  if (changed) ::execv("/proc/self/exe", argv);
 }
 
 }  // namespace deloco

@@ -39,4 +39,14 @@ std::string blas_description();
 // The environment variable through which the re-executed process learns what OpenBLAS first chose.
 inline constexpr const char* kBlasFallbackEnv = "DELOCO_OPENBLAS_FALLBACK";
 
+// Two libraries read their settings from the environment in constructors that run before main(), so the only way
+// to change them is to set the variable and execute the program again, once, first thing in main() (the deloco CLI
+// and the benchmarks that compare against it):
+// - libgomp's OMP_WAIT_POLICY: spinning OpenMP workers halve the speed of two training threads on a two-core
+//   machine, so PASSIVE when the user set none;
+// - OpenBLAS's OPENBLAS_CORETYPE: the kernels the CPU runs when OpenBLAS fell back to generic ones (above) and the
+//   user named none (DELOCO_KEEP_BLAS_CORE=1 keeps OpenBLAS's choice).
+// Returns only when nothing had to change, or when exec failed (the program then continues as it is).
+void reexec_with_tuned_environment(char** argv);
+
 }  // namespace deloco
