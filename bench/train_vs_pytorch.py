@@ -11,8 +11,10 @@ run it, and PyTorch on the same kernels. Usage, from the repository root after s
         [--precisions fp32,bf16]
 
 Each precision runs deloco (train.precision) with its fused kernels, deloco with train.fused = false (the ATen
-operations they replace: the code before them, the "unfused" row; --no-unfused leaves it out) and PyTorch (fp32, or the forward under torch.autocast("cpu",
-torch.bfloat16) with the loss in float32) on the same batches' shapes.
+operations they replace: the code before them, the "unfused" row; --no-unfused leaves it out), deloco with
+train.optimizer = muon (the "deloco-muon" row, docs/muon.md: Muon against deloco's own AdamW in the same run;
+--no-muon leaves it out) and PyTorch (fp32, or the forward under torch.autocast("cpu", torch.bfloat16) with the loss
+in float32) on the same batches' shapes.
 
 Must run under Debian's /usr/bin/python3 (python3-torch). Prints a Markdown table and writes JSON with --json.
 """
@@ -127,6 +129,7 @@ def main():
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated: fp32, bf16 (train.precision / autocast)")
     ap.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)  # the worker's
     ap.add_argument("--no-unfused", action="store_true", help="leave out the deloco train.fused=false rows")
+    ap.add_argument("--no-muon", action="store_true", help="leave out the deloco train.optimizer=muon rows")
     ap.add_argument("--json", default="")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--peak-worker", action="store_true", help=argparse.SUPPRESS)
@@ -143,6 +146,8 @@ def main():
     # deloco corrects OpenBLAS's kernel choice on CPUs newer than the library (src/util/blas.h); PyTorch
     # does not. "pytorch+core" is PyTorch given the same OPENBLAS_CORETYPE by hand: the kernel-for-kernel peer.
     impls = ("deloco", "pytorch", "pytorch+core") if args.no_unfused else ("deloco", "deloco-unfused", "pytorch", "pytorch+core")
+    if not args.no_muon:
+        impls = impls[:1] + ("deloco-muon",) + impls[1:]
     variants = [(impl, prec) for prec in precisions for impl in impls]
     res = {f"{impl} {prec}": [] for impl, prec in variants}
     core = None  # learned from deloco's first summary
@@ -160,6 +165,7 @@ def main():
                                            "--set", f"train.out_dir={out_dir}", "--set", "train.log_every=1000",
                                            "--set", f"train.precision={prec}",
                                            "--set", f"train.fused={'false' if impl == 'deloco-unfused' else 'true'}",
+                                           "--set", f"train.optimizer={'muon' if impl == 'deloco-muon' else 'adamw'}",
                                            "--summary", summary], env)
                     s = json.load(open(summary))
                     if core is None:
@@ -198,7 +204,7 @@ def main():
     for a, b in (("deloco fp32", "deloco-unfused fp32"), ("deloco bf16", "deloco-unfused bf16"),
                  ("deloco-unfused bf16", "deloco-unfused fp32"), ("deloco fp32", "pytorch fp32"), ("deloco fp32", "pytorch+core fp32"), ("deloco bf16", "pytorch bf16"),
                  ("deloco bf16", "pytorch+core bf16"), ("deloco bf16", "pytorch fp32"), ("deloco bf16", "pytorch+core fp32"),
-                 ("deloco bf16", "deloco fp32")):
+                 ("deloco bf16", "deloco fp32"), ("deloco-muon fp32", "deloco fp32"), ("deloco-muon bf16", "deloco bf16")):
         if a in rows and b in rows:
             ratios[f"{a} / {b}"] = rows[a]["tokens_per_s"] / rows[b]["tokens_per_s"]
     print()
