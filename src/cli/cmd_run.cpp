@@ -108,9 +108,11 @@ void run_run(const RunArgs& args) {
                       " is for a run on a testbed: set testbed.name too (docs/testbed.md)");
   run::LocalCluster cluster(cfg, children, M, dir, {args.testbed_script, args.testbed_user, build_source_tree()});
   cluster.prepare();
+  TrainConfig inner = cfg.run.train;  // what the learners resolve train.optimizer = auto to
+  resolve_inner_optimizer(inner, cfg.merge.preset);
   std::cerr << "deloco run: " << M << " learner" << (M == 1 ? "" : "s") << (auto_m ? " (one per core)" : "")
             << ", K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments << ", H=" << cfg.sync.sync_every
-            << (cfg.sync.grace ? ", grace" : "") << ", merge " << cfg.merge.preset
+            << (cfg.sync.grace ? ", grace" : "") << ", inner " << inner.optimizer << ", merge " << cfg.merge.preset
             << (cfg.merge.method.empty() ? "" : "/" + cfg.merge.method) << ", outer " << cfg.outer.kind
             << (cfg.net.plaintext ? ", plaintext" : ", CURVE") << (cfg.chaos.enabled ? ", chaos on" : "")
             << "\nconfig: " << (demo ? std::string(kDemoConfigOrigin) : args.common.config_path)

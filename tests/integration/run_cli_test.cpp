@@ -315,7 +315,7 @@ TEST_F(RunCli, BareCommandRunsTheBuiltInDemoFromAnyDirectory) {
   p.signal(SIGTERM);
   EXPECT_GE(p.wait(60), 0) << "deloco run did not stop on SIGTERM";
   EXPECT_NE(out.find("config: the built-in demo config (configs/demo.toml)"), std::string::npos) << out;
-  EXPECT_NE(out.find("(one per core), K=1, P=4, H=40, grace, merge decoupled, outer nesterov, CURVE, chaos on"),
+  EXPECT_NE(out.find("(one per core), K=1, P=4, H=40, grace, inner adamw, merge decoupled, outer nesterov, CURVE, chaos on"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("run folder: runs/demo-"), std::string::npos) << out;
