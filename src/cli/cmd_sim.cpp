@@ -49,7 +49,8 @@ void run_sim(const SimArgs& args) {
   rec::RecordWriter metrics((fs::path(dir) / "metrics.jsonl").string());
   std::cerr << "deloco sim: " << cfg.sync.learners << " learners, K=" << cfg.sync.quorum << ", P=" << cfg.sync.fragments
             << ", H=" << cfg.sync.sync_every << ", tau=" << cfg.sync.overlap << (cfg.sync.grace ? ", grace" : "")
-            << ", inner " << simulated_run(run, cfg).train.optimizer << ", merge " << cfg.merge.preset << (cfg.merge.method.empty() ? "" : "/" + cfg.merge.method) << ", outer "
+            << ", inner " << simulated_run(run, cfg).train.optimizer << ", merge " << cfg.merge.preset
+            << (cfg.merge.method.empty() ? "" : "/" + cfg.merge.method) << ", outer "
             << cfg.outer.kind << " lr " << cfg.outer.lr << ", " << sim.precision()
             << (run.train.precision == "auto" ? " (train.precision = auto is fp32 in the simulator)" : "")
             << "; run folder " << dir << "\n";

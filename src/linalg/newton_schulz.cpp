@@ -34,8 +34,9 @@ std::vector<OddQuintic> muon_schedule(int steps) {
 }
 
 at::Tensor orthogonalise(const at::Tensor& X, int steps, at::ScalarType dtype) {
-  const at::Tensor norm = at::linalg_vector_norm(X.to(at::kFloat), 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
-  at::Tensor Y = X.to(at::kFloat).div(norm.add(1e-7)).to(dtype);
+  const at::Tensor Xf = X.to(at::kFloat);  // the scaling in float32 whatever the iteration's dtype
+  const at::Tensor norm = at::linalg_vector_norm(Xf, 2, at::IntArrayRef{-2, -1}, /*keepdim=*/true);
+  const at::Tensor Y = Xf.div(norm.add(1e-7)).to(dtype);
   return odd_quintic_steps(Y, muon_schedule(steps)).to(X.scalar_type());
 }
 
