@@ -3,23 +3,11 @@
 
 Reads the records the run wrote: syncer.jsonl (started, merge, checkpoint, eval, retired) and learner-N.jsonl
 (apply, syncer_behind). Prints one line per invariant and exits 1 when any fails."""
-import argparse, glob, json, math, os, re, subprocess, sys
+import argparse, glob, math, os, re, subprocess, sys
 
 
-def records(path):
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path, errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line cut by a SIGKILL mid-write: only ever the last line of an incarnation
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from jsonl_records import read as records  # noqa: E402  (a line cut by a SIGKILL mid-write is skipped)
 
 
 def main():

@@ -17,7 +17,6 @@ records of the run folder:
 """
 import argparse
 import glob
-import json
 import os
 import signal
 import statistics
@@ -28,17 +27,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def records(path):
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-    return out
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from jsonl_records import read as records  # noqa: E402
 
 
 def syncer_files(run):

@@ -75,20 +75,8 @@ def rate_label(rate):
     return "unshaped" if rate == "none" else f"{rate_mbit(rate):g} Mbit/s"
 
 
-def read_jsonl(path):
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path, errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line cut by a kill
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from jsonl_records import read as read_jsonl  # noqa: E402  (a line cut by a kill is skipped)
 
 
 def read_results(path):

@@ -56,6 +56,9 @@ import sys
 import time
 import tomllib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jsonl_records  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -429,17 +432,7 @@ def run_point(args, out, sets):
 
 def records(metrics, kinds):
     """The records of the given kinds in a run's metrics.jsonl (none when it is missing; unreadable lines skipped)."""
-    if not os.path.exists(metrics):
-        return []
-    out = []
-    for line in open(metrics):
-        try:
-            r = json.loads(line)
-        except ValueError:
-            continue
-        if r.get("kind") in kinds:
-            out.append(r)
-    return out
+    return jsonl_records.read(metrics, kinds=kinds)
 
 
 def merge_stats(metrics):

@@ -64,23 +64,8 @@ def check(cond, what):
         raise Fail(what)
 
 
-def records(path):
-    """The complete lines of a JSON-lines file that parse (a line still being written is left for later)."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(r, dict):
-                    out.append(r)
-    except FileNotFoundError:
-        pass
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts"))
+from jsonl_records import read as records  # noqa: E402  (a line still being written is left for later)
 
 
 def tb(*args, env, check_rc=True):
