@@ -217,8 +217,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     return;
   }
   Peer& P = peers[m];
-  P.last_heard = t;
-  P.last_spoke = t;
+  P.heard(t);
   P.bytes_up += static_cast<int64_t>(env.header.size() + env.payload.size());
   if (!P.alive && !retired[m]) {
     P.alive = true;
@@ -288,7 +287,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         P.fetch_snap.reset();
         // Nothing more is sent to a learner that left: broadcasts still queued here are dropped, so the answer below
         // waits only behind what the transport already holds (the send window: at most two broadcasts).
-        broadcasts_superseded += static_cast<int64_t>(P.pending.size());
+        broadcasts_superseded += static_cast<int64_t>(P.queued());
         reset_window(P);
         if (why == "done") {  // the connection keeps its id: a goodbye repeated on it (answer lost) is answered again
           retire(m, "leave");
@@ -467,8 +466,13 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     // connection goes quiet and the hello is taken once it has been for net.dead_after; one that still speaks after
     // this hello came, a heartbeat on, is another live process with this id (a live but loaded learner may be quiet
     // for 2 heartbeats; for net.dead_after it would count as gone anyway).
-    if (P.waiting_since < 0 || (P.waiting_hello && P.waiting_hello->peer != env.peer)) P.waiting_since = t;
-    const bool old_spoke = P.last_spoke > P.waiting_since;
+    if (P.waiting_since < 0 || (P.waiting_hello && P.waiting_hello->peer != env.peer)) {
+      P.waiting_since = t;
+      P.waiting_drained = -1;
+    }
+    // Spoke after the hello came: after the inbox was next found empty (a busy syncer's queue may still hold what the
+    // old process sent before it died; handled after the hello, it once got a restarted learner refused).
+    const bool old_spoke = P.waiting_drained >= 0 && P.last_spoke > P.waiting_drained;
     if (!old_spoke || t - P.waiting_since < cfg.net.heartbeat) {
       P.waiting_hello = env;
       P.waiting_tried = t;
@@ -485,7 +489,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   const bool quiet = !P.alive || t - P.last_heard >= 2 * cfg.net.heartbeat;
   if (hello.want_state && download_outstanding(P, t) && (!other_route || !quiet)) {
     ++state_requests_dropped;
-    if (P.route == env.peer) P.last_heard = P.last_spoke = t;
+    if (P.route == env.peer) P.heard(t);
     rec::StateRequestDropped d;
     d.learner = m;
     d.detail = "a state download to this connection is outstanding; no new copy";
@@ -585,8 +589,8 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.in_flight.clear();
   P.in_flight_bytes = 0;
   if (hello.want_state) {
-    broadcasts_superseded += static_cast<int64_t>(P.pending.size());
-    P.pending.clear();
+    broadcasts_superseded += static_cast<int64_t>(P.queued());
+    P.drop_queued();
   }
   P.delta_held.assign(layouts.size(), -1);  // a new connection: the next broadcast of each fragment goes whole
   P.route = env.peer;
@@ -609,8 +613,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   }
   P.fetch_snap = w.fetch ? snap : nullptr;
   P.alive = !retired[m];
-  P.last_heard = t;
-  P.last_spoke = t;
+  P.heard(t);
   P.step = resume_step;
   if (!repeat) {
     ++P.joins;
@@ -739,7 +742,10 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, const syncer_detail
   auto [it, fresh] = P.pending.try_emplace(p);
   if (!fresh) {
     if (it->second.version >= version) return;
-    ++broadcasts_superseded;  // never sent: the learner gets the newer Θ_p instead
+    if (!standby_route.empty() && it->second.journal > standby_acked && !P.awaiting_standby.count(p))
+      P.awaiting_standby[p] = std::move(it->second);  // still waits for the standby: kept (awaiting_standby)
+    else
+      ++broadcasts_superseded;  // never sent: the learner gets the newer Θ_p instead
   }
   it->second.version = version;
   it->second.order = static_cast<uint64_t>(merges);
@@ -769,10 +775,25 @@ void SyncerNode::Impl::pump(int64_t m) {
   Peer& P = peers[m];
   if (!P.alive || retired[m] || P.route.empty()) return;
   if (download_outstanding(P, now())) return;
-  while (!P.pending.empty()) {
-    auto next = P.pending.begin();
-    for (auto it = P.pending.begin(); it != P.pending.end(); ++it)
-      if (it->second.order < next->second.order) next = it;
+  using Queue = std::map<int64_t, syncer_detail::Peer::Pending>;
+  const auto acked = [&](const syncer_detail::Peer::Pending& e) {
+    return standby_route.empty() || e.journal <= standby_acked;
+  };
+  while (P.queued() > 0) {
+    // The oldest merge queued, whether kept back for the standby or not.
+    Queue* from = nullptr;
+    Queue::iterator next;
+    for (Queue* q : {&P.pending, &P.awaiting_standby})
+      for (auto it = q->begin(); it != q->end(); ++it)
+        if (!from || it->second.order < next->second.order) next = it, from = q;
+    if (from == &P.awaiting_standby) {
+      const auto newer = P.pending.find(next->first);
+      if (newer != P.pending.end() && acked(newer->second)) {  // the newer one may go now: the older is superseded
+        P.awaiting_standby.erase(next);
+        ++broadcasts_superseded;
+        continue;
+      }
+    }
     // The delta broadcast: the fragment_delta when the learner holds the version it is based on, else the whole.
     const int64_t fp = next->first;
     int64_t& held = P.delta_held[static_cast<size_t>(fp)];
@@ -781,13 +802,13 @@ void SyncerNode::Impl::pump(int64_t m) {
     const size_t bytes = body.size() + kWireHeaderBytes;
     if (P.acks && !P.in_flight.empty() && P.in_flight_bytes + bytes > send_window) return;
     // A standby follows: no learner sees a merge before the standby holds it (a takeover then loses none).
-    if (!standby_route.empty() && next->second.journal > standby_acked) return;
+    if (!acked(next->second)) return;
     MessageHeader h = as_delta ? next->second.delta_header : next->second.header;
     h.learner_id = static_cast<uint32_t>(m);
     h.c_steps = ++P.seq;  // the delivery sequence number the learner acknowledges (Beat::broadcasts)
     const int64_t version = next->second.version;
     const proto::Frame f = proto::make_frame(h, body, limits);
-    P.pending.erase(next);
+    from->erase(next);
     if (!tx->send(P.route, f.header, f.payload)) {  // the transport's queue is full: dropped (counted there)
       held = -1;  // it may lack this version: the next one goes whole
       continue;
@@ -1304,6 +1325,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
     const bool got = I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1));
+    if (!got) I.inbox_empty(I.now());
     I.leader_tick();  // after the wait, before anything is handled: a pause during either shows here
     if (got) {
       bool replica = false;

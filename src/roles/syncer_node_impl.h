@@ -39,6 +39,9 @@ struct Peer {
   // duplicate_id once the old connection spoke after it came and it waited a heartbeat.
   std::optional<Envelope> waiting_hello;
   double waiting_since = -1, waiting_tried = -1;
+  // When the syncer first found its inbox empty after the waiting hello came (−1: not yet). A message of the old
+  // connection handled after that was sent after the hello; one handled before may have waited in the queue.
+  double waiting_drained = -1;
   std::string identity;     // CURVE allow-list name
   uint64_t instance = 0;
   bool alive = false;
@@ -48,6 +51,12 @@ struct Peer {
   // The steady time of its connection's last message, never moved on: whether the old connection spoke after a
   // waiting hello came is a question of messages (excused time made a closed connection seem to speak on).
   double last_spoke = -1e9;
+  // The longest single stretch the syncer spent not listening since this peer's last message (excuse_peers).
+  double longest_busy = 0;
+  void heard(double t) {
+    last_heard = last_spoke = t;
+    longest_busy = 0;
+  }
   double last_beat_sent = -1e9;
   int64_t sync_every_told = 0;  // the sync period (sync.dynamic_local_updates) the latest beat to it carried
   int64_t step = 0, tokens = 0;
@@ -87,6 +96,15 @@ struct Peer {
     Bytes delta;
   };
   std::map<int64_t, Pending> pending;
+  // Per local fragment: the older merge kept back when a newer one replaced it while both waited for the standby's
+  // acknowledgement (pump()). Sent once acknowledged, unless the newer one is by then: when merges come faster than
+  // the standby's acknowledgements return, the newest is always waiting, and replacing it would starve the learner.
+  std::map<int64_t, Pending> awaiting_standby;
+  size_t queued() const { return pending.size() + awaiting_standby.size(); }
+  void drop_queued() {
+    pending.clear();
+    awaiting_standby.clear();
+  }
   // The delta broadcast: per local fragment, the version the frames handed to the transport on the current
   // connection leave this learner holding (−1: unknown, so the next broadcast is the whole fragment). Reset by a
   // hello, a failed send and the learner's Beat::resend.
@@ -448,7 +466,7 @@ struct SyncerNode::Impl {
   // the state), and what was in flight on the old connection is no longer counted.
   void reset_window(syncer_detail::Peer& P) {
     P.missed = true;
-    P.pending.clear();
+    P.drop_queued();
     P.in_flight.clear();
     P.in_flight_bytes = 0;
   }
@@ -508,8 +526,17 @@ struct SyncerNode::Impl {
 
   // ---- evaluation, checkpoints, status -----------------------------------------------------------------------
   // Time the syncer spent not listening (an evaluation, a checkpoint) is not the learners' silence.
+  // The excuse is bounded: a live peer's next message waits in the queue behind at most one message of every other
+  // sender (M learners, the standby) and one timer's work, each at most the longest stretch, so more is not owed.
+  // Unbounded, a syncer busy nearly all the time (a checkpoint after every merge on a slow disk, merges back to back)
+  // never found a dead peer silent: a restarted learner's hello waited for its old connection forever.
   void excuse_peers(double busy_seconds) {
-    for (auto& p : peers) p.last_heard += busy_seconds, p.advanced_at += busy_seconds;
+    for (auto& p : peers) {
+      p.longest_busy = std::max(p.longest_busy, busy_seconds);
+      const double bound = p.last_spoke + static_cast<double>(M + 2) * p.longest_busy;
+      p.last_heard = std::min(p.last_heard + busy_seconds, std::max(p.last_heard, bound));
+      p.advanced_at += busy_seconds;
+    }
   }
 
   // final: the "final_eval" record (the end of the run), else "eval".
@@ -527,6 +554,11 @@ struct SyncerNode::Impl {
   double goodput() const;
 
   void housekeeping();
+  // The leader's receive found nothing to read at t: everything that was queued has been handled.
+  void inbox_empty(double t) {
+    for (auto& p : peers)
+      if (p.waiting_hello && p.waiting_drained < 0) p.waiting_drained = t;
+  }
 
   // Every refusal but refused joins: the summary's contributions_rejected.
   int64_t contribution_rejects() const { return total_rejects() - joins_refused; }

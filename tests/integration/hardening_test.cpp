@@ -10,6 +10,8 @@
 // connection has been quiet for net.dead_after, although the leader's checkpoints keep excusing its silence.
 // PausedLeader: a paused leader of a pair holds learners' messages for two leases, no more of them per connection
 // than the transport itself queues (a flood during the hold is dropped and counted, not kept).
+// SlowDisk: with every fsync of the pair slowed (an LD_PRELOAD shim), checkpoints fill the leader's time and merges
+// outrun the standby's acknowledgements: learners still get merges, and a restarted learner still joins.
 // FastRestart: a learner process killed and started again at once joins, not refused as a duplicate of the old
 // connection whose end the syncer's transport had not shown yet.
 // Goodbye: a syncer whose last answer to a goodbye is still queued behind broadcasts (a learner that reads slowly, as
@@ -380,6 +382,63 @@ TEST(FastRestart, ANewProcessJoinsWhileTheOldConnectionsEndIsPending) {
   EXPECT_TRUE(wait_for([&] { return of_kind(lines(srec), "merge").size() > merges; }, 60)) << s.log();
   l->kill9();
   s.kill9();
+  std::error_code ec;
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir, ec);
+}
+
+TEST(SlowDisk, LearnersGetMergesAndARestartJoinsWhileCheckpointsFillTheLeadersTime) {
+  // Both syncers of a pair on a disk whose every fsync takes 40 ms: a checkpoint after every merge (the default) then
+  // takes the leader most of its time, and merges come faster than the standby's acknowledgements return. Two bugs
+  // showed here: the newest merge of a fragment, always still waiting for the standby, replaced the one that had
+  // been acknowledged, so learners got no merge at all (1 in 120 s); and the unbounded excuse for the syncer's busy
+  // time kept a dead learner's connection live, so its restarted process waited for it without end.
+  const std::string src = test::source_dir();
+  ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  const fs::path dir = fs::temp_directory_path() / ("deloco_slowdisk_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::vector<std::string> common = {
+      "--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set", "net.plaintext=true",
+      "--set", "net.address=ipc://" + (dir / "a.sock").string(), "--set", "net.standby=ipc://" + (dir / "b.sock").string(),
+      "--set", "sync.learners=2", "--set", "sync.quorum=1", "--set", "sync.fragments=2", "--set", "sync.sync_every=10",
+      "--set", "sync.wait_for_answer=false", "--set", "train.steps=100000", "--set", "train.threads=1", "--set",
+      "syncer.eval_interval=0", "--set", "syncer.metrics=", "--set", "syncer.lease=3"};
+  const auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), common.begin(), common.end());
+    return a;
+  };
+  const std::vector<std::string> slow = {std::string("LD_PRELOAD=") + DELOCO_SLOW_FSYNC_LIB,
+                                         "DELOCO_TEST_FSYNC_DELAY_US=40000"};
+  const fs::path A = dir / "a", B = dir / "b";
+  Proc a(args({"syncer", "--out", A.string()}), (dir / "a.log").string(), slow);
+  Proc b(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string(), slow);
+  Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
+  auto l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
+  const fs::path arec = A / "syncer.jsonl", l0_file = dir / "learner-0.jsonl", l1_file = dir / "learner-1.jsonl";
+  const auto story = [&] { return pair_story(A, B, {l0_file, l1_file}); };
+  const auto applies = [&](const fs::path& f, size_t from = 0) { return of_kind(lines(f), "apply", from).size(); };
+
+  // The slow disk is real: a checkpoint takes at least its fsyncs' 40 ms each.
+  ASSERT_TRUE(wait_for([&] { return of_kind(lines(arec), "checkpoint").size() >= 3; }, 120)) << a.log() << story();
+  // Both learners apply merges, again and again, although every newest merge waits for the standby.
+  ASSERT_TRUE(wait_for([&] { return applies(l0_file) >= 8 && applies(l1_file) >= 8; }, 90))
+      << a.log() << b.log() << story();
+
+  // Learner 1's process dies; a new one starts at once. It joins once the old connection has been quiet for
+  // net.dead_after (3 s, excused by at most a few checkpoints' time), not refused, not kept waiting.
+  const size_t l1_from = lines(l1_file).size();
+  l1->kill9();
+  l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1b.log").string());
+  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(l1_file), "joined", l1_from).empty(); }, 45))
+      << l1->log() << a.log() << story();
+  for (const auto& r : of_kind(lines(arec), "reject"))
+    EXPECT_NE(r.value("reason", ""), "duplicate_id") << "the restart was refused: " << r.dump();
+  // And it gets merges again.
+  EXPECT_TRUE(wait_for([&] { return applies(l1_file, l1_from) >= 2; }, 60)) << a.log() << story();
+  l0.kill9();
+  l1->kill9();
+  a.kill9();
+  b.kill9();
   std::error_code ec;
   if (!::testing::Test::HasFailure()) fs::remove_all(dir, ec);
 }
