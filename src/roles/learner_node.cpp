@@ -32,11 +32,11 @@
 #include "deloco/group.h"
 #include "deloco/learner.h"
 #include "deloco/runtime.h"
+#include "donor_server.h"
 #include "learner_state.h"
 #include "protocol.h"
 #include "records/kinds.h"
 #include "util/text.h"
-#include "util/token_bucket.h"
 #include "wire/quantize.h"
 
 namespace deloco {
@@ -95,51 +95,9 @@ struct LearnerNode::Impl {
   };
   static constexpr int64_t kFetchWindow = proto::kFetchWindow;  // chunks asked of one source at a time
   static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
-  static constexpr double kServeFreeze = 5.0;    // seconds a donor's copy stays at the versions a fetch asked for
-  static constexpr double kServeFreezeMax = 15.0;  // ... at most, counted from that fetch's first request here
-  static constexpr double kServeWait = 5.0;      // seconds a request for newer versions waits for their broadcast
-  // Serving (net.serve): the server, and per link (Link::served) this learner's copy of the syncer's state.
-  std::unique_ptr<ServerTransport> serve_tx;
-  std::string serve_endpoint, serve_key;
-  std::optional<TransportOptions> donor_options;
-  struct ServeRequest {
-    std::string route;
-    MessageHeader h;
-    proto::StateRequest r;
-    double since = 0;  // when it came
-  };
-  std::deque<ServeRequest> serve_queue;
-  // Requests for versions newer than this learner holds (the broadcast is on its way): answered when it comes, or
-  // refused (not_held) after kServeWait.
-  std::deque<ServeRequest> serve_waiting;
-  TokenBucket serve_tokens;  // net.serve_rate
-  std::atomic<int64_t> served_chunks{0}, served_bytes{0}, serve_refused{0};
-  // The key this learner's server checks fetch tickets with: random per process, told to the syncers in the hello.
-  Digest serve_secret = random_key();
-  // Why a state request was refused, counted per reason (serve_refused records, learner_done's serve_refused):
-  // stranger (no ticket, or a key that is not the ticket's learner's), bad_ticket (not one the syncer gave for this
-  // server and these fields), busy (the requester has kFetchWindow chunks queued or on their way), not_held (other
-  // versions held), malformed (not a state request for this model).
-  enum Refusal { kStranger, kBadTicket, kBusy, kNotHeldHere, kMalformed, kRefusals };
-  static constexpr const char* kRefusalNames[kRefusals] = {"stranger", "bad_ticket", "busy", "not_held", "malformed"};
-  std::array<std::atomic<int64_t>, kRefusals> refused_by{};
-  // Per requesting learner (its ticket's id, bound to its key under CURVE): requests queued here and replies the
-  // transport still holds (each reply's payload owns a count that its release, once sent or dropped, takes back).
-  struct Requester {
-    int64_t queued = 0;
-    std::shared_ptr<std::atomic<int64_t>> in_flight = std::make_shared<std::atomic<int64_t>>(0);
-    double last = 0;
-  };
-  std::map<int64_t, Requester> requesters;
-  double requesters_swept = 0;
-  // The first request of each fetch (learner, welcome round) here: a fetch keeps the copy frozen kServeFreezeMax at
-  // most, so a trickle of requests cannot keep it at old versions (and honest joiners refused) for good.
-  std::map<std::pair<int64_t, uint64_t>, double> fetch_first;
-  // Replies point into the served copy without copying it. A broadcast that arrives while replies still point into
-  // the copy writes a new one (copy on write); older copies stay alive only while replies hold them, at most
-  // kMaxPinned of them: past that the broadcast waits (Link::deferred) until they are released.
-  std::vector<at::Tensor> pinned;
-  static constexpr size_t kMaxPinned = 2;
+  // Serving (net.serve): this learner's copy of the syncer's state and the server joining learners fetch it from.
+  std::optional<TransportOptions> donor_options;  // how this learner connects to donors when it fetches
+  std::unique_ptr<DonorServer> donor;
   // What the comms thread alone touches, per link.
   struct Comms {
     double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
@@ -195,20 +153,6 @@ struct LearnerNode::Impl {
     std::unique_ptr<ClientTransport> alt;
     double alt_hello = -1e9;
     int64_t epoch = 0;  // the highest leader epoch seen on this link (0: none, or no pair); guarded by mu
-    // Serving (net.serve; comms thread only): the syncer's state of this shard's part as this learner holds it (the
-    // verified download or held initial state, then every fp32 broadcast), its per-local-fragment versions, and
-    // where each local fragment's elements lie in it (part offset, fragment offset, count).
-    at::Tensor served;
-    std::vector<int64_t> served_versions;
-    // While a joining learner fetches from this copy it stays at the versions it asked for (kServeFreeze after its
-    // latest request): newer broadcasts wait here (the latest per local fragment) and go in when it thaws.
-    double frozen_until = -1;
-    std::map<int64_t, std::pair<int64_t, at::Tensor>> deferred;
-    std::vector<std::vector<std::array<int64_t, 3>>> segments;
-    // The version each local fragment had before its latest broadcast (-1: none) and its elements (fragment order):
-    // a joiner whose welcome predates a merge that reached this learner first still finds its versions here.
-    std::vector<int64_t> prev_versions;
-    std::vector<at::Tensor> prev;
     // The delta broadcast (comms thread only): per fragment id, the newest whole version this process holds or will
     // hold (a whole fp32 broadcast, or the last delta applied to one): what the next fragment_delta is added to. The
     // fragments whose delta found another version, told to the syncer with the next heartbeat (Beat::resend).
@@ -380,12 +324,12 @@ struct LearnerNode::Impl {
       }
       // A push to send: no wait. A fetch or serving under way: 1 ms (donors' answers and the rate bound; a spin
       // would take a core from training, the donors' included when they share a machine).
-      bool active = !serve_queue.empty();
+      bool active = donor && donor->busy();
       for (auto& L : links) {
         tend_fetch(L);
         active = active || L.c.fetch;
       }
-      tend_serving();
+      if (donor) donor->tend();
       const int64_t wait = out ? 0 : active ? 1 : wait_ms;
       for (auto& L : links) {
         Envelope env;
@@ -473,10 +417,10 @@ struct LearnerNode::Impl {
     h.want_state = !L.have_state;
     if (h.want_state && L.initial.defined()) h.state_hash = L.initial_hash;
     h.epoch = L.epoch;
-    if (serve_tx) {
-      h.serve = serve_endpoint;
-      h.serve_key = serve_key;
-      h.serve_secret = serve_secret;
+    if (donor) {
+      h.serve = donor->endpoint();
+      h.serve_key = donor->key();
+      h.serve_secret = donor->secret();
     }
     return h;
   }
@@ -651,7 +595,7 @@ struct LearnerNode::Impl {
         throw WireError("welcome says this learner holds the state already, but it offered no parameters with that hash");
       c.dl.reset();
       c.fetch.reset();
-      if (serve_tx) set_served(L, L.initial, w.versions);
+      if (donor) donor->set_served(L.plan.shard, L.initial, w.versions);
       L.state_ready = State{w, L.initial};
       L.have_state = true;
       L.state_round = static_cast<int64_t>(w.round);
@@ -747,7 +691,7 @@ struct LearnerNode::Impl {
       emit(L, bad_frame("global state hash mismatch; downloading again"));
       L.joined = false;  // hello again with want_state
     } else {
-      if (serve_tx) set_served(L, c.dl_flat, c.dl->versions);
+      if (donor) donor->set_served(L.plan.shard, c.dl_flat, c.dl->versions);
       L.state_ready = State{*c.dl, c.dl_flat};
       L.have_state = true;
       L.initial = at::Tensor();
@@ -991,248 +935,6 @@ struct LearnerNode::Impl {
     emit(L, r);
   }
 
-  // ---- rejoin from peers: serving ----
-  void set_served(Link& L, const at::Tensor& flat, const std::vector<int64_t>& versions) {
-    if (versions.size() != L.segments.size() || flat.numel() != L.plan.model.elements) return;
-    L.served = flat.clone();
-    L.served_versions = versions;
-    L.prev_versions.assign(versions.size(), -1);
-    L.prev.assign(versions.size(), at::Tensor());
-  }
-  // Whether L.served may be written now: no reply points into it, or it could be replaced by a copy (the old one
-  // stays alive, pinned, while replies hold it; at most kMaxPinned such copies at a time).
-  bool served_writable(Link& L) {
-    if (L.served.use_count() == 1) return true;
-    pinned.erase(std::remove_if(pinned.begin(), pinned.end(), [](const at::Tensor& t) { return t.use_count() == 1; }),
-                 pinned.end());
-    if (pinned.size() >= kMaxPinned) return false;
-    pinned.push_back(L.served);
-    L.served = L.served.clone();
-    return true;
-  }
-  void serve_broadcast(Link& L, int64_t p, int64_t version, const at::Tensor& flat) {
-    if (!L.served.defined()) return;
-    const int64_t k = L.plan.local[static_cast<size_t>(p)];
-    if (k < 0 || version <= L.served_versions[static_cast<size_t>(k)]) return;
-    if (now() < L.frozen_until || !served_writable(L)) {  // a fetch is reading this copy, or replies pin it: later
-      auto it = L.deferred.find(k);
-      if (it == L.deferred.end() || it->second.first < version) L.deferred[k] = {version, flat};
-      return;
-    }
-    float* dst = L.served.data_ptr<float>();
-    const float* src = flat.data_ptr<float>();
-    at::Tensor& old = L.prev[static_cast<size_t>(k)];
-    if (!old.defined() || old.numel() != flat.numel()) old = torch::empty({flat.numel()}, torch::kFloat);
-    float* keep = old.data_ptr<float>();
-    for (const auto& [part, frag, n] : L.segments[static_cast<size_t>(k)]) {
-      std::memcpy(keep + frag, dst + part, static_cast<size_t>(n) * sizeof(float));
-      std::memcpy(dst + part, src + frag, static_cast<size_t>(n) * sizeof(float));
-    }
-    L.prev_versions[static_cast<size_t>(k)] = L.served_versions[static_cast<size_t>(k)];
-    L.served_versions[static_cast<size_t>(k)] = version;
-  }
-
-  // A state request refused for `why`: counted, and recorded at the 1st, 2nd, 4th, 8th, ... of each reason.
-  void refused(Refusal why, const std::string& detail) {
-    ++serve_refused;
-    const int64_t n = ++refused_by[why];
-    if ((n & (n - 1)) != 0) return;
-    rec::ServeRefused r;
-    r.reason = kRefusalNames[why];
-    r.count = n;
-    r.detail = clip_utf8(detail, 300);
-    emit(r);
-  }
-
-  void tend_serving() {
-    if (!serve_tx) return;
-    const double t0s = now();
-    for (auto& L : links)  // thawed: the broadcasts that waited go in
-      if (!L.deferred.empty() && t0s >= L.frozen_until) {
-        std::map<int64_t, std::pair<int64_t, at::Tensor>> d;
-        d.swap(L.deferred);
-        for (auto& [k, vf] : d) serve_broadcast(L, L.plan.fragments[static_cast<size_t>(k)], vf.first, vf.second);
-      }
-    if (t0s - requesters_swept > 1) {  // requesters with nothing queued or on its way, quiet for a while, are forgotten
-      requesters_swept = t0s;
-      for (auto it = requesters.begin(); it != requesters.end();)
-        it = it->second.queued == 0 && it->second.in_flight->load() == 0 && t0s - it->second.last > 30 ? requesters.erase(it)
-                                                                                                   : std::next(it);
-      for (auto it = fetch_first.begin(); it != fetch_first.end();)
-        it = t0s - it->second > 600 ? fetch_first.erase(it) : std::next(it);
-    }
-    Envelope env;
-    for (int n = 0; n < 16 && serve_queue.size() < 64 && serve_tx->receive(&env, std::chrono::milliseconds(0)); ++n) {
-      MessageHeader h;
-      proto::StateRequest r;
-      try {
-        if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
-        h = decode_header(env.header.data(), env.header.size(), limits);
-        verify_payload(h, env.payload.data(), env.payload.size());
-        if (h.kind != MessageKind::kStateRequest || h.fingerprint != fingerprint) throw WireError("not a state request for this model");
-        r = proto::parse_state_request(env.payload.data(), env.payload.size());
-      } catch (const WireError& e) {
-        refused(kMalformed, e.what());  // a joining learner treats silence as a slow donor; nothing to say to a stranger
-        continue;
-      }
-      // Only learners the syncer introduced: the ticket its welcome gave for this server, for the request's own
-      // learner, shard, round and chunk size, from a connection whose key (CURVE) is that learner's.
-      if (!r.ticket || r.learner < 0) {
-        refused(kStranger, "a state request without a ticket (only learners a syncer's welcome names this server to are served)");
-        continue;
-      }
-      if (!env.identity.empty()) {
-        const std::optional<int64_t> bound = proto::learner_of_key_name(env.identity);
-        if (!bound || *bound != r.learner) {
-          refused(kStranger, "key '" + env.identity + "' asked with learner " + std::to_string(r.learner) + "'s ticket");
-          continue;
-        }
-      }
-      if (!digests_equal(*r.ticket, proto::fetch_ticket(serve_secret, r.learner, r.shard, h.round, r.chunk_elements, r.elements))) {
-        refused(kBadTicket, "learner " + std::to_string(r.learner) + "'s ticket is not the one a syncer gave it for this server, "
-                            "round " + std::to_string(h.round) + " and chunks of " + std::to_string(r.chunk_elements) + " elements");
-        continue;
-      }
-      Requester& R = requesters[r.learner];
-      R.last = now();
-      if (R.queued + R.in_flight->load() >= kFetchWindow) {
-        refuse_request(env.peer, h, RejectReason::kBusy,
-                       "busy: this learner serves at most " + std::to_string(kFetchWindow) + " chunks at a time to one learner");
-        refused(kBusy, "learner " + std::to_string(r.learner) + " asked for more than " + std::to_string(kFetchWindow) +
-                           " chunks at a time");
-        continue;
-      }
-      ++R.queued;
-      serve_queue.push_back(ServeRequest{env.peer, h, std::move(r), now()});
-    }
-    // Waiting requests whose broadcasts came (or whose wait is over) go first; then the new ones. The rate bound:
-    // net.serve_rate.
-    const double t = now();
-    serve_tokens.refill(t);
-    for (size_t i = serve_waiting.size(); i-- > 0;) serve_queue.push_front(std::move(serve_waiting[i]));
-    serve_waiting.clear();
-    while (!serve_queue.empty()) {
-      ServeRequest& q = serve_queue.front();
-      const Holding held = holding(q);
-      if (held.what == Holding::kNewer && t - q.since < kServeWait && serve_waiting.size() < 64) {
-        serve_waiting.push_back(std::move(q));
-        serve_queue.pop_front();
-        continue;
-      }
-      if (held.what == Holding::kYes) {
-        if (!serve_tokens.take(static_cast<double>(held.n) * 4)) break;
-        serve_one(q, held);
-      } else {
-        refuse_request(q.route, q.h, RejectReason::kNotHeld, "not_held: this learner holds other versions of that chunk");
-        refused(kNotHeldHere, "learner " + std::to_string(q.r.learner) + " asked for chunk " +
-                                  std::to_string(q.h.fragment_id) + " at versions this learner does not hold");
-      }
-      if (auto it = requesters.find(q.r.learner); it != requesters.end() && it->second.queued > 0) --it->second.queued;
-      serve_queue.pop_front();
-    }
-  }
-
-  // Whether this learner holds a requested chunk at the versions asked for: each fragment with elements in it at its
-  // current version or the one before (Link::prev); kNewer: some fragment is asked at a version newer than held.
-  struct Holding {
-    enum What { kYes, kNewer, kNo } what = kNo;
-    Link* L = nullptr;
-    int64_t first = 0, n = 0;
-    std::vector<size_t> from_prev;  // fragments served from their previous version
-  };
-  Holding holding(const ServeRequest& q) {
-    Holding out;
-    const int64_t first = static_cast<int64_t>(q.h.fragment_id) * q.r.chunk_elements;
-    for (auto& l : links)
-      if (l.plan.shard == q.r.shard) out.L = &l;
-    Link* L = out.L;
-    if (!L || !L->served.defined() || q.r.elements != L->plan.model.elements || q.r.chunk_elements <= 0 || first < 0 ||
-        first >= q.r.elements || q.r.versions.size() != L->served_versions.size())
-      return out;
-    out.first = first;
-    out.n = std::min(q.r.chunk_elements, q.r.elements - first);
-    bool newer = false;
-    for (size_t f = 0; f < L->segments.size(); ++f) {
-      bool touches = false;
-      for (const auto& [part, frag, cnt] : L->segments[f]) touches = touches || (part < first + out.n && part + cnt > first);
-      if (!touches) continue;
-      const int64_t want = q.r.versions[f];
-      if (want == L->served_versions[f]) continue;
-      if (want == L->prev_versions[f] && L->prev[f].defined()) out.from_prev.push_back(f);
-      else if (want > L->served_versions[f]) newer = true;
-      else return out;  // older than this learner keeps
-    }
-    out.what = newer ? Holding::kNewer : Holding::kYes;
-    return out;
-  }
-
-  void refuse_request(const std::string& route, const MessageHeader& q, RejectReason why, const std::string& text) {
-    MessageHeader rh = header(MessageKind::kReject);
-    rh.round = static_cast<uint64_t>(why);  // a reject's round is its code
-    rh.fragment_id = q.fragment_id;
-    const auto f = proto::make_frame(rh, text, limits);
-    serve_tx->send(route, f.header, f.payload);
-  }
-
-  // What a reply's payload points into, and the count of its requester's replies on their way: released (the count
-  // taken back) when the transport has sent or dropped the reply.
-  struct ServeHold {
-    at::Tensor copy;              // the served copy (zero copy), or
-    std::vector<float> patched;   // a chunk with parts from previous versions
-    std::shared_ptr<std::atomic<int64_t>> in_flight;
-    ServeHold(at::Tensor t, std::vector<float> v, std::shared_ptr<std::atomic<int64_t>> n)
-        : copy(std::move(t)), patched(std::move(v)), in_flight(std::move(n)) {
-      ++*in_flight;
-    }
-    ~ServeHold() { --*in_flight; }
-    ServeHold(const ServeHold&) = delete;
-    ServeHold& operator=(const ServeHold&) = delete;
-  };
-
-  void serve_one(const ServeRequest& q, const Holding& held) {
-    MessageHeader h = header(MessageKind::kStateChunk);
-    h.round = q.h.round;
-    h.fragment_id = q.h.fragment_id;
-    Link* L = held.L;
-    const int64_t first = held.first, n = held.n;
-    const double t = now();
-    // The rest of this fetch finds these versions, for kServeFreezeMax at most from its first request here.
-    auto [ff, fresh] = fetch_first.try_emplace({q.r.learner, q.h.round}, t);
-    L->frozen_until = std::max(L->frozen_until, std::min(t + kServeFreeze, ff->second + kServeFreezeMax));
-    const std::shared_ptr<std::atomic<int64_t>> count = requesters[q.r.learner].in_flight;
-    std::shared_ptr<ServeHold> hold;
-    const char* data = nullptr;
-    if (held.from_prev.empty() && !cfg.learner.serve_corrupt) {
-      hold = std::make_shared<ServeHold>(L->served, std::vector<float>(), count);
-      data = reinterpret_cast<const char*>(L->served.data_ptr<float>() + first);
-    } else {  // the current copy, with the parts of fragments asked at their previous version from Link::prev
-      std::vector<float> chunk(L->served.data_ptr<float>() + first, L->served.data_ptr<float>() + first + n);
-      for (size_t f : held.from_prev) {
-        const float* old = L->prev[f].data_ptr<float>();
-        for (const auto& [part, frag, cnt] : L->segments[f]) {
-          const int64_t a = std::max(part, first), b = std::min(part + cnt, first + n);
-          if (a < b) std::memcpy(chunk.data() + (a - first), old + frag + (a - part), static_cast<size_t>(b - a) * 4);
-        }
-      }
-      if (cfg.learner.serve_corrupt) {  // the fault drill: one flipped bit in the first element
-        uint32_t bits;
-        std::memcpy(&bits, chunk.data(), 4);
-        bits ^= 1;
-        std::memcpy(chunk.data(), &bits, 4);
-      }
-      hold = std::make_shared<ServeHold>(at::Tensor(), std::move(chunk), count);
-      data = reinterpret_cast<const char*>(hold->patched.data());
-    }
-    h.encoding = Encoding::kFp32;
-    h.element_count = static_cast<uint64_t>(n);
-    auto f = proto::make_frame(h, Bytes(hold, data, static_cast<size_t>(n) * 4), limits);
-    hold.reset();  // the frame's payload holds it now
-    if (serve_tx->send(q.route, f.header, f.payload)) {
-      ++served_chunks;
-      served_bytes += n * 4;
-    }
-  }
-
   // A broadcast's fragment and its element count, checked against this link's plan.
   int64_t broadcast_fragment(const Link& L, const MessageHeader& h, const char* what) const {
     const int64_t p = h.fragment_id;
@@ -1251,10 +953,10 @@ struct LearnerNode::Impl {
     at::Tensor flat = torch::empty({n}, torch::kFloat);
     decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n), flat.data_ptr<float>());
     if (h.encoding == Encoding::kFp32) {
-      serve_broadcast(L, p, static_cast<int64_t>(h.round), flat);
+      if (donor) donor->broadcast(L.plan.shard, p, static_cast<int64_t>(h.round), flat);
       if (cfg.delta_broadcast()) L.exact[p] = {static_cast<int64_t>(h.round), flat};  // never written: shared
     } else {
-      L.served = at::Tensor();  // lossy broadcasts: this learner's copy is not the syncer's state
+      if (donor) donor->drop(L.plan.shard);  // lossy broadcasts: this learner's copy is not the syncer's state
     }
     accept_answer(L, h, p, flat);
   }
@@ -1278,7 +980,7 @@ struct LearnerNode::Impl {
     at::Tensor flat = add_delta(it->second.second, d);
     it->second = {version, flat};
     ++deltas_applied;
-    serve_broadcast(L, p, version, flat);
+    if (donor) donor->broadcast(L.plan.shard, p, version, flat);
     accept_answer(L, h, p, flat);
   }
 
@@ -1692,13 +1394,7 @@ struct LearnerNode::Impl {
       d.deltas_applied = deltas_applied;
       d.deltas_unapplied = deltas_unapplied;
     }
-    if (serve_tx) {
-      d.served_chunks = served_chunks.load();
-      d.served_bytes = served_bytes.load();
-      nlohmann::json by = nlohmann::json::object();
-      for (int r = 0; r < kRefusals; ++r) by[kRefusalNames[r]] = refused_by[static_cast<size_t>(r)].load();
-      d.serve_refused = std::move(by);
-    }
+    if (donor) donor->report(d);
     d.finished = done && refused_links().empty();
     d.bytes_sent = static_cast<int64_t>(bytes_out);
     d.bytes_received = static_cast<int64_t>(bytes_in);
@@ -1790,7 +1486,6 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
     throw ConfigError("a learner needs one connection per syncer shard: " + std::to_string(shards.size()) +
                       " given, syncer.shards=" + std::to_string(I.cfg.syncer.shards));
   I.id = learner_id;
-  I.serve_tokens = TokenBucket::mbit(I.cfg.net.serve_rate);
   I.record = std::move(record);
   I.work = std::move(workload);
   I.fingerprint = parse_fingerprint_hex(I.work->fingerprint());
@@ -1825,22 +1520,18 @@ void LearnerNode::peers(std::unique_ptr<ServerTransport> server, const std::stri
   Impl& I = *impl_;
   I.donor_options = donor_options;
   if (!server) return;
-  I.serve_endpoint = I.cfg.net.serve;
-  I.serve_key = public_key;
-  I.serve_tx = std::move(server);
-  // Where each local fragment's tensors lie in the shard's part (model_layout order), by name.
-  for (Impl::Link& L : I.links) {
-    std::map<std::string, int64_t> at;
-    for (size_t t = 0; t < L.plan.model.names.size(); ++t) at[L.plan.model.names[t]] = L.plan.model.offsets[t];
-    L.segments.assign(L.plan.fragment_layouts.size(), {});
-    for (size_t k = 0; k < L.plan.fragment_layouts.size(); ++k) {
-      const FlatLayout& fl = L.plan.fragment_layouts[k];
-      for (size_t t = 0; t < fl.names.size(); ++t) {
-        const int64_t n = t + 1 < fl.names.size() ? fl.offsets[t + 1] - fl.offsets[t] : fl.elements - fl.offsets[t];
-        L.segments[k].push_back({at.at(fl.names[t]), fl.offsets[t], n});
-      }
-    }
-  }
+  DonorServer::Context ctx;
+  ctx.id = I.id;
+  ctx.fingerprint = I.fingerprint;
+  ctx.limits = I.limits;
+  ctx.serve_rate = I.cfg.net.serve_rate;
+  ctx.serve_corrupt = I.cfg.learner.serve_corrupt;
+  ctx.endpoint = I.cfg.net.serve;
+  ctx.key = public_key;
+  for (const Impl::Link& L : I.links) ctx.shards.push_back(L.plan);
+  ctx.now = [&I] { return I.now(); };
+  ctx.record = [&I](rec::ServeRefused r) { I.emit(std::move(r)); };
+  I.donor = std::make_unique<DonorServer>(std::move(ctx), std::move(server));
 }
 
 LearnerNode::~LearnerNode() = default;

@@ -362,53 +362,40 @@ const std::vector<Digest>& syncer_detail::StateSnapshot::hashes(int64_t chunk_el
 // the snapshot its welcome described at no more than net.serve_rate, or refused (not_held) when that download is no
 // longer outstanding (the learner then says hello again).
 void SyncerNode::Impl::on_state_request(const Envelope& env, const MessageHeader& h, int64_t m) {
-  if (chunk_queue.size() >= 4096) return;  // a learner asking far past its window: the rest it asks again
-  chunk_queue.push_back({m, env.peer, h});
+  ChunkServer::Request q;
+  q.route = env.peer;
+  q.h = h;
+  q.learner = m;
+  if (!chunk_queue.offer(std::move(q), now())) return;  // a learner asking far past its window: the rest it asks again
   serve_chunks();
 }
 
 void SyncerNode::Impl::serve_chunks() {
-  chunk_tokens.refill(now());
   const int64_t chunk_elements = std::max<int64_t>(1, cfg.net.chunk_bytes / 4);
-  while (!chunk_queue.empty()) {
-    const QueuedChunk q = chunk_queue.front();
-    Peer& P = peers[q.learner];
-    if (!P.fetch_snap || P.route != q.route || static_cast<int64_t>(q.h.round) != P.fetch_snap->round) {
-      chunk_queue.pop_front();
-      MessageHeader rh;
-      rh.kind = MessageKind::kReject;
-      rh.round = static_cast<uint64_t>(RejectReason::kNotHeld);
-      rh.learner_id = static_cast<uint32_t>(q.learner);
-      rh.fragment_id = proto::kNoFragment;
-      rh.fingerprint = fingerprint;
-      const auto f = proto::make_frame(rh, std::string("not_held: no download of round ") + std::to_string(q.h.round) +
-                                               " is outstanding for this learner; say hello again", limits);
-      tx->send(q.route, f.header, f.payload);
-      continue;
-    }
+  const auto resolve = [&](const ChunkServer::Request& q) {
+    const Peer& P = peers[q.learner];
+    if (!P.fetch_snap || P.route != q.route || static_cast<int64_t>(q.h.round) != P.fetch_snap->round)
+      return ChunkServer::Resolution::refuse(RejectReason::kNotHeld, "not_held: no download of round " + std::to_string(q.h.round) +
+                                                                        " is outstanding for this learner; say hello again");
     const int64_t elements = static_cast<int64_t>(P.fetch_snap->bytes.size() / 4);
     const int64_t c = static_cast<int64_t>(q.h.fragment_id), first = c * chunk_elements;
-    if (first >= elements) {
-      chunk_queue.pop_front();
-      reject(q.route, q.learner, -1, RejectReason::kMalformedFrame, "state request for chunk " + std::to_string(c) + " past the state's end");
-      continue;
+    if (first >= elements) {  // counted and recorded as every reject is; the chunk server sends the frame
+      const std::string detail = "state request for chunk " + std::to_string(c) + " past the state's end";
+      reject("", q.learner, -1, RejectReason::kMalformedFrame, detail);
+      return ChunkServer::Resolution::refuse(RejectReason::kMalformedFrame,
+                                             std::string(proto::reject_reason_name(RejectReason::kMalformedFrame)) + ": " +
+                                                 clip_utf8(detail, 400));
     }
     const int64_t n = std::min(chunk_elements, elements - first);
-    if (!chunk_tokens.take(static_cast<double>(n) * 4)) return;  // the rest when the bucket has refilled
-    chunk_queue.pop_front();
-    MessageHeader ch;
-    ch.kind = MessageKind::kStateChunk;
-    ch.encoding = Encoding::kFp32;
-    ch.learner_id = static_cast<uint32_t>(q.learner);
-    ch.fragment_id = static_cast<uint32_t>(c);
-    ch.fingerprint = fingerprint;
-    ch.round = q.h.round;
-    ch.element_count = static_cast<uint64_t>(n);
-    const auto f = proto::make_frame(ch, P.fetch_snap->bytes.slice(static_cast<size_t>(first) * 4, static_cast<size_t>(n) * 4), limits);
-    tx->send(q.route, f.header, f.payload);
-    ++P.fetch_chunks_sent;
+    const std::shared_ptr<const syncer_detail::StateSnapshot> snap = P.fetch_snap;
+    return ChunkServer::Resolution::serve(
+        n, [snap, first, n] { return snap->bytes.slice(static_cast<size_t>(first) * 4, static_cast<size_t>(n) * 4); });
+  };
+  chunk_queue.pump(now(), resolve, [&](const ChunkServer::Request& q, ChunkServer::Outcome out, const ChunkServer::Resolution&) {
+    if (out == ChunkServer::Outcome::kRefused) return;
+    ++peers[q.learner].fetch_chunks_sent;
     ++fetch_chunks_sent;
-  }
+  });
 }
 
 void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, double t) {
@@ -1166,7 +1153,6 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   I.M = I.cfg.resolved_learners();
   I.cfg.sync.learners = I.M;
   I.cfg.sync.learners_auto_ok = false;
-  I.chunk_tokens = TokenBucket::mbit(I.cfg.net.serve_rate);
   I.record = std::move(record);
   I.evaluator = std::move(evaluator);
   I.fingerprint = parse_fingerprint_hex(I.evaluator->fingerprint());
@@ -1222,6 +1208,12 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
   // free it now (4 bytes per parameter of the whole model).
   if (I.shard.shards > 1 && I.shard.shard != 0) I.evaluator.reset();
   I.tx = std::move(transport);
+  ChunkServer::Options co;  // rejoin from peers: the syncer's share of fetched downloads
+  co.rate_mbit = I.cfg.net.serve_rate;
+  co.max_queue = 4096;
+  co.fingerprint = I.fingerprint;
+  co.limits = I.limits;
+  I.chunk_queue = ChunkServer(co, [&I](const std::string& route, const proto::Frame& f) { return I.tx->send(route, f.header, f.payload); });
   if (!I.cfg.syncer.metrics.empty())
     I.metrics = std::make_unique<MetricsServer>(I.cfg.syncer.metrics, [this] { return prometheus(); });
   I.update_prometheus();

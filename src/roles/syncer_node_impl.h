@@ -18,12 +18,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "chunk_server.h"
 #include "deloco/answer_marks.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
 #include "records/kinds.h"
 #include "replication.h"
-#include "util/token_bucket.h"
 
 namespace deloco {
 
@@ -215,14 +215,9 @@ struct SyncerNode::Impl {
   std::optional<AllowList> allow_list;
   uint64_t donor_rotation = 0;
   void on_state_request(const Envelope& env, const MessageHeader& h, int64_t m);
-  // State requests waiting for net.serve_rate (a token bucket of bytes), answered by serve_chunks().
-  struct QueuedChunk {
-    int64_t learner = 0;
-    std::string route;
-    MessageHeader h;
-  };
-  std::deque<QueuedChunk> chunk_queue;
-  TokenBucket chunk_tokens;  // net.serve_rate
+  // State requests waiting for net.serve_rate, answered by serve_chunks() (ChunkServer: the queue, the rate bound,
+  // the reply frames; set at construction).
+  ChunkServer chunk_queue;
   void serve_chunks();
   int64_t states_held = 0;  // joins that asked for the state and held it already (hash matched): no chunks sent
   // Broadcasts: handed to the transport, superseded by a newer merge before they could be sent (the learner's send
