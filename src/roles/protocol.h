@@ -26,7 +26,7 @@ namespace deloco::proto {
 
 constexpr size_t kMaxControlBytes = 64 * 1024;  // hello/heartbeat/leave/reject bodies
 constexpr size_t kMaxWelcomeBytes = 256 * 1024;  // a welcome body (up to kMaxFetchChunks chunk hashes)
-// Payloads of at least this many bytes the ZeroMQ transport sends by reference (src/net/zmq_transport.cpp, kCopyBelow):
+// Payloads of at least this many bytes the ZeroMQ transport sends by reference (src/net/zmq_internal.h, kCopyBelow):
 // their owner is released once the transport has written them (or dropped them with their connection), which is how
 // a node learns that a message has left. Smaller ones are copied when queued.
 constexpr size_t kByReferenceBytes = 1024;

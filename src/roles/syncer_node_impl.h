@@ -1,7 +1,12 @@
-// src/roles/syncer_node_impl.h — the syncer process's state, shared by its three files:
-//   syncer_node.cpp        messages (hello, push, heartbeat, leave), merging and broadcasting, housekeeping, run()
+// src/roles/syncer_node_impl.h — the syncer process's state, shared by its files:
+//   syncer_node.cpp        the loop (run()), message dispatch (push, heartbeat, leave), state snapshots and chunks
+//   syncer_hello.cpp       a learner's admission: the hello's checks, a waiting hello, the welcome
+//   syncer_broadcast.cpp   a round's result, broadcasts per learner (send window, the standby's acknowledgement)
+//   syncer_timers.cpp      housekeeping, the next wake-up, evaluation, goodput
+//   syncer_standby.cpp     the standby pair: journal, images, leases, takeover and fencing
 //   syncer_checkpoint.cpp  atomic checkpoints of Θ, the outer state and the counters; --resume
 //   syncer_metrics.cpp     the Prometheus text and the summary
+// The state chunks a joining learner downloads go through chunk_server.h (also the donors' server).
 // Private to src/roles; everything runs on the syncer's one thread (the Prometheus text is guarded by prom_mu).
 #pragma once
 

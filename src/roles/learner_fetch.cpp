@@ -1,0 +1,421 @@
+// The learner's join download (learner_node_impl.h): a welcome's state in verified chunks, from the syncer or
+// from donors (rejoin from peers) with the endgame, a liar caught by the chunk hashes.
+#include "learner_node_impl.h"
+
+namespace deloco {
+namespace fs = std::filesystem;
+
+using proto::RejectReason;
+using proto::reject_is_permanent;
+using proto::reject_reason_name;
+using proto::reject_reason_of;
+using proto::unix_now;
+
+void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
+  Comms& c = L.c;
+  auto w = proto::parse_welcome(env.payload.data(), env.payload.size());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (w.epoch > 0 && w.epoch < L.epoch) return;  // a leader that was replaced (fenced): its welcome is void
+    L.epoch = std::max(L.epoch, w.epoch);
+  }
+  if (w.versions.size() != L.plan.fragments.size())
+    throw WireError("welcome lists " + std::to_string(w.versions.size()) + " fragments, we have " +
+                    std::to_string(L.plan.fragments.size()) + " for this syncer" +
+                    std::string(sharded() ? " shard" : "") +
+                    " (sync.fragments or syncer.shards differs between the configs)");
+  std::lock_guard<std::mutex> lock(mu);
+  // A syncer that went back in time (resumed from an older checkpoint) no longer has the versions we hold: our
+  // pushes would be refused (future_base). Download its state instead.
+  if (w.chunks == 0 && L.have_state) {
+    for (size_t k = 0; k < w.versions.size(); ++k) {
+      const int64_t p = L.plan.fragments[k];
+      if (p < static_cast<int64_t>(held_versions.size()) && w.versions[k] < held_versions[static_cast<size_t>(p)]) {
+        L.have_state = false;
+        rec::SyncerBehind r;
+        r.fragment = p;
+        r.syncer_version = static_cast<int64_t>(w.versions[k]);
+        r.held_version = held_versions[static_cast<size_t>(p)];
+        emit(L, r);
+        c.last_hello = -1e9;  // hello again at once, asking for the state
+        return;
+      }
+    }
+  }
+  if (!L.joined && !L.unsettled.empty()) {
+    // The syncer says how many of our pushes on this connection it read before this hello (w.pushes): those
+    // will be answered. The others never arrived: they count as refused (their progress goes in the next push).
+    // Unknown (another connection, an older syncer): every unanswered push counts as refused.
+    std::set<int64_t> lost;
+    const int64_t total = L.sent_base + static_cast<int64_t>(L.sent.size());
+    if (w.pushes >= 0 && w.pushes <= total) {
+      for (int64_t i = std::max(w.pushes, L.sent_base); i < total; ++i)
+        lost.insert(L.sent[static_cast<size_t>(i - L.sent_base)]);
+    } else {
+      lost = L.unsettled;
+    }
+    std::vector<int64_t> settled;
+    for (int64_t p : L.unsettled)
+      if (lost.count(p)) settled.push_back(p);
+    if (!settled.empty()) {
+      refused_pushes.insert(settled.begin(), settled.end());
+      for (int64_t p : settled) L.unsettled.erase(p);
+      rec::PushesSettled r;
+      r.fragments = settled;
+      r.detail = w.pushes >= 0 ? "joined again: pushes sent before the join that the syncer never read count as "
+                                 "refused (their progress goes in the next push)"
+                               : "joined again: pushes sent before the join count as refused (their progress goes "
+                                 "in the next push)";
+      emit(L, r);
+    }
+  }
+  L.marks_answers = w.marks_answers;
+  L.sent.clear();
+  L.sent_base = 0;
+  L.pushes_acked = 0;
+  c.rx_seq = 0;
+  c.hellos_unanswered = 0;
+  L.joined = true;
+  L.ever_joined = true;
+  // Every shard remembers the learner's step: the highest of the first welcomes (before training starts) wins.
+  if (!welcomed_once || !resume_step || *resume_step < w.resume_step) resume_step = w.resume_step;
+  welcomed_once = true;
+  if (w.state_held) {
+    // The syncer's state is what this process started from (the hashes matched): install that, download nothing.
+    if (!L.initial.defined() || !digests_equal(w.state_hash, L.initial_hash) || w.elements != L.plan.model.elements)
+      throw WireError("welcome says this learner holds the state already, but it offered no parameters with that hash");
+    c.dl.reset();
+    c.fetch.reset();
+    if (donor) donor->set_served(L.plan.shard, L.initial, w.versions);
+    L.state_ready = State{w, L.initial};
+    L.have_state = true;
+    L.state_round = static_cast<int64_t>(w.round);
+    L.initial = at::Tensor();  // one copy of the part, kept only until the first state
+    rec::Joined r;
+    r.step = beat.step;
+    r.syncer_round = static_cast<int64_t>(w.round);
+    r.resume_step = w.resume_step;
+    r.hello_seconds = now() - c.hello_sent_at;
+    r.download_bytes = 0;
+    r.state_held = true;
+    emit(L, r);
+    c.first_join_recorded = true;
+    cv.notify_all();
+    return;
+  }
+  if (w.chunks > 0) {
+    if (w.elements != L.plan.model.elements) throw WireError("welcome describes another model size");
+    c.dl = w;
+    c.dl_flat = torch::empty({w.elements}, torch::kFloat);
+    c.dl_have.assign(static_cast<size_t>(w.chunks), false);
+    c.dl_count = 0;
+    c.fetch.reset();
+    if (w.fetch) start_fetch(L, w);
+  }
+  if (!c.first_join_recorded || w.chunks == 0) {
+    rec::Joined r;  // a download follows: "welcome" now, "joined" when it is verified
+    r.step = beat.step;
+    r.syncer_round = static_cast<int64_t>(w.round);
+    r.resume_step = w.resume_step;
+    r.hello_seconds = now() - c.hello_sent_at;
+    if (w.chunks > 0) emit(L, rec::Welcome{r});
+    else emit(L, r);
+  }
+  c.first_join_recorded = true;
+  cv.notify_all();
+}
+
+void LearnerNode::Impl::on_state_chunk(Link& L, const MessageHeader& h, const Envelope& env) {
+  Comms& c = L.c;
+  if (!c.dl || h.round != c.dl->round) return;  // a chunk of an abandoned download
+  const int64_t k = h.fragment_id;
+  if (k >= c.dl->chunks) throw WireError("state chunk index out of range");
+  if (c.fetch) {
+    Fetch::Source& sy = c.fetch->src[0];
+    const auto asked = sy.asked.find(k);
+    const double asked_at = asked == sy.asked.end() ? -1 : asked->second;
+    if (!chunk_matches(L, k, h, env)) {  // the syncer's own chunk is not what its welcome said: start again
+      emit(L, bad_frame("state chunk " + std::to_string(k) + " from the syncer does not match its hash; joining again"));
+      std::lock_guard<std::mutex> lock(mu);
+      L.joined = false;
+      c.dl.reset();
+      c.fetch.reset();
+      return;
+    }
+    if (!c.dl_have[static_cast<size_t>(k)]) answered(*c.fetch, sy, asked_at);
+  }
+  accept_chunk(L, k, h, env);
+}
+
+bool LearnerNode::Impl::little_endian() {
+  const uint32_t one = 1;
+  unsigned char b;
+  std::memcpy(&b, &one, 1);
+  return b == 1;
+}
+
+bool LearnerNode::Impl::chunk_matches(const Link& L, int64_t k, const MessageHeader& h, const Envelope& env) const {
+  const proto::Welcome& w = *L.c.dl;
+  const int64_t first = k * w.chunk_elements, n = std::min(w.chunk_elements, w.elements - first);
+  if (h.encoding != Encoding::kFp32 || static_cast<int64_t>(h.element_count) != n ||
+      env.payload.size() != static_cast<size_t>(n) * 4 || !little_endian())
+    return false;
+  return digests_equal(blake2b256(env.payload.data(), env.payload.size()), w.chunk_hashes[static_cast<size_t>(k)]);
+}
+
+void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h, const Envelope& env) {
+  Comms& c = L.c;
+  const int64_t first = k * c.dl->chunk_elements, n = std::min(c.dl->chunk_elements, c.dl->elements - first);
+  if (static_cast<int64_t>(h.element_count) != n) throw WireError("state chunk has the wrong size");
+  decode_floats_into(env.payload.data(), env.payload.size(), h.encoding, static_cast<size_t>(n),
+                     c.dl_flat.data_ptr<float>() + first);
+  if (!c.dl_have[static_cast<size_t>(k)]) {
+    c.dl_have[static_cast<size_t>(k)] = true;
+    ++c.dl_count;
+  }
+  if (c.fetch)  // asked of two sources (the endgame): the other's answer, when it comes, is dropped
+    for (auto& s : c.fetch->src) s.asked.erase(k);
+  if (c.dl_count < c.dl->chunks) return;
+  const Digest hash = blake2b256(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
+  std::lock_guard<std::mutex> lock(mu);
+  if (!digests_equal(hash, c.dl->state_hash)) {
+    emit(L, bad_frame("global state hash mismatch; downloading again"));
+    L.joined = false;  // hello again with want_state
+  } else {
+    if (donor) donor->set_served(L.plan.shard, c.dl_flat, c.dl->versions);
+    L.state_ready = State{*c.dl, c.dl_flat};
+    L.have_state = true;
+    L.initial = at::Tensor();
+    L.state_round = static_cast<int64_t>(c.dl->round);  // tells the syncer the download arrived
+    rec::Joined r;
+    r.step = beat.step;
+    r.syncer_round = static_cast<int64_t>(c.dl->round);
+    r.download_bytes = c.dl->elements * 4;
+    r.download_seconds = now() - c.hello_sent_at;
+    r.resume_step = c.dl->resume_step;
+    if (c.fetch) {
+      r.peer_bytes = c.fetch->peer_bytes;
+      r.donors = static_cast<int64_t>(c.fetch->src.size()) - 1;
+      r.donors_lied = c.fetch->lied;
+      r.welcome_seconds = c.fetch->started - c.hello_sent_at;
+      std::vector<int64_t> got;
+      std::vector<double> first;
+      int64_t refused = 0, timeouts = 0;
+      for (const auto& s : c.fetch->src) {
+        got.push_back(s.got);
+        first.push_back(s.first_at < 0 ? -1.0 : s.first_at - c.fetch->started);
+        refused += s.refused;
+        timeouts += s.timeouts;
+      }
+      r.source_chunks = std::move(got);
+      r.source_first_seconds = std::move(first);
+      r.donor_refused = refused;
+      r.donor_timeouts = timeouts;
+      r.endgame_asks = c.fetch->duplicates;
+    }
+    emit(L, r);
+    cv.notify_all();
+  }
+  c.dl.reset();
+  c.fetch.reset();
+}
+
+void LearnerNode::Impl::start_fetch(Link& L, const proto::Welcome& w) {
+  auto f = std::make_unique<Fetch>();
+  f->started = now();
+  f->src.emplace_back();  // the syncer
+  if (donor_options)
+    for (const auto& d : w.donors) {
+      if (d.learner == id) continue;
+      TransportOptions o = *donor_options;
+      o.server_public_key = d.key;
+      if (!o.plaintext && d.key.empty()) continue;
+      Fetch::Source s;
+      s.donor = d.learner;
+      s.ticket = d.ticket;
+      try {
+        s.tx = make_zmq_client(d.endpoint, o);
+      } catch (const std::exception& e) {
+        emit(L, bad_frame("cannot dial donor learner " + std::to_string(d.learner) + " at " + d.endpoint + ": " + e.what()));
+        continue;
+      }
+      f->src.push_back(std::move(s));
+    }
+  for (int64_t k = 0; k < w.chunks; ++k) f->todo.push_back(k);
+  L.c.fetch = std::move(f);
+}
+
+bool LearnerNode::Impl::request_chunk(Link& L, size_t i, int64_t k) {
+  Comms& c = L.c;
+  Fetch::Source& s = c.fetch->src[i];
+  MessageHeader h = header(MessageKind::kStateRequest);
+  h.fragment_id = static_cast<uint32_t>(k);
+  h.round = c.dl->round;
+  proto::StateRequest r;
+  r.shard = L.plan.shard;
+  r.elements = c.dl->elements;
+  r.chunk_elements = c.dl->chunk_elements;
+  r.versions = c.dl->versions;
+  if (s.tx) {  // a donor serves only with the ticket the welcome gave for it
+    r.learner = id;
+    r.ticket = s.ticket;
+  }
+  Bytes body = Bytes::from_string(proto::encode_state_request(r));
+  const bool sent = s.tx ? send_on(*s.tx, h, std::move(body)) : send(L, h, std::move(body));
+  const double t = now();
+  if (!sent) {  // not connected yet, or a full queue: the caller keeps the chunk, this source waits a moment
+    s.retry_at = t + 0.02;
+    if (s.unready_since < 0) s.unready_since = t;
+    if (s.tx && t - s.unready_since > kFetchTimeout) s.banned = true;
+    return false;
+  }
+  s.unready_since = -1;
+  s.asked[k] = t;
+  return true;
+}
+
+void LearnerNode::Impl::tend_fetch(Link& L) {
+  Comms& c = L.c;
+  if (!c.fetch || !c.dl) return;
+  for (size_t i = 1; c.fetch && i < c.fetch->src.size(); ++i) {
+    Envelope env;
+    for (int n = 0; n < 16 && c.fetch && c.fetch->src[i].tx->receive(&env, std::chrono::milliseconds(0)); ++n)
+      on_donor_message(L, i, env);
+  }
+  if (!c.fetch || !c.dl) return;
+  Fetch& f = *c.fetch;
+  const double t = now();
+  for (size_t i = 1; i < f.src.size(); ++i) {
+    Fetch::Source& s = f.src[i];
+    for (auto it = s.asked.begin(); it != s.asked.end();) {
+      if (t - it->second < kFetchTimeout) {
+        ++it;
+        continue;
+      }
+      f.syncer_todo.push_back(it->first);
+      it = s.asked.erase(it);
+      if (++s.timeouts >= 2) s.banned = true;
+    }
+    if (s.banned) {
+      for (const auto& [k, at] : s.asked) f.syncer_todo.push_back(k);
+      s.asked.clear();
+    }
+  }
+  // The syncer: chunks no donor can serve first, then any; donors: any.
+  Fetch::Source& sy = f.src[0];
+  while (t >= sy.retry_at && static_cast<int64_t>(sy.asked.size()) < kFetchWindow &&
+         (!f.syncer_todo.empty() || !f.todo.empty())) {
+    int64_t k;
+    if (!f.syncer_todo.empty()) {
+      k = f.syncer_todo.front();
+      f.syncer_todo.pop_front();
+    } else {  // from the end: the donors work from the front, so the two meet in the middle
+      k = f.todo.back();
+      f.todo.pop_back();
+    }
+    if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, 0, k)) {
+      f.syncer_todo.push_front(k);  // the syncer's own queue keeps it
+      break;
+    }
+  }
+  for (size_t i = 1; i < f.src.size(); ++i) {
+    Fetch::Source& s = f.src[i];
+    while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow && !f.todo.empty()) {
+      const int64_t k = f.todo.front();
+      f.todo.pop_front();
+      if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, i, k)) {
+        f.todo.push_front(k);
+        break;
+      }
+    }
+  }
+  if (f.todo.empty() && f.syncer_todo.empty()) endgame(L, t);
+}
+
+void LearnerNode::Impl::endgame(Link& L, double t) {
+  Fetch& f = *L.c.fetch;
+  if (f.latency_n == 0) return;
+  const double overdue = t - 2 * f.latency_sum / static_cast<double>(f.latency_n);
+  std::map<int64_t, std::pair<int, double>> out;  // chunk -> sources asked, earliest ask
+  for (const auto& s : f.src)
+    for (const auto& [k, at] : s.asked) {
+      auto [it, fresh] = out.try_emplace(k, 0, at);
+      ++it->second.first;
+      it->second.second = std::min(it->second.second, at);
+    }
+  for (size_t i = 0; i < f.src.size(); ++i) {
+    Fetch::Source& s = f.src[i];
+    while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow) {
+      int64_t pick = -1;
+      double oldest = 0;
+      for (const auto& [k, na] : out)
+        if ((i == 0 || na.first == 1) && na.second < overdue && !s.asked.count(k) && !L.c.dl_have[static_cast<size_t>(k)] &&
+            (pick < 0 || na.second < oldest)) {
+          pick = k;
+          oldest = na.second;
+        }
+      if (pick < 0 || !request_chunk(L, i, pick)) break;
+      ++out[pick].first;
+      ++f.duplicates;
+    }
+  }
+}
+
+void LearnerNode::Impl::on_donor_message(Link& L, size_t i, const Envelope& env) {
+  Comms& c = L.c;
+  Fetch& f = *c.fetch;
+  Fetch::Source& s = f.src[i];
+  MessageHeader h;
+  try {
+    if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
+    h = decode_header(env.header.data(), env.header.size(), limits);
+    verify_payload(h, env.payload.data(), env.payload.size());
+    if (h.fingerprint != fingerprint) throw WireError("another model's fingerprint");
+  } catch (const WireError& e) {
+    return caught_lying(L, i, -1, std::string("a malformed answer: ") + e.what());
+  }
+  const int64_t k = h.fragment_id;
+  // An answer to an abandoned request (a reject's round is its code, so only the chunk names it).
+  if ((h.kind != MessageKind::kReject && h.round != c.dl->round) || !s.asked.count(k)) return;
+  const double asked_at = s.asked[k];
+  s.asked.erase(k);
+  if (h.kind == MessageKind::kReject) {  // it holds other versions now, or is busy: the syncer serves the chunk
+    f.syncer_todo.push_back(k);
+    ++s.refused;
+    if (proto::reject_reason_of(h) != RejectReason::kBusy && s.refused >= 3) s.banned = true;
+    return;
+  }
+  if (h.kind != MessageKind::kStateChunk) return caught_lying(L, i, k, std::string("answered with ") + kind_name(h.kind));
+  if (!chunk_matches(L, k, h, env))
+    return caught_lying(L, i, k, "chunk " + std::to_string(k) + " does not match the syncer's hash of it");
+  answered(f, s, asked_at);
+  f.peer_bytes += static_cast<int64_t>(env.payload.size());
+  accept_chunk(L, k, h, env);
+}
+
+void LearnerNode::Impl::answered(Fetch& f, Fetch::Source& s, double asked_at) const {
+  const double t = now();
+  ++s.got;
+  if (s.first_at < 0) s.first_at = t;
+  if (asked_at >= 0) {
+    f.latency_sum += t - asked_at;
+    ++f.latency_n;
+  }
+}
+
+void LearnerNode::Impl::caught_lying(Link& L, size_t i, int64_t k, const std::string& what) {
+  Fetch& f = *L.c.fetch;
+  Fetch::Source& s = f.src[i];
+  if (k >= 0) f.syncer_todo.push_back(k);
+  for (const auto& [q, at] : s.asked) f.syncer_todo.push_back(q);
+  s.asked.clear();
+  if (!s.banned) ++f.lied;
+  s.banned = true;
+  rec::PeerLied r;
+  r.donor = s.donor;
+  r.chunk = k;
+  r.detail = clip_utf8(what, 300) + "; this donor is used no more, the syncer serves what it was asked";
+  emit(L, r);
+}
+
+}  // namespace deloco

@@ -1,0 +1,276 @@
+// The syncer's merges and broadcasts (src/roles/syncer_node_impl.h): a round's result checkpointed, journalled and
+// encoded once; per learner the newest merge of each fragment queued and handed to the transport within its send
+// window, never before the standby acknowledged it; heartbeats to learners.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include <torch/torch.h>
+
+#include "deloco/config.h"
+#include "deloco/gpt/train.h"
+#include "deloco/runtime.h"
+#include "protocol.h"
+#include "records/round_record.h"
+#include "report/report.h"
+#include "syncer_node_impl.h"
+#include "util/fs.h"
+#include "util/text.h"
+#include "wire/quantize.h"
+
+namespace deloco {
+namespace fs = std::filesystem;
+
+using proto::RejectReason;
+using proto::unix_now;
+using syncer_detail::Peer;
+
+namespace {
+// The fp32 wire encoding is little-endian IEEE binary32: on such a host it is the floats' own bytes.
+bool host_is_little_endian() {
+  const uint32_t one = 1;
+  unsigned char c;
+  std::memcpy(&c, &one, 1);
+  return c == 1;
+}
+}  // namespace
+
+void SyncerNode::Impl::send_beat(int64_t m) {
+  MessageHeader h;
+  h.kind = MessageKind::kHeartbeat;
+  h.learner_id = static_cast<uint32_t>(m);
+  h.fingerprint = fingerprint;
+  h.round = static_cast<uint64_t>(merges);
+  proto::SyncerBeat b;
+  b.pushes = peers[m].pushes_rx;
+  b.patience = patience(peers[m].broadcast_time);
+  if (cfg.sync.dynamic_local_updates) b.sync_every = peers[m].sync_every_told = core->local_updates(m);
+  send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
+}
+
+void SyncerNode::Impl::attach_delta(int64_t p, const std::shared_ptr<const std::string>& delta,
+                                    syncer_detail::Latest* b) const {
+  b->has_delta = false;
+  if (!delta_on || !delta) return;
+  b->delta_header = b->header;
+  b->delta_header.kind = MessageKind::kFragmentDelta;
+  b->delta_header.encoding = broadcast_enc;
+  b->delta = Bytes(delta, delta->data(), delta->size());
+  b->has_delta = true;
+  (void)p;
+}
+
+void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, const syncer_detail::Latest& b) {
+  const int64_t version = b.version;
+  Peer& P = peers[m];
+  auto [it, fresh] = P.pending.try_emplace(p);
+  if (!fresh) {
+    if (it->second.version >= version) return;
+    if (!standby_route.empty() && it->second.journal > standby_acked && !P.awaiting_standby.count(p))
+      P.awaiting_standby[p] = std::move(it->second);  // still waits for the standby: kept (awaiting_standby)
+    else
+      ++broadcasts_superseded;  // never sent: the learner gets the newer Θ_p instead
+  }
+  it->second.version = version;
+  it->second.order = static_cast<uint64_t>(merges);
+  it->second.journal = journal_seq;
+  it->second.header = b.header;
+  // The push of p from m this version answers (queued right after its merge, or the latest version by catch_up:
+  // either way the marks as they stand now are this version's).
+  it->second.header.c_tokens = static_cast<uint64_t>(answer_marks.mark(m, p));
+  it->second.payload = b.payload;
+  it->second.has_delta = b.has_delta;
+  it->second.delta_header = b.delta_header;
+  it->second.delta_header.c_tokens = it->second.header.c_tokens;
+  it->second.delta = b.delta;
+  pump(m);
+}
+
+void SyncerNode::Impl::catch_up(int64_t m) {
+  Peer& P = peers[m];
+  if (!P.missed || retired[m]) return;
+  P.missed = false;
+  for (size_t p = 0; p < latest.size(); ++p)
+    if (latest[p].version > 0)
+      queue_broadcast(m, static_cast<int64_t>(p), latest[p]);
+}
+
+void SyncerNode::Impl::pump(int64_t m) {
+  Peer& P = peers[m];
+  if (!P.alive || retired[m] || P.route.empty()) return;
+  if (download_outstanding(P, now())) return;
+  using Queue = std::map<int64_t, syncer_detail::Peer::Pending>;
+  const auto acked = [&](const syncer_detail::Peer::Pending& e) {
+    return standby_route.empty() || e.journal <= standby_acked;
+  };
+  while (P.queued() > 0) {
+    // The oldest merge queued, whether kept back for the standby or not.
+    Queue* from = nullptr;
+    Queue::iterator next;
+    for (Queue* q : {&P.pending, &P.awaiting_standby})
+      for (auto it = q->begin(); it != q->end(); ++it)
+        if (!from || it->second.order < next->second.order) next = it, from = q;
+    if (from == &P.awaiting_standby) {
+      const auto newer = P.pending.find(next->first);
+      if (newer != P.pending.end() && acked(newer->second)) {  // the newer one may go now: the older is superseded
+        P.awaiting_standby.erase(next);
+        ++broadcasts_superseded;
+        continue;
+      }
+    }
+    // The delta broadcast: the fragment_delta when the learner holds the version it is based on, else the whole.
+    const int64_t fp = next->first;
+    int64_t& held = P.delta_held[static_cast<size_t>(fp)];
+    const bool as_delta = next->second.has_delta && held == next->second.version - 1;
+    const Bytes& body = as_delta ? next->second.delta : next->second.payload;
+    const size_t bytes = body.size() + kWireHeaderBytes;
+    if (P.acks && !P.in_flight.empty() && P.in_flight_bytes + bytes > send_window) return;
+    // A standby follows: no learner sees a merge before the standby holds it (a takeover then loses none).
+    if (!acked(next->second)) return;
+    MessageHeader h = as_delta ? next->second.delta_header : next->second.header;
+    h.learner_id = static_cast<uint32_t>(m);
+    h.c_steps = ++P.seq;  // the delivery sequence number the learner acknowledges (Beat::broadcasts)
+    const int64_t version = next->second.version;
+    const proto::Frame f = proto::make_frame(h, body, limits);
+    from->erase(next);
+    if (!tx->send(P.route, f.header, f.payload)) {  // the transport's queue is full: dropped (counted there)
+      held = -1;  // it may lack this version: the next one goes whole
+      continue;
+    }
+    held = version;
+    P.bytes_down += static_cast<int64_t>(bytes);
+    if (as_delta) ++deltas_sent;
+    ++broadcasts_sent;
+    if (P.acks) {
+      P.in_flight.push_back({P.seq, bytes, now()});
+      P.in_flight_bytes += bytes;
+    }
+  }
+}
+
+void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
+  Peer& P = peers[m];
+  while (!P.in_flight.empty() && P.in_flight.front().seq <= static_cast<uint64_t>(seq)) {
+    broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
+    P.broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
+    ++broadcasts_measured;
+    ++broadcasts_acked;
+    P.in_flight_bytes -= P.in_flight.front().bytes;
+    P.in_flight.pop_front();
+  }
+}
+
+bool SyncerNode::Impl::encode_broadcast(int64_t p, int64_t version, const at::Tensor& flat, MessageHeader* h,
+                                        Bytes* payload) {
+  const proto::Layout& L = layouts[p];
+  MessageHeader& bh = *h;
+  bh = MessageHeader();
+  bh.kind = MessageKind::kFragmentBroadcast;
+  // The delta broadcast sends a whole fragment only to a learner without the previous version: exact, in fp32.
+  const Encoding enc = delta_on ? Encoding::kFp32 : broadcast_enc;
+  bh.encoding = enc;
+  bh.fragment_id = static_cast<uint32_t>(global_id(p));
+  bh.fingerprint = fingerprint;
+  bh.round = static_cast<uint64_t>(version);
+  bh.element_count = static_cast<uint64_t>(L.elements);
+  try {
+    if (enc == Encoding::kFp32 && host_is_little_endian()) {
+      // fp32 on a little-endian host is Θ_p's own bytes: share the buffer (the core never writes it again).
+      auto keep = std::make_shared<at::Tensor>(flat);
+      *payload = Bytes(keep, static_cast<const char*>(keep->data_ptr()), static_cast<size_t>(keep->nbytes()));
+    } else {
+      *payload = Bytes::from_string(
+          encode_floats(flat.data_ptr<float>(), static_cast<size_t>(flat.numel()), enc));
+    }
+  } catch (const WireError& e) {
+    // Cannot happen for the finite Θ_p the core guarantees; if it did, it is the syncer's failure, not a pusher's
+    // malformed frame: say so, and let the learners catch up with the next merge or a state download.
+    rec::BroadcastFailed bf;
+    bf.fragment = global_id(p);
+    bf.version = version;
+    bf.detail = e.what();
+    emit(std::move(bf));
+    return false;
+  }
+  return true;
+}
+
+void SyncerNode::Impl::try_merge(int64_t p) {
+  const double t = now();
+  const auto start = std::chrono::steady_clock::now();
+  const RoundResult r = core_round(t, p);
+  timers[p] = r.decision.kind == RoundDecision::kWaitUntil ? r.decision.until : -1;
+  finish_round(p, t, start, r);
+}
+
+void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clock::time_point start,
+                                    const RoundResult& r) {
+  const MergeOutcome& out = r.outcome;
+  if (r.rolled_back()) {
+    // Θ, momentum and version unchanged: nothing is checkpointed or broadcast, and each contributor is told why its
+    // push was dropped. The core counted them; so does the node's reject().
+    rec::MergeRolledBack rb;
+    rb.fragment = global_id(p);
+    rb.version = out.version;
+    rb.learners = out.learners;
+    rb.reason = sync_reject_name(out.rejected);
+    rb.detail = out.detail;
+    emit(std::move(rb));
+    for (int64_t m : out.learners)
+      reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
+             "the merge of this round was rolled back: " + out.detail, sync_reject_name(out.rejected));
+    return;
+  }
+  if (!r.merged()) return;
+  ++merges;
+  last_merge_t = t;
+  if (first_merge_pending) {  // the first merge of a standby that took over: the failover's end
+    first_merge_pending = false;
+    rec::FailoverMerge fm;
+    fm.epoch = epoch;
+    fm.fragment = global_id(p);
+    fm.version = out.version;
+    fm.seconds_after_takeover = t - took_over_at;
+    emit(std::move(fm));
+  }
+  if (r.grace_wait > 1e-3) {
+    ++grace_waits;
+    grace_wait_total += r.grace_wait;
+  }
+  // Durable before anyone sees it: with checkpoint_every = 1 no merge a learner received can be lost.
+  if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) checkpoint();
+  const auto merged_at = std::chrono::steady_clock::now();
+  // Broadcast Θ_p: encode once, share the payload with every live learner.
+  MessageHeader bh;
+  Bytes payload;
+  const bool encoded = encode_broadcast(p, out.version, r.flat, &bh, &payload);
+  answer_marks.merged(p, out.learners);
+  if (encoded) {
+    latest[p] = syncer_detail::Latest();
+    latest[p].version = out.version;
+    latest[p].header = bh;
+    latest[p].payload = payload;
+    attach_delta(p, r.delta, &latest[p]);
+  }
+  for (int64_t m = 0; m < M && encoded; ++m) {
+    if (!peers[m].alive || retired[m]) continue;
+    queue_broadcast(m, p, latest[p]);
+  }
+  // ξ_sync = upload + merge + broadcast, the transfers as measured on the links (a push: its heartbeat to its
+  // arrival; a broadcast: hand-off to acknowledgement; moving averages over every learner). Until one of each was
+  // measured, the time to encode and hand this broadcast to the transport stands in for it.
+  const double handoff_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - merged_at).count();
+  const double upload_s = upload_time.seeded ? upload_time.value : handoff_s;
+  const double broadcast_s = broadcast_time.seeded ? broadcast_time.value : handoff_s;
+  core_observe(upload_s, std::chrono::duration<double>(merged_at - start).count(), broadcast_s);
+  rec::Merge mr = rec::merge_record(r, global_id(p), total_tokens());
+  mr.merges = merges;
+  mr.upload_seconds = upload_s;
+  mr.broadcast_seconds = broadcast_s;
+  emit(std::move(mr));
+}
+
+}  // namespace deloco
