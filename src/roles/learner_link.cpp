@@ -4,13 +4,6 @@
 #include "learner_node_impl.h"
 
 namespace deloco {
-namespace fs = std::filesystem;
-
-using proto::RejectReason;
-using proto::reject_is_permanent;
-using proto::reject_reason_name;
-using proto::reject_reason_of;
-using proto::unix_now;
 
 void LearnerNode::Impl::handle_alt(Link& L, const Envelope& env) {
   MessageHeader h;

@@ -10,13 +10,6 @@
 #include "learner_node_impl.h"
 
 namespace deloco {
-namespace fs = std::filesystem;
-
-using proto::RejectReason;
-using proto::reject_is_permanent;
-using proto::reject_reason_name;
-using proto::reject_reason_of;
-using proto::unix_now;
 
 void LearnerNode::Impl::publish_versions() {
   std::lock_guard<std::mutex> lock(mu);
