@@ -38,17 +38,21 @@ bool host_is_little_endian() {
 }
 }  // namespace
 
-void SyncerNode::Impl::send_beat(int64_t m) {
+proto::Frame SyncerNode::Impl::beat_frame(int64_t m, const proto::SyncerBeat& b) const {
   MessageHeader h;
   h.kind = MessageKind::kHeartbeat;
   h.learner_id = static_cast<uint32_t>(m);
   h.fingerprint = fingerprint;
   h.round = static_cast<uint64_t>(merges);
+  return proto::make_frame(h, proto::encode_syncer_beat(b), limits);
+}
+
+void SyncerNode::Impl::send_beat(int64_t m) {
   proto::SyncerBeat b;
   b.pushes = peers[m].pushes_rx;
   b.patience = patience(peers[m].broadcast_time);
   if (cfg.sync.dynamic_local_updates) b.sync_every = peers[m].sync_every_told = core->local_updates(m);
-  send_to(m, proto::make_frame(h, proto::encode_syncer_beat(b), limits));
+  send_to(m, beat_frame(m, b));
 }
 
 void SyncerNode::Impl::attach_delta(int64_t p, const std::shared_ptr<const std::string>& delta,

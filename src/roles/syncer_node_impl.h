@@ -488,6 +488,8 @@ struct SyncerNode::Impl {
     P.broadcast_time.add(static_cast<double>(send_window) / 2 / (bytes / seconds), cfg.sync.ema);
   }
   // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
+  // A heartbeat frame to learner m carrying b (the header's round: this syncer's merge count).
+  proto::Frame beat_frame(int64_t m, const proto::SyncerBeat& b) const;
   void send_beat(int64_t m);
 
   // A learner finished: it no longer counts towards the quorum. Checkpointed at once, so a resumed syncer does

@@ -510,14 +510,9 @@ void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string
   // Every learner that said hello here hears it now, not after its own dead_after.
   int64_t told = 0;
   for (const auto& [m, route] : standby_routes) {
-    MessageHeader h;
-    h.kind = MessageKind::kHeartbeat;
-    h.learner_id = static_cast<uint32_t>(m);
-    h.fingerprint = fingerprint;
-    h.round = static_cast<uint64_t>(merges);
     proto::SyncerBeat b;
     b.leader_epoch = epoch;
-    const auto f = proto::make_frame(h, proto::encode_syncer_beat(b), limits);
+    const auto f = beat_frame(m, b);
     told += tx->send(route, f.header, f.payload) ? 1 : 0;
   }
   rec::TakeOver to;
