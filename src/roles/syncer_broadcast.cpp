@@ -93,6 +93,32 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, const syncer_detail
   pump(m);
 }
 
+void SyncerNode::Impl::release_staged() {
+  commit_due = false;
+  commit_since = -1;
+  for (auto& [p, b] : staged) {
+    latest[p] = std::move(b);
+    for (int64_t m = 0; m < M; ++m)
+      if (peers[m].alive && !retired[m]) queue_broadcast(m, p, latest[p]);
+  }
+  staged.clear();
+  for (rec::Merge& mr : staged_records) emit(std::move(mr));
+  staged_records.clear();
+}
+
+bool SyncerNode::Impl::may_gather(const Envelope& env) const {
+  if (env.parts != 2) return false;
+  try {
+    const MessageHeader h = decode_header(env.header.data(), env.header.size(), limits);
+    if (h.kind == MessageKind::kFragmentPush || h.kind == MessageKind::kHeartbeat) return true;
+    // The standby's acknowledgements (each journal flush brings one) but not its request for an image.
+    return h.kind == MessageKind::kReplica &&
+           repl::decode(h, env.payload, M, static_cast<int64_t>(layouts.size())).kind == repl::EntryKind::kAck;
+  } catch (const WireError&) {
+    return true;  // refused as malformed: it shows nothing
+  }
+}
+
 void SyncerNode::Impl::catch_up(int64_t m) {
   Peer& P = peers[m];
   if (!P.missed || retired[m]) return;
@@ -244,8 +270,14 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
     ++grace_waits;
     grace_wait_total += r.grace_wait;
   }
-  // Durable before anyone sees it: with checkpoint_every = 1 no merge a learner received can be lost.
-  if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) checkpoint();
+  // Durable before anyone sees it: with checkpoint_every = 1 no merge a learner received can be lost. The
+  // checkpoint is the group commit's (commit()): this merge's broadcast is staged until it is written.
+  if (commit_due) {
+    ++commits_gathered;
+  } else if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) {
+    commit_due = true;
+    commit_since = now();
+  }
   const auto merged_at = std::chrono::steady_clock::now();
   // Broadcast Θ_p: encode once, share the payload with every live learner.
   MessageHeader bh;
@@ -253,15 +285,18 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   const bool encoded = encode_broadcast(p, out.version, r.flat, &bh, &payload);
   answer_marks.merged(p, out.learners);
   if (encoded) {
-    latest[p] = syncer_detail::Latest();
-    latest[p].version = out.version;
-    latest[p].header = bh;
-    latest[p].payload = payload;
-    attach_delta(p, r.delta, &latest[p]);
-  }
-  for (int64_t m = 0; m < M && encoded; ++m) {
-    if (!peers[m].alive || retired[m]) continue;
-    queue_broadcast(m, p, latest[p]);
+    syncer_detail::Latest b;
+    b.version = out.version;
+    b.header = bh;
+    b.payload = payload;
+    attach_delta(p, r.delta, &b);  // a staged one replaced before its commit: learners lack its base, get it whole
+    if (commit_due) {
+      staged[p] = std::move(b);
+    } else {
+      latest[p] = std::move(b);
+      for (int64_t m = 0; m < M; ++m)
+        if (peers[m].alive && !retired[m]) queue_broadcast(m, p, latest[p]);
+    }
   }
   // ξ_sync = upload + merge + broadcast, the transfers as measured on the links (a push: its heartbeat to its
   // arrival; a broadcast: hand-off to acknowledgement; moving averages over every learner). Until one of each was
@@ -274,7 +309,8 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   mr.merges = merges;
   mr.upload_seconds = upload_s;
   mr.broadcast_seconds = broadcast_s;
-  emit(std::move(mr));
+  if (commit_due) staged_records.push_back(std::move(mr));  // recorded once durable, as every merge record is
+  else emit(std::move(mr));
 }
 
 }  // namespace deloco

@@ -81,6 +81,8 @@ void SyncerNode::Impl::checkpoint(bool final) {
   cs.path = dir.string();
   cs.merges = merges;
   emit(std::move(cs));
+  last_commit_seconds = now() - start;
+  release_staged();  // every merge it covers may be seen now
 }
 
 void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {

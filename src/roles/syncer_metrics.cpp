@@ -165,6 +165,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   s["learner_bytes"] = bytes;
   s["deltas_sent"] = deltas_sent;
   s["delta_resends"] = delta_resends;
+  s["group_commit_merges"] = commits_gathered;  // merges a checkpoint covered beside the one that made it due
   // Measured transfer times (moving averages; null until one was measured).
   s["upload_seconds"] = upload_time.seeded ? nlohmann::json(upload_time.value) : nlohmann::json();
   s["broadcast_seconds"] = broadcast_time.seeded ? nlohmann::json(broadcast_time.value) : nlohmann::json();

@@ -617,12 +617,15 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
       if (I.role == Impl::Role::kFollower) I.follower_housekeeping();
       continue;
     }
+    // A due commit (group commit, syncer_node_impl.h) waits for nothing: gathering ends when the inbox is empty.
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
-    const bool got = I.tx->receive(&env, std::chrono::milliseconds(static_cast<int64_t>(wait * 1000) + 1));
+    const bool got = I.tx->receive(
+        &env, std::chrono::milliseconds(I.commit_due ? 0 : static_cast<int64_t>(wait * 1000) + 1));
     if (!got) I.inbox_empty(I.now());
     I.leader_tick();  // after the wait, before anything is handled: a pause during either shows here
     if (got) {
+      if (I.commit_due && !I.may_gather(env)) I.commit();  // only pushes and heartbeats before the merges are durable
       bool replica = false;
       if (I.holding()) try {
           replica = env.parts == 2 && decode_header(env.header.data(), env.header.size(), I.limits).kind == MessageKind::kReplica;
@@ -636,6 +639,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     // dropped as silent and the broadcasts held for its acknowledgement (the replaced leader's last merge) went out.
     I.leader_tick();
     I.housekeeping();
+    if (I.commit_due && (!got || I.gathered_enough(I.now()))) I.commit();
     I.flush_journal();  // after the checkpoints the handling wrote: durable first, then replicated, then visible
   }
   // Merge whatever still waits (the learners that finished cannot send again), then evaluate and checkpoint.
@@ -651,6 +655,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     }
     // The drain goes to the standby now (its merges are checkpointed): the final evaluation below can take longer
     // than a lease, and a standby that heard nothing meanwhile took over from a leader that was only finishing.
+    if (I.commit_due) I.commit();
     I.flush_journal();
   }
   if (I.shard.shard == 0) I.evaluate(/*final=*/true);

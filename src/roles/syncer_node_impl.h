@@ -546,8 +546,31 @@ struct SyncerNode::Impl {
 
   nlohmann::json counters() const;
 
-  // final: the end of a finished run (every learner retired): the run's final global model.
+  // final: the end of a finished run (every learner retired): the run's final global model. Every merge it covers
+  // becomes visible (release_staged()).
   void checkpoint(bool final = false);
+
+  // ---- group commit (checkpoint_every > 0) -----------------------------------------------------------------------
+  // A merge is durable before anyone sees it, and one checkpoint covers every merge made while pushes kept coming:
+  // from the merge that makes a checkpoint due, the syncer gathers (goes on handling pushes and heartbeats, each
+  // merge's broadcast staged, the journal held) until its inbox is empty, a message of another kind arrives, or it
+  // has gathered as long as its latest checkpoint took; then one checkpoint, and the staged broadcasts and the
+  // journal go (commit()). A checkpoint per merge fell behind without bound once a checkpoint took longer than the
+  // pushes took to arrive (a slow disk: learners saw merges 15 s after they were made, and later every minute);
+  // gathering keeps up, each broadcast about two checkpoints late at most.
+  bool commit_due = false;
+  double commit_since = -1;        // steady time of the first merge the next commit covers
+  double last_commit_seconds = 0;  // how long the latest checkpoint took
+  int64_t commits_gathered = 0;    // merges made while a commit was due (the summary's group_commit_merges)
+  std::map<int64_t, syncer_detail::Latest> staged;  // local fragment → its newest merge not yet committed
+  std::vector<rec::Merge> staged_records;             // their merge records, written once they are durable
+  // Pushes and heartbeats may be handled before a due commit: they show nothing of Θ (a hello's download, a state
+  // chunk, the standby's image would show a merge the disk lacks).
+  bool may_gather(const Envelope& env) const;
+  bool gathered_enough(double t) const { return t - commit_since >= last_commit_seconds; }
+  void commit() { checkpoint(); }
+  // The staged merges become the latest broadcasts and are queued to every live learner.
+  void release_staged();
 
   void restore_from(const std::string& out_dir);
 

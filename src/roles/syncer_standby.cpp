@@ -35,6 +35,7 @@ repl::Applied SyncerNode::Impl::journal(repl::Entry e) {
 }
 
 void SyncerNode::Impl::flush_journal() {
+  if (commit_due) return;  // a merge reaches the standby after its checkpoint (the group commit's)
   if (!standby_route.empty())
     for (const proto::Frame& f : journal_out) tx->send(standby_route, f.header, f.payload);
   journal_out.clear();
@@ -551,6 +552,9 @@ void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
   ++step_downs;
   standby_route.clear();
   journal_out.clear();
+  staged.clear();  // merges nobody saw and the disk lacks: the newer leader's learners join it afresh
+  staged_records.clear();
+  commit_due = false;
   peer_link.reset();
   hold_until = -1;
   held_messages.clear();  // their learners join the leader of the newer epoch
