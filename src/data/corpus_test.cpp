@@ -11,7 +11,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace corpus_cases {
 namespace fs = std::filesystem;
 
 std::vector<std::string> docs(int n) {

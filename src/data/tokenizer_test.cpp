@@ -10,7 +10,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace tokenizer_cases {
 namespace fs = std::filesystem;
 
 const std::string kSrc = test::source_dir();

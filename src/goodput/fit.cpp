@@ -15,28 +15,24 @@
 #include "deloco/config.h"
 #include "deloco/error.h"
 #include "util/config_toml.h"
+#include "util/text.h"
 
 namespace deloco {
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto a = s.find_first_not_of(" \t\r");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
-}
-
-std::vector<std::string> split_commas(const std::string& line) {
+// The fields of a CSV line, each without blanks at its ends.
+std::vector<std::string> csv_fields(const std::string& line) {
   std::vector<std::string> out;
   std::string cur;
   for (char c : line) {
     if (c == ',') {
-      out.push_back(trim(cur));
+      out.push_back(trim_space(cur));
       cur.clear();
     } else {
       cur += c;
     }
   }
-  out.push_back(trim(cur));
+  out.push_back(trim_space(cur));
   return out;
 }
 
@@ -229,9 +225,9 @@ std::vector<GoodputTarget> parse_goodput_csv(const std::string& text, const std:
   auto fail = [&](const std::string& why) { throw ConfigError(name + ":" + std::to_string(n) + ": " + why); };
   while (std::getline(in, line)) {
     ++n;
-    const std::string t = trim(line);
+    const std::string t = trim_space(line);
     if (t.empty() || t[0] == '#') continue;
-    const std::vector<std::string> f = split_commas(t);
+    const std::vector<std::string> f = csv_fields(t);
     if (col.empty()) {  // the header
       for (size_t i = 0; i < f.size(); ++i) {
         const std::string h = f[i];
@@ -278,7 +274,7 @@ std::vector<GoodputTarget> parse_goodput_csv(const std::string& text, const std:
     }
     std::string gp = f[col["goodput"]];
     const bool pct = !gp.empty() && gp.back() == '%';
-    if (pct) gp = trim(gp.substr(0, gp.size() - 1));
+    if (pct) gp = trim_space(gp.substr(0, gp.size() - 1));
     if (!parse_number(gp, &g.goodput)) fail("goodput '" + f[col["goodput"]] + "' is not a number");
     if (pct) {
       if (g.goodput < 0 || g.goodput > 100) fail("goodput " + f[col["goodput"]] + " is not between 0% and 100%");

@@ -12,7 +12,7 @@
 #include "goodput/test_util.h"
 
 namespace deloco {
-namespace {
+namespace fit_cases {
 
 using goodput_test::set_slice_mtbf;
 

@@ -9,7 +9,7 @@
 #include "goodput/test_util.h"
 
 namespace deloco {
-namespace {
+namespace goodput_cases {
 
 using goodput_test::set_slice_mtbf;
 

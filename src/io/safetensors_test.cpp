@@ -8,7 +8,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace safetensors_cases {
 
 TensorFile sample() {
   TensorFile f;

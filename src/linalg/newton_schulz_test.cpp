@@ -8,7 +8,7 @@
 #include "linalg/newton_schulz.h"
 
 namespace deloco::linalg {
-namespace {
+namespace newton_schulz_cases {
 
 // U p_K(...p_1(S)) Vᵀ by SVD.
 at::Tensor by_svd(const at::Tensor& X, const std::vector<OddQuintic>& schedule) {

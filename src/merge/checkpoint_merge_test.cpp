@@ -16,7 +16,7 @@
 #include "deloco/sync.h"
 
 namespace deloco {
-namespace {
+namespace checkpoint_merge_cases {
 namespace fs = std::filesystem;
 
 // The torch-side error classes share deloco::Error (the torch-free ones: src/util/error_test.cpp).

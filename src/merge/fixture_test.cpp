@@ -10,7 +10,7 @@
 #include "merge/test_util.h"
 
 namespace deloco {
-namespace {
+namespace fixture_cases {
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;

@@ -10,7 +10,7 @@
 #include "merge/test_util.h"
 
 namespace deloco {
-namespace {
+namespace iso_c_ns_cases {
 
 using test::rel_err;
 

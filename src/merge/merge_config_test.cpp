@@ -10,7 +10,7 @@
 #include "deloco/sim.h"
 
 namespace deloco {
-namespace {
+namespace merge_config_cases {
 
 // A training config (what `deloco sim` binds) after the given overrides, validated.
 SimConfig sim_config(const std::vector<std::string>& sets) {

@@ -9,7 +9,7 @@
 #include "merge/test_util.h"
 
 namespace deloco {
-namespace {
+namespace merge_cases {
 
 using test::rel_err;
 

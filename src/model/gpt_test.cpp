@@ -6,7 +6,7 @@
 #include "deloco/gpt/model.h"
 
 namespace deloco {
-namespace {
+namespace gpt_cases {
 
 ModelConfig tiny() {
   ModelConfig c;

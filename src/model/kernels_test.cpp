@@ -12,7 +12,7 @@
 #include "model/kernels.h"
 
 namespace deloco {
-namespace {
+namespace kernels_cases {
 
 // Runs the body with the AVX-512 loops (where the CPU has them) and with the portable ones.
 template <typename F>

@@ -23,7 +23,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace language_model_cases {
 namespace fs = std::filesystem;
 
 using test::shell;

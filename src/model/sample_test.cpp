@@ -6,7 +6,7 @@
 #include "deloco/gpt/model.h"
 
 namespace deloco {
-namespace {
+namespace sample_cases {
 
 ModelConfig tiny() {
   ModelConfig c;

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "deloco/transport.h"
+#include "util/text.h"
 
 namespace deloco {
 namespace {
@@ -39,13 +40,6 @@ bool is_z85_key(const std::string& s) {
 
 std::string describe_key(const std::string& s) {
   return "\"" + (s.size() > 60 ? s.substr(0, 60) + "..." : s) + "\" (" + std::to_string(s.size()) + " characters)";
-}
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r");
-  if (b == std::string::npos) return "";
-  const size_t e = s.find_last_not_of(" \t\r");
-  return s.substr(b, e - b + 1);
 }
 
 struct FileText {
@@ -108,14 +102,14 @@ KeyFileFields parse_key_file(const std::string& path, const std::string& text) {
   std::istringstream lines(text);
   std::string line;
   for (int n = 1; std::getline(lines, line); ++n) {
-    const std::string t = trim(line);
+    const std::string t = trim_space(line);
     if (t.empty() || t[0] == '#') continue;
     const std::string where = "key file " + path + " line " + std::to_string(n) + ": ";
     const size_t eq = t.find('=');
     if (eq == std::string::npos)
       throw TransportError(where + "bad format, expected public-key = \"<z85>\" or secret-key = \"<z85>\"");
-    const std::string name = trim(t.substr(0, eq));
-    std::string value = trim(t.substr(eq + 1));
+    const std::string name = trim_space(t.substr(0, eq));
+    std::string value = trim_space(t.substr(eq + 1));
     if (value.size() < 2 || value.front() != '"' || value.back() != '"')
       throw TransportError(where + "bad format, the value of " + name + " must be in double quotes");
     value = value.substr(1, value.size() - 2);
@@ -228,7 +222,7 @@ AllowList AllowList::load(const std::string& path) {
     std::istringstream lines(read_text_file(path, "allow-list").text);
     std::string line;
     for (int n = 1; std::getline(lines, line); ++n) {
-      const std::string t = trim(line);
+      const std::string t = trim_space(line);
       if (t.empty() || t[0] == '#') continue;
       std::istringstream words(t);
       std::string name, key, extra;

@@ -15,7 +15,7 @@
 #include "deloco/transport.h"
 
 namespace deloco {
-namespace {
+namespace metrics_server_cases {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;

@@ -27,7 +27,7 @@
 #include <thread>
 
 namespace deloco {
-namespace {
+namespace transport_cases {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;

@@ -10,7 +10,7 @@
 #include "merge/test_util.h"
 
 namespace deloco {
-namespace {
+namespace outer_cases {
 
 TEST(OuterSgd, MatchesTorchOptimSgdOverSeveralSteps) {
   TensorFile f = load_safetensors(test::merge_fixture("outer_sgd.safetensors"));

@@ -18,7 +18,7 @@
 #include "records/summary.h"
 
 namespace deloco::rec {
-namespace {
+namespace record_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
 

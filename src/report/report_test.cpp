@@ -20,7 +20,7 @@
 #include "util/shell.h"
 
 namespace deloco {
-namespace {
+namespace report_cases {
 namespace fs = std::filesystem;
 
 class ReportReader : public ::testing::Test {

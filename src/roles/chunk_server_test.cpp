@@ -17,7 +17,7 @@
 #include "protocol.h"
 
 namespace deloco {
-namespace {
+namespace chunk_server_cases {
 
 using proto::RejectReason;
 using Res = ChunkServer::Resolution;

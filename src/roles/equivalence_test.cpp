@@ -25,7 +25,7 @@
 #include "deloco/sim.h"
 
 namespace deloco {
-namespace {
+namespace equivalence_cases {
 namespace fs = std::filesystem;
 
 std::shared_ptr<const Corpus> corpus() {

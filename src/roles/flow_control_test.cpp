@@ -26,7 +26,7 @@
 #include "support/roles_fixture.h"
 
 namespace deloco {
-namespace {
+namespace flow_control_cases {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 

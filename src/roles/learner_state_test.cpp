@@ -21,7 +21,7 @@
 #include "util/checkpoint_store.h"
 
 namespace deloco {
-namespace {
+namespace learner_state_cases {
 namespace fs = std::filesystem;
 using test::FaultFileOps;
 using test::SimulatedCrash;

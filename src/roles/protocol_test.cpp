@@ -12,7 +12,7 @@
 #include "util/text.h"
 
 namespace deloco::proto {
-namespace {
+namespace protocol_cases {
 
 // A digest whose 32 bytes are all `b` (round trips only; real ones come from blake2b256).
 Digest dg(unsigned char b) {
@@ -278,7 +278,7 @@ TEST(Protocol, CoreRejectionsMapToWireCodes) {
 }  // namespace deloco::proto
 
 namespace deloco::proto {
-namespace {
+namespace protocol_cases {
 
 // Rejoin from peers: the hello's offer to serve, the welcome's donors and chunk hashes, and the state request.
 TEST(Protocol, PeerFetchFieldsRoundTripAndHostileOnesAreRefused) {

@@ -11,7 +11,7 @@
 #include "wire/quantize.h"
 
 namespace deloco::repl {
-namespace {
+namespace replication_cases {
 
 struct Model {
   std::vector<std::pair<std::string, at::Tensor>> global;

@@ -6,7 +6,7 @@
 #include "deloco/runtime.h"
 
 namespace deloco {
-namespace {
+namespace runtime_config_cases {
 
 std::string error_of(const std::vector<std::string>& sets) {
   RuntimeConfig cfg;
@@ -76,7 +76,7 @@ TEST(RuntimeConfig, MoreShardsThanFragmentsIsRefused) {
 }  // namespace deloco
 
 namespace deloco {
-namespace {
+namespace runtime_config_cases {
 
 // testbed.name becomes namespace and interface names: only short lower-case names pass, and the error names the key.
 TEST(RuntimeConfig, TestbedNamesAreShortLowerCaseWords) {

@@ -14,7 +14,7 @@
 #include "train/run_checkpoint.h"
 
 namespace deloco {
-namespace {
+namespace shard_assembly_cases {
 namespace fs = std::filesystem;
 
 class ShardAssembly : public ::testing::Test {

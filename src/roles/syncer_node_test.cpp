@@ -24,7 +24,7 @@
 #include "support/roles_fixture.h"
 
 namespace deloco {
-namespace {
+namespace syncer_node_cases {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 
@@ -203,7 +203,7 @@ TEST(SyncerNode, ContainsHandlerExceptionsAndServesStateFromOneSnapshot) {
 }  // namespace deloco
 
 namespace deloco {
-namespace {
+namespace syncer_node_cases {
 
 // The CI failure of 2026-11-30: a learner counted its goodbye delivered once it was queued and closed its socket;
 // what the syncer had not read by then was discarded (the syncer's LINGER 0), and it waited for that learner

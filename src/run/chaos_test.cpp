@@ -12,7 +12,7 @@
 #include "support/proc.h"
 
 namespace deloco::run {
-namespace {
+namespace chaos_cases {
 
 ChaosOptions chaos(int64_t seed) {
   ChaosOptions o;

@@ -12,7 +12,7 @@
 #include "records/record.h"
 
 namespace deloco::run {
-namespace {
+namespace live_view_cases {
 
 StatusInput two_learners() {
   StatusInput in;

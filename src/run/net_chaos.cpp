@@ -14,7 +14,7 @@
 namespace deloco::run {
 namespace {
 
-constexpr double kMaxSeconds = 1e6;
+constexpr double kMaxFaultSeconds = 1e6;
 constexpr double kMinPeriod = 0.5;  // `deloco run` looks at the schedule every 0.1 s
 
 std::string trim(const std::string& s) {
@@ -103,8 +103,8 @@ NetFault parse_one(const std::string& text, size_t n) {
     if (!parse_seconds(kv[key], field))
       throw ConfigError(who + ": " + key + "= must be a number of seconds, got '" + clip_utf8(kv[key], 40) + "'");
   }
-  if (!(f.at >= 0 && f.at <= kMaxSeconds)) throw ConfigError(who + ": at= must be in [0, 1e6] seconds");
-  if (!(f.duration > 0 && f.duration <= kMaxSeconds)) throw ConfigError(who + ": for= must be in (0, 1e6] seconds");
+  if (!(f.at >= 0 && f.at <= kMaxFaultSeconds)) throw ConfigError(who + ": at= must be in [0, 1e6] seconds");
+  if (!(f.duration > 0 && f.duration <= kMaxFaultSeconds)) throw ConfigError(who + ": for= must be in (0, 1e6] seconds");
   if (f.kind == NetFaultKind::kFlap) {
     if (!kv.count("period"))
       throw ConfigError(who + ": needs period=SECONDS (one down-and-up cycle: down for half of it, up for the other)");

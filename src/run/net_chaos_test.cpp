@@ -10,7 +10,7 @@
 #include "deloco/error.h"
 
 namespace deloco::run {
-namespace {
+namespace net_chaos_cases {
 
 // The error message of parsing `text` ("" when it parses).
 std::string parse_error(const std::string& text) {

@@ -7,7 +7,7 @@
 #include "run/supervisor.h"
 
 namespace deloco::run {
-namespace {
+namespace summary_cases {
 
 TEST(RunSummary, MedianMaxAndRejoinsOnlyAfterTheKill) {
   EXPECT_TRUE(median_max({}).is_null());

@@ -15,7 +15,7 @@
 #include <gtest/gtest.h>
 
 namespace deloco::run {
-namespace {
+namespace supervisor_cases {
 namespace fs = std::filesystem;
 
 std::string read_all(const fs::path& p) {

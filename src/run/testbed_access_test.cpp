@@ -13,7 +13,7 @@
 #include "deloco/error.h"
 
 namespace deloco::run {
-namespace {
+namespace testbed_access_cases {
 namespace fs = std::filesystem;
 
 // A private folder under /tmp (sticky, root's: trusted as a folder above) with scripts/testbed.sh files to choose

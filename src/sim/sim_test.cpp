@@ -8,7 +8,7 @@
 #include "deloco/sim.h"
 
 namespace deloco {
-namespace {
+namespace sim_cases {
 
 std::shared_ptr<const Corpus> sim_corpus() {
   static std::shared_ptr<const Corpus> c = [] {

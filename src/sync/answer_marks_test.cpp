@@ -5,7 +5,7 @@
 #include "deloco/answer_marks.h"
 
 namespace deloco {
-namespace {
+namespace answer_marks_cases {
 
 TEST(AnswerMarks, MarksTheLatestMergedPushPerLearnerAndFragment) {
   AnswerMarks a;

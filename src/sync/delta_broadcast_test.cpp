@@ -14,7 +14,7 @@
 #include "wire/quantize.h"
 
 namespace deloco {
-namespace {
+namespace delta_broadcast_cases {
 
 std::vector<std::pair<std::string, at::Tensor>> model(uint64_t seed) {
   torch::manual_seed(seed);

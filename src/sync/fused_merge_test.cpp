@@ -24,7 +24,7 @@
 #include "wire/quantize.h"
 
 namespace deloco {
-namespace {
+namespace fused_merge_cases {
 
 // Odd sizes so tensor boundaries fall inside quantization blocks and merge chunks; ~46K elements over 11+ chunks.
 std::vector<std::pair<std::string, at::Tensor>> model(uint64_t seed) {

@@ -11,7 +11,7 @@
 #include "wire/quantize.h"
 
 namespace deloco {
-namespace {
+namespace learner_cases {
 
 struct Toy {
   std::vector<std::pair<std::string, at::Tensor>> params{{"w", torch::zeros({2, 3})}, {"b", torch::zeros({4})}};

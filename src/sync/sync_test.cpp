@@ -9,7 +9,7 @@
 #include "deloco/sync.h"
 
 namespace deloco {
-namespace {
+namespace sync_cases {
 
 TEST(SyncFragments, CoverEveryTensorOnceAndBalance) {
   std::vector<std::pair<std::string, int64_t>> t = {{"a", 100}, {"b", 60}, {"c", 50}, {"d", 40}, {"e", 10}, {"f", 10}};

@@ -18,7 +18,7 @@
 #include "util/hash.h"
 
 namespace deloco {
-namespace {
+namespace checkpoint_cases {
 namespace fs = std::filesystem;
 
 std::shared_ptr<const Corpus> small_corpus() {

@@ -19,7 +19,7 @@
 #include "deloco/gpt/train.h"
 
 namespace deloco {
-namespace {
+namespace group_cases {
 
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -20,7 +20,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace muon_cases {
 namespace fs = std::filesystem;
 
 using test::shell;

@@ -12,7 +12,7 @@
 #include "deloco/gpt/train.h"
 
 namespace deloco {
-namespace {
+namespace precision_cases {
 
 const std::vector<MatmulShape> kShapes = {{256, 64, 192}, {256, 64, 64}, {256, 64, 192}, {256, 256, 64}};
 

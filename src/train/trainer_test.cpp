@@ -11,7 +11,7 @@
 #include "train/adamw.h"
 
 namespace deloco {
-namespace {
+namespace trainer_cases {
 namespace fs = std::filesystem;
 
 std::shared_ptr<const Corpus> small_corpus() {
@@ -225,7 +225,7 @@ TEST(Train, ConfigRejectsBadValues) {
 }  // namespace deloco
 
 namespace deloco {
-namespace {
+namespace trainer_cases {
 
 // Issue 12 item 5: train.precision = bf16 runs the training forward under bf16 autocast and keeps everything else
 // float32: the parameters, the optimizer state, the loss and evaluation. It must really compute in bf16 (its

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace deloco {
-namespace {
+namespace blas_cases {
 
 TEST(Blas, OnlyAGenericFallbackIsReplacedAndOnlyByWhatTheCpuRuns) {
   const CpuFeatures avx512{true, true}, avx2{false, true}, old{false, false};

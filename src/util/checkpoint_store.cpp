@@ -6,14 +6,11 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "util/text.h"
+
 namespace deloco {
 namespace fs = std::filesystem;
 namespace {
-
-std::string trim(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
-  return s;
-}
 
 void check_name(const std::string& name) {
   if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos || name.find(".tmp.") != std::string::npos)
@@ -131,7 +128,7 @@ std::optional<CommittedCheckpoint> recover_run_folder(const std::string& run, Fi
     std::string hint;
     if (have_latest) {
       try {
-        hint = trim(read_file(latest.string()));
+        hint = trim_space(read_file(latest.string()));
       } catch (const IoError&) {
       }
     }

@@ -15,7 +15,7 @@
 #include "support/fault_file_ops.h"
 
 namespace deloco {
-namespace {
+namespace checkpoint_store_cases {
 namespace fs = std::filesystem;
 using test::FaultFileOps;
 using test::SimulatedCrash;

@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 namespace deloco {
-namespace {
+namespace clock_cases {
 
 TEST(Clock, FormatDurationPadsAndTruncates) {
   EXPECT_EQ(format_duration(0), "0s");

@@ -7,7 +7,7 @@
 #include "deloco/config.h"
 
 namespace deloco {
-namespace {
+namespace config_cases {
 
 struct Fields {
   double lr = 0.1, dead_after = 3.0;

@@ -9,7 +9,7 @@
 #include "deloco/config.h"
 
 namespace deloco {
-namespace {
+namespace config_toml_cases {
 
 struct Fields {
   int64_t count = 0;

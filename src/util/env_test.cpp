@@ -8,7 +8,7 @@
 #include "deloco/config.h"
 
 namespace deloco {
-namespace {
+namespace env_cases {
 
 // Sets a variable for one test and restores the unset state after it.
 struct ScopedEnv {

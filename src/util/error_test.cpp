@@ -13,7 +13,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace error_cases {
 
 static_assert(std::is_base_of_v<std::runtime_error, Error>);
 static_assert(std::is_base_of_v<Error, ConfigError>);

@@ -11,7 +11,7 @@
 #include "util/hash.h"
 
 namespace deloco {
-namespace {
+namespace fs_cases {
 namespace fs = std::filesystem;
 
 // Standard FNV-1a-64 test vectors (offset basis 14695981039346656037 = 0xcbf29ce484222325). These passed before

@@ -10,7 +10,7 @@
 #include "util/hash.h"
 
 namespace deloco {
-namespace {
+namespace hash_cases {
 
 TEST(Hash, Blake2b256MatchesAnIndependentImplementation) {
   EXPECT_EQ(digest_hex(blake2b256("", 0)), "0e5751c026e543b2e8ab2eb06099daa1d1e5df47778f7787faab45cdf12fe3a8");

@@ -22,7 +22,7 @@
 #endif
 
 namespace deloco {
-namespace {
+namespace malloc_tuning_cases {
 
 // Runs `body` in a fresh process; the test passes when it returns true there.
 template <typename F>

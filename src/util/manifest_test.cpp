@@ -7,7 +7,7 @@
 #include "util/hash.h"
 
 namespace deloco {
-namespace {
+namespace manifest_cases {
 
 std::string error_of(const std::string& text) {
   try {

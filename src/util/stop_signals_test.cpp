@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 namespace deloco {
-namespace {
+namespace stop_signals_cases {
 
 TEST(StopSignals, RecordsTheFirstSignalAndRestoresTheOldHandlers) {
   struct sigaction before {};

@@ -2,6 +2,7 @@
 #include "util/text.h"
 
 #include <algorithm>
+#include <sstream>
 
 namespace deloco {
 namespace {
@@ -68,6 +69,20 @@ std::string clip_utf8(std::string_view s, size_t max_bytes) {
   }
   if (cut && max_bytes >= kCut.size()) out.append(kCut);  // out holds at most `room` bytes here
   return out;
+}
+
+std::string trim_space(std::string_view s) {
+  constexpr std::string_view kBlank = " \t\r\n";
+  const size_t a = s.find_first_not_of(kBlank);
+  if (a == std::string_view::npos) return "";
+  return std::string(s.substr(a, s.find_last_not_of(kBlank) - a + 1));
+}
+
+std::string exact_number(double v) {
+  std::ostringstream o;
+  o.precision(9);
+  o << v;
+  return o.str();
 }
 
 }  // namespace deloco

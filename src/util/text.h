@@ -21,4 +21,10 @@ std::string clip_utf8(std::string_view s, size_t max_bytes);
 // True when s is well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
 bool is_valid_utf8(std::string_view s);
 
+// s without the spaces, tabs, carriage returns and newlines at either end (a line of a file, a field of it).
+std::string trim_space(std::string_view s);
+
+// v in decimal with 9 significant digits: enough to tell any two floats apart (an error naming a value).
+std::string exact_number(double v);
+
 }  // namespace deloco

@@ -5,7 +5,7 @@
 #include "util/text.h"
 
 namespace deloco {
-namespace {
+namespace text_cases {
 
 TEST(Text, ShortValidTextIsUnchanged) {
   EXPECT_EQ(clip_utf8("done", 40), "done");

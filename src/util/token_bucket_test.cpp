@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 namespace deloco {
-namespace {
+namespace token_bucket_cases {
 
 TEST(TokenBucket, UnboundedAlwaysPasses) {
   TokenBucket b(0, 100);

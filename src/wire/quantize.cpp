@@ -1,5 +1,7 @@
 // Float payload codecs: fp32, bf16 (round to nearest even), block-scaled int8, int4 and int2 (contract in quantize.h).
 #include "wire/quantize.h"
+#include "wire/le.h"
+#include "util/text.h"
 
 #include <algorithm>
 #include <atomic>
@@ -22,23 +24,13 @@ float bits_float(uint32_t u) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-void put_u32(char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-uint32_t get_u32(const unsigned char* p) {
-  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-}
+using le::get_u32;
+using le::put_u32;
 
-std::string show(float v) {
-  std::ostringstream s;
-  s.precision(9);
-  s << v;
-  return s.str();
-}
 
 void check_finite(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) throw NonFiniteError("quantize: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
+    if (!std::isfinite(x[i])) throw NonFiniteError("quantize: non-finite input at index " + std::to_string(i) + ": " + exact_number(x[i]));
 }
 
 void require_float_encoding(Encoding e) {
@@ -76,7 +68,7 @@ void encode_blocks(const float* x, size_t n, int qmax, int bits, char* out) {
     // Decoding computes q × scale in float: for |x| within a rounding of FLT_MAX that product overflows to inf,
     // so such a block cannot be represented (found by fuzz/fuzz_codecs).
     if (!std::isfinite(scale * static_cast<float>(qmax)))
-      throw WireError("quantize: block " + std::to_string(b) + " has |x| up to " + show(amax) + ", too large for int" +
+      throw WireError("quantize: block " + std::to_string(b) + " has |x| up to " + exact_number(amax) + ", too large for int" +
                       std::to_string(bits) + " (its decoded values would overflow)");
     put_u32(out + 4 * b, float_bits(scale));
     for (size_t i = lo; i < hi; ++i) {
@@ -104,8 +96,8 @@ void decode_blocks(const unsigned char* in, size_t n, int bits, float* out) {
     // A NaN or infinite scale is a number problem (non-finite), a negative one a framing problem: our encoder
     // never writes it.
     if (!std::isfinite(scale))
-      throw NonFiniteError("quantize: block " + std::to_string(b) + " has a non-finite scale " + show(scale));
-    if (scale < 0.f) throw WireError("quantize: block " + std::to_string(b) + " has a negative scale " + show(scale));
+      throw NonFiniteError("quantize: block " + std::to_string(b) + " has a non-finite scale " + exact_number(scale));
+    if (scale < 0.f) throw WireError("quantize: block " + std::to_string(b) + " has a negative scale " + exact_number(scale));
     const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
     for (size_t i = lo; i < hi; ++i) {
       int q;
@@ -136,7 +128,7 @@ void encode_floats_into(const float* x, size_t n, Encoding e, char* out) {
         const uint32_t u = float_bits(x[i]);
         const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest, ties to even
         if ((r & 0x7f80u) == 0x7f80u)
-          throw WireError("quantize: value at index " + std::to_string(i) + " (" + show(x[i]) + ") overflows bf16");
+          throw WireError("quantize: value at index " + std::to_string(i) + " (" + exact_number(x[i]) + ") overflows bf16");
         out[2 * i] = static_cast<char>(r & 0xff);
         out[2 * i + 1] = static_cast<char>((r >> 8) & 0xff);
       }
@@ -179,7 +171,7 @@ void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n,
   }
   for (size_t i = 0; i < n; ++i)
     if (!std::isfinite(out[i]))
-      throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(out[i]));
+      throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + exact_number(out[i]));
 }
 
 std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
@@ -207,7 +199,7 @@ namespace {
     const float x = e == Encoding::kFp32 ? bits_float(get_u32(p + 4 * i))
                                          : bits_float((uint32_t{p[2 * i]} | (uint32_t{p[2 * i + 1]} << 8)) << 16);
     if (!std::isfinite(x))
-      throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(x));
+      throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + exact_number(x));
   }
   throw NonFiniteError("quantize: decoded non-finite value");  // unreachable
 }
@@ -224,8 +216,8 @@ void check_scales(const unsigned char* p, size_t blocks) {
   for (size_t b = 0; b < blocks; ++b) {
     const float scale = bits_float(get_u32(p + 4 * b));
     if (!std::isfinite(scale))
-      throw NonFiniteError("quantize: block " + std::to_string(b) + " has a non-finite scale " + show(scale));
-    if (scale < 0.f) throw WireError("quantize: block " + std::to_string(b) + " has a negative scale " + show(scale));
+      throw NonFiniteError("quantize: block " + std::to_string(b) + " has a non-finite scale " + exact_number(scale));
+    if (scale < 0.f) throw WireError("quantize: block " + std::to_string(b) + " has a negative scale " + exact_number(scale));
   }
 }
 
@@ -357,7 +349,7 @@ void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
         else q = static_cast<int>((vals[i >> 2] >> (2 * (i & 3))) & 3u) - 2;
         const float x = static_cast<float>(q) * scale;
         if (!std::isfinite(x))
-          throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + show(x));
+          throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + exact_number(x));
       }
     }
   }

@@ -10,7 +10,7 @@
 #include <random>
 
 namespace deloco {
-namespace {
+namespace quantize_cases {
 
 std::vector<float> random_values(size_t n, uint32_t seed, float spread = 1.f) {
   std::mt19937 rng(seed);

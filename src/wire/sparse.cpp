@@ -8,16 +8,10 @@
 
 #include "deloco/error.h"
 #include "wire/quantize.h"
+#include "util/text.h"
 
 namespace deloco {
 namespace {
-
-std::string show(double v) {
-  std::ostringstream s;
-  s.precision(9);
-  s << v;
-  return s.str();
-}
 
 void require_sparse(Encoding e) {
   if (!is_sparse(e))
@@ -74,7 +68,7 @@ void put_varint(uint32_t v, std::string* out) {
 
 void validate_topk(const TopkOptions& o) {
   if (!(o.density > 0.0 && o.density <= 1.0))
-    throw WireError("topk: density " + show(o.density) + " must be in (0, 1] (net.topk_density)");
+    throw WireError("topk: density " + exact_number(o.density) + " must be in (0, 1] (net.topk_density)");
   if (o.chunk < 0) throw WireError("topk: chunk " + std::to_string(o.chunk) + " must be ≥ 0 (net.topk_chunk)");
 }
 
@@ -91,7 +85,7 @@ std::string encode_topk(const float* x, size_t n, Encoding e, const TopkOptions&
                     " a sparse payload can index");
   for (size_t i = 0; i < n; ++i)
     if (!std::isfinite(x[i]))
-      throw NonFiniteError("topk: non-finite input at index " + std::to_string(i) + ": " + show(x[i]));
+      throw NonFiniteError("topk: non-finite input at index " + std::to_string(i) + ": " + exact_number(x[i]));
   std::vector<uint32_t> idx;
   // The magnitudes' scratch, kept per thread at the largest chunk encoded: a fresh one every push cost more in page
   // faults than the selection itself (a syncer re-encoding a 67M-parameter fragment every merge, on a VM).

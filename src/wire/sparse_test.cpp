@@ -15,7 +15,7 @@
 #include "wire/quantize.h"
 
 namespace deloco {
-namespace {
+namespace sparse_cases {
 
 std::vector<float> gaussian(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -1,6 +1,7 @@
 // The message codec: fixed little-endian header, validation before trust (contract in include/deloco/wire.h).
 #include "deloco/wire.h"
 #include "util/checked.h"
+#include "wire/le.h"
 
 #include <cstring>
 #include <limits>
@@ -8,20 +9,10 @@
 namespace deloco {
 namespace {
 
-void put_u16(char* p, uint16_t v) {
-  for (int i = 0; i < 2; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-void put_u32(char* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-void put_u64(char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-uint64_t get_le(const unsigned char* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
-  return v;
-}
+using le::put_u16;
+using le::put_u32;
+using le::put_u64;
+uint64_t get_le(const unsigned char* p, int bytes) { return le::get(p, bytes); }
 
 bool is_float_encoding(Encoding e) { return e != Encoding::kRaw; }
 

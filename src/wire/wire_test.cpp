@@ -9,7 +9,7 @@
 #include "wire/quantize.h"
 
 namespace deloco {
-namespace {
+namespace wire_cases {
 
 MessageHeader sample_header() {
   MessageHeader h;

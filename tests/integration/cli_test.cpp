@@ -18,7 +18,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace cli_cases {
 namespace fs = std::filesystem;
 
 struct Result {
@@ -292,7 +292,7 @@ TEST_F(Cli, NonFiniteConfigNumbersAreRefusedNamingTheKey) {
 }  // namespace deloco
 
 namespace deloco {
-namespace {
+namespace cli_cases {
 
 // A preset sets its outer rates unless the config names them, and the summary records what was used.
 // `deloco goodput --fit`: a table written by `deloco goodput --csv` is fitted, the fitted TOML reruns through

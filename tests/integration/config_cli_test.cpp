@@ -11,7 +11,7 @@
 #include "deloco/algorithm.h"
 
 namespace deloco {
-namespace {
+namespace config_cli_cases {
 namespace fs = std::filesystem;
 
 std::string env_or(const char* name, const std::string& fallback) {

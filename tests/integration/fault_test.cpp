@@ -37,7 +37,7 @@
 #include "wire/quantize.h"
 
 namespace deloco {
-namespace {
+namespace fault_cases {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 

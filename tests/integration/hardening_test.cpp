@@ -37,7 +37,7 @@
 #include "support/raw_zmtp.h"
 
 namespace deloco {
-namespace {
+namespace hardening_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::Proc;

@@ -11,7 +11,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace merge_cli_cases {
 namespace fs = std::filesystem;
 
 struct CliResult {

@@ -14,7 +14,7 @@
 #include "support/proc.h"
 
 namespace deloco {
-namespace {
+namespace peer_rejoin_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::Proc;

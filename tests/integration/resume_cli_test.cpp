@@ -16,7 +16,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace resume_cli_cases {
 namespace fs = std::filesystem;
 
 std::string env_or(const char* name, const std::string& fallback) {

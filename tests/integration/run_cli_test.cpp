@@ -22,7 +22,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace run_cli_cases {
 namespace fs = std::filesystem;
 
 const std::string kSrc = test::source_dir();

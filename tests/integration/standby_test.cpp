@@ -21,7 +21,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace standby_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::Proc;

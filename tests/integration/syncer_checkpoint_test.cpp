@@ -16,7 +16,7 @@
 #include "util/fs.h"
 
 namespace deloco {
-namespace {
+namespace syncer_checkpoint_cases {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 

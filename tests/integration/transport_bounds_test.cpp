@@ -25,7 +25,7 @@
 #include "support/raw_zmtp.h"
 
 namespace deloco {
-namespace {
+namespace transport_bounds_cases {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
