@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The slow tier: the tests labelled `slow` (ctest -L slow), left out of CI (.ci/run) for their minutes: the chaos soak
-# of standby pairs (bench/chaos_soak.sh --pairs) and the testbed's runs and network faults (partitions, a flapping
-# link, a slow link; root for network namespaces, skipped otherwise). Run it before resolving reliability or
+# of standby pairs (bench/chaos_soak.sh --pairs), the testbed's runs and network faults (partitions, a flapping
+# link, a slow link; root for network namespaces, skipped otherwise), the installed package's consumer, the Slurm job
+# and the end-to-end storms (DELOCO_SLOW_INTEGRATION in CMakeLists.txt). Run it before resolving reliability or
 # real-link work, on the build that scripts/setup.sh made (build/). Prints each test's time and the total.
 # Usage: scripts/test-slow.sh [ctest args...]
 set -euo pipefail
