@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the torch-free half of deloco (deloco_base: config, wire codec, transports, goodput, files) with clang,
 # AddressSanitizer and UndefinedBehaviorSanitizer, plus the libFuzzer targets of fuzz/, into build-san/, and runs
-# its tests there: every deloco_base test, then each fuzz target for FUZZ_SECONDS (default 20) over its seed corpus.
+# its tests there: every deloco_base test, then each fuzz target for FUZZ_SECONDS (default 10; scripts/fuzz.sh runs
+# one longer) over its seed corpus.
 # Any sanitizer report fails the test that triggered it. Installs clang and its runtimes when missing (Debian 12).
 # Usage: scripts/sanitize.sh [ctest args...]
 set -euo pipefail
@@ -23,7 +24,7 @@ fi
 
 cmake -S . -B build-san -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_C_COMPILER=clang -DDELOCO_WITH_TORCH=OFF -DDELOCO_SANITIZE=ON -DDELOCO_FUZZ=ON \
-  -DDELOCO_FUZZ_TEST_SECONDS="${FUZZ_SECONDS:-20}" >/dev/null
+  -DDELOCO_FUZZ_TEST_SECONDS="${FUZZ_SECONDS:-10}" >/dev/null
 cmake --build build-san -j "${JOBS:-$(nproc)}"
 # detect_leaks: ZeroMQ's context teardown in tests is fine; real leaks in our code are what we want to see.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
