@@ -98,12 +98,16 @@ void SyncerNode::Impl::release_staged() {
   commit_since = -1;
   for (auto& [p, b] : staged) {
     latest[p] = std::move(b);
-    for (int64_t m = 0; m < M; ++m)
-      if (peers[m].alive && !retired[m]) queue_broadcast(m, p, latest[p]);
+    broadcast_latest(p);
   }
   staged.clear();
   for (rec::Merge& mr : staged_records) emit(std::move(mr));
   staged_records.clear();
+}
+
+void SyncerNode::Impl::broadcast_latest(int64_t p) {
+  for (int64_t m = 0; m < M; ++m)
+    if (peers[m].alive && !retired[m]) queue_broadcast(m, p, latest[p]);
 }
 
 bool SyncerNode::Impl::may_gather(const Envelope& env) const {
@@ -294,8 +298,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
       staged[p] = std::move(b);
     } else {
       latest[p] = std::move(b);
-      for (int64_t m = 0; m < M; ++m)
-        if (peers[m].alive && !retired[m]) queue_broadcast(m, p, latest[p]);
+      broadcast_latest(p);
     }
   }
   // ξ_sync = upload + merge + broadcast, the transfers as measured on the links (a push: its heartbeat to its

@@ -487,9 +487,9 @@ struct SyncerNode::Impl {
     if (P.broadcast_time.seeded || !(seconds > 0) || !(bytes > 0)) return;
     P.broadcast_time.add(static_cast<double>(send_window) / 2 / (bytes / seconds), cfg.sync.ema);
   }
-  // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
   // A heartbeat frame to learner m carrying b (the header's round: this syncer's merge count).
   proto::Frame beat_frame(int64_t m, const proto::SyncerBeat& b) const;
+  // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
   void send_beat(int64_t m);
 
   // A learner finished: it no longer counts towards the quorum. Checkpointed at once, so a resumed syncer does
@@ -571,6 +571,8 @@ struct SyncerNode::Impl {
   void commit() { checkpoint(); }
   // The staged merges become the latest broadcasts and are queued to every live learner.
   void release_staged();
+  // latest[p] queued to every live learner that has not retired.
+  void broadcast_latest(int64_t p);
 
   void restore_from(const std::string& out_dir);
 

@@ -9,7 +9,6 @@
 #include <thread>
 #include <cmath>
 #include <cstring>
-#include <sstream>
 
 namespace deloco {
 namespace {
@@ -26,7 +25,6 @@ float bits_float(uint32_t u) {
 }
 using le::get_u32;
 using le::put_u32;
-
 
 void check_finite(const float* x, size_t n) {
   for (size_t i = 0; i < n; ++i)
