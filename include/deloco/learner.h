@@ -15,9 +15,9 @@
 //    push (another learner's merge that overtook it) is held back until one that does arrives, so the next push is
 //    not based on a version its own merge already replaced (with delta_anchor = global that staleness feeds the
 //    last outer update back into the next; with Nesterov momentum a learner stuck one version behind diverges,
-//    docs/sim.md: Stability of the global anchor). The marks: deloco/answer_marks.h. Unmarked answers (covers = −1:
-//    an older syncer, a caller that does not mark) answer any push; without wait_for_answer every answer is applied
-//    when due, as before;
+//    docs/sim.md: Stability of the global anchor). The syncer node and the simulator set the marks alike
+//    (src/sync/answer_marks.h). Unmarked answers (covers = −1: an older syncer, a caller that does not mark) answer
+//    any push; without wait_for_answer every answer is applied when due, as before;
 //  * the step-time estimate: the mean duration of the inner steps since the previous push (carried by the push).
 //
 // Contract

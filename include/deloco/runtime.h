@@ -59,40 +59,11 @@
 // with "shard"), trains on, and rejoins it alone. Each shard checkpoints its fragments and outer state (manifest:
 // shard, shards, fragments); the global model is their union (assemble_shards).
 //
-// Metrics records (JSON lines, one object per line, every record has "kind" and "t" = Unix time in seconds):
-//   learner node: {"kind":"learner","learner","step","loss","tokens","step_time"} every train.log_every steps
-//                 {"kind":"joined","learner","step","download_seconds","download_bytes","syncer_round"}
-//                 {"kind":"push","learner","fragment","step","bytes"}   {"kind":"apply","learner","fragment","version"}
-//                 {"kind":"syncer_lost","learner","step"}   {"kind":"rejected","learner","reason"}
-//                 (sharded syncer: records about one link — welcome, joined, push, syncer_lost, rejected,
-//                  leave_undelivered — carry "shard"; {"kind":"shard_missing","shard"} a shard silent at the start)
-//                 {"kind":"pushes_settled","fragments"} (a rejoin settled these pushes as refused)
-//                 {"kind":"drift_dropped","fragment","step","version"} (refused by a norm bound: θ_p ← Θ_p^v)
-//                 {"kind":"auth_refused","refusals","detail"[,"shard"]} a syncer refused our CURVE key (1st, 2nd, 4th…)
-//                 {"kind":"learner_done","learner","step","tokens","wall_seconds","steps_per_second",
-//                  "comm_wait_seconds","finished"[,"unreached_shards","error"]} (finished: train.steps reached and
-//                  no syncer shard refused the learner for the whole run)
-//   syncer node:  {"kind":"started","resumed","merges","endpoint","metrics_port","shard","shards","fragments",
-//                  "metrics_warning"} (metrics_warning: "" unless the metrics server is reachable beyond loopback)
-//                 {"kind":"learners_blocked","learners"} / {"kind":"learners_advancing"}: every connected unfinished
-//                  learner's step stood still for max(4·net.dead_after, 20 step times) / one advanced again
-//                 {"kind":"auth_denied","total","new","detail"} CURVE handshakes refused (rate-limited)
-//                 {"kind":"join","learner","instance","restart","state_bytes"}  {"kind":"lost","learner"}
-//                 {"kind":"retired","learner"}   {"kind":"reject","learner","fragment","reason","detail"}
-//                 {"kind":"rejoin", ...join} a hello repeated on a joined connection (rate-limited like rejects)
-//                 {"kind":"state_request_dropped","learner"} (rate-limited)   {"kind":"<kind>_suppressed","reason"}
-//                 {"kind":"merge","fragment","version","quorum","learners","weights","grace","grace_wait",
-//                  "delta_norm","tokens","merges"}
-//                 {"kind":"merge_rolled_back","fragment","version","learners","reason","detail"} (a merge whose
-//                  result was not finite: nothing changed, its contributions rejected; deloco/sync.h)
-//                 {"kind":"broadcast_failed","fragment","version","detail"}
-//                 {"kind":"eval","val_loss","val_bpb","tokens","merges"[,"shards"]} (a sharded syncer: shard 0 only,
-//                  of the model assembled from its fragments and the other shards' latest checkpoints: "shards" lists
-//                  the merges of each shard's part it used)
-//                 {"kind":"checkpoint","path","merges"}
-//                 {"kind":"status","alive","connected","stalled","blocked","uptime","goodput","merges","rejected",
-//                  "bytes_in","bytes_out"} once per second (stalled: below a quorum, no learner, or blocked)
-//                 {"kind":"done", ...summary}
+// Metrics records: JSON lines, one object per line, each with "kind" and "t" (Unix seconds), written through the
+// RecordSink given to each node (`deloco syncer` and `deloco learner` write syncer.jsonl and learner-N.jsonl). Every
+// kind and its fields are defined once, in the record schema (src/records/kinds.h), which the writers and every
+// reader (`deloco report`, the dashboard, scripts/jsonl_records.py) share; docs/runtime.md ("Observability") says
+// what to look at.
 //
 // Contract
 //  * Nodes own their transport and run on the calling thread until done or until `stop` becomes true. The learner

@@ -185,11 +185,6 @@ double contribution_weight(const std::string& mode, int64_t c_tokens, int64_t c_
 double staleness_scale(const std::string& mode, double exponent, int64_t k);
 // Dynamic local updates: max(1, round(H · fastest / step_time)); H when either time is not positive or finite.
 int64_t dynamic_sync_every(int64_t H, double fastest, double step_time);
-// Normalised weights (summing to 1) capped at max(cap, 1/n) each: weights above the cap are set to it and the
-// excess is given to the uncapped ones in proportion to their weights, repeatedly, until none exceeds it (water
-// filling). cap ≥ 1 returns `w` unchanged; one weight stays 1.
-std::vector<double> cap_shares(std::vector<double> w, double cap);
-
 struct Ema {
   double value = 0;
   bool seeded = false;
@@ -206,25 +201,11 @@ struct GraceStats {
 // ξ_grace = min(cap, max(0, γ · (τ·ξ_step − (ξ_quorum + ξ_sync)))); 0 when grace is off.
 double grace_window(const GraceStats& s, const SyncOptions& o);
 
-// What a fragment's round knows when deciding.
-struct RoundState {
-  int64_t arrivals = 0;         // accepted contributions waiting
-  int64_t connected = 0;        // learners currently connected
-  int64_t connected_arrived = 0;  // of those, how many have a contribution waiting
-  double first_arrival = 0;     // time of the first waiting contribution
-  double quorum_time = -1;      // time the K-th arrival came (< 0: not yet)
-  int64_t retired = 0;          // learners that finished training and will never send again
-};
-
-// The quorum actually required: min(K, M − retired) — finished learners cannot hold the others back.
-int64_t effective_quorum(const RoundState& s, const SyncOptions& o);
-
+// A round's decision (Syncer::on_round, RoundResult::decision); the rule that makes it is the core's own (src/sync/policy.h).
 struct RoundDecision {
   enum Kind { kWait, kWaitUntil, kMerge } kind = kWait;
   double until = 0;  // for kWaitUntil: call again at this time
 };
-
-RoundDecision decide_round(double now, const RoundState& s, const SyncOptions& o, double grace);
 
 // ---- Learner side (the rest is deloco/learner.h) ---------------------------------------------------------
 // θ ← (1−α)·Θ + α·θ in place (α = 0: copy).
@@ -340,6 +321,8 @@ inline double run_uptime(double stalled, double elapsed) { return elapsed > 0 ? 
 inline double run_goodput(double busy, int64_t learners, double elapsed) {
   return elapsed > 0 ? busy / (static_cast<double>(learners) * elapsed) : 0.0;
 }
+
+struct RoundState;  // src/sync/policy.h
 
 class Syncer {
  public:

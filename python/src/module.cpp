@@ -15,7 +15,6 @@
 
 #include "deloco/config.h"
 #include "deloco/embed.h"
-#include "util/fs.h"
 
 namespace py = pybind11;
 

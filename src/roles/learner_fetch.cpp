@@ -35,37 +35,21 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
       }
     }
   }
-  if (!L.joined && !L.unsettled.empty()) {
-    // The syncer says how many of our pushes on this connection it read before this hello (w.pushes): those
-    // will be answered. The others never arrived: they count as refused (their progress goes in the next push).
-    // Unknown (another connection, an older syncer): every unanswered push counts as refused.
-    std::set<int64_t> lost;
-    const int64_t total = L.sent_base + static_cast<int64_t>(L.sent.size());
-    if (w.pushes >= 0 && w.pushes <= total) {
-      for (int64_t i = std::max(w.pushes, L.sent_base); i < total; ++i)
-        lost.insert(L.sent[static_cast<size_t>(i - L.sent_base)]);
-    } else {
-      lost = L.unsettled;
-    }
-    std::vector<int64_t> settled;
-    for (int64_t p : L.unsettled)
-      if (lost.count(p)) settled.push_back(p);
-    if (!settled.empty()) {
-      refused_pushes.insert(settled.begin(), settled.end());
-      for (int64_t p : settled) L.unsettled.erase(p);
-      rec::PushesSettled r;
-      r.fragments = settled;
-      r.detail = w.pushes >= 0 ? "joined again: pushes sent before the join that the syncer never read count as "
-                                 "refused (their progress goes in the next push)"
-                               : "joined again: pushes sent before the join count as refused (their progress goes "
-                                 "in the next push)";
-      emit(L, r);
-    }
+  // The syncer says how many of our pushes on this connection it read before this hello (w.pushes): those will be
+  // answered. The others never arrived: they count as refused (their progress goes in the next push). Unknown
+  // (another connection, an older syncer): every unanswered push counts as refused.
+  const std::vector<int64_t> settled = L.window.welcomed(L.joined, w.pushes);
+  if (!settled.empty()) {
+    refused_pushes.insert(settled.begin(), settled.end());
+    rec::PushesSettled r;
+    r.fragments = settled;
+    r.detail = w.pushes >= 0 ? "joined again: pushes sent before the join that the syncer never read count as "
+                               "refused (their progress goes in the next push)"
+                             : "joined again: pushes sent before the join count as refused (their progress goes "
+                               "in the next push)";
+    emit(L, r);
   }
   L.marks_answers = w.marks_answers;
-  L.sent.clear();
-  L.sent_base = 0;
-  L.pushes_acked = 0;
   c.rx_seq = 0;
   c.hellos_unanswered = 0;
   L.joined = true;
@@ -78,7 +62,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
     if (!L.initial.defined() || !digests_equal(w.state_hash, L.initial_hash) || w.elements != L.plan.model.elements)
       throw WireError("welcome says this learner holds the state already, but it offered no parameters with that hash");
     c.dl.reset();
-    c.fetch.reset();
+    end_fetch(c);
     if (donor) donor->set_served(L.plan.shard, L.initial, w.versions);
     L.state_ready = State{w, L.initial};
     L.have_state = true;
@@ -102,7 +86,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
     c.dl_flat = torch::empty({w.elements}, torch::kFloat);
     c.dl_have.assign(static_cast<size_t>(w.chunks), false);
     c.dl_count = 0;
-    c.fetch.reset();
+    end_fetch(c);
     if (w.fetch) start_fetch(L, w);
   }
   if (!c.first_join_recorded || w.chunks == 0) {
@@ -124,18 +108,15 @@ void LearnerNode::Impl::on_state_chunk(Link& L, const MessageHeader& h, const En
   const int64_t k = h.fragment_id;
   if (k >= c.dl->chunks) throw WireError("state chunk index out of range");
   if (c.fetch) {
-    Fetch::Source& sy = c.fetch->src[0];
-    const auto asked = sy.asked.find(k);
-    const double asked_at = asked == sy.asked.end() ? -1 : asked->second;
     if (!chunk_matches(L, k, h, env)) {  // the syncer's own chunk is not what its welcome said: start again
       emit(L, bad_frame("state chunk " + std::to_string(k) + " from the syncer does not match its hash; joining again"));
       std::lock_guard<std::mutex> lock(mu);
       L.joined = false;
       c.dl.reset();
-      c.fetch.reset();
+      end_fetch(c);
       return;
     }
-    if (!c.dl_have[static_cast<size_t>(k)]) answered(*c.fetch, sy, asked_at);
+    c.fetch->answered(0, k, now(), !c.dl_have[static_cast<size_t>(k)]);
   }
   accept_chunk(L, k, h, env);
 }
@@ -166,8 +147,6 @@ void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h,
     c.dl_have[static_cast<size_t>(k)] = true;
     ++c.dl_count;
   }
-  if (c.fetch)  // asked of two sources (the endgame): the other's answer, when it comes, is dropped
-    for (auto& s : c.fetch->src) s.asked.erase(k);
   if (c.dl_count < c.dl->chunks) return;
   const Digest hash = blake2b256(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);
   std::lock_guard<std::mutex> lock(mu);
@@ -187,16 +166,17 @@ void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h,
     r.download_seconds = now() - c.hello_sent_at;
     r.resume_step = c.dl->resume_step;
     if (c.fetch) {
-      r.peer_bytes = c.fetch->peer_bytes;
-      r.donors = static_cast<int64_t>(c.fetch->src.size()) - 1;
-      r.donors_lied = c.fetch->lied;
-      r.welcome_seconds = c.fetch->started - c.hello_sent_at;
+      const StateFetch& f = *c.fetch;
+      r.peer_bytes = f.peer_bytes();
+      r.donors = static_cast<int64_t>(f.sources().size()) - 1;
+      r.donors_lied = f.liars();
+      r.welcome_seconds = f.started() - c.hello_sent_at;
       std::vector<int64_t> got;
       std::vector<double> first;
       int64_t refused = 0, timeouts = 0;
-      for (const auto& s : c.fetch->src) {
+      for (const auto& s : f.sources()) {
         got.push_back(s.got);
-        first.push_back(s.first_at < 0 ? -1.0 : s.first_at - c.fetch->started);
+        first.push_back(s.first_at < 0 ? -1.0 : s.first_at - f.started());
         refused += s.refused;
         timeouts += s.timeouts;
       }
@@ -204,43 +184,47 @@ void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h,
       r.source_first_seconds = std::move(first);
       r.donor_refused = refused;
       r.donor_timeouts = timeouts;
-      r.endgame_asks = c.fetch->duplicates;
+      r.endgame_asks = f.endgame_asks();
     }
     emit(L, r);
     cv.notify_all();
   }
   c.dl.reset();
-  c.fetch.reset();
+  end_fetch(c);
 }
 
 void LearnerNode::Impl::start_fetch(Link& L, const proto::Welcome& w) {
-  auto f = std::make_unique<Fetch>();
-  f->started = now();
-  f->src.emplace_back();  // the syncer
+  Comms& c = L.c;
+  c.fetch = std::make_unique<StateFetch>(w.chunks, now(), proto::kFetchWindow);
+  c.donors.clear();
+  c.donors.emplace_back();  // source 0: the syncer, on the link itself
   if (donor_options)
     for (const auto& d : w.donors) {
       if (d.learner == id) continue;
       TransportOptions o = *donor_options;
       o.server_public_key = d.key;
       if (!o.plaintext && d.key.empty()) continue;
-      Fetch::Source s;
-      s.donor = d.learner;
-      s.ticket = d.ticket;
+      Comms::Donor donor_link;
+      donor_link.ticket = d.ticket;
       try {
-        s.tx = make_zmq_client(d.endpoint, o);
+        donor_link.tx = make_zmq_client(d.endpoint, o);
       } catch (const std::exception& e) {
         emit(L, bad_frame("cannot dial donor learner " + std::to_string(d.learner) + " at " + d.endpoint + ": " + e.what()));
         continue;
       }
-      f->src.push_back(std::move(s));
+      c.fetch->add_donor(d.learner);
+      c.donors.push_back(std::move(donor_link));
     }
-  for (int64_t k = 0; k < w.chunks; ++k) f->todo.push_back(k);
-  L.c.fetch = std::move(f);
+}
+
+void LearnerNode::Impl::end_fetch(Comms& c) {
+  c.fetch.reset();
+  c.donors.clear();
 }
 
 bool LearnerNode::Impl::request_chunk(Link& L, size_t i, int64_t k) {
   Comms& c = L.c;
-  Fetch::Source& s = c.fetch->src[i];
+  ClientTransport* tx = c.donors[i].tx.get();
   MessageHeader h = header(MessageKind::kStateRequest);
   h.fragment_id = static_cast<uint32_t>(k);
   h.round = c.dl->round;
@@ -249,115 +233,29 @@ bool LearnerNode::Impl::request_chunk(Link& L, size_t i, int64_t k) {
   r.elements = c.dl->elements;
   r.chunk_elements = c.dl->chunk_elements;
   r.versions = c.dl->versions;
-  if (s.tx) {  // a donor serves only with the ticket the welcome gave for it
+  if (tx) {  // a donor serves only with the ticket the welcome gave for it
     r.learner = id;
-    r.ticket = s.ticket;
+    r.ticket = c.donors[i].ticket;
   }
   Bytes body = Bytes::from_string(proto::encode_state_request(r));
-  const bool sent = s.tx ? send_on(*s.tx, h, std::move(body)) : send(L, h, std::move(body));
-  const double t = now();
-  if (!sent) {  // not connected yet, or a full queue: the caller keeps the chunk, this source waits a moment
-    s.retry_at = t + 0.02;
-    if (s.unready_since < 0) s.unready_since = t;
-    if (s.tx && t - s.unready_since > kFetchTimeout) s.banned = true;
-    return false;
-  }
-  s.unready_since = -1;
-  s.asked[k] = t;
-  return true;
+  return tx ? send_on(*tx, h, std::move(body)) : send(L, h, std::move(body));
 }
 
 void LearnerNode::Impl::tend_fetch(Link& L) {
   Comms& c = L.c;
   if (!c.fetch || !c.dl) return;
-  for (size_t i = 1; c.fetch && i < c.fetch->src.size(); ++i) {
+  for (size_t i = 1; c.fetch && i < c.donors.size(); ++i) {
     Envelope env;
-    for (int n = 0; n < 16 && c.fetch && c.fetch->src[i].tx->receive(&env, std::chrono::milliseconds(0)); ++n)
+    for (int n = 0; n < 16 && c.fetch && c.donors[i].tx->receive(&env, std::chrono::milliseconds(0)); ++n)
       on_donor_message(L, i, env);
   }
   if (!c.fetch || !c.dl) return;
-  Fetch& f = *c.fetch;
-  const double t = now();
-  for (size_t i = 1; i < f.src.size(); ++i) {
-    Fetch::Source& s = f.src[i];
-    for (auto it = s.asked.begin(); it != s.asked.end();) {
-      if (t - it->second < kFetchTimeout) {
-        ++it;
-        continue;
-      }
-      f.syncer_todo.push_back(it->first);
-      it = s.asked.erase(it);
-      if (++s.timeouts >= 2) s.banned = true;
-    }
-    if (s.banned) {
-      for (const auto& [k, at] : s.asked) f.syncer_todo.push_back(k);
-      s.asked.clear();
-    }
-  }
-  // The syncer: chunks no donor can serve first, then any; donors: any.
-  Fetch::Source& sy = f.src[0];
-  while (t >= sy.retry_at && static_cast<int64_t>(sy.asked.size()) < kFetchWindow &&
-         (!f.syncer_todo.empty() || !f.todo.empty())) {
-    int64_t k;
-    if (!f.syncer_todo.empty()) {
-      k = f.syncer_todo.front();
-      f.syncer_todo.pop_front();
-    } else {  // from the end: the donors work from the front, so the two meet in the middle
-      k = f.todo.back();
-      f.todo.pop_back();
-    }
-    if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, 0, k)) {
-      f.syncer_todo.push_front(k);  // the syncer's own queue keeps it
-      break;
-    }
-  }
-  for (size_t i = 1; i < f.src.size(); ++i) {
-    Fetch::Source& s = f.src[i];
-    while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow && !f.todo.empty()) {
-      const int64_t k = f.todo.front();
-      f.todo.pop_front();
-      if (!c.dl_have[static_cast<size_t>(k)] && !request_chunk(L, i, k)) {
-        f.todo.push_front(k);
-        break;
-      }
-    }
-  }
-  if (f.todo.empty() && f.syncer_todo.empty()) endgame(L, t);
-}
-
-void LearnerNode::Impl::endgame(Link& L, double t) {
-  Fetch& f = *L.c.fetch;
-  if (f.latency_n == 0) return;
-  const double overdue = t - 2 * f.latency_sum / static_cast<double>(f.latency_n);
-  std::map<int64_t, std::pair<int, double>> out;  // chunk -> sources asked, earliest ask
-  for (const auto& s : f.src)
-    for (const auto& [k, at] : s.asked) {
-      auto [it, fresh] = out.try_emplace(k, 0, at);
-      ++it->second.first;
-      it->second.second = std::min(it->second.second, at);
-    }
-  for (size_t i = 0; i < f.src.size(); ++i) {
-    Fetch::Source& s = f.src[i];
-    while (!s.banned && t >= s.retry_at && static_cast<int64_t>(s.asked.size()) < kFetchWindow) {
-      int64_t pick = -1;
-      double oldest = 0;
-      for (const auto& [k, na] : out)
-        if ((i == 0 || na.first == 1) && na.second < overdue && !s.asked.count(k) && !L.c.dl_have[static_cast<size_t>(k)] &&
-            (pick < 0 || na.second < oldest)) {
-          pick = k;
-          oldest = na.second;
-        }
-      if (pick < 0 || !request_chunk(L, i, pick)) break;
-      ++out[pick].first;
-      ++f.duplicates;
-    }
-  }
+  c.fetch->schedule(now(), c.dl_have, [&](size_t i, int64_t k) { return request_chunk(L, i, k); });
 }
 
 void LearnerNode::Impl::on_donor_message(Link& L, size_t i, const Envelope& env) {
   Comms& c = L.c;
-  Fetch& f = *c.fetch;
-  Fetch::Source& s = f.src[i];
+  StateFetch& f = *c.fetch;
   MessageHeader h;
   try {
     if (env.parts != 2 || env.header.size() != kWireHeaderBytes) throw WireError("frame layout");
@@ -369,43 +267,21 @@ void LearnerNode::Impl::on_donor_message(Link& L, size_t i, const Envelope& env)
   }
   const int64_t k = h.fragment_id;
   // An answer to an abandoned request (a reject's round is its code, so only the chunk names it).
-  if ((h.kind != MessageKind::kReject && h.round != c.dl->round) || !s.asked.count(k)) return;
-  const double asked_at = s.asked[k];
-  s.asked.erase(k);
-  if (h.kind == MessageKind::kReject) {  // it holds other versions now, or is busy: the syncer serves the chunk
-    f.syncer_todo.push_back(k);
-    ++s.refused;
-    if (proto::reject_reason_of(h) != RejectReason::kBusy && s.refused >= 3) s.banned = true;
-    return;
-  }
+  if ((h.kind != MessageKind::kReject && h.round != c.dl->round) || !f.outstanding(i, k)) return;
+  if (h.kind == MessageKind::kReject)  // it holds other versions now, or is busy: the syncer serves the chunk
+    return f.refused(i, k, proto::reject_reason_of(h) == RejectReason::kBusy);
   if (h.kind != MessageKind::kStateChunk) return caught_lying(L, i, k, std::string("answered with ") + kind_name(h.kind));
   if (!chunk_matches(L, k, h, env))
     return caught_lying(L, i, k, "chunk " + std::to_string(k) + " does not match the syncer's hash of it");
-  answered(f, s, asked_at);
-  f.peer_bytes += static_cast<int64_t>(env.payload.size());
+  f.answered(i, k, now(), true);
+  f.add_peer_bytes(static_cast<int64_t>(env.payload.size()));
   accept_chunk(L, k, h, env);
 }
 
-void LearnerNode::Impl::answered(Fetch& f, Fetch::Source& s, double asked_at) const {
-  const double t = now();
-  ++s.got;
-  if (s.first_at < 0) s.first_at = t;
-  if (asked_at >= 0) {
-    f.latency_sum += t - asked_at;
-    ++f.latency_n;
-  }
-}
-
 void LearnerNode::Impl::caught_lying(Link& L, size_t i, int64_t k, const std::string& what) {
-  Fetch& f = *L.c.fetch;
-  Fetch::Source& s = f.src[i];
-  if (k >= 0) f.syncer_todo.push_back(k);
-  for (const auto& [q, at] : s.asked) f.syncer_todo.push_back(q);
-  s.asked.clear();
-  if (!s.banned) ++f.lied;
-  s.banned = true;
+  L.c.fetch->lied(i, k);
   rec::PeerLied r;
-  r.donor = s.donor;
+  r.donor = L.c.fetch->sources()[i].donor;
   r.chunk = k;
   r.detail = clip_utf8(what, 300) + "; this donor is used no more, the syncer serves what it was asked";
   emit(L, r);

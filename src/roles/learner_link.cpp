@@ -38,7 +38,7 @@ void LearnerNode::Impl::fail_over(Link& L, int64_t new_epoch) {
     std::lock_guard<std::mutex> lock(mu);
     L.epoch = new_epoch;
     L.joined = false;  // join the new leader now: its welcome settles what was pushed to the old one
-    L.syncer_acks = false;
+    L.window.new_leader();
     step = beat.step;
     cv.notify_all();
   }
@@ -68,7 +68,7 @@ void LearnerNode::Impl::comms_loop() {
       // The oldest push whose link has room in its window (not joined: it goes at once, and counts refused).
       for (auto it = outbox.begin(); it != outbox.end(); ++it) {
         const Link& L = link_of(it->fragment);
-        if (L.joined && L.syncer_acks && L.unacknowledged() >= kPushWindow) continue;
+        if (L.joined && L.window.full()) continue;
         out = std::move(*it);
         outbox.erase(it);
         break;
@@ -232,8 +232,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
   std::lock_guard<std::mutex> lock(mu);
   (sent ? pushes : pushes_dropped) += 1;
   if (sent) {
-    L.unsettled.insert(p.fragment);
-    L.sent.push_back(p.fragment);
+    L.window.sent(p.fragment);
   } else {  // not sent (not joined, or the transport refused it): no answer will come for it
     refused_pushes.insert(p.fragment);
     cv.notify_all();
@@ -334,7 +333,7 @@ void LearnerNode::Impl::accept_answer(Link& L, const MessageHeader& h, int64_t p
     auto it = inbox.find(p);
     if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
       inbox[p] = Answer{static_cast<int64_t>(h.round), flat, L.marks_answers ? static_cast<int64_t>(h.c_tokens) : -1};
-    L.unsettled.erase(p);  // an answer for p answers our push of p too (the core clears it when it applies)
+    L.window.settle(p);  // an answer for p answers our push of p too (the core clears it when it applies)
     ++broadcasts;
     cv.notify_all();
   }
@@ -355,13 +354,8 @@ void LearnerNode::Impl::on_syncer_beat(Link& L, const Envelope& env) {
   const proto::SyncerBeat sb = proto::parse_syncer_beat(env.payload.data(), env.payload.size());
   L.c.patience = std::min(sb.patience, 20 * cfg.net.dead_after);  // the syncer caps it too; a peer's value is bounded here
   std::lock_guard<std::mutex> lock(mu);
-  L.syncer_acks = true;
-  L.pushes_acked = sb.pushes;
+  L.window.acknowledged(sb.pushes);
   if (sb.sync_every > 0) sync_every_told = sb.sync_every;  // dynamic local updates: applied at the next boundary
-  while (!L.sent.empty() && L.sent_base < L.pushes_acked) {
-    L.sent.pop_front();
-    ++L.sent_base;
-  }
 }
 
 void LearnerNode::Impl::on_reject(Link& L, const MessageHeader& h, const Envelope& env) {
@@ -384,7 +378,7 @@ void LearnerNode::Impl::on_reject(Link& L, const MessageHeader& h, const Envelop
   // A refused push of fragment p: its answer will not come (the main thread tells the core, take_received).
   if (h.fragment_id != proto::kNoFragment && h.fragment_id < core->fragments().size()) {
     refused_pushes.insert(static_cast<int64_t>(h.fragment_id));
-    L.unsettled.erase(static_cast<int64_t>(h.fragment_id));
+    L.window.settle(static_cast<int64_t>(h.fragment_id));
     if (code == RejectReason::kDeltaTooLarge) drop_drifts.insert(static_cast<int64_t>(h.fragment_id));
     cv.notify_all();
   }

@@ -32,6 +32,8 @@
 #include "donor_server.h"
 #include "learner_state.h"
 #include "protocol.h"
+#include "push_window.h"
+#include "state_fetch.h"
 #include "records/kinds.h"
 #include "util/text.h"
 #include "wire/quantize.h"
@@ -68,30 +70,6 @@ struct LearnerNode::Impl {
     proto::Welcome welcome;
     at::Tensor flat;
   };
-  // Rejoin from peers (docs/reliability.md): a download the learner asks for chunk by chunk, from the donors its
-  // welcome named (source 1..) and from the syncer (source 0), each chunk checked against the syncer's hash of it.
-  struct Fetch {
-    struct Source {
-      int64_t donor = -1;  // learner id (-1: the syncer)
-      std::unique_ptr<ClientTransport> tx;  // null: the syncer's link
-      Digest ticket{};                      // a donor's: the welcome's ticket for it (proto::fetch_ticket)
-      std::map<int64_t, double> asked;      // chunk -> when it was asked
-      bool banned = false;
-      int64_t got = 0, refused = 0, timeouts = 0;
-      // A donor still connecting refuses sends: asked again a little later, and given up after kFetchTimeout.
-      double retry_at = -1, unready_since = -1;
-      double first_at = -1;  // when its first chunk came
-    };
-    std::vector<Source> src;
-    std::deque<int64_t> todo;         // chunks anyone may serve, not yet asked
-    std::deque<int64_t> syncer_todo;  // chunks a donor could not serve (or served wrong): the syncer's
-    int64_t peer_bytes = 0, lied = 0, duplicates = 0;
-    double started = 0;  // the welcome
-    double latency_sum = 0;  // seconds from ask to answer, over the chunks answered (the endgame's yardstick)
-    int64_t latency_n = 0;
-  };
-  static constexpr int64_t kFetchWindow = proto::kFetchWindow;  // chunks asked of one source at a time
-  static constexpr double kFetchTimeout = 10.0;  // seconds a donor may take for a chunk before the syncer is asked
   // Serving (net.serve): this learner's copy of the syncer's state and the server joining learners fetch it from.
   std::optional<TransportOptions> donor_options;  // how this learner connects to donors when it fetches
   std::unique_ptr<DonorServer> donor;
@@ -102,7 +80,15 @@ struct LearnerNode::Impl {
     at::Tensor dl_flat;
     std::vector<bool> dl_have;
     int64_t dl_count = 0;
-    std::unique_ptr<struct Fetch> fetch;  // a download fetched from donors and the syncer (Welcome::fetch)
+    // Rejoin from peers (docs/reliability.md): a download fetched chunk by chunk from the donors its welcome named
+    // and from the syncer (Welcome::fetch): which chunk to ask of whom (state_fetch.h), and per source the donor's
+    // connection and the welcome's ticket for it (source 0, the syncer: the link itself).
+    std::unique_ptr<StateFetch> fetch;
+    struct Donor {
+      std::unique_ptr<ClientTransport> tx;  // null: the syncer's link
+      Digest ticket{};                      // proto::fetch_ticket
+    };
+    std::vector<Donor> donors;
     bool first_join_recorded = false;
     // CURVE refusals by this syncer (shard): our key is not in its allow-list. libzmq keeps reconnecting with its
     // backoff; each refusal is counted, and recorded at the 1st, 2nd, 4th, 8th, ... (auth_refused).
@@ -132,17 +118,8 @@ struct LearnerNode::Impl {
     at::Tensor initial;
     Digest initial_hash{};
     int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
-    // Fragments pushed on this link while joined, since it last (re)joined. A (re)join settles each of them as
-    // refused: the syncer that answers now may not hold them (a restarted syncer never got them, or lost them
-    // with its memory), and waiting for an answer that no syncer holds would block the learner for good.
-    std::set<int64_t> unsettled;
-    // The push window: the fragments pushed on this link since the latest welcome, in order, from the
-    // (sent_base)-th on (the ones before it the syncer acknowledged), and the syncer's count of pushes it read
-    // (proto::SyncerBeat). A push waits in the outbox while kPushWindow pushes are unacknowledged (a newer push of
-    // its fragment replaces it there), so a full link does not queue stale pushes behind each other.
-    std::deque<int64_t> sent;
-    int64_t sent_base = 0, pushes_acked = 0;
-    bool syncer_acks = false;  // this syncer acknowledges pushes (a heartbeat with a body came): the window applies
+    // The pushes on this link: the window, and which are unsettled (push_window.h). Guarded by mu.
+    PushWindow window;
     // A standby pair (net.standby; docs/reliability.md): the other syncer of this shard's pair. The learner says
     // hello there too, every second: while it follows it answers not_leader and keeps the route, so that when it
     // takes over it tells this learner at once (a syncer beat with leader_epoch). Then tx and alt swap and the link
@@ -155,10 +132,8 @@ struct LearnerNode::Impl {
     // fragments whose delta found another version, told to the syncer with the next heartbeat (Beat::resend).
     std::map<int64_t, std::pair<int64_t, at::Tensor>> exact;
     std::set<int64_t> resend;
-    int64_t unacknowledged() const { return sent_base + static_cast<int64_t>(sent.size()) - pushes_acked; }
     Comms c;
   };
-  static constexpr int64_t kPushWindow = 2;
   std::vector<Link> links;
   std::mutex mu;
   std::condition_variable cv;
@@ -267,25 +242,17 @@ struct LearnerNode::Impl {
 
   void accept_chunk(Link& L, int64_t k, const MessageHeader& h, const Envelope& env);
 
-  // ---- rejoin from peers: fetching ----
+  // ---- rejoin from peers: fetching (the rules: state_fetch.h) ----
   void start_fetch(Link& L, const proto::Welcome& w);
+  void end_fetch(Comms& c);
 
+  // Sends the request for chunk k to source i of the fetch; false when it cannot take it now.
   bool request_chunk(Link& L, size_t i, int64_t k);
 
-  // One round of a fetch: donors' answers, donors too slow, and every source's window refilled.
+  // One round of a fetch: donors' answers read, and every source's window refilled (StateFetch::schedule).
   void tend_fetch(Link& L);
 
-  // The end of a fetch: every chunk is asked of someone, and the download waits for the slowest source's last ones.
-  // A source with room in its window is asked too for a chunk another source has had longest, once that chunk has
-  // waited twice the fetch's mean time from ask to answer so far (each chunk of at most two donors, and the syncer,
-  // which always holds the versions asked for, may be the third); the first answer counts, the others are dropped.
-  void endgame(Link& L, double t);
-
   void on_donor_message(Link& L, size_t i, const Envelope& env);
-
-  // A source's answer to a chunk it was asked for (at asked_at; -1: not asked of it) counted: the per-source figures
-  // of the joined record and the endgame's mean answer time.
-  void answered(Fetch& f, Fetch::Source& s, double asked_at) const;
 
   void caught_lying(Link& L, size_t i, int64_t k, const std::string& what);
 

@@ -377,4 +377,29 @@ std::string compare(const RoundCheck& leader, const RoundCheck& mine) {
   return "";
 }
 
+Applied Journal::record(Syncer& core, const std::vector<FlatLayout>& layouts, Entry e, int64_t epoch, bool replicate,
+                        uint64_t fingerprint, const WireLimits& limits) {
+  Applied a = apply(core, e, layouts);  // throws before journaling: nothing was applied
+  e.seq = ++seq_;
+  e.epoch = epoch;
+  for (const RoundResult& r : a.rounds) e.results.push_back(check_of(r));
+  if (e.kind == EntryKind::kReceive && a.received == SyncReject::kNone) held_pushes_[{e.learner, e.fragment}] = e;
+  for (const RoundResult& r : a.rounds)
+    if (r.decision.kind == RoundDecision::kMerge)  // merged or rolled back: those pushes no longer wait
+      for (int64_t m : r.outcome.learners) held_pushes_.erase({m, r.outcome.fragment});
+  if (replicate) {
+    const EncodedEntry enc = encode(e, fingerprint);
+    out_.push_back(proto::make_frame(enc.header, enc.payload, limits));
+  }
+  return a;
+}
+
+std::vector<Entry> Journal::waiting_pushes(const Syncer& core, int64_t fragments) const {
+  std::vector<Entry> waiting;
+  for (int64_t p = 0; p < fragments; ++p)
+    for (int64_t m : core.waiting(p))
+      if (auto it = held_pushes_.find({m, p}); it != held_pushes_.end()) waiting.push_back(it->second);
+  return waiting;
+}
+
 }  // namespace deloco::repl

@@ -21,6 +21,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -29,6 +31,7 @@
 #include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
+#include "protocol.h"
 
 namespace deloco::repl {
 
@@ -112,5 +115,36 @@ bool leads_leaderless(const PairState& mine, const PairState& other);
 RoundCheck check_of(const RoundResult& r);
 // "" when `mine` (the standby's round) matches `leader`'s, else a sentence naming the difference.
 std::string compare(const RoundCheck& leader, const RoundCheck& mine);
+
+// The leader's journal: every call that changes its core, applied here (apply()) and numbered, queued for the
+// standby while one follows, and the pushes its rounds still wait on, kept as their entries so that they can be
+// received again right after an image (a resync point drops the cores' rounds on both syncers). The follower numbers
+// what it applied with follow(). Not thread-safe.
+class Journal {
+ public:
+  // Applies `e` to `core` (throws as apply() does, before anything here changes), then numbers it (seq, epoch, the
+  // rounds' results for the standby to check), keeps an accepted push until a round merges or rolls it back, and,
+  // with `replicate`, queues its frame (under `fingerprint`, within `limits`) for the standby.
+  Applied record(Syncer& core, const std::vector<FlatLayout>& layouts, Entry e, int64_t epoch, bool replicate,
+                 uint64_t fingerprint, const WireLimits& limits);
+  uint64_t seq() const { return seq_; }
+  // A follower applied the leader's entry `seq` (or an image taken at it).
+  void follow(uint64_t seq) { seq_ = seq; }
+  // The entries of the pushes the core's rounds wait on now, fragment by fragment (core.waiting order).
+  std::vector<Entry> waiting_pushes(const Syncer& core, int64_t fragments) const;
+  void forget_pushes() { held_pushes_.clear(); }
+  // The frames queued for the standby, handed over (flush) or dropped (no standby, or a new one: an image covers them).
+  std::vector<proto::Frame> take_frames() {
+    std::vector<proto::Frame> f;
+    f.swap(out_);
+    return f;
+  }
+  void drop_frames() { out_.clear(); }
+
+ private:
+  uint64_t seq_ = 0;  // entries journaled (leader) or applied (follower)
+  std::map<std::pair<int64_t, int64_t>, Entry> held_pushes_;  // (learner, local fragment) → its accepted push
+  std::vector<proto::Frame> out_;
+};
 
 }  // namespace deloco::repl

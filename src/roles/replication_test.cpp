@@ -57,16 +57,19 @@ Entry wire_trip(const Entry& e, int64_t learners, int64_t fragments) {
   return decode(enc.header, payload, learners, fragments);
 }
 
-// The leader: applies each entry and keeps it with its results, as SyncerNode::Impl::journal does.
+// The leader: journals each entry (Journal::record, as SyncerNode::Impl::journal does), and leaves in `e` what the
+// standby would read of it: the frame the journal queued, decoded.
 struct Leader {
   Syncer core;
   std::vector<FlatLayout> layouts;
-  uint64_t seq = 0;
+  Journal journal;
   Applied run(Entry& e) {
-    Applied a = apply(core, e, layouts);
-    e.seq = ++seq;
-    e.epoch = 1;
-    for (const auto& r : a.rounds) e.results.push_back(check_of(r));
+    Applied a = journal.record(core, layouts, e, /*epoch=*/1, /*replicate=*/true, 0xabcdef, WireLimits{});
+    const std::vector<proto::Frame> frames = journal.take_frames();
+    EXPECT_EQ(frames.size(), 1u);
+    const MessageHeader h = decode_header(frames[0].header.data(), frames[0].header.size(), WireLimits{});
+    e = decode(h, frames[0].payload, 3, 2);
+    EXPECT_EQ(e.seq, journal.seq());
     return a;
   }
 };
@@ -378,6 +381,62 @@ TEST(Replication, ALeaderlessPairElectsExactlyOneSyncerTheNewerState) {
     EXPECT_EQ(b, c.winner == 1) << "case " << i;
     EXPECT_FALSE(a && b) << "case " << i;
   }
+}
+
+TEST(Replication, TheJournalNumbersEntriesAndKeepsThePushesRoundsWaitOnForTheNextImage) {
+  const Model m = model();
+  Syncer core(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Journal j;
+  Driver d;
+  const auto record = [&](Entry e, bool replicate) {
+    return j.record(core, m.layouts, std::move(e), /*epoch=*/3, replicate, 1, WireLimits{});
+  };
+  record(d.push(m, 1.0, 0, 0), /*replicate=*/false);
+  record(d.push(m, 1.0, 1, 1), false);
+  EXPECT_EQ(j.seq(), 2u);
+  EXPECT_TRUE(j.take_frames().empty());  // no standby: nothing queued
+  // An entry the core cannot take changes nothing here either.
+  Entry bad = d.push(m, 1.0, 2, 0);
+  bad.fragment = 7;
+  EXPECT_THROW(record(bad, true), SyncError);
+  EXPECT_EQ(j.seq(), 2u);
+  EXPECT_TRUE(j.take_frames().empty());
+  // The pushes the rounds wait on, as their entries, fragment by fragment.
+  std::vector<Entry> w = j.waiting_pushes(core, 2);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].learner, 0);
+  EXPECT_EQ(w[0].fragment, 0);
+  EXPECT_EQ(w[1].learner, 1);
+  EXPECT_EQ(w[1].fragment, 1);
+  EXPECT_EQ(w[1].seq, 2u);
+  EXPECT_EQ(w[1].epoch, 3);
+  // A second push to fragment 0 makes its quorum (K = 2): the round merges, and its pushes wait no more.
+  record(d.push(m, 1.5, 2, 0), true);
+  Entry r;
+  r.kind = EntryKind::kRound;
+  r.t = 100.0;  // past any grace window
+  r.fragment = 0;
+  const Applied a = record(r, true);
+  ASSERT_EQ(a.rounds.size(), 1u);
+  ASSERT_TRUE(a.rounds[0].merged());
+  EXPECT_EQ(j.take_frames().size(), 2u);
+  w = j.waiting_pushes(core, 2);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].fragment, 1);
+  // The resync point: an image drops the core's rounds; the waiting push received again after it waits again.
+  Entry im;
+  im.kind = EntryKind::kImage;
+  im.image = core.image();
+  record(im, true);
+  EXPECT_TRUE(core.waiting(1).empty());
+  j.forget_pushes();
+  for (Entry& e : w) {
+    e.results.clear();
+    record(e, true);
+  }
+  EXPECT_EQ(core.waiting(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(j.seq(), 6u);  // each entry numbered once: three pushes, the round, the image, the push received again
+  EXPECT_EQ(j.waiting_pushes(core, 2).size(), 1u);
 }
 
 }  // namespace

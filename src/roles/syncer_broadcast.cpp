@@ -80,7 +80,7 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, const syncer_detail
   }
   it->second.version = version;
   it->second.order = static_cast<uint64_t>(merges);
-  it->second.journal = journal_seq;
+  it->second.journal = jrnl.seq();
   it->second.header = b.header;
   // The push of p from m this version answers (queued right after its merge, or the latest version by catch_up:
   // either way the marks as they stand now are this version's).
@@ -91,18 +91,6 @@ void SyncerNode::Impl::queue_broadcast(int64_t m, int64_t p, const syncer_detail
   it->second.delta_header.c_tokens = it->second.header.c_tokens;
   it->second.delta = b.delta;
   pump(m);
-}
-
-void SyncerNode::Impl::release_staged() {
-  commit_due = false;
-  commit_since = -1;
-  for (auto& [p, b] : staged) {
-    latest[p] = std::move(b);
-    broadcast_latest(p);
-  }
-  staged.clear();
-  for (rec::Merge& mr : staged_records) emit(std::move(mr));
-  staged_records.clear();
 }
 
 void SyncerNode::Impl::broadcast_latest(int64_t p) {
@@ -264,7 +252,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   if (first_merge_pending) {  // the first merge of a standby that took over: the failover's end
     first_merge_pending = false;
     rec::FailoverMerge fm;
-    fm.epoch = epoch;
+    fm.epoch = epoch();
     fm.fragment = global_id(p);
     fm.version = out.version;
     fm.seconds_after_takeover = t - took_over_at;
@@ -276,12 +264,8 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   }
   // Durable before anyone sees it: with checkpoint_every = 1 no merge a learner received can be lost. The
   // checkpoint is the group commit's (commit()): this merge's broadcast is staged until it is written.
-  if (commit_due) {
-    ++commits_gathered;
-  } else if (cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every) {
-    commit_due = true;
-    commit_since = now();
-  }
+  const bool staging =
+      group.merged(now(), cfg.syncer.checkpoint_every > 0 && merges - merges_at_ckpt >= cfg.syncer.checkpoint_every);
   const auto merged_at = std::chrono::steady_clock::now();
   // Broadcast Θ_p: encode once, share the payload with every live learner.
   MessageHeader bh;
@@ -294,8 +278,8 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
     b.header = bh;
     b.payload = payload;
     attach_delta(p, r.delta, &b);  // a staged one replaced before its commit: learners lack its base, get it whole
-    if (commit_due) {
-      staged[p] = std::move(b);
+    if (staging) {
+      group.stage(p, std::move(b));
     } else {
       latest[p] = std::move(b);
       broadcast_latest(p);
@@ -312,7 +296,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   mr.merges = merges;
   mr.upload_seconds = upload_s;
   mr.broadcast_seconds = broadcast_s;
-  if (commit_due) staged_records.push_back(std::move(mr));  // recorded once durable, as every merge record is
+  if (staging) group.stage_record(std::move(mr));  // recorded once durable, as every merge record is
   else emit(std::move(mr));
 }
 

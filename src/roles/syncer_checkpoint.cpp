@@ -34,7 +34,7 @@ nlohmann::json SyncerNode::Impl::counters() const {
           {"retired", ret},
           {"grace_waits", grace_waits},
           {"grace_wait_total", grace_wait_total},
-          {"epoch", epoch}};
+          {"epoch", epoch()}};
 }
 
 void SyncerNode::Impl::checkpoint(bool final) {
@@ -81,8 +81,11 @@ void SyncerNode::Impl::checkpoint(bool final) {
   cs.path = dir.string();
   cs.merges = merges;
   emit(std::move(cs));
-  last_commit_seconds = now() - start;
-  release_staged();  // every merge it covers may be seen now
+  // Every merge it covers may be seen now: the staged ones become the latest broadcasts, sent to every live learner.
+  group.committed(now() - start, [&](int64_t p, syncer_detail::Latest&& b) {
+    latest[p] = std::move(b);
+    broadcast_latest(p);
+  }, [&](rec::Merge&& mr) { emit(std::move(mr)); });
 }
 
 void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
@@ -102,7 +105,7 @@ void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
   const int64_t saved_epoch = c.value("epoch", int64_t{1});
   if (saved_epoch < 1 || saved_epoch > proto::kMaxEpoch)
     throw CheckpointError("the counters hold epoch " + std::to_string(saved_epoch) + ", outside [1, 2^53 - 1]");
-  epoch = std::max(epoch, saved_epoch);
+  pair.restore_epoch(saved_epoch);
   for (int64_t m = 0; m < M; ++m) {
     peers[m].step = pj[m].at("step").get<int64_t>();
     peers[m].tokens = pj[m].at("tokens").get<int64_t>();

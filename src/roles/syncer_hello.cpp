@@ -13,6 +13,7 @@
 #include "deloco/config.h"
 #include "deloco/gpt/train.h"
 #include "deloco/runtime.h"
+#include "hello_admission.h"
 #include "protocol.h"
 #include "records/round_record.h"
 #include "report/report.h"
@@ -41,37 +42,19 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
     return reject(env.peer, h.learner_id, -1, RejectReason::kMalformedFrame, e.what());
   }
   // ---- checks: nothing changes until all pass ----
+  HelloFacts facts;
+  facts.header_learner = h.learner_id;
+  facts.body_learner = hello.learner;
+  facts.learners = M;
+  facts.identity = env.identity;
+  facts.paired = static_cast<bool>(dial_peer);
+  facts.hello_epoch = hello.epoch;
+  facts.epoch = epoch();
+  if (auto it = route_to_id.find(env.peer); it != route_to_id.end()) facts.connection_learner = it->second;
+  const HelloVerdict verdict = check_hello(facts);
   const int64_t m = hello.learner;
-  if (static_cast<int64_t>(h.learner_id) != m)
-    return reject(env.peer, h.learner_id, -1, RejectReason::kLearnerIdMismatch,
-                  "hello header says learner " + std::to_string(h.learner_id) + " but its body says learner " +
-                      std::to_string(m));
-  if (m >= M)
-    return reject(env.peer, m, -1, RejectReason::kUnknownLearner,
-                  "learner id " + std::to_string(m) + " is not in [0, " + std::to_string(M) + ")");
-  // CURVE: the key's allow-list name says which learner it is; a name that is not learner-N speaks for nobody.
-  // (Plaintext has no identities: env.identity is empty and anyone may claim any id.)
-  if (!env.identity.empty()) {
-    const std::optional<int64_t> bound = proto::learner_of_key_name(env.identity);
-    if (!bound)
-      return reject(env.peer, m, -1, RejectReason::kUnboundKey,
-                    "key '" + env.identity + "' is in the allow-list but its name is not learner-N, so it may not "
-                    "join as any learner (name its .pub file learner-" + std::to_string(m) + ".pub to bind it to learner " +
-                    std::to_string(m) + ")");
-    if (*bound != m)
-      return reject(env.peer, m, -1, RejectReason::kKeyIdMismatch,
-                    "key '" + env.identity + "' may only join as learner " + std::to_string(*bound) + ", not as learner " +
-                        std::to_string(m));
-  }
-  // A learner that has joined a leader of a newer epoch: this syncer may have been replaced (cut off, or a restarted
-  // old leader). A learner's word is only a hint (any learner key could send any number): the hello is refused and
-  // recorded, and this syncer steps down only on the other syncer's own word, its lease or a follow request at the
-  // newer epoch, which a leader no standby follows sends every lease (on_replica_message).
-  if (dial_peer && hello.epoch > epoch) return refuse_newer_epoch(env, m, hello.epoch);
-  if (auto it = route_to_id.find(env.peer); it != route_to_id.end() && it->second != m)
-    return reject(env.peer, m, -1, RejectReason::kLearnerIdMismatch,
-                  "this connection joined as learner " + std::to_string(it->second) +
-                      "; a connection's learner id never changes");
+  if (verdict.kind == HelloVerdict::kRefuse) return reject(env.peer, verdict.learner, -1, verdict.reason, verdict.detail);
+  if (verdict.kind == HelloVerdict::kNewerEpoch) return refuse_newer_epoch(env, m, hello.epoch);
   Peer& P = peers[m];
   const bool other_route = !P.route.empty() && P.route != env.peer;
   // Another process on another connection while this id's connection spoke within net.dead_after (or 2 heartbeats,
@@ -160,7 +143,7 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   // connection: the learner then knows which of its pushes arrived (the others it counts as refused).
   if (P.route == env.peer && P.instance == hello.instance) w.pushes = P.pushes_rx;
   w.marks_answers = true;
-  if (dial_peer) w.epoch = epoch;
+  if (dial_peer) w.epoch = epoch();
   std::vector<proto::Frame> frames;
   frames.reserve(static_cast<size_t>(w.chunks) + 1);
   MessageHeader wh;

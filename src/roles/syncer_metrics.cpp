@@ -49,8 +49,8 @@ void SyncerNode::Impl::update_prometheus() {
   metric("tokens_total", "counter", "Tokens trained by all learners.", static_cast<double>(total_tokens()));
   // A standby pair: which syncer leads, its term, and what replication checked (docs/reliability.md).
   metric("leader", "gauge", "1 while this syncer leads (always, without a standby pair), 0 while it is the standby.",
-         role == Role::kLeader ? 1.0 : 0.0);
-  metric("epoch", "gauge", "The leader's term (fencing token) this syncer leads or follows.", static_cast<double>(epoch));
+         pair.leads() ? 1.0 : 0.0);
+  metric("epoch", "gauge", "The leader's term (fencing token) this syncer leads or follows.", static_cast<double>(epoch()));
   metric("replica_rounds_checked_total", "counter", "Rounds a standby replayed and checked against the leader's.",
          static_cast<double>(rounds_checked));
   metric("replica_mismatches_total", "counter", "Replayed rounds that differed from the leader's (then resynced).",
@@ -165,7 +165,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   s["learner_bytes"] = bytes;
   s["deltas_sent"] = deltas_sent;
   s["delta_resends"] = delta_resends;
-  s["group_commit_merges"] = commits_gathered;  // merges a checkpoint covered beside the one that made it due
+  s["group_commit_merges"] = group.gathered();  // merges a checkpoint covered beside the one that made it due
   // Measured transfer times (moving averages; null until one was measured).
   s["upload_seconds"] = upload_time.seeded ? nlohmann::json(upload_time.value) : nlohmann::json();
   s["broadcast_seconds"] = broadcast_time.seeded ? nlohmann::json(broadcast_time.value) : nlohmann::json();
@@ -177,9 +177,9 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
     s["fragments"] = shard.fragments;
   }
   if (dial_peer) {  // a standby pair (docs/reliability.md)
-    s["pair"] = {{"role", role == Role::kLeader ? "leader" : "standby"},
-                 {"epoch", epoch},
-                 {"journal", journal_seq},
+    s["pair"] = {{"role", pair.leads() ? "leader" : "standby"},
+                 {"epoch", epoch()},
+                 {"journal", jrnl.seq()},
                  {"takeovers", takeovers},
                  {"step_downs", step_downs},
                  {"epoch_hints", epoch_hints},

@@ -178,7 +178,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     return;
   }
   if (h.kind == MessageKind::kReplica) return on_replica_message(env, h);
-  if (role == Role::kFollower) return refuse_not_leader(env, h);
+  if (pair.follows()) return refuse_not_leader(env, h);
   if (h.kind == MessageKind::kHello) return on_hello(env, h, t);
   auto it = route_to_id.find(env.peer);
   if (it == route_to_id.end() && h.kind == MessageKind::kLeave) {
@@ -569,7 +569,7 @@ void SyncerNode::pair(std::function<std::unique_ptr<ClientTransport>()> dial, bo
   I.dial_peer = std::move(dial);
   I.slot = slot;
   if (!follow) return;
-  I.role = Impl::Role::kFollower;
+  I.pair.start_following();
   I.upstream = I.dial_peer();
   I.upstream_heard = I.now();  // a leader gets a full lease from this start to be heard
 }
@@ -585,7 +585,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   {
     rec::Started st;
     st.resumed = I.resumed;
-    st.follows = I.role == Impl::Role::kFollower;
+    st.follows = I.pair.follows();
     st.merges = I.merges;
     st.endpoint = I.tx->endpoint();
     st.metrics_port = I.metrics ? I.metrics->port() : 0;
@@ -599,9 +599,9 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     I.emit(std::move(st));
   }
   // A standby follows until the leader's run ended (its drain applied) or it takes over.
-  const auto done = [&] { return I.all_retired() && (I.role == Impl::Role::kLeader || I.drained); };
+  const auto done = [&] { return I.all_retired() && (I.pair.leads() || I.drained); };
   while (!stop.load() && !done()) {
-    if (I.role == Impl::Role::kFollower) {
+    if (I.pair.follows()) {
       Envelope env;
       if (I.tx->receive(&env, std::chrono::milliseconds(2))) I.handle(env);  // learners: not_leader, routes kept
       if (I.upstream && I.upstream->receive(&env, std::chrono::milliseconds(5))) {
@@ -610,22 +610,22 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
             I.on_upstream(env);
           } catch (const std::exception& e) {  // contained like a learner's message: the standby asks again
             ++I.rejects["replica_handler_error"];
-            I.following = false;
+            I.pair.on(PairRole::Event::kReplicaBroken);
           }
-        } while (I.role == Impl::Role::kFollower && I.upstream && I.upstream->receive(&env, std::chrono::milliseconds(0)));
+        } while (I.pair.follows() && I.upstream && I.upstream->receive(&env, std::chrono::milliseconds(0)));
       }
-      if (I.role == Impl::Role::kFollower) I.follower_housekeeping();
+      if (I.pair.follows()) I.follower_housekeeping();
       continue;
     }
     // A due commit (group commit, syncer_node_impl.h) waits for nothing: gathering ends when the inbox is empty.
     const double wait = std::max(0.0, I.next_wakeup() - I.now());
     Envelope env;
     const bool got = I.tx->receive(
-        &env, std::chrono::milliseconds(I.commit_due ? 0 : static_cast<int64_t>(wait * 1000) + 1));
+        &env, std::chrono::milliseconds(I.group.due() ? 0 : static_cast<int64_t>(wait * 1000) + 1));
     if (!got) I.inbox_empty(I.now());
     I.leader_tick();  // after the wait, before anything is handled: a pause during either shows here
     if (got) {
-      if (I.commit_due && !I.may_gather(env)) I.commit();  // only pushes and heartbeats before the merges are durable
+      if (I.group.due() && !I.may_gather(env)) I.commit();  // only pushes and heartbeats before the merges are durable
       bool replica = false;
       if (I.holding()) try {
           replica = env.parts == 2 && decode_header(env.header.data(), env.header.size(), I.limits).kind == MessageKind::kReplica;
@@ -639,7 +639,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     // dropped as silent and the broadcasts held for its acknowledgement (the replaced leader's last merge) went out.
     I.leader_tick();
     I.housekeeping();
-    if (I.commit_due && (!got || I.gathered_enough(I.now()))) I.commit();
+    if (I.group.due() && (!got || I.group.gathered_enough(I.now()))) I.commit();
     I.flush_journal();  // after the checkpoints the handling wrote: durable first, then replicated, then visible
   }
   // Merge whatever still waits (the learners that finished cannot send again), then evaluate and checkpoint.
@@ -655,7 +655,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     }
     // The drain goes to the standby now (its merges are checkpointed): the final evaluation below can take longer
     // than a lease, and a standby that heard nothing meanwhile took over from a leader that was only finishing.
-    if (I.commit_due) I.commit();
+    if (I.group.due()) I.commit();
     I.flush_journal();
   }
   if (I.shard.shard == 0) I.evaluate(/*final=*/true);

@@ -24,7 +24,9 @@
 #include <nlohmann/json.hpp>
 
 #include "chunk_server.h"
-#include "deloco/answer_marks.h"
+#include "group_commit.h"
+#include "pair_role.h"
+#include "sync/answer_marks.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
 #include "records/kinds.h"
@@ -242,10 +244,10 @@ struct SyncerNode::Impl {
 
   // ---- the standby pair (replication.h; docs/reliability.md, "A standby syncer") ----
   // Every change to the core goes through journal(): applied here, and sent to the standby while one follows.
-  enum class Role { kLeader, kFollower };
-  Role role = Role::kLeader;
-  int64_t epoch = 1;        // the fencing token: this leader's term (a follower: its leader's); a takeover raises it
-  uint64_t journal_seq = 0;  // entries journaled (leader) or applied (follower)
+  // The role (leader, a standby asking for an image, a standby following) and the fencing epoch: this leader's term
+  // (a follower's: its leader's). Changed only by the table in pair_role.h (take_over, step_down, on_upstream).
+  PairRole pair;
+  int64_t epoch() const { return pair.epoch(); }
   std::function<std::unique_ptr<ClientTransport>()> dial_peer;  // a connection to the other syncer of the pair
   double lease = 1.0;       // syncer.lease
   WireLimits replica_limits;  // the limits replica frames are read with (an image holds Θ and the outer state)
@@ -255,18 +257,15 @@ struct SyncerNode::Impl {
   double image_sent = -1e9;
   double standby_heard = -1e9, lease_sent = -1e9;
   int64_t standby_follows = 0, standby_dropped = 0, resync_replayed = 0;
-  // The accepted push of each (learner, local fragment) not merged yet, as its journal entry: at a resync point
-  // (an image for a new standby) both cores drop their rounds, and these are received again right after the image,
-  // so no learner's push is lost to a standby joining (a sync-mode cluster would wait for it forever).
-  std::map<std::pair<int64_t, int64_t>, repl::Entry> held_pushes;
-  // Journal entries to send to the standby (flush_journal(), after each message and housekeeping): a merge reaches
-  // the standby only after its checkpoint is written, so the standby never holds a merge the leader's disk lacks.
-  std::vector<proto::Frame> journal_out;
+  // Every change to the core, numbered; the pushes its rounds wait on (received again after an image, so no learner's
+  // push is lost to a standby joining); the frames for the standby (replication.h).
+  repl::Journal jrnl;
+  // Sends the journal's frames to the standby (after each message and housekeeping): a merge reaches the standby only
+  // after its checkpoint is written, so the standby never holds a merge the leader's disk lacks.
   void flush_journal();
   // Follower: the connection to the leader, whether it holds an image, when the leader was last heard, the latest
   // counters it replicated, the learners that said hello here (told when this standby takes over), the checks.
   std::unique_ptr<ClientTransport> upstream;
-  bool following = false;
   bool drained = false;  // the leader's final drain was applied: the run is over
   double upstream_heard = -1e9, follow_sent = -1e9;  // upstream_heard: any sign of a live leader (also its lease
                                                      // on the learners' endpoint, sent while no standby follows it)
@@ -353,7 +352,8 @@ struct SyncerNode::Impl {
   void on_upstream(const Envelope& env);
   // Role changes: the lease lapsed (follower → leader), or a newer epoch was seen (leader → follower).
   // A leaderless pair's election passes the other syncer's epoch (the new one is above both) and why (`detail`).
-  void take_over(double silent, int64_t other_epoch = 0, std::string detail = "");
+  // `why`: kLeaseLapsed (following) or kElected (asking; other_epoch the other syncer's).
+  void take_over(PairRole::Event why, double silent, int64_t other_epoch = 0, std::string detail = "");
   // The other syncer asked to follow this one (kFollow) while this one is a follower: kept for a leaderless pair.
   void note_peer_asks(const repl::Entry& e);
   // True when this follower, holding no image and hearing no leader, should lead a pair that has none.
@@ -547,30 +547,15 @@ struct SyncerNode::Impl {
   nlohmann::json counters() const;
 
   // final: the end of a finished run (every learner retired): the run's final global model. Every merge it covers
-  // becomes visible (release_staged()).
+  // becomes visible (GroupCommit::committed).
   void checkpoint(bool final = false);
 
-  // ---- group commit (checkpoint_every > 0) -----------------------------------------------------------------------
-  // A merge is durable before anyone sees it, and one checkpoint covers every merge made while pushes kept coming:
-  // from the merge that makes a checkpoint due, the syncer gathers (goes on handling pushes and heartbeats, each
-  // merge's broadcast staged, the journal held) until its inbox is empty, a message of another kind arrives, or it
-  // has gathered as long as its latest checkpoint took; then one checkpoint, and the staged broadcasts and the
-  // journal go (commit()). A checkpoint per merge fell behind without bound once a checkpoint took longer than the
-  // pushes took to arrive (a slow disk: learners saw merges 15 s after they were made, and later every minute);
-  // gathering keeps up, each broadcast about two checkpoints late at most.
-  bool commit_due = false;
-  double commit_since = -1;        // steady time of the first merge the next commit covers
-  double last_commit_seconds = 0;  // how long the latest checkpoint took
-  int64_t commits_gathered = 0;    // merges made while a commit was due (the summary's group_commit_merges)
-  std::map<int64_t, syncer_detail::Latest> staged;  // local fragment → its newest merge not yet committed
-  std::vector<rec::Merge> staged_records;             // their merge records, written once they are durable
+  // ---- group commit (checkpoint_every > 0; group_commit.h): durable before anyone sees it ----------------------
+  GroupCommit<syncer_detail::Latest, rec::Merge> group;
   // Pushes and heartbeats may be handled before a due commit: they show nothing of Θ (a hello's download, a state
   // chunk, the standby's image would show a merge the disk lacks).
   bool may_gather(const Envelope& env) const;
-  bool gathered_enough(double t) const { return t - commit_since >= last_commit_seconds; }
   void commit() { checkpoint(); }
-  // The staged merges become the latest broadcasts and are queued to every live learner.
-  void release_staged();
   // latest[p] queued to every live learner that has not retired.
   void broadcast_latest(int64_t p);
 

@@ -19,26 +19,15 @@ constexpr const char* kSyncerIdentity = "syncer";
 }  // namespace
 
 repl::Applied SyncerNode::Impl::journal(repl::Entry e) {
-  repl::Applied a = repl::apply(*core, e, layouts);  // throws before journaling: nothing was applied
-  e.seq = ++journal_seq;
-  e.epoch = epoch;
-  for (const RoundResult& r : a.rounds) e.results.push_back(repl::check_of(r));
-  if (e.kind == repl::EntryKind::kReceive && a.received == SyncReject::kNone) held_pushes[{e.learner, e.fragment}] = e;
-  for (const RoundResult& r : a.rounds)
-    if (r.decision.kind == RoundDecision::kMerge)  // merged or rolled back: those pushes no longer wait
-      for (int64_t m : r.outcome.learners) held_pushes.erase({m, r.outcome.fragment});
-  if (role == Role::kLeader && !standby_route.empty()) {
-    const repl::EncodedEntry enc = repl::encode(e, fingerprint);
-    journal_out.push_back(proto::make_frame(enc.header, enc.payload, replica_limits));
-  }
-  return a;
+  return jrnl.record(*core, layouts, std::move(e), epoch(), pair.leads() && !standby_route.empty(), fingerprint,
+                     replica_limits);
 }
 
 void SyncerNode::Impl::flush_journal() {
-  if (commit_due) return;  // a merge reaches the standby after its checkpoint (the group commit's)
+  if (group.due()) return;  // a merge reaches the standby after its checkpoint (the group commit's)
+  const std::vector<proto::Frame> frames = jrnl.take_frames();
   if (!standby_route.empty())
-    for (const proto::Frame& f : journal_out) tx->send(standby_route, f.header, f.payload);
-  journal_out.clear();
+    for (const proto::Frame& f : frames) tx->send(standby_route, f.header, f.payload);
 }
 
 void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHeader& h) {
@@ -55,13 +44,13 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   if (!dial_peer) return reject(env.peer, -1, -1, RejectReason::kOther, "this syncer has no standby pair (net.standby)");
   // A newer epoch from the other syncer: it leads now (its lease, sent while no standby follows it), or it follows
   // a newer leader. This one was replaced while it could not hear (paused, partitioned).
-  if (e.epoch > epoch && role == Role::kLeader)
+  if (e.epoch > epoch() && pair.leads())
     step_down(e.epoch, e.kind == repl::EntryKind::kLease
                            ? "the other syncer of the pair leads epoch " + std::to_string(e.epoch)
                            : "a standby that follows epoch " + std::to_string(e.epoch) + " asked to follow this syncer");
-  if (role == Role::kFollower) {
+  if (pair.follows()) {
     // A leader no standby follows tells this syncer its epoch every lease: it is alive, so nobody takes over.
-    if (e.kind == repl::EntryKind::kLease && e.epoch >= epoch) {
+    if (e.kind == repl::EntryKind::kLease && e.epoch >= epoch()) {
       upstream_heard = now();
       peer_asks_first = -1;
     }
@@ -76,8 +65,8 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
     // it would take over beside this live leader after a lease; a fresh image makes it a replica again instead.
     rec::Standby sb;
     sb.event = "dropped_standby_heard";
-    sb.epoch = epoch;
-    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.epoch = epoch();
+    sb.journal = static_cast<int64_t>(jrnl.seq());
     sb.merges = merges;
     sb.detail = "a standby this leader no longer replicates to acknowledged entry " + std::to_string(e.seq) +
                 ": it follows again from a new image";
@@ -95,11 +84,8 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   if (env.peer == standby_route && standby_acked < image_seq && t - image_sent < 10 * lease) return;
   // kFollow: a resync point. Both cores resync from one image, which drops their rounds; the pushes that waited
   // in them are received again right after it (on both), so no learner waits for a push that is gone.
-  std::vector<repl::Entry> waiting;
-  for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p)
-    for (int64_t m : core->waiting(p))
-      if (auto it = held_pushes.find({m, p}); it != held_pushes.end()) waiting.push_back(it->second);
-  journal_out.clear();  // entries for a standby that was replaced: the image covers them
+  std::vector<repl::Entry> waiting = jrnl.waiting_pushes(*core, static_cast<int64_t>(layouts.size()));
+  jrnl.drop_frames();  // entries for a standby that was replaced: the image covers them
   standby_route = env.peer;
   standby_identity = env.identity;
   standby_acked = 0;
@@ -111,9 +97,9 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   im.image = core->image();
   im.counters = counters();
   journal(std::move(im));
-  image_seq = journal_seq;
+  image_seq = jrnl.seq();
   image_sent = t;
-  held_pushes.clear();
+  jrnl.forget_pushes();
   for (repl::Entry& w : waiting) {
     w.results.clear();
     journal(w);
@@ -123,8 +109,8 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   const int64_t dropped = 0;
   rec::Standby sb;
   sb.event = "following";
-  sb.epoch = epoch;
-  sb.journal = static_cast<int64_t>(journal_seq);
+  sb.epoch = epoch();
+  sb.journal = static_cast<int64_t>(jrnl.seq());
   sb.merges = merges;
   sb.dropped = dropped;
   sb.detail = "a standby follows from this image on; " + std::to_string(waiting.size()) +
@@ -135,8 +121,8 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
 proto::Frame SyncerNode::Impl::control_frame(repl::EntryKind kind) const {
   repl::Entry e;
   e.kind = kind;
-  e.seq = journal_seq;
-  e.epoch = epoch;
+  e.seq = jrnl.seq();
+  e.epoch = epoch();
   if (kind == repl::EntryKind::kFollow) {  // this syncer's state, for a pair that has no leader
     e.merges = merges;
     e.slot = slot;
@@ -146,7 +132,7 @@ proto::Frame SyncerNode::Impl::control_frame(repl::EntryKind kind) const {
 }
 
 void SyncerNode::Impl::note_peer_asks(const repl::Entry& e) {
-  if (following) return;  // this syncer follows a leader: the other's request is stale or misdirected
+  if (pair.following()) return;  // this syncer follows a leader: the other's request is stale or misdirected
   const double t = now();
   if (peer_asks_first < 0) peer_asks_first = t;
   peer_asks_last = t;
@@ -156,10 +142,10 @@ void SyncerNode::Impl::note_peer_asks(const repl::Entry& e) {
 }
 
 bool SyncerNode::Impl::leads_leaderless_pair(double t) const {
-  if (following || peer_asks_first < 0 || peer_asks_last - peer_asks_first < lease || t - upstream_heard <= lease)
+  if (pair.following() || peer_asks_first < 0 || peer_asks_last - peer_asks_first < lease || t - upstream_heard <= lease)
     return false;
   repl::PairState mine;
-  mine.epoch = epoch;
+  mine.epoch = epoch();
   mine.merges = merges;
   mine.slot = slot;
   return repl::leads_leaderless(mine, peer_asks);
@@ -205,14 +191,14 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
     sb.event = "malformed";
     sb.detail = clip_utf8(x.what(), 400);
     log_limited("standby_malformed", std::move(sb));
-    following = false;  // what follows cannot be trusted to line up: ask for a fresh image
+    pair.on(PairRole::Event::kReplicaBroken);  // what follows cannot be trusted to line up: ask for a fresh image
     send_follow();
     return;
   }
-  if (e.epoch < epoch) return;  // a leader older than the one this standby follows
+  if (e.epoch < epoch()) return;  // a leader older than the one this standby follows
   upstream_heard = now();
   peer_asks_first = -1;  // a leader exists
-  epoch = e.epoch;
+  pair.on(PairRole::Event::kNewerEpoch, e.epoch);  // its leader's epoch: never lower (checked above)
   const auto ack = [&] { send_upstream(repl::EntryKind::kAck); };
   if (e.kind == repl::EntryKind::kLease) return;
   if (e.kind == repl::EntryKind::kImage) {
@@ -225,8 +211,8 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
       emit(std::move(sb));
       return;
     }
-    journal_seq = e.seq;
-    following = true;
+    jrnl.follow(e.seq);
+    pair.on(PairRole::Event::kImage, e.epoch);  // follows from here
     ++images_applied;
     leader_counters = e.counters;
     merges = e.counters.value("merges", merges);
@@ -251,27 +237,27 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
     }
     rec::Standby sb;
     sb.event = "image";
-    sb.epoch = epoch;
-    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.epoch = epoch();
+    sb.journal = static_cast<int64_t>(jrnl.seq());
     sb.merges = merges;
     sb.detail = "following the leader from this image";
     emit(std::move(sb));
     ack();
     return;
   }
-  if (!following) return;  // entries before this standby's image
+  if (!pair.following()) return;  // entries before this standby's image
   if (e.kind == repl::EntryKind::kCounters) {
     leader_counters = e.counters;
     return;
   }
-  if (e.seq != journal_seq + 1) {
+  if (e.seq != jrnl.seq() + 1) {
     rec::Standby sb;
     sb.event = "gap";
-    sb.epoch = epoch;
-    sb.journal = static_cast<int64_t>(journal_seq);
-    sb.detail = "entry " + std::to_string(e.seq) + " after " + std::to_string(journal_seq) + ": asking for a new image";
+    sb.epoch = epoch();
+    sb.journal = static_cast<int64_t>(jrnl.seq());
+    sb.detail = "entry " + std::to_string(e.seq) + " after " + std::to_string(jrnl.seq()) + ": asking for a new image";
     emit(std::move(sb));
-    following = false;
+    pair.on(PairRole::Event::kReplicaBroken);
     send_follow();
     return;
   }
@@ -281,16 +267,16 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
   } catch (const std::exception& x) {
     rec::Standby sb;
     sb.event = "mismatch";
-    sb.epoch = epoch;
-    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.epoch = epoch();
+    sb.journal = static_cast<int64_t>(jrnl.seq());
     sb.detail = clip_utf8(std::string("entry ") + repl::entry_kind_name(e.kind) + " failed here: " + x.what(), 400);
     emit(std::move(sb));
     ++replica_mismatches;
-    following = false;
+    pair.on(PairRole::Event::kReplicaBroken);
     send_follow();
     return;
   }
-  journal_seq = e.seq;
+  jrnl.follow(e.seq);
   // The node's own view of what the entry did (the leader's node did the same after applying it).
   switch (e.kind) {
     case repl::EntryKind::kReceive:
@@ -330,11 +316,11 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
     ++replica_mismatches;
     rec::Standby sb;
     sb.event = "mismatch";
-    sb.epoch = epoch;
-    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.epoch = epoch();
+    sb.journal = static_cast<int64_t>(jrnl.seq());
     sb.detail = clip_utf8(diff, 400);
     emit(std::move(sb));
-    following = false;  // a replica that differs is no replica: start again from an image
+    pair.on(PairRole::Event::kReplicaBroken);  // a replica that differs is no replica: start again from an image
     send_follow();
     return;
   }
@@ -358,7 +344,7 @@ void SyncerNode::Impl::refuse_not_leader(const Envelope& env, const MessageHeade
   }
   standby_routes[m] = env.peer;
   send_not_leader(env.peer, m,
-                  "not_leader: this syncer is the standby (epoch " + std::to_string(epoch) +
+                  "not_leader: this syncer is the standby (epoch " + std::to_string(epoch()) +
                       "); it tells this learner when it takes over");
 }
 
@@ -377,15 +363,15 @@ void SyncerNode::Impl::refuse_newer_epoch(const Envelope& env, int64_t m, int64_
   ++epoch_hints;
   rec::Standby sb;
   sb.event = "epoch_hint";
-  sb.epoch = epoch;
-  sb.journal = static_cast<int64_t>(journal_seq);
+  sb.epoch = epoch();
+  sb.journal = static_cast<int64_t>(jrnl.seq());
   sb.merges = merges;
   sb.detail = "learner " + std::to_string(m) + " says it joined a leader of epoch " + std::to_string(newer) +
               ", newer than this syncer's: its hello is refused; this syncer steps down only when the other syncer "
               "of the pair shows that epoch (its lease, or a follow request)";
   log_limited("standby_epoch_hint", std::move(sb));
   send_not_leader(env.peer, m,
-                  "not_leader: this syncer leads epoch " + std::to_string(epoch) + ", older than the one this learner joined");
+                  "not_leader: this syncer leads epoch " + std::to_string(epoch()) + ", older than the one this learner joined");
 }
 
 double SyncerNode::Impl::pause_began(double t) {
@@ -395,10 +381,10 @@ double SyncerNode::Impl::pause_began(double t) {
   ++pauses;
   rec::Standby sb;
   sb.event = "paused";
-  sb.epoch = epoch;
-  sb.journal = static_cast<int64_t>(journal_seq);
+  sb.epoch = epoch();
+  sb.journal = static_cast<int64_t>(jrnl.seq());
   sb.merges = merges;
-  sb.detail = "this " + std::string(role == Role::kLeader ? "leader" : "standby") + " did not come round its loop for " +
+  sb.detail = "this " + std::string(pair.leads() ? "leader" : "standby") + " did not come round its loop for " +
               std::to_string(t - before) + " s (a pause, or long work); the other syncer gets a full lease (" +
               std::to_string(lease) + " s) to be heard before this one acts on its silence";
   log_limited("standby_paused", std::move(sb));
@@ -434,13 +420,13 @@ void SyncerNode::Impl::follower_housekeeping() {
   // then; the leader answers the first request and ignores repeats while its image is on the way. Afterwards a
   // lost image is asked for again at the slower pace.
   const double ask_every = images_applied == 0 ? lease / 4 : std::max(1.0, 2 * lease);
-  if (!following && t - follow_sent >= ask_every) send_follow();
-  if (following && t - lease_sent >= lease / 4) {  // the standby's own liveness for the leader
+  if (!pair.following() && t - follow_sent >= ask_every) send_follow();
+  if (pair.following() && t - lease_sent >= lease / 4) {  // the standby's own liveness for the leader
     send_upstream(repl::EntryKind::kAck);
     lease_sent = t;
   }
-  if (following && t - upstream_heard > lease) {
-    take_over(t - upstream_heard);
+  if (pair.following() && t - upstream_heard > lease) {
+    take_over(PairRole::Event::kLeaseLapsed, t - upstream_heard);
   } else if (leads_leaderless_pair(t)) {
     // Nobody leads: the other syncer has asked to follow this one for over a lease, and no leader was heard. This
     // one holds the newer state (or is the primary, on a tie), so it leads; the other follows it from an image.
@@ -449,16 +435,16 @@ void SyncerNode::Impl::follower_housekeeping() {
                         ", epoch " + std::to_string(peer_asks.epoch) + ", " + std::to_string(peer_asks.merges) +
                         " merges) asked to follow this one for " + std::to_string(tenths / 10) + "." +
                         std::to_string(tenths % 10) + " s; this one (slot " + std::to_string(slot) + ", epoch " +
-                        std::to_string(epoch) + ", " + std::to_string(merges) + " merges" +
+                        std::to_string(epoch()) + ", " + std::to_string(merges) + " merges" +
                         (images_applied == 0 ? ", no image held" : "") + ") holds the newer state";
-    take_over(t - upstream_heard, peer_asks.epoch, std::move(why));
+    take_over(PairRole::Event::kElected, t - upstream_heard, peer_asks.epoch, std::move(why));
   }
   update_prometheus();
 }
 
 void SyncerNode::Impl::forget_learners() {
   core->drop_waiting();
-  held_pushes.clear();
+  jrnl.forget_pushes();
   for (auto& tm : timers) tm = -1;
   route_to_id.clear();
   for (Peer& P : peers) {
@@ -469,27 +455,25 @@ void SyncerNode::Impl::forget_learners() {
   }
 }
 
-void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string detail) {
+void SyncerNode::Impl::take_over(PairRole::Event why, double silent, int64_t other_epoch, std::string detail) {
   const double t = now();
   const int64_t replayed = merges;
-  const std::optional<int64_t> next = proto::next_epoch(epoch, other_epoch);
-  if (!next) {  // unreachable while every parse and load bounds epochs; never lead an epoch learners refuse
+  const int64_t before = epoch();
+  // The callers ask only from the state the table allows it from: from there only an exhausted epoch refuses.
+  if (!pair.on(why, other_epoch) || !pair.leads()) {  // unreachable while every parse and load bounds epochs
     rec::Standby sb;
     sb.event = "epoch_exhausted";
-    sb.epoch = epoch;
+    sb.epoch = epoch();
     sb.merges = merges;
-    sb.detail = "cannot take over: the next epoch after " + std::to_string(std::max(epoch, other_epoch)) +
+    sb.detail = "cannot take over: the next epoch after " + std::to_string(std::max(before, other_epoch)) +
                 " would pass 2^53 - 1, which learners refuse";
     log_limited("standby_epoch_exhausted", std::move(sb));
     return;
   }
-  const int64_t next_epoch = *next;
   peer_asks_first = -1;
-  role = Role::kLeader;
   ++takeovers;
   took_over_at = t;
   first_merge_pending = true;
-  following = false;
   upstream.reset();
   // The leader's counters as last replicated (its learners' steps, tokens, busy time, refusals); the merges are this
   // replica's own count, exact. The silence before the takeover counts as stalled.
@@ -499,8 +483,7 @@ void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string
     } catch (const std::exception&) {  // a leader's counters that do not parse: keep this replica's own
     }
   }
-  merges = replayed;
-  epoch = next_epoch;
+  merges = replayed;  // (load_counters never lowers the epoch: the leader's is below this one's)
   merges_at_ckpt = -1;
   if (first_join < 0) first_join = t;
   // Pushes waiting at the old leader: their learners join afresh and count them refused (their progress goes in the
@@ -512,14 +495,14 @@ void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string
   int64_t told = 0;
   for (const auto& [m, route] : standby_routes) {
     proto::SyncerBeat b;
-    b.leader_epoch = epoch;
+    b.leader_epoch = epoch();
     const auto f = beat_frame(m, b);
     told += tx->send(route, f.header, f.payload) ? 1 : 0;
   }
   rec::TakeOver to;
-  to.epoch = epoch;
+  to.epoch = epoch();
   to.merges = merges;
-  to.journal = static_cast<int64_t>(journal_seq);
+  to.journal = static_cast<int64_t>(jrnl.seq());
   to.rounds_checked = rounds_checked;
   to.mismatches = replica_mismatches;
   to.learners_told = told;
@@ -540,27 +523,24 @@ void SyncerNode::Impl::take_over(double silent, int64_t other_epoch, std::string
 }
 
 void SyncerNode::Impl::step_down(int64_t newer_epoch, const std::string& why) {
-  if (!dial_peer || role != Role::kLeader) return;
+  if (!dial_peer || !pair.leads()) return;
+  const int64_t was = epoch();
+  if (!pair.on(PairRole::Event::kNewerEpoch, newer_epoch)) return;  // not newer: nothing to step down for
   rec::StepDown sd;
-  sd.epoch = epoch;
+  sd.epoch = was;
   sd.newer_epoch = newer_epoch;
   sd.merges = merges;
   sd.detail = clip_utf8(why, 400);
   emit(std::move(sd));
-  role = Role::kFollower;
-  epoch = newer_epoch;
   ++step_downs;
   standby_route.clear();
-  journal_out.clear();
-  staged.clear();  // merges nobody saw and the disk lacks: the newer leader's learners join it afresh
-  staged_records.clear();
-  commit_due = false;
+  jrnl.drop_frames();
+  group.abandon();  // merges nobody saw and the disk lacks: the newer leader's learners join it afresh
   peer_link.reset();
   hold_until = -1;
   held_messages.clear();  // their learners join the leader of the newer epoch
   held_per_peer.clear();
   forget_learners();
-  following = false;
   upstream = dial_peer();
   send_follow();
 }
@@ -586,7 +566,7 @@ void SyncerNode::Impl::hold(Envelope env) {
     ++rejects["held_dropped"];
     rec::Standby sb;
     sb.event = "held_dropped";
-    sb.epoch = epoch;
+    sb.epoch = epoch();
     sb.merges = merges;
     sb.detail = "a connection sent more than " + std::to_string(syncer_receive_limit(cfg.sync.fragments)) +
                 " messages while this paused leader held them: the rest are dropped (" + std::to_string(held_dropped) +
@@ -604,7 +584,7 @@ void SyncerNode::Impl::release_held() {
   std::deque<Envelope> q;
   q.swap(held_messages);
   for (Envelope& env : q) {
-    if (role != Role::kLeader) break;  // stepped down meanwhile: its learners join the new leader
+    if (!pair.leads()) break;  // stepped down meanwhile: its learners join the new leader
     handle(env);
   }
 }
@@ -619,14 +599,14 @@ void SyncerNode::Impl::leader_housekeeping() {
   if (t - standby_heard > lease) {
     rec::Standby sb;
     sb.event = "dropped";
-    sb.epoch = epoch;
-    sb.journal = static_cast<int64_t>(journal_seq);
+    sb.epoch = epoch();
+    sb.journal = static_cast<int64_t>(jrnl.seq());
     sb.merges = merges;
     sb.detail = "the standby was silent for " + std::to_string(t - standby_heard) + " s (syncer.lease " +
                 std::to_string(lease) + " s); merging goes on without it";
     emit(std::move(sb));
     standby_route.clear();
-    journal_out.clear();
+    jrnl.drop_frames();
     ++standby_dropped;
     for (int64_t m = 0; m < M; ++m) pump(m);  // broadcasts held for its acknowledgement go now
     return;
@@ -637,8 +617,8 @@ void SyncerNode::Impl::leader_housekeeping() {
     // The node's counters ride along once per lease: what the standby continues from if it takes over.
     repl::Entry c;
     c.kind = repl::EntryKind::kCounters;
-    c.seq = journal_seq;
-    c.epoch = epoch;
+    c.seq = jrnl.seq();
+    c.epoch = epoch();
     c.counters = counters();
     const repl::EncodedEntry cenc = repl::encode(c, fingerprint);
     const proto::Frame cf = proto::make_frame(cenc.header, cenc.payload, replica_limits);

@@ -119,7 +119,7 @@ void SyncerNode::Impl::housekeeping() {
   // A leader holding after a pause (leader_tick) merges nothing, not even on a grace timer, and counts no learner
   // silent (their messages wait in the hold) until it knows it still leads.
   if (holding()) return;
-  if (role == Role::kLeader) retry_waiting_hellos(now());
+  if (pair.leads()) retry_waiting_hellos(now());
   if (!chunk_queue.empty()) serve_chunks();
   const double t = now();
   // Uptime: global training is stalled while a fragment waits below its quorum, no learner is connected, or every

@@ -77,8 +77,8 @@ TEST(NetChaos, ParsesEachKind) {
 
 TEST(NetChaos, BadFaultsSayWhichAndWhy) {
   const auto has = [](const std::string& msg, const std::string& part) {
-    return msg.find(part) != std::string::npos ? testing::AssertionSuccess()
-                                               : testing::AssertionFailure() << "'" << msg << "' lacks '" << part << "'";
+    return msg.find(part) != std::string::npos ? ::testing::AssertionSuccess()
+                                               : ::testing::AssertionFailure() << "'" << msg << "' lacks '" << part << "'";
   };
   EXPECT_TRUE(has(parse_error("partition host=1 at=1 for=1; cut host=1 at=2 for=3"), "fault 2 ('cut host=1 at=2 for=3'): unknown kind 'cut'"));
   EXPECT_TRUE(has(parse_error("partition host=1 at=1 for=1 speed=3"), "unknown key 'speed'"));

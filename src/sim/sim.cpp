@@ -18,7 +18,7 @@
 #include <torch/torch.h>
 
 #include "deloco/config.h"
-#include "deloco/answer_marks.h"
+#include "sync/answer_marks.h"
 #include "deloco/learner.h"
 #include "records/kinds.h"
 #include "records/round_record.h"

@@ -1,8 +1,8 @@
-// Tests of deloco/answer_marks.h from its contract: a broadcast's mark is 1 + the base version of the learner's latest
+// Tests of sync/answer_marks.h from its contract: a broadcast's mark is 1 + the base version of the learner's latest
 // merged push of that fragment (0: none), per learner and fragment; forget() starts a learner afresh.
 #include <gtest/gtest.h>
 
-#include "deloco/answer_marks.h"
+#include "sync/answer_marks.h"
 
 namespace deloco {
 namespace answer_marks_cases {

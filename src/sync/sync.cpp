@@ -2,6 +2,7 @@
 // Beside it: sync_policy.cpp (options, weights, the grace window, quorum decisions), sync_admission.cpp (a
 // contribution's checks), sync_merge.cpp (the two merge paths and the delta broadcast).
 #include "deloco/sync.h"
+#include "sync/policy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,7 @@
 // The Syncer's merge of a fragment (deloco/sync.h): the fused path (one pass over the contributions, the outer step
 // and the broadcast encoding) when it applies, else the general path; and the delta broadcast's compression.
 #include "deloco/sync.h"
+#include "sync/policy.h"
 
 #include <algorithm>
 #include <cmath>

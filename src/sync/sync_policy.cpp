@@ -1,6 +1,7 @@
 // The algorithm core's policy (deloco/sync.h): SyncOptions' checks and keys, contribution weights, staleness
 // scaling, the dynamic sync period, weight caps, the grace window and the quorum decision of a round.
 #include "deloco/sync.h"
+#include "sync/policy.h"
 
 #include <algorithm>
 #include <cmath>

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "deloco/sync.h"
+#include "sync/policy.h"
 
 namespace deloco {
 namespace sync_cases {

@@ -1,4 +1,4 @@
-// deloco/answer_marks.h — which push of a learner a broadcast of Θ_p answers: the mark the syncer puts on each
+// sync/answer_marks.h — which push of a learner a broadcast of Θ_p answers: the mark the syncer puts on each
 // broadcast it sends a learner (MessageHeader::c_tokens, proto::Welcome::marks_answers) and the simulator on each
 // answer, read by LearnerCore::receive as `covers` (deloco/learner.h: the wait rule). Kept once here so the syncer
 // node and the simulator mark alike.

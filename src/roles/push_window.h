@@ -1,0 +1,81 @@
+// roles/push_window.h — a learner's pushes on one link to a syncer (docs/runtime.md, "Flow control"): the window
+// that keeps a full link from queueing stale pushes behind each other, and which pushes are still unsettled (may yet
+// be answered by a merge or refused).
+//
+// Since the latest welcome, the fragments pushed on the link in order; the syncer's heartbeat says how many of them
+// it read (proto::SyncerBeat::pushes), and those leave the window. While kSize pushes are unacknowledged the next one
+// waits in the learner's outbox (where a newer push of its fragment replaces it). A syncer that never acknowledges
+// (an older one, or one not yet heard since a failover) gets no window. A welcome after a rejoin settles every push
+// the syncer says it never read (Welcome::pushes; all unsettled ones when it cannot say) as refused: their progress
+// stays in θ and goes in the next push, and waiting for an answer no syncer holds would block the learner for good.
+// No I/O, no clock; not thread-safe (the learner guards it with its mutex).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <set>
+#include <vector>
+
+namespace deloco {
+
+class PushWindow {
+ public:
+  static constexpr int64_t kSize = 2;
+
+  // Whether the next push must wait: the syncer acknowledges pushes and kSize are unacknowledged.
+  bool full() const { return acks_ && unacknowledged() >= kSize; }
+  int64_t unacknowledged() const { return base_ + static_cast<int64_t>(sent_.size()) - acked_; }
+
+  // A push of fragment p went out on the link.
+  void sent(int64_t p) {
+    unsettled_.insert(p);
+    sent_.push_back(p);
+  }
+  // The syncer's heartbeat: it read `read` of our pushes on this connection since our hello.
+  void acknowledged(int64_t read) {
+    acks_ = true;
+    acked_ = read;
+    while (!sent_.empty() && base_ < acked_) {
+      sent_.pop_front();
+      ++base_;
+    }
+  }
+  // A merge of p answered our push of p, or the syncer refused it: settled.
+  void settle(int64_t p) { unsettled_.erase(p); }
+  // Another syncer leads the link now (a failover): it has not acknowledged anything yet.
+  void new_leader() { acks_ = false; }
+
+  // A welcome (the link joined, or joined again). `was_joined`: the link counted as joined before it (a repeated
+  // welcome settles nothing). `read`: how many of our pushes since our previous hello the syncer read (−1: it cannot
+  // say). Returns the fragments whose pushes now count as refused (in fragment order), and starts the window afresh.
+  std::vector<int64_t> welcomed(bool was_joined, int64_t read) {
+    std::vector<int64_t> settled;
+    if (!was_joined && !unsettled_.empty()) {
+      std::set<int64_t> lost;
+      const int64_t total = base_ + static_cast<int64_t>(sent_.size());
+      if (read >= 0 && read <= total) {
+        for (int64_t i = std::max(read, base_); i < total; ++i) lost.insert(sent_[static_cast<size_t>(i - base_)]);
+      } else {
+        lost = unsettled_;
+      }
+      for (int64_t p : unsettled_)
+        if (lost.count(p)) settled.push_back(p);
+      for (int64_t p : settled) unsettled_.erase(p);
+    }
+    sent_.clear();
+    base_ = 0;
+    acked_ = 0;
+    return settled;
+  }
+
+  const std::set<int64_t>& unsettled() const { return unsettled_; }
+
+ private:
+  std::deque<int64_t> sent_;  // the pushes since the welcome from the base_-th on (the earlier ones were read)
+  int64_t base_ = 0, acked_ = 0;
+  bool acks_ = false;
+  std::set<int64_t> unsettled_;  // fragments pushed while joined and not yet answered or refused
+};
+
+}  // namespace deloco
