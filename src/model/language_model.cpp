@@ -9,6 +9,7 @@
 #include "deloco/config.h"
 #include "deloco/gpt/model.h"
 #include "model/kernels.h"
+#include "util/text.h"
 
 namespace deloco {
 
@@ -60,11 +61,6 @@ std::string shape_of(const torch::Tensor& t) {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
-
-std::string trimmed(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r");
-  return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(" \t\r") - a + 1);
-}
 
 class ScriptedModel final : public LanguageModel {
  public:
@@ -175,13 +171,13 @@ std::string script_error_text(const std::exception& e) {
     if (lines[i].rfind("  File \"", 0) == 0) last_file = i;
   std::string location, code;
   if (last_file < lines.size()) {
-    location = trimmed(lines[last_file]);
+    location = trim_space(lines[last_file]);
     std::string previous;
     size_t i = last_file + 1;
     for (; i < lines.size() && (lines[i].empty() || lines[i][0] == ' '); ++i) {
       if (lines[i].find("<--- HERE") != std::string::npos) {
-        if (code.empty()) code = trimmed(previous);
-      } else if (!trimmed(lines[i]).empty()) {
+        if (code.empty()) code = trim_space(previous);
+      } else if (!trim_space(lines[i]).empty()) {
         previous = lines[i];
       }
     }
@@ -189,11 +185,11 @@ std::string script_error_text(const std::exception& e) {
   }
   std::vector<std::string> message;
   for (size_t i = first; i < lines.size() && message.size() < 5; ++i)
-    if (!trimmed(lines[i]).empty() && lines[i] != "The following operation failed in the TorchScript interpreter.")
-      message.push_back(trimmed(lines[i]));
+    if (!trim_space(lines[i]).empty() && lines[i] != "The following operation failed in the TorchScript interpreter.")
+      message.push_back(trim_space(lines[i]));
   std::string out;
   for (const auto& m : message) out += (out.empty() ? "" : "\n") + m;
-  if (out.empty()) out = trimmed(first_line(text));
+  if (out.empty()) out = trim_space(first_line(text));
   if (!location.empty()) out += " (" + location + (code.empty() ? "" : ": " + code) + ")";
   return out;
 }

@@ -17,12 +17,6 @@ namespace {
 constexpr double kMaxFaultSeconds = 1e6;
 constexpr double kMinPeriod = 0.5;  // `deloco run` looks at the schedule every 0.1 s
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r\n");
-  if (a == std::string::npos) return "";
-  return s.substr(a, s.find_last_not_of(" \t\r\n") - a + 1);
-}
-
 std::string which(size_t n, const std::string& text) {
   return "fault " + std::to_string(n + 1) + " ('" + clip_utf8(text, 120) + "')";
 }
@@ -146,7 +140,7 @@ std::vector<NetFault> parse_net_faults(const std::string& text) {
   std::vector<NetFault> out;
   std::string item;
   const auto flush = [&] {
-    const std::string t = trim(item);
+    const std::string t = trim_space(item);
     item.clear();
     if (!t.empty()) out.push_back(parse_one(t, out.size()));
   };
