@@ -30,7 +30,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
         r.syncer_version = static_cast<int64_t>(w.versions[k]);
         r.held_version = held_versions[static_cast<size_t>(p)];
         emit(L, r);
-        c.last_hello = -1e9;  // hello again at once, asking for the state
+        c.syncer.hello_now();  // hello again at once, asking for the state
         return;
       }
     }
@@ -51,7 +51,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
   }
   L.marks_answers = w.marks_answers;
   c.rx_seq = 0;
-  c.hellos_unanswered = 0;
+  c.syncer.welcomed();
   L.joined = true;
   L.ever_joined = true;
   // Every shard remembers the learner's step: the highest of the first welcomes (before training starts) wins.
@@ -72,7 +72,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
     r.step = beat.step;
     r.syncer_round = static_cast<int64_t>(w.round);
     r.resume_step = w.resume_step;
-    r.hello_seconds = now() - c.hello_sent_at;
+    r.hello_seconds = now() - c.syncer.hello_sent_at();
     r.download_bytes = 0;
     r.state_held = true;
     emit(L, r);
@@ -94,7 +94,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
     r.step = beat.step;
     r.syncer_round = static_cast<int64_t>(w.round);
     r.resume_step = w.resume_step;
-    r.hello_seconds = now() - c.hello_sent_at;
+    r.hello_seconds = now() - c.syncer.hello_sent_at();
     if (w.chunks > 0) emit(L, rec::Welcome{r});
     else emit(L, r);
   }
@@ -163,14 +163,14 @@ void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h,
     r.step = beat.step;
     r.syncer_round = static_cast<int64_t>(c.dl->round);
     r.download_bytes = c.dl->elements * 4;
-    r.download_seconds = now() - c.hello_sent_at;
+    r.download_seconds = now() - c.syncer.hello_sent_at();
     r.resume_step = c.dl->resume_step;
     if (c.fetch) {
       const StateFetch& f = *c.fetch;
       r.peer_bytes = f.peer_bytes();
       r.donors = static_cast<int64_t>(f.sources().size()) - 1;
       r.donors_lied = f.liars();
-      r.welcome_seconds = f.started() - c.hello_sent_at;
+      r.welcome_seconds = f.started() - c.syncer.hello_sent_at();
       std::vector<int64_t> got;
       std::vector<double> first;
       int64_t refused = 0, timeouts = 0;

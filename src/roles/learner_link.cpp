@@ -42,12 +42,7 @@ void LearnerNode::Impl::fail_over(Link& L, int64_t new_epoch) {
     step = beat.step;
     cv.notify_all();
   }
-  c.last_hello = -1e9;
-  c.last_heard = now();
-  c.hellos_unanswered = 0;
-  c.patience = 0;
-  c.last_leave = -1e9;
-  L.alt_hello = now();  // the old leader hears from us again in a second (it may come back as the standby)
+  c.syncer.failed_over(now());  // the old leader hears a hello again in a second (it may come back as the standby)
   rec::SyncerFailover r;
   r.step = step;
   r.epoch = new_epoch;
@@ -55,7 +50,7 @@ void LearnerNode::Impl::fail_over(Link& L, int64_t new_epoch) {
 }
 
 void LearnerNode::Impl::comms_loop() {
-  for (auto& L : links) L.c.start = now();
+  for (auto& L : links) L.c.syncer.start(now());
   // With several shards, each link's receive waits a share of the 10 ms a single link waits.
   const int64_t wait_ms = std::max<int64_t>(1, 10 / static_cast<int64_t>(links.size()));
   for (;;) {
@@ -111,19 +106,15 @@ void LearnerNode::Impl::comms_loop() {
 void LearnerNode::Impl::tend(Link& L, proto::Beat b, const std::string& reason) {
   Comms& c = L.c;
   const double t = now();
-  if (const uint64_t refused = L.tx->stats().auth_denied; refused > c.auth_refusals) {
-    c.auth_refusals = refused;
-    if (refused >= 2 * c.auth_logged_at || c.auth_logged_at == 0) {
-      c.auth_logged_at = refused;
-      rec::AuthRefused r;
-      r.refusals = static_cast<int64_t>(refused);
-      r.step = b.step;
-      r.detail = std::string("the syncer") + (sharded() ? " shard " + std::to_string(L.plan.shard) : "") +
-                 " refused this learner's CURVE key (its public key is not in that syncer's net.allow folder); "
-                 "retrying with backoff" +
-                 (sharded() ? "; the fragments it serves are not merged meanwhile" : "");
-      emit(L, r);
-    }
+  if (const uint64_t refused = L.tx->stats().auth_denied; c.syncer.auth_refused(refused)) {
+    rec::AuthRefused r;
+    r.refusals = static_cast<int64_t>(refused);
+    r.step = b.step;
+    r.detail = std::string("the syncer") + (sharded() ? " shard " + std::to_string(L.plan.shard) : "") +
+               " refused this learner's CURVE key (its public key is not in that syncer's net.allow folder); "
+               "retrying with backoff" +
+               (sharded() ? "; the fragments it serves are not merged meanwhile" : "");
+    emit(L, r);
   }
   bool is_joined, want_leave;
   {
@@ -136,39 +127,37 @@ void LearnerNode::Impl::tend(Link& L, proto::Beat b, const std::string& reason) 
   // The final counters first, so the syncer's token and goodput totals are complete. The goodbye counts as
   // delivered (left) only once the syncer answers it: a close discards what the socket has not sent yet, so
   // it is repeated every heartbeat until answered (the syncer answers repeats too).
-  if (want_leave && is_joined && t - c.last_leave >= cfg.net.heartbeat) {
+  if (want_leave && is_joined && c.syncer.leave_due(t)) {
     send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
     send(L, header(MessageKind::kLeave), Bytes::from_string(proto::encode_leave(reason)));
-    c.last_leave = t;
-    c.last_beat = t;
+    c.syncer.leave_sent(t);
   }
   // Leaving while the syncer is away: keep saying hello (below) so the goodbye is delivered when it is back.
-  if (!is_joined && t - c.last_hello >= hello_interval(c)) say_hello(L, b, t);
+  if (!is_joined && c.syncer.hello_due(t)) say_hello(L, b, t);
   // The same hello as to the active link: if the other syncer leads (this learner started, or restarted, while its
   // active link pointed at the standby), its welcome — with the state download this learner needs — moves the link.
-  if (L.alt && t - L.alt_hello >= std::max(1.0, 2 * cfg.net.heartbeat)) {
+  if (L.alt && c.syncer.standby_hello_due(t)) {
     send_on(*L.alt, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(make_hello(L, b))));
-    L.alt_hello = t;
+    c.syncer.standby_hello_sent(t);
   }
   // A download in progress is the syncer talking (its chunks may each take seconds on a slow link): the join's
   // own bound, net.join_timeout, applies to it instead.
-  const double allowed = c.dl ? std::max(cfg.net.join_timeout, cfg.net.dead_after) : cfg.net.dead_after + c.patience;
-  if (is_joined && t - c.last_heard > allowed) {
+  if (is_joined && c.syncer.lost(t, c.dl.has_value())) {
     std::lock_guard<std::mutex> lock(mu);
     L.joined = false;
     is_joined = false;
-    c.last_leave = -1e9;  // a goodbye waiting for its answer goes again as soon as we are back
+    c.syncer.leave_again();  // a goodbye waiting for its answer goes again as soon as we are back
     // A download in progress is kept: its chunks may still be on the way, and the syncer sends no second copy
     // while one is outstanding on this connection. The next welcome that carries chunks replaces it.
     cv.notify_all();
     rec::SyncerLost r;
     r.step = b.step;
-    r.silent_seconds = t - c.last_heard;
+    r.silent_seconds = c.syncer.silent_for(t);
     emit(L, r);
   }
-  if (is_joined && t - c.last_beat >= cfg.net.heartbeat) {
+  if (is_joined && c.syncer.beat_due(t)) {
     send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
-    c.last_beat = t;
+    c.syncer.beat_sent(t);
   }
 }
 
@@ -191,13 +180,7 @@ proto::Hello LearnerNode::Impl::make_hello(Link& L, const proto::Beat& b) {
 
 void LearnerNode::Impl::say_hello(Link& L, const proto::Beat& b, double t) {
   const proto::Hello h = make_hello(L, b);
-  if (send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h)))) ++L.c.hellos_unanswered;
-  L.c.last_hello = L.c.hello_sent_at = t;
-}
-
-double LearnerNode::Impl::hello_interval(const Comms& c) const {
-  const double cap = std::max(cfg.net.heartbeat, cfg.net.dead_after);
-  return std::min(cap, cfg.net.heartbeat * static_cast<double>(int64_t{1} << std::min<int64_t>(c.hellos_unanswered, 6)));
+  L.c.syncer.hello_sent(t, send(L, header(MessageKind::kHello), Bytes::from_string(proto::encode_hello(h))));
 }
 
 void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is_joined) {
@@ -210,7 +193,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
     }
     b.broadcasts = L.c.rx_seq;
     send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
-    L.c.last_beat = now();
+    L.c.syncer.beat_sent(now());
     MessageHeader h = header(MessageKind::kFragmentPush);
     h.encoding = p.encoding;
     h.fragment_id = static_cast<uint32_t>(p.fragment);
@@ -257,7 +240,7 @@ void LearnerNode::Impl::handle(Link& L, const Envelope& env) {
     cv.notify_all();
     return;
   }
-  L.c.last_heard = now();
+  L.c.syncer.heard(now());
   try {
     switch (h.kind) {
       case MessageKind::kWelcome: return on_welcome(L, env);
@@ -346,13 +329,13 @@ void LearnerNode::Impl::accept_answer(Link& L, const MessageHeader& h, int64_t p
   L.resend.clear();
   lock.unlock();
   send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
-  L.c.last_beat = now();
+  L.c.syncer.beat_sent(now());
 }
 
 void LearnerNode::Impl::on_syncer_beat(Link& L, const Envelope& env) {
   if (env.payload.empty()) return;  // an older syncer
   const proto::SyncerBeat sb = proto::parse_syncer_beat(env.payload.data(), env.payload.size());
-  L.c.patience = std::min(sb.patience, 20 * cfg.net.dead_after);  // the syncer caps it too; a peer's value is bounded here
+  L.c.syncer.set_patience(sb.patience);  // the syncer caps it too; a peer's value is bounded there
   std::lock_guard<std::mutex> lock(mu);
   L.window.acknowledged(sb.pushes);
   if (sb.sync_every > 0) sync_every_told = sb.sync_every;  // dynamic local updates: applied at the next boundary
@@ -382,7 +365,7 @@ void LearnerNode::Impl::on_reject(Link& L, const MessageHeader& h, const Envelop
     if (code == RejectReason::kDeltaTooLarge) drop_drifts.insert(static_cast<int64_t>(h.fragment_id));
     cv.notify_all();
   }
-  if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - L.c.start > cfg.net.join_timeout)) {
+  if (reject_is_permanent(code) || (code == RejectReason::kDuplicateId && now() - L.c.syncer.started() > cfg.net.join_timeout)) {
     fatal_refused = true;
     fatal = "the syncer" + (sharded() ? " shard " + std::to_string(L.plan.shard) : std::string()) +
             " refused learner " + std::to_string(id) + ": " + why;

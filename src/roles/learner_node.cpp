@@ -297,7 +297,7 @@ nlohmann::json LearnerNode::Impl::end() {
 std::vector<int64_t> LearnerNode::Impl::refused_links() const {
   std::vector<int64_t> out;
   for (const auto& L : links)
-    if (!L.ever_joined && L.c.auth_refusals > 0) out.push_back(L.plan.shard);
+    if (!L.ever_joined && L.c.syncer.auth_refusals() > 0) out.push_back(L.plan.shard);
   return out;
 }
 
@@ -378,6 +378,7 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
   for (size_t s = 0; s < shards.size(); ++s) {
     I.links[s].plan = plan_shard(plan, static_cast<int64_t>(shards.size()), static_cast<int64_t>(s));
     I.links[s].tx = std::move(shards[s]);
+    I.links[s].c.syncer = SyncerLink({I.cfg.net.heartbeat, I.cfg.net.dead_after, I.cfg.net.join_timeout});
   }
 }
 

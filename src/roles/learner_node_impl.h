@@ -33,6 +33,7 @@
 #include "learner_state.h"
 #include "protocol.h"
 #include "push_window.h"
+#include "syncer_link.h"
 #include "state_fetch.h"
 #include "records/kinds.h"
 #include "util/text.h"
@@ -75,7 +76,8 @@ struct LearnerNode::Impl {
   std::unique_ptr<DonorServer> donor;
   // What the comms thread alone touches, per link.
   struct Comms {
-    double last_hello = -1e9, last_beat = -1e9, last_heard = -1e9, last_leave = -1e9, hello_sent_at = 0, start = 0;
+    // The link's clocks: hellos, heartbeats, the goodbye, when the syncer counts as gone, failover (syncer_link.h).
+    SyncerLink syncer;
     std::optional<proto::Welcome> dl;  // download in progress
     at::Tensor dl_flat;
     std::vector<bool> dl_have;
@@ -90,18 +92,9 @@ struct LearnerNode::Impl {
     };
     std::vector<Donor> donors;
     bool first_join_recorded = false;
-    // CURVE refusals by this syncer (shard): our key is not in its allow-list. libzmq keeps reconnecting with its
-    // backoff; each refusal is counted, and recorded at the 1st, 2nd, 4th, 8th, ... (auth_refused).
-    uint64_t auth_refusals = 0, auth_logged_at = 0;
     // The highest broadcast sequence number received since the latest welcome (the broadcast header's c_steps):
     // every heartbeat carries it (Beat::broadcasts), and one goes as soon as a broadcast arrives.
     int64_t rx_seq = 0;
-    // Hellos handed to the transport since the latest welcome: a hello repeats every net.heartbeat, doubling
-    // while unanswered up to net.dead_after, so a cut link does not queue one per heartbeat behind it.
-    int64_t hellos_unanswered = 0;
-    // The syncer's allowance for silences its own traffic causes on this link (proto::SyncerBeat::patience): the
-    // learner counts the syncer gone after net.dead_after + patience.
-    double patience = 0;
   };
   // The connection to one syncer shard (the only one when syncer.shards = 1): the fragments it serves, and whether
   // the learner is joined to it, holds its part of the state and was answered its goodbye. Guarded by mu except
@@ -125,7 +118,6 @@ struct LearnerNode::Impl {
     // takes over it tells this learner at once (a syncer beat with leader_epoch). Then tx and alt swap and the link
     // joins the new leader. Comms thread only, like tx.
     std::unique_ptr<ClientTransport> alt;
-    double alt_hello = -1e9;
     int64_t epoch = 0;  // the highest leader epoch seen on this link (0: none, or no pair); guarded by mu
     // The delta broadcast (comms thread only): per fragment id, the newest whole version this process holds or will
     // hold (a whole fp32 broadcast, or the last delta applied to one): what the next fragment_delta is added to. The
@@ -223,8 +215,6 @@ struct LearnerNode::Impl {
 
   proto::Hello make_hello(Link& L, const proto::Beat& b);
   void say_hello(Link& L, const proto::Beat& b, double t);
-  // net.heartbeat, doubling with each hello the transport took and no welcome answered, up to net.dead_after.
-  double hello_interval(const Comms& c) const;
 
   // The step-time estimate travels in a heartbeat right before the push it belongs to (the push header has no
   // field for it), so the syncer sees the same ξ_step input as the simulator's syncer.
