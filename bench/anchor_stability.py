@@ -6,7 +6,8 @@ Model (no training signal, the worst case): a contribution based on version n-k 
 Δ = Δ̂ + (Θ_n − Θ_{n−k}); with Δ̂ = 0 the outer gradient is g_n = s(k)·(d_n + … + d_{n−k+1}), d_n = Θ_n − Θ_{n−1}:
 the updates of the last k merges, fed back, times the staleness scale s(k) of sync.staleness (1 when off). The outer
 optimizer (torch.optim.SGD semantics, DESIGN.md §2.6): b ← μb + g; u = g + μb (Nesterov) or b (heavy ball);
-Θ ← Θ − ηu. Delayed Nesterov (outer.kind = delayed_nesterov, deloco/outer.h) is periodic with period N: the figure
+Θ ← Θ − ηu. Delayed Nesterov (outer.kind = delayed_nesterov, Liu et al.'s: g/N per merge, the momentum once every
+N; and delayed_nesterov_whole, the whole g per merge; deloco/outer.h) is periodic with period N: the figure
 is then the N-th root of the radius of the product of one period's N maps. The printed figure is the spectral radius
 per merge: above 1, any deviation grows by that factor per merge until the learners' own (bounded) steps can no
 longer pull it back.
@@ -18,8 +19,9 @@ import math
 import numpy as np
 
 
-def radius(eta, mu, k, nesterov=True, scale=1.0, delay=0, share=0.0):
-    """Growth per merge. delay = 0: Nesterov / heavy ball; delay = N ≥ 1: delayed Nesterov with c = share."""
+def radius(eta, mu, k, nesterov=True, scale=1.0, delay=0, share=0.0, whole=False):
+    """Growth per merge. delay = 0: Nesterov / heavy ball; delay = N ≥ 1: delayed Nesterov with c = share (whole:
+    delayed_nesterov_whole)."""
     period = max(1, delay)
 
     def step(x, i):
@@ -31,13 +33,14 @@ def radius(eta, mu, k, nesterov=True, scale=1.0, delay=0, share=0.0):
             a1 = 0.0
         else:
             a1 = a + g
+            gs = g if whole else g / period  # the share of g each merge applies
             if i == period - 1:
                 b1 = mu * b + a1 / period
-                u = g + mu * b1
+                u = gs + (1.0 if whole else 1 - share * period + share) * mu * b1
                 a1 = 0.0
             else:
                 b1 = b
-                u = g + share * mu * b
+                u = gs + share * mu * b
         return np.concatenate([[-eta * u], d[:-1], [b1, a1]])
 
     n = k + 2
@@ -60,9 +63,13 @@ if __name__ == "__main__":
             ("Nesterov + staleness exp 0.5", dict(eta=0.7, mu=0.9, s=expo(0.5))),
             ("delayed Nesterov N=4 c=0", dict(eta=0.7, mu=0.9, delay=4)),
             ("delayed Nesterov N=8 c=0", dict(eta=0.7, mu=0.9, delay=8)),
-            ("delayed Nesterov N=4 c=0.5", dict(eta=0.7, mu=0.9, delay=4, share=0.5))]
+            ("delayed Nesterov N=4 c=0.25", dict(eta=0.7, mu=0.9, delay=4, share=0.25)),
+            ("delayed Nesterov N=4 eta=2.8 c=0", dict(eta=2.8, mu=0.9, delay=4)),
+            ("delayed_nesterov_whole N=4 c=0", dict(eta=0.7, mu=0.9, delay=4, whole=True)),
+            ("delayed_nesterov_whole N=8 c=0", dict(eta=0.7, mu=0.9, delay=8, whole=True)),
+            ("delayed_nesterov_whole N=4 c=0.5", dict(eta=0.7, mu=0.9, delay=4, share=0.5, whole=True))]
     print(f"{'staleness k (versions) ->':34s}", " ".join(f"{k:>6}" for k in ks))
     for name, r in rows:
         s = r.get("s", lambda k: 1.0)
-        print(f"{name:34s}", " ".join(f"{radius(r['eta'], r['mu'], k, scale=s(k), delay=r.get('delay', 0), share=r.get('share', 0.0)):6.3f}"
+        print(f"{name:34s}", " ".join(f"{radius(r['eta'], r['mu'], k, scale=s(k), delay=r.get('delay', 0), share=r.get('share', 0.0), whole=r.get('whole', False)):6.3f}"
                                       for k in ks))

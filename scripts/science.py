@@ -55,8 +55,8 @@ import sys
 # from any folder.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import science_report  # noqa: E402
-from science_protocol import (ROOT, Results, check_keys, chosen, load_methods, pending_points, plan,  # noqa: E402
-                              plan_rows, planned_runs, scale)
+from science_protocol import (ROOT, Results, check_keys, chosen, load_methods, methods_of, pending_points,  # noqa: E402
+                              plan, plan_rows, planned_runs, scale)
 from science_runs import ensure_tokens, run_suite, snapshot_binary  # noqa: E402
 # Every name of the three modules is this module's too, as when they were one file (the tests read them as sci.NAME).
 from science_protocol import *  # noqa: E402,F401,F403
@@ -101,14 +101,16 @@ def main():
     RESULTS_FILE = os.path.abspath(args.results or (os.path.join(out, "results.jsonl") if args.quick else
                                                     os.path.join(ROOT, "docs", "science", "results-full.jsonl")))
     S = scale(args.quick, out)
-    if args.smoke:  # one seed, each method at its grid's centre only, taken as it is (no tuning runs: CI's time)
-        S = dict(S, seeds=1, lr_factors=[1.0], momenta=[], untuned=True)
+    if args.smoke:  # one seed, each method at its grid's centre only, taken as it is (no tuning runs: CI's time),
+        # and half the quick scale's steps and outer period (every experiment keeps its rounds: CI's time again)
+        S = dict(S, seeds=1, lr_factors=[1.0], momenta=[], untuned=True, total_steps=S["total_steps"] // 2,
+                 sync_every=S["sync_every"] // 2)
     load_methods(args, S)
     pts = plan(S)
     if args.only:
         keep = set(args.only.split(","))
         pts = [p for p in pts if p[0] in keep]
-    tuned = sorted({meth for _, _, meth, _ in pts if meth is not None})
+    tuned = methods_of(pts)  # with the DP choices they take their inner learning rate from
     planned = planned_runs(S, pts, tuned)
     check_keys(args, [r["sets"] for r in planned])
     if args.plan:

@@ -58,10 +58,13 @@ def scale(quick, out):
         # fp32, named: the tiny model's bf16 and fp32 matmuls run at about the same speed here, and libtorch's bf16
         # matmuls are slow on CPUs without AVX-512 (not measured here; CI's machines vary). Until the simulator took train.precision = auto as fp32
         # (deloco/sim.h), auto timed the two at each run's start and chose bf16 in about 149 of 150 runs here.
-        return dict(base=base, ms=[1, 2, 4, 8], seeds=3, total_steps=800, sync_every=20, m_exp=4,
-                    lr_factors=[0.6, 1.0, 1.5], momenta=[], model="tiny byte-level GPT (2 × 48, T = 32)",
-                    small=base, small_model="the same tiny model", many_ms=[4, 16, 32], many_rounds=2,
-                    horizon_rounds=32)
+        S = dict(base=base, ms=[1, 2, 4, 8], seeds=3, total_steps=800, sync_every=20, m_exp=4,
+                 lr_factors=[0.6, 1.0, 1.5], momenta=[], model="tiny byte-level GPT (2 × 48, T = 32)",
+                 small=base, small_model="the same tiny model", many_ms=[4, 16, 32], many_rounds=2,
+                 horizon_rounds=32)
+        # Experiment 12's sizes at the quick scale: pipeline sizes at 2 tokens per parameter, not a result.
+        return dict(S, sizes_spec=dict(shapes=[(1, 1, 16), (1, 2, 32), (2, 2, 32)], block=32, tokens_per_param=2,
+                                       inner_lr=3e-3, precision="fp32", eval_tokens=4096))
     # The full scale is sized to the issue's budget, about 8 hours on 2 cores, by measurement (bf16 inner steps of
     # 8 × 128 tokens, single-threaded, one `deloco sim` run per core, on this machine). With deloco's kept-memory
     # malloc (util/malloc_tuning.h; before it, page faults doubled these): 6 × 384 (12.3M parameters) costs 0.43 s
@@ -79,11 +82,47 @@ def scale(quick, out):
     small = ["model.block_size=128", "model.n_layer=2", "model.n_head=2", "model.n_embd=128", "model.vocab_size=4096",
              "train.batch_size=8", "train.lr=2e-3", "train.precision=bf16", "train.eval_tokens=16384",
              "train.threads=1", "data.format=tokens", "data.path=" + tokens]
-    return dict(base=base, ms=[1, 2, 4, 8, 16], seeds=3, total_steps=1600, sync_every=25, m_exp=8,
-                lr_factors=[0.6, 1.0, 1.5], momenta=[0.8, 0.9],
-                model="bf16 GPT, 4 × 256, T = 128, SentencePiece vocabulary 4096 (4.24M parameters)",
-                small=small, small_model="bf16 GPT, 2 × 128, T = 128, SentencePiece vocabulary 4096",
-                many_ms=[8, 32, 64], many_rounds=2, horizon_rounds=32)
+    # Experiment 12's sizes (issue 54): byte-level models (vocabulary 256, so that the embeddings do not dominate
+    # the parameters of a small model), each trained about 20 tokens per parameter, the compute-optimal budget of
+    # Hoffmann et al. 2022 that Charles et al. 2025 train DiLoCo at. 0.075M, 0.125M and 0.373M parameters (5×) cost
+    # about 25 s, 55 s and 340 s a run (bf16, one core; 46k, 22k tokens/s at the two larger, measured); the corpus has
+    # 10.3M training bytes, so the largest sees 0.7 of it once. Its 95 runs (the tuning grids and 3 seeds) take about
+    # 9 core-hours; a 0.84M size would take 4 times that.
+    S = dict(base=base, ms=[1, 2, 4, 8, 16], seeds=3, total_steps=1600, sync_every=25, m_exp=8,
+             lr_factors=[0.6, 1.0, 1.5], momenta=[0.8, 0.9],
+             model="bf16 GPT, 4 × 256, T = 128, SentencePiece vocabulary 4096 (4.24M parameters)",
+             small=small, small_model="bf16 GPT, 2 × 128, T = 128, SentencePiece vocabulary 4096",
+             many_ms=[8, 32, 64], many_rounds=2, horizon_rounds=32)
+    return dict(S, sizes_spec=dict(shapes=[(2, 2, 48), (2, 2, 64), (3, 3, 96)], block=128, tokens_per_param=20,
+                                   inner_lr=4e-3, precision="bf16", eval_tokens=65536))
+
+
+def gpt_parameters(n_layer, n_embd, vocab, block):
+    """Parameters of deloco's built-in GPT with tied embeddings (include/deloco/gpt/config.h): per block the
+    attention's 4 d×d matrices and the MLP's 2 d×4d ones with their biases (12d² + 9d) and two layer norms (4d); the
+    token and position embeddings; the final layer norm (2d). 124,672 at 2 × 64, T = 128 (a run's summary agrees)."""
+    return n_layer * (12 * n_embd * n_embd + 13 * n_embd) + (vocab + block) * n_embd + 2 * n_embd
+
+
+def sizes(S):
+    """Experiment 12's model sizes, smallest first: dict(name, params, total_steps, base) where total_steps (of
+    `batch_size` sequences of `block` bytes) is the size's token budget, tokens_per_param × params, rounded to whole
+    outer rounds of the largest M (8 learners × sync_every steps)."""
+    spec, out = S["sizes_spec"], []
+    for L, H, d in spec["shapes"]:
+        n = gpt_parameters(L, d, 256, spec["block"])
+        per_step, unit = 8 * spec["block"], 8 * S["sync_every"]
+        steps = max(1, round(spec["tokens_per_param"] * n / per_step / unit)) * unit
+        base = [f"model.block_size={spec['block']}", f"model.n_layer={L}", f"model.n_head={H}", f"model.n_embd={d}",
+                "train.batch_size=8", f"train.lr={spec['inner_lr']}", f"train.precision={spec['precision']}",
+                f"train.eval_tokens={spec['eval_tokens']}", "train.threads=1", "data.path=" + os.path.join(ROOT, "data/sotu"),
+                "data.val_fraction=0.05"]
+        out.append(dict(name=f"{n / 1e6:.3f}M", shape=f"{L} × {d}", params=n, total_steps=steps, base=base))
+    return out
+
+
+def size(S, name):
+    return next(z for z in sizes(S) if z["name"] == name)
 
 
 # ---- the experiments -------------------------------------------------------------------------------------------
@@ -112,7 +151,11 @@ METHOD_SPECS = {
     # Where the grace window can work (FAST_LINK) and the asynchronous outer variants (issue 33), all at K = 1.
     # μ is searched for delayed Nesterov (its momentum works differently) and taken from the preset for the others.
     "mean_fast": dict(preset="diloco", link="fast", mu_grid=False),
+    # Delayed Nesterov as Liu et al. 2024 define it (g/N per merge, the momentum once every N merges), and deloco's
+    # earlier reading (the whole g per merge), kept as a variant: issue 54.
     "dn_fast": dict(preset="diloco", kind="delayed_nesterov", extra=lambda S: [f"outer.delay={S['m_exp']}"], link="fast"),
+    "dn_whole_fast": dict(preset="diloco", kind="delayed_nesterov_whole", extra=lambda S: [f"outer.delay={S['m_exp']}"],
+                          link="fast"),
     "stale_fast": dict(preset="diloco", extra=["sync.staleness=poly", "sync.staleness_exponent=1"], link="fast",
                        mu_grid=False),
     "dlu_fast": dict(preset="diloco", extra=["sync.dynamic_local_updates=true"], link="fast", mu_grid=False),
@@ -120,6 +163,11 @@ METHOD_SPECS = {
     # MuLoCo (issue 53): DiLoCo's mean and Nesterov outer step over learners that train with Muon (the preset sets
     # train.optimizer = muon); its outer step tuned like DiLoCo's.
     "muloco": dict(preset="muloco"),
+    # DP (experiment 12): one learner taking the global batch, its own inner learning rate (train.lr) tuned at each
+    # size and batch; with AdamW and with Muon. The learners of the DiLoCo methods there train at the inner learning
+    # rate DP chose at their own batch (one learner's, 8 sequences) and size.
+    "dp": dict(dp="adamw"),
+    "dp_muon": dict(dp="muon"),
 }
 METHODS = {}  # method -> dict(sets=["merge.preset=P", "outer.kind=K"], lr=η, mu=μ), filled by load_methods()
 
@@ -138,6 +186,10 @@ def deloco_json(args, *argv):
 def load_methods(args, S):
     presets = {p["name"]: p["outer"] for p in deloco_json(args, "config", "presets", "--json")["presets"]}
     for meth, spec in METHOD_SPECS.items():
+        if "dp" in spec:
+            METHODS[meth] = dict(sets=[f"train.optimizer={spec['dp']}"], lr=S["sizes_spec"]["inner_lr"], mu=0.0,
+                                 link="slow", base=meth, at=None, mu_grid=False, dp=True)
+            continue
         outer = presets[spec["preset"]]
         extra = spec.get("extra", [])
         extra = extra(S) if callable(extra) else extra
@@ -150,11 +202,33 @@ def tuned_at(meth, where):
     """The method `meth` tuned in another setting: where = ("sync", M) for synchronous DiLoCo of M learners on the main
     model (experiment 1 tunes every method at every M), ("small", M) on the small model at experiment 10's token
     budget, ("horizon", M) on the small model at 32 outer rounds, ("horizon_k1", M) in Decoupled DiLoCo's setting
-    there. Returns its id (registered in METHODS)."""
-    mid = f"{meth}@{where[0]}{where[1]}"
+    there; experiment 12's ("size", M, name) for synchronous DiLoCo at a model size's token budget, ("size_k1", M,
+    name) for Decoupled DiLoCo's setting there (int4 pushes), ("size_dp", M, name) for DP with M learners' batch.
+    Returns its id (registered in METHODS)."""
+    mid = f"{meth}@{where[0]}{where[1]}" + (f"/{where[2]}" if len(where) > 2 else "")
     if mid not in METHODS:
         METHODS[mid] = dict(METHODS[meth], at=where)
+        if len(where) > 2 and where[0] != "size_dp":  # its learners train at DP's inner learning rate there
+            METHODS[mid]["inner_from"] = tuned_at("dp_muon" if meth == "muloco" else "dp", ("size_dp", 1, where[2]))
     return mid
+
+
+def method_order(meth):
+    """Tuning order: experiment 12's smaller sizes first (their runs are the cheapest), then the rest by name."""
+    at = METHODS[meth]["at"]
+    return (at[2] if at is not None and len(at) > 2 else "", meth)
+
+
+def methods_of(pts):
+    """The method ids the points tune, with those whose choices they take (DP's inner learning rate), in tuning order."""
+    out = set()
+    todo = [m for _, _, m, _ in pts if m is not None]
+    while todo:
+        m = todo.pop()
+        if m not in out:
+            out.add(m)
+            todo += [METHODS[m]["inner_from"]] if "inner_from" in METHODS[m] else []
+    return sorted(out, key=method_order)
 
 
 def check_keys(args, runs):
@@ -167,7 +241,7 @@ def check_keys(args, runs):
 
 
 # Tuned in Decoupled DiLoCo's setting; every other method in synchronous DiLoCo's (the variants on FAST_LINK).
-TUNED_AT_K1 = ("rda", "mean_k1", "mean_fast", "dn_fast", "stale_fast", "dlu_fast", "rda_fast")
+TUNED_AT_K1 = ("rda", "mean_k1", "mean_fast", "dn_fast", "dn_whole_fast", "stale_fast", "dlu_fast", "rda_fast")
 # Tuning runs use this seed, which no reported run uses (reported seeds are 1..seeds): a reported number is never the
 # run that won a choice.
 TUNE_SEED = 0
@@ -187,12 +261,24 @@ SWEEP_BANDWIDTHS = [5e5, 4e6, 3.2e7, 1.28e8]
 def grid(S, meth):
     """(η values, μ values) of a method's tuning grid."""
     m = METHODS[meth]
+    if m.get("dp"):  # DP: the inner learning rate (train.lr), no outer step
+        return [round_lr(m, m["lr"] * f) for f in S["lr_factors"]], [0.0]
     lrs = [round(m["lr"] * f, 3) for f in S["lr_factors"]]
-    # μ is searched where a method is tuned first (M = m_exp, or K = 1); the other settings of an id (each M of
-    # experiments 1 and 10, the horizon) search η at the preset's μ, which keeps the suite within its budget.
+    # μ is searched wherever η is (issue 54: each M of experiments 1 and 10 and the horizon used to keep the preset's
+    # μ, and at M = 8 DiLoCo's own tuning preferred another), except for the variants that take their preset's.
     mus = ([0.0] if m["sets"][1] == "outer.kind=sgd" else
-           [m["mu"]] if m["at"] is not None or not m["mu_grid"] else sorted(set(S["momenta"]) | {m["mu"]}))
+           [m["mu"]] if not m["mu_grid"] else sorted(set(S["momenta"]) | {m["mu"]}))
     return lrs, mus
+
+
+def round_lr(m, lr, digits=3):
+    """An η of method m's grid, rounded: outer η to `digits` decimals, an inner learning rate to 3 significant digits."""
+    return float(f"{lr:.3g}") if m.get("dp") else round(lr, digits)
+
+
+def no_curve(sets):
+    """A run's sets without evaluations during it (experiment 12 reads only the final loss)."""
+    return [s for s in sets if not s.startswith("sim.eval_interval=")] + ["sim.eval_interval=0"]
 
 
 def sync_run(S, M, steps_total):
@@ -260,13 +346,15 @@ def plan(S):
     # The grace window where it can work (FAST_LINK), and the asynchronous variants there.
     for v, meth, g in (("K=1, fast link", "mean_fast", "false"), ("K=1 + grace, fast link", "mean_fast", "true"),
                        ("K=1 + grace + delayed Nesterov, fast link", "dn_fast", "true"),
+                       ("K=1 + grace + delayed Nesterov (whole g), fast link", "dn_whole_fast", "true"),
                        ("K=1 + grace + staleness weights, fast link", "stale_fast", "true"),
                        ("K=1 + grace + dynamic local updates, fast link", "dlu_fast", "true")):
         pts.append(("e3", v, meth, het + k1 + [f"sync.grace={g}"] + FAST_LINK))
     for meth in ("rda", "mean_k1", "diloco"):  # 4. RDA vs the token-weighted mean (Decoupled DiLoCo, K = 1)
         pts.append(("e4", meth, meth, decoupled(S) + ["sim.mtbf=0"]))
     for v, meth in (("rda, fast link", "rda_fast"), ("mean, fast link", "mean_fast"),
-                    ("delayed Nesterov, fast link", "dn_fast"), ("staleness weights, fast link", "stale_fast")):
+                    ("delayed Nesterov, fast link", "dn_fast"), ("delayed Nesterov (whole g), fast link", "dn_whole_fast"),
+                    ("staleness weights, fast link", "stale_fast")):
         pts.append(("e4", v, meth, decoupled(S) + ["sim.mtbf=0"] + FAST_LINK))
     for enc in ("fp32", "bf16", "int8", "int4", "int2"):  # 5. outer-gradient precision
         pts.append(("e5", enc, "diloco", sync_run(S, M, T) + [f"net.encoding={enc}", "net.error_feedback=true"]))
@@ -302,6 +390,7 @@ def plan(S):
     pts.append(("e6", "DP", None, dp + fail[:-1] + ["sim.jitter=0.1"]))
     pts.append(("e6", "Decoupled DiLoCo, fast link", "rda_fast", dec + fail + FAST_LINK))
     pts.append(("e6", "Decoupled + delayed Nesterov, fast link", "dn_fast", dec + fail + FAST_LINK))
+    pts.append(("e6", "Decoupled + delayed Nesterov (whole g), fast link", "dn_whole_fast", dec + fail + FAST_LINK))
     pts.append(("e6", "DiLoCo (synchronous), fast link", "diloco", syn + fail + FAST_LINK))
     pts.append(("e6", "DP, fast link", None, dp + fail[:-1] + ["sim.jitter=0.1"] + FAST_LINK))
     pts.append(("e7", "Decoupled DiLoCo, failures", "rda", dec + fail))
@@ -335,7 +424,37 @@ def plan(S):
     for Mm in S["many_ms"]:
         for meth in ("diloco", "isoloco"):
             pts.append(("e10", f"{meth} M={Mm}", tuned_at(meth, ("small", Mm)), sync_run(S, Mm, many_total(S))))
+    pts += e12_points(S, fail)
     return pts
+
+
+E12_MS = [1, 2, 4, 8]  # experiment 12's DiLoCo learner counts; the other methods run at the largest
+
+
+def e12_points(S, fail):
+    """Experiment 12 (issue 54): the scaling question at compute-optimal budgets. At each size, at equal tokens:
+    DiLoCo at each M of E12_MS against DP with the same global batch (M learners' batch: "DP ×M", as many steps as each
+    learner takes), IsoLoCo and Decoupled DiLoCo (K = 1, grace, int4) with and without the failure schedule at M = 8,
+    and with Muon: DP ×1 and ×8 and MuLoCo at M = 1 and 8. Every method is tuned at each size in the setting it is
+    reported in; its learners train at the inner learning rate DP ×1 chose there (one learner's batch)."""
+    pts, M = [], max(E12_MS)
+    for z in sizes(S):
+        n, T = z["name"], z["total_steps"]
+        for m in E12_MS:
+            pts.append(("e12", f"{n} DP ×{m}", tuned_at("dp", ("size_dp", m, n)), size_setting(S, "size_dp", m, T)))
+        for m in E12_MS:
+            pts.append(("e12", f"{n} DiLoCo M={m}", tuned_at("diloco", ("size", m, n)), size_setting(S, "size", m, T)))
+        pts.append(("e12", f"{n} IsoLoCo M={M}", tuned_at("isoloco", ("size", M, n)), size_setting(S, "size", M, T)))
+        k1 = size_setting(S, "size_k1", M, T)
+        rda = tuned_at("rda", ("size_k1", M, n))
+        pts.append(("e12", f"{n} Decoupled M={M}", rda, k1))
+        pts.append(("e12", f"{n} Decoupled M={M}, failures", rda, [x for x in k1 if x != "sim.mtbf=0"] + fail))
+        for m in (1, M):
+            pts.append(("e12", f"{n} Muon DP ×{m}", tuned_at("dp_muon", ("size_dp", m, n)), size_setting(S, "size_dp", m, T)))
+        for m in (1, M):
+            pts.append(("e12", f"{n} MuLoCo M={m}", tuned_at("muloco", ("size", m, n)), size_setting(S, "size", m, T)))
+    return pts
+
 
 
 # ---- the results file --------------------------------------------------------------------------------------------
@@ -387,7 +506,9 @@ def tuning_setting(S, meth):
         if m["base"] in TUNED_AT_K1:
             return decoupled(S) + ["sim.mtbf=0"] + (FAST_LINK if m["link"] == "fast" else [])
         return sync_run(S, S["m_exp"], S["total_steps"])
-    kind, M = at
+    kind, M = at[0], at[1]
+    if kind in ("size", "size_k1", "size_dp"):
+        return size_setting(S, kind, M, size(S, at[2])["total_steps"])
     if kind == "sync":
         return sync_run(S, M, S["total_steps"])
     if kind == "small":
@@ -399,16 +520,54 @@ def tuning_setting(S, meth):
     raise ValueError(at)
 
 
+def size_setting(S, kind, M, total):
+    """Experiment 12's settings at a size's token budget `total`: synchronous DiLoCo ("size"), Decoupled DiLoCo with
+    int4 pushes and no failures ("size_k1"), DP with M learners' global batch ("size_dp")."""
+    if kind == "size":
+        return no_curve(sync_run(S, M, total))
+    if kind == "size_k1":
+        return no_curve(decoupled(S, M, total)) + ["sim.mtbf=0", "net.encoding=int4", "net.error_feedback=true"]
+    return no_curve(dp_run(S, M, total)) + ["sim.mtbf=0", "sim.jitter=0.1"]
+
+
 def method_base(S, meth):
-    """The model sets a method id runs on: the small model for experiments 9 and 10, else the main one."""
-    at = METHODS[meth]["at"]
+    """The model sets a method id runs on: the small model for experiments 9 and 10, a size's for experiment 12, else
+    the main one."""
+    at = METHODS[meth]["at"] if meth is not None else None
+    if at is not None and len(at) > 2:
+        return size(S, at[2])["base"]
     return S["small"] if at is not None and at[0] in ("small", "horizon", "horizon_k1") else S["base"]
 
 
-def tuning_sets(S, meth, lr, mu):
-    return (method_base(S, meth) + METHODS[meth]["sets"] + tuning_setting(S, meth) +
-            [f"outer.lr={lr}", f"outer.momentum={mu}", "data.holdout=dev", f"train.seed={TUNE_SEED}",
-             f"sim.seed={TUNE_SEED}"])
+def step_sets(meth, lr, mu, inner=None):
+    """The sets that put method `meth` at η = lr, μ = mu (DP: its inner learning rate lr), and its learners at the
+    inner learning rate `inner` where it takes one from DP (experiment 12)."""
+    if METHODS[meth].get("dp"):
+        return METHODS[meth]["sets"] + [f"train.lr={lr}"]
+    return (METHODS[meth]["sets"] + [f"outer.lr={lr}", f"outer.momentum={mu}"] +
+            ([f"train.lr={inner}"] if inner is not None else []))
+
+
+def tuning_sets(S, meth, lr, mu, inner=None):
+    # A run's key (key_of) sorts its sets; no setting sets a key that step_sets does, so their order is free.
+    return (method_base(S, meth) + step_sets(meth, lr, mu, inner) + tuning_setting(S, meth) +
+            ["data.holdout=dev", f"train.seed={TUNE_SEED}", f"sim.seed={TUNE_SEED}"])
+
+
+class NotReady(Exception):
+    """A method whose learners take DP's inner learning rate, asked for before DP's tuning is final."""
+
+
+def inner_lr(res, S, meth):
+    """The inner learning rate method `meth` trains at when it takes DP's (experiment 12), else None. Raises NotReady
+    while that DP's tuning has runs to do."""
+    dep = METHODS[meth].get("inner_from")
+    if dep is None:
+        return None
+    _, missing, best, _ = tuning_points(res, S, dep)
+    if missing or best is None:
+        raise NotReady(dep)
+    return best[1]
 
 
 # How far a grid grows when its best η lies on an edge: at most this many more points on each side, each the
@@ -427,11 +586,15 @@ def tuning_points(res, S, meth):
     if S.get("untuned"):  # the smoke: its grid's one point (the preset's η and μ), chosen without tuning runs
         return [(lrs[0], mus[0])], [], (float("nan"), lrs[0], mus[0]), ""
     points = [(lr, mu) for lr in lrs for mu in mus]
+    try:
+        inner = inner_lr(res, S, meth)
+    except NotReady:  # nothing to run yet: the grid waits for DP's choice
+        return points, [], None, ""
     grown = {"low": 0, "high": 0}
     while True:
         missing, cand = [], []
         for lr, mu in points:
-            r = res.get(tuning_sets(S, meth, lr, mu))
+            r = res.get(tuning_sets(S, meth, lr, mu, inner))
             if r is None:
                 missing.append((lr, mu))
             elif r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"]):
@@ -448,32 +611,35 @@ def tuning_points(res, S, meth):
             return points, [], best, side
         grown[side] += 1
         factor = S["lr_factors"][0] if side == "low" else S["lr_factors"][-1]
-        points.append((round(lr * factor, 4), mu))
+        points.append((round_lr(METHODS[meth], lr * factor, 4), mu))
 
 
 def tuning_jobs(res, S, meths):
     """The tuning runs still to do, for every method: its grid (and any extension) on the dev half, TUNE_SEED."""
     jobs = []
     for meth in meths:
-        for lr, mu in tuning_points(res, S, meth)[1]:
+        missing = tuning_points(res, S, meth)[1]
+        for lr, mu in missing:
             jobs.append((dict(exp="tune", variant=meth, method=meth, lr=lr, mu=mu, seed=TUNE_SEED, holdout="dev"),
-                         tuning_sets(S, meth, lr, mu)))
+                         tuning_sets(S, meth, lr, mu, inner_lr(res, S, meth))))
     return jobs
 
 
 def chosen(res, S, meths):
-    """method -> (lr, mu) with the lowest dev loss over its (extended) grid."""
+    """method -> (lr, mu, inner) with the lowest dev loss over its (extended) grid; inner: the inner learning rate its
+    learners take from DP (experiment 12), else None."""
     best = {}
     for meth in meths:
         b = tuning_points(res, S, meth)[2]
         if b is not None:
-            best[meth] = (b[1], b[2])
+            best[meth] = (b[1], b[2], inner_lr(res, S, meth))
     return best
 
 
-# More seeds where an interval is too wide to label (issue 33): the paired comparisons the claims are judged by, as
-# (experiment, variant a, variant b, threshold t): the label turns on whether the 95% interval of a − b lies wholly on
-# one side of t. While it contains t, both points get one more seed, up to MAX_SEEDS.
+# The seeds of a point are fixed before any test result (issue 54: the suite used to add seeds while an interval
+# straddled its threshold, which made the intervals not nominal). The points of the comparisons the claims turn on
+# (where that rule could have added seeds), as (experiment, variant a, variant b, threshold), get MAX_SEEDS; every
+# other point the scale's seeds.
 MAX_SEEDS = 5
 
 
@@ -494,35 +660,25 @@ def decisive_pairs(S):
     pairs += [("e10", f"diloco M={m}", f"isoloco M={m}", 0.0) for m in S["many_ms"]]
     pairs += [("e11", "MuLoCo (Muon)", "DiLoCo (AdamW)", 0.0),
               ("e11", "MuLoCo, int2 + error feedback", "MuLoCo (Muon)", MULOCO_INT2_MARGIN)]
+    # Experiment 12's third claim (1% relative at the largest size) needs the narrower interval.
+    big, Mx12 = sizes(S)[-1]["name"], max(E12_MS)
+    pairs += [("e12", f"{big} Decoupled M={Mx12}, failures", f"{big} DiLoCo M={Mx12}", 0.01)]
     return pairs
 
 
-def seed_counts(S, res):
-    """(experiment, variant) -> the seeds to report it with: S["seeds"], or more for the points of a decisive pair
-    whose interval still contains its threshold (one more per pass, at most MAX_SEEDS)."""
-    counts = {}
-    if res is None or S["seeds"] < 3:
-        return counts
-    for r in res.rows.values():  # seeds added by an earlier pass stay reported
-        if r["exp"] != "tune" and S["seeds"] < r["seed"] <= MAX_SEEDS:
-            counts[(r["exp"], r["variant"])] = max(counts.get((r["exp"], r["variant"]), 0), r["seed"])
-    for exp, a, b, t in decisive_pairs(S):
-        va, vb = seeds_sorted(res, exp, a), seeds_sorted(res, exp, b)
-        n = min(len(va), len(vb))
-        if n < S["seeds"] or n >= MAX_SEEDS or None in va[:n] + vb[:n]:
-            continue
-        g, h = diff_ci(va[:n], vb[:n])
-        if math.isfinite(h) and g - h <= t <= g + h:
-            for v in (a, b):
-                counts[(exp, v)] = max(counts.get((exp, v), 0), n + 1)
-    return counts
+def point_seeds(S, exp, variant):
+    """The seeds a point is reported with, fixed in advance: MAX_SEEDS for a point of a decisive pair, else the
+    scale's (the smoke's one seed stays one)."""
+    if S["seeds"] >= 3 and any(exp == e and variant in (a, b) for e, a, b, _ in decisive_pairs(S)):
+        return MAX_SEEDS
+    return S["seeds"]
 
 
 def job_sets(S, exp, meth, sets, best, seed):
     """The settings of one reported run: the point's, its method's with the chosen η and μ, the test half, the seed."""
-    extra = [] if meth is None else METHODS[meth]["sets"] + [f"outer.lr={best[meth][0]}", f"outer.momentum={best[meth][1]}"]
-    return (S["small"] if exp in ("e9", "e10") else S["base"]) + extra + sets + \
-        ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
+    extra = [] if meth is None else step_sets(meth, *best[meth])
+    base = S["small"] if exp in ("e9", "e10") else method_base(S, meth)
+    return base + extra + sets + ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
 
 
 def plan_rows(S, pts, best, res):
@@ -530,23 +686,32 @@ def plan_rows(S, pts, best, res):
     under the plan and the current choices of η and μ; a row of the same name under another setting is not its
     (an older plan's run, or a run under an earlier choice, or a setting another point shares: experiment 2's DiLoCo
     is synchronous DiLoCo at M = 8 tuned over μ, experiment 1's is tuned at the preset's μ). Such rows stay in the
-    file and count again if the plan returns to their setting."""
+    file and count again if the plan returns to their setting. Likewise a seed beyond the point's (point_seeds), and
+    a tuning run that is no point of a current grid (an older protocol's): the report counts only the runs in use."""
     want = {}
     for exp, variant, meth, sets in pts:
         if meth is None or meth in best:
-            for seed in range(1, max(S["seeds"], MAX_SEEDS) + 1):
+            for seed in range(1, point_seeds(S, exp, variant) + 1):
                 want[(exp, variant, seed)] = key_of(job_sets(S, exp, meth, sets, best, seed))
+    tuning = set()
+    for m in methods_of(pts):
+        try:
+            inner = inner_lr(res, S, m)
+        except NotReady:
+            continue
+        tuning |= {key_of(tuning_sets(S, m, lr, mu, inner)) for lr, mu in tuning_points(res, S, m)[0]}
     return {i: r for i, r in res.rows.items()
-            if r["exp"] == "tune" or want.get((r["exp"], r["variant"], r["seed"])) == r["key"]}
+            if (r["key"] in tuning if r["exp"] == "tune" else want.get((r["exp"], r["variant"], r["seed"])) == r["key"])}
 
 
 def reported_jobs(S, pts, best, res=None):
-    counts = seed_counts(S, res.view(plan_rows(S, pts, best, res)) if res is not None else None)
+    """The reported runs of the points whose method is chosen: each seed of point_seeds. `res` is unused (the seeds
+    no longer depend on results); kept so that callers need not change."""
     jobs = []
     for exp, variant, meth, sets in pts:
         if meth is not None and meth not in best:
             continue
-        for seed in range(1, max(S["seeds"], counts.get((exp, variant), 0)) + 1):
+        for seed in range(1, point_seeds(S, exp, variant) + 1):
             jobs.append((dict(exp=exp, variant=variant, method=meth, seed=seed, holdout="test"),
                          job_sets(S, exp, meth, sets, best, seed)))
     return jobs
@@ -556,8 +721,16 @@ def planned_runs(S, pts, meths):
     """Every run the suite would start before any result is in: each method's tuning grid (no extensions), then the
     reported runs with each method at the centre of its grid (its preset's η and μ). One dict per run, with the
     sets and their key (the results file's identity of a setting): what --plan prints."""
-    runs = [dict(job, key=key_of(sets), sets=sets) for job, sets in tuning_jobs(Results(os.devnull), S, meths)]
-    centre = {m: (METHODS[m]["lr"], METHODS[m]["mu"]) for m in meths}
+    centre = {m: (METHODS[m]["lr"], METHODS[m]["mu"],
+                  METHODS[METHODS[m]["inner_from"]]["lr"] if "inner_from" in METHODS[m] else None) for m in meths}
+    runs = []
+    for m in meths:  # the grids; a method that takes DP's inner learning rate at DP's grid centre
+        lrs, mus = grid(S, m)
+        pts_m = tuning_points(Results(os.devnull), S, m)[0] if S.get("untuned") else [(a, b) for a in lrs for b in mus]
+        for lr, mu in ([] if S.get("untuned") else pts_m):
+            sets = tuning_sets(S, m, lr, mu, centre[m][2])
+            runs.append(dict(exp="tune", variant=m, method=m, lr=lr, mu=mu, seed=TUNE_SEED, holdout="dev",
+                             key=key_of(sets), sets=sets))
     runs += [dict(job, key=key_of(sets), sets=sets) for job, sets in reported_jobs(S, pts, centre)]
     return runs
 

@@ -11,7 +11,7 @@ import sys
 import time
 
 import jsonl_records  # scripts/science.py puts this folder on sys.path first
-from science_protocol import ROOT, Results, key_of, reported_jobs, tuning_jobs, tuning_points
+from science_protocol import ROOT, Results, inner_lr, key_of, reported_jobs, tuning_jobs, tuning_points
 
 
 # ---- running -----------------------------------------------------------------------------------------------------
@@ -91,6 +91,18 @@ FIELDS = ("final_val_loss", "val_bpb", "initial_val_loss", "uptime", "goodput", 
           "grace_open", "per_merge", "staleness_mean", "bytes_up", "bytes_down", "parameters")
 
 
+def run_cost(sets):
+    """A run's cost in arbitrary units, from its sets (later sets win, as on deloco's command line): layers × width²
+    × sequences in all (0 when a shape or length is not set). The queue runs the cheapest first, so that a partial
+    report has whole experiments at the small sizes rather than a little of everything."""
+    d = dict(x.split("=", 1) for x in sets)
+    if "model.n_embd" not in d or "train.steps" not in d:
+        return 0
+    learners = int(d.get("sync.learners", 1))
+    return (int(d["model.n_layer"]) * int(d["model.n_embd"]) ** 2 * int(d["train.steps"]) * learners *
+            int(d.get("train.batch_size", 8)))
+
+
 def run_suite(args, out, S, pts, meths, results_file):
     """Runs every missing point, `args.jobs` at a time, into the results file `results_file` (Results), and returns
     the results.
@@ -105,9 +117,10 @@ def run_suite(args, out, S, pts, meths, results_file):
     with futures.ThreadPoolExecutor(max_workers=args.jobs) as ex:
         while True:
             final = {m: b for m, b in ((m, tuning_points(res, S, m)) for m in meths) if not b[1] and b[2] is not None}
-            best = {m: (b[2][1], b[2][2]) for m, b in final.items()}
+            best = {m: (b[2][1], b[2][2], inner_lr(res, S, m)) for m, b in final.items()}
             jobs = tuning_jobs(res, S, [m for m in meths if m not in final])
             jobs += reported_jobs(S, [p for p in pts if p[2] is None or p[2] in best], best, res)
+            jobs.sort(key=lambda j: run_cost(j[1]))  # the cheapest first (stable): small sizes finish early
             waiting = {}
             for m, sets in jobs:
                 k = key_of(sets)

@@ -7,7 +7,8 @@
   at the quick and the full scale; every key a planned run sets is one `deloco sim` knows;
 * experiment 1 tunes each method at each M (its own setting per M), the variants are tuned on the fast link;
 * a grid whose best η lies on its edge grows on that side;
-* more seeds only where a decisive comparison's interval contains its threshold, and seeds once added stay reported;
+* the seeds of each point are fixed before any result (5 for the points of a decisive comparison), and only the
+  tuning runs of the current grids count;
 * a partial report labels "pending" every claim that rests on a run still to do, and judges the others;
 * experiment 8 names the runs that ended above their initial loss (diverged), with K = 1's staleness per bandwidth;
 * a variant's rows are those of its own setting under the current plan: a row of the same name under another setting
@@ -102,26 +103,43 @@ class Protocol(unittest.TestCase):
             self.assertEqual(missing, [(round(min(lrs) * S["lr_factors"][0], 4), 0.0)])
             self.assertEqual(best[1], min(lrs))
 
-    def test_more_seeds_only_where_an_interval_is_too_wide(self):
-        S, _, _ = next(self.scales())
+    def test_the_seeds_are_fixed_before_any_result(self):
+        S, pts, _ = quick_plan()
+        # The points of a decisive comparison get MAX_SEEDS, the others the scale's; no result changes either.
+        self.assertEqual(sci.point_seeds(S, "e5", "int2"), sci.MAX_SEEDS)
+        self.assertEqual(sci.point_seeds(S, "e5", "fp32"), sci.MAX_SEEDS)
+        self.assertEqual(sci.point_seeds(S, "e5", "bf16"), S["seeds"])
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
+            tune_diloco(res, S)
+            best = sci.chosen(res, S, ["diloco"])
 
-            def put(exp, variant, losses):
-                for seed, x in enumerate(losses, 1):
-                    res.add(dict(exp=exp, variant=variant, seed=seed, key=f"{exp}{variant}{seed}", final_val_loss=x))
-            put("e5", "fp32", [3.0, 3.1, 2.9])
-            put("e5", "int4", [3.0, 3.1, 2.9])        # int4 − fp32 = 0 ± 0: wholly below the 0.02 margin
-            put("e5", "int2", [3.05, 3.05, 3.05])     # int2 − fp32 = +0.05 ± 0.25: contains 0
-            c = sci.seed_counts(S, res)
-            self.assertNotIn(("e5", "int4"), c)
-            self.assertEqual((c[("e5", "int2")], c[("e5", "fp32")]), (4, 4))
-            put("e5", "int2", [3.05, 3.05, 3.05, 3.2])
-            put("e5", "fp32", [3.0, 3.1, 2.9, 3.0])
-            self.assertEqual(sci.seed_counts(S, res)[("e5", "int2")], 5)
-            put("e5", "int2", [3.05, 3.05, 3.05, 3.2, 3.0])
-            put("e5", "fp32", [3.0, 3.1, 2.9, 3.0, 3.0])
-            self.assertEqual(sci.seed_counts(S, res)[("e5", "int2")], 5)  # at MAX_SEEDS: no more, the 5 stay
+            def seeds(v):
+                return max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best, res) if (j["exp"], j["variant"]) == ("e5", v))
+            before = (seeds("int2"), seeds("bf16"))
+            self.assertEqual(before, (sci.MAX_SEEDS, S["seeds"]))
+            jobs = {(j["variant"], j["seed"]): sets for j, sets in sci.reported_jobs(S, pts, best, res) if j["exp"] == "e5"}
+            for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int2", [3.05, 3.05, 3.2]), ("bf16", [3.0, 3.5, 2.5])):
+                for seed, x in enumerate(losses, 1):  # intervals that straddle their thresholds
+                    res.add(dict(exp="e5", variant=v, seed=seed, key=sci.key_of(jobs[(v, seed)]), final_val_loss=x))
+            self.assertEqual((seeds("int2"), seeds("bf16")), before)
+        # The smoke's one seed stays one, decisive or not.
+        self.assertEqual(sci.point_seeds(dict(S, seeds=1), "e5", "int2"), 1)
+
+    def test_only_the_tuning_runs_of_current_grids_count(self):
+        S, pts, _ = quick_plan()
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            tune_diloco(res, S)
+            # A tuning run of an older protocol: a point no grid has now.
+            old = sci.tuning_sets(S, "diloco", 123.0, 0.5)
+            res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(old), final_val_loss=1.0))
+            best = sci.chosen(res, S, ["diloco"])
+            view = sci.plan_rows(S, pts, best, res)
+            keys = {r["key"] for r in view.values() if r["exp"] == "tune"}
+            self.assertNotIn(sci.key_of(old), keys)
+            lrs, mus = sci.grid(S, "diloco")
+            self.assertEqual(len(keys), len(lrs) * len(mus))
 
 
 class PartialReport(unittest.TestCase):
@@ -153,8 +171,9 @@ class PartialReport(unittest.TestCase):
             self.assertTrue(all(sci.pending_points(res, S, pts, meths).get(p[:2]) for p in pts))
             tune_diloco(res, S)
             best = sci.chosen(res, S, meths)
-            loss = {"fp32": [3.0, 3.1, 2.9], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9], "int4": [3.0, 3.1, 2.9],
-                    "int2": [3.2, 3.31, 3.1]}
+            # fp32, int4 and int2 are points of decisive comparisons: 5 seeds each.
+            loss = {"fp32": [3.0, 3.1, 2.9, 3.0, 3.05], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9],
+                    "int4": [3.0, 3.1, 2.9, 3.0, 3.05], "int2": [3.2, 3.31, 3.1, 3.22, 3.25]}
             for job, sets in sci.reported_jobs(S, pts, best, res):
                 if job["exp"] == "e5" and job["variant"] in loss:
                     res.add(dict(job, key=sci.key_of(sets), sets=sets, final_val_loss=loss[job["variant"]][job["seed"] - 1]))
@@ -218,10 +237,9 @@ class PlanRows(unittest.TestCase):
             self.assertEqual(sci.seeds_sorted(view, "e5", "int4"), [3.0, 3.1, 2.9])
             self.assertEqual(sci.seeds_sorted(view, "e5", "fp32"), [3.0, 3.1, 2.9])
             self.assertEqual(len(res.rows), len(sci.Results(res.path).rows))  # a view leaves the results as they are
-            # Neither the stray fourth seed nor the mixed-up interval adds seeds: int4 − fp32 = 0 ± 0 is decided.
-            self.assertNotIn(("e5", "int4"), sci.seed_counts(S, view))
+            # The stray fourth seed adds nothing: int4's seeds were fixed before any result.
             self.assertEqual(max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best, res)
-                                 if (j["exp"], j["variant"]) == ("e5", "int4")), S["seeds"])
+                                 if (j["exp"], j["variant"]) == ("e5", "int4")), sci.point_seeds(S, "e5", "int4"))
 
 
 if __name__ == "__main__":

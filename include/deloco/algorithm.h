@@ -66,12 +66,13 @@ struct AlgorithmConfig {
   double topk_density = 0.03;               // net.topk_density: kept fraction of a topk push, in (0, 1]
   int64_t topk_chunk = 0;                   // net.topk_chunk: top-k per chunk of this many elements (0: per payload)
   double broadcast_topk_density = 0;        // net.broadcast_topk_density: of a topk broadcast (0: topk_density)
+  int64_t broadcast_topk_bits = 0;          // net.broadcast_topk_bits: of a topk broadcast, 2 | 4 | 8 (0: topk_bits)
   bool broadcast_delta = false;             // net.broadcast_delta: broadcast a merge as the change against the
                                             // version the learner holds (Syncer::set_delta_broadcast); topk implies it
 
   // Binds sync.*, merge.* (MergeConfig::Use::kTraining), outer.kind, outer.lr, outer.momentum, net.encoding,
   // net.broadcast_encoding, net.error_feedback, net.error_feedback_decay, net.topk_bits, net.topk_density,
-  // net.topk_chunk, net.broadcast_topk_density, net.broadcast_delta.
+  // net.topk_chunk, net.broadcast_topk_density, net.broadcast_topk_bits, net.broadcast_delta.
   void bind(ConfigSchema& schema);
   // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
   // unknown preset.

@@ -7,19 +7,23 @@
 //        b ← g on the first step of `name`, else b ← μ·b + g;   u = g + μ·b (nesterov) or u = b;   Θ ← Θ − η·u
 //    and with μ = 0 simply Θ ← Θ − η·g (no state).
 //  * delayed_nesterov (Delayed Nesterov, Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling",
-//    as we read it): the momentum buffer changes only once every N = `delay` steps of a name, from the mean of the
-//    outer gradients since its last change; the steps in between are plain outer steps plus a share c =
-//    `delay_momentum` of the buffered momentum. With a = the sum of the gradients since the last change and n their
-//    count (both 0 at the start and after each change), per step:
+//    their Algorithm "delayed Nesterov momentum update"): the momentum buffer changes only once every N = `delay`
+//    steps of a name, from the mean of the outer gradients since its last change, and each step applies 1/N of its
+//    outer gradient, so that a cycle of N steps moves Θ as one Nesterov step on the cycle's mean gradient would.
+//    c = `delay_momentum` in [0, 1/N] spreads part of the momentum over the steps in between. With a = the sum of
+//    the gradients since the last change and n their count (both 0 at the start and after each change), per step:
 //        a ← a + g, n ← n + 1;
-//        n = N:  b ← μ·b + a/N (b = 0 before the first),  u = g + μ·b,  a ← 0, n ← 0;
-//        n < N:  u = g + c·μ·b;
+//        n = N:  b ← μ·b + a/N (b = 0 before the first),  u = g/N + (1 − c·N + c)·μ·b,  a ← 0, n ← 0;
+//        n < N:  u = g/N + c·μ·b;
 //        Θ ← Θ − η·u.
 //    N = 1 is exactly "nesterov". Stale outer gradients (asynchronous merges) then feed the momentum N times less
 //    often, which keeps the loop of docs/sim.md ("Stability of the global anchor") from compounding.
+//  * delayed_nesterov_whole: deloco's earlier reading of the same paper, kept as a named variant: the buffer changes
+//    as above, but every step applies its whole outer gradient, u = g + c·μ·b (n < N) or g + μ·b (n = N), with c in
+//    [0, 1]. Over a cycle it moves N times as far along the gradients as delayed_nesterov at the same η.
 //  * State is one momentum buffer per parameter name, exported by state() as a map
 //    "<name>.momentum_buffer" → tensor (ready to be stored in a safetensors file) and restored by load_state();
-//    delayed_nesterov adds "<name>.delay_sum" (a) and "<name>.delay_count" (n, a one-element float64 tensor).
+//    the delayed kinds add "<name>.delay_sum" (a) and "<name>.delay_count" (n, a one-element float64 tensor).
 //    load_state() checks every key and throws OuterError for an unknown key.
 //  * Errors (shape mismatch, a non-finite gradient, bad options, unknown kind or preset) throw OuterError
 //    naming the parameter or option; a failed step leaves param and state untouched.
@@ -40,11 +44,13 @@
 namespace deloco {
 
 struct OuterOptions {
-  std::string kind = "nesterov";  // "sgd" (plain or heavy-ball momentum), "nesterov" or "delayed_nesterov"
+  std::string kind = "nesterov";  // "sgd" (plain or heavy-ball momentum), "nesterov", "delayed_nesterov" or
+                                  // "delayed_nesterov_whole"
   double lr = 0.7;                // η
   double momentum = 0.9;          // μ (ignored by "sgd" when 0)
   int64_t delay = 4;              // N of delayed_nesterov (≥ 1; other kinds ignore it)
-  double delay_momentum = 0.0;    // c of delayed_nesterov, in [0, 1]: the share of μ·b applied between changes
+  double delay_momentum = 0.0;    // c of the delayed kinds: the share of μ·b each step between changes applies
+                                  // (delayed_nesterov: in [0, 1/N]; delayed_nesterov_whole: in [0, 1])
   void validate() const;          // throws OuterError
 };
 

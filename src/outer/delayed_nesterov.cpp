@@ -1,6 +1,10 @@
-// delayed_nesterov: the momentum buffer changes once every N steps of a name, from the mean of the outer gradients
-// since its previous change; in between, plain steps plus a share c of the buffered momentum (deloco/outer.h).
-//   a ← a + g, n ← n + 1;   n = N: b ← μ·b + a/N, u = g + μ·b, a ← 0, n ← 0;   n < N: u = g + c·μ·b;   Θ ← Θ − η·u.
+// Delayed Nesterov in its two forms (deloco/outer.h). Both change the momentum buffer once every N steps of a name,
+// from the mean of the outer gradients since its previous change (a ← a + g, n ← n + 1; at n = N: b ← μ·b + a/N,
+// a ← 0, n ← 0). What a step applies:
+//   delayed_nesterov (Liu et al. 2024):  u = g/N + c·μ·b for n < N,  u = g/N + (1 − c·N + c)·μ·b at n = N;
+//     c in [0, 1/N]: over a cycle of N steps the gradients add to their mean and the momentum to one μ·b.
+//   delayed_nesterov_whole (deloco's earlier reading): u = g + c·μ·b for n < N,  u = g + μ·b at n = N;  c in [0, 1].
+// Then Θ ← Θ − η·u. With N = 1 both are exactly "nesterov".
 #include <torch/torch.h>
 
 #include "outer/rules.h"
@@ -10,12 +14,13 @@ namespace {
 
 class DelayedNesterov final : public OuterOptimizer {
  public:
-  using OuterOptimizer::OuterOptimizer;
+  DelayedNesterov(const OuterOptions& o, bool whole) : OuterOptimizer(o), whole_(whole) {}
 
  protected:
   at::Tensor update(const at::Tensor& g, Slot& s) const override {
-    const double mu = opts_.momentum;
+    const double mu = opts_.momentum, c = opts_.delay_momentum;
     const int64_t N = opts_.delay;
+    const double share = whole_ ? 1.0 : 1.0 / static_cast<double>(N);  // of g applied by each step
     s.sum = s.sum.defined() ? s.sum.add(g) : g.clone();
     s.count += 1;
     if (s.count >= N) {
@@ -23,17 +28,22 @@ class DelayedNesterov final : public OuterOptimizer {
       s.buffer = s.buffer.defined() ? s.buffer.mul(mu).add_(mean) : mean;
       s.sum = at::zeros_like(g);
       s.count = 0;
-      return g.add(s.buffer, mu);
+      const double rest = whole_ ? 1.0 : 1.0 - c * static_cast<double>(N) + c;  // the cycle's momentum not yet applied
+      return g.mul(share).add_(s.buffer, rest * mu);
     }
-    if (!s.buffer.defined() || opts_.delay_momentum == 0) return g;
-    return g.add(s.buffer, opts_.delay_momentum * mu);
+    at::Tensor u = g.mul(share);
+    if (!s.buffer.defined() || c == 0) return u;
+    return u.add_(s.buffer, c * mu);
   }
+
+ private:
+  bool whole_;
 };
 
 }  // namespace
 
 std::unique_ptr<OuterOptimizer> make_delayed_nesterov(const OuterOptions& o) {
-  return std::make_unique<DelayedNesterov>(o);
+  return std::make_unique<DelayedNesterov>(o, o.kind == "delayed_nesterov_whole");
 }
 
 }  // namespace deloco::outer_detail

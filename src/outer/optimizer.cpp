@@ -17,16 +17,23 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }  // namespace
 
 void OuterOptions::validate() const {
-  if (kind != "sgd" && kind != "nesterov" && kind != "delayed_nesterov")
-    throw OuterError("unknown outer optimizer '" + kind + "' (known: sgd, nesterov, delayed_nesterov)");
+  const bool delayed = kind == "delayed_nesterov" || kind == "delayed_nesterov_whole";
+  if (kind != "sgd" && kind != "nesterov" && !delayed)
+    throw OuterError("unknown outer optimizer '" + kind +
+                     "' (known: sgd, nesterov, delayed_nesterov, delayed_nesterov_whole)");
   if (!std::isfinite(lr) || lr < 0) throw OuterError("outer lr must be finite and >= 0");
   if (!std::isfinite(momentum) || momentum < 0 || momentum >= 1)
     throw OuterError("outer momentum must be in [0, 1)");
-  if ((kind == "nesterov" || kind == "delayed_nesterov") && momentum <= 0)
-    throw OuterError(kind + " needs momentum > 0");
+  if ((kind == "nesterov" || delayed) && momentum <= 0) throw OuterError(kind + " needs momentum > 0");
   if (delay < 1) throw OuterError("outer delay (N of delayed_nesterov) must be >= 1 (got " + std::to_string(delay) + ")");
   if (!std::isfinite(delay_momentum) || delay_momentum < 0 || delay_momentum > 1)
     throw OuterError("outer delay_momentum (c of delayed_nesterov) must be in [0, 1]");
+  // Liu et al.'s c: the momentum the steps between changes apply, c·μ·b each, must leave the change's own share
+  // (1 − c·N + c) ≥ 0, so c ≤ 1/N.
+  if (kind == "delayed_nesterov" && delay_momentum * static_cast<double>(delay) > 1.0 + 1e-12)
+    throw OuterError("outer delay_momentum (c of delayed_nesterov) must be in [0, 1/N] = [0, " +
+                     std::to_string(1.0 / static_cast<double>(delay)) + "] for outer.delay = " + std::to_string(delay) +
+                     " (delayed_nesterov_whole takes c up to 1)");
 }
 
 OuterOptimizer::OuterOptimizer(OuterOptions opts) : opts_(std::move(opts)) { opts_.validate(); }
@@ -124,8 +131,8 @@ void OuterOptimizer::set_buffer(const std::string& name, const at::Tensor& buffe
 
 OuterOptimizer::Rule OuterOptimizer::rule() const {
   Rule r;
-  r.nesterov = opts_.kind == "nesterov" || opts_.kind == "delayed_nesterov";
-  r.delayed = opts_.kind == "delayed_nesterov";
+  r.delayed = opts_.kind == "delayed_nesterov" || opts_.kind == "delayed_nesterov_whole";
+  r.nesterov = opts_.kind == "nesterov" || r.delayed;
   r.momentum = r.nesterov || opts_.momentum > 0;
   r.lr = opts_.lr;
   r.mu = r.momentum ? opts_.momentum : 0.0;
@@ -151,7 +158,8 @@ at::Tensor OuterOptimizer::buffer_for_update(const std::string& name, const at::
 std::unique_ptr<OuterOptimizer> make_outer_optimizer(const OuterOptions& opts) {
   opts.validate();
   if (opts.kind == "nesterov") return outer_detail::make_nesterov(opts);
-  if (opts.kind == "delayed_nesterov") return outer_detail::make_delayed_nesterov(opts);
+  if (opts.kind == "delayed_nesterov" || opts.kind == "delayed_nesterov_whole")
+    return outer_detail::make_delayed_nesterov(opts);
   return outer_detail::make_sgd(opts);
 }
 

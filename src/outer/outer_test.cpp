@@ -99,13 +99,53 @@ TEST(OuterSgd, BadInputIsRejectedWithoutSideEffects) {
 }
 
 
-// Delayed Nesterov against its formulas (deloco/outer.h, Liu et al. 2024 as we read it), run here in double on
-// plain numbers: a ← a + g, n ← n + 1; at n = N: b ← μ·b + a/N, u = g + μ·b, a ← 0, n ← 0; else u = g + c·μ·b;
+// Delayed Nesterov as Liu et al. 2024 write it (their algorithm, transcribed from the paper in plain doubles, not
+// from our header): with momentum m and buffer Δ both 0 at first, on the t-th outer gradient g_t (t = 1, 2, ...):
+//   Δ ← Δ + g_t;  if t mod N = 0:  m ← β·m + Δ/N,  θ ← θ − ε·((1 − c·N + c)·β·m + g_t/N),  Δ ← 0;
+//                 else:            θ ← θ − ε·(c·β·m + g_t/N).
+TEST(OuterDelayedNesterov, MatchesLiuEtAlsAlgorithmStepByStep) {
+  const double eps = 0.7, beta = 0.9, c = 0.2;
+  const int64_t N = 3;
+  auto opt = make_outer_optimizer({"delayed_nesterov", eps, beta, N, c});
+  at::manual_seed(7);
+  at::Tensor p = at::randn({5}, at::kDouble);
+  std::vector<double> theta(5), m(5, 0.0), delta(5, 0.0);
+  for (int i = 0; i < 5; ++i) theta[i] = p[i].item<double>();
+  for (int t = 1; t <= 10; ++t) {
+    at::Tensor g = at::randn({5}, at::kDouble);
+    opt->step("w", p, g);
+    for (int i = 0; i < 5; ++i) {
+      const double gi = g[i].item<double>();
+      delta[i] += gi;
+      if (t % N == 0) {
+        m[i] = beta * m[i] + delta[i] / N;
+        theta[i] -= eps * ((1 - c * N + c) * beta * m[i] + gi / N);
+        delta[i] = 0;
+      } else {
+        theta[i] -= eps * (c * beta * m[i] + gi / N);
+      }
+    }
+    for (int i = 0; i < 5; ++i) EXPECT_NEAR(p[i].item<double>(), theta[i], 1e-12) << "step " << t << " element " << i;
+  }
+  // A cycle with c = 0 moves Θ as one Nesterov step on the cycle's mean gradient: ε·(mean + β·m).
+  auto cyc = make_outer_optimizer({"delayed_nesterov", eps, beta, 4, 0.0});
+  at::Tensor q = at::zeros({3}, at::kDouble), sum = at::zeros({3}, at::kDouble);
+  for (int t = 0; t < 4; ++t) {
+    at::Tensor g = at::randn({3}, at::kDouble);
+    sum += g;
+    cyc->step("w", q, g);
+  }
+  const at::Tensor mean = sum / 4;
+  EXPECT_TRUE(at::allclose(q, -eps * (mean + beta * mean), 1e-12, 1e-12));
+}
+
+// delayed_nesterov_whole, deloco's earlier reading kept as a variant: the buffer as above, but each step applies its
+// whole gradient: a ← a + g, n ← n + 1; at n = N: b ← μ·b + a/N, u = g + μ·b, a ← 0, n ← 0; else u = g + c·μ·b;
 // Θ ← Θ − η·u.
-TEST(OuterDelayedNesterov, MatchesItsFormulasStepByStep) {
+TEST(OuterDelayedNesterov, TheWholeVariantMatchesItsFormulasStepByStep) {
   const double eta = 0.7, mu = 0.9, c = 0.5;
   const int64_t N = 3;
-  OuterOptions o{"delayed_nesterov", eta, mu, N, c};
+  OuterOptions o{"delayed_nesterov_whole", eta, mu, N, c};
   auto opt = make_outer_optimizer(o);
   at::manual_seed(7);
   at::Tensor p = at::randn({5}, at::kDouble);
@@ -133,18 +173,28 @@ TEST(OuterDelayedNesterov, MatchesItsFormulasStepByStep) {
     if (n == N) n = 0, have_b = true;
     for (int i = 0; i < 5; ++i) EXPECT_NEAR(p[i].item<double>(), theta[i], 1e-12) << "step " << step << " element " << i;
   }
+  // Its c may reach 1; Liu et al.'s only 1/N.
+  EXPECT_NO_THROW(make_outer_optimizer({"delayed_nesterov_whole", 0.5, 0.8, 4, 0.3}));
+  try {
+    make_outer_optimizer({"delayed_nesterov", 0.5, 0.8, 4, 0.3});
+    ADD_FAILURE() << "c = 0.3 > 1/N accepted";
+  } catch (const OuterError& e) {
+    EXPECT_NE(std::string(e.what()).find("[0, 1/N]"), std::string::npos) << e.what();
+  }
 }
 
 TEST(OuterDelayedNesterov, DelayOneIsNesterovAndTheStateResumesMidCycle) {
-  auto dn = make_outer_optimizer({"delayed_nesterov", 0.7, 0.9, 1, 0.0});
-  auto nv = make_outer_optimizer({"nesterov", 0.7, 0.9});
-  at::Tensor p = at::randn({3, 4}), q = p.clone();
-  for (int s = 0; s < 5; ++s) {
-    at::Tensor g = at::randn({3, 4});
-    dn->step("w", p, g);
-    nv->step("w", q, g);
+  for (const char* kind : {"delayed_nesterov", "delayed_nesterov_whole"}) {
+    auto dn = make_outer_optimizer({kind, 0.7, 0.9, 1, 0.0});
+    auto nv = make_outer_optimizer({"nesterov", 0.7, 0.9});
+    at::Tensor p = at::randn({3, 4}), q = p.clone();
+    for (int s = 0; s < 5; ++s) {
+      at::Tensor g = at::randn({3, 4});
+      dn->step("w", p, g);
+      nv->step("w", q, g);
+    }
+    EXPECT_TRUE(at::allclose(p, q, 1e-6, 1e-6)) << kind;
   }
-  EXPECT_TRUE(at::allclose(p, q, 1e-6, 1e-6));
 
   // N = 4, stopped after 6 steps (two into a cycle): the state (buffer, sum, count) goes through a safetensors file
   // and the resumed optimizer continues bit for bit.

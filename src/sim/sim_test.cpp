@@ -259,6 +259,32 @@ TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
   }
 }
 
+// net.broadcast_topk_bits sets the broadcast's value width apart from the pushes' (SparseLoCo's exchange: 2-bit pushes,
+// an 8-bit broadcast of every entry the merge changed); 0 keeps net.topk_bits; other widths are refused by name.
+TEST(SimCompression, TheBroadcastHasItsOwnTopkBits) {
+  SimConfig c;
+  c.encoding = "topk";
+  c.broadcast_encoding = "topk";
+  c.topk_bits = 2;
+  EXPECT_EQ(c.push_codec().encoding, Encoding::kTopk2);
+  EXPECT_EQ(c.answer_codec().encoding, Encoding::kTopk2);
+  c.broadcast_topk_bits = 8;
+  c.broadcast_topk_density = 0.06;
+  EXPECT_EQ(c.push_codec().encoding, Encoding::kTopk2);
+  EXPECT_EQ(c.answer_codec().encoding, Encoding::kTopk8);
+  EXPECT_DOUBLE_EQ(c.answer_codec().topk.density, 0.06);
+  SimConfig e;
+  ConfigSchema es;
+  e.bind(es);
+  es.apply_override("net.broadcast_topk_bits=3");
+  try {
+    es.validate();
+    ADD_FAILURE() << "no error for net.broadcast_topk_bits=3";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("net.broadcast_topk_bits must be 0, 2, 4 or 8"), std::string::npos) << err.what();
+  }
+}
+
 // net.error_feedback_decay reaches every learner's pushes: under top-k 3% pushes, β = 1 is the default bit for bit
 // and β = 0.5 trains a different model.
 TEST(SimCompression, ErrorFeedbackDecayReachesThePushes) {

@@ -94,10 +94,14 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
       return "outer: " + std::string(e.what());
     }
   };
-  s.bind("outer.kind", &outer.kind, "sgd | nesterov | delayed_nesterov (default: the preset's)", outer_check);
-  s.bind("outer.delay", &outer.delay, "N of delayed_nesterov: the momentum changes once every N merges of a tensor");
+  s.bind("outer.kind", &outer.kind,
+         "sgd | nesterov | delayed_nesterov (Liu et al.: g/N per merge, the momentum once every N) | "
+         "delayed_nesterov_whole (the whole g per merge) (default: the preset's)",
+         outer_check);
+  s.bind("outer.delay", &outer.delay, "N of the delayed kinds: the momentum changes once every N merges of a tensor");
   s.bind("outer.delay_momentum", &outer.delay_momentum,
-         "c of delayed_nesterov, in [0, 1]: the share of the momentum applied by the merges in between");
+         "c of the delayed kinds: the share of the momentum each merge in between applies (delayed_nesterov: "
+         "[0, 1/N]; delayed_nesterov_whole: [0, 1])");
   s.bind("outer.lr", &outer.lr, "outer learning rate eta (default: the preset's)");
   s.bind("outer.momentum", &outer.momentum, "outer momentum mu (default: the preset's)");
   auto float_encoding = [](const std::string* v, const char* key) {
@@ -142,6 +146,16 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
   s.bind("net.broadcast_delta", &broadcast_delta,
          "send each merged fragment as its change against the version the learner holds, in "
          "net.broadcast_encoding, with the residual carried to the next merge (topk: always)");
+  s.bind("net.broadcast_topk_bits", &broadcast_topk_bits,
+         "bits per kept value of a topk broadcast: 2 | 4 | 8 (0: net.topk_bits). SparseLoCo's exchange, where every "
+         "learner gets the others' sparse pushes whole, is a topk broadcast that keeps every entry the merge changed "
+         "(net.broadcast_topk_density = learners x net.topk_density) at 8 bits, its rest carried to the next merge",
+         [this] {
+           return broadcast_topk_bits == 0 || broadcast_topk_bits == 2 || broadcast_topk_bits == 4 ||
+                          broadcast_topk_bits == 8
+                      ? std::string()
+                      : "net.broadcast_topk_bits must be 0, 2, 4 or 8 (got " + std::to_string(broadcast_topk_bits) + ")";
+         });
   s.bind("net.broadcast_topk_density", &broadcast_topk_density,
          "fraction of a topk broadcast's entries kept, in (0, 1] (0: net.topk_density)", [this] {
            return broadcast_topk_density >= 0 && broadcast_topk_density <= 1
@@ -171,7 +185,8 @@ Codec codec_of(const std::string& name, int64_t bits, double density, int64_t ch
 Codec AlgorithmConfig::push_codec() const { return codec_of(encoding, topk_bits, topk_density, topk_chunk); }
 
 Codec AlgorithmConfig::answer_codec() const {
-  return codec_of(broadcast_encoding, topk_bits, broadcast_topk_density > 0 ? broadcast_topk_density : topk_density,
+  return codec_of(broadcast_encoding, broadcast_topk_bits > 0 ? broadcast_topk_bits : topk_bits,
+                  broadcast_topk_density > 0 ? broadcast_topk_density : topk_density,
                   topk_chunk);
 }
 

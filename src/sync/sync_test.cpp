@@ -771,7 +771,8 @@ TEST(SyncSyncer, DelayedNesterovTakesTheGeneralPathAndRollsBackItsWholeState) {
   o.quorum = 1;
   o.max_delta_ratio = 0;  // the overflowing push below must reach the merge
   o.max_delta_outlier = 0;
-  OuterOptions dn{"delayed_nesterov", 0.5, 0.9, 3, 0.0};
+  // η = 5: Liu et al.'s step applies g/N, so the push below overflows only with a large η.
+  OuterOptions dn{"delayed_nesterov", 5.0, 0.9, 3, 0.0};
   Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), dn);
   s.note_joined(0);
   auto ref = make_outer_optimizer(dn);
