@@ -93,8 +93,12 @@ def scale(quick, out):
              model="bf16 GPT, 4 × 256, T = 128, SentencePiece vocabulary 4096 (4.24M parameters)",
              small=small, small_model="bf16 GPT, 2 × 128, T = 128, SentencePiece vocabulary 4096",
              many_ms=[8, 32, 64], many_rounds=2, horizon_rounds=32)
-    return dict(S, sizes_spec=dict(shapes=[(2, 2, 48), (2, 2, 64), (3, 3, 96)], block=128, tokens_per_param=20,
-                                   inner_lr=4e-3, precision="bf16", eval_tokens=65536))
+    S = dict(S, sizes_spec=dict(shapes=[(2, 2, 48), (2, 2, 64), (3, 3, 96)], block=128, tokens_per_param=20,
+                                inner_lr=4e-3, precision="bf16", eval_tokens=65536))
+    # Experiment 10 at 32 outer rounds at its largest M (issue 54; it ran 2): 64 × 10 × 32 = 20,480 inner steps a
+    # run, so on experiment 12's smallest model (2 × 48 bytes, 0.075M parameters, about 7 minutes a run) with H = 10.
+    return dict(S, many_rounds=32, many_sync_every=10, many_base=sizes(S)[0]["base"],
+                many_model="byte-level bf16 GPT, 2 × 48, T = 128 (experiment 12's smallest, 0.075M parameters), H = 10")
 
 
 def gpt_parameters(n_layer, n_embd, vocab, block):
@@ -138,6 +142,15 @@ METHOD_SPECS = {
     "mean_sgd_topk3": dict(preset="diloco", kind="sgd", lr=1.0, mu=0.0,
                            extra=["net.encoding=topk", "net.topk_bits=2", "net.topk_density=0.03",
                                   "net.broadcast_encoding=topk"]),
+    # SparseLoCo as Sarfi et al. 2025 run it (issue 54): top-k 3% of every chunk of 4096 entries at 2 bits, error
+    # feedback with decay β = 0.95 (the accumulator that takes the outer momentum's place), outer SGD on the mean, and
+    # its exchange: every learner gets every entry the merge changed (a top-k broadcast at M × 3%, 8-bit values, the
+    # rounding carried to the next merge) instead of a re-sparsified 3%.
+    "sparseloco": dict(preset="diloco", kind="sgd", lr=1.0, mu=0.0,
+                       extra=lambda S: ["net.encoding=topk", "net.topk_bits=2", "net.topk_density=0.03",
+                                        "net.topk_chunk=4096", "net.error_feedback=true", "net.error_feedback_decay=0.95",
+                                        "net.broadcast_encoding=topk", "net.broadcast_topk_bits=8",
+                                        f"net.broadcast_topk_density={min(1.0, 0.03 * S['m_exp']):g}"]),
     "iso_c_sgd": dict(preset="iso_c_sgd"),
     "iso_cts": dict(preset="iso_cts"),
     "tsv": dict(preset="tsv"),
@@ -146,20 +159,21 @@ METHOD_SPECS = {
     "rda": dict(preset="decoupled"),
     # The token-weighted mean, tuned where RDA is (Decoupled DiLoCo, K = 1) on RDA's grid: experiment 4's fair peer.
     "mean_k1": dict(preset="diloco"),
-    # IsoLoCo with the fast Newton–Schulz Iso-C (matrix products only).
+    # IsoLoCo with the Newton–Schulz Iso-C (matrix products only): the 10-step fp32 schedule that converges to Iso-C
+    # (a numerical-equality check), and the fast variant the IsoLoCo paper proposes (5 steps in bf16).
     "iso_c_ns": dict(preset="isoloco", extra=["merge.method=iso_c_ns"]),
+    "iso_c_ns_fast": dict(preset="isoloco", extra=["merge.method=iso_c_ns", "merge.iso_ns_steps=5",
+                                                   "merge.iso_ns_precision=bf16"]),
     # Where the grace window can work (FAST_LINK) and the asynchronous outer variants (issue 33), all at K = 1.
-    # μ is searched for delayed Nesterov (its momentum works differently) and taken from the preset for the others.
-    "mean_fast": dict(preset="diloco", link="fast", mu_grid=False),
+    "mean_fast": dict(preset="diloco", link="fast"),
     # Delayed Nesterov as Liu et al. 2024 define it (g/N per merge, the momentum once every N merges), and deloco's
     # earlier reading (the whole g per merge), kept as a variant: issue 54.
     "dn_fast": dict(preset="diloco", kind="delayed_nesterov", extra=lambda S: [f"outer.delay={S['m_exp']}"], link="fast"),
     "dn_whole_fast": dict(preset="diloco", kind="delayed_nesterov_whole", extra=lambda S: [f"outer.delay={S['m_exp']}"],
                           link="fast"),
-    "stale_fast": dict(preset="diloco", extra=["sync.staleness=poly", "sync.staleness_exponent=1"], link="fast",
-                       mu_grid=False),
-    "dlu_fast": dict(preset="diloco", extra=["sync.dynamic_local_updates=true"], link="fast", mu_grid=False),
-    "rda_fast": dict(preset="decoupled", link="fast", mu_grid=False),
+    "stale_fast": dict(preset="diloco", extra=["sync.staleness=poly", "sync.staleness_exponent=1"], link="fast"),
+    "dlu_fast": dict(preset="diloco", extra=["sync.dynamic_local_updates=true"], link="fast"),
+    "rda_fast": dict(preset="decoupled", link="fast"),
     # MuLoCo (issue 53): DiLoCo's mean and Nesterov outer step over learners that train with Muon (the preset sets
     # train.optimizer = muon); its outer step tuned like DiLoCo's.
     "muloco": dict(preset="muloco"),
@@ -172,8 +186,18 @@ METHOD_SPECS = {
 METHODS = {}  # method -> dict(sets=["merge.preset=P", "outer.kind=K"], lr=η, mu=μ), filled by load_methods()
 
 
+_JSON = {}  # (binary, argv) -> what it printed: a process asks each once (starting deloco takes about a second)
+
+
 def deloco_json(args, *argv):
-    """The JSON a `deloco` command prints (`config presets --json`, `config keys --json`)."""
+    """The JSON a `deloco` command prints (`config presets --json`, `config keys --json`), asked once per process."""
+    if (args.deloco, argv) in _JSON:
+        return _JSON[(args.deloco, argv)]
+    _JSON[(args.deloco, argv)] = _deloco_json(args, *argv)
+    return _JSON[(args.deloco, argv)]
+
+
+def _deloco_json(args, *argv):
     try:
         r = subprocess.run([args.deloco, *argv], capture_output=True, text=True)
     except OSError as e:
@@ -210,6 +234,16 @@ def tuned_at(meth, where):
         METHODS[mid] = dict(METHODS[meth], at=where)
         if len(where) > 2 and where[0] != "size_dp":  # its learners train at DP's inner learning rate there
             METHODS[mid]["inner_from"] = tuned_at("dp_muon" if meth == "muloco" else "dp", ("size_dp", 1, where[2]))
+    return mid
+
+
+def tuned_here(meth, tag, sets):
+    """The method `meth` tuned in the very setting `sets` of the point it is reported in (issue 54: the asynchronous
+    variants were tuned in Decoupled DiLoCo's setting and reported in experiment 3's heterogeneous one). `tag` names
+    the setting in the id, which is `meth@tag`."""
+    mid = f"{meth}@{tag}"
+    if mid not in METHODS:
+        METHODS[mid] = dict(METHODS[meth], at=("here", tag), setting=list(sets))
     return mid
 
 
@@ -301,7 +335,12 @@ def decoupled(S, M=None, T=None):
 
 def many_total(S):
     """Experiment 10's total inner steps: `many_rounds` outer rounds at its largest M (equal tokens at every M)."""
-    return max(S["many_ms"]) * S["sync_every"] * S["many_rounds"]
+    return max(S["many_ms"]) * S.get("many_sync_every", S["sync_every"]) * S["many_rounds"]
+
+
+def many_run(S, M):
+    """Experiment 10's synchronous run of M learners: its own H (many_sync_every) and token budget."""
+    return sync_run(dict(S, sync_every=S.get("many_sync_every", S["sync_every"])), M, many_total(S))
 
 
 def horizon_total(S, M):
@@ -333,25 +372,39 @@ def plan(S):
     Mx = max(S["ms"])
     pts.append(("e1", f"iso_c_ns M={Mx}", tuned_at("iso_c_ns", ("sync", Mx)), sync_run(S, Mx, T)))
     M = S["m_exp"]
-    for meth in ("iso_c_sgd", "mean_sgd", "diloco", "iso_cts", "tsv", "ties", "dare", "isoloco", "iso_c_ns"):  # 2.
+    for meth in ("iso_c_sgd", "mean_sgd", "diloco", "iso_cts", "tsv", "ties", "dare", "isoloco", "iso_c_ns",  # 2.
+                 "iso_c_ns_fast"):
         pts.append(("e2", meth, meth, sync_run(S, M, T)))
     het = ["sim.slow_fraction=0.5", "sim.slow_factor=1.18", "sim.jitter=0.1", "sim.mtbf=0", "sync.fragments=1",
            f"sync.learners={M}", f"sync.sync_every={S['sync_every']}", f"train.steps={T // M}",
            f"train.warmup_steps={max(1, T // M // 10)}", "sim.eval_interval=0"]
     k1 = ["sync.quorum=1", "sync.wait_for_answer=false", "sync.overlap=5"]
-    pts.append(("e3", "K=M", "diloco", het + [f"sync.quorum={M}", "sync.wait_for_answer=true", "sync.overlap=0", "sync.grace=false"]))
-    # K = 1 runs the mean with the outer step tuned at K = 1 (mean_k1); K = M with synchronous DiLoCo's.
-    pts.append(("e3", "K=1", "mean_k1", het + k1 + ["sync.grace=false"]))
-    pts.append(("e3", "K=1 + grace", "mean_k1", het + k1 + ["sync.grace=true"]))
+    km = [f"sync.quorum={M}", "sync.wait_for_answer=true", "sync.overlap=0", "sync.grace=false"]
+    # Every row of experiment 3 is tuned in its own setting (issue 54): K = M with synchronous DiLoCo's method, K = 1
+    # with the mean (mean_k1) or its asynchronous variants, each on its link, with its anchor.
+    e3 = [("K=M", "diloco", het + km), ("K=M, fast link", "diloco", het + km + FAST_LINK),
+          ("K=1", "mean_k1", het + k1 + ["sync.grace=false"]), ("K=1 + grace", "mean_k1", het + k1 + ["sync.grace=true"]),
+          ("K=1 + grace, base anchor", "mean_k1", het + k1 + ["sync.grace=true", "sync.delta_anchor=base"])]
     # The grace window where it can work (FAST_LINK), and the asynchronous variants there.
-    for v, meth, g in (("K=1, fast link", "mean_fast", "false"), ("K=1 + grace, fast link", "mean_fast", "true"),
-                       ("K=1 + grace + delayed Nesterov, fast link", "dn_fast", "true"),
-                       ("K=1 + grace + delayed Nesterov (whole g), fast link", "dn_whole_fast", "true"),
-                       ("K=1 + grace + staleness weights, fast link", "stale_fast", "true"),
-                       ("K=1 + grace + dynamic local updates, fast link", "dlu_fast", "true")):
-        pts.append(("e3", v, meth, het + k1 + [f"sync.grace={g}"] + FAST_LINK))
+    e3 += [(v, meth, het + k1 + [f"sync.grace={g}"] + FAST_LINK + extra)
+           for v, meth, g, extra in (("K=1, fast link", "mean_fast", "false", []),
+                                     ("K=1 + grace, fast link", "mean_fast", "true", []),
+                                     ("K=1 + grace, fast link, base anchor", "mean_fast", "true", ["sync.delta_anchor=base"]),
+                                     ("K=1 + grace + delayed Nesterov, fast link", "dn_fast", "true", []),
+                                     ("K=1 + grace + delayed Nesterov (whole g), fast link", "dn_whole_fast", "true", []),
+                                     ("K=1 + grace + staleness weights, fast link", "stale_fast", "true", []),
+                                     ("K=1 + grace + dynamic local updates, fast link", "dlu_fast", "true", []))]
+    tuned3 = {}
+    for v, meth, sets in e3:
+        tuned3[v] = tuned_here(meth, "e3:" + v, sets)
+        pts.append(("e3", v, tuned3[v], sets))
     for meth in ("rda", "mean_k1", "diloco"):  # 4. RDA vs the token-weighted mean (Decoupled DiLoCo, K = 1)
         pts.append(("e4", meth, meth, decoupled(S) + ["sim.mtbf=0"]))
+    # The base anchor (Δ = Δ̂, no feedback loop; docs/sim.md) against the paper's global one, each tuned with it.
+    for v, meth, extra in (("rda, base anchor", "rda", []), ("mean_k1, base anchor", "mean_k1", []),
+                           ("rda, fast link, base anchor", "rda_fast", FAST_LINK)):
+        sets = decoupled(S) + ["sim.mtbf=0"] + extra + ["sync.delta_anchor=base"]
+        pts.append(("e4", v, tuned_here(meth, "e4:" + v, sets), sets))
     for v, meth in (("rda, fast link", "rda_fast"), ("mean, fast link", "mean_fast"),
                     ("delayed Nesterov, fast link", "dn_fast"), ("delayed Nesterov (whole g), fast link", "dn_whole_fast"),
                     ("staleness weights, fast link", "stale_fast")):
@@ -396,10 +449,13 @@ def plan(S):
     pts.append(("e7", "Decoupled DiLoCo, failures", "rda", dec + fail))
     pts.append(("e7", "DP, no failures", None, dp + ["sim.mtbf=0", "sim.jitter=0.1"]))
     # 8. The grace window's regime: K = 1 with and without it over link bandwidths (experiment 3's learners).
+    # Each row at the η and μ experiment 3 tuned for it in the same heterogeneous setting on the fast link (with the
+    # grace window or without; with the base anchor), here at each bandwidth.
     for bw in SWEEP_BANDWIDTHS:
-        for g in ("false", "true"):
-            pts.append(("e8", f"{bw / 1e6:g} MB/s" + (" + grace" if g == "true" else ""), "mean_fast",
-                        het + k1 + [f"sync.grace={g}", f"sim.bandwidth={bw:g}"]))
+        for g, v, anchor in (("false", "", []), ("true", " + grace", []),
+                             ("true", " + grace, base anchor", ["sync.delta_anchor=base"])):
+            meth = tuned3[("K=1 + grace, fast link" + (", base anchor" if anchor else "")) if g == "true" else "K=1, fast link"]
+            pts.append(("e8", f"{bw / 1e6:g} MB/s{v}", meth, het + k1 + [f"sync.grace={g}", f"sim.bandwidth={bw:g}"] + anchor))
     # 9. The horizon: horizon_rounds outer rounds per learner at M = m_exp, on the small model.
     HT = horizon_total(S, M)
     for v, meth in (("DiLoCo", "diloco"), ("IsoLoCo", "isoloco")):
@@ -410,6 +466,7 @@ def plan(S):
     pts.append(("e9", "mean, outer SGD", tuned_at("mean_sgd", ("horizon", M)), sync_run(S, M, HT)))
     pts.append(("e9", "mean, outer SGD, top-k 3% both ways", tuned_at("mean_sgd_topk3", ("horizon", M)),
                 sync_run(S, M, HT)))  # the method's own keys carry the codec
+    pts.append(("e9", "SparseLoCo", tuned_at("sparseloco", ("horizon", M)), sync_run(S, M, HT)))
     pts.append(("e9", "DP, no failures", None, dp_run(S, M, HT) + ["sim.mtbf=0", "sim.jitter=0.1"]))
     # 11. MuLoCo (issue 53): Muon as the inner optimizer against AdamW, at M = m_exp and equal tokens, each against
     # its own DP baseline (one learner with the global batch and the same inner optimizer), and MuLoCo's pushes at
@@ -423,7 +480,7 @@ def plan(S):
     # 10. Many learners: IsoLoCo against DiLoCo up to M = 64 at equal total tokens, on the small model.
     for Mm in S["many_ms"]:
         for meth in ("diloco", "isoloco"):
-            pts.append(("e10", f"{meth} M={Mm}", tuned_at(meth, ("small", Mm)), sync_run(S, Mm, many_total(S))))
+            pts.append(("e10", f"{meth} M={Mm}", tuned_at(meth, ("small", Mm)), many_run(S, Mm)))
     pts += e12_points(S, fail)
     return pts
 
@@ -507,12 +564,14 @@ def tuning_setting(S, meth):
             return decoupled(S) + ["sim.mtbf=0"] + (FAST_LINK if m["link"] == "fast" else [])
         return sync_run(S, S["m_exp"], S["total_steps"])
     kind, M = at[0], at[1]
+    if kind == "here":
+        return list(m["setting"])
     if kind in ("size", "size_k1", "size_dp"):
         return size_setting(S, kind, M, size(S, at[2])["total_steps"])
     if kind == "sync":
         return sync_run(S, M, S["total_steps"])
     if kind == "small":
-        return sync_run(S, M, many_total(S))
+        return many_run(S, M)
     if kind == "horizon":
         return sync_run(S, M, horizon_total(S, M))
     if kind == "horizon_k1":
@@ -536,7 +595,9 @@ def method_base(S, meth):
     at = METHODS[meth]["at"] if meth is not None else None
     if at is not None and len(at) > 2:
         return size(S, at[2])["base"]
-    return S["small"] if at is not None and at[0] in ("small", "horizon", "horizon_k1") else S["base"]
+    if at is not None and at[0] == "small":
+        return S.get("many_base", S["small"])
+    return S["small"] if at is not None and at[0] in ("horizon", "horizon_k1") else S["base"]
 
 
 def step_sets(meth, lr, mu, inner=None):
@@ -677,7 +738,7 @@ def point_seeds(S, exp, variant):
 def job_sets(S, exp, meth, sets, best, seed):
     """The settings of one reported run: the point's, its method's with the chosen η and μ, the test half, the seed."""
     extra = [] if meth is None else step_sets(meth, *best[meth])
-    base = S["small"] if exp in ("e9", "e10") else method_base(S, meth)
+    base = S["small"] if exp == "e9" and meth is None else method_base(S, meth)
     return base + extra + sets + ["data.holdout=test", f"train.seed={seed}", f"sim.seed={seed}"]
 
 

@@ -344,7 +344,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
     w("|---|---|---|---|")
     base = seeds_sorted(res, "e2", "diloco")
     rows2 = {}
-    for meth in ("iso_c_sgd", "mean_sgd", "diloco", "iso_cts", "tsv", "ties", "dare", "isoloco", "iso_c_ns"):
+    for meth in ("iso_c_sgd", "mean_sgd", "diloco", "iso_cts", "tsv", "ties", "dare", "isoloco", "iso_c_ns",
+                 "iso_c_ns_fast"):
         v = seeds_sorted(res, "e2", meth)
         if not v:
             continue
@@ -363,14 +364,22 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         Mx = max(S["ms"])
         a, b = seeds_sorted(res, "e1", f"iso_c_ns M={Mx}"), seeds_sorted(res, "e1", f"isoloco M={Mx}")
         g2, h2 = diff_ci(a, b) if a and b else (float("nan"), float("nan"))
-        w(f"\nIsoLoCo with the fast Newton–Schulz Iso-C (`merge.method = iso_c_ns`, each tuned alike) against exact Iso-C: "
+        w(f"\nIsoLoCo with the 10-step fp32 Newton–Schulz Iso-C (`merge.method = iso_c_ns`, the schedule that converges to "
+          f"Iso-C; each tuned alike) against exact Iso-C: "
           f"{g:+.4f} ± {h:.4f} at M = {S['m_exp']}" + (f", {g2:+.4f} ± {h2:.4f} at M = {Mx} ({fmt(a)} against {fmt(b)})"
                                                        if a and b else "") + ".")
         worst = max(g + h, g2 + h2) if math.isfinite(g2) else g + h
-        claims.append(("the fast (Newton–Schulz) Iso-C loses no quality against exact Iso-C",
+        claims.append(("the 10-step Newton–Schulz Iso-C (fp32) loses no quality against exact Iso-C",
                        label(worst <= MARGIN, g <= MARGIN and (not math.isfinite(g2) or g2 <= MARGIN)),
                        f"iso_c_ns − iso_c = {g:+.4f} ± {h:.4f} at M = {S['m_exp']}" +
                        (f", {g2:+.4f} ± {h2:.4f} at M = {Mx}." if math.isfinite(g2) else ".")))
+    if "iso_c_ns_fast" in rows2 and "isoloco" in rows2:
+        g, h = diff_ci(rows2["iso_c_ns_fast"], rows2["isoloco"])
+        w(f"\nThe fast variant the IsoLoCo paper proposes (`iso_c_ns_fast`: 5 Newton–Schulz steps in bf16, "
+          f"`merge.iso_ns_steps = 5`, `merge.iso_ns_precision = bf16`) against exact Iso-C: {g:+.4f} ± {h:.4f} at "
+          f"M = {S['m_exp']}. Its merge takes a fraction of the SVD's (`bench/syncer_throughput.cpp`, docs/merge.md).")
+        claims.append(("the fast Newton–Schulz Iso-C (5 steps, bf16) loses no quality against exact Iso-C",
+                       label(g + h <= MARGIN, g <= MARGIN), f"iso_c_ns_fast − iso_c = {g:+.4f} ± {h:.4f}."))
     if "iso_c_sgd" in rows2 and base:
         g, h = diff_ci(base, rows2["iso_c_sgd"])
         claims.append(("Iso-C with SGD matches or beats DiLoCo with Nesterov", label(g - h >= -MARGIN, g >= -MARGIN),
@@ -383,9 +392,10 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       f"τ = 5 steps and the grace window is clamped to 0; the `fast link` rows use {FAST_LINK[0].split('=')[1]} bytes/s, where it "
       "opens (experiment 8 sweeps the bandwidth). *merges*: outer steps; *per merge*: contributions per merge; *open*: "
       "the share of merges whose grace window was above 0 (each run's merge records).\n")
-    w("| setting | test loss | − K=M (paired) | uptime | goodput | virtual seconds | merges | per merge | open |")
+    w("| setting | test loss | − K=M on its link (paired) | uptime | goodput | virtual seconds | merges | per merge | open |")
     w("|---|---|---|---|---|---|---|---|---|")
-    E3 = ("K=M", "K=1", "K=1 + grace", "K=1, fast link", "K=1 + grace, fast link",
+    E3 = ("K=M", "K=M, fast link", "K=1", "K=1 + grace", "K=1 + grace, base anchor", "K=1, fast link",
+          "K=1 + grace, fast link", "K=1 + grace, fast link, base anchor",
           "K=1 + grace + delayed Nesterov, fast link", "K=1 + grace + delayed Nesterov (whole g), fast link",
           "K=1 + grace + staleness weights, fast link",
           "K=1 + grace + dynamic local updates, fast link")
@@ -395,9 +405,10 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         l = seeds_sorted(res, "e3", v)
         if not l:
             continue
-        g, h = diff_ci(l, lm) if lm else (float("nan"), float("nan"))
+        ref = seeds_sorted(res, "e3", "K=M, fast link" if "fast link" in v else "K=M")  # K = M on the same link
+        g, h = diff_ci(l, ref) if ref else (float("nan"), float("nan"))
         gp = seeds_sorted(res, "e3", v, "goodput")
-        if v != "K=M":
+        if not v.startswith("K=M"):
             goal.append((g + h, g, h, v, statistics.fmean(gp)))
         w(f"| {v} | {fmt(l)} | {g:+.4f} ± {h:.4f} | {fmt(seeds_sorted(res, 'e3', v, 'uptime'), 3)} | {fmt(gp, 3)} | "
           f"{fmt(seeds_sorted(res, 'e3', v, 'virtual_seconds'), 0)} | {fmt_opt(res, 'e3', v, 'outer_steps', 1)} | "
@@ -409,13 +420,19 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
     km, k1, kg = (seeds_sorted(res, "e3", v, "goodput") for v in ("K=M", "K=1", "K=1 + grace"))
     if km and k1 and kg:
         g1, h1 = diff_ci(k1, km)
-        lg = seeds_sorted(res, "e3", "K=1 + grace, fast link") or seeds_sorted(res, "e3", "K=1 + grace")
-        gl, hl = diff_ci(lg, lm)
-        claims.append(("K = 1 keeps goodput high where K = M waits for the slow half", label(g1 - h1 > 0, g1 > 0),
-                       f"goodput K=1 − K=M = {g1:+.3f} ± {h1:.3f}."))
+        fast = bool(seeds_sorted(res, "e3", "K=1 + grace, fast link") and seeds_sorted(res, "e3", "K=M, fast link"))
+        lg = seeds_sorted(res, "e3", "K=1 + grace, fast link") if fast else seeds_sorted(res, "e3", "K=1 + grace")
+        gl, hl = diff_ci(lg, seeds_sorted(res, "e3", "K=M, fast link") if fast else lm)
+        kmf, k1f = (seeds_sorted(res, "e3", v, "goodput") for v in ("K=M, fast link", "K=1, fast link"))
+        gf, hf = diff_ci(k1f, kmf) if kmf and k1f else (float("nan"), float("nan"))
+        claims.append(("K = 1 keeps goodput high where K = M waits for the slow half",
+                       label(g1 - h1 > 0 and (not math.isfinite(gf) or gf - hf > 0), g1 > 0),
+                       f"goodput K=1 − K=M = {g1:+.3f} ± {h1:.3f} on the 1 MB/s link" +
+                       (f", {gf:+.3f} ± {hf:.3f} on the fast link (both overlapped there, K = M's blocking costs less)."
+                        if math.isfinite(gf) else " (no K = M row on the fast link yet).")))
         claims.append(("the grace window keeps quality close to K = M", label(gl + hl <= MARGIN, gl <= MARGIN),
                        f"loss (K=1 + grace) − (K=M) = {gl:+.4f} ± {hl:.4f}" +
-                       (" on the fast link, where the window opens." if seeds_sorted(res, "e3", "K=1 + grace, fast link")
+                       (" on the fast link, where the window opens (K = M on the same link)." if fast
                         else " (on the slow link: the window is clamped to 0).")))
     if goal:
         ok = [x for x in goal if x[0] <= GOAL_MARGIN and x[4] >= 0.8]
@@ -447,9 +464,21 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         g, h = diff_ci(k4 or m4, r4)
         claims.append(("RDA beats the token-weighted mean", label(g - h > 0, g > 0), f"mean − RDA = {g:+.4f} ± {h:.4f}" +
                        (", both tuned at K = 1." if k4 else " (the mean's η tuned for synchronous DiLoCo).")))
-    fast4 = [(v, seeds_sorted(res, "e4", v)) for v in ("rda, fast link", "mean, fast link", "delayed Nesterov, fast link",
+    fast4 = [(v, seeds_sorted(res, "e4", v)) for v in ("rda, fast link", "rda, fast link, base anchor", "mean, fast link",
+                                                         "delayed Nesterov, fast link",
                                                          "delayed Nesterov (whole g), fast link",
                                                          "staleness weights, fast link")]
+    anchor4 = [(v, seeds_sorted(res, "e4", v), seeds_sorted(res, "e4", v.replace(", base anchor", "")))
+               for v in ("rda, base anchor", "mean_k1, base anchor", "rda, fast link, base anchor")]
+    if any(b for _, b, _ in anchor4):
+        w("The base anchor (`sync.delta_anchor = base`: a push is its own change, with no feedback of the merges since "
+          "its base; docs/sim.md) against the paper's global anchor, each tuned with its anchor:\n")
+        w("| run | base anchor | global anchor | base − global (paired) |\n|---|---|---|---|")
+        for v, b, g0 in anchor4:
+            if b and g0:
+                g, h = diff_ci(b, g0)
+                w(f"| {v.replace(', base anchor', '')} | {fmt(b)} | {fmt(g0)} | {g:+.4f} ± {h:.4f} |")
+        w("")
     rf = seeds_sorted(res, "e4", "rda, fast link")
     if any(v for _, v in fast4):
         w(f"On the fast link ({FAST_LINK[0].split('=')[1]} bytes/s, grace window open), each tuned at K = 1 there:\n")
@@ -549,8 +578,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       "γ(τ·ξ_step − ξ_quorum − ξ_sync): it opens once one synchronisation fits inside τ = 5 steps. Staleness: the "
       "merges between a contribution's base version and the merge that takes it (K = 1, without the window).\n")
     w("| bandwidth | K=1 | K=1 + grace | grace − none (paired) | window (s) | open | per merge | goodput (grace) | "
-      "staleness |")
-    w("|---|---|---|---|---|---|---|---|---|")
+      "staleness | K=1 + grace, base anchor |")
+    w("|---|---|---|---|---|---|---|---|---|---|")
     sweep, diverged = [], []
     for bw in SWEEP_BANDWIDTHS:
         v = f"{bw / 1e6:g} MB/s"
@@ -561,22 +590,21 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         sweep.append((bw, g, h))
         w(f"| {v} | {fmt(a)} | {fmt(b)} | {g:+.4f} ± {h:.4f} | {fmt_opt(res, 'e8', v + ' + grace', 'grace_mean', 2)} | "
           f"{fmt_opt(res, 'e8', v + ' + grace', 'grace_open', 2)} | {fmt_opt(res, 'e8', v + ' + grace', 'per_merge', 2)} | "
-          f"{fmt(seeds_sorted(res, 'e8', v + ' + grace', 'goodput'), 3)} | {fmt_opt(res, 'e8', v, 'staleness_mean', 1)} |")
+          f"{fmt(seeds_sorted(res, 'e8', v + ' + grace', 'goodput'), 3)} | {fmt_opt(res, 'e8', v, 'staleness_mean', 1)} | "
+          f"{fmt(seeds_sorted(res, 'e8', v + ' + grace, base anchor')) if seeds_sorted(res, 'e8', v + ' + grace, base anchor') else '—'} |")
         # A run that ends above the loss it started from has diverged: say so, with how stale its merges were.
-        for var in (v, v + " + grace"):
+        for var in (v, v + " + grace", v + " + grace, base anchor"):
             up = [(x, x0) for x, x0 in zip(seeds_sorted(res, "e8", var), seeds_sorted(res, "e8", var, "initial_val_loss"))
                   if x0 is not None and x > x0]
             if up:
-                diverged.append(f"{var}: {len(up)} of {len(a if var == v else b)} seeds (final loss "
+                diverged.append(f"{var}: {len(up)} of {len(seeds_sorted(res, 'e8', var))} seeds (final loss "
                                 f"{', '.join(f'{x:.2f}' for x, _ in up)}; initial about {up[0][1]:.2f})")
     if diverged:
         w("\nEnded above their initial loss (diverged): " + "; ".join(diverged) + ". The outer step was tuned on the "
           f"fast link, where K = 1's contributions are {fmt_opt(res, 'e3', 'K=1, fast link', 'staleness_mean', 1)} "
           "merges stale (experiment 3); on a slower link each push takes more merges to arrive (the staleness column), "
           "and the same step applied to such stale pseudo-gradients can diverge." +
-          (f" Tuned on the 1 MB/s link instead (mean_k1, experiments 3 and 4), the same mean chose η {best['mean_k1'][0]}, "
-           f"μ {best['mean_k1'][1]} against the fast link's η {best['mean_fast'][0]}, μ {best['mean_fast'][1]}."
-           if "mean_k1" in best and "mean_fast" in best else "") + "\n")
+          "\n")
     if sweep:
         plot(plots_dir, "e8.png", "Grace window against link bandwidth", "bandwidth (MB/s)", "test loss",
              {name: [(bw / 1e6, *mean_ci(seeds_sorted(res, "e8", f"{bw / 1e6:g} MB/s" + suffix))) for bw in SWEEP_BANDWIDTHS
@@ -597,7 +625,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       f"({horizon_total(S, S['m_exp'])} in all, equal tokens for every row; DP takes the same tokens in "
       f"{horizon_total(S, S['m_exp']) // S['m_exp']} steps of the global batch). Every method tuned at this horizon.\n")
     rows9 = {v: seeds_sorted(res, "e9", v) for v in ("DiLoCo", "IsoLoCo", "Decoupled DiLoCo, failures", "DP, no failures",
-                                                     "mean, outer SGD", "mean, outer SGD, top-k 3% both ways")}
+                                                     "mean, outer SGD", "mean, outer SGD, top-k 3% both ways",
+                                                     "SparseLoCo")}
     if any(rows9.values()):
         w("| run | test loss |\n|---|---|")
         for v, l in rows9.items():
@@ -614,7 +643,15 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
             g, h = diff_ci(sp, fp)
             w(f"Top-k 3% both ways − fp32 (both under outer SGD, each tuned here) = {g:+.4f} ± {h:.4f}.")
             claims.append((f"top-k 3% both ways within 0.02 nats of fp32 at {HR} outer rounds",
-                           label(g + h <= MARGIN, g - h <= MARGIN), f"top-k 3% − fp32 = {g:+.4f} ± {h:.4f}."))
+                           label(g + h <= MARGIN, g <= MARGIN), f"top-k 3% − fp32 = {g:+.4f} ± {h:.4f}."))
+        sl, dl = rows9["SparseLoCo"], rows9["DiLoCo"]
+        if sl and dl:
+            g, h = diff_ci(sl, dl)
+            w(f"SparseLoCo (top-k 3% per chunk of 4096 at 2 bits, error feedback β = 0.95, outer SGD, every changed entry "
+              f"broadcast) − DiLoCo (fp32, Nesterov) = {g:+.4f} ± {h:.4f}" +
+              (f"; − today's top-k 3% both ways = {diff_ci(sl, sp)[0]:+.4f} ± {diff_ci(sl, sp)[1]:.4f}" if sp else "") + ".")
+            claims.append((f"SparseLoCo matches or beats full-precision DiLoCo at {HR} outer rounds (Sarfi et al. 2025)",
+                           label(g + h <= MARGIN, g <= MARGIN), f"SparseLoCo − DiLoCo = {g:+.4f} ± {h:.4f}."))
         if rows9["Decoupled DiLoCo, failures"] and rows9["DP, no failures"]:
             g, h = diff_ci(rows9["Decoupled DiLoCo, failures"], rows9["DP, no failures"])
             w(f"Decoupled (failures) − DP = {g:+.4f} ± {h:.4f}.\n")
@@ -622,9 +659,9 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
                            label(g + h <= MARGIN, g <= MARGIN), f"Decoupled − DP = {g:+.4f} ± {h:.4f}."))
     # 10.
     claims.section("experiment 10")
-    w(f"## 10. Many learners: IsoLoCo against DiLoCo up to M = {max(S['many_ms'])} (small model)\n")
-    w(f"Equal total tokens: {many_total(S)} inner steps in all ({S['many_rounds']} outer rounds at M = "
-      f"{max(S['many_ms'])}); both methods tuned at every M.\n")
+    w(f"## 10. Many learners: IsoLoCo against DiLoCo up to M = {max(S['many_ms'])}\n")
+    w(f"Model: {S.get('many_model', S['small_model'])}. Equal total tokens: {many_total(S)} inner steps in all "
+      f"({S['many_rounds']} outer rounds at M = {max(S['many_ms'])}); both methods tuned (η and μ) at every M.\n")
     w("| M | DiLoCo | IsoLoCo | DiLoCo − IsoLoCo (paired) |\n|---|---|---|---|")
     gaps10 = []
     for Mm in S["many_ms"]:
