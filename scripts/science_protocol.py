@@ -212,14 +212,14 @@ def load_methods(args, S):
     for meth, spec in METHOD_SPECS.items():
         if "dp" in spec:
             METHODS[meth] = dict(sets=[f"train.optimizer={spec['dp']}"], lr=S["sizes_spec"]["inner_lr"], mu=0.0,
-                                 link="slow", base=meth, at=None, mu_grid=False, dp=True)
+                                 link="slow", base=meth, at=None, dp=True)
             continue
         outer = presets[spec["preset"]]
         extra = spec.get("extra", [])
         extra = extra(S) if callable(extra) else extra
         METHODS[meth] = dict(sets=[f"merge.preset={spec['preset']}", f"outer.kind={spec.get('kind', outer['kind'])}"] + extra,
                              lr=spec.get("lr", outer["lr"]), mu=spec.get("mu", outer["momentum"]),
-                             link=spec.get("link", "slow"), base=meth, at=None, mu_grid=spec.get("mu_grid", True))
+                             link=spec.get("link", "slow"), base=meth, at=None)
 
 
 def tuned_at(meth, where):
@@ -298,10 +298,9 @@ def grid(S, meth):
     if m.get("dp"):  # DP: the inner learning rate (train.lr), no outer step
         return [round_lr(m, m["lr"] * f) for f in S["lr_factors"]], [0.0]
     lrs = [round(m["lr"] * f, 3) for f in S["lr_factors"]]
-    # μ is searched wherever η is (issue 54: each M of experiments 1 and 10 and the horizon used to keep the preset's
-    # μ, and at M = 8 DiLoCo's own tuning preferred another), except for the variants that take their preset's.
-    mus = ([0.0] if m["sets"][1] == "outer.kind=sgd" else
-           [m["mu"]] if not m["mu_grid"] else sorted(set(S["momenta"]) | {m["mu"]}))
+    # μ is searched wherever η is (issue 54: each M of experiments 1 and 10, the horizon and the asynchronous variants
+    # used to keep the preset's μ, and at M = 8 DiLoCo's own tuning preferred another).
+    mus = [0.0] if m["sets"][1] == "outer.kind=sgd" else sorted(set(S["momenta"]) | {m["mu"]})
     return lrs, mus
 
 
@@ -511,7 +510,6 @@ def e12_points(S, fail):
         for m in (1, M):
             pts.append(("e12", f"{n} MuLoCo M={m}", tuned_at("muloco", ("size", m, n)), size_setting(S, "size", m, T)))
     return pts
-
 
 
 # ---- the results file --------------------------------------------------------------------------------------------
@@ -765,9 +763,9 @@ def plan_rows(S, pts, best, res):
             if (r["key"] in tuning if r["exp"] == "tune" else want.get((r["exp"], r["variant"], r["seed"])) == r["key"])}
 
 
-def reported_jobs(S, pts, best, res=None):
-    """The reported runs of the points whose method is chosen: each seed of point_seeds. `res` is unused (the seeds
-    no longer depend on results); kept so that callers need not change."""
+def reported_jobs(S, pts, best):
+    """The reported runs of the points whose method is chosen: each seed of point_seeds (fixed in advance: no result
+    changes them)."""
     jobs = []
     for exp, variant, meth, sets in pts:
         if meth is not None and meth not in best:
@@ -810,7 +808,7 @@ def pending_points(res, S, pts, meths):
     for exp, variant, meth, _ in pts:  # no tuning result at all yet: reported_jobs skips the point
         if meth is not None and meth not in best:
             todo[(exp, variant)] = todo.get((exp, variant), 0) + S["seeds"]
-    for job, sets in reported_jobs(S, pts, best, res):
+    for job, sets in reported_jobs(S, pts, best):
         if job["method"] in unfinished or Results.row_id(dict(job, key=key_of(sets))) not in res.rows:
             k = (job["exp"], job["variant"])
             todo[k] = todo.get(k, 0) + 1

@@ -119,7 +119,7 @@ def run_suite(args, out, S, pts, meths, results_file):
             final = {m: b for m, b in ((m, tuning_points(res, S, m)) for m in meths) if not b[1] and b[2] is not None}
             best = {m: (b[2][1], b[2][2], inner_lr(res, S, m)) for m, b in final.items()}
             jobs = tuning_jobs(res, S, [m for m in meths if m not in final])
-            jobs += reported_jobs(S, [p for p in pts if p[2] is None or p[2] in best], best, res)
+            jobs += reported_jobs(S, [p for p in pts if p[2] is None or p[2] in best], best)
             jobs.sort(key=lambda j: run_cost(j[1]))  # the cheapest first (stable): small sizes finish early
             waiting = {}
             for m, sets in jobs:

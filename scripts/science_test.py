@@ -124,10 +124,10 @@ class Protocol(unittest.TestCase):
             best = sci.chosen(res, S, ["diloco"])
 
             def seeds(v):
-                return max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best, res) if (j["exp"], j["variant"]) == ("e5", v))
+                return max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best) if (j["exp"], j["variant"]) == ("e5", v))
             before = (seeds("int2"), seeds("bf16"))
             self.assertEqual(before, (sci.MAX_SEEDS, S["seeds"]))
-            jobs = {(j["variant"], j["seed"]): sets for j, sets in sci.reported_jobs(S, pts, best, res) if j["exp"] == "e5"}
+            jobs = {(j["variant"], j["seed"]): sets for j, sets in sci.reported_jobs(S, pts, best) if j["exp"] == "e5"}
             for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int2", [3.05, 3.05, 3.2]), ("bf16", [3.0, 3.5, 2.5])):
                 for seed, x in enumerate(losses, 1):  # intervals that straddle their thresholds
                     res.add(dict(exp="e5", variant=v, seed=seed, key=sci.key_of(jobs[(v, seed)]), final_val_loss=x))
@@ -183,7 +183,7 @@ class PartialReport(unittest.TestCase):
             # fp32, int4 and int2 are points of decisive comparisons: 5 seeds each.
             loss = {"fp32": [3.0, 3.1, 2.9, 3.0, 3.05], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9],
                     "int4": [3.0, 3.1, 2.9, 3.0, 3.05], "int2": [3.2, 3.31, 3.1, 3.22, 3.25]}
-            for job, sets in sci.reported_jobs(S, pts, best, res):
+            for job, sets in sci.reported_jobs(S, pts, best):
                 if job["exp"] == "e5" and job["variant"] in loss:
                     res.add(dict(job, key=sci.key_of(sets), sets=sets, final_val_loss=loss[job["variant"]][job["seed"] - 1]))
             pending = sci.pending_points(res, S, pts, meths)
@@ -231,7 +231,7 @@ class PlanRows(unittest.TestCase):
             res = sci.Results(os.path.join(d, "r.jsonl"))
             tune_diloco(res, S)
             best = sci.chosen(res, S, ["diloco"])
-            jobs = {(j["variant"], j["seed"]): (j, sets) for j, sets in sci.reported_jobs(S, pts, best, res) if j["exp"] == "e5"}
+            jobs = {(j["variant"], j["seed"]): (j, sets) for j, sets in sci.reported_jobs(S, pts, best) if j["exp"] == "e5"}
             for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int4", [3.0, 3.1, 2.9])):
                 for seed, x in enumerate(losses, 1):
                     j, sets = jobs[(v, seed)]
@@ -247,7 +247,7 @@ class PlanRows(unittest.TestCase):
             self.assertEqual(sci.seeds_sorted(view, "e5", "fp32"), [3.0, 3.1, 2.9])
             self.assertEqual(len(res.rows), len(sci.Results(res.path).rows))  # a view leaves the results as they are
             # The stray fourth seed adds nothing: int4's seeds were fixed before any result.
-            self.assertEqual(max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best, res)
+            self.assertEqual(max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best)
                                  if (j["exp"], j["variant"]) == ("e5", "int4")), sci.point_seeds(S, "e5", "int4"))
 
 
