@@ -268,13 +268,27 @@ TEST_F(RunCli, TokenizeThenRunEvalAndSampleOnTokenFiles) {
   auto t = run("tokenize --input " + kSrc + "/data/sotu --vocab 1024 --out " + tok.string(), dir_ / "tok.log");
   ASSERT_EQ(t.code, 0) << t.out;
   for (const char* f : {"train.bin", "val.bin", "tokenizer.model", "tokens.json"}) EXPECT_TRUE(fs::exists(tok / f)) << f;
-  auto r = run("run " + tiny(60, true) + " --set data.format=tokens --set data.path=" + tok.string() + " --set model.vocab_size=1024",
+  // Lockstep (quorum 2, each push's answer awaited): what this test checks is the token-file path, and its loss bound
+  // must not depend on how two asynchronous learners interleave on a loaded machine. With quorum 1 and no waiting,
+  // 60 steps of this 1024-token model ended at 6.0-6.6 nats in 60 runs here (loaded, slowed, stopped), once at 9.38 in
+  // CI; the records are printed below if the bound fails again.
+  auto r = run("run " + tiny(60, true) + " --set data.format=tokens --set data.path=" + tok.string() +
+                   " --set model.vocab_size=1024 --set sync.quorum=2 --set sync.wait_for_answer=true",
                dir_ / "out.log");
   ASSERT_EQ(r.code, 0) << r.out;
   const auto s = summary();
   expect_trained(s);
   const double loss = s["final_val_loss"].get<double>(), bpb = s["val_bpb"].get<double>();
-  EXPECT_LT(loss, std::log(1024.0));  // nats per token: better than uniform over the vocabulary
+  auto records = [&] {  // the learners' losses and the merges, to tell a diverged run from a broken one
+    std::string out;
+    for (const char* f : {"learner-0.jsonl", "learner-1.jsonl", "syncer.jsonl"})
+      for (const auto& line : split_lines(read_file((dir_ / "run" / f).string())))
+        if (line.find("\"kind\":\"learner\"") != std::string::npos || line.find("\"kind\":\"merge\"") != std::string::npos ||
+            line.find("\"kind\":\"final_eval\"") != std::string::npos)
+          out += line + "\n";
+    return out;
+  };
+  EXPECT_LT(loss, std::log(1024.0)) << r.out << records();  // nats per token: better than uniform over the vocabulary
   const auto meta = nlohmann::json::parse(read_file((tok / "tokens.json").string()))["files"]["val.bin"];
   const double bytes_per_token = meta["bytes"].get<double>() / meta["tokens"].get<double>();
   EXPECT_GT(bytes_per_token, 2.5);
