@@ -201,6 +201,8 @@ def collect_deloco(a, row, cfg, steps):
               "goodput", "final_val_loss", "grace_waits", "upload_seconds", "broadcast_seconds"):
         if k in summary:
             row.setdefault("syncer", {})[k] = summary[k]
+    if isinstance(summary.get("push_accounting"), dict):
+        row["push_accounting"] = summary["push_accounting"]
     row["learner_hosts"] = per
     row["merges"] = len(merges)
     row["last_merge_t"] = round(merges[-1]["t"] - a.t0, 2) if merges else None
@@ -598,6 +600,31 @@ def cmd_report(a):
                 return f"{seconds(q['median'])} ({seconds(q['p90'])})" if q else "–"
             w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {row.get('merges', '–')} | "
               + " | ".join(cell(k) for k in MERGE_TIME_FIELDS) + " |")
+        w("")
+
+    # ---- every push accounted for (issue 56)
+    w("## Every push accounted for")
+    w("")
+    counted = list(each_row(lambda row: isinstance(row.get("push_accounting"), dict)))
+    if not counted:
+        w("No row here carries `push_accounting` (rows measured before issue 56; `deloco run`'s summary has it "
+          "since: docs/runtime.md, \"Every push accounted for\").")
+        w("")
+    else:
+        w("Per deloco row, from `deloco run`'s summary: the pushes the learners' schedules made due; of those not "
+          "sent, the ones superseded in the outbox while the link's window was full, dropped while not joined, or "
+          "left at the end; of those sent, the ones merged, refused, replaced at the syncer by the same learner's "
+          "newer push, waiting at the end, and not counted by the final syncer process.")
+        w("")
+        table("model", "method", "link", "due", "sent", "superseded", "dropped", "unsent at end", "merged",
+              "refused", "replaced", "waiting at end", "unaccounted")
+        for m, me, r, row in counted:
+            pa = row["push_accounting"]
+            un, um = pa.get("unsent", {}), pa.get("unmerged", {})
+            cells = [pa.get("due"), pa.get("sent"), un.get("superseded"), un.get("dropped"), un.get("at_end"),
+                     pa.get("merged"), um.get("refused"), um.get("replaced"), um.get("pending_at_end"),
+                     pa.get("unaccounted")]
+            w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | " + " | ".join(fmt(c) for c in cells) + " |")
         w("")
 
     # ---- loss at equal wall time and time to target

@@ -420,6 +420,13 @@ class Syncer {
   // Drivers hand it to learner m (LearnerCore::set_sync_every) after every merge.
   int64_t local_updates(int64_t learner) const;
   int64_t pending(int64_t fragment) const { return static_cast<int64_t>(rounds_.at(fragment).waiting.size()); }
+  // The learners whose accepted contributions wait in fragment p's round, ascending (a newer push of one of them
+  // replaces its waiting one: receive()).
+  std::vector<int64_t> waiting_learners(int64_t fragment) const {
+    std::vector<int64_t> out;
+    for (const auto& kv : rounds_.at(fragment).waiting) out.push_back(kv.first);
+    return out;
+  }
   double grace() const { return grace_window(stats_, opts_); }
   const GraceStats& stats() const { return stats_; }
   int64_t version(int64_t fragment) const { return rounds_.at(fragment).version; }

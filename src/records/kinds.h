@@ -91,6 +91,34 @@ struct Reject : RecordBase {
   }
 };
 
+// A push its learner's schedule made due but that never went on the wire (learner records), with why:
+//  * superseded — it waited in the outbox (its link's push window full) and a newer push of the fragment replaced
+//    it; the newer one's Θ^v − θ and counters hold its progress;
+//  * not_joined — due while the link to the syncer was down; its progress stays in θ for the next push;
+//  * send_failed — the transport refused the frame; likewise;
+//  * at_end — still in the outbox when the learner left.
+struct PushUnsent : RecordBase {
+  static constexpr const char* kKind = "push_unsent";
+  int64_t fragment = -1, step = 0;
+  std::string reason;
+  std::optional<int64_t> replaced_by;  // superseded: the step of the push that replaced it
+  template <class V> void fields(V& v) {
+    v("fragment", fragment); v("step", step); v("reason", reason); v("replaced_by", replaced_by);
+  }
+};
+
+// An accepted contribution that no merge took (syncer records), with why:
+//  * replaced — a newer push of the fragment from the same learner arrived before the round merged and took its
+//    place (it holds the same progress and more);
+//  * pending_at_end — it still waited for a quorum when the syncer stopped.
+// Refused contributions are `reject` records; a round rolled back is a reject of each of its contributions.
+struct ContributionUnmerged : RecordBase {
+  static constexpr const char* kKind = "contribution_unmerged";
+  int64_t fragment = -1;
+  std::string reason;
+  template <class V> void fields(V& v) { v("fragment", fragment); v("reason", reason); }
+};
+
 // An evaluation of the global model during the run (syncer shard 0, simulator; `deloco train`: the trainer's).
 struct Eval : RecordBase {
   static constexpr const char* kKind = "eval";
@@ -323,6 +351,9 @@ struct LearnerDone : RecordBase {
   // The learner node's summary (learner node, embedded learner): counts, times and bytes of its whole run.
   std::optional<int64_t> steps_trained, tokens, pushes, pushes_dropped, pushes_superseded, broadcasts, rejected, bytes_sent,
       bytes_received, ranks;
+  // Every push its schedule made due, and those still in the outbox at the end: pushes_due = pushes (sent) +
+  // pushes_superseded + pushes_dropped + pushes_unsent_at_end (each unsent one is a push_unsent record).
+  std::optional<int64_t> pushes_due, pushes_unsent_at_end;
   std::optional<int64_t> joins_refused;  // refusals of its hellos (duplicate_id, not_leader, ...): not in `rejected`
   std::optional<int64_t> served_chunks, served_bytes;  // rejoin from peers: state chunks this learner served (net.serve)
   std::optional<nlohmann::json> serve_refused;  // ... and the state requests it refused, by reason (ServeRefused)
@@ -342,7 +373,8 @@ struct LearnerDone : RecordBase {
     v("busy_seconds", busy_seconds); v("steps_per_second", steps_per_second);
     v("train_steps_per_second", train_steps_per_second); v("comm_seconds", comm_seconds);
     v("comm_fraction", comm_fraction); v("wait_seconds", wait_seconds); v("pushes", pushes);
-    v("pushes_dropped", pushes_dropped); v("pushes_superseded", pushes_superseded); v("broadcasts", broadcasts); v("rejected", rejected);
+    v("pushes_dropped", pushes_dropped); v("pushes_superseded", pushes_superseded); v("pushes_due", pushes_due);
+    v("pushes_unsent_at_end", pushes_unsent_at_end); v("broadcasts", broadcasts); v("rejected", rejected);
     v("finished", finished); v("bytes_sent", bytes_sent); v("bytes_received", bytes_received); v("ranks", ranks);
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
     v("precision", precision); v("precision_setting", precision_setting); v("fp32_gflops", fp32_gflops);

@@ -225,12 +225,18 @@ TEST(FlowControl, ALearnerHoldsPushesWhileTwoAreUnacknowledgedAndSendsTheNewest)
   StopOnExit stop_on_exit{&stop, &st};
   std::atomic<int64_t> step{0};
   nlohmann::json s0;
+  std::mutex unsent_mu;
+  std::vector<nlohmann::json> unsent;  // push_unsent records
   std::thread l0([&] {
     std::atomic<bool> never{false};
     LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(),
                      [&](const nlohmann::json& j) {
                        if (getenv("FLOW_DEBUG")) fprintf(stderr, "%s\n", j.dump().c_str());
                        if (j.value("kind", "") == "learner") step = j.value("step", int64_t{0});
+                       if (j.value("kind", "") == "push_unsent") {
+                         std::lock_guard<std::mutex> lock(unsent_mu);
+                         unsent.push_back(j);
+                       }
                      });
     s0 = node.run(never);
   });
@@ -246,6 +252,25 @@ TEST(FlowControl, ALearnerHoldsPushesWhileTwoAreUnacknowledgedAndSendsTheNewest)
   EXPECT_TRUE(s0["finished"].get<bool>()) << s0.dump();
   EXPECT_GT(s0["pushes_superseded"].get<int64_t>(), 0) << s0.dump();
   EXPECT_EQ(summary["contributions_rejected"].get<int64_t>(), 0) << summary.dump();
+  // Every push accounted for (issue 56): the schedule's 200 / H × P pushes are sent or superseded, each superseded
+  // one a push_unsent record naming the newer push that replaced it; every push sent was merged (quorum 1).
+  const int64_t due = s0["pushes_due"].get<int64_t>(), sent = s0["pushes"].get<int64_t>(),
+                superseded = s0["pushes_superseded"].get<int64_t>();
+  EXPECT_EQ(due, cfg.run.train.steps / cfg.sync.sync_every * cfg.sync.fragments) << s0.dump();
+  EXPECT_EQ(due, sent + superseded + s0["pushes_dropped"].get<int64_t>() + s0["pushes_unsent_at_end"].get<int64_t>())
+      << s0.dump();
+  EXPECT_EQ(link->received(0, MessageKind::kFragmentPush), sent);
+  {
+    std::lock_guard<std::mutex> lock(unsent_mu);
+    ASSERT_EQ(static_cast<int64_t>(unsent.size()), superseded);
+    for (const auto& u : unsent) {
+      EXPECT_EQ(u["reason"], "superseded") << u.dump();
+      EXPECT_GT(u["replaced_by"].get<int64_t>(), u["step"].get<int64_t>()) << u.dump();
+    }
+  }
+  EXPECT_EQ(summary["contributions_merged"].get<int64_t>(), sent) << summary.dump();
+  EXPECT_EQ(summary["contributions_replaced"].get<int64_t>(), 0) << summary.dump();
+  EXPECT_EQ(summary["contributions_pending_at_end"].get<int64_t>(), 0) << summary.dump();
   fs::remove_all(dir);
 }
 

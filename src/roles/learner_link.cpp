@@ -212,6 +212,13 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
       emit(L, r);
     }
   }
+  if (!sent) {  // its progress stays in θ: the next push of the fragment carries it
+    rec::PushUnsent u;
+    u.fragment = p.fragment;
+    u.step = p.step;
+    u.reason = is_joined ? "send_failed" : "not_joined";
+    emit(L, u);
+  }
   std::lock_guard<std::mutex> lock(mu);
   (sent ? pushes : pushes_dropped) += 1;
   if (sent) {

@@ -195,8 +195,10 @@ void LearnerNode::Impl::after(const StepResult& r, double dt) {
   }
   auto c3 = clk::now();
   std::vector<Push> due = core->after_step(now_step, r.tokens, dt);
+  std::vector<rec::PushUnsent> unsent;
   {
     std::lock_guard<std::mutex> lock(mu);
+    pushes_due += static_cast<int64_t>(due.size());
     for (auto& p : due) {
       // A push of the same fragment still waiting (its link's window is full) is replaced: the new one's
       // Θ_p^v − θ_p and counters (kept since its base version) hold its progress too.
@@ -205,6 +207,12 @@ void LearnerNode::Impl::after(const StepResult& r, double dt) {
           ++it;
           continue;
         }
+        rec::PushUnsent u;
+        u.fragment = it->fragment;
+        u.step = it->step;
+        u.reason = "superseded";
+        u.replaced_by = p.step;
+        unsent.push_back(u);
         it = outbox.erase(it);
         ++pushes_superseded;
       }
@@ -215,6 +223,7 @@ void LearnerNode::Impl::after(const StepResult& r, double dt) {
     beat.busy_seconds = busy;
     beat.step_time = core->step_time();
   }
+  for (auto& u : unsent) emit(link_of(u.fragment), std::move(u));
   if (now_step % state_every == 0) save_state();
   comm_seconds += secs(c3, clk::now());
 }
@@ -243,6 +252,20 @@ nlohmann::json LearnerNode::Impl::end() {
       if (!L.left) emit(L, rec::LeaveUndelivered{{}, leave_reason});
   }
   stop_comms();
+  // Pushes still waiting for their link's window (the goodbye goes only after them, so the learner left without it).
+  std::deque<Push> left;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    left.swap(outbox);
+    pushes_unsent_at_end += static_cast<int64_t>(left.size());
+  }
+  for (const Push& p : left) {
+    rec::PushUnsent u;
+    u.fragment = p.fragment;
+    u.step = p.step;
+    u.reason = "at_end";
+    emit(link_of(p.fragment), u);
+  }
   uint64_t bytes_out = 0, bytes_in = 0;
   for (const auto& L : links) bytes_out += L.tx->stats().bytes_out, bytes_in += L.tx->stats().bytes_in;
   const double wall = secs(run_start, clk::now());
@@ -263,6 +286,8 @@ nlohmann::json LearnerNode::Impl::end() {
   d.pushes = pushes;
   d.pushes_dropped = pushes_dropped;
   d.pushes_superseded = pushes_superseded;
+  d.pushes_due = pushes_due;
+  d.pushes_unsent_at_end = pushes_unsent_at_end;
   d.broadcasts = broadcasts;
   d.rejected = rejected;
   d.joins_refused = joins_refused;

@@ -142,7 +142,10 @@ struct LearnerNode::Impl {
   proto::Beat beat;
   std::string leave_reason;                 // set by main at the end
   bool comms_stop = false;
-  int64_t pushes = 0, pushes_dropped = 0, pushes_superseded = 0, broadcasts = 0, rejected = 0;
+  // Pushes: made due by the schedule (main thread), sent, dropped (not joined or refused by the transport),
+  // superseded in the outbox, left in it at the end; guarded by mu.
+  int64_t pushes_due = 0, pushes = 0, pushes_dropped = 0, pushes_superseded = 0, pushes_unsent_at_end = 0;
+  int64_t broadcasts = 0, rejected = 0;
   int64_t joins_refused = 0;  // refusals of a hello (or of a message before joining): not refused contributions
   int64_t deltas_applied = 0, deltas_unapplied = 0;  // comms thread; read at the end
 

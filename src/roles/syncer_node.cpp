@@ -54,6 +54,7 @@ void SyncerNode::Impl::reject(const std::string& route, int64_t learner, int64_t
                               const std::string& detail, const std::string& counter) {
   const std::string reason = counter.empty() ? proto::reject_reason_name(code) : counter;
   ++rejects[reason];
+  if (!in_hello && fragment >= 0) ++push_rejects[reason];  // a push (a contribution) refused, or its round rolled back
   if (in_hello) {
     ++joins_refused;
     ++joins_refused_by[reason];
@@ -421,6 +422,8 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   e.step_time = peers[m].step_time;
   e.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
   e.payload = env.payload;
+  const std::vector<int64_t> waiting = core->waiting_learners(p);
+  const bool replaces = std::find(waiting.begin(), waiting.end(), m) != waiting.end();
   SyncReject why = SyncReject::kNone;
   try {
     why = journal(std::move(e)).received;
@@ -436,6 +439,14 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
                   std::string("refused by the syncer core: ") + sync_reject_name(why) +
                       (code == RejectReason::kDeltaTooLarge ? " (drop your drift of this fragment)" : ""),
                   sync_reject_name(why));
+  }
+  if (replaces) {  // the learner's earlier push of this fragment waited for the quorum; this one took its place
+    ++contributions_replaced;
+    rec::ContributionUnmerged r;
+    r.learner = m;
+    r.fragment = g;
+    r.reason = "replaced";
+    emit(r);
   }
   answer_marks.accepted(m, p, static_cast<int64_t>(h.round));
   try_merge(p);
@@ -658,6 +669,16 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     if (I.group.due()) I.commit();
     I.flush_journal();
   }
+  // What still waits for a quorum (the syncer stopped before every learner retired): accepted, never merged.
+  for (int64_t p = 0; p < static_cast<int64_t>(I.shard.local_fragments.size()); ++p)
+    for (int64_t m : I.core->waiting_learners(p)) {
+      ++I.contributions_pending_at_end;
+      rec::ContributionUnmerged r;
+      r.learner = m;
+      r.fragment = I.shard.fragments[static_cast<size_t>(p)];  // global id, as in the other records
+      r.reason = "pending_at_end";
+      I.emit(r);
+    }
   if (I.shard.shard == 0) I.evaluate(/*final=*/true);
   I.checkpoint(/*final=*/I.all_retired());
   I.flush_journal();

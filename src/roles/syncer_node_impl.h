@@ -200,6 +200,10 @@ struct SyncerNode::Impl {
   bool blocked = false;
   uint64_t auth_denied_seen = 0;  // the transport's CURVE refusals already recorded (auth_denied records)
   int64_t blocked_spells = 0, drift_resets = 0;
+  // Accepted contributions no merge took (contribution_unmerged records): replaced by a newer push of the same learner
+  // and fragment before the round merged; still waiting when the syncer stopped.
+  int64_t contributions_replaced = 0, contributions_pending_at_end = 0;
+  std::map<std::string, int64_t> push_rejects;  // the refused pushes among `rejects`, by reason
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
   // Of those, hellos refused (duplicate_id while the old connection still counts live, a key bound to another id,

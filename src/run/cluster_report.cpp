@@ -119,6 +119,9 @@ json LocalCluster::make_summary() {
   x["syncer_shards"] = S_;
   x["restarts"] = restarts;
   if (forced_syncer_stop_) x["syncer_forced_stop"] = true;
+  std::vector<PushTally> tallies;
+  for (const LearnerView& v : records_.learners()) tallies.push_back(v.pushes);
+  x["push_accounting"] = push_accounting(tallies, x);
   return s.to_json();
 }
 

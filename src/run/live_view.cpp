@@ -213,6 +213,12 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
     rejoins_->pushed(n, when(*p));
   } else if (auto d = read<rec::LearnerDone>(j, {"step", "finished", "error"})) {
     if (has(j, "step")) v.step = d->step;
+    ++v.pushes.processes;
+    v.pushes.due += d->pushes_due.value_or(0);
+    v.pushes.sent += d->pushes.value_or(0);
+    v.pushes.superseded += d->pushes_superseded.value_or(0);
+    v.pushes.dropped += d->pushes_dropped.value_or(0);
+    v.pushes.unsent_at_end += d->pushes_unsent_at_end.value_or(0);
     // A learner_done that says "finished": false (stopped early, or a syncer shard never let it in) is no finish.
     v.finished = d->finished.value_or(true);
     if (v.finished)

@@ -34,6 +34,7 @@ struct LearnerView {
   bool finished = false;  // a learner_done record was seen
   int joins = 0;
   bool rejoin_announced = false;  // a sharded syncer: another shard's join already announced this restart
+  PushTally pushes;  // from its processes' learner_done records
 };
 
 struct SyncerView {

@@ -88,7 +88,8 @@ nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards
                         "state_snapshots", "state_downloads", "states_held", "state_requests_dropped", "grace_waits",
                         "broadcasts_sent", "broadcasts_superseded", "broadcasts_acked", "uploads_measured",
                         "broadcasts_measured", "record_errors", "blocked_spells", "drift_resets", "auth_denied",
-                        "handshake_failures", "connections", "disconnects"}) {
+                        "handshake_failures", "connections", "disconnects", "contributions_replaced",
+                        "contributions_pending_at_end"}) {
     bool any = false;
     int64_t n = 0;
     for (const json& one : shards)
@@ -98,12 +99,14 @@ nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards
       }
     if (any) s[f] = n;
   }
-  json rejects = json::object();  // rejects by reason: summed per reason
-  for (const json& one : shards)
-    if (has(one, "rejects") && one["rejects"].is_object())
-      for (auto& [reason, n] : one["rejects"].items())
-        if (n.is_number_integer()) rejects[reason] = rejects.value(reason, int64_t{0}) + n.get<int64_t>();
-  if (!rejects.empty() || has(s, "rejects")) s["rejects"] = rejects;
+  for (const char* f : {"rejects", "push_rejects"}) {  // by reason: summed per reason
+    json rejects = json::object();
+    for (const json& one : shards)
+      if (has(one, f) && one[f].is_object())
+        for (auto& [reason, n] : one[f].items())
+          if (n.is_number_integer()) rejects[reason] = rejects.value(reason, int64_t{0}) + n.get<int64_t>();
+    if (!rejects.empty() || has(s, f)) s[f] = rejects;
+  }
   // Times: uptime the lowest (training is down when any shard's fragments are); the transfer times the mean over
   // the shards that measured one (each is that shard's moving average; every shard's value is in its brief).
   for (const json& one : shards)
@@ -174,6 +177,34 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
   o << "chaos: " << count("learner_kills") << " learner kills (rejoin " << med_max("rejoin_seconds")
     << "; contributing again " << med_max("recontribute_seconds") << "), " << count("learner_stops")
     << " stops, " << count("syncer_kills") << " syncer kills\n";
+  // Every push accounted for: one line when some due push was not sent or some sent one not merged.
+  if (s.contains("push_accounting") && s["push_accounting"].is_object()) {
+    const auto& a = s["push_accounting"];
+    const auto n = [](const nlohmann::json& o, const char* k) {
+      return o.is_object() && o.contains(k) && o[k].is_number_integer() ? o[k].get<int64_t>() : int64_t{0};
+    };
+    const nlohmann::json un = a.value("unsent", nlohmann::json::object()), um = a.value("unmerged", nlohmann::json::object());
+    const int64_t due = n(a, "due"), sent = n(a, "sent"), merged = n(a, "merged");
+    if (due > 0 && (due != sent || sent != merged)) {
+      o << "pushes: " << due << " due, " << sent << " sent";
+      std::string why;
+      const auto part = [&](const nlohmann::json& o2, const char* k, const char* text) {
+        if (n(o2, k) > 0) why += (why.empty() ? "" : ", ") + std::to_string(n(o2, k)) + " " + text;
+      };
+      part(un, "superseded", "superseded while the link was busy");
+      part(un, "dropped", "dropped while not joined");
+      part(un, "at_end", "unsent at the end");
+      if (!why.empty()) o << " (" << why << ")";
+      why.clear();
+      o << ", " << merged << " merged";
+      part(um, "refused", "refused");
+      part(um, "replaced", "replaced by a newer push");
+      part(um, "pending_at_end", "waiting at the end");
+      part(a, "unaccounted", "not counted by the final syncer");
+      if (!why.empty()) o << " (" << why << ")";
+      o << "\n";
+    }
+  }
   // Network faults on a testbed (chaos.net): one line, in the order written.
   if (s.contains("net_faults") && s["net_faults"].is_array() && !s["net_faults"].empty()) {
     o << "network faults:";
@@ -224,6 +255,36 @@ std::string use_the_model(const std::string& program, const std::string& run_dir
     << "see the run (charts of loss, merges, learners and chaos in one page):\n"
     << "  " << exe << " report " << dir << " --out " << shell_word(run_dir + "/report.html") << "\n";
   return o.str();
+}
+
+nlohmann::json push_accounting(const std::vector<PushTally>& learners, const nlohmann::json& syncer) {
+  using nlohmann::json;
+  const auto num = [&](const char* f) {
+    return syncer.is_object() && syncer.contains(f) && syncer[f].is_number_integer() ? syncer[f].get<int64_t>() : 0;
+  };
+  json per = json::array();
+  int64_t due = 0, sent = 0, superseded = 0, dropped = 0, at_end = 0;
+  for (const PushTally& v : learners) {
+    per.push_back({{"due", v.due}, {"sent", v.sent}, {"superseded", v.superseded}, {"dropped", v.dropped},
+                   {"unsent_at_end", v.unsent_at_end}, {"processes", v.processes}});
+    due += v.due, sent += v.sent, superseded += v.superseded, dropped += v.dropped, at_end += v.unsent_at_end;
+  }
+  int64_t refused = 0;
+  json by_reason = json::object();
+  if (syncer.is_object() && syncer.contains("push_rejects") && syncer["push_rejects"].is_object())
+    for (auto& [reason, n] : syncer["push_rejects"].items())
+      if (n.is_number_integer()) refused += n.get<int64_t>(), by_reason[reason] = n;
+  const int64_t merged = num("contributions_merged"), replaced = num("contributions_replaced"),
+                pending = num("contributions_pending_at_end");
+  json a = {{"due", due},
+            {"sent", sent},
+            {"unsent", {{"superseded", superseded}, {"dropped", dropped}, {"at_end", at_end}}},
+            {"merged", merged},
+            {"unmerged", {{"refused", refused}, {"replaced", replaced}, {"pending_at_end", pending}}},
+            {"refused_by_reason", by_reason},
+            {"unaccounted", sent - merged - refused - replaced - pending},
+            {"learners", per}};
+  return a;
 }
 
 }  // namespace deloco::run

@@ -55,6 +55,19 @@ nlohmann::json read_syncer_summary(const std::string& path);
 // "syncer_summary_missing" is set when any shard's summary was.
 nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards);
 
+// One learner's pushes, summed over the learner_done records of its processes (a process killed writes none, so its
+// pushes are not counted): due = sent + superseded + dropped + unsent_at_end (records/kinds.h: PushUnsent).
+struct PushTally {
+  int64_t due = 0, sent = 0, superseded = 0, dropped = 0, unsent_at_end = 0, processes = 0;
+};
+// The run summary's "push_accounting" (docs/runtime.md, "Every push accounted for"): what the learners' schedules
+// made due and what became of each push — sent, or not sent (superseded, dropped, at the end) — and of those sent,
+// from the syncer's summary (combined over shards): merged, refused (a reject, or its round rolled back; by reason),
+// replaced by the same learner's newer push before a merge, waiting at the end, and `unaccounted` = sent − the
+// rest (pushes the final syncer process never counted: in flight when it was killed, read by an earlier process of
+// a restarted syncer, lost with a connection). Per learner and in all.
+nlohmann::json push_accounting(const std::vector<PushTally>& learners, const nlohmann::json& syncer);
+
 // The short final report: results, chaos counts with rejoin times, and where `summary_file` is.
 std::string final_report(const nlohmann::json& summary, const std::string& summary_file);
 // The closing lines of `deloco run`: how to evaluate, sample and load the final global model of `run_dir` (its

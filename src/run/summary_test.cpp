@@ -95,6 +95,42 @@ TEST(RunSummary, ShardSummariesCombined) {
   EXPECT_FALSE(none.contains("broadcasts_superseded"));
 }
 
+// Issue 56: the fate of every push, from the learners' tallies and the (two shards') syncer summaries.
+TEST(RunSummary, PushAccountingAddsUpAcrossShards) {
+  using nlohmann::json;
+  const json a = {{"contributions_merged", 20}, {"contributions_replaced", 3}, {"contributions_pending_at_end", 1},
+                  {"push_rejects", {{"norm_ratio", 1}}}};
+  const json b = {{"contributions_merged", 15}, {"contributions_replaced", 2}, {"contributions_pending_at_end", 0},
+                  {"push_rejects", {{"norm_ratio", 2}, {"future_base", 1}}}};
+  const json s = combine_shard_summaries({a, b});
+  EXPECT_EQ(s.at("contributions_replaced").get<int64_t>(), 5);
+  EXPECT_EQ(s.at("contributions_pending_at_end").get<int64_t>(), 1);
+  EXPECT_EQ(s.at("push_rejects"), (json{{"norm_ratio", 3}, {"future_base", 1}}));
+  // Learner 0: 30 due, 25 sent, 4 superseded, 1 left at the end; learner 1 (two processes): 24 due, 22 sent, 2 dropped.
+  PushTally l0{30, 25, 4, 0, 1, 1}, l1{24, 22, 0, 2, 0, 2};
+  const json acc = push_accounting({l0, l1}, s);
+  EXPECT_EQ(acc.at("due").get<int64_t>(), 54);
+  EXPECT_EQ(acc.at("sent").get<int64_t>(), 47);
+  EXPECT_EQ(acc.at("unsent"), (json{{"superseded", 4}, {"dropped", 2}, {"at_end", 1}}));
+  EXPECT_EQ(acc.at("merged").get<int64_t>(), 35);
+  EXPECT_EQ(acc.at("unmerged"), (json{{"refused", 4}, {"replaced", 5}, {"pending_at_end", 1}}));
+  EXPECT_EQ(acc.at("refused_by_reason"), (json{{"norm_ratio", 3}, {"future_base", 1}}));
+  EXPECT_EQ(acc.at("unaccounted").get<int64_t>(), 47 - 35 - 4 - 5 - 1);
+  EXPECT_EQ(acc.at("learners")[1].at("processes").get<int64_t>(), 2);
+  // The final report names what did not go and what did not merge.
+  json run = {{"push_accounting", acc}};
+  const std::string report = final_report(run, "s.json");
+  EXPECT_NE(report.find("pushes: 54 due, 47 sent (4 superseded while the link was busy, 2 dropped while not joined, 1 "
+                        "unsent at the end), 35 merged (4 refused, 5 replaced by a newer push, 1 waiting at the end, 2 "
+                        "not counted by the final syncer)"),
+            std::string::npos)
+      << report;
+  // Nothing lost: no line.
+  PushTally all{10, 10, 0, 0, 0, 1};
+  run["push_accounting"] = push_accounting({all}, json{{"contributions_merged", 10}});
+  EXPECT_EQ(final_report(run, "s.json").find("pushes:"), std::string::npos);
+}
+
 TEST(Supervisor, CrashLoopPolicy) {
   Child c;
   EXPECT_EQ(record_failure(c, 0), "");

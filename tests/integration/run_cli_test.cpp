@@ -94,6 +94,49 @@ TEST_F(RunCli, PlaintextRunFinishesAndMerges) {
   EXPECT_NE(r.out.find("summary: "), std::string::npos) << r.out;
 }
 
+// Issue 56: every push accounted for. Quorum 2 with learner 1 four times slower and no waiting: learner 0's pushes
+// wait at the syncer for learner 1's, and each newer one of the same fragment replaces its waiting one. The summary's
+// push_accounting adds up (due = sent + unsent, sent = merged + unmerged), each unmerged push is a
+// contribution_unmerged record and each unsent one a push_unsent record, and the final report says so.
+TEST_F(RunCli, EveryPushIsAccountedFor) {
+  auto r = run("run " + tiny(60, true) +
+                   " --set sync.quorum=2 --set chaos.enabled=true --set chaos.slow_learner=1 --set chaos.slow_factor=4",
+               dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  ASSERT_TRUE(s.contains("push_accounting")) << s.dump();
+  const auto& a = s["push_accounting"];
+  const auto n = [](const nlohmann::json& o, const char* k) { return o.at(k).get<int64_t>(); };
+  EXPECT_EQ(n(a, "due"), 2 * 60 / 10 * 2) << a.dump();  // 2 learners, 60 steps, H = 10, 2 fragments
+  EXPECT_EQ(n(a, "due"), n(a, "sent") + n(a["unsent"], "superseded") + n(a["unsent"], "dropped") + n(a["unsent"], "at_end"))
+      << a.dump();
+  EXPECT_EQ(n(a, "sent"), n(a, "merged") + n(a["unmerged"], "refused") + n(a["unmerged"], "replaced") +
+                              n(a["unmerged"], "pending_at_end"))
+      << a.dump();
+  EXPECT_EQ(n(a, "unaccounted"), 0) << a.dump();
+  EXPECT_EQ(n(a, "merged"), s["contributions_merged"].get<int64_t>());
+  EXPECT_GT(n(a["unmerged"], "replaced"), 0) << a.dump();
+  for (int m = 0; m < 2; ++m) {
+    const auto& l = a["learners"][m];
+    EXPECT_EQ(n(l, "processes"), 1) << l.dump();
+    EXPECT_EQ(n(l, "due"), 12) << l.dump();
+  }
+  int64_t unmerged = 0, unsent = 0;
+  for (const auto& line : split_lines(read_file((dir_ / "run" / "syncer.jsonl").string()))) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "contribution_unmerged") continue;
+    ++unmerged;
+    EXPECT_TRUE(j["reason"] == "replaced" || j["reason"] == "pending_at_end") << line;
+    EXPECT_TRUE(j.contains("learner") && j.contains("fragment")) << line;
+  }
+  for (const char* f : {"learner-0.jsonl", "learner-1.jsonl"})
+    for (const auto& line : split_lines(read_file((dir_ / "run" / f).string())))
+      unsent += line.find("\"kind\":\"push_unsent\"") != std::string::npos;
+  EXPECT_EQ(unmerged, n(a["unmerged"], "replaced") + n(a["unmerged"], "pending_at_end"));
+  EXPECT_EQ(unsent, n(a["unsent"], "superseded") + n(a["unsent"], "dropped") + n(a["unsent"], "at_end"));
+  EXPECT_NE(r.out.find("replaced by a newer push"), std::string::npos) << r.out;
+}
+
 // A testbed that is not up is named with the command that makes it; nothing starts (no root needed to see this).
 TEST_F(RunCli, ATestbedThatIsNotUpIsNamedWithHowToMakeIt) {
   auto r = run("run " + tiny(20, true) + " --set testbed.name=nosuchbed", dir_ / "out.log");
