@@ -10,13 +10,16 @@
 # measured again and replaces it.
 #
 # Options (defaults in brackets):
-#   --rates "R ..."      link rate of every host, tc syntax or none (unshaped) [none 1000mbit 100mbit 10mbit 1mbit]
+#   --rates "R ..."      link rate of every host, tc syntax or none (unshaped) [none 1000mbit 100mbit 10mbit 1mbit];
+#                        R@50ms adds a 50 ms round trip between any two hosts (scripts/testbed.sh up --delay 12.5:
+#                        the testbed's delay line, since netem is absent here)
 #   --methods "M ..."    ddp | dp | sync | streaming | decoupled                 [ddp dp sync streaming decoupled]
 #   --models "M ..."     demo (configs/demo.toml, 0.64M parameters) | large (configs/wan-large.toml, 1.84M)
 #                        | any configs/wan-*.toml as wan-NAME                                       [demo large]
 #   --steps N            inner steps per learner (rank)               [demo 1000; others their config's: large 500]
 #   --max-seconds S      the wall-time bound of one run's training: DDP stops after S s of training, deloco run
 #                        is interrupted (SIGINT) S + 15 s after its start                                   [180]
+#   --repeats N          measure each row N times (repeat 0 .. N-1; docs/wan.md's *Repeats* section)    [1]
 #   --learners M         learners (deloco) = ranks (DDP); the testbed has M + 1 hosts, host 0 the syncer's     [2]
 #   --eval-seconds S     seconds between evaluations of the global model (syncer.eval_interval; DDP rank 0)   [10]
 #   --ddp-timeout S      DDP's Gloo timeout (a collective or the rendezvous taking longer breaks the run)    [60]
@@ -56,6 +59,7 @@ models="demo large"
 steps=""
 max_s=180
 M=2
+repeats=1
 eval_s=10
 ddp_timeout=60
 out=docs/wan/results.jsonl
@@ -74,6 +78,7 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --max-seconds) max_s=$2; shift 2 ;;
     --learners) M=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
     --eval-seconds) eval_s=$2; shift 2 ;;
     --ddp-timeout) ddp_timeout=$2; shift 2 ;;
     --set) extra+=(--set "$2"); shift 2 ;;
@@ -89,6 +94,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ "$M" =~ ^[1-9][0-9]*$ ]] || { echo "wan.sh: --learners must be a positive integer" >&2; exit 2; }
+[[ "$repeats" =~ ^[1-9][0-9]*$ ]] || { echo "wan.sh: --repeats must be a positive integer" >&2; exit 2; }
 
 config_of() {  # model name -> config file
   case "$1" in
@@ -106,19 +112,19 @@ for me in $methods; do
   case "$me" in ddp|sync|streaming|decoupled|dp) ;; *) echo "wan.sh: unknown method '$me'" >&2; exit 2 ;; esac
 done
 
-has_row() {  # model method rate config steps: the row is in the results, at this scale (steps, bound, learners)
+has_row() {  # model method rate config steps repeat: the row is in the results, at this scale (steps, bound, learners)
   $PY bench/wan_report.py has --results "$out" --model "$1" --method "$2" --rate "$3" --config "$4" \
-    --steps "${5:-0}" --max-seconds "$max_s" --learners "$M"
+    --steps "${5:-0}" --max-seconds "$max_s" --learners "$M" --repeat "${6:-0}"
 }
 
 if [ "$list" = 1 ]; then
-  for model in $models; do for method in $methods; do for rate in $rates; do
-    if [ "$redo" = 0 ] && has_row "$model" "$method" "$rate" "$(config_of "$model")" "$(steps_of "$model")"; then
-      echo "skip $model $method $rate (in $out)"
+  for model in $models; do for method in $methods; do for rate in $rates; do for ((rep = 0; rep < repeats; rep++)); do
+    if [ "$redo" = 0 ] && has_row "$model" "$method" "$rate" "$(config_of "$model")" "$(steps_of "$model")" $rep; then
+      echo "skip $model $method $rate repeat $rep (in $out)"
     else
-      echo "run  $model $method $rate"
+      echo "run  $model $method $rate repeat $rep"
     fi
-  done; done; done
+  done; done; done; done
   exit 0
 fi
 
@@ -141,11 +147,15 @@ mkdir -p "$runs" "$(dirname "$out")"
 # include/).
 BIN=$runs/deloco
 if [ "$build" = 1 ]; then
-  flock /tmp/deloco-build.lock bash -c "cmake --build build -j2 --target deloco >/dev/null && cp build/deloco '$BIN'" ||
+  flock /tmp/deloco-build.lock bash -c "cmake --build build -j2 --target deloco deloco-delayline >/dev/null && cp build/deloco '$BIN'" ||
     { echo "wan.sh: building build/deloco failed (--no-build uses it as it is)" >&2; exit 2; }
 else
   flock /tmp/deloco-build.lock cp build/deloco "$BIN"
 fi
+# A round trip in --rates needs the testbed's delay line (scripts/testbed.sh up --delay).
+case " $rates " in *@*) export DELOCO_DELAYLINE=${DELOCO_DELAYLINE:-$PWD/build/deloco-delayline}
+  [ -x "$DELOCO_DELAYLINE" ] || { echo "wan.sh: --rates with a round trip needs $DELOCO_DELAYLINE (cmake --build build --target deloco-delayline)" >&2; exit 2; } ;;
+esac
 commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src include 2>/dev/null || echo "+dirty")
 
 LOCK_FD=""
@@ -162,11 +172,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-testbed_up() {  # rate
+testbed_up() {  # rate, optionally with a round trip: 10mbit@50ms (each host link delayed 50 / 4 ms each way)
+  local rate=${1%@*} delay=0
+  [ "$rate" = "$1" ] || delay=$(awk -v r="${1#*@}" 'BEGIN { sub(/ms$/, "", r); print r / 4 }')
   exec {LOCK_FD}>/tmp/deloco-testbed.lock
   flock "$LOCK_FD"
   $TB down >/dev/null 2>&1 || true   # ours only (TESTBED_NAME), left by a killed earlier run
-  $TB up --hosts $((M + 1)) --rate "$1" >/dev/null
+  $TB up --hosts $((M + 1)) --rate "$rate" --delay "$delay" >/dev/null
 }
 counters() {  # -> "tx rx" per host, one host per line
   for ((h = 0; h <= M; h++)); do $TB counters "$h" | sed 's/tx_bytes=\([0-9]*\) rx_bytes=\([0-9]*\)/\1 \2/'; done
@@ -224,22 +236,23 @@ run_ddp() {  # model config method rate dir steps
 }
 
 total=0; done_rows=0
-for model in $models; do for rate in $rates; do for method in $methods; do total=$((total + 1)); done; done; done
+for model in $models; do for rate in $rates; do for method in $methods; do total=$((total + repeats)); done; done; done
 # Model, then method, then rate: each method's unshaped baseline is measured next to its shaped rows, so a change
 # of the machine's load (other work on these 2 cores) moves a utilisation less.
 for model in $models; do
   cfg=$(config_of "$model")
   for method in $methods; do
-    for rate in $rates; do
+    for rate in $rates; do for ((rep = 0; rep < repeats; rep++)); do
       done_rows=$((done_rows + 1))
       msteps=$(steps_of "$model")
-      if [ "$redo" = 0 ] && has_row "$model" "$method" "$rate" "$cfg" "$msteps"; then
-        echo "[$done_rows/$total] $model $method $rate: in $out already (--redo runs it again)"
+      what="$model $method $rate$([ "$repeats" = 1 ] || echo " repeat $rep")"
+      if [ "$redo" = 0 ] && has_row "$model" "$method" "$rate" "$cfg" "$msteps" $rep; then
+        echo "[$done_rows/$total] $what: in $out already (--redo runs it again)"
         continue
       fi
-      dir=$runs/$model-$method-$rate
+      dir=$runs/$model-$method-$rate$([ "$rep" = 0 ] || echo "-r$rep")
       rm -rf "$dir" && mkdir -p "$dir"
-      echo "[$done_rows/$total] $model $method $rate: $(date +%H:%M:%S) ..."
+      echo "[$done_rows/$total] $what: $(date +%H:%M:%S) ..."
       testbed_up "$rate"
       counters > "$dir/counters.before"
       cut -d' ' -f1-3 /proc/loadavg > "$dir/load.before"
@@ -257,10 +270,10 @@ for model in $models; do
       # The collector's arguments stay with the run folder: --recollect reads every folder again.
       printf '%s\n' --dir "$dir" --model "$model" --config "$cfg" --method "$method" --rate "$rate" \
         --learners "$M" --t0 "$t0" --t1 "$t1" --rc "$rc" --max-seconds "$max_s" --steps "${msteps:-0}" \
-        --commit "$commit" --ddp-timeout "$ddp_timeout" > "$dir/collect.args"
+        --commit "$commit" --ddp-timeout "$ddp_timeout" --repeat "$rep" > "$dir/collect.args"
       mapfile -t cargs < "$dir/collect.args"
       $PY bench/wan_report.py collect --results "$out" "${cargs[@]}"
-    done
+    done; done
   done
 done
 if [ "$report" = 1 ]; then

@@ -59,8 +59,19 @@ METHOD_NAMES = {"ddp": "PyTorch DDP", "dp": "deloco DP group", "sync": "sync DiL
                 "streaming": "Streaming DiLoCo", "decoupled": "Decoupled DiLoCo"}
 
 
+def split_rate(rate):
+    """'10mbit@50ms' -> ('10mbit', 50.0): the link rate and the added round trip (bench/wan.sh --rates); 0 without."""
+    if "@" not in rate:
+        return rate, 0.0
+    r, rtt = rate.split("@", 1)
+    if not rtt.endswith("ms"):
+        raise ValueError(f"rate '{rate}': the round trip is written like @50ms")
+    return r, float(rtt[:-2])
+
+
 def rate_mbit(rate):
-    """'10mbit' -> 10.0, 'none' -> inf (unshaped)."""
+    """'10mbit' -> 10.0, 'none' -> inf (unshaped); a round trip (@50ms) does not change it."""
+    rate = split_rate(rate)[0]
     if rate == "none":
         return math.inf
     units = {"kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "tbit": 1e6, "bit": 1e-6,
@@ -72,18 +83,46 @@ def rate_mbit(rate):
 
 
 def rate_label(rate):
-    return "unshaped" if rate == "none" else f"{rate_mbit(rate):g} Mbit/s"
+    r, rtt = split_rate(rate)
+    label = "unshaped" if r == "none" else f"{rate_mbit(r):g} Mbit/s"
+    return label + (f", {rtt:g} ms RTT" if rtt else "")
 
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
 from jsonl_records import read as read_jsonl  # noqa: E402  (a line cut by a kill is skipped)
 
 
-def read_results(path):
+def row_key(r):
+    """(model, method, rate, repeat) of a results line (repeat 0 when it does not say: rows before repeats)."""
+    return r["model"], r["method"], r["rate"], r.get("repeat", 0)
+
+
+def read_all(path):
+    """Every results line by row_key (a later line replaces an earlier one)."""
     rows = {}
     for r in read_jsonl(path):
-        rows[(r["model"], r["method"], r["rate"])] = r  # a later line replaces an earlier one
+        rows[row_key(r)] = r
     return rows
+
+
+def final_loss(row):
+    return row["evals"][-1][1] if row.get("evals") else math.inf
+
+
+def read_results(path):
+    """One row per (model, method, rate): with repeats, the one whose final loss is the median (the lower middle)."""
+    groups = {}
+    for k, r in read_all(path).items():
+        groups.setdefault(k[:3], []).append(r)
+    return {k: sorted(v, key=final_loss)[(len(v) - 1) // 2] for k, v in groups.items()}
+
+
+def read_repeats(path):
+    """Every repeat per (model, method, rate), in repeat order."""
+    groups = {}
+    for k, r in sorted(read_all(path).items(), key=lambda kv: kv[0][3]):
+        groups.setdefault(k[:3], []).append(r)
+    return groups
 
 
 def params_of(model):
@@ -274,7 +313,8 @@ def cmd_collect(a):
         cfg = tomllib.load(f)
     steps = a.steps or cfg.get("train", {}).get("steps", 1500)
     before, after = counters(os.path.join(a.dir, "counters.before")), counters(os.path.join(a.dir, "counters.after"))
-    row = {"model": a.model, "method": a.method, "rate": a.rate, "config": a.config, "params": params_of(cfg["model"]),
+    row = {"model": a.model, "method": a.method, "rate": a.rate, "repeat": a.repeat, "config": a.config,
+           "params": params_of(cfg["model"]),
            "learners": a.learners, "steps": steps, "max_seconds": a.max_seconds, "wall": round(a.t1 - a.t0, 2),
            "rc": a.rc, "commit": a.commit, "started": round(a.t0, 1),
            "batch_tokens": cfg["train"].get("batch_size", 16) * cfg["model"]["block_size"],
@@ -317,15 +357,15 @@ def cmd_collect(a):
         else:
             seen[key] = [b, 1]
     row["broke"] = [b if n == 1 else f"{b} [x{n}]" for b, n in seen.values()]
-    rows = read_results(a.results)
-    rows[(row["model"], row["method"], row["rate"])] = row
+    rows = read_all(a.results)
+    rows[row_key(row)] = row
     os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
     tmp = a.results + ".tmp"
     with open(tmp, "w") as f:
         for r in rows.values():
             f.write(json.dumps(r) + "\n")
     os.replace(tmp, a.results)
-    print(f"  {a.model} {a.method} {a.rate}: {row['tokens_per_s']:.0f} tokens/s per learner host "
+    print(f"  {a.model} {a.method} {a.rate}{f' repeat {a.repeat}' if a.repeat else ''}: {row['tokens_per_s']:.0f} tokens/s per learner host "
           f"(end to end {row['e2e_tokens_per_s']:.0f}), step {row['steps_reached']}/{steps}, wall {row['wall']:.0f} s, "
           f"final val {row['evals'][-1][1] if row['evals'] else float('nan'):.3f}, link tx "
           f"{'/'.join(f'{x[0] / 1e6:.1f}' for x in row['link_bytes'])} MB"
@@ -372,9 +412,19 @@ def cmd_report(a):
     if not rows:
         sys.exit(f"wan_report: no results in {a.results} (run bench/wan.sh)")
     models = sorted({k[0] for k in rows}, key=lambda m: (m != "demo", m))
-    rates = sorted({k[2] for k in rows}, key=lambda r: -rate_mbit(r))
+    rates = sorted({k[2] for k in rows}, key=lambda r: (-rate_mbit(r), split_rate(r)[1]))
     methods = [m for m in METHOD_ORDER if any(k[1] == m for k in rows)]
     targets, equal_wall = parse_map(a.target), parse_map(a.equal_wall)
+    repeats = read_repeats(a.results)
+    most = max(len(v) for v in repeats.values())
+    delayed = any(split_rate(r)[1] for r in rates)
+
+    def marks(m):
+        """(equal wall time, target loss) of model m: given, else from its unshaped rows."""
+        base_rows = [x for k, x in rows.items() if k[0] == m and k[2] == "none" and x["evals"]]
+        t_eq = equal_wall.get(m) or (min(x["evals"][-1][0] for x in base_rows) if base_rows else None)
+        target = targets.get(m) or (max(x["evals"][-1][1] for x in base_rows) if base_rows else None)
+        return t_eq, target
     os.makedirs(a.plots, exist_ok=True)
     doc_dir = os.path.dirname(os.path.abspath(a.doc))
     rel_plots = os.path.relpath(os.path.abspath(a.plots), doc_dir)
@@ -391,11 +441,17 @@ def cmd_report(a):
       "hand. **The figures are from this machine: 2 CPU cores shared by every process of a run (and by whatever "
       "else ran at the time: the load averages are in the time table), each learner or rank on one thread; links are `tc tbf` rate limits "
       "with 256 KiB queues on network-namespace hosts (scripts/testbed.sh, docs/testbed.md); netem is absent in this "
-      "kernel, so there is no added propagation delay: rates and queues only.** The round-trip time between hosts "
-      "is the kernel's (well under a millisecond) plus whatever a full queue adds. Measured with deloco at "
-      f"{', '.join(commits)}. Runs are single (no repeats): the noise of this shared machine is easily ±20 % on "
-      "a throughput figure, more under load (the load averages are in the time table); a utilisation a few percent "
-      "above 100 % is that noise.")
+      "kernel" + (", so a row marked *ms RTT* adds its round trip through the testbed's own delay line (`up --delay`); "
+                  "elsewhere the round-trip time between hosts is the kernel's (well under a millisecond) plus whatever "
+                  "a full queue adds.**" if delayed else
+                  ", so there is no added propagation delay: rates and queues only.** The round-trip time between hosts "
+                  "is the kernel's (well under a millisecond) plus whatever a full queue adds.")
+      + f" Measured with deloco at {', '.join(commits)}. "
+      + ("Runs are single (no repeats)" if most == 1 else
+         f"Rows have up to {most} repeats (the section *Repeats* gives each one's spread; the other tables show the "
+         "repeat with the median final loss)")
+      + ": the noise of this shared machine is easily ±20 % on a throughput figure, more under load (the load "
+      "averages are in the time table); a utilisation a few percent above 100 % is that noise.")
     w("")
     w("Regenerate (as root, after `scripts/setup.sh`; each row holds `/tmp/deloco-testbed.lock` while its testbed is "
       "up):")
@@ -637,9 +693,7 @@ def cmd_report(a):
       "loss among the unshaped runs unless given (`--target`), so every method reaches it unshaped.")
     w("")
     for m in models:
-        base_rows = [x for k, x in rows.items() if k[0] == m and k[2] == "none" and x["evals"]]
-        t_eq = equal_wall.get(m) or (min(x["evals"][-1][0] for x in base_rows) if base_rows else None)
-        target = targets.get(m) or (max(x["evals"][-1][1] for x in base_rows) if base_rows else None)
+        t_eq, target = marks(m)
         if t_eq is None or target is None:
             continue
         w(f"**{m}**: loss at {t_eq:.0f} s (cell: loss, or the run's last loss and when, if it ended earlier) / "
@@ -666,6 +720,45 @@ def cmd_report(a):
         plot_losses(rows, m, methods, rates, t_eq, target, a.plots)
         w(f"![validation loss against wall time, {m}]({rel_plots}/loss-{m}.png)")
         w("")
+
+    # ---- repeats
+    if most > 1:
+        w("## Repeats")
+        w("")
+        w("Each row measured several times (bench/wan.sh --repeats N), on the same targets as above: the median and, "
+          "in brackets, the lowest and highest over the repeats of the final loss (equal tokens: every run trains "
+          "the same steps unless bounded), the loss at the equal wall time, the wall time to the target loss (how "
+          "many of the repeats reached it), and the end-to-end tokens/s per learner host.")
+        w("")
+
+        def spread(xs, spec):
+            xs = sorted(x for x in xs if x is not None)
+            if not xs:
+                return "–"
+            med = statistics.median(xs)
+            return f"{med:{spec}} [{xs[0]:{spec}}–{xs[-1]:{spec}}]" if len(xs) > 1 else f"{med:{spec}}"
+        for m in models:
+            t_eq, target = marks(m)
+            if t_eq is None or target is None:
+                continue
+            w(f"**{m}**: equal wall time {t_eq:.0f} s, target {target:.3f} nats/byte")
+            w("")
+            table("method", "link", "runs", "final loss", f"loss at {t_eq:.0f} s", "time to target (s)",
+                  "end-to-end tokens/s")
+            for me in methods:
+                for r in rates:
+                    runs = repeats.get((m, me, r), [])
+                    if not runs:
+                        continue
+                    finals = [final_loss(x) for x in runs if x.get("evals")]
+                    at = [loss_at(x["evals"], t_eq) for x in runs if x.get("evals")]
+                    hits = [next((e[0] for e in x["evals"] if e[1] <= target), None) for x in runs if x.get("evals")]
+                    reached = [h for h in hits if h is not None]
+                    w(f"| {METHOD_NAMES[me]} | {rate_label(r)} | {len(runs)} | {spread(finals, '.3f')} | "
+                      f"{spread([e[1] if e else None for e in at], '.3f')} | "
+                      f"{spread(reached, '.0f')} ({len(reached)} of {len(runs)}) | "
+                      f"{spread([x.get('e2e_tokens_per_s') for x in runs], '.0f')} |")
+            w("")
 
     # ---- where it breaks
     w("## Where each method breaks")
@@ -724,7 +817,7 @@ def plot_utilisation(rows, models, methods, rates, plots):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    shaped = [r for r in rates if r != "none"]
+    shaped = [r for r in rates if r != "none" and not split_rate(r)[1]]  # the rate sweep (rows with a delay: tables)
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, m in zip(axes[0], models):
         for me in methods:
@@ -792,6 +885,7 @@ def main():
     h.add_argument("--steps", type=int, default=0)
     h.add_argument("--max-seconds", type=float, default=0)
     h.add_argument("--learners", type=int, default=0)
+    h.add_argument("--repeat", type=int, default=0)
     c = sub.add_parser("collect")
     c.add_argument("--results", required=True)
     c.add_argument("--dir", required=True)
@@ -807,6 +901,7 @@ def main():
     c.add_argument("--steps", type=int, default=0)
     c.add_argument("--commit", default="")
     c.add_argument("--ddp-timeout", type=float, default=0)
+    c.add_argument("--repeat", type=int, default=0, help="which repeat of the row this run is (bench/wan.sh --repeats)")
     r = sub.add_parser("report")
     r.add_argument("--results", default=os.path.join(ROOT, "docs", "wan", "results.jsonl"))
     r.add_argument("--doc", default=os.path.join(ROOT, "docs", "wan.md"))
@@ -817,7 +912,7 @@ def main():
     r.add_argument("--status", default="", help="a paragraph under the title (e.g. what run this is)")
     a = ap.parse_args()
     if a.cmd == "has":  # the row exists, measured at the same scale (steps, bound, learners)
-        row = read_results(a.results).get((a.model, a.method, a.rate))
+        row = read_all(a.results).get((a.model, a.method, a.rate, a.repeat))
         steps = a.steps
         if not steps and a.config:
             with open(a.config, "rb") as f:

@@ -4,7 +4,7 @@
 # own, its link shaped in both directions with `tc tbf`. No route leads out: traffic goes only between the
 # testbed's hosts. Needs root (ip netns, veth, tc).
 #
-#   scripts/testbed.sh up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES]
+#   scripts/testbed.sh up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES] [--delay MS]
 #   scripts/testbed.sh shape HOST RATE [egress]  # change one host's link while a run goes on ("none": unshaped);
 #                                             # egress: only what the host sends (an uplink-bound host)
 #   scripts/testbed.sh link HOST up|down      # take a host's link down (a partition) or bring it back
@@ -22,8 +22,11 @@
 # own namespace joins the bridge at 198.18.255.254/16 (interface <name>-root, unshaped), so a dashboard on a host can
 # be opened here; `up` refuses (naming it, nothing made) while any route or address of this machine other than a
 # testbed's own port lies in 198.18.0.0/15. `up` on a failure removes what it made; `down` is safe to repeat.
-# Delay and loss need the kernel's netem qdisc; where it is absent (`status` says so) links have rate limits and
-# queues but no added propagation delay.
+# Delay: netem is absent from some kernels (`status` says whether it is here), so `--delay MS` puts a delay line of
+# our own on every host's link instead (tools/delayline.cpp, build/deloco-delayline or $DELOCO_DELAYLINE): a
+# process in the bridge's namespace that holds each frame MS milliseconds in each direction of each host's link
+# (bounded: at most 16 MiB waiting per direction; a frame that finds it full is dropped and counted). A frame
+# crosses two host links between two hosts: their round trip gains 4 × MS (--delay 12.5: 50 ms). Loss needs netem.
 set -Eeuo pipefail
 
 NAME=${TESTBED_NAME:-dlt}
@@ -129,7 +132,16 @@ cmd_check() {
 
 cmd_down() {
   need_root
-  local made=0
+  local made=0 pid
+  # The delay line first (it lives in the bridge's namespace and would keep it): its counters go to the output.
+  pid=$(sed -n 's/^delayline_pid=//p' "$STATE" 2>/dev/null || true)
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    echo "delay line: $(tail -n 1 "/run/$NAME.delayline.log" 2>/dev/null)"
+  fi
+  rm -f "/run/$NAME.delayline.log" "/run/$NAME.delayline.ready"
   for ns in $(ip netns list | awk '{print $1}'); do
     case "$ns" in "${NAME}"-h[0-9]* | "${BR_NS}" | "${NAME}"-probe*) ip netns del "$ns" && made=$((made + 1)) ;; esac
   done
@@ -140,18 +152,25 @@ cmd_down() {
 
 cmd_up() {
   need_root
-  local n=3 rate=none burst=32kb limit=256kb
+  local n=3 rate=none burst=32kb limit=256kb delay=0 dl=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --hosts) n=$2; shift 2 ;;
       --rate) rate=$2; shift 2 ;;
       --burst) burst=$2; shift 2 ;;
       --limit) limit=$2; shift 2 ;;
-      *) die "unknown option '$1' (up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES])" ;;
+      --delay) delay=$2; shift 2 ;;
+      *) die "unknown option '$1' (up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES] [--delay MS])" ;;
     esac
   done
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAX_HOSTS ] || die "--hosts must be 1 .. $MAX_HOSTS (got '$n')"
   valid_rate "$rate" || die "--rate must be like 10mbit, 1gbit or none (got '$rate')"
+  [[ "$delay" =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v d="$delay" 'BEGIN { exit !(d <= 5000) }' ||
+    die "--delay must be milliseconds, 0 .. 5000 (got '$delay')"
+  if [ "$delay" != 0 ] && awk -v d="$delay" 'BEGIN { exit !(d > 0) }'; then
+    dl=${DELOCO_DELAYLINE:-$(dirname "$SELF")/../build/deloco-delayline}
+    [ -x "$dl" ] || die "--delay needs the delay line program: $dl is not there (cmake --build build --target deloco-delayline, or set DELOCO_DELAYLINE)"
+  fi
   [ -f "$STATE" ] && die "testbed '$NAME' is already up (scripts/testbed.sh down first, or set TESTBED_NAME)"
   ip netns list | awk '{print $1}' | grep -qx "$BR_NS" && die "namespace $BR_NS exists but no state file: scripts/testbed.sh down"
   # This machine gets $ROOT_ADDR/16, a route to 198.18.0.0/16: refused while anything else here uses 198.18.0.0/15
@@ -180,8 +199,16 @@ nothing was made; remove those (or run the testbed on another machine)"
     ip netns exec "$ns" ip link set lo up
     # The pair is made inside the host's namespace, then one end moved to the bridge's: nothing touches the
     # machine's own namespace.
-    ip netns exec "$ns" ip link add eth0 type veth peer name "h$h"
-    ip netns exec "$ns" ip link set "h$h" netns "$BR_NS"
+    if [ -z "$dl" ]; then
+      ip netns exec "$ns" ip link add eth0 type veth peer name "h$h"
+      ip netns exec "$ns" ip link set "h$h" netns "$BR_NS"
+    else  # the host's end meets d$h; the delay line forwards d$h <-> x$h; x$h's pair h$h joins the bridge
+      ip netns exec "$ns" ip link add eth0 type veth peer name "d$h"
+      ip netns exec "$ns" ip link set "d$h" netns "$BR_NS"
+      ip netns exec "$BR_NS" ip link add "x$h" type veth peer name "h$h"
+      ip netns exec "$BR_NS" ip link set "d$h" up
+      ip netns exec "$BR_NS" ip link set "x$h" up
+    fi
     ip netns exec "$ns" ip addr add "$(host_addr "$h")/16" dev eth0
     ip netns exec "$ns" ip link set eth0 up
     ip netns exec "$BR_NS" ip link set "h$h" master br0
@@ -189,8 +216,21 @@ nothing was made; remove those (or run the testbed on another machine)"
     echo "addr$h=$(host_addr "$h")" >> "$STATE"
     shape_host "$h" "$rate"
   done
+  if [ -n "$dl" ]; then
+    local pairs=() ready="/run/$NAME.delayline.ready"
+    for ((h = 0; h < n; h++)); do pairs+=(--pair "d$h:x$h"); done
+    rm -f "$ready"
+    ip netns exec "$BR_NS" setsid "$dl" "${pairs[@]}" --delay-ms "$delay" --ready "$ready" \
+      > "/run/$NAME.delayline.log" 2>&1 < /dev/null &
+    local waited=0
+    while [ ! -s "$ready" ] && [ $waited -lt 50 ]; do sleep 0.1; waited=$((waited + 1)); done
+    [ -s "$ready" ] || { cat "/run/$NAME.delayline.log" >&2; cmd_down >/dev/null 2>&1; die "the delay line did not start"; }
+    printf 'delay=%s\ndelayline_pid=%s\n' "$delay" "$(cat "$ready")" >> "$STATE"
+    rm -f "$ready"
+  fi
   trap - ERR
-  echo "testbed '$NAME' up: $n hosts ($(host_addr 0) .. $(host_addr $((n - 1)))), links $rate"
+  echo "testbed '$NAME' up: $n hosts ($(host_addr 0) .. $(host_addr $((n - 1)))), links $rate" \
+       "$([ -n "$dl" ] && echo "delayed $delay ms each way on each link (round trip between two hosts +$(awk -v d="$delay" 'BEGIN { print 4 * d }') ms)")"
 }
 
 cmd_status() {
@@ -202,8 +242,12 @@ cmd_status() {
     state=$(ip netns exec "$ns" cat /sys/class/net/eth0/operstate 2>/dev/null || echo missing)
     echo "  host $h  $ns  $(host_addr "$h")  link $(sed -n "s/^rate$h=//p" "$STATE")  $state"
   done
+  local delay; delay=$(sed -n 's/^delay=//p' "$STATE")
+  if [ -n "$delay" ]; then
+    echo "delay: $delay ms each way on each host's link (delay line pid $(sed -n 's/^delayline_pid=//p' "$STATE"); round trip between two hosts +$(awk -v d="$delay" 'BEGIN { print 4 * d }') ms)"
+  fi
   if netem_available; then echo "delay emulation: netem available"
-  else echo "delay emulation: absent (no netem in this kernel): links are rate-limited with queues, no added delay"; fi
+  else echo "delay emulation: no netem in this kernel (up --delay MS adds the testbed's own delay line)"; fi
 }
 
 cmd_shape() {

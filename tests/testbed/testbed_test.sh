@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The testbed of scripts/testbed.sh end to end (ctest testbed.script): hosts reach each other and nothing else, a
 # shaped link carries about its rate in both directions, `shape` changes it while up, a partition (`link down`)
-# cuts a host off and healing restores it, and `down` leaves no namespace behind. Skips (77) when not root or
+# cuts a host off and healing restores it, `down` leaves no namespace behind, and `--delay` (the delay line) adds
+# its round trip. Skips (77) when not root or
 # without ip/tc. Bounded: every transfer is a few MB with a 60 s socket timeout; the whole test takes ~15 s.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -79,4 +80,30 @@ r=$(rate 1 0 2000000); echo "healed host 1 -> 0: $r Mbit/s"; within "$r" 1 1e9 |
 $TB down
 ! ip netns list | grep -q "^$TESTBED_NAME" || fail "down left namespaces"
 [ ! -f /run/$TESTBED_NAME.testbed ] || fail "down left its state file"
+
+# Propagation delay without netem (issue 56): the delay line holds each frame 10 ms each way on each host's link,
+# so a round trip between two hosts takes 40 ms more; the links still carry their rate; down stops the delay line.
+! $TB up --hosts 2 --delay ten 2>/dev/null || fail "--delay ten accepted"
+! ip netns list | grep -q "^$TESTBED_NAME" || fail "a refused up left namespaces"
+rtt() {
+  local port=$((9000 + RANDOM % 900))
+  $TB exec "$2" $PY tests/testbed/tcp_rtt.py serve $port &
+  local srv=$!
+  sleep 0.3
+  local r; r=$($TB exec "$1" $PY tests/testbed/tcp_rtt.py ping "$($TB addr "$2")" $port 9)
+  wait $srv
+  echo "$r"
+}
+$TB up --hosts 2
+r=$(rtt 1 0); echo "round trip, no delay: $r ms"; within "$r" 0 5 || fail "round trip without delay took $r ms"
+$TB down >/dev/null
+$TB up --hosts 2 --rate 20mbit --delay 10
+grep -q "^delay: 10 ms each way" <<<"$($TB status)" || fail "status does not show the delay: $($TB status)"
+pid=$(sed -n 's/^delayline_pid=//p' /run/$TESTBED_NAME.testbed)
+kill -0 "$pid" || fail "the delay line (pid $pid) is not running"
+r=$(rtt 1 0); echo "round trip, 10 ms each way on each link: $r ms"; within "$r" 39 80 || fail "round trip with delay took $r ms"
+r=$(rate 1 0 3000000); echo "20mbit host 1 -> 0 with delay: $r Mbit/s"; within "$r" 10 21 || fail "20mbit link with delay carried $r Mbit/s"
+out=$($TB down); grep -q 'delay line: {"delay_ms":10' <<<"$out" || fail "down did not report the delay line's counters: $out"
+! kill -0 "$pid" 2>/dev/null || fail "down left the delay line running"
+! ip netns list | grep -q "^$TESTBED_NAME" || fail "down left namespaces"
 echo "testbed test passed"
