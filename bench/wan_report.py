@@ -727,8 +727,9 @@ def cmd_report(a):
         w("")
         w("Each row measured several times (bench/wan.sh --repeats N), on the same targets as above: the median and, "
           "in brackets, the lowest and highest over the repeats of the final loss (equal tokens: every run trains "
-          "the same steps unless bounded), the loss at the equal wall time, the wall time to the target loss (how "
-          "many of the repeats reached it), and the end-to-end tokens/s per learner host.")
+          "the same steps unless bounded), the loss at the equal wall time, the wall time from the command's start "
+          "to the target loss and to DDP's unshaped final loss (the median of its repeats; how many of the repeats "
+          "reached each), and the end-to-end tokens/s per learner host.")
         w("")
 
         def spread(xs, spec):
@@ -741,10 +742,20 @@ def cmd_report(a):
             t_eq, target = marks(m)
             if t_eq is None or target is None:
                 continue
-            w(f"**{m}**: equal wall time {t_eq:.0f} s, target {target:.3f} nats/byte")
+            ddp_base = [final_loss(x) for x in repeats.get((m, "ddp", "none"), []) if x.get("evals")]
+            ddp_final = statistics.median(ddp_base) if ddp_base else None
+            w(f"**{m}**: equal wall time {t_eq:.0f} s, target {target:.3f} nats/byte"
+              + (f", DDP's unshaped final loss {ddp_final:.3f}" if ddp_final is not None else ""))
             w("")
             table("method", "link", "runs", "final loss", f"loss at {t_eq:.0f} s", "time to target (s)",
-                  "end-to-end tokens/s")
+                  "time to DDP's final (s)", "end-to-end tokens/s")
+
+            def time_to(runs, goal):
+                if goal is None:
+                    return "–"
+                hits = [next((e[0] for e in x["evals"] if e[1] <= goal), None) for x in runs if x.get("evals")]
+                reached = [h for h in hits if h is not None]
+                return f"{spread(reached, '.0f')} ({len(reached)} of {len(runs)})"
             for me in methods:
                 for r in rates:
                     runs = repeats.get((m, me, r), [])
@@ -752,12 +763,9 @@ def cmd_report(a):
                         continue
                     finals = [final_loss(x) for x in runs if x.get("evals")]
                     at = [loss_at(x["evals"], t_eq) for x in runs if x.get("evals")]
-                    hits = [next((e[0] for e in x["evals"] if e[1] <= target), None) for x in runs if x.get("evals")]
-                    reached = [h for h in hits if h is not None]
                     w(f"| {METHOD_NAMES[me]} | {rate_label(r)} | {len(runs)} | {spread(finals, '.3f')} | "
-                      f"{spread([e[1] if e else None for e in at], '.3f')} | "
-                      f"{spread(reached, '.0f')} ({len(reached)} of {len(runs)}) | "
-                      f"{spread([x.get('e2e_tokens_per_s') for x in runs], '.0f')} |")
+                      f"{spread([e[1] if e else None for e in at], '.3f')} | {time_to(runs, target)} | "
+                      f"{time_to(runs, ddp_final)} | {spread([x.get('e2e_tokens_per_s') for x in runs], '.0f')} |")
             w("")
 
     # ---- where it breaks
