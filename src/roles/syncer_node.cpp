@@ -187,7 +187,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
     // but say so again. A leave moves nobody without a joined connection.
     try {
       ack_leave(env.peer, h, proto::parse_leave(env.payload.data(), env.payload.size()));
-      last_leave_heard = t;
+      last_leave_heard = last_goodbye_repeat = t;
     } catch (const WireError& e) {
       reject(env.peer, h.learner_id, carried, RejectReason::kMalformedFrame, e.what());
     }
@@ -276,6 +276,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
       case MessageKind::kLeave: {
         const std::string why = proto::parse_leave(env.payload.data(), env.payload.size());
         last_leave_heard = t;
+        if (retired[m]) last_goodbye_repeat = t;  // answered before: that answer has not reached it (yet)
         P.alive = false;
         P.dl_sent = -1;
         P.fetch_snap.reset();
@@ -690,11 +691,16 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   // on a slow link they take longer than the transport's linger. Keep reading (a goodbye repeated is answered again)
   // until the transport has let go of every answer (written, or dropped with its connection), while some learner
   // still waits for one (it repeats its goodbye every net.heartbeat: none repeated for 3 heartbeats, none waits), and
-  // for net.join_timeout (the learners' own patience for that answer) at most.
+  // for net.join_timeout (the learners' own patience for that answer) at most. "Let go" is not "arrived": the answer
+  // may still sit in the kernel's send buffer behind broadcasts, and a process that exits with the learner's repeats
+  // unread resets the connection, discarding it (the learner then waited net.join_timeout for nothing: 55 s of an
+  // 80 s run on a 10 Mbit/s link). So a goodbye repeated after its answer keeps the syncer reading until the repeats
+  // stop for 2 heartbeats (the answer arrived).
   if (I.all_retired()) {
     const double until = I.now() + I.cfg.net.join_timeout;
     const auto in_flight = [&] {
-      return I.goodbyes_unsent->load() > 0 && I.now() - I.last_leave_heard < 3 * I.cfg.net.heartbeat;
+      const double t = I.now(), hb = I.cfg.net.heartbeat;
+      return (I.goodbyes_unsent->load() > 0 && t - I.last_leave_heard < 3 * hb) || t - I.last_goodbye_repeat < 2 * hb;
     };
     while (!stop.load() && I.now() < until && in_flight()) {
       Envelope env;
