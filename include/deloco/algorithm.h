@@ -56,9 +56,9 @@ struct AlgorithmConfig {
   OuterOptions outer = unresolved_outer();  // kind "" and NaN rates until resolve()
   // The codecs are part of the algorithm (they change what is merged), so both drivers apply them.
   std::string encoding = "fp32";            // net.encoding: pushes (outer gradients): fp32 | bf16 | int8 | int4 | int2
-                                            // | topk (top-k entries, src/wire/sparse.h)
-  std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners (topk: as
-                                            // a delta against the version the learner holds)
+                                            // | topk (top-k entries, src/wire/sparse.h) | auto (fitted to the link)
+  std::string broadcast_encoding = "fp32";  // net.broadcast_encoding: merged fragments sent to learners (topk, auto:
+                                            // as a delta against the version the learner holds)
   bool error_feedback = true;               // net.error_feedback: carry the push quantization residual
   double error_feedback_decay = 1.0;        // net.error_feedback_decay: β in (0, 1]; the residual is βe before it
                                             // joins the next push (e ← βe + Δ: SparseLoCo's accumulator; 1: classic)
@@ -86,7 +86,11 @@ struct AlgorithmConfig {
   Codec push_codec() const;
   Codec answer_codec() const;
   // Whether merges go out as deltas (net.broadcast_delta, or net.broadcast_encoding = topk).
-  bool delta_broadcast() const { return broadcast_delta || broadcast_encoding == "topk"; }
+  bool delta_broadcast() const { return broadcast_delta || broadcast_encoding == "topk" || broadcast_encoding == "auto"; }
+  // net.encoding = auto / net.broadcast_encoding = auto: the codecs fitted to each link (sync/codec_fit.h). Until
+  // a link is measured its pushes and broadcasts use int4 (what push_codec and answer_codec give; sync/codec_fit.h).
+  bool push_auto() const { return encoding == "auto"; }
+  bool broadcast_auto() const { return broadcast_encoding == "auto"; }
 
   static OuterOptions unresolved_outer();
 };

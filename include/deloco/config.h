@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -49,6 +50,9 @@ class ConfigSchema {
   void validate() const;
 
   bool has(const std::string& key) const;
+  // Whether a config file, an override or from_json gave `key` a value (rather than its bound default): for a
+  // default that depends on the rest of the config (`deloco run` on a testbed fits its codecs, net.encoding = auto).
+  bool assigned(const std::string& key) const { return assigned_.count(key) > 0; }
   // The current values as a nested JSON object {"section": {"key": value}} (used in manifests and summaries).
   nlohmann::json to_json() const;
   // Loads values from JSON produced by to_json(); unknown keys throw (used when resuming a checkpoint).
@@ -66,6 +70,7 @@ class ConfigSchema {
   };
   const Entry* find(const std::string& key) const;
   std::vector<Entry> entries_;
+  std::set<std::string> assigned_;
 };
 
 // ---- The load order ------------------------------------------------------------------------------------------

@@ -143,6 +143,16 @@ class LearnerCore {
   // (at the start and after install()) the usual schedule holds (t mod H == offset_p), so learners start aligned.
   // Throws SyncError unless τ < h ≤ H; without dynamic_local_updates it changes nothing.
   void set_sync_every(int64_t h);
+  // net.encoding = auto (sync/codec_fit.h): fragment p's pushes from now on in `codec`. The error-feedback residual
+  // carries across a change. Throws SyncError for an unknown fragment or a codec that is not a float encoding.
+  void set_push_codec(int64_t fragment, const Codec& codec);
+  const Codec& push_codec(int64_t fragment) const { return codecs_.at(static_cast<size_t>(fragment)); }
+  // The sync period stretched for a link too slow for every codec (sync/codec_fit.h): a fragment is due h steps
+  // after its previous push (until its first push the usual schedule holds). 0 or H: not stretched. Throws
+  // SyncError unless h is 0 or in [H, kMaxLinkStretch·H].
+  static constexpr int64_t kMaxLinkStretch = 8;
+  void set_link_period(int64_t h);
+  int64_t link_period() const { return link_period_; }
   int64_t sync_every() const { return sync_every_; }
   int64_t version(int64_t fragment) const { return held_version_.at(static_cast<size_t>(fragment)); }
   const std::vector<int64_t>& versions() const { return held_version_; }
@@ -165,6 +175,8 @@ class LearnerCore {
   FlatLayout model_layout_;
   int64_t total_steps_ = 0;
   Codec codec_;
+  std::vector<Codec> codecs_;       // per fragment: its push codec (codec_ until set_push_codec)
+  int64_t link_period_ = 0;         // set_link_period (0: not stretched)
   bool error_feedback_ = true;
   float error_feedback_decay_ = 1.0f;  // β of net.error_feedback_decay: the residual is βe before it joins a push
 

@@ -404,6 +404,14 @@ class Syncer {
   // the image's. Call before the first merge.
   void set_delta_broadcast(const Codec& codec);
   bool delta_broadcast() const { return delta_on_; }
+  // net.broadcast_encoding = auto (sync/codec_fit.h): the codecs the delta broadcast may switch between (each checked
+  // as set_delta_broadcast checks its codec; the codec in use stays when listed, else the first is used).
+  // use_delta_encoding(e): the
+  // next merges' deltas are encoded in the listed codec of encoding e (a merge's delta is self-describing, so the
+  // learners and the versions do not change). Both throw SyncError (the delta broadcast off, an encoding not listed).
+  void set_delta_codecs(const std::vector<Codec>& codecs);
+  void use_delta_encoding(Encoding e);
+  Encoding delta_encoding() const { return delta_codec_.encoding; }
   // e_p of each fragment (flat fp32; empty tensors when off).
   const std::vector<at::Tensor>& broadcast_residual() const { return residual_; }
 
@@ -427,6 +435,8 @@ class Syncer {
     for (const auto& kv : rounds_.at(fragment).waiting) out.push_back(kv.first);
     return out;
   }
+  // Whether learner m's accepted contribution waits in fragment p's round.
+  bool holds(int64_t fragment, int64_t learner) const { return rounds_.at(fragment).waiting.count(learner) > 0; }
   double grace() const { return grace_window(stats_, opts_); }
   const GraceStats& stats() const { return stats_; }
   int64_t version(int64_t fragment) const { return rounds_.at(fragment).version; }
@@ -545,6 +555,7 @@ class Syncer {
   // The delta broadcast (set_delta_broadcast): its codec and each fragment's residual e_p.
   bool delta_on_ = false;
   Codec delta_codec_;
+  std::vector<Codec> delta_codecs_;  // set_delta_codecs (empty: delta_codec_ only)
   std::vector<at::Tensor> residual_;
   std::vector<double> residual_amax_;  // per fragment: max |e_p| (< 0: unknown), kept by compress_version
   std::vector<std::vector<float>> delta_scratch_;  // per fragment: D, then its decoding (kept: no page faults)

@@ -92,6 +92,16 @@ void run_run(const RunArgs& args) {
   ConfigSchema schema;
   cfg.bind(schema);
   apply_config(schema, args.common, NoConfig::kDemo);
+  // On a testbed the links are the point: pushes and broadcasts fitted to each link (net.encoding = auto,
+  // net.broadcast_encoding = auto; docs/runtime.md) unless the config or a --set names its own.
+  std::vector<std::string> sets = args.common.sets;
+  if (!cfg.testbed.name.empty())
+    for (const char* key : {"net.encoding", "net.broadcast_encoding"})
+      if (!schema.assigned(key)) {
+        const std::string kv = std::string(key) + "=auto";
+        schema.apply_override(kv, "deloco run on a testbed");
+        sets.push_back(kv);
+      }
   cfg.validate();
   const bool demo = runs_demo(args.common, NoConfig::kDemo);
   const int64_t M = cfg.resolved_learners();
@@ -102,7 +112,7 @@ void run_run(const RunArgs& args) {
   fs::create_directories(dir);
   write_file_atomic((fs::path(dir) / "config.json").string(), schema.to_json().dump(2) + "\n");
 
-  run::ChildConfig children{args.common.config_path, args.common.sets, parse_learner_commands(args.learner_commands, M, cfg)};
+  run::ChildConfig children{args.common.config_path, sets, parse_learner_commands(args.learner_commands, M, cfg)};
   if (cfg.testbed.name.empty() && (!args.testbed_script.empty() || !args.testbed_user.empty()))
     throw ConfigError(std::string(args.testbed_script.empty() ? "--testbed-user" : "--testbed-script") +
                       " is for a run on a testbed: set testbed.name too (docs/testbed.md)");

@@ -119,6 +119,32 @@ struct ContributionUnmerged : RecordBase {
   template <class V> void fields(V& v) { v("fragment", fragment); v("reason", reason); }
 };
 
+// net.encoding = auto / net.broadcast_encoding = auto (sync/codec_fit.h, docs/runtime.md "Codecs fitted to the
+// link"): a codec choice changed (syncer node, simulator). scope "learner": learner m's fit — its push codec, the
+// broadcast codec its link alone would take, its sync period (H, or stretched when no codec fits) — with the figures
+// it was made from; scope "broadcast": the codec of the delta broadcast (one per syncer: the coarsest of the live
+// learners' fits), `learner` absent.
+struct CodecChanged : RecordBase {
+  static constexpr const char* kKind = "codec_changed";
+  std::string scope;                       // learner | broadcast
+  std::string push, broadcast;             // encoding names (push: scope learner only)
+  std::optional<std::string> previous;     // the codec(s) before, "push/broadcast" or the broadcast's ("": first fit)
+  std::optional<int64_t> period;           // the learner's sync period
+  std::optional<bool> fits;                // the pair met the rule's three conditions
+  // bytes/s and latency (s) measured each way on the link, its step time (s), merges per fragment per period; the
+  // chosen pair's seconds per
+  // period up and down, of one synchronisation, and the bounds (u·T, τ·ξ).
+  std::optional<double> up_rate, down_rate, up_latency, down_latency, step_time, broadcasts_per_period, up_s, down_s,
+      sync_s, budget_s, overlap_s;
+  template <class V> void fields(V& v) {
+    v("scope", scope); v("push", push); v("broadcast", broadcast); v("previous", previous); v("period", period);
+    v("fits", fits); v("up_rate", up_rate); v("down_rate", down_rate);
+    v("up_latency", up_latency); v("down_latency", down_latency); v("step_time", step_time);
+    v("broadcasts_per_period", broadcasts_per_period); v("up_s", up_s); v("down_s", down_s); v("sync_s", sync_s);
+    v("budget_s", budget_s); v("overlap_s", overlap_s);
+  }
+};
+
 // An evaluation of the global model during the run (syncer shard 0, simulator; `deloco train`: the trainer's).
 struct Eval : RecordBase {
   static constexpr const char* kKind = "eval";
@@ -390,7 +416,10 @@ struct LearnerDone : RecordBase {
 struct Push : RecordBase {
   static constexpr const char* kKind = "push";
   int64_t fragment = -1, step = 0, bytes = 0, base_version = 0;
-  template <class V> void fields(V& v) { v("fragment", fragment); v("step", step); v("bytes", bytes); v("base_version", base_version); }
+  std::optional<std::string> encoding;  // the push's codec (learner node; net.encoding = auto changes it)
+  template <class V> void fields(V& v) {
+    v("fragment", fragment); v("step", step); v("bytes", bytes); v("base_version", base_version); v("encoding", encoding);
+  }
 };
 
 // The learner holds Θ: it trains on from `step` (`resume_step`: the syncer's record of it). Downloaded at this join:

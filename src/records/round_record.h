@@ -7,6 +7,7 @@
 
 #include "deloco/sync.h"
 #include "records/kinds.h"
+#include "sync/codec_fit.h"
 
 namespace deloco::rec {
 
@@ -25,6 +26,65 @@ inline Merge merge_record(const RoundResult& r, int64_t fragment, int64_t tokens
   m.delta_norm = r.outcome.delta_norm;
   m.tokens = tokens;
   return m;
+}
+
+// net.encoding / net.broadcast_encoding = auto: learner m's fit changed from `before` to `now` (CodecFitter::refit),
+// with the link's measurements it was made from.
+inline CodecChanged codec_record(const CodecFitter& f, int64_t m, const CodecChoice& before, const CodecChoice& now,
+                                 double step_time) {
+  CodecChanged r;
+  r.scope = "learner";
+  r.learner = m;
+  r.push = encoding_name(f.push_ladder().codecs.at(static_cast<size_t>(now.push)).encoding);
+  r.broadcast = encoding_name(f.broadcast_ladder().codecs.at(static_cast<size_t>(now.broadcast)).encoding);
+  r.previous = before.period > 0
+                   ? std::string(encoding_name(f.push_ladder().codecs.at(static_cast<size_t>(before.push)).encoding)) +
+                         "/" + encoding_name(f.broadcast_ladder().codecs.at(static_cast<size_t>(before.broadcast)).encoding)
+                   : std::string();
+  r.period = now.period;
+  r.fits = now.fits;
+  r.up_rate = f.up_rate(m);
+  r.down_rate = f.down_rate(m);
+  r.up_latency = f.up(m).latency;
+  r.down_latency = f.down(m).latency;
+  r.step_time = step_time;
+  r.broadcasts_per_period = f.broadcasts_per_period(step_time);
+  r.up_s = now.up;
+  r.down_s = now.down;
+  r.sync_s = now.sync;
+  r.budget_s = now.budget;
+  r.overlap_s = now.overlap_budget;
+  return r;
+}
+
+// The delta broadcast's codec changed from ladder index `before` to `now` (CodecFitter::broadcast).
+inline CodecChanged broadcast_codec_record(const CodecFitter& f, int before, int now) {
+  CodecChanged r;
+  r.scope = "broadcast";
+  r.broadcast = encoding_name(f.broadcast_ladder().codecs.at(static_cast<size_t>(now)).encoding);
+  r.previous = encoding_name(f.broadcast_ladder().codecs.at(static_cast<size_t>(before)).encoding);
+  return r;
+}
+
+// Each learner's fit as it stands (a run summary's "codecs"): null for a learner not fitted yet.
+inline nlohmann::json codec_summary(const CodecFitter& f, int64_t learners) {
+  nlohmann::json codecs = nlohmann::json::array();
+  for (int64_t m = 0; m < learners; ++m) {
+    const CodecChoice& c = f.choice(m);
+    if (c.period == 0) {
+      codecs.push_back(nullptr);
+      continue;
+    }
+    codecs.push_back({{"push", encoding_name(f.push_ladder().codecs.at(static_cast<size_t>(c.push)).encoding)},
+                      {"broadcast", encoding_name(f.broadcast_ladder().codecs.at(static_cast<size_t>(c.broadcast)).encoding)},
+                      {"period", c.period},
+                      {"fits", c.fits},
+                      {"up_rate", f.up_rate(m)},
+                      {"down_rate", f.down_rate(m)},
+                      {"up_latency", f.up(m).latency},
+                      {"down_latency", f.down(m).latency}});
+  }
+  return codecs;
 }
 
 }  // namespace deloco::rec

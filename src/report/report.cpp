@@ -155,6 +155,15 @@ Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time
     x.kind = Kind::kEvent;
     x.text = "a syncer of epoch " + std::to_string(sd->epoch) + " stepped down (fenced by epoch " +
              std::to_string(sd->newer_epoch) + ")";
+  } else if (auto cc = rec::from_json<rec::CodecChanged>(j)) {
+    // net.encoding / net.broadcast_encoding = auto (docs/runtime.md, "Codecs fitted to the link").
+    x.kind = Kind::kEvent;
+    if (cc->scope == "broadcast") {
+      x.text = "broadcast codec " + cc->previous.value_or("") + " -> " + cc->broadcast;
+    } else {
+      x.text = "learner " + std::to_string(cc->learner.value_or(-1)) + " codecs " + cc->push + "/" + cc->broadcast;
+      if (cc->period && cc->fits && !*cc->fits) x.text += ", period stretched to " + std::to_string(*cc->period);
+    }
   } else if (rec::from_json<rec::SyncerPause>(j) || rec::from_json<rec::SyncerResume>(j)) {
     x.kind = Kind::kEvent;
     x.text = kind == rec::SyncerPause::kKind ? "syncer down" : "syncer back";

@@ -96,6 +96,20 @@ TEST_F(ReportReader, AStandbySyncersRecordsAreTheRunsToo) {
       << nlohmann::json(texts).dump();
 }
 
+// net.encoding = auto: every codec change is an event of the report and the dashboard.
+TEST_F(ReportReader, CodecChangesAreEvents) {
+  append("syncer.jsonl",
+         R"({"kind":"codec_changed","t":1.0,"scope":"learner","learner":1,"push":"int8","broadcast":"int4","period":40,"fits":true})" "\n"
+         R"({"kind":"codec_changed","t":1.5,"scope":"broadcast","push":"","broadcast":"int4","previous":"topk2"})" "\n"
+         R"({"kind":"codec_changed","t":2.0,"scope":"learner","learner":0,"push":"topk2","broadcast":"topk2","period":90,"fits":false})" "\n");
+  const ReportRun r = load_report_run(dir_.string());
+  std::vector<std::string> texts;
+  for (const auto& [t, text] : r.events) texts.push_back(text);
+  EXPECT_EQ(texts, (std::vector<std::string>{"learner 1 codecs int8/int4", "broadcast codec topk2 -> int4",
+                                             "learner 0 codecs topk2/topk2, period stretched to 90"}))
+      << nlohmann::json(texts).dump();
+}
+
 TEST_F(ReportReader, AFileThatShrankIsReadAgainFromItsStart) {
   ReportRunReader reader(dir_.string());
   append("syncer.jsonl", R"({"kind":"merge","t":1.0,"learners":[0]})" "\n" R"({"kind":"merge","t":2.0,"learners":[0]})" "\n");

@@ -64,6 +64,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
     c.dl.reset();
     end_fetch(c);
     if (donor) donor->set_served(L.plan.shard, L.initial, w.versions);
+    seed_exact(L, L.initial, w.versions);
     L.state_ready = State{w, L.initial};
     L.have_state = true;
     L.state_round = static_cast<int64_t>(w.round);
@@ -155,6 +156,7 @@ void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h,
     L.joined = false;  // hello again with want_state
   } else {
     if (donor) donor->set_served(L.plan.shard, c.dl_flat, c.dl->versions);
+    seed_exact(L, c.dl_flat, c.dl->versions);
     L.state_ready = State{*c.dl, c.dl_flat};
     L.have_state = true;
     L.initial = at::Tensor();
@@ -285,6 +287,27 @@ void LearnerNode::Impl::caught_lying(Link& L, size_t i, int64_t k, const std::st
   r.chunk = k;
   r.detail = clip_utf8(what, 300) + "; this donor is used no more, the syncer serves what it was asked";
   emit(L, r);
+}
+
+void LearnerNode::Impl::seed_exact(Link& L, const at::Tensor& flat, const std::vector<int64_t>& versions) {
+  if (!cfg.delta_broadcast() || !flat.defined() || versions.size() != L.plan.fragments.size()) return;
+  const FlatLayout& model = L.plan.model;
+  std::map<std::string, int64_t> offset;
+  for (size_t i = 0; i < model.names.size(); ++i) offset[model.names[i]] = model.offsets[i];
+  const float* src = flat.data_ptr<float>();
+  for (size_t k = 0; k < L.plan.fragments.size(); ++k) {
+    const int64_t p = L.plan.fragments[k];
+    const FlatLayout& fl = layouts[static_cast<size_t>(p)];
+    at::Tensor out = torch::empty({fl.elements}, torch::kFloat);
+    float* dst = out.data_ptr<float>();
+    for (size_t i = 0; i < fl.names.size(); ++i) {
+      const auto it = offset.find(fl.names[i]);
+      if (it == offset.end()) return;  // not this link's part: leave the fragments whole-first, as before
+      const int64_t n = (i + 1 < fl.names.size() ? fl.offsets[i + 1] : fl.elements) - fl.offsets[i];
+      std::copy(src + it->second, src + it->second + n, dst + fl.offsets[i]);
+    }
+    L.exact[p] = {versions[k], out};
+  }
 }
 
 }  // namespace deloco

@@ -209,6 +209,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
       r.step = p.step;
       r.bytes = static_cast<int64_t>(bytes);
       r.base_version = p.base_version;
+      r.encoding = encoding_name(p.encoding);
       emit(L, r);
     }
   }
@@ -346,6 +347,8 @@ void LearnerNode::Impl::on_syncer_beat(Link& L, const Envelope& env) {
   std::lock_guard<std::mutex> lock(mu);
   L.window.acknowledged(sb.pushes);
   if (sb.sync_every > 0) sync_every_told = sb.sync_every;  // dynamic local updates: applied at the next boundary
+  if (sb.push_encoding > 0) L.push_encoding_told = sb.push_encoding;
+  if (sb.period > 0) L.period_told = sb.period;
 }
 
 void LearnerNode::Impl::on_reject(Link& L, const MessageHeader& h, const Envelope& env) {
@@ -385,8 +388,10 @@ std::vector<int64_t> LearnerNode::Impl::take_received() {
   std::map<int64_t, Answer> answers;
   std::set<int64_t> refused, drops;
   int64_t told = 0;
+  std::vector<std::pair<int64_t, int64_t>> codec_told(links.size());  // per link: push encoding, period (0: none)
   {
     std::lock_guard<std::mutex> lock(mu);
+    for (size_t s = 0; s < links.size(); ++s) codec_told[s] = {links[s].push_encoding_told, links[s].period_told};
     for (size_t s = 0; s < links.size(); ++s)
       if (links[s].state_ready) {
         states.emplace_back(s, std::move(*links[s].state_ready));
@@ -400,6 +405,26 @@ std::vector<int64_t> LearnerNode::Impl::take_received() {
   // The syncer's period for this learner (sync.dynamic_local_updates), bounded here: a peer's value cannot stop us.
   if (told > 0 && cfg.sync.dynamic_local_updates)
     core->set_sync_every(std::clamp<int64_t>(told, cfg.sync.overlap + 1, cfg.sync.sync_every));
+  // net.encoding = auto: each shard's syncer fits the pushes of its fragments to this learner's link; its codec is
+  // one of the learner's own ladder (a top-k one with this learner's net.topk_* options), the period bounded here.
+  if (cfg.push_auto()) {
+    int64_t period = 0;
+    for (size_t s = 0; s < links.size(); ++s) {
+      const auto [enc, per] = codec_told[s];
+      period = std::max(period, per);
+      if (enc <= 0) continue;
+      for (const Codec& c : push_ladder)
+        if (static_cast<int64_t>(c.encoding) == enc) {
+          for (int64_t p : links[s].plan.fragments)
+            if (core->push_codec(p).encoding != c.encoding) core->set_push_codec(p, c);
+        }
+    }
+    if (period > 0) {
+      const int64_t H = cfg.sync.sync_every;
+      const int64_t h = std::clamp<int64_t>(period, H, LearnerCore::kMaxLinkStretch * H);
+      if (core->link_period() != (h > H ? h : 0)) core->set_link_period(h > H ? h : 0);
+    }
+  }
   std::vector<int64_t> installed;
   for (auto& [s, st] : states) {
     const auto& fr = links[s].plan.fragments;

@@ -398,6 +398,7 @@ LearnerNode::LearnerNode(const RuntimeConfig& cfg_in, int64_t learner_id,
   so.learners = I.M;
   I.core = std::make_unique<LearnerCore>(so, plan, I.work->parameters(), I.cfg.run.train.steps,
                                          I.cfg.push_codec(), I.cfg.error_feedback, I.cfg.error_feedback_decay);
+  I.push_ladder = push_codecs(I.cfg);
   I.held_versions = I.core->versions();
   I.links.resize(shards.size());
   for (size_t s = 0; s < shards.size(); ++s) {

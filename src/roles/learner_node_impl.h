@@ -25,6 +25,7 @@
 #include "deloco/checkpoint.h"
 #include "deloco/config.h"
 #include "deloco/error.h"
+#include "sync/codec_fit.h"
 #include "deloco/gpt/train.h"
 #include "deloco/group.h"
 #include "deloco/learner.h"
@@ -54,6 +55,7 @@ struct LearnerNode::Impl {
   RecordSink record;
   std::unique_ptr<Workload> work;
   std::unique_ptr<LearnerCore> core;
+  std::vector<Codec> push_ladder;  // net.encoding = auto: the codecs a syncer may tell this learner to push in
   std::shared_ptr<LearnerGroup> group;  // rank 0 of a learner group: the other ranks mirror this one
   std::vector<std::string> group_changed;  // parameters changed since the group's last step boundary
   std::vector<FlatLayout> layouts;         // per (global) fragment
@@ -113,6 +115,9 @@ struct LearnerNode::Impl {
     int64_t state_round = -1;          // the welcome round of the last verified download (heartbeats carry it)
     // The pushes on this link: the window, and which are unsettled (push_window.h). Guarded by mu.
     PushWindow window;
+    // net.encoding = auto: the push encoding and stretched period this link's syncer told (proto::SyncerBeat; 0:
+    // none yet), applied to its fragments at the next step boundary (take_received). Guarded by mu.
+    int64_t push_encoding_told = 0, period_told = 0;
     // A standby pair (net.standby; docs/reliability.md): the other syncer of this shard's pair. The learner says
     // hello there too, every second: while it follows it answers not_leader and keeps the route, so that when it
     // takes over it tells this learner at once (a syncer beat with leader_epoch). Then tx and alt swap and the link
@@ -258,6 +263,10 @@ struct LearnerNode::Impl {
   // holds of the fragment when that is round − 1 (as the syncer computed it, add_delta); otherwise the syncer is
   // asked for the whole fragment (Beat::resend) and the delta is dropped.
   void on_delta(Link& L, const MessageHeader& h, const Envelope& env);
+  // The delta broadcast: the state this link just got (a download, or the welcome's "you hold it") is exactly the
+  // syncer's Θ at `versions` (per local fragment): kept per fragment (Link::exact), so the first merge after a join
+  // can come as a delta instead of the whole fragment in fp32. `flat` is over L.plan.model.
+  void seed_exact(Link& L, const at::Tensor& flat, const std::vector<int64_t>& versions);
 
   // The rest of a broadcast or delta: the answer to the main thread (undefined `flat`: none), the acknowledgement.
   void accept_answer(Link& L, const MessageHeader& h, int64_t p, const at::Tensor& flat);

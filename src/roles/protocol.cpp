@@ -270,6 +270,8 @@ std::string encode_syncer_beat(const SyncerBeat& b) {
   if (b.patience > 0) j["patience"] = b.patience;
   if (b.sync_every > 0) j["sync_every"] = b.sync_every;
   if (b.leader_epoch > 0) j["leader_epoch"] = b.leader_epoch;
+  if (b.push_encoding > 0) j["push_encoding"] = b.push_encoding;
+  if (b.period > 0) j["period"] = b.period;
   return j.dump();
 }
 
@@ -280,6 +282,9 @@ SyncerBeat parse_syncer_beat(const char* data, size_t n) {
   if (j.contains("patience")) b.patience = get_double(j, "patience", "syncer heartbeat");
   if (j.contains("sync_every")) b.sync_every = get_int(j, "sync_every", "syncer heartbeat", 1, kMaxI);
   if (j.contains("leader_epoch")) b.leader_epoch = get_int(j, "leader_epoch", "syncer heartbeat", 1, kMaxEpoch);
+  if (j.contains("push_encoding"))
+    b.push_encoding = get_int(j, "push_encoding", "syncer heartbeat", 1, static_cast<int64_t>(kMaxEncoding));
+  if (j.contains("period")) b.period = get_int(j, "period", "syncer heartbeat", 1, kMaxI);
   return b;
 }
 

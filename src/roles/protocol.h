@@ -164,6 +164,11 @@ struct SyncerBeat {
   // A standby that has just taken over tells the learners that said hello to it: "I lead epoch E now" (0 = absent).
   // A learner that has seen no higher epoch moves its connection for this shard to the sender and joins it.
   int64_t leader_epoch = 0;
+  // net.encoding = auto (sync/codec_fit.h): the encoding the receiving learner's pushes of this shard's fragments
+  // use from now on (a top-k encoding with the learner's own net.topk_* options), and its sync period stretched
+  // for a link too slow for every codec (the learner bounds it: [H, 8H]). 0 = absent. Optional on the wire.
+  int64_t push_encoding = 0;
+  int64_t period = 0;
 };
 std::string encode_syncer_beat(const SyncerBeat& b);
 SyncerBeat parse_syncer_beat(const char* data, size_t n);

@@ -175,6 +175,17 @@ TEST(Protocol, HeartbeatsCarryTheDeliveryAcknowledgements) {
   sb.sync_every = 17;
   s = encode_syncer_beat(sb);
   EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).sync_every, 17);
+  // net.encoding = auto: the push encoding and the stretched period; absent = 0.
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).push_encoding, 0);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).period, 0);
+  sb.push_encoding = static_cast<int64_t>(Encoding::kTopk2);
+  sb.period = 55;
+  s = encode_syncer_beat(sb);
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).push_encoding, static_cast<int64_t>(Encoding::kTopk2));
+  EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).period, 55);
+  for (const std::string bad : {std::string(R"({"pushes":1,"push_encoding":0})"), std::string(R"({"pushes":1,"push_encoding":9})"),
+                                std::string(R"({"pushes":1,"period":0})")})
+    EXPECT_THROW(parse_syncer_beat(bad.data(), bad.size()), WireError) << bad;
   for (const std::string bad : {std::string(R"({"pushes":1,"sync_every":0})"), std::string(R"({"pushes":1,"sync_every":2.5})")})
     EXPECT_THROW(parse_syncer_beat(bad.data(), bad.size()), WireError) << bad;
   const std::string negative = R"({"pushes":1,"patience":-1})";

@@ -146,12 +146,18 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
            {"step_time", e.step_time}};
       binary = e.payload.str();
       break;
-    case EntryKind::kRound: j = {{"t", e.t}, {"fragment", e.fragment}, {"results", checks_json(e.results)}}; break;
+    case EntryKind::kRound:
+      j = {{"t", e.t}, {"fragment", e.fragment}, {"results", checks_json(e.results)}};
+      if (e.delta_encoding > 0) j["delta_encoding"] = e.delta_encoding;
+      break;
     case EntryKind::kConnected: j = {{"learner", e.learner}, {"connected", e.flag}}; break;
     case EntryKind::kRetire: j = {{"t", e.t}, {"learner", e.learner}}; break;
     case EntryKind::kJoined: j = {{"learner", e.learner}}; break;
     case EntryKind::kObserveSync: j = {{"upload", e.upload}, {"merge", e.merge}, {"broadcast", e.broadcast}}; break;
-    case EntryKind::kDrain: j = {{"t", e.t}, {"results", checks_json(e.results)}}; break;
+    case EntryKind::kDrain:
+      j = {{"t", e.t}, {"results", checks_json(e.results)}};
+      if (e.delta_encoding > 0) j["delta_encoding"] = e.delta_encoding;
+      break;
     case EntryKind::kCounters: j = {{"counters", e.counters}}; break;
     case EntryKind::kFollow:
       j = json::object();
@@ -279,6 +285,7 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       e.fragment = int_field(j, "fragment", what, 0, fragments - 1);
       e.results = checks_of(field(j, "results", what), fragments);
       if (e.results.size() != 1) throw WireError("replica round entry must carry one result");
+      if (j.contains("delta_encoding")) e.delta_encoding = int_field(j, "delta_encoding", what, 1, kMaxEncoding);
       break;
     case EntryKind::kConnected: {
       e.learner = int_field(j, "learner", what, 0, learners - 1);
@@ -300,6 +307,7 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
     case EntryKind::kDrain:
       e.t = num_field(j, "t", what);
       e.results = checks_of(field(j, "results", what), fragments);
+      if (j.contains("delta_encoding")) e.delta_encoding = int_field(j, "delta_encoding", what, 1, kMaxEncoding);
       break;
     case EntryKind::kCounters:
       e.counters = field(j, "counters", what);
@@ -336,12 +344,16 @@ Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layou
       a.received = core.receive(e.t, std::move(c));
       return a;
     }
-    case EntryKind::kRound: return {{core.on_round(e.t, e.fragment)}, SyncReject::kNone};
+    case EntryKind::kRound:
+      if (e.delta_encoding > 0) core.use_delta_encoding(static_cast<Encoding>(e.delta_encoding));
+      return {{core.on_round(e.t, e.fragment)}, SyncReject::kNone};
     case EntryKind::kConnected: core.set_connected(e.learner, e.flag); return {};
     case EntryKind::kRetire: core.retire(e.t, e.learner); return {};
     case EntryKind::kJoined: core.note_joined(e.learner); return {};
     case EntryKind::kObserveSync: core.observe_sync(e.upload, e.merge, e.broadcast); return {};
-    case EntryKind::kDrain: return {core.drain(e.t), SyncReject::kNone};
+    case EntryKind::kDrain:
+      if (e.delta_encoding > 0) core.use_delta_encoding(static_cast<Encoding>(e.delta_encoding));
+      return {core.drain(e.t), SyncReject::kNone};
     case EntryKind::kCounters:
     case EntryKind::kLease:
     case EntryKind::kFollow:

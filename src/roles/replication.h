@@ -74,6 +74,9 @@ struct Entry {
   bool flag = false;            // kConnected: connected
   double upload = 0, merge = 0, broadcast = 0;  // kObserveSync
   std::vector<RoundCheck> results;              // kRound (one), kDrain (one per fragment merged or rolled back)
+  // kRound, kDrain: the encoding the delta broadcast's next deltas use (net.broadcast_encoding = auto,
+  // Syncer::use_delta_encoding; 0: unchanged, not on the wire).
+  int64_t delta_encoding = 0;
   nlohmann::json counters;      // kCounters, kImage: the node's counters (SyncerNode's checkpoint "counters")
   Syncer::Image image;          // kImage
   Bytes payload;                // kReceive: the push's encoded bytes

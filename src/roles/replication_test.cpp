@@ -195,6 +195,63 @@ TEST(Replication, AStandbyThatAppliesTheJournalHoldsTheLeadersStateBitForBit) {
   EXPECT_EQ(flat_of(leader.core), flat_of(standby));
 }
 
+// net.broadcast_encoding = auto: the leader switches the delta broadcast's codec between merges; each round entry
+// carries the encoding, so the standby encodes the same deltas and holds the same Θ (and broadcast residual). Without
+// the field (an entry that lost it) the standby's Θ differs: the field is what keeps them together.
+TEST(Replication, RoundsCarryTheDeltaCodecSoAStandbyEncodesTheSameDeltas) {
+  const Model m = model();
+  const std::vector<Codec> codecs{Codec(Encoding::kFp32), Codec(Encoding::kBf16), Codec(Encoding::kInt4)};
+  auto make = [&] {
+    Syncer s(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+    s.set_delta_broadcast(codecs[0]);
+    s.set_delta_codecs(codecs);
+    return s;
+  };
+  Leader leader{make(), m.layouts};
+  Syncer standby = make(), blind = make();
+  Driver d;
+  const Encoding order[] = {Encoding::kFp32, Encoding::kInt4, Encoding::kBf16, Encoding::kInt4};
+  int64_t merges = 0;
+  for (int64_t step = 1; step <= 40; ++step) {
+    const double t = 0.37 * static_cast<double>(step);
+    const int64_t learner = step % 3, p = (step / 3) % 2;
+    Entry push = d.push(m, t, learner, p);
+    Entry round;
+    round.kind = EntryKind::kRound;
+    round.t = t + 0.01;
+    round.fragment = p;
+    round.delta_encoding = static_cast<int64_t>(order[(step / 5) % 4]);
+    for (Entry* e : {&push, &round}) {
+      const Applied mine = leader.run(*e);
+      const Entry got = wire_trip(*e, 3, 2);
+      EXPECT_EQ(got.delta_encoding, e->delta_encoding);
+      apply(standby, got, m.layouts);
+      Entry stripped = got;
+      stripped.delta_encoding = 0;
+      apply(blind, stripped, m.layouts);
+      for (const RoundResult& r : mine.rounds)
+        if (r.merged()) {
+          ++merges;
+          for (int64_t k : r.outcome.learners) d.seen[k][p] = r.outcome.version;
+        }
+    }
+    EXPECT_EQ(standby.delta_encoding(), leader.core.delta_encoding());
+  }
+  EXPECT_GT(merges, 10);
+  EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+  for (size_t f = 0; f < 2; ++f)
+    EXPECT_TRUE(torch::equal(leader.core.broadcast_residual()[f], standby.broadcast_residual()[f])) << f;
+  EXPECT_NE(flat_of(leader.core), flat_of(blind));
+  // An encoding the standby's list lacks is refused by its core, not applied silently.
+  Entry bad;
+  bad.kind = EntryKind::kRound;
+  bad.t = 100;
+  bad.fragment = 0;
+  bad.delta_encoding = static_cast<int64_t>(Encoding::kInt8);
+  bad.results = {RoundCheck{}};
+  EXPECT_THROW(apply(standby, bad, m.layouts), SyncError);
+}
+
 TEST(Replication, ALateStandbyFollowsFromAnImageThatTheLeaderAppliesToo) {
   const Model m = model();
   Leader leader{Syncer(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{}), m.layouts};

@@ -52,6 +52,11 @@ void SyncerNode::Impl::send_beat(int64_t m) {
   b.pushes = peers[m].pushes_rx;
   b.patience = patience(peers[m].broadcast_time);
   if (cfg.sync.dynamic_local_updates) b.sync_every = peers[m].sync_every_told = core->local_updates(m);
+  if (fitter && cfg.push_auto() && fitter->choice(m).period > 0) {
+    const CodecChoice& c = fitter->choice(m);
+    b.push_encoding = static_cast<int64_t>(fitter->push_ladder().codecs.at(static_cast<size_t>(c.push)).encoding);
+    b.period = c.period;
+  }
   send_to(m, beat_frame(m, b));
 }
 
@@ -61,7 +66,7 @@ void SyncerNode::Impl::attach_delta(int64_t p, const std::shared_ptr<const std::
   if (!delta_on || !delta) return;
   b->delta_header = b->header;
   b->delta_header.kind = MessageKind::kFragmentDelta;
-  b->delta_header.encoding = broadcast_enc;
+  b->delta_header.encoding = core->delta_encoding();  // the codec this merge's delta was encoded in
   b->delta = Bytes(delta, delta->data(), delta->size());
   b->has_delta = true;
   (void)p;
@@ -167,6 +172,7 @@ void SyncerNode::Impl::pump(int64_t m) {
     if (as_delta) ++deltas_sent;
     ++broadcasts_sent;
     if (P.acks) {
+      if (P.in_flight.empty()) P.dl_busy_from = now();  // the link turns busy (codec fitting: acknowledge())
       P.in_flight.push_back({P.seq, bytes, now()});
       P.in_flight_bytes += bytes;
     }
@@ -175,7 +181,14 @@ void SyncerNode::Impl::pump(int64_t m) {
 
 void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
   Peer& P = peers[m];
+  // Codec fitting: the downlink's rate is the bytes acknowledged over the time the link was busy with them (from
+  // the later of the link's turning busy and the previous acknowledgement), summed over busy spells until 256 KiB:
+  // acknowledgements arrive in bunches, so one alone says little. A push that arrived meanwhile voids the sum (an
+  // acknowledgement may have waited behind it on the way up).
+  const double busy_from = std::max(P.dl_busy_from, P.last_ack);
+  double acked = 0;
   while (!P.in_flight.empty() && P.in_flight.front().seq <= static_cast<uint64_t>(seq)) {
+    acked += static_cast<double>(P.in_flight.front().bytes);
     broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
     P.broadcast_time.add(t - P.in_flight.front().sent, cfg.sync.ema);
     ++broadcasts_measured;
@@ -183,6 +196,21 @@ void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
     P.in_flight_bytes -= P.in_flight.front().bytes;
     P.in_flight.pop_front();
   }
+  if (acked == 0) return;
+  P.last_ack = t;
+  if (fitter) {
+    if (P.last_push_at > busy_from || !(P.dl_busy_from >= 0)) {
+      P.dl_bytes = P.dl_seconds = 0;
+    } else {
+      P.dl_bytes += acked;
+      P.dl_seconds += t - busy_from;
+    }
+    if (P.dl_bytes >= 256 * 1024) {  // (at idle too little may have gathered: the remainder of a bunch)
+      fitter->observe_download(m, P.dl_bytes, P.dl_seconds);
+      P.dl_bytes = P.dl_seconds = 0;
+    }
+  }
+  if (P.in_flight.empty()) P.dl_busy_from = -1;
 }
 
 bool SyncerNode::Impl::encode_broadcast(int64_t p, int64_t version, const at::Tensor& flat, MessageHeader* h,
@@ -247,6 +275,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
     return;
   }
   if (!r.merged()) return;
+  if (fitter) fitter->observe_merge(p, t);
   ++merges;
   last_merge_t = t;
   if (first_merge_pending) {  // the first merge of a standby that took over: the failover's end
@@ -298,6 +327,29 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   mr.broadcast_seconds = broadcast_s;
   if (staging) group.stage_record(std::move(mr));  // recorded once durable, as every merge record is
   else emit(std::move(mr));
+}
+
+void SyncerNode::Impl::refit_codecs(int64_t m) {
+  const CodecChoice before = fitter->choice(m);
+  const auto now_choice = fitter->refit(m, peers[m].step_time);
+  if (!now_choice) return;
+  ++codec_changes;
+  rec::CodecChanged r = rec::codec_record(*fitter, m, before, *now_choice, peers[m].step_time);
+  emit(std::move(r));
+  if (cfg.push_auto()) send_beat(m);  // the learner switches at its next step boundary
+}
+
+int64_t SyncerNode::Impl::next_delta_encoding() {
+  if (!fitter || !cfg.broadcast_auto()) return 0;
+  std::vector<bool> live(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m) live[static_cast<size_t>(m)] = peers[m].alive && !retired[m];
+  const int j = fitter->broadcast(live);
+  if (j != delta_choice) {
+    ++codec_changes;
+    emit(rec::broadcast_codec_record(*fitter, delta_choice, j));
+    delta_choice = j;
+  }
+  return static_cast<int64_t>(fitter->broadcast_ladder().codecs.at(static_cast<size_t>(j)).encoding);
 }
 
 }  // namespace deloco

@@ -187,12 +187,20 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.pushes_rx = 0;
   P.last_beat = -1;
   P.in_flight.clear();
+  P.dl_busy_from = -1;
+  P.dl_bytes = P.dl_seconds = 0;
   P.in_flight_bytes = 0;
   if (hello.want_state) {
     broadcasts_superseded += static_cast<int64_t>(P.queued());
     P.drop_queued();
   }
-  P.delta_held.assign(layouts.size(), -1);  // a new connection: the next broadcast of each fragment goes whole
+  // A new connection: the next broadcast of each fragment goes whole, unless the welcome leaves the learner holding
+  // the snapshot's versions (a download, or the state it offered): the learner keeps those exact (seed_exact in
+  // learner_fetch.cpp), so deltas against them apply. A download still in flight is fine: the learner applies a delta
+  // only to the version it holds, and the download comes ahead of any broadcast on this connection.
+  P.delta_held.assign(layouts.size(), -1);
+  if (hello.want_state && snap && delta_on)
+    for (size_t p = 0; p < layouts.size() && p < snap->versions.size(); ++p) P.delta_held[p] = snap->versions[p];
   P.route = env.peer;
   P.identity = env.identity;
   P.instance = hello.instance;

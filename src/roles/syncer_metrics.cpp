@@ -10,6 +10,7 @@
 
 #include "deloco/checkpoint.h"
 #include "records/summary.h"
+#include "records/round_record.h"
 #include "syncer_node_impl.h"
 #include "util/fs.h"
 
@@ -168,6 +169,11 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   s["learner_bytes"] = bytes;
   s["deltas_sent"] = deltas_sent;
   s["delta_resends"] = delta_resends;
+  if (fitter) {  // net.encoding / net.broadcast_encoding = auto: each learner's fit as the run ended
+    s["codecs"] = rec::codec_summary(*fitter, M);
+    s["codec_changes"] = codec_changes;
+    s["delta_encoding"] = delta_on ? encoding_name(core->delta_encoding()) : "";
+  }
   s["group_commit_merges"] = group.gathered();  // merges a checkpoint covered beside the one that made it due
   // Measured transfer times (moving averages; null until one was measured).
   s["upload_seconds"] = upload_time.seeded ? nlohmann::json(upload_time.value) : nlohmann::json();

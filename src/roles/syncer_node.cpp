@@ -224,6 +224,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         // The learner sends a heartbeat right before each push, on the same connection: the time between the two
         // arriving is the push's time on the wire (upload), ξ_sync's first term.
         ++P.pushes_rx;
+        P.last_push_at = t;
         if (P.last_beat >= 0 && t >= P.last_beat) {
           upload_time.add(t - P.last_beat, cfg.sync.ema);
           P.upload_time.add(t - P.last_beat, cfg.sync.ema);
@@ -231,12 +232,14 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
           // No broadcast measured on this link yet and no download to seed it (a fresh join that held the state):
           // the push's rate gives the first estimate, as a download's would.
           seed_broadcast_time(P, static_cast<double>(env.header.size() + env.payload.size()), t - P.last_beat);
+          if (fitter) fitter->observe_upload(m, static_cast<double>(env.header.size() + env.payload.size()), t - P.last_beat);
         }
         P.last_beat = -1;
         send_beat(m);  // the receipt: the learner's push window opens as soon as the bytes are here
         on_push(env, h, m, t);
         // Dynamic local updates: the push's step time may change this learner's period; tell it now, not a heartbeat later.
         if (cfg.sync.dynamic_local_updates && core->local_updates(m) != P.sync_every_told) send_beat(m);
+        if (fitter) refit_codecs(m);
         return;
       }
       case MessageKind::kHeartbeat: {
@@ -251,6 +254,8 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         const bool download_done = P.dl_sent >= 0 && b.state_round >= P.dl_round;
         // The download's rate on this link gives the first estimate of a broadcast's time on it.
         if (download_done) seed_broadcast_time(P, static_cast<double>(model_layout.elements) * 4, t - P.dl_sent);
+        if (download_done && fitter)
+          fitter->observe_download(m, static_cast<double>(model_layout.elements) * 4, t - P.dl_sent);
         if (download_done) {  // the download arrived and verified
           P.dl_sent = -1;
           P.fetch_snap.reset();
@@ -423,8 +428,7 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   e.step_time = peers[m].step_time;
   e.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
   e.payload = env.payload;
-  const std::vector<int64_t> waiting = core->waiting_learners(p);
-  const bool replaces = std::find(waiting.begin(), waiting.end(), m) != waiting.end();
+  const bool replaces = core->holds(p, m);
   SyncReject why = SyncReject::kNone;
   try {
     why = journal(std::move(e)).received;
@@ -507,11 +511,24 @@ SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransp
     } catch (const std::exception&) {  // the transport reports an unreadable allow-list itself; no donors then
     }
   }
-  for (const auto& L : I.layouts)
-    I.send_window = std::max(I.send_window, 2 * (max_encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements)) +
-                                                 kWireHeaderBytes));
+  // Two of the largest frames a broadcast can be: a delta broadcast sends a learner without the previous version the
+  // whole fragment in fp32.
+  for (const auto& L : I.layouts) {
+    size_t largest = max_encoded_bytes(I.broadcast_enc, static_cast<uint64_t>(L.elements));
+    if (I.delta_on) largest = std::max(largest, max_encoded_bytes(Encoding::kFp32, static_cast<uint64_t>(L.elements)));
+    I.send_window = std::max(I.send_window, 2 * (largest + kWireHeaderBytes));
+  }
   I.peers.resize(static_cast<size_t>(I.M));
   for (auto& P : I.peers) P.delta_held.assign(I.layouts.size(), -1);
+  {
+    std::vector<int64_t> elements;
+    for (const auto& L : I.layouts) elements.push_back(L.elements);
+    I.fitter = make_codec_fitter(I.cfg, elements, I.M);
+    if (I.cfg.broadcast_auto()) {  // int4 first (answer_codec), as the fitter's broadcast() before any fit
+      I.core->set_delta_codecs(broadcast_codecs(I.cfg));
+      I.delta_choice = start_index(I.fitter->broadcast_ladder());
+    }
+  }
   I.retired.assign(static_cast<size_t>(I.M), false);
   I.timers.assign(I.layouts.size(), -1.0);
   I.latest.resize(I.layouts.size());
@@ -661,6 +678,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     repl::Entry e;
     e.kind = repl::EntryKind::kDrain;
     e.t = t;
+    e.delta_encoding = I.next_delta_encoding();
     for (const RoundResult& r : I.journal(std::move(e)).rounds) {
       I.timers[r.outcome.fragment] = -1;
       I.finish_round(r.outcome.fragment, t, start, r);

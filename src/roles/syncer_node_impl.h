@@ -27,6 +27,7 @@
 #include "group_commit.h"
 #include "pair_role.h"
 #include "sync/answer_marks.h"
+#include "sync/codec_fit.h"
 #include "deloco/runtime.h"
 #include "protocol.h"
 #include "records/kinds.h"
@@ -124,6 +125,14 @@ struct Peer {
   // This link's measured transfer times (moving averages): a push (upload) and a broadcast (hand-off to
   // acknowledgement). A slow link makes silences of a few frames' time normal: liveness allows for them.
   Ema upload_time, broadcast_time;
+  // When the link last finished delivering a broadcast (an acknowledgement).
+  double last_ack = -1e9;
+  // Codec fitting (acknowledge()): when the link last turned busy with broadcasts (−1: idle), and the bytes and
+  // seconds acknowledged since the downlink's last sample.
+  double dl_busy_from = -1, dl_bytes = 0, dl_seconds = 0;
+  // When its latest push arrived: an acknowledgement sent while a push was on the way up queued behind it, so a
+  // broadcast whose time on the wire overlaps a push's arrival does not measure the downlink (codec fitting).
+  double last_push_at = -1e9;
   double last_beat = -1;     // steady time of its latest heartbeat: the one the learner sends right before a push
   // ---- rejoin from peers (docs/reliability.md) ----
   // Where this learner serves state chunks to joining learners and its server's public key (its hello; "" : none).
@@ -182,6 +191,17 @@ struct SyncerNode::Impl {
   // the previous version as fragment_delta frames in broadcast_enc, and otherwise whole, in fp32 (exact).
   bool delta_on = false;
   int64_t deltas_sent = 0, delta_resends = 0;
+  // net.encoding / net.broadcast_encoding = auto (sync/codec_fit.h; null otherwise): every link's measured rates and
+  // each learner's fitted codecs. delta_choice: the broadcast ladder index the delta broadcast uses now (the coarsest
+  // of the live learners' fits). codec_changes: codec_changed records written.
+  std::unique_ptr<CodecFitter> fitter;
+  int delta_choice = 0;
+  int64_t codec_changes = 0;
+  // Refits learner m after a push (its step time as its heartbeat said); a change is recorded and told (send_beat).
+  void refit_codecs(int64_t m);
+  // net.broadcast_encoding = auto: the encoding the next merge's delta uses (recorded when it changes); 0 otherwise.
+  // Carried by the kRound / kDrain journal entry, so leader and standby encode the same deltas.
+  int64_t next_delta_encoding();
   std::vector<syncer_detail::Peer> peers;
   AnswerMarks answer_marks;  // by learner id and local fragment: the push each broadcast answers
   std::map<std::string, int64_t> route_to_id;
@@ -339,6 +359,7 @@ struct SyncerNode::Impl {
     e.kind = repl::EntryKind::kRound;
     e.t = t;
     e.fragment = p;
+    e.delta_encoding = next_delta_encoding();
     return journal(std::move(e)).rounds.at(0);
   }
   void core_observe(double upload, double merge, double broadcast) {
@@ -473,6 +494,8 @@ struct SyncerNode::Impl {
     P.missed = true;
     P.drop_queued();
     P.in_flight.clear();
+    P.dl_busy_from = -1;
+    P.dl_bytes = P.dl_seconds = 0;
     P.in_flight_bytes = 0;
   }
   // Learner m is back after being counted lost, without a download: queues the latest broadcast of every merged

@@ -150,6 +150,10 @@ struct Simulator::Impl {
   Encoding answer_enc = Encoding::kFp32;
   bool delta_on = false;       // net.broadcast_delta / topk: merges go out as deltas
   int64_t dense_fallbacks = 0;  // deltas a learner could not apply (it got the whole fragment instead)
+  // net.encoding / net.broadcast_encoding = auto: the same fitter the syncer node runs, fed the modelled transfers.
+  std::unique_ptr<CodecFitter> fitter;
+  int delta_choice = 0;
+  int64_t codec_changes = 0;
   std::priority_queue<Event, std::vector<Event>, Later> queue;
   uint64_t seq = 0;
   double now = 0, stalled_time = 0;
@@ -263,6 +267,7 @@ struct Simulator::Impl {
       bytes_up += bytes;
       L.bytes_up += bytes;
       last_push_frame[static_cast<size_t>(out.fragment)] = bytes;
+      if (fitter) fitter->observe_upload(e.learner, static_cast<double>(bytes), transfer(bytes));
       ++inflight;
       Event a;
       a.t = now + transfer(bytes);
@@ -271,7 +276,37 @@ struct Simulator::Impl {
       a.epoch = L.epoch;
       push(a);
     }
+    if (fitter) refit_codecs(e.learner);
     boundary(e.learner);
+  }
+
+  // Learner m's fit after its pushes (the syncer node refits on each push's arrival and tells it by heartbeat; here
+  // the learner takes the new codec and period at once).
+  void refit_codecs(int64_t m) {
+    Learner& L = learners[m];
+    const CodecChoice before = fitter->choice(m);
+    const double xi = L.core->step_time();
+    const auto c = fitter->refit(m, xi);
+    if (!c) return;
+    ++codec_changes;
+    emit(rec::codec_record(*fitter, m, before, *c, xi));
+    if (!cfg.push_auto()) return;
+    const Codec& codec = fitter->push_ladder().codecs.at(static_cast<size_t>(c->push));
+    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) L.core->set_push_codec(p, codec);
+    L.core->set_link_period(c->period > cfg.sync.sync_every ? c->period : 0);
+  }
+
+  // net.broadcast_encoding = auto: the coarsest of the live learners' fits encodes the next merge's delta.
+  void fit_delta_codec() {
+    if (!fitter || !cfg.broadcast_auto()) return;
+    std::vector<bool> live(learners.size());
+    for (size_t m = 0; m < learners.size(); ++m) live[m] = learners[m].up && !learners[m].done;
+    const int j = fitter->broadcast(live);
+    if (j == delta_choice) return;
+    ++codec_changes;
+    emit(rec::broadcast_codec_record(*fitter, delta_choice, j));
+    delta_choice = j;
+    syncer->use_delta_encoding(fitter->broadcast_ladder().codecs.at(static_cast<size_t>(j)).encoding);
   }
 
   void on_arrive(std::shared_ptr<Contribution> c, int64_t epoch, bool from_network = true) {
@@ -325,6 +360,7 @@ struct Simulator::Impl {
 
   void try_merge(int64_t p) {
     if (paused) return;
+    fit_delta_codec();
     RoundResult r = syncer->on_round(now, p);
     if (r.decision.kind == RoundDecision::kWaitUntil) {
       Event e;
@@ -349,6 +385,7 @@ struct Simulator::Impl {
     }
     if (!r.merged()) return;
     ++merges;
+    if (fitter) fitter->observe_merge(p, now);
     // The broadcast payload, encoded and decoded as the learner node receives it.
     auto snap = std::make_shared<Snapshot>();
     snap->fragment = p;
@@ -356,7 +393,7 @@ struct Simulator::Impl {
     snap->flat = r.flat;
     if (r.delta) {  // the delta as the learner node decodes it; flat (Θ_p, exact) only for a learner that lacks the base
       snap->delta = torch::empty({layouts[p].elements}, torch::kFloat);
-      decode_floats_into(r.delta->data(), r.delta->size(), answer_enc, static_cast<size_t>(layouts[p].elements),
+      decode_floats_into(r.delta->data(), r.delta->size(), syncer->delta_encoding(), static_cast<size_t>(layouts[p].elements),
                          snap->delta.data_ptr<float>());
       snap->delta_frame = frame_bytes(static_cast<int64_t>(r.delta->size()));
     } else if (answer_enc != Encoding::kFp32 && !delta_on) {
@@ -380,6 +417,7 @@ struct Simulator::Impl {
       a.covers = answer_marks.mark(m, p);
       a.sync_every = syncer->local_updates(m);
       push(a);
+      if (fitter) fitter->observe_download(m, static_cast<double>(down), transfer(down));
       bytes_down += down;
       L.bytes_down += down;
     }
@@ -580,6 +618,15 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
   }
   I.layouts = plan.fragment_layouts;
   I.last_push_frame.assign(I.layouts.size(), 0);
+  {
+    std::vector<int64_t> elements;
+    for (const auto& L : I.layouts) elements.push_back(L.elements);
+    I.fitter = make_codec_fitter(cfg, elements, M);
+    if (cfg.broadcast_auto()) {  // int4 first (answer_codec), as the fitter's broadcast() before any fit
+      I.syncer->set_delta_codecs(broadcast_codecs(cfg));
+      I.delta_choice = start_index(I.fitter->broadcast_ladder());
+    }
+  }
   I.model_layout = plan.model;
 }
 
@@ -729,6 +776,10 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"reached_max_time", hit_max},
       {"learners", per_learner},
   };
+  if (I.fitter) {  // net.encoding / net.broadcast_encoding = auto (as the syncer node's summary)
+    s.extra["codecs"] = rec::codec_summary(*I.fitter, M);
+    s.extra["codec_changes"] = I.codec_changes;
+  }
   SimResult r;
   r.summary = s.to_json();
   return r;

@@ -107,18 +107,20 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
   auto float_encoding = [](const std::string* v, const char* key) {
     return [v, key] {
       try {
-        if (*v != "topk") parse_encoding(*v);
+        if (*v != "topk" && *v != "auto") parse_encoding(*v);
         return std::string();
       } catch (const std::exception&) {
-        return std::string(key) + " must be fp32, bf16, int8, int4, int2 or topk (got '" + *v + "')";
+        return std::string(key) + " must be fp32, bf16, int8, int4, int2, topk or auto (got '" + *v + "')";
       }
     };
   };
   s.bind("net.encoding", &encoding,
-         "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4 | int2 | topk",
+         "fragment push (outer gradient) encoding: fp32 | bf16 | int8 | int4 | int2 | topk | auto (per learner, "
+         "fitted to its link's measured rate: docs/runtime.md)",
          float_encoding(&encoding, "net.encoding"));
   s.bind("net.broadcast_encoding", &broadcast_encoding,
-         "merged fragment encoding: fp32 | bf16 | int8 | int4 | int2 | topk (a sparse delta against the learner's version)",
+         "merged fragment encoding: fp32 | bf16 | int8 | int4 | int2 | topk (a sparse delta against the learner's version) "
+         "| auto (a delta, its codec fitted to the slowest learner link: docs/runtime.md)",
          float_encoding(&broadcast_encoding, "net.broadcast_encoding"));
   s.bind("net.error_feedback", &error_feedback, "carry the quantization residual to the next push");
   s.bind("net.error_feedback_decay", &error_feedback_decay,
@@ -167,6 +169,8 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
 
 namespace {
 Codec codec_of(const std::string& name, int64_t bits, double density, int64_t chunk) {
+  // auto (sync/codec_fit.h): int4 until the link is measured (kAutoStart there).
+  if (name == "auto") return Codec(Encoding::kInt4);
   if (name != "topk") return Codec(parse_encoding(name));
   if (bits != 2 && bits != 4 && bits != 8)
     throw ConfigError("net.topk_bits must be 2, 4 or 8 (got " + std::to_string(bits) + ")");

@@ -53,6 +53,7 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
       model_layout_(plan.model),
       total_steps_(total_steps),
       codec_(push_codec),
+      codecs_(plan.fragments.size(), push_codec),
       error_feedback_(error_feedback),
       error_feedback_decay_(static_cast<float>(error_feedback_decay)) {
   if (!(error_feedback_decay > 0 && error_feedback_decay <= 1))
@@ -114,8 +115,10 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
   }
   std::vector<Push> out;
   for (size_t p = 0; p < fragments_.size(); ++p) {
-    const bool due = opts_.dynamic_local_updates && last_push_[p] >= 0 ? step - last_push_[p] >= sync_every_
-                                                                         : fragment_due(fragments_[p], step, opts_.sync_every);
+    // A stretched period (set_link_period) or dynamic local updates: due a period after the previous push.
+    const int64_t period = std::max(sync_every_, link_period_);
+    const bool since_last = (opts_.dynamic_local_updates || link_period_ > opts_.sync_every) && last_push_[p] >= 0;
+    const bool due = since_last ? step - last_push_[p] >= period : fragment_due(fragments_[p], step, opts_.sync_every);
     if (!due) continue;
     last_push_[p] = step;
     if (out.empty()) {  // the estimate that goes with this step's pushes
@@ -130,7 +133,8 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     push.c_tokens = c_tokens_[p];
     push.step = step;
     push.step_time = last_step_time_;
-    push.encoding = codec_.encoding;
+    const Codec& codec = codecs_[p];
+    push.encoding = codec.encoding;
     push.elements = layouts_[p].elements;
     // Δ_p = Θ_p^v − θ_p, the outer gradient against the held version.
     std::vector<float> delta(static_cast<size_t>(layouts_[p].elements));
@@ -139,12 +143,13 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     flatten_into(ts, delta.data());
     const float* held = held_[p].data_ptr<float>();
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
-    if (error_feedback_ && codec_.encoding != Encoding::kFp32) {
+    // A residual left by a lossy codec goes out with the next push whatever its codec (fp32 sends it whole).
+    if (error_feedback_ && (codec.encoding != Encoding::kFp32 || !residual_[p].empty())) {
       if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
       push.payload =
-          quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec_, error_feedback_decay_);
+          quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec, error_feedback_decay_);
     } else {
-      push.payload = encode_floats(delta.data(), delta.size(), codec_);
+      push.payload = encode_floats(delta.data(), delta.size(), codec);
     }
     sent_at_[p] = step;
     sent_base_[p] = held_version_[p];
@@ -158,6 +163,29 @@ void LearnerCore::set_sync_every(int64_t h) {
     throw SyncError("a learner's sync period must be in (sync.overlap=" + std::to_string(opts_.overlap) +
                     ", sync.sync_every=" + std::to_string(opts_.sync_every) + "] (got " + std::to_string(h) + ")");
   if (opts_.dynamic_local_updates) sync_every_ = h;
+}
+
+void LearnerCore::set_push_codec(int64_t fragment, const Codec& codec) {
+  if (fragment < 0 || static_cast<size_t>(fragment) >= fragments_.size())
+    throw SyncError("push codec for unknown fragment " + std::to_string(fragment));
+  if (codec.encoding == Encoding::kRaw || static_cast<uint8_t>(codec.encoding) > kMaxEncoding)
+    throw SyncError("the push encoding must be a float encoding");
+  if (is_sparse(codec.encoding)) {
+    try {
+      validate_topk(codec.topk);
+    } catch (const WireError& e) {
+      throw SyncError(e.what());
+    }
+  }
+  codecs_[static_cast<size_t>(fragment)] = codec;
+}
+
+void LearnerCore::set_link_period(int64_t h) {
+  if (h != 0 && (h < opts_.sync_every || h > kMaxLinkStretch * opts_.sync_every))
+    throw SyncError("a learner's stretched sync period must be 0 or in [sync.sync_every=" +
+                    std::to_string(opts_.sync_every) + ", " + std::to_string(kMaxLinkStretch) + " × that] (got " +
+                    std::to_string(h) + ")");
+  link_period_ = h;
 }
 
 void LearnerCore::receive(int64_t fragment, int64_t version, at::Tensor flat, int64_t covers) {

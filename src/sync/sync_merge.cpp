@@ -379,6 +379,38 @@ void Syncer::set_delta_broadcast(const Codec& codec) {
   residual_amax_.assign(fragments_.size(), 0.0);
 }
 
+void Syncer::set_delta_codecs(const std::vector<Codec>& codecs) {
+  if (!delta_on_) throw SyncError("set_delta_codecs: the delta broadcast is off");
+  if (codecs.empty()) throw SyncError("set_delta_codecs: no codecs");
+  for (const Codec& c : codecs) {
+    if (c.encoding == Encoding::kRaw || static_cast<uint8_t>(c.encoding) > kMaxEncoding)
+      throw SyncError(std::string("the delta broadcast needs a float encoding, not ") + encoding_name(c.encoding));
+    if (is_sparse(c.encoding)) {
+      try {
+        validate_topk(c.topk);
+      } catch (const WireError& e) {
+        throw SyncError(e.what());
+      }
+    }
+  }
+  delta_codecs_ = codecs;
+  for (const Codec& c : codecs)
+    if (c.encoding == delta_codec_.encoding) return;  // the codec in use is listed: it stays
+  delta_codec_ = codecs.front();
+}
+
+void Syncer::use_delta_encoding(Encoding e) {
+  if (!delta_on_) throw SyncError("use_delta_encoding: the delta broadcast is off");
+  if (e == delta_codec_.encoding) return;
+  for (const Codec& c : delta_codecs_)
+    if (c.encoding == e) {
+      delta_codec_ = c;
+      return;
+    }
+  throw SyncError(std::string("the delta broadcast may not switch to ") + encoding_name(e) +
+                  " (not among net.broadcast_encoding = auto's codecs)");
+}
+
 std::shared_ptr<const std::string> Syncer::compress_version(int64_t fragment, const at::Tensor& prev) {
   const size_t p = static_cast<size_t>(fragment);
   const size_t n = static_cast<size_t>(elements_[p]);

@@ -199,7 +199,10 @@ void ConfigSchema::load_string(const std::string& text, const std::string& origi
       throw ConfigError("config file '" + origin + "': key '" + key + "' must be finite, got " + bad);
     staged.emplace_back(e, std::move(v));
   }
-  for (const auto& [e, v] : staged) store(e->field, v);
+  for (const auto& [e, v] : staged) {
+    store(e->field, v);
+    assigned_.insert(e->key);
+  }
 }
 
 void ConfigSchema::apply_override(const std::string& assignment, const std::string& origin) {
@@ -216,6 +219,7 @@ void ConfigSchema::apply_override(const std::string& assignment, const std::stri
   if (const std::string bad = non_finite(v); !bad.empty())
     throw ConfigError(origin + ": key '" + key + "' must be finite, got " + bad);
   store(e->field, v);
+  assigned_.insert(e->key);
 }
 
 void ConfigSchema::validate() const {
@@ -288,7 +292,10 @@ void ConfigSchema::from_json(const nlohmann::json& j, const std::string& origin)
       throw ConfigError(origin + ": config key '" + key + "' must be finite, got " + bad);
     staged.emplace_back(e, std::move(v));
   }
-  for (const auto& [e, v] : staged) store(e->field, v);
+  for (const auto& [e, v] : staged) {
+    store(e->field, v);
+    assigned_.insert(e->key);
+  }
 }
 
 std::vector<std::string> environment_sets() {

@@ -156,4 +156,21 @@ TEST(ConfigLoad, DescribeListsEveryKeyWithTypeDefaultAndHelp) {
 }
 
 }  // namespace
+// What a file or an override named, as opposed to a bound default (deloco run's defaults on a testbed use it).
+TEST(ConfigSchema, AssignedTellsAValueGivenFromADefault) {
+  ConfigSchema s;
+  std::string a = "x", b = "y", c = "z";
+  s.bind("net.a", &a, "a");
+  s.bind("net.b", &b, "b");
+  s.bind("net.c", &c, "c");
+  s.load_string("[net]\na = \"x\"\n", "test.toml");  // the default's own value, but named
+  s.apply_override("net.b=w");
+  EXPECT_TRUE(s.assigned("net.a"));
+  EXPECT_TRUE(s.assigned("net.b"));
+  EXPECT_FALSE(s.assigned("net.c"));
+  EXPECT_FALSE(s.assigned("net.unknown"));
+  EXPECT_THROW(s.apply_override("net.d=1"), ConfigError);
+  EXPECT_FALSE(s.assigned("net.d"));
+}
+
 }  // namespace deloco
