@@ -38,7 +38,8 @@
 #   sync       synchronous DiLoCo: K = M, P = 1, tau = 0, learners wait for the answer, mean merge, Nesterov, fp32
 #   streaming  Streaming DiLoCo: K = M, P = 4, tau = 5, learners wait for each answer tau steps later, fp32
 #   decoupled  Decoupled DiLoCo: K = 1 with the adaptive grace window, P = 4, tau = 5, learners never wait, token
-#              weights, the decoupled merge preset, int4 pushes (error feedback), bf16 broadcasts
+#              weights, the decoupled merge preset, codecs fitted to each link (net.encoding = auto,
+#              net.broadcast_encoding = auto: docs/runtime.md; rows before 82716e2 had int4 pushes, bf16 broadcasts)
 #   dp         deloco's own data-parallel group spanning hosts: ONE learner of M ranks (learner.ranks = M,
 #              learner.group_timeout = --ddp-timeout), rank r on host r + 1 (deloco run's placement, docs/testbed.md:
 #              per-step gradient all-reduce over Gloo across the links, the group's store at host 1), its syncer on
@@ -194,7 +195,7 @@ method_sets() {  # method -> deloco --set arguments
                 net.encoding=fp32 net.broadcast_encoding=fp32" ;;
     decoupled|dp) echo "sync.quorum=1 sync.fragments=4 sync.overlap=5 sync.wait_for_answer=false sync.grace=true
                 merge.preset=decoupled sync.weighting=token outer.kind=nesterov outer.lr=0.7 outer.momentum=0.9
-                net.encoding=int4 net.error_feedback=true net.broadcast_encoding=bf16" ;;
+                net.encoding=auto net.error_feedback=true net.broadcast_encoding=auto" ;;
   esac
 }
 

@@ -53,10 +53,14 @@ import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-METHOD_ORDER = ["ddp", "dp", "sync", "streaming", "decoupled"]
-GRACE_METHODS = {"decoupled", "dp"}  # the methods with the adaptive grace window (bench/wan.sh: sync.grace=true)
+# decoupled_fixed: Decoupled DiLoCo rows measured before codec fitting (int4 pushes, bf16 broadcasts), renamed so a
+# page can set them beside rows of the fitted codecs (bench/wan.sh never runs it: its rows come from older results).
+# decoupled_rebase: Decoupled DiLoCo run with --set sync.apply=rebase (renamed likewise, from its own results file).
+METHOD_ORDER = ["ddp", "dp", "sync", "streaming", "decoupled_fixed", "decoupled", "decoupled_rebase"]
+GRACE_METHODS = {"decoupled", "decoupled_fixed", "decoupled_rebase", "dp"}  # the adaptive grace window (sync.grace)
 METHOD_NAMES = {"ddp": "PyTorch DDP", "dp": "deloco DP group", "sync": "sync DiLoCo",
-                "streaming": "Streaming DiLoCo", "decoupled": "Decoupled DiLoCo"}
+                "streaming": "Streaming DiLoCo", "decoupled": "Decoupled DiLoCo",
+                "decoupled_fixed": "Decoupled DiLoCo, int4/bf16", "decoupled_rebase": "Decoupled DiLoCo, rebase"}
 
 
 def split_rate(rate):
@@ -492,7 +496,8 @@ def cmd_report(a):
     w("  * *Streaming DiLoCo*: K = M, P = 4 fragments staggered over H, τ = 5 (a learner trains 5 steps on while a "
       "fragment is in flight, then waits for its answer), mean merge, Nesterov, fp32 both ways.")
     w("  * *Decoupled DiLoCo*: K = 1 plus the adaptive grace window, P = 4, τ = 5, learners never wait, token weights, "
-      "the `decoupled` merge preset, int4 pushes with error feedback, bf16 broadcasts.")
+      "the `decoupled` merge preset, codecs fitted to each link (`net.encoding = auto`, `net.broadcast_encoding = auto`, "
+      "docs/runtime.md; before 82716e2: int4 pushes with error feedback, bf16 broadcasts).")
     w("* **tokens/s** per learner host is its training rate: the steps it trained × tokens per step, over the time "
       "from its start of training (deloco: its join, the global model downloaded; DDP: after the rendezvous) to "
       "its last step, or to its stop when the bench's bound stopped it first. Waiting for the syncer's answers "

@@ -149,7 +149,8 @@ class LearnerCore {
   const Codec& push_codec(int64_t fragment) const { return codecs_.at(static_cast<size_t>(fragment)); }
   // The sync period stretched for a link too slow for every codec (sync/codec_fit.h): a fragment is due h steps
   // after its previous push (until its first push the usual schedule holds). 0 or H: not stretched. Throws
-  // SyncError unless h is 0 or in [H, kMaxLinkStretch·H].
+  // SyncError unless h is 0 or in [H, kMaxLinkStretch·H]. While stretched, the last step (total_steps) pushes every
+  // fragment with progress (a stretched period could leave up to 8H steps of it out of the final model).
   static constexpr int64_t kMaxLinkStretch = 8;
   void set_link_period(int64_t h);
   int64_t link_period() const { return link_period_; }
@@ -165,7 +166,8 @@ class LearnerCore {
  private:
   bool answer_due(size_t p, int64_t step) const;
   bool answers_push(size_t p) const;  // a pending answer that answers the outstanding push (or there is none)
-  void apply(size_t p, int64_t version, const at::Tensor& flat);
+  // `covers_push`: the version holds this learner's outstanding push (answers_push), for sync.apply = rebase.
+  void apply(size_t p, int64_t version, const at::Tensor& flat, bool covers_push);
 
   SyncOptions opts_;
   std::vector<Fragment> fragments_;
@@ -176,6 +178,10 @@ class LearnerCore {
   int64_t total_steps_ = 0;
   Codec codec_;
   std::vector<Codec> codecs_;       // per fragment: its push codec (codec_ until set_push_codec)
+  // sync.apply = rebase: per fragment, θ as it was pushed (flat fp32; undefined when nothing is outstanding) and the
+  // counters then (the progress after the push is what the next push carries once an answer covers this one).
+  std::vector<at::Tensor> theta_push_;
+  std::vector<int64_t> c_steps_push_, c_tokens_push_;
   int64_t link_period_ = 0;         // set_link_period (0: not stretched)
   bool error_feedback_ = true;
   float error_feedback_decay_ = 1.0f;  // β of net.error_feedback_decay: the residual is βe before it joins a push

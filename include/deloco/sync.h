@@ -81,6 +81,14 @@ struct SyncOptions {
   std::string weighting = "token";  // token | uniform
   std::string delta_anchor = "global";  // global (Θ_p now) | base (Θ_p the learner last received)
   double alpha = 0.0;               // learner apply: θ ← (1−α)·Θ + α·θ (0 = overwrite)
+  // How a learner applies a new version Θ' of a fragment: overwrite (the papers': θ ← Θ', with α above; the steps
+  // it trained since its push are lost) | rebase (θ ← Θ' + (θ − R): it keeps what Θ' does not hold. R is θ as it
+  // pushed when Θ' answers that push, else the version it held; deloco/learner.h). With answers that arrive many steps
+  // after the push (slow links, quorum 1: each learner's merge reaches the other late) overwrite discards most of a
+  // learner's work; rebase keeps it for its next push. A fragment whose push is unanswered is not pushed again
+  // until the answer came (its progress waits for the next due step); the last step (train.steps) pushes every
+  // fragment with progress and none outstanding, so the final model holds it. Needs α = 0.
+  std::string apply = "overwrite";
   double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
   // Contribution bounds that are on by default (0 = off), see receive(). The defaults sit far above anything an
   // honest learner sends (docs/runtime.md gives the measured figures).

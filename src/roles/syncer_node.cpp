@@ -286,7 +286,11 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         P.dl_sent = -1;
         P.fetch_snap.reset();
         // Nothing more is sent to a learner that left: broadcasts still queued here are dropped, so the answer below
-        // waits only behind what the transport already holds (the send window: at most two broadcasts).
+        // waits only behind what the transport already holds (the send window: at most two broadcasts). While any
+        // of those is unacknowledged the answer may sit behind it in the kernel's buffer: the end of the run waits
+        // for such a link's measured broadcast time (patience) and a heartbeat, even before the learner repeats.
+        if (!P.in_flight.empty())
+          goodbye_linger_until = std::max(goodbye_linger_until, t + patience(P.broadcast_time) + cfg.net.heartbeat);
         broadcasts_superseded += static_cast<int64_t>(P.queued());
         reset_window(P);
         if (why == "done") {  // the connection keeps its id: a goodbye repeated on it (answer lost) is answered again
@@ -713,12 +717,15 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
   // may still sit in the kernel's send buffer behind broadcasts, and a process that exits with the learner's repeats
   // unread resets the connection, discarding it (the learner then waited net.join_timeout for nothing: 55 s of an
   // 80 s run on a 10 Mbit/s link). So a goodbye repeated after its answer keeps the syncer reading until the repeats
-  // stop for 2 heartbeats (the answer arrived).
+  // stop for 2 heartbeats (the answer arrived). A goodbye answered while broadcasts to its learner were unacknowledged
+  // keeps it reading for that link's measured broadcast time too (goodbye_linger_until): the syncer may finish
+  // before the learner's first repeat could arrive (1 run in 3 of the demo at 10 Mbit/s waited 60 s without it).
   if (I.all_retired()) {
     const double until = I.now() + I.cfg.net.join_timeout;
     const auto in_flight = [&] {
       const double t = I.now(), hb = I.cfg.net.heartbeat;
-      return (I.goodbyes_unsent->load() > 0 && t - I.last_leave_heard < 3 * hb) || t - I.last_goodbye_repeat < 2 * hb;
+      return (I.goodbyes_unsent->load() > 0 && t - I.last_leave_heard < 3 * hb) || t - I.last_goodbye_repeat < 2 * hb ||
+             t < I.goodbye_linger_until;
     };
     while (!stop.load() && I.now() < until && in_flight()) {
       Envelope env;

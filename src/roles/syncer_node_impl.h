@@ -233,7 +233,9 @@ struct SyncerNode::Impl {
   // Answers to goodbyes (ack_leave) the transport still holds: the end of the run waits for them (run()).
   std::shared_ptr<std::atomic<int64_t>> goodbyes_unsent = std::make_shared<std::atomic<int64_t>>(0);
   double last_leave_heard = -1e9;  // steady time of the latest leave read (a repeat included)
-  double last_goodbye_repeat = -1e9;  // ... of the latest goodbye from a learner already answered (its answer is late)
+  double last_goodbye_repeat = -1e9;
+  // A goodbye answered behind unacknowledged broadcasts: the end of the run keeps reading until then (run()).
+  double goodbye_linger_until = -1e9;  // ... of the latest goodbye from a learner already answered (its answer is late)
   std::map<std::string, int64_t> joins_refused_by;  // reason -> count (summary, Prometheus)
   bool in_hello = false;  // on_hello is running: reject() counts into joins_refused too
   std::map<std::string, std::pair<double, int64_t>> reject_log;  // log key → (window start, records logged)

@@ -94,6 +94,9 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
   sent_base_.assign(P, -1);
   held_version_.assign(P, 0);
   sync_every_ = opts_.sync_every;
+  theta_push_.assign(P, at::Tensor());
+  c_steps_push_.assign(P, 0);
+  c_tokens_push_.assign(P, 0);
   last_push_.assign(P, -1);
   pending_.assign(P, std::nullopt);
   residual_.resize(P);
@@ -118,8 +121,16 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     // A stretched period (set_link_period) or dynamic local updates: due a period after the previous push.
     const int64_t period = std::max(sync_every_, link_period_);
     const bool since_last = (opts_.dynamic_local_updates || link_period_ > opts_.sync_every) && last_push_[p] >= 0;
-    const bool due = since_last ? step - last_push_[p] >= period : fragment_due(fragments_[p], step, opts_.sync_every);
+    bool due = since_last ? step - last_push_[p] >= period : fragment_due(fragments_[p], step, opts_.sync_every);
+    // The last step pushes what the schedule would leave behind, under the options that let it grow past H steps
+    // (sync.apply = rebase keeps progress across answers; a stretched period): the final model gets it.
+    if (step == total_steps_ && (opts_.apply == "rebase" || link_period_ > opts_.sync_every) && c_steps_[p] > 0 &&
+        last_push_[p] != step)
+      due = true;
     if (!due) continue;
+    // sync.apply = rebase: while its previous push is unanswered a fragment does not push again (its progress stays
+    // in θ for the next one): a new push would carry the outstanding one's part a second time.
+    if (opts_.apply == "rebase" && sent_at_[p] >= 0) continue;
     last_push_[p] = step;
     if (out.empty()) {  // the estimate that goes with this step's pushes
       last_step_time_ = acc_time_ / static_cast<double>(acc_steps_);
@@ -141,6 +152,11 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     std::vector<at::Tensor> ts;
     for (size_t i : index_[p]) ts.push_back(params_[i].second);
     flatten_into(ts, delta.data());
+    if (opts_.apply == "rebase") {  // θ as pushed, and the counters then (apply())
+      theta_push_[p] = torch::from_blob(delta.data(), {layouts_[p].elements}, torch::kFloat).clone();
+      c_steps_push_[p] = c_steps_[p];
+      c_tokens_push_[p] = c_tokens_[p];
+    }
     const float* held = held_[p].data_ptr<float>();
     for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
     // A residual left by a lossy codec goes out with the next push whatever its codec (fp32 sends it whole).
@@ -244,8 +260,31 @@ bool LearnerCore::answer_due(size_t p, int64_t step) const {
   return sent < 0 || step >= sent + opts_.overlap || step >= total_steps_;
 }
 
-void LearnerCore::apply(size_t p, int64_t version, const at::Tensor& flat) {
+void LearnerCore::apply(size_t p, int64_t version, const at::Tensor& flat, bool covers_push) {
   torch::NoGradGuard ng;
+  if (opts_.apply == "rebase") {
+    // θ ← Θ' + (θ − R). Answering the outstanding push: R = θ at the push, and the counters keep only what came after
+    // it. Otherwise R = the version held, and a push still outstanding moves with the rest (Θ' − held added to its
+    // θ), so that the answer to it later keeps exactly the progress after it.
+    const bool answered = sent_at_[p] >= 0 && covers_push && theta_push_[p].defined();
+    const at::Tensor shift = answered ? flat - theta_push_[p] : flat - held_[p];
+    auto views = unflatten(shift, layouts_[p]);
+    for (size_t i = 0; i < index_[p].size(); ++i) {
+      at::Tensor& local = params_[index_[p][i]].second;
+      local.add_(views[i].to(local.device(), local.scalar_type()));
+    }
+    if (answered) {
+      c_steps_[p] -= c_steps_push_[p];
+      c_tokens_[p] -= c_tokens_push_[p];
+      theta_push_[p] = at::Tensor();
+      sent_at_[p] = -1;
+    } else if (sent_at_[p] >= 0 && theta_push_[p].defined()) {
+      theta_push_[p] = theta_push_[p] + (flat - held_[p]);
+    }
+    held_[p] = flat;
+    held_version_[p] = version;
+    return;
+  }
   auto views = unflatten(flat, layouts_[p]);
   for (size_t i = 0; i < index_[p].size(); ++i) {
     at::Tensor& local = params_[index_[p][i]].second;
@@ -265,9 +304,10 @@ std::vector<Applied> LearnerCore::apply_due(int64_t step) {
     // Waiting for the merge of its own push, the learner keeps a newer Θ_p that lacks it (see the header): applied
     // now, its next push would be based one version behind and, anchored globally, carry the last update again.
     if (opts_.wait_for_answer && !answers_push(p)) continue;
+    const bool covers = answers_push(p);
     Answer a = std::move(*pending_[p]);
     pending_[p].reset();
-    apply(p, a.version, a.flat);
+    apply(p, a.version, a.flat, covers);
     done.push_back({static_cast<int64_t>(p), a.version});
   }
   return done;

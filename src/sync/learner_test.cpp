@@ -268,6 +268,87 @@ TEST(LearnerCore, AWaitingLearnerWaitsForTheVersionThatIncludesItsPush) {
   EXPECT_EQ(core.apply_due(12).size(), 1u);
 }
 
+// sync.apply = rebase, worked by hand: the learner moves +1 a step from 0, H = 2, τ = 0, one fragment, no waiting.
+// Push at step 2 (θ = 2). Version 1 (Θ = 5) answers it and is applied at step 4 (θ = 4): θ = 5 + (4 − 2) = 7, and
+// the counters keep the 2 steps after the push. Overwrite would leave θ = 5 and lose those 2 steps.
+TEST(LearnerCore, RebaseKeepsTheStepsTrainedSinceThePush) {
+  Toy toy(1, 2);
+  SyncOptions o = opts(2, 0, false);
+  o.apply = "rebase";
+  LearnerCore core(o, toy.plan, toy.params, /*total_steps=*/100);
+  for (int64_t s = 1; s <= 2; ++s) {
+    toy.train();
+    core.after_step(s, 10, 1.0);
+  }
+  ASSERT_EQ(core.outstanding(0), 2);
+  toy.train();
+  EXPECT_TRUE(core.after_step(3, 10, 1.0).empty());
+  toy.train();
+  // Step 4 is due, but the push of step 2 is unanswered: no second push (it would carry steps 1-2 again).
+  EXPECT_TRUE(core.after_step(4, 10, 1.0).empty());
+  core.receive(0, 1, answer(core, 0, 5.0f), /*covers=*/1);
+  ASSERT_EQ(core.apply_due(4).size(), 1u);
+  for (const auto& [n, t] : toy.params)
+    for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t.flatten()[i].item<float>(), 7.0f) << n;
+  EXPECT_EQ(core.c_steps(0), 2);
+  EXPECT_EQ(core.c_tokens(0), 20);
+  EXPECT_EQ(core.outstanding(0), -1);
+  // The next push (step 6: θ = 9) is the progress since version 1: Δ = 5 − 9 = −4, 4 steps.
+  toy.train();
+  core.after_step(5, 10, 1.0);
+  toy.train();
+  auto pushes = core.after_step(6, 10, 1.0);
+  ASSERT_EQ(pushes.size(), 1u);
+  EXPECT_EQ(pushes[0].c_steps, 4);
+  for (float x : decode(pushes[0])) EXPECT_EQ(x, -4.0f);
+  // Version 2 (Θ = 10) does not hold it (covers 1: another learner's merge on version 1), applied at step 7
+  // (θ = 10): θ = 10 + (10 − 5) = 15, the push still outstanding, moved along with it (its θ 9 → 14).
+  toy.train();
+  core.after_step(7, 10, 1.0);
+  core.receive(0, 2, answer(core, 0, 10.0f), /*covers=*/1);
+  ASSERT_EQ(core.apply_due(7).size(), 1u);
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 15.0f);
+  EXPECT_EQ(core.outstanding(0), 6);
+  // Version 3 (Θ = 20) holds it; at step 8 (θ = 16): θ = 20 + (16 − 14) = 22, the 2 steps after the push.
+  toy.train();
+  core.after_step(8, 10, 1.0);
+  core.receive(0, 3, answer(core, 0, 20.0f), /*covers=*/2);
+  ASSERT_EQ(core.apply_due(8).size(), 1u);
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 22.0f);
+  EXPECT_EQ(core.c_steps(0), 2);
+  EXPECT_EQ(core.outstanding(0), -1);
+}
+
+// Rebase keeps progress across answers, so the last step pushes every fragment that has some (and none outstanding).
+TEST(LearnerCore, RebaseEndsWithAPushOfEveryFragmentWithProgress) {
+  Toy toy(2, 10);
+  SyncOptions o = opts(10, 0, false);
+  o.apply = "rebase";
+  LearnerCore core(o, toy.plan, toy.params, /*total_steps=*/13);
+  std::vector<std::pair<int64_t, int64_t>> pushed;  // (step, fragment)
+  for (int64_t s = 1; s <= 13; ++s) {
+    toy.train();
+    for (const Push& p : core.after_step(s, 1, 1.0)) {
+      pushed.emplace_back(s, p.fragment);
+      core.receive(p.fragment, core.version(p.fragment) + 1, answer(core, p.fragment, 0.0f), /*covers=*/1);
+      core.apply_due(s);
+    }
+  }
+  // Fragments 0 and 1 are due at steps 10 and 5 (offsets 0, 5); both push again at the last step, 13.
+  EXPECT_EQ(pushed, (std::vector<std::pair<int64_t, int64_t>>{{5, 1}, {10, 0}, {13, 0}, {13, 1}}));
+}
+
+TEST(LearnerCore, RebaseIsAConfigChoiceThatNeedsAlphaZero) {
+  SyncOptions o;
+  o.apply = "rebase";
+  EXPECT_NO_THROW(o.validate());
+  o.alpha = 0.5;
+  EXPECT_THROW(o.validate(), SyncError);
+  o.alpha = 0;
+  o.apply = "keep";
+  EXPECT_THROW(o.validate(), SyncError);
+}
+
 // Without the wait rule nothing is held back: a marked answer that lacks the push is applied when due (async mode).
 TEST(LearnerCore, WithoutWaitingAnAnswerThatLacksThePushIsStillApplied) {
   Toy toy(1, 4);

@@ -33,6 +33,8 @@ void SyncOptions::validate() const {
   if (delta_anchor != "global" && delta_anchor != "base")
     fail("sync.delta_anchor must be global or base (got '" + delta_anchor + "')");
   if (!(alpha >= 0 && alpha < 1)) fail("sync.alpha must be in [0, 1)");
+  if (apply != "overwrite" && apply != "rebase") fail("sync.apply must be overwrite or rebase (got '" + apply + "')");
+  if (apply == "rebase" && alpha != 0) fail("sync.apply = rebase keeps the learner's own progress: it needs sync.alpha = 0");
   if (!(max_delta_norm >= 0) || !std::isfinite(max_delta_norm)) fail("sync.max_delta_norm must be finite and ≥ 0");
   if (!(max_delta_ratio >= 0) || !std::isfinite(max_delta_ratio))
     fail("sync.max_delta_ratio must be finite and ≥ 0 (0 = off)");
@@ -76,6 +78,10 @@ void SyncOptions::bind(ConfigSchema& s) {
   s.bind("sync.weighting", &weighting, "token | uniform");
   s.bind("sync.delta_anchor", &delta_anchor, "global | base");
   s.bind("sync.alpha", &alpha, "learner apply: theta <- (1-alpha) Theta + alpha theta");
+  s.bind("sync.apply", &apply,
+         "how a learner applies a new version: overwrite (theta <- Theta', the papers') | rebase (theta <- Theta' + "
+         "(theta - R): keeps the steps trained since its push, R = theta at the push the version answers, else the "
+         "version held)");
   s.bind("sync.max_delta_norm", &max_delta_norm, "reject contributions with a larger delta norm (0 = off)");
   s.bind("sync.max_delta_ratio", &max_delta_ratio,
          "reject a delta whose norm exceeds this multiple of the fragment's norm (0 = off)");
