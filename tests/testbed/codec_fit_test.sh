@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Codecs fitted to the link (ctest testbed.codec_fit; docs/runtime.md, "Codecs fitted to the link"): `deloco run` on a
-# testbed of 3 hosts whose links are shaped to 10 Mbit/s, with the codecs it defaults to there (net.encoding = auto,
-# net.broadcast_encoding = auto). The demo model's fp32 pushes (2.5 MB every 40 steps of ~30 ms) cannot cross such
-# a link; checks: the run finishes every step; the syncer measured each learner's link near its shaped rate (within
-# 4x: the rates are estimates on a shared 2-core machine) and fitted both learners to codecs coarser than fp32 that
-# fit (codec_changed records, the summary's codecs); the learners' later pushes are smaller than an fp32 push of
+# testbed of 3 hosts whose links are shaped to 2 Mbit/s, with the codecs it defaults to there (net.encoding = auto,
+# net.broadcast_encoding = auto). The demo model's fp32 pushes (2.5 MB every 40 steps: 10 s at 2 Mbit/s) fit such a
+# link only if a step took over 0.3 s (the demo's take 0.03-0.1 s, on a machine loaded by a parallel ctest too; at
+# 10 Mbit/s a loaded machine's slow steps made fp32 fit, rightly); checks: the run finishes every step; the syncer measured each learner's link near its shaped rate (within
+# 4x: the rates are estimates on a shared 2-core machine) and fitted both learners to codecs coarser than fp32
+# (codec_changed records, the summary's codecs); the learners' later pushes are smaller than an fp32 push of
 # their fragment; the broadcasts went out as deltas in the fitted codec; no push was rejected; the model trained.
 # Skips (77) where no testbed can be made (not root). Bounded: the run has a 150 s timeout; the testbed is removed
 # on every exit.
@@ -21,7 +22,7 @@ out=$(mktemp -d); echo "run folder: $out"
 trap '$TB down >/dev/null 2>&1 || true; [ -n "${KEEP:-}" ] || rm -rf "$out"' EXIT
 fail() { echo "FAIL: $*" >&2; tail -30 "$out/run.log" >&2 || true; exit 1; }
 
-$TB up --hosts 3 --rate 10mbit
+$TB up --hosts 3 --rate 2mbit
 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE timeout 150 "$DELOCO" run --config configs/demo.toml \
   --set syncer.out_dir="$out/run" --set testbed.name="$TESTBED_NAME" --set sync.learners=2 \
   --set chaos.enabled=false --set syncer.checkpoint_every=0 --set train.steps=240 --set train.threads=1 \
@@ -41,14 +42,14 @@ if config["net"]["encoding"] != "auto" or config["net"]["broadcast_encoding"] !=
 codecs = syncer.get("codecs")
 if not codecs or len(codecs) != 2 or any(c is None for c in codecs):
     errors.append(f"the summary has no fit for every learner: {codecs}")
-rate = 10e6 / 8
+rate = 2e6 / 8
 for m, c in enumerate(codecs or []):
     if not c:
         continue
     print(f"learner {m}: push {c['push']}, broadcast {c['broadcast']}, period {c['period']}, fits {c['fits']}, "
           f"up {c['up_rate'] / 1e6:.2f} MB/s, down {c['down_rate'] / 1e6:.2f} MB/s (link {rate / 1e6:.2f})")
     if c["push"] == "fp32":
-        errors.append(f"learner {m} pushes fp32 across a 10 Mbit/s link")
+        errors.append(f"learner {m} pushes fp32 across a 2 Mbit/s link")
     if not rate / 4 <= c["up_rate"] <= rate * 4:
         errors.append(f"learner {m}'s uplink measured at {c['up_rate']:.0f} B/s, the link carries {rate:.0f}")
     if c["down_rate"] > 0 and not rate / 4 <= c["down_rate"] <= rate * 4:
@@ -57,8 +58,9 @@ changes = [r for r in records(f"{run}/syncer.jsonl") if r["kind"] == "codec_chan
 for m in range(2):
     if not any(r["scope"] == "learner" and r.get("learner") == m for r in changes):
         errors.append(f"no codec_changed record for learner {m}")
-if not any(r["scope"] == "broadcast" for r in changes):
-    errors.append("no codec_changed record for the broadcast")
+# The deltas start in int4 and change (a scope broadcast record) only if a fit allows finer: at 2 Mbit/s none need.
+if syncer.get("delta_encoding") in (None, "", "fp32"):
+    errors.append(f"the delta broadcast ended in {syncer.get('delta_encoding')!r}")
 if syncer.get("deltas_sent", 0) == 0:
     errors.append("no broadcast went out as a delta")
 if syncer.get("contributions_rejected", 0):
