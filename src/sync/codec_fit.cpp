@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "deloco/algorithm.h"
+#include "wire/sparse.h"
 
 namespace deloco {
 
@@ -23,6 +24,17 @@ std::vector<Codec> dense_ladder() {
 }
 
 }  // namespace
+
+void check_float_codec(const Codec& codec, const std::string& what) {
+  if (codec.encoding == Encoding::kRaw || static_cast<uint8_t>(codec.encoding) > kMaxEncoding)
+    throw SyncError(what + " needs a float encoding, not " + encoding_name(codec.encoding));
+  if (!is_sparse(codec.encoding)) return;
+  try {
+    validate_topk(codec.topk);
+  } catch (const WireError& e) {
+    throw SyncError(e.what());
+  }
+}
 
 double expected_encoded_bytes(const Codec& codec, uint64_t n) {
   if (!is_sparse(codec.encoding)) return static_cast<double>(max_encoded_bytes(codec.encoding, n));

@@ -51,6 +51,11 @@ struct AlgorithmConfig;
 // The codec auto starts from, both ways, until a link is measured.
 constexpr Encoding kAutoStart = Encoding::kInt4;
 
+// Throws SyncError "<what> needs a float encoding, not <name>" for kRaw or an unknown encoding, and the top-k
+// options' own error (validate_topk) for a sparse codec. What the learner (push codecs) and the syncer (delta
+// codecs) check a codec with.
+void check_float_codec(const Codec& codec, const std::string& what);
+
 // The expected payload bytes of n elements in `codec`: exact for the dense encodings; for top-k, k = round(d·n)
 // values in the block encoding, their block scales and one LEB128 index gap each of the size the mean gap 1/d takes.
 double expected_encoded_bytes(const Codec& codec, uint64_t n);

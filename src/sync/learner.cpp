@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include "sync/codec_fit.h"
 #include "wire/quantize.h"
 
 namespace deloco {
@@ -59,15 +60,7 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
   if (!(error_feedback_decay > 0 && error_feedback_decay <= 1))
     throw SyncError("the error feedback decay (net.error_feedback_decay) must be in (0, 1] (got " +
                     std::to_string(error_feedback_decay) + ")");
-  if (codec_.encoding == Encoding::kRaw || static_cast<uint8_t>(codec_.encoding) > kMaxEncoding)
-    throw SyncError("the push encoding must be a float encoding");
-  if (is_sparse(codec_.encoding)) {
-    try {
-      validate_topk(codec_.topk);
-    } catch (const WireError& e) {
-      throw SyncError(e.what());
-    }
-  }
+  check_float_codec(codec_, "the push (net.encoding)");
   if (params_.size() != model_layout_.names.size() || layouts_.size() != fragments_.size())
     throw SyncError("the model plan describes " + std::to_string(model_layout_.names.size()) +
                     " parameter tensors, the learner has " + std::to_string(params_.size()));
@@ -184,15 +177,7 @@ void LearnerCore::set_sync_every(int64_t h) {
 void LearnerCore::set_push_codec(int64_t fragment, const Codec& codec) {
   if (fragment < 0 || static_cast<size_t>(fragment) >= fragments_.size())
     throw SyncError("push codec for unknown fragment " + std::to_string(fragment));
-  if (codec.encoding == Encoding::kRaw || static_cast<uint8_t>(codec.encoding) > kMaxEncoding)
-    throw SyncError("the push encoding must be a float encoding");
-  if (is_sparse(codec.encoding)) {
-    try {
-      validate_topk(codec.topk);
-    } catch (const WireError& e) {
-      throw SyncError(e.what());
-    }
-  }
+  check_float_codec(codec, "the push (net.encoding)");
   codecs_[static_cast<size_t>(fragment)] = codec;
 }
 

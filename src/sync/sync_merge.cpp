@@ -1,6 +1,7 @@
 // The Syncer's merge of a fragment (deloco/sync.h): the fused path (one pass over the contributions, the outer step
 // and the broadcast encoding) when it applies, else the general path; and the delta broadcast's compression.
 #include "deloco/sync.h"
+#include "sync/codec_fit.h"
 #include "sync/policy.h"
 
 #include <algorithm>
@@ -359,15 +360,7 @@ void Syncer::merge_general(int64_t fragment, const std::vector<double>& w, Merge
 }
 
 void Syncer::set_delta_broadcast(const Codec& codec) {
-  if (codec.encoding == Encoding::kRaw || static_cast<uint8_t>(codec.encoding) > kMaxEncoding)
-    throw SyncError(std::string("the delta broadcast needs a float encoding, not ") + encoding_name(codec.encoding));
-  if (is_sparse(codec.encoding)) {
-    try {
-      validate_topk(codec.topk);
-    } catch (const WireError& e) {
-      throw SyncError(e.what());
-    }
-  }
+  check_float_codec(codec, "the delta broadcast");
   for (size_t f = 0; f < fragments_.size(); ++f)
     if (!flat_[f].defined())
       throw SyncError("the delta broadcast (net.broadcast_encoding=topk, net.broadcast_delta) needs every fragment in "
@@ -382,17 +375,7 @@ void Syncer::set_delta_broadcast(const Codec& codec) {
 void Syncer::set_delta_codecs(const std::vector<Codec>& codecs) {
   if (!delta_on_) throw SyncError("set_delta_codecs: the delta broadcast is off");
   if (codecs.empty()) throw SyncError("set_delta_codecs: no codecs");
-  for (const Codec& c : codecs) {
-    if (c.encoding == Encoding::kRaw || static_cast<uint8_t>(c.encoding) > kMaxEncoding)
-      throw SyncError(std::string("the delta broadcast needs a float encoding, not ") + encoding_name(c.encoding));
-    if (is_sparse(c.encoding)) {
-      try {
-        validate_topk(c.topk);
-      } catch (const WireError& e) {
-        throw SyncError(e.what());
-      }
-    }
-  }
+  for (const Codec& c : codecs) check_float_codec(c, "the delta broadcast");
   delta_codecs_ = codecs;
   for (const Codec& c : codecs)
     if (c.encoding == delta_codec_.encoding) return;  // the codec in use is listed: it stays

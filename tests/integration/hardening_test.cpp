@@ -29,6 +29,8 @@
 
 #include <poll.h>
 
+#include "deloco/runtime.h"
+#include "deloco/sync.h"
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "roles/protocol.h"
@@ -313,7 +315,7 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
   Proc a({"syncer", "--config", src + "/configs/tiny.toml", "--set", "data.path=" + src + "/data/sotu", "--set",
           "net.plaintext=true", "--set", "net.address=ipc://" + (dir / "a.sock").string(), "--set",
           "net.standby=ipc://" + (dir / "b.sock").string(), "--set", "sync.learners=1", "--set", "sync.quorum=1", "--set", "syncer.eval_interval=0",
-          "--set", "syncer.metrics=", "--set", "syncer.lease=1", "--out", (dir / "a").string()},
+          "--set", "syncer.metrics=", "--set", "syncer.lease=3", "--out", (dir / "a").string()},
          (dir / "a.log").string());
   const fs::path rec = dir / "a" / "syncer.jsonl";
   ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "started").empty(); }, 60)) << a.log();
@@ -323,9 +325,10 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
   const std::string body = proto::encode_beat(beat);
   c.send(MessageKind::kHeartbeat, 0, body);  // connected; its refusal (say hello first) shows the loop has run
   ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "reject").empty(); }, 30)) << a.log();
-  // The pause (what a SIGSTOP of a whole VM does to a leader): longer than half a lease.
+  // The pause (what a SIGSTOP of a whole VM does to a leader): longer than half a lease. The hold that follows lasts
+  // two leases (6 s), longer than the flood below takes to arrive, even on a loaded machine.
   a.signal(SIGSTOP);
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(2000));
   a.signal(SIGCONT);
   // One connection floods while the leader holds: it keeps at most 4 P + 16 of them, and says so.
   for (int i = 0; i < 3000; ++i) c.send(MessageKind::kHeartbeat, 0, body);
@@ -341,8 +344,17 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
   ASSERT_EQ(a.wait(60), 0) << a.log();
   const auto done = of_kind(lines(rec), "done");
   ASSERT_EQ(done.size(), 1u);
-  // What was held was handled after the hold (refused: this connection never said hello), the rest dropped.
-  EXPECT_GE(done[0]["rejects"].value("held_dropped", int64_t{0}), 1000) << done[0].dump();
+  // What was held was handled after the hold (refused: this connection never said hello), the rest dropped. How many
+  // of the 3000 reach the leader at all depends on ZeroMQ's queues and how fast the leader reads them (840 to 1,155
+  // seen, so a bound of 1000 dropped failed now and then): what is fixed is that the leader kept at most
+  // syncer_receive_limit of this connection's messages (it handled at most those and the first one) and dropped
+  // every other it read while holding.
+  const int64_t dropped = done[0]["rejects"].value("held_dropped", int64_t{0});
+  const int64_t refused = done[0].value("joins_refused", int64_t{-1});
+  EXPECT_GE(dropped, 1) << done[0].dump();
+  EXPECT_GE(refused, 1) << done[0].dump();  // the heartbeat before the pause
+  EXPECT_LE(refused, syncer_receive_limit(SyncOptions().fragments) + 1) << done[0].dump();
+  EXPECT_GE(dropped + refused, syncer_receive_limit(SyncOptions().fragments) + 2) << done[0].dump();
   std::error_code ec;
   if (!::testing::Test::HasFailure()) fs::remove_all(dir, ec);
 }
