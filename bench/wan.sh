@@ -39,7 +39,9 @@
 #   streaming  Streaming DiLoCo: K = M, P = 4, tau = 5, learners wait for each answer tau steps later, fp32
 #   decoupled  Decoupled DiLoCo: K = 1 with the adaptive grace window, P = 4, tau = 5, learners never wait, token
 #              weights, the decoupled merge preset, codecs fitted to each link (net.encoding = auto,
-#              net.broadcast_encoding = auto: docs/runtime.md; rows before 82716e2 had int4 pushes, bf16 broadcasts)
+#              net.broadcast_encoding = auto: docs/runtime.md; rows before 82716e2 had int4 pushes, bf16 broadcasts),
+#              learners that rebase on late answers with the outer momentum at 0.6 (sync.apply = rebase,
+#              docs/apply-rule.md; rows before issue 56's apply rule overwrote, with momentum 0.9)
 #   dp         deloco's own data-parallel group spanning hosts: ONE learner of M ranks (learner.ranks = M,
 #              learner.group_timeout = --ddp-timeout), rank r on host r + 1 (deloco run's placement, docs/testbed.md:
 #              per-step gradient all-reduce over Gloo across the links, the group's store at host 1), its syncer on
@@ -194,8 +196,8 @@ method_sets() {  # method -> deloco --set arguments
                 merge.preset=diloco sync.weighting=uniform outer.kind=nesterov outer.lr=0.7 outer.momentum=0.9
                 net.encoding=fp32 net.broadcast_encoding=fp32" ;;
     decoupled|dp) echo "sync.quorum=1 sync.fragments=4 sync.overlap=5 sync.wait_for_answer=false sync.grace=true
-                merge.preset=decoupled sync.weighting=token outer.kind=nesterov outer.lr=0.7 outer.momentum=0.9
-                net.encoding=auto net.error_feedback=true net.broadcast_encoding=auto" ;;
+                merge.preset=decoupled sync.weighting=token sync.apply=rebase outer.kind=nesterov outer.lr=0.7
+                outer.momentum=0.6 net.encoding=auto net.error_feedback=true net.broadcast_encoding=auto" ;;
   esac
 }
 

@@ -56,11 +56,14 @@ ROOT = os.path.dirname(HERE)
 # decoupled_fixed: Decoupled DiLoCo rows measured before codec fitting (int4 pushes, bf16 broadcasts), renamed so a
 # page can set them beside rows of the fitted codecs (bench/wan.sh never runs it: its rows come from older results).
 # decoupled_rebase: Decoupled DiLoCo run with --set sync.apply=rebase (renamed likewise, from its own results file).
-METHOD_ORDER = ["ddp", "dp", "sync", "streaming", "decoupled_fixed", "decoupled", "decoupled_rebase"]
-GRACE_METHODS = {"decoupled", "decoupled_fixed", "decoupled_rebase", "dp"}  # the adaptive grace window (sync.grace)
+# decoupled_paper: Decoupled DiLoCo with the papers' apply rule (sync.apply=overwrite, outer.momentum=0.9, as the
+# method ran before issue 56's apply rule), renamed likewise.
+METHOD_ORDER = ["ddp", "dp", "sync", "streaming", "decoupled_fixed", "decoupled_paper", "decoupled", "decoupled_rebase"]
+GRACE_METHODS = {"decoupled", "decoupled_fixed", "decoupled_rebase", "decoupled_paper", "dp"}  # the adaptive grace window (sync.grace)
 METHOD_NAMES = {"ddp": "PyTorch DDP", "dp": "deloco DP group", "sync": "sync DiLoCo",
                 "streaming": "Streaming DiLoCo", "decoupled": "Decoupled DiLoCo",
-                "decoupled_fixed": "Decoupled DiLoCo, int4/bf16", "decoupled_rebase": "Decoupled DiLoCo, rebase"}
+                "decoupled_fixed": "Decoupled DiLoCo, int4/bf16", "decoupled_rebase": "Decoupled DiLoCo, rebase",
+                "decoupled_paper": "Decoupled DiLoCo, overwrite (μ 0.9)"}
 
 
 def split_rate(rate):
@@ -497,7 +500,9 @@ def cmd_report(a):
       "fragment is in flight, then waits for its answer), mean merge, Nesterov, fp32 both ways.")
     w("  * *Decoupled DiLoCo*: K = 1 plus the adaptive grace window, P = 4, τ = 5, learners never wait, token weights, "
       "the `decoupled` merge preset, codecs fitted to each link (`net.encoding = auto`, `net.broadcast_encoding = auto`, "
-      "docs/runtime.md; before 82716e2: int4 pushes with error feedback, bf16 broadcasts).")
+      "docs/runtime.md; before 82716e2: int4 pushes with error feedback, bf16 broadcasts), learners that rebase on "
+      "the answers (`sync.apply = rebase`) with the outer Nesterov at (0.7, 0.6) (docs/apply-rule.md; before issue "
+      "56's apply rule they overwrote, with (0.7, 0.9): *Decoupled DiLoCo, overwrite (μ 0.9)* where a page shows both).")
     w("* **tokens/s** per learner host is its training rate: the steps it trained × tokens per step, over the time "
       "from its start of training (deloco: its join, the global model downloaded; DDP: after the rendezvous) to "
       "its last step, or to its stop when the bench's bound stopped it first. Waiting for the syncer's answers "

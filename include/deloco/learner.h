@@ -182,6 +182,7 @@ class LearnerCore {
   // counters then (the progress after the push is what the next push carries once an answer covers this one).
   std::vector<at::Tensor> theta_push_;
   std::vector<int64_t> c_steps_push_, c_tokens_push_;
+  std::vector<bool> overdue_;       // rebase: a push fell due while the previous one was unanswered
   int64_t link_period_ = 0;         // set_link_period (0: not stretched)
   bool error_feedback_ = true;
   float error_feedback_decay_ = 1.0f;  // β of net.error_feedback_decay: the residual is βe before it joins a push

@@ -87,7 +87,11 @@ struct SyncOptions {
   // after the push (slow links, quorum 1: each learner's merge reaches the other late) overwrite discards most of a
   // learner's work; rebase keeps it for its next push. A fragment whose push is unanswered is not pushed again
   // until the answer came (its progress waits for the next due step); the last step (train.steps) pushes every
-  // fragment with progress and none outstanding, so the final model holds it. Needs α = 0.
+  // fragment with progress and none outstanding, so the final model holds it. Needs α = 0. Rebasing, an answer is
+  // late only after H steps, and the grace window uses H for τ (grace_window()): the learners' pushes of a period
+  // merge together on a slow link too. Measured (docs/apply-rule.md, docs/wan-apply.md): with the outer momentum
+  // lowered to 0.6 (kept work carries momentum of its own), rebase ends the demo as well with answers ~27 steps late
+  // as overwrite does with answers on time; at μ = 0.9 it overshoots. configs/demo.toml uses it.
   std::string apply = "overwrite";
   double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
   // Contribution bounds that are on by default (0 = off), see receive(). The defaults sit far above anything an
@@ -206,7 +210,10 @@ struct GraceStats {
   Ema step, quorum, sync;  // ξ_step, ξ_quorum, ξ_sync
 };
 
-// ξ_grace = min(cap, max(0, γ · (τ·ξ_step − (ξ_quorum + ξ_sync)))); 0 when grace is off.
+// ξ_grace = min(cap, max(0, γ · (W·ξ_step − (ξ_quorum + ξ_sync)))); 0 when grace is off. W = τ (sync.apply =
+// overwrite: the answer must come within the overlap) or H (rebase: a learner keeps its work whenever the answer
+// comes, and needs it before its next push of the fragment; so on a slow link the window stays open and the
+// learners' pushes of one period merge together instead of one merge each).
 double grace_window(const GraceStats& s, const SyncOptions& o);
 
 // A round's decision (Syncer::on_round, RoundResult::decision); the rule that makes it is the core's own (src/sync/policy.h).

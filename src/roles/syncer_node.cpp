@@ -246,6 +246,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         if (env.payload.empty()) return;
         auto b = proto::parse_beat(env.payload.data(), env.payload.size());
         P.last_beat = t;
+        P.last_beat_step = b.step;
         if (b.step > P.step) P.advanced_at = t;
         P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
         P.tokens = std::max(P.tokens, b.tokens);
@@ -430,7 +431,11 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   e.c_steps = static_cast<int64_t>(h.c_steps);
   e.c_tokens = static_cast<int64_t>(h.c_tokens);
   e.step_time = peers[m].step_time;
-  e.step = peers[m].step;  // the highest step it reported (its heartbeat right before this push included)
+  // The step the push was taken at: its heartbeat's (learner_link.cpp, send_push), which may lag the highest step
+  // heard when the push waited in the learner's outbox. The core counts the learner's next push of the fragment
+  // from it (Syncer::receive, counter_out_of_range): credited from the highest step instead, a learner that
+  // rebases (its counters run from the push) was refused after its pushes waited on a slow link.
+  e.step = std::min(peers[m].step, peers[m].last_beat_step);
   e.payload = env.payload;
   const bool replaces = core->holds(p, m);
   SyncReject why = SyncReject::kNone;

@@ -134,6 +134,9 @@ struct Peer {
   // broadcast whose time on the wire overlaps a push's arrival does not measure the downlink (codec fitting).
   double last_push_at = -1e9;
   double last_beat = -1;     // steady time of its latest heartbeat: the one the learner sends right before a push
+  // The step its latest heartbeat reported. The one right before a push reports the step the push was taken at
+  // (a push can wait in the learner's outbox while later heartbeats report later steps): the push's own step.
+  int64_t last_beat_step = 0;
   // ---- rejoin from peers (docs/reliability.md) ----
   // Where this learner serves state chunks to joining learners and its server's public key (its hello; "" : none).
   std::string serve, serve_key;

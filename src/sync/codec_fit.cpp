@@ -132,8 +132,9 @@ CodecChoice fit_codecs(const CodecLadder& push, const CodecLadder& broadcast, co
   const double budget = o.utilisation * T;
   const double overlap_budget = static_cast<double>(std::max<int64_t>(o.overlap, 1)) * load.step_seconds;
   const double b = std::max(1.0, load.broadcasts_per_period);
-  const int cur_i = current.period > 0 ? current.push : 0;
-  const int cur_j = current.period > 0 ? current.broadcast : 0;
+  // The codecs in use (before the first fit: the ones the link started with, kAutoStart from CodecFitter).
+  const int cur_i = current.push;
+  const int cur_j = current.broadcast;
   auto figures = [&](int i, int j, CodecChoice* c) {
     c->push = i;
     c->broadcast = j;
@@ -151,6 +152,7 @@ CodecChoice fit_codecs(const CodecLadder& push, const CodecLadder& broadcast, co
       figures(i, j, &c);
       // Moving to a finer codec in either direction needs room to spare.
       const double scale = (i < cur_i || j < cur_j) ? 1 + o.hysteresis : 1.0;
+      if (o.finer_rungs > 0 && (i < cur_i - o.finer_rungs || j < cur_j - o.finer_rungs)) continue;
       if (c.up * scale > budget || c.down * scale > budget) continue;
       if (o.overlap_binds && c.sync * scale > overlap_budget) continue;
       c.fits = true;
@@ -173,6 +175,10 @@ CodecFitter::CodecFitter(CodecLadder push, CodecLadder broadcast, FitOptions o, 
   up_.resize(static_cast<size_t>(learners));
   down_.resize(static_cast<size_t>(learners));
   choice_.resize(static_cast<size_t>(learners));
+  for (CodecChoice& c : choice_) {  // not chosen yet (period 0): the codecs every link starts with
+    c.push = start_index(push_);
+    c.broadcast = start_index(bcast_);
+  }
   step_.resize(static_cast<size_t>(learners));
 }
 
@@ -237,6 +243,10 @@ std::unique_ptr<CodecFitter> make_codec_fitter(const AlgorithmConfig& cfg, const
   o.sync_every = cfg.sync.sync_every;
   o.overlap = cfg.sync.overlap;
   o.overlap_binds = cfg.sync.wait_for_answer;
+  // Learners that never wait: nothing bounds the time to their answers but the links' queues, so their loads stay
+  // at half of each direction (FitOptions::utilisation).
+  if (!cfg.sync.wait_for_answer) o.utilisation = kNoWaitUtilisation;
+  o.finer_rungs = 1;
   return std::make_unique<CodecFitter>(codec_ladder(push_codecs(cfg), fragment_elements),
                                        codec_ladder(broadcast_codecs(cfg), fragment_elements), o, learners,
                                        cfg.sync.ema);

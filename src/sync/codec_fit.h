@@ -11,7 +11,7 @@
 //                                      per period of this learner, measured, at least 1)
 //   sync(i, j) = l_up + O_push(i)/r_up + l_down + O_bcast(j)/r_down   one synchronisation of the largest fragment
 // (r: a direction's rate, l: its latency, both measured: LinkEstimate).
-// A pair (i, j) fits when up(i) ≤ u·T and down(j) ≤ u·T (u: the utilisation bound, 0.8): the link carries what
+// A pair (i, j) fits when up(i) ≤ u·T and down(j) ≤ u·T (u: the utilisation bound, 0.8; 0.5 where learners never wait): the link carries what
 // the schedule sends. Where learners wait for their answers (sync.wait_for_answer), also sync(i, j) ≤ max(τ, 1)·ξ_m:
 // the push and its answer travel while the learner trains τ steps on, else it stalls. A learner that never waits
 // applies a late answer on arrival: lateness costs it staleness, not time, and a coarser codec to arrive within τ
@@ -24,7 +24,9 @@
 // A direction not measured yet counts as fast as the other; until either is measured the current choice stays.
 // Before the first fit a link uses int4 both ways, the coarsest (kAutoStart; AlgorithmConfig::push_codec /
 // answer_codec for auto): frames large enough to measure the link by (LinkEstimate::kMinRateBytes, at the demo's
-// size), small enough not to flood a slow one for long.
+// size), small enough not to flood a slow one for long. The first fit moves from there like any other (a finer
+// pair needs the hysteresis' room), and the fitter moves at most one rung finer per fit in each direction
+// (FitOptions::finer_rungs), coarser at once.
 //
 // CodecFitter keeps the measurements (moving averages of each link's transfer rates and of the merge interval) and
 // each learner's choice. The syncer node and the simulator feed it the same events: a push's bytes and its time on
@@ -105,13 +107,24 @@ struct LinkLoad {
   double broadcasts_per_period = 1;   // b
 };
 
+// u for learners that never wait (make_codec_fitter): their answers come whenever the links deliver them, and a
+// link loaded at 80 % queues them. Measured on the testbed at 10 Mbit/s (docs/wan-apply.md): at u = 0.8 the
+// estimates, noisy around the link's rate, put one learner on bf16 pushes that filled its uplink; its answers came a
+// median 56 steps after its pushes (H = 40), its pushes of a period no longer merged together, and the demo ended
+// 0.1 nats worse than in the repeats on int8.
+constexpr double kNoWaitUtilisation = 0.5;
+
 struct FitOptions {
   int64_t sync_every = 1;   // H
   int64_t overlap = 0;      // τ
-  double utilisation = 0.8;
+  double utilisation = 0.8; // u (kNoWaitUtilisation where learners never wait)
   double hysteresis = 0.25;
   bool overlap_binds = true;  // sync(i, j) ≤ max(τ, 1)·ξ is a condition (sync.wait_for_answer), else only reported
   int64_t max_stretch = 8;
+  // At most this many rungs finer than the codecs in use per fit (0: any). A link's first measurements can be
+  // off (a shaped link passes its first bytes at line rate): on the testbed at 10 Mbit/s the first fit jumped from
+  // int4 to fp32 and its broadcasts queued for seconds. Coarser moves are never limited.
+  int finer_rungs = 0;
 };
 
 struct CodecChoice {

@@ -110,6 +110,29 @@ TEST(FitCodecs, AFinerCodecNeedsRoomToSpare) {
   EXPECT_EQ(c.broadcast, 1);
 }
 
+TEST(FitCodecs, MovesFinerOneRungAtATimeAndCoarserAtOnce) {
+  FitOptions o = opts(10, 10);
+  o.finer_rungs = 1;
+  CodecChoice cur;  // int4 both ways, as a link starts
+  cur.push = cur.broadcast = 2;
+  CodecChoice c = fit_codecs(ladder3(), ladder3(), link(1e6, 0.1), o, cur);  // everything fits
+  EXPECT_EQ(c.push, 1);
+  EXPECT_EQ(c.broadcast, 1);
+  c = fit_codecs(ladder3(), ladder3(), link(1e6, 0.1), o, c);
+  EXPECT_EQ(c.push, 0);
+  EXPECT_EQ(c.broadcast, 0);
+  o.finer_rungs = 0;  // unlimited: straight to fp32
+  c = fit_codecs(ladder3(), ladder3(), link(1e6, 0.1), o, cur);
+  EXPECT_EQ(c.push, 0);
+  // From fp32 a link of 100 B/s goes straight to the coarsest (stretched).
+  o.finer_rungs = 1;
+  CodecChoice fine;
+  fine.period = 10;
+  c = fit_codecs(ladder3(), ladder3(), link(100, 0.1), o, fine);
+  EXPECT_EQ(c.push, 2);
+  EXPECT_EQ(c.broadcast, 2);
+}
+
 TEST(FitCodecs, WhenNothingFitsThePeriodStretchesWithTheCoarsestCodecs) {
   // 100 B/s: the coarsest pair pushes 130 B in 1.3 s > 0.8 s: H' = ⌈10 × 1.3 / 0.8⌉ = ⌈16.25⌉ = 17.
   CodecChoice c = fit_codecs(ladder3(), ladder3(), link(100, 0.1), opts(10, 10), CodecChoice());
@@ -194,18 +217,20 @@ TEST(LinkEstimate, OneSampleFarOffDoesNotMoveTheFit) {
 TEST(CodecFitter, RefitsFromMeasurementsAndTheSlowestLiveLinkSetsTheBroadcast) {
   CodecFitter f(ladder3(), ladder3(), opts(10, 10), 2, 0.9);
   EXPECT_FALSE(f.refit(0, 0.1));  // nothing measured
+  // A link starts at the coarsest codecs (int4, here the ladder's last): the first fit moves finer only with the
+  // hysteresis' room. At 1500 B/s (1, 1) has it (sync 0.67 s · 1.25 ≤ 1 s); (1, 0) and (0, 1) do not (1 s · 1.25).
   {  // one direction measured: the other counts as fast as it
     CodecFitter g(ladder3(), ladder3(), opts(10, 10), 1, 0.9);
-    for (int i = 0; i < 3; ++i) g.observe_upload(0, 1000, 1.0);
+    for (int i = 0; i < 3; ++i) g.observe_upload(0, 1000, 1000.0 / 1500.0);
     auto c = g.refit(0, 0.1);
     ASSERT_TRUE(c);
     EXPECT_EQ(c->push, 1);
     EXPECT_EQ(c->broadcast, 1);
   }
-  // Learner 0 at 1000 B/s: (1, 1) as above; learner 1 at 100 B/s: nothing fits, (2, 2) stretched.
+  // Learner 0 at 1500 B/s: (1, 1) as above; learner 1 at 100 B/s: nothing fits, (2, 2) stretched.
   for (int i = 0; i < 3; ++i) {  // no rate from fewer than 3 samples
-    f.observe_upload(0, 1000, 1.0);
-    f.observe_download(0, 1000, 1.0);
+    f.observe_upload(0, 1000, 1000.0 / 1500.0);
+    f.observe_download(0, 1000, 1000.0 / 1500.0);
     f.observe_upload(1, 1000, 10.0);
     f.observe_download(1, 1000, 10.0);
   }

@@ -88,6 +88,7 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
   held_version_.assign(P, 0);
   sync_every_ = opts_.sync_every;
   theta_push_.assign(P, at::Tensor());
+  overdue_.assign(P, false);
   c_steps_push_.assign(P, 0);
   c_tokens_push_.assign(P, 0);
   last_push_.assign(P, -1);
@@ -120,10 +121,17 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     if (step == total_steps_ && (opts_.apply == "rebase" || link_period_ > opts_.sync_every) && c_steps_[p] > 0 &&
         last_push_[p] != step)
       due = true;
+    // sync.apply = rebase: a push that fell due while the previous one was unanswered goes as soon as the answer is
+    // applied, not a whole period later (on a slow link the answers come about a period late).
+    if (overdue_[p] && sent_at_[p] < 0 && c_steps_[p] > 0) due = true;
     if (!due) continue;
     // sync.apply = rebase: while its previous push is unanswered a fragment does not push again (its progress stays
     // in θ for the next one): a new push would carry the outstanding one's part a second time.
-    if (opts_.apply == "rebase" && sent_at_[p] >= 0) continue;
+    if (opts_.apply == "rebase" && sent_at_[p] >= 0) {
+      overdue_[p] = true;
+      continue;
+    }
+    overdue_[p] = false;
     last_push_[p] = step;
     if (out.empty()) {  // the estimate that goes with this step's pushes
       last_step_time_ = acc_time_ / static_cast<double>(acc_steps_);
@@ -326,6 +334,7 @@ void LearnerCore::install(const at::Tensor& flat_model, const std::vector<int64_
     c_steps_[p] = c_tokens_[p] = 0;
     residual_[p].clear();
     last_push_[p] = -1;
+    overdue_[p] = false;
   }
   forget_in_flight();
   acc_time_ = 0;
@@ -361,6 +370,7 @@ void LearnerCore::install_fragments(const std::vector<int64_t>& fragments, const
     c_steps_[p] = c_tokens_[p] = 0;
     residual_[p].clear();
     last_push_[p] = -1;
+    overdue_[p] = false;
     sent_at_[p] = -1;
     pending_[p].reset();
     off += n;

@@ -293,30 +293,38 @@ TEST(LearnerCore, RebaseKeepsTheStepsTrainedSinceThePush) {
   EXPECT_EQ(core.c_steps(0), 2);
   EXPECT_EQ(core.c_tokens(0), 20);
   EXPECT_EQ(core.outstanding(0), -1);
-  // The next push (step 6: θ = 9) is the progress since version 1: Δ = 5 − 9 = −4, 4 steps.
+  // Step 4's push fell due while the push of step 2 was unanswered: it goes at step 5 (θ = 8), as soon as the
+  // answer is in, not at step 6. It carries the progress since version 1: Δ = 5 − 8 = −3, 3 steps.
   toy.train();
-  core.after_step(5, 10, 1.0);
-  toy.train();
-  auto pushes = core.after_step(6, 10, 1.0);
+  auto pushes = core.after_step(5, 10, 1.0);
   ASSERT_EQ(pushes.size(), 1u);
-  EXPECT_EQ(pushes[0].c_steps, 4);
-  for (float x : decode(pushes[0])) EXPECT_EQ(x, -4.0f);
+  EXPECT_EQ(pushes[0].step, 5);
+  EXPECT_EQ(pushes[0].c_steps, 3);
+  for (float x : decode(pushes[0])) EXPECT_EQ(x, -3.0f);
+  toy.train();
+  EXPECT_TRUE(core.after_step(6, 10, 1.0).empty());  // due, but step 5's push is unanswered
   // Version 2 (Θ = 10) does not hold it (covers 1: another learner's merge on version 1), applied at step 7
-  // (θ = 10): θ = 10 + (10 − 5) = 15, the push still outstanding, moved along with it (its θ 9 → 14).
+  // (θ = 10): θ = 10 + (10 − 5) = 15, the push still outstanding, moved along with it (its θ 8 → 13).
   toy.train();
   core.after_step(7, 10, 1.0);
   core.receive(0, 2, answer(core, 0, 10.0f), /*covers=*/1);
   ASSERT_EQ(core.apply_due(7).size(), 1u);
   EXPECT_EQ(toy.params[1].second[0].item<float>(), 15.0f);
-  EXPECT_EQ(core.outstanding(0), 6);
-  // Version 3 (Θ = 20) holds it; at step 8 (θ = 16): θ = 20 + (16 − 14) = 22, the 2 steps after the push.
+  EXPECT_EQ(core.outstanding(0), 5);
+  // Version 3 (Θ = 20) holds it; at step 8 (θ = 16): θ = 20 + (16 − 13) = 23, the 3 steps after the push.
   toy.train();
   core.after_step(8, 10, 1.0);
   core.receive(0, 3, answer(core, 0, 20.0f), /*covers=*/2);
   ASSERT_EQ(core.apply_due(8).size(), 1u);
-  EXPECT_EQ(toy.params[1].second[0].item<float>(), 22.0f);
-  EXPECT_EQ(core.c_steps(0), 2);
+  EXPECT_EQ(toy.params[1].second[0].item<float>(), 23.0f);
+  EXPECT_EQ(core.c_steps(0), 3);
   EXPECT_EQ(core.outstanding(0), -1);
+  // Step 6's push, overdue, goes at step 9 (θ = 24): 4 steps, Δ = 20 − 24.
+  toy.train();
+  pushes = core.after_step(9, 10, 1.0);
+  ASSERT_EQ(pushes.size(), 1u);
+  EXPECT_EQ(pushes[0].c_steps, 4);
+  for (float x : decode(pushes[0])) EXPECT_EQ(x, -4.0f);
 }
 
 // Rebase keeps progress across answers, so the last step pushes every fragment that has some (and none outstanding).

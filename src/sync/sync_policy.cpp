@@ -152,7 +152,10 @@ std::vector<double> cap_shares(std::vector<double> w, double cap) {
 
 double grace_window(const GraceStats& s, const SyncOptions& o) {
   if (!o.grace) return 0.0;
-  const double slack = static_cast<double>(o.overlap) * s.step.value - (s.quorum.value + s.sync.value);
+  // The steps a merge may take before its answer is late: τ for a learner that overwrites (it applies at send + τ);
+  // H for one that rebases (it applies whenever the answer comes, and needs it only before its next push).
+  const int64_t window = o.apply == "rebase" ? o.sync_every : o.overlap;
+  const double slack = static_cast<double>(window) * s.step.value - (s.quorum.value + s.sync.value);
   return std::min(o.grace_cap, std::max(0.0, o.grace_gamma * slack));
 }
 

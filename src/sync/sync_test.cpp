@@ -104,6 +104,25 @@ TEST(SyncOptionsCheck, RejectsInconsistentValues) {
   EXPECT_NO_THROW(o.validate());
 }
 
+TEST(SyncGrace, ARebasingLearnerLeavesTheWindowOpenForItsPeriod) {
+  // Overwriting, the answer is due τ steps after the push; rebasing, only before the next push, H steps after it.
+  SyncOptions o;
+  o.grace = true;
+  o.overlap = 5;
+  o.sync_every = 40;
+  o.grace_gamma = 0.8;
+  o.grace_cap = 100;
+  GraceStats s;
+  s.step.add(0.03, 0.0);  // ξ_step = 30 ms
+  s.quorum.add(0.0, 0.0);
+  s.sync.add(0.6, 0.0);   // a slow link: one synchronisation takes 20 steps
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);  // τ·ξ_step = 0.15 s < 0.6 s: no window
+  o.apply = "rebase";
+  EXPECT_NEAR(grace_window(s, o), 0.8 * (40 * 0.03 - 0.6), 1e-12);
+  s.sync.add(2.0, 0.0);  // slower than a period: closed again
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
+}
+
 TEST(SyncGrace, WindowFromMovingAverages) {
   SyncOptions o;
   o.grace = true;
