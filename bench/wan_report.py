@@ -868,11 +868,14 @@ def plot_losses(rows, m, methods, rates, t_eq, target, plots):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(rates), figsize=(3.6 * len(rates), 3.4), squeeze=False, sharey=True)
+    # One colour per method on every panel (a panel without some method's row must not shift the others' colours).
+    colour = {me: f"C{i}" for i, me in enumerate(methods)}
     for ax, r in zip(axes[0], rates):
         for me in methods:
             row = rows.get((m, me, r))
             if row and row["evals"]:
-                ax.plot([e[0] for e in row["evals"]], [e[1] for e in row["evals"]], marker=".", label=METHOD_NAMES[me])
+                ax.plot([e[0] for e in row["evals"]], [e[1] for e in row["evals"]], marker=".", label=METHOD_NAMES[me],
+                        color=colour[me])
         ax.axvline(t_eq, color="grey", lw=0.6, ls="--")
         ax.axhline(target, color="grey", lw=0.6, ls=":")
         ax.set_title(f"{m}, {rate_label(r)}")
