@@ -188,6 +188,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
   if (is_joined) {
     b.step_time = p.step_time;
     b.step = p.step;  // the step the push was taken at (it may have waited in the outbox): the syncer credits it
+    b.push_bytes = static_cast<int64_t>(p.payload.size());  // what crosses the link next: the syncer waits for it
     {
       std::lock_guard<std::mutex> lock(mu);
       b.state_round = L.state_round;

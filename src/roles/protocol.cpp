@@ -240,6 +240,7 @@ std::string encode_beat(const Beat& b) {
   if (b.state_round >= 0) j["state_round"] = b.state_round;
   if (b.broadcasts >= 0) j["broadcasts"] = b.broadcasts;
   if (!b.resend.empty()) j["resend"] = b.resend;
+  if (b.push_bytes >= 0) j["push_bytes"] = b.push_bytes;
   return j.dump();
 }
 
@@ -252,6 +253,7 @@ Beat parse_beat(const char* data, size_t n) {
   b.step_time = get_double(j, "step_time", "heartbeat");
   if (j.contains("state_round")) b.state_round = get_int(j, "state_round", "heartbeat", 0, kMaxI);
   if (j.contains("broadcasts")) b.broadcasts = get_int(j, "broadcasts", "heartbeat", 0, kMaxI);
+  if (j.contains("push_bytes")) b.push_bytes = get_int(j, "push_bytes", "heartbeat", 0, kMaxI);
   if (j.contains("resend")) {
     const auto& r = j["resend"];
     if (!r.is_array() || r.size() > kMaxResend)

@@ -144,6 +144,10 @@ struct Beat {
   // apply, not holding the version it is based on: the syncer sends the whole fragment next. Optional on the wire
   // (absent = none); at most kMaxResend.
   std::vector<int64_t> resend;
+  // The bytes of the fragment push that follows this heartbeat on the connection (learner_link.cpp, send_push;
+  // -1: none, or absent on the wire). A push on a slow link is silence while it crosses: before any push of the link
+  // was measured, the syncer allows for an announced one up to its patience cap (syncer_timers.cpp).
+  int64_t push_bytes = -1;
 };
 constexpr size_t kMaxResend = 4096;
 std::string encode_beat(const Beat& b);

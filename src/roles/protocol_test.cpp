@@ -71,6 +71,11 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   Beat c = parse_beat(s.data(), s.size());
   EXPECT_EQ(c.step, 10);
   EXPECT_DOUBLE_EQ(c.busy_seconds, 1.5);
+  EXPECT_EQ(c.push_bytes, -1);  // no push follows: absent on the wire
+  EXPECT_EQ(s.find("push_bytes"), std::string::npos);
+  b.push_bytes = 269640;  // the heartbeat right before a push announces its bytes
+  s = encode_beat(b);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).push_bytes, 269640);
   s = encode_leave("done");
   EXPECT_EQ(parse_leave(s.data(), s.size()), "done");
 }
@@ -99,6 +104,7 @@ TEST(Protocol, RefusesMalformedBodiesNamingTheField) {
   expect_error(R"({"round":1,"versions":[1],"resume_step":0,"chunks":0,"chunk_elements":0,"elements":50,"state_hash":"0000000000000000000000000000000000000000000000000000000000000001","state_held":1})",
                "state_held", parse_welcome);
   expect_error(R"({"step":1,"tokens":1,"busy_seconds":-1,"step_time":0})", "busy_seconds", parse_beat);
+  expect_error(R"({"step":1,"tokens":1,"busy_seconds":0,"step_time":0,"push_bytes":-5})", "push_bytes", parse_beat);
   expect_error(R"({"reason":"explode"})", "leave reason", parse_leave);
   expect_error(std::string(kMaxControlBytes + 1, ' '), "exceeds", parse_hello);
   expect_error(std::string(kMaxWelcomeBytes + 1, ' '), "exceeds", parse_welcome);

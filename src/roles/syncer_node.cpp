@@ -225,6 +225,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         // arriving is the push's time on the wire (upload), ξ_sync's first term.
         ++P.pushes_rx;
         P.last_push_at = t;
+        P.push_announced = 0;
         if (P.last_beat >= 0 && t >= P.last_beat) {
           upload_time.add(t - P.last_beat, cfg.sync.ema);
           P.upload_time.add(t - P.last_beat, cfg.sync.ema);
@@ -247,6 +248,7 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         auto b = proto::parse_beat(env.payload.data(), env.payload.size());
         P.last_beat = t;
         P.last_beat_step = b.step;
+        P.push_announced = std::max<int64_t>(0, b.push_bytes);
         if (b.step > P.step) P.advanced_at = t;
         P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
         P.tokens = std::max(P.tokens, b.tokens);

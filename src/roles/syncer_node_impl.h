@@ -137,6 +137,8 @@ struct Peer {
   // The step its latest heartbeat reported. The one right before a push reports the step the push was taken at
   // (a push can wait in the learner's outbox while later heartbeats report later steps): the push's own step.
   int64_t last_beat_step = 0;
+  // The push its latest heartbeat announced (Beat::push_bytes) and that has not arrived yet (0: none).
+  int64_t push_announced = 0;
   // ---- rejoin from peers (docs/reliability.md) ----
   // Where this learner serves state chunks to joining learners and its server's public key (its hello; "" : none).
   std::string serve, serve_key;
