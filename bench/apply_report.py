@@ -78,6 +78,11 @@ def report(a):
     L.append("")
     L.append("Bold: the mean over the seeds. Each rule's `--set` arguments are in the results file; the command that "
              "regenerates this page is `bench/apply_sim.sh` (about 10 minutes on 2 cores).\n")
+    L.append("How to read it: a rule is good on slow links when its loss with answers late stays near its loss with "
+             "answers on time. Overwriting loses the steps a learner trained between its push and the answer. A "
+             "rebasing learner keeps them, and its grace window spans H instead of τ (it needs the answer only "
+             "before its next push), so its merges hold both learners' pushes even with the answers late. The "
+             "testbed's rows of the same comparison are on docs/wan-apply.md.\n")
     open(a.doc, "w").write("\n".join(L) + "\n")
 
 

@@ -90,8 +90,8 @@ struct SyncOptions {
   // fragment with progress and none outstanding, so the final model holds it. Needs α = 0. Rebasing, an answer is
   // late only after H steps, and the grace window uses H for τ (grace_window()): the learners' pushes of a period
   // merge together on a slow link too. Measured (docs/apply-rule.md, docs/wan-apply.md): with the outer momentum
-  // lowered to 0.6 (kept work carries momentum of its own), rebase ends the demo as well with answers ~27 steps late
-  // as overwrite does with answers on time; at μ = 0.9 it overshoots. configs/demo.toml uses it.
+  // lowered to 0.6, rebase ends the demo better with answers ~27 steps late than overwrite does with answers on
+  // time; at μ = 0.9 it ends ~0.1 nats worse than at 0.6. configs/demo.toml uses it.
   std::string apply = "overwrite";
   double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
   // Contribution bounds that are on by default (0 = off), see receive(). The defaults sit far above anything an
