@@ -202,6 +202,9 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       part(um, "pending_at_end", "waiting at the end");
       part(a, "unaccounted", "not counted by the final syncer");
       if (!why.empty()) o << " (" << why << ")";
+      // More merged than sent: learner processes that were killed (chaos) wrote no final counts, so due and sent
+      // cover only the processes that finished; the syncer counted every push it merged.
+      if (merged > sent) o << "; due and sent count only the learner processes that finished (killed ones write none)";
       o << "\n";
     }
   }

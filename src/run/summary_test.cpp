@@ -125,6 +125,14 @@ TEST(RunSummary, PushAccountingAddsUpAcrossShards) {
                         "not counted by the final syncer)"),
             std::string::npos)
       << report;
+  EXPECT_EQ(report.find("killed ones write none"), std::string::npos);
+  // More merged than sent (a SIGKILLed learner process writes no counts): the line says whose pushes it counts.
+  PushTally survivor{5, 5, 0, 0, 0, 1};
+  run["push_accounting"] = push_accounting({survivor}, json{{"contributions_merged", 12}});
+  EXPECT_NE(final_report(run, "s.json").find("pushes: 5 due, 5 sent, 12 merged; due and sent count only the learner "
+                                             "processes that finished (killed ones write none)"),
+            std::string::npos)
+      << final_report(run, "s.json");
   // Nothing lost: no line.
   PushTally all{10, 10, 0, 0, 0, 1};
   run["push_accounting"] = push_accounting({all}, json{{"contributions_merged", 10}});
