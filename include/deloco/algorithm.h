@@ -69,10 +69,12 @@ struct AlgorithmConfig {
   int64_t broadcast_topk_bits = 0;          // net.broadcast_topk_bits: of a topk broadcast, 2 | 4 | 8 (0: topk_bits)
   bool broadcast_delta = false;             // net.broadcast_delta: broadcast a merge as the change against the
                                             // version the learner holds (Syncer::set_delta_broadcast); topk implies it
+  std::string auto_coarsest = "int4";       // net.auto_coarsest: the coarsest codec auto may fit before the sync
+                                            // period stretches: int4 | int2 | topk (sync/codec_fit.h)
 
   // Binds sync.*, merge.* (MergeConfig::Use::kTraining), outer.kind, outer.lr, outer.momentum, net.encoding,
   // net.broadcast_encoding, net.error_feedback, net.error_feedback_decay, net.topk_bits, net.topk_density,
-  // net.topk_chunk, net.broadcast_topk_density, net.broadcast_topk_bits, net.broadcast_delta.
+  // net.topk_chunk, net.broadcast_topk_density, net.broadcast_topk_bits, net.broadcast_delta, net.auto_coarsest.
   void bind(ConfigSchema& schema);
   // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
   // unknown preset.
@@ -85,6 +87,9 @@ struct AlgorithmConfig {
   // The codecs with their top-k options ("topk" resolves to kTopk2/4/8 by net.topk_bits). Throw ConfigError.
   Codec push_codec() const;
   Codec answer_codec() const;
+  // The top-k codecs of pushes and broadcasts whatever net.encoding says (net.auto_coarsest = topk's last rungs).
+  Codec push_topk_codec() const;
+  Codec answer_topk_codec() const;
   // Whether merges go out as deltas (net.broadcast_delta, or net.broadcast_encoding = topk).
   bool delta_broadcast() const { return broadcast_delta || broadcast_encoding == "topk" || broadcast_encoding == "auto"; }
   // net.encoding = auto / net.broadcast_encoding = auto: the codecs fitted to each link (sync/codec_fit.h). Until

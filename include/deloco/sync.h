@@ -208,12 +208,16 @@ struct Ema {
 
 struct GraceStats {
   Ema step, quorum, sync;  // ξ_step, ξ_quorum, ξ_sync
+  // The longest sync period of a live learner in steps when a fitted codec stretched it past H (net.encoding = auto:
+  // CodecFitter::longest_period; Syncer::set_link_period); 0: H.
+  int64_t period = 0;
 };
 
 // ξ_grace = min(cap, max(0, γ · (W·ξ_step − (ξ_quorum + ξ_sync)))); 0 when grace is off. W = τ (sync.apply =
 // overwrite: the answer must come within the overlap) or H (rebase: a learner keeps its work whenever the answer
 // comes, and needs it before its next push of the fragment; so on a slow link the window stays open and the
-// learners' pushes of one period merge together instead of one merge each).
+// learners' pushes of one period merge together instead of one merge each), or the stretched period s.period when
+// a link's codecs stretched it past H.
 double grace_window(const GraceStats& s, const SyncOptions& o);
 
 // A round's decision (Syncer::on_round, RoundResult::decision); the rule that makes it is the core's own (src/sync/policy.h).
@@ -453,6 +457,9 @@ class Syncer {
   // Whether learner m's accepted contribution waits in fragment p's round.
   bool holds(int64_t fragment, int64_t learner) const { return rounds_.at(fragment).waiting.count(learner) > 0; }
   double grace() const { return grace_window(stats_, opts_); }
+  // The longest live learner's sync period in steps when a fitted codec stretched it past H (0 or ≤ H: H): the span of
+  // a rebasing learner's grace window (grace_window). Drivers with net.encoding = auto set it after each fit.
+  void set_link_period(int64_t steps) { stats_.period = steps; }
   const GraceStats& stats() const { return stats_; }
   int64_t version(int64_t fragment) const { return rounds_.at(fragment).version; }
   // Current global tensors of a fragment (views into the syncer's state; clone before mutating).

@@ -149,6 +149,7 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
     case EntryKind::kRound:
       j = {{"t", e.t}, {"fragment", e.fragment}, {"results", checks_json(e.results)}};
       if (e.delta_encoding > 0) j["delta_encoding"] = e.delta_encoding;
+      if (e.link_period >= 0) j["link_period"] = e.link_period;
       break;
     case EntryKind::kConnected: j = {{"learner", e.learner}, {"connected", e.flag}}; break;
     case EntryKind::kRetire: j = {{"t", e.t}, {"learner", e.learner}}; break;
@@ -286,6 +287,7 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       e.results = checks_of(field(j, "results", what), fragments);
       if (e.results.size() != 1) throw WireError("replica round entry must carry one result");
       if (j.contains("delta_encoding")) e.delta_encoding = int_field(j, "delta_encoding", what, 1, kMaxEncoding);
+      if (j.contains("link_period")) e.link_period = int_field(j, "link_period", what, 0, int64_t{1} << 40);
       break;
     case EntryKind::kConnected: {
       e.learner = int_field(j, "learner", what, 0, learners - 1);
@@ -346,6 +348,7 @@ Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layou
     }
     case EntryKind::kRound:
       if (e.delta_encoding > 0) core.use_delta_encoding(static_cast<Encoding>(e.delta_encoding));
+      if (e.link_period >= 0) core.set_link_period(e.link_period);
       return {{core.on_round(e.t, e.fragment)}, SyncReject::kNone};
     case EntryKind::kConnected: core.set_connected(e.learner, e.flag); return {};
     case EntryKind::kRetire: core.retire(e.t, e.learner); return {};

@@ -77,6 +77,9 @@ struct Entry {
   // kRound, kDrain: the encoding the delta broadcast's next deltas use (net.broadcast_encoding = auto,
   // Syncer::use_delta_encoding; 0: unchanged, not on the wire).
   int64_t delta_encoding = 0;
+  // kRound: the longest live learner's fitted sync period, the span of a rebasing learner's grace window
+  // (net.encoding = auto, Syncer::set_link_period; -1: unchanged, not on the wire).
+  int64_t link_period = -1;
   nlohmann::json counters;      // kCounters, kImage: the node's counters (SyncerNode's checkpoint "counters")
   Syncer::Image image;          // kImage
   Bytes payload;                // kReceive: the push's encoded bytes

@@ -252,6 +252,41 @@ TEST(Replication, RoundsCarryTheDeltaCodecSoAStandbyEncodesTheSameDeltas) {
   EXPECT_THROW(apply(standby, bad, m.layouts), SyncError);
 }
 
+// net.encoding = auto: a round entry carries the longest fitted period, which sets a rebasing learner's grace window
+// (Syncer::set_link_period), so the standby decides its rounds with the leader's window.
+TEST(Replication, RoundsCarryTheLinkPeriodThatSpansTheGraceWindow) {
+  const Model m = model();
+  SyncOptions o = options();
+  o.apply = "rebase";
+  Leader leader{Syncer(o, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{}), m.layouts};
+  Syncer standby(o, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Driver d;
+  Entry push = d.push(m, 1.0, 0, 0);
+  Entry round;
+  round.kind = EntryKind::kRound;
+  round.t = 1.01;
+  round.fragment = 0;
+  round.link_period = 4 * o.sync_every;
+  for (Entry* e : {&push, &round}) {
+    leader.run(*e);
+    const Entry got = wire_trip(*e, 3, 2);
+    EXPECT_EQ(got.link_period, e->link_period);
+    apply(standby, got, m.layouts);
+  }
+  EXPECT_EQ(leader.core.stats().period, 4 * o.sync_every);
+  EXPECT_EQ(standby.stats().period, leader.core.stats().period);
+  // An entry without the field leaves the period as it was.
+  Entry later;
+  later.kind = EntryKind::kRound;
+  later.t = 2;
+  later.fragment = 1;
+  leader.run(later);
+  const Entry got = wire_trip(later, 3, 2);
+  EXPECT_EQ(got.link_period, -1);
+  apply(standby, got, m.layouts);
+  EXPECT_EQ(standby.stats().period, 4 * o.sync_every);
+}
+
 TEST(Replication, ALateStandbyFollowsFromAnImageThatTheLeaderAppliesToo) {
   const Model m = model();
   Leader leader{Syncer(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{}), m.layouts};

@@ -339,11 +339,19 @@ void SyncerNode::Impl::refit_codecs(int64_t m) {
   if (cfg.push_auto()) send_beat(m);  // the learner switches at its next step boundary
 }
 
-int64_t SyncerNode::Impl::next_delta_encoding() {
-  if (!fitter || !cfg.broadcast_auto()) return 0;
+std::vector<bool> SyncerNode::Impl::live_learners() const {
   std::vector<bool> live(static_cast<size_t>(M));
   for (int64_t m = 0; m < M; ++m) live[static_cast<size_t>(m)] = peers[m].alive && !retired[m];
-  const int j = fitter->broadcast(live);
+  return live;
+}
+
+int64_t SyncerNode::Impl::next_link_period() const {
+  return fitter ? fitter->longest_period(live_learners()) : -1;
+}
+
+int64_t SyncerNode::Impl::next_delta_encoding() {
+  if (!fitter || !cfg.broadcast_auto()) return 0;
+  const int j = fitter->broadcast(live_learners());
   if (j != delta_choice) {
     ++codec_changes;
     emit(rec::broadcast_codec_record(*fitter, delta_choice, j));

@@ -207,6 +207,10 @@ struct SyncerNode::Impl {
   // net.broadcast_encoding = auto: the encoding the next merge's delta uses (recorded when it changes); 0 otherwise.
   // Carried by the kRound / kDrain journal entry, so leader and standby encode the same deltas.
   int64_t next_delta_encoding();
+  // net.encoding or net.broadcast_encoding = auto: the longest live learner's fitted period (the kRound entry's
+  // link_period: the grace window of rebasing learners spans it); -1 otherwise.
+  int64_t next_link_period() const;
+  std::vector<bool> live_learners() const;  // alive and not retired, by learner id
   std::vector<syncer_detail::Peer> peers;
   AnswerMarks answer_marks;  // by learner id and local fragment: the push each broadcast answers
   std::map<std::string, int64_t> route_to_id;
@@ -367,6 +371,7 @@ struct SyncerNode::Impl {
     e.t = t;
     e.fragment = p;
     e.delta_encoding = next_delta_encoding();
+    e.link_period = next_link_period();
     return journal(std::move(e)).rounds.at(0);
   }
   void core_observe(double upload, double merge, double broadcast) {

@@ -99,7 +99,7 @@ void SimConfig::validate(const RunConfig& run) const {
 namespace {
 
 enum EventKind { kStepDone, kArrive, kTimer, kAnswer, kRefused, kFail, kRejoin, kRestore, kStragglerOn, kStragglerOff,
-                 kPauseOn, kPauseOff, kEval };
+                 kPauseOn, kPauseOff, kEval, kRetire };
 
 struct Snapshot {  // a merged fragment in flight, decoded once and shared by every receiver of one broadcast
   int64_t fragment = -1;
@@ -130,10 +130,12 @@ struct Learner {
   std::mt19937_64 rng, chaos_rng;
   double speed = 1.0, straggle = 1.0;
   bool up = true, done = false, waiting = false, stepping = false;
+  bool retired = false;  // its goodbye reached the syncer (after its last pushes: on_retire)
   int64_t epoch = 0, tokens = 0;
   int64_t bytes_up = 0, bytes_down = 0;  // frames this learner sent and was sent
   double step_started = 0, step_duration = 0, wait_started = 0;
   double useful = 0, waited = 0, lost = 0;
+  double last_arrival = 0;  // when the latest push this learner sent reaches the syncer
 };
 
 }  // namespace
@@ -232,16 +234,29 @@ struct Simulator::Impl {
           first_done_t = now;
           stalled_at_first_done = stalled_time;
         }
-        syncer->retire(now, m);
         rec::LearnerDone d;
         d.learner = m;
         d.step = step;
         emit(d);
-        for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
+        // The syncer node retires a learner on its goodbye, which follows its last pushes on the same link: until
+        // they are in, a finishing learner's final pushes may still merge with its peers' (the grace window).
+        Event g;
+        g.t = std::max(now, L.last_arrival) + cfg.sim.latency;
+        g.kind = kRetire;
+        g.learner = m;
+        g.epoch = L.epoch;
+        push(g);
       }
       return;
     }
     start_step(m);
+  }
+
+  // A finished learner's goodbye: the syncer stops waiting for it and merges what waits.
+  void on_retire(const Event& e) {
+    learners[e.learner].retired = true;
+    syncer->retire(now, e.learner);
+    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
   }
 
   void on_step_done(const Event& e) {
@@ -271,6 +286,7 @@ struct Simulator::Impl {
       ++inflight;
       Event a;
       a.t = now + transfer(bytes);
+      L.last_arrival = std::max(L.last_arrival, a.t);
       a.kind = kArrive;
       a.contribution = c;
       a.epoch = L.epoch;
@@ -296,11 +312,14 @@ struct Simulator::Impl {
     L.core->set_link_period(c->period > cfg.sync.sync_every ? c->period : 0);
   }
 
-  // net.broadcast_encoding = auto: the coarsest of the live learners' fits encodes the next merge's delta.
+  // Before each merge: the grace window spans the longest live learner's fitted period, and (net.broadcast_encoding =
+  // auto) the coarsest of the live learners' fits encodes the merge's delta.
   void fit_delta_codec() {
-    if (!fitter || !cfg.broadcast_auto()) return;
+    if (!fitter) return;
     std::vector<bool> live(learners.size());
-    for (size_t m = 0; m < learners.size(); ++m) live[m] = learners[m].up && !learners[m].done;
+    for (size_t m = 0; m < learners.size(); ++m) live[m] = learners[m].up && !learners[m].retired;
+    syncer->set_link_period(fitter->longest_period(live));
+    if (!cfg.broadcast_auto()) return;
     const int j = fitter->broadcast(live);
     if (j == delta_choice) return;
     ++codec_changes;
@@ -697,6 +716,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       case kArrive: I.on_arrive(e.contribution, e.epoch); break;
       case kRefused: I.on_refused(e); break;
       case kTimer: I.try_merge(e.fragment); break;
+      case kRetire: I.on_retire(e); break;
       case kAnswer: I.on_answer(e); break;
       case kFail: I.on_fail(e); break;
       case kRejoin: I.on_rejoin(e); break;

@@ -311,6 +311,30 @@ TEST(SimCompression, ErrorFeedbackDecayReachesThePushes) {
 
 // The runtime's hang of issue 10 under the simulator: τ = 5 with waiting and K = 2 of 2. Every answer that comes
 // within τ steps clears its send; the run reaches train.steps with every fragment merged at each of its sends.
+// The syncer node retires a learner on its goodbye, which follows its last pushes on the same link: a finishing
+// learner's final pushes, still on their way, merge with its peers' inside the grace window, not one by one as
+// they arrive after everybody stopped (on a slow link one outer step per learner's push at the very end).
+TEST(SimDecoupled, FinalPushesInFlightMergeWithTheirPeers) {
+  RunConfig run = sim_run(24);
+  SimConfig cfg = decoupled(2);
+  cfg.sync.sync_every = 8;
+  cfg.sync.apply = "rebase";  // the window spans H: it stays open for pushes slower than τ steps
+  cfg.sync.grace_cap = 100;
+  cfg.sim.jitter = 0;
+  cfg.sim.latency = 1.5;  // a push travels 1.5 steps: the last ones are in flight when the learners finish
+  Simulator sim(run, cfg, sim_corpus());
+  int64_t done = 0, after = 0, after_both = 0;
+  sim.run([&](const nlohmann::json& j) {
+    if (j["kind"] == "learner_done") ++done;
+    if (j["kind"] != "merge" || done < 2) return;
+    ++after;
+    after_both += j["learners"].size() == 2 ? 1 : 0;
+  });
+  EXPECT_EQ(sim.learner(0).step(), 24);
+  EXPECT_EQ(after, 1);  // fragment 0's final pushes (fragment 1's went at step 20): one merge of both, not two
+  EXPECT_EQ(after_both, 1);
+}
+
 TEST(SimStreaming, TauWithWaitingFinishesWithEveryRoundMerged) {
   RunConfig run = sim_run(60);
   SimConfig cfg;

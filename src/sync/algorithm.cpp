@@ -158,6 +158,15 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
                       ? std::string()
                       : "net.broadcast_topk_bits must be 0, 2, 4 or 8 (got " + std::to_string(broadcast_topk_bits) + ")";
          });
+  s.bind("net.auto_coarsest", &auto_coarsest,
+         "the coarsest codec net.encoding / net.broadcast_encoding = auto may fit before the sync period stretches: "
+         "int4 | int2 | topk (then int2 too; top-k with the net.topk_* / net.broadcast_topk_* options): "
+         "docs/runtime.md",
+         [this] {
+           return auto_coarsest == "int4" || auto_coarsest == "int2" || auto_coarsest == "topk"
+                      ? std::string()
+                      : "net.auto_coarsest must be int4, int2 or topk (got '" + auto_coarsest + "')";
+         });
   s.bind("net.broadcast_topk_density", &broadcast_topk_density,
          "fraction of a topk broadcast's entries kept, in (0, 1] (0: net.topk_density)", [this] {
            return broadcast_topk_density >= 0 && broadcast_topk_density <= 1
@@ -192,6 +201,13 @@ Codec AlgorithmConfig::answer_codec() const {
   return codec_of(broadcast_encoding, broadcast_topk_bits > 0 ? broadcast_topk_bits : topk_bits,
                   broadcast_topk_density > 0 ? broadcast_topk_density : topk_density,
                   topk_chunk);
+}
+
+Codec AlgorithmConfig::push_topk_codec() const { return codec_of("topk", topk_bits, topk_density, topk_chunk); }
+
+Codec AlgorithmConfig::answer_topk_codec() const {
+  return codec_of("topk", broadcast_topk_bits > 0 ? broadcast_topk_bits : topk_bits,
+                  broadcast_topk_density > 0 ? broadcast_topk_density : topk_density, topk_chunk);
 }
 
 void AlgorithmConfig::validate() const {

@@ -19,8 +19,12 @@ double leb128_bytes(double v) {
   return bytes;
 }
 
-std::vector<Codec> dense_ladder() {
-  return {Codec(Encoding::kFp32), Codec(Encoding::kBf16), Codec(Encoding::kInt8), Codec(Encoding::kInt4)};
+// fp32, bf16, int8, int4, then down to net.auto_coarsest: int2, and the top-k codec `topk`.
+std::vector<Codec> auto_ladder(const std::string& coarsest, const Codec& topk) {
+  std::vector<Codec> l = {Codec(Encoding::kFp32), Codec(Encoding::kBf16), Codec(Encoding::kInt8), Codec(Encoding::kInt4)};
+  if (coarsest == "int2" || coarsest == "topk") l.emplace_back(Encoding::kInt2);
+  if (coarsest == "topk") l.push_back(topk);
+  return l;
 }
 
 }  // namespace
@@ -69,12 +73,12 @@ CodecLadder codec_ladder(const std::vector<Codec>& codecs, const std::vector<int
 
 std::vector<Codec> push_codecs(const AlgorithmConfig& cfg) {
   if (cfg.encoding != "auto") return {cfg.push_codec()};
-  return dense_ladder();
+  return auto_ladder(cfg.auto_coarsest, cfg.push_topk_codec());
 }
 
 std::vector<Codec> broadcast_codecs(const AlgorithmConfig& cfg) {
   if (cfg.broadcast_encoding != "auto") return {cfg.answer_codec()};
-  return dense_ladder();
+  return auto_ladder(cfg.auto_coarsest, cfg.answer_topk_codec());
 }
 
 namespace {
@@ -234,6 +238,13 @@ int CodecFitter::broadcast(const std::vector<bool>& live) const {
   for (size_t m = 0; m < choice_.size() && m < live.size(); ++m)
     if (live[m] && choice_[m].period > 0) j = std::max(j, choice_[m].broadcast);
   return j >= 0 ? j : start_index(bcast_);
+}
+
+int64_t CodecFitter::longest_period(const std::vector<bool>& live) const {
+  int64_t h = 0;
+  for (size_t m = 0; m < choice_.size() && m < live.size(); ++m)
+    if (live[m]) h = std::max(h, choice_[m].period);
+  return h;
 }
 
 std::unique_ptr<CodecFitter> make_codec_fitter(const AlgorithmConfig& cfg, const std::vector<int64_t>& fragment_elements,

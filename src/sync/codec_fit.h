@@ -159,6 +159,9 @@ class CodecFitter {
   // The broadcast ladder index for the next merge: the coarsest choice among the learners `live` marks (the ladder's
   // kAutoStart codec while none of them has been fitted).
   int broadcast(const std::vector<bool>& live) const;
+  // The longest fitted sync period among the learners `live` marks (0 while none has been fitted): the span of the
+  // grace window for rebasing learners (Syncer::set_link_period).
+  int64_t longest_period(const std::vector<bool>& live) const;
   const CodecLadder& push_ladder() const { return push_; }
   const CodecLadder& broadcast_ladder() const { return bcast_; }
   const LinkEstimate& up(int64_t m) const { return up_.at(static_cast<size_t>(m)); }

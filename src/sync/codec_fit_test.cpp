@@ -277,6 +277,57 @@ TEST(CodecLadders, AutoListsFp32ToInt4AndAFixedEncodingItself) {
   EXPECT_EQ(l.all[0], 2400 + 3 * kWireHeaderBytes);
 }
 
+TEST(CodecLadders, AutoCoarsestAddsInt2AndTheTopkCodecBelowInt4) {
+  AlgorithmConfig cfg;
+  cfg.encoding = "auto";
+  cfg.broadcast_encoding = "auto";
+  cfg.topk_bits = 4;
+  cfg.topk_density = 0.05;
+  cfg.broadcast_topk_bits = 8;
+  cfg.auto_coarsest = "int2";
+  ASSERT_EQ(push_codecs(cfg).size(), 5u);
+  EXPECT_EQ(push_codecs(cfg).back().encoding, Encoding::kInt2);
+  cfg.auto_coarsest = "topk";
+  const auto push = push_codecs(cfg), bc = broadcast_codecs(cfg);
+  ASSERT_EQ(push.size(), 6u);
+  EXPECT_EQ(push[4].encoding, Encoding::kInt2);
+  EXPECT_EQ(push[5].encoding, Encoding::kTopk4);  // net.topk_bits, whatever net.encoding says
+  EXPECT_DOUBLE_EQ(push[5].topk.density, 0.05);
+  ASSERT_EQ(bc.size(), 6u);
+  EXPECT_EQ(bc[5].encoding, Encoding::kTopk8);    // net.broadcast_topk_bits
+  EXPECT_EQ(start_index(codec_ladder(push, {1000})), 3);  // auto still starts at int4
+  EXPECT_EQ(cfg.push_codec().encoding, Encoding::kInt4);
+  // A top-k rung is the ladder's cheapest.
+  const CodecLadder l = codec_ladder(push, {100000});
+  EXPECT_LT(l.all[5], l.all[4]);
+  EXPECT_LT(l.all[4], l.all[3]);
+  ConfigSchema schema;
+  cfg.bind(schema);
+  schema.apply_override("net.auto_coarsest=int1");
+  try {
+    schema.validate();
+    FAIL() << "accepted net.auto_coarsest=int1";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("net.auto_coarsest"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CodecFitter, TheLongestLivePeriodSpansTheGraceWindow) {
+  CodecFitter f(ladder3(), ladder3(), opts(10, 10), 2, 0.9);
+  EXPECT_EQ(f.longest_period({true, true}), 0);  // nobody fitted
+  for (int i = 0; i < 3; ++i) {
+    f.observe_upload(0, 1000, 1000.0 / 1500.0);
+    f.observe_download(0, 1000, 1000.0 / 1500.0);
+    f.observe_upload(1, 1000, 10.0);
+    f.observe_download(1, 1000, 10.0);
+  }
+  ASSERT_TRUE(f.refit(0, 0.1));
+  ASSERT_TRUE(f.refit(1, 0.1));
+  EXPECT_EQ(f.longest_period({true, true}), 17);   // learner 1's stretched period
+  EXPECT_EQ(f.longest_period({true, false}), 10);  // learner 0's: H
+  EXPECT_EQ(f.longest_period({false, false}), 0);
+}
+
 TEST(CodecLadders, TheConfigAcceptsAutoAndNamesTheKeyOtherwise) {
   AlgorithmConfig cfg;
   ConfigSchema s;

@@ -153,8 +153,9 @@ std::vector<double> cap_shares(std::vector<double> w, double cap) {
 double grace_window(const GraceStats& s, const SyncOptions& o) {
   if (!o.grace) return 0.0;
   // The steps a merge may take before its answer is late: τ for a learner that overwrites (it applies at send + τ);
-  // H for one that rebases (it applies whenever the answer comes, and needs it only before its next push).
-  const int64_t window = o.apply == "rebase" ? o.sync_every : o.overlap;
+  // H for one that rebases (it applies whenever the answer comes, and needs it only before its next push), or its
+  // period as a fitted codec stretched it.
+  const int64_t window = o.apply == "rebase" ? std::max(o.sync_every, s.period) : o.overlap;
   const double slack = static_cast<double>(window) * s.step.value - (s.quorum.value + s.sync.value);
   return std::min(o.grace_cap, std::max(0.0, o.grace_gamma * slack));
 }

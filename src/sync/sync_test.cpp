@@ -121,6 +121,14 @@ TEST(SyncGrace, ARebasingLearnerLeavesTheWindowOpenForItsPeriod) {
   EXPECT_NEAR(grace_window(s, o), 0.8 * (40 * 0.03 - 0.6), 1e-12);
   s.sync.add(2.0, 0.0);  // slower than a period: closed again
   EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
+  // A fitted codec stretched a learner's period to 160 steps (net.encoding = auto): the window spans it.
+  s.period = 160;
+  EXPECT_NEAR(grace_window(s, o), 0.8 * (160 * 0.03 - 2.0), 1e-12);
+  s.period = 20;  // never shorter than H
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
+  s.period = 160;
+  o.apply = "overwrite";  // an overwriting learner's answer is still due τ steps after its push
+  EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
 }
 
 TEST(SyncGrace, WindowFromMovingAverages) {
