@@ -2,9 +2,9 @@
 // chosen from what was measured on that link (docs/runtime.md, "Codecs fitted to the link").
 //
 // The rule (fit_codecs), per learner m, over two ladders of codecs ordered finest first (push: fp32, bf16, int8,
-// int4; broadcast: the same, each a delta against the version the learners hold). Nothing coarser than int4: a longer
-// sync period costs far less than int2 or top-k (measured with `deloco sim`, docs/runtime.md), so past int4 the
-// period stretches instead:
+// int4; broadcast: the same, each a delta against the version the learners hold). Nothing coarser than int4 by
+// default: a longer sync period costs far less than int2 or top-k (measured with `deloco sim`, docs/runtime.md), so
+// past int4 the period stretches instead (net.auto_coarsest = int2 or topk extends both ladders down to them):
 //   T = H·ξ_m                          the learner's sync period in seconds (ξ_m: its seconds per inner step)
 //   up(i)   = A_push(i) / r_up         the seconds to push every fragment once in push codec i
 //   down(j) = b·A_bcast(j) / r_down    the seconds of the broadcasts over one period (b: merges of each fragment
@@ -91,6 +91,7 @@ struct LinkEstimate {
   static constexpr size_t kWindow = 16;
   static constexpr double kMinRateBytes = 64 * 1024;
   static constexpr size_t kMinSamples = 3;  // no rate from fewer (one far-off sample would be the estimate)
+  static constexpr double kLatencySpread = 2;  // the latency is fitted only when the largest sample is ≥ 2× the smallest
   bool sized = false;  // a sample of at least kMinRateBytes was seen (smaller ones are then ignored)
   std::vector<std::pair<double, double>> samples;  // the last kWindow (bytes, seconds), oldest first
   double latency = 0;
