@@ -76,7 +76,8 @@ struct SyncOptions {
                                     // never waits, applies answers whenever they arrive (Decoupled DiLoCo)
   bool grace = false;               // adaptive grace window after the quorum
   double grace_gamma = 0.8;         // γ
-  double grace_cap = 60.0;          // hard cap on the grace window (seconds)
+  double grace_cap = 60.0;          // hard cap on the grace window (seconds; × the stretch of a rebasing
+                                    // learner's period, grace_window())
   double ema = 0.9;                 // decay of the moving averages ξ_step, ξ_quorum, ξ_sync
   std::string weighting = "token";  // token | uniform
   std::string delta_anchor = "global";  // global (Θ_p now) | base (Θ_p the learner last received)
@@ -217,7 +218,7 @@ struct GraceStats {
 // overwrite: the answer must come within the overlap) or H (rebase: a learner keeps its work whenever the answer
 // comes, and needs it before its next push of the fragment; so on a slow link the window stays open and the
 // learners' pushes of one period merge together instead of one merge each), or the stretched period s.period when
-// a link's codecs stretched it past H.
+// a link's codecs stretched it past H, and then the cap grows with it (cap · s.period / H).
 double grace_window(const GraceStats& s, const SyncOptions& o);
 
 // A round's decision (Syncer::on_round, RoundResult::decision); the rule that makes it is the core's own (src/sync/policy.h).

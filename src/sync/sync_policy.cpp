@@ -73,7 +73,9 @@ void SyncOptions::bind(ConfigSchema& s) {
   s.bind("sync.wait_for_answer", &wait_for_answer, "learners block at send+tau until the answer came");
   s.bind("sync.grace", &grace, "adaptive grace window after the quorum");
   s.bind("sync.grace_gamma", &grace_gamma, "gamma: fraction of the slack used as grace");
-  s.bind("sync.grace_cap", &grace_cap, "hard cap on the grace window (seconds)");
+  s.bind("sync.grace_cap", &grace_cap,
+         "hard cap on the grace window (seconds; with sync.apply = rebase, times the stretch of a period fitted "
+         "to a slow link: docs/runtime.md)");
   s.bind("sync.ema", &ema, "decay of the moving averages of step, quorum and sync times");
   s.bind("sync.weighting", &weighting, "token | uniform");
   s.bind("sync.delta_anchor", &delta_anchor, "global | base");
@@ -157,7 +159,11 @@ double grace_window(const GraceStats& s, const SyncOptions& o) {
   // period as a fitted codec stretched it.
   const int64_t window = o.apply == "rebase" ? std::max(o.sync_every, s.period) : o.overlap;
   const double slack = static_cast<double>(window) * s.step.value - (s.quorum.value + s.sync.value);
-  return std::min(o.grace_cap, std::max(0.0, o.grace_gamma * slack));
+  // The cap bounds the window of one period of H steps; a stretched period stretches it by as much.
+  const double cap = o.apply == "rebase" && o.sync_every > 0
+                         ? o.grace_cap * static_cast<double>(window) / static_cast<double>(o.sync_every)
+                         : o.grace_cap;
+  return std::min(cap, std::max(0.0, o.grace_gamma * slack));
 }
 
 int64_t effective_quorum(const RoundState& s, const SyncOptions& o) {

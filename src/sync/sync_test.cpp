@@ -124,6 +124,9 @@ TEST(SyncGrace, ARebasingLearnerLeavesTheWindowOpenForItsPeriod) {
   // A fitted codec stretched a learner's period to 160 steps (net.encoding = auto): the window spans it.
   s.period = 160;
   EXPECT_NEAR(grace_window(s, o), 0.8 * (160 * 0.03 - 2.0), 1e-12);
+  o.grace_cap = 0.25;  // the cap of one period of H, stretched 4x with it: 1 s, under the slack's 2.24 s
+  EXPECT_NEAR(grace_window(s, o), 1.0, 1e-12);
+  o.grace_cap = 100;
   s.period = 20;  // never shorter than H
   EXPECT_DOUBLE_EQ(grace_window(s, o), 0.0);
   s.period = 160;
