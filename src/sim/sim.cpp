@@ -314,7 +314,7 @@ struct Simulator::Impl {
 
   // Before each merge: the grace window spans the longest live learner's fitted period, and (net.broadcast_encoding =
   // auto) the coarsest of the live learners' fits encodes the merge's delta.
-  void fit_delta_codec() {
+  void fit_round() {
     if (!fitter) return;
     std::vector<bool> live(learners.size());
     for (size_t m = 0; m < learners.size(); ++m) live[m] = learners[m].up && !learners[m].retired;
@@ -379,7 +379,7 @@ struct Simulator::Impl {
 
   void try_merge(int64_t p) {
     if (paused) return;
-    fit_delta_codec();
+    fit_round();
     RoundResult r = syncer->on_round(now, p);
     if (r.decision.kind == RoundDecision::kWaitUntil) {
       Event e;

@@ -195,20 +195,21 @@ Codec codec_of(const std::string& name, int64_t bits, double density, int64_t ch
 }
 }  // namespace
 
-Codec AlgorithmConfig::push_codec() const { return codec_of(encoding, topk_bits, topk_density, topk_chunk); }
-
-Codec AlgorithmConfig::answer_codec() const {
-  return codec_of(broadcast_encoding, broadcast_topk_bits > 0 ? broadcast_topk_bits : topk_bits,
-                  broadcast_topk_density > 0 ? broadcast_topk_density : topk_density,
-                  topk_chunk);
+namespace {
+// A push codec named `name` with the net.topk_* options; a broadcast one with net.broadcast_topk_* (0: net.topk_*).
+Codec push_codec_named(const AlgorithmConfig& c, const std::string& name) {
+  return codec_of(name, c.topk_bits, c.topk_density, c.topk_chunk);
 }
-
-Codec AlgorithmConfig::push_topk_codec() const { return codec_of("topk", topk_bits, topk_density, topk_chunk); }
-
-Codec AlgorithmConfig::answer_topk_codec() const {
-  return codec_of("topk", broadcast_topk_bits > 0 ? broadcast_topk_bits : topk_bits,
-                  broadcast_topk_density > 0 ? broadcast_topk_density : topk_density, topk_chunk);
+Codec answer_codec_named(const AlgorithmConfig& c, const std::string& name) {
+  return codec_of(name, c.broadcast_topk_bits > 0 ? c.broadcast_topk_bits : c.topk_bits,
+                  c.broadcast_topk_density > 0 ? c.broadcast_topk_density : c.topk_density, c.topk_chunk);
 }
+}  // namespace
+
+Codec AlgorithmConfig::push_codec() const { return push_codec_named(*this, encoding); }
+Codec AlgorithmConfig::answer_codec() const { return answer_codec_named(*this, broadcast_encoding); }
+Codec AlgorithmConfig::push_topk_codec() const { return push_codec_named(*this, "topk"); }
+Codec AlgorithmConfig::answer_topk_codec() const { return answer_codec_named(*this, "topk"); }
 
 void AlgorithmConfig::validate() const {
   try {
