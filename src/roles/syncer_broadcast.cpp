@@ -47,10 +47,10 @@ proto::Frame SyncerNode::Impl::beat_frame(int64_t m, const proto::SyncerBeat& b)
   return proto::make_frame(h, proto::encode_syncer_beat(b), limits);
 }
 
-void SyncerNode::Impl::send_beat(int64_t m) {
+void SyncerNode::Impl::send_beat(int64_t m, bool broadcast_next) {
   proto::SyncerBeat b;
   b.pushes = peers[m].pushes_rx;
-  b.patience = patience(peers[m].broadcast_time);
+  b.patience = announced_patience(peers[m], broadcast_next);
   if (cfg.sync.dynamic_local_updates) b.sync_every = peers[m].sync_every_told = core->local_updates(m);
   if (fitter && cfg.push_auto() && fitter->choice(m).period > 0) {
     const CodecChoice& c = fitter->choice(m);
@@ -157,6 +157,8 @@ void SyncerNode::Impl::pump(int64_t m) {
     if (P.acks && !P.in_flight.empty() && P.in_flight_bytes + bytes > send_window) return;
     // A standby follows: no learner sees a merge before the standby holds it (a takeover then loses none).
     if (!acked(next->second)) return;
+    // An idle link none of whose broadcasts was measured yet: its learner hears the patience for it first.
+    if (P.acks && P.in_flight.empty() && !P.broadcast_time.seeded) send_beat(m, /*broadcast_next=*/true);
     MessageHeader h = as_delta ? next->second.delta_header : next->second.header;
     h.learner_id = static_cast<uint32_t>(m);
     h.c_steps = ++P.seq;  // the delivery sequence number the learner acknowledges (Beat::broadcasts)

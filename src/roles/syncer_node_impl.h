@@ -527,10 +527,20 @@ struct SyncerNode::Impl {
     if (P.broadcast_time.seeded || !(seconds > 0) || !(bytes > 0)) return;
     P.broadcast_time.add(static_cast<double>(send_window) / 2 / (bytes / seconds), cfg.sync.ema);
   }
+  // The patience announced to P's learner (SyncerBeat::patience). Measured (or seeded) broadcast time: patience().
+  // None measured yet while broadcasts are on their way or about to go (`broadcast_next`): the cap, 20
+  // net.dead_after, as for a push announced on an unmeasured link. At 1 Mbit/s the larger model's first broadcast
+  // went out before that learner's first push had arrived; the heartbeat queued behind it arrived 3 s late and
+  // the learner counted the syncer gone, rejoining for 18 s. Nothing while the link carries none.
+  double announced_patience(const syncer_detail::Peer& P, bool broadcast_next) const {
+    if (P.broadcast_time.seeded) return patience(P.broadcast_time);
+    return P.acks && (broadcast_next || !P.in_flight.empty()) ? 20 * cfg.net.dead_after : 0.0;
+  }
   // A heartbeat frame to learner m carrying b (the header's round: this syncer's merge count).
   proto::Frame beat_frame(int64_t m, const proto::SyncerBeat& b) const;
-  // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically).
-  void send_beat(int64_t m);
+  // proto::SyncerBeat to learner m: the pushes read on its connection (after each push, and periodically);
+  // `broadcast_next`: a broadcast follows it on the link (see announced_patience).
+  void send_beat(int64_t m, bool broadcast_next = false);
 
   // A learner finished: it no longer counts towards the quorum. Checkpointed at once, so a resumed syncer does
   // not wait for a learner that will never come back.

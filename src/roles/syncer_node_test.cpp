@@ -372,3 +372,79 @@ TEST(SyncerNode, ANormRefusedFragmentMergesAgainWithinTwoRounds) {
 
 }  // namespace
 }  // namespace deloco
+
+namespace deloco {
+namespace syncer_node_cases {
+
+// Stop 66's testbed run at 1 Mbit/s: the larger model's first merge broadcast to learner 0 before that learner's
+// first push had arrived (nothing measured on its link, so the syncer announced no patience); the heartbeat queued
+// behind the broadcast arrived 3 s late, the learner counted the syncer gone and rejoined for 18 s. Now, before the
+// first broadcast on a link none of whose broadcasts was measured, the learner hears the patience cap (20
+// net.dead_after); once it acknowledges one, the patience follows the measured time. Learner 0 is a real learner
+// node that pushes; learner 1 is hand-made: it joins without a download and never pushes, so nothing seeds its link.
+TEST(SyncerNode, AnUnmeasuredLinkHearsThePatienceCapBeforeItsFirstBroadcast) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_first_patience_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.net.dead_after = 5.0;  // learner 1 is read continuously; its cap is 100 s
+  cfg.run.train.steps = 8;
+  const uint64_t fp = parse_fingerprint_hex(gpt_workloads(cfg.run, corpus())(0, 1)->fingerprint());
+  auto hub = make_inproc_hub();
+  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [](const nlohmann::json&) {});
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+
+  Client c1{make_inproc_client(hub, "learner-1"), fp, 1};
+  c1.hello(/*instance=*/7, /*want_state=*/false);
+  ASSERT_TRUE(c1.next(MessageKind::kWelcome, 30).has_value());
+  proto::Beat beat;
+  beat.broadcasts = 0;  // it acknowledges broadcasts (none received yet)
+  c1.send(MessageKind::kHeartbeat, proto::encode_beat(beat));
+
+  nlohmann::json s0;
+  std::thread l0([&] {
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(), [](const nlohmann::json&) {});
+    s0 = node.run(never);
+  });
+  testing::JoinOnExit join_l0{&l0};
+
+  // Learner 1's link, in order: the heartbeats' patience up to its first broadcast; then, once it acknowledged
+  // that broadcast, the first heartbeat whose patience is below the cap (the measured time's).
+  double before_first = -1, after_ack = -1;
+  int64_t acked = -1;
+  const auto deadline = clk::now() + std::chrono::seconds(60);
+  double last = -1;
+  while (clk::now() < deadline && after_ack < 0) {
+    Envelope env;
+    if (!c1.tx->receive(&env, std::chrono::milliseconds(20))) continue;
+    const MessageHeader h = decode_header(env.header.data(), env.header.size());
+    if (h.kind == MessageKind::kHeartbeat && !env.payload.empty()) {
+      last = proto::parse_syncer_beat(env.payload.data(), env.payload.size()).patience;
+      // (a heartbeat the syncer sent before it read the acknowledgement may still carry the cap)
+      if (acked >= 0 && last < 20 * cfg.net.dead_after) after_ack = last;
+    }
+    if ((h.kind == MessageKind::kFragmentBroadcast || h.kind == MessageKind::kFragmentDelta) && acked < 0) {
+      before_first = last;
+      acked = static_cast<int64_t>(h.c_steps);
+      beat.broadcasts = acked;
+      c1.send(MessageKind::kHeartbeat, proto::encode_beat(beat));
+    }
+  }
+  ASSERT_GE(acked, 0) << "learner 1 got no broadcast";
+  EXPECT_EQ(before_first, 20 * cfg.net.dead_after)
+      << "the heartbeat right before the first broadcast on an unmeasured link carries the patience cap";
+  EXPECT_GE(after_ack, 0) << "after the acknowledgement, no heartbeat within 60 s followed the measured time";
+
+  c1.send(MessageKind::kLeave, proto::encode_leave("done"));
+  l0.join();
+  st.join();
+  EXPECT_EQ(s0["step"].get<int64_t>(), 8);
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace deloco
