@@ -181,7 +181,10 @@ def e12(res, S, w, claims):
                        label(len(sig) == 3, len(down) == 3 or bool(sig)),
                        "relative gap at " + names[0] + " → " + names[-1] + ": " +
                        "; ".join(f"M = {M} {g0:+.2%} ± {h0:.2%} → {g1:+.2%} ± {h1:.2%}" for M, (g0, h0), (g1, h1) in ends) +
-                       " (reproduced: the intervals at the two ends do not overlap for every M)."))
+                       ". Smaller at the larger size, the two intervals apart: M = " +
+                       (", ".join(str(M) for M in sig) or "none") + "; by the mean: M = " +
+                       (", ".join(str(M) for M in down) or "none") +
+                       " (reproduced needs every M apart; partly, some M apart or every mean smaller)."))
     big = names[-1]
     a, b = rows[(big, "Decoupled M=8, failures")], rows[(big, "DiLoCo M=8")]
     if a and b:
