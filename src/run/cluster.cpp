@@ -543,6 +543,12 @@ void LocalCluster::reap() {
     }
   for (Child* c : all()) {
     if (!collect_exit(*c)) continue;
+    if (c->learner >= 0 && c->rank == 0) {
+      // Everything the process wrote is in its file now: read to the end, then count the pushes of one that wrote
+      // no learner_done (killed) from its push records.
+      poll_learner(static_cast<size_t>(c->learner));
+      records_.process_ended(c->learner);
+    }
     // A learner that exits 0 has finished only if its records say so (cluster.h); otherwise it failed.
     std::string unfinished;
     if (c->learner >= 0 && c->done) {

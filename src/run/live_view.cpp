@@ -187,6 +187,14 @@ void RunRecords::on_syncer_record(const json& j, int64_t shard, bool standby) {
   }
 }
 
+void RunRecords::process_ended(int64_t n) {
+  LearnerView& v = learners_.at(static_cast<size_t>(n));
+  if (v.open.due == 0) return;  // it wrote learner_done (or pushed nothing)
+  v.open.processes = v.open.from_records = 1;
+  v.pushes += v.open;
+  v.open = PushTally{};
+}
+
 void RunRecords::on_learner_record(const json& j, int64_t n) {
   LearnerView& v = learners_[static_cast<size_t>(n)];
   const std::string name = "learner-" + std::to_string(n);
@@ -211,8 +219,15 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
     v.step = std::max({v.step, has(j, "step") ? r->step : v.step, has(j, "resume_step") ? r->resume_step : v.step});
   } else if (auto p = read<rec::Push>(j, {"t"})) {
     rejoins_->pushed(n, when(*p));
+    ++v.open.due, ++v.open.sent;
+  } else if (auto u = read<rec::PushUnsent>(j, {"t", "fragment", "step", "replaced_by"})) {
+    ++v.open.due;
+    if (u->reason == "superseded") ++v.open.superseded;
+    else if (u->reason == "at_end") ++v.open.unsent_at_end;
+    else ++v.open.dropped;  // not_joined, send_failed
   } else if (auto d = read<rec::LearnerDone>(j, {"step", "finished", "error"})) {
     if (has(j, "step")) v.step = d->step;
+    v.open = PushTally{};  // its own counts follow
     ++v.pushes.processes;
     v.pushes.due += d->pushes_due.value_or(0);
     v.pushes.sent += d->pushes.value_or(0);

@@ -34,7 +34,8 @@ struct LearnerView {
   bool finished = false;  // a learner_done record was seen
   int joins = 0;
   bool rejoin_announced = false;  // a sharded syncer: another shard's join already announced this restart
-  PushTally pushes;  // from its processes' learner_done records
+  PushTally pushes;  // its processes' pushes (summary.h): ended ones
+  PushTally open;    // the running process's, from its push and push_unsent records (until its learner_done)
 };
 
 struct SyncerView {
@@ -81,6 +82,9 @@ class RunRecords {
   // Where the dashboard URL points (default 127.0.0.1; a testbed's host 0).
   void set_dashboard_host(std::string host) { dashboard_host_ = std::move(host); }
   const std::vector<LearnerView>& learners() const { return learners_; }
+  // Learner n's process exited (its records read to the end first): one that wrote no learner_done (killed) has its
+  // pushes counted from its push and push_unsent records.
+  void process_ended(int64_t n);
 
  private:
   int64_t dashboard_port_ = 0;  // the dashboard URL already announced

@@ -71,6 +71,34 @@ TEST(LiveView, PlainOutputIsOneLinePerUpdateAndEventsAreStamped) {
             "L0 1500/1500 1.380 done | L1 starting\n");
 }
 
+// Every push accounted for under chaos: a learner process killed writes no learner_done, so its pushes are counted
+// from its push and push_unsent records once it has exited; a process that wrote learner_done is counted from that
+// alone (its records are not counted twice).
+TEST(LiveView, AKilledProcessesPushesAreCountedFromItsRecords) {
+  RejoinLog rejoins(1);
+  RunRecords r(1, &rejoins, [](const std::string&) {});
+  // Process 1: three pushes sent, one dropped while not joined, one superseded; then SIGKILL.
+  for (int i = 0; i < 3; ++i) r.on_line(R"({"kind":"push","t":1,"fragment":0,"step":10})", 0);
+  r.on_line(R"({"kind":"push_unsent","t":2,"fragment":1,"step":20,"reason":"not_joined"})", 0);
+  r.on_line(R"({"kind":"push_unsent","t":2,"fragment":1,"step":30,"reason":"superseded","replaced_by":40})", 0);
+  EXPECT_EQ(r.learners()[0].pushes.due, 0) << "nothing counted while the process runs";
+  r.process_ended(0);
+  // Process 2: two pushes and one left at the end, then its learner_done with its own counts.
+  r.on_line(R"({"kind":"push","t":3,"fragment":0,"step":50})", 0);
+  r.on_line(R"({"kind":"push","t":3,"fragment":1,"step":60})", 0);
+  r.on_line(R"({"kind":"push_unsent","t":4,"fragment":0,"step":70,"reason":"at_end"})", 0);
+  r.on_line(R"({"kind":"learner_done","step":70,"pushes_due":3,"pushes":2,"pushes_unsent_at_end":1})", 0);
+  r.process_ended(0);
+  const PushTally& p = r.learners()[0].pushes;
+  EXPECT_EQ(p.due, 5 + 3);
+  EXPECT_EQ(p.sent, 3 + 2);
+  EXPECT_EQ(p.dropped, 1);
+  EXPECT_EQ(p.superseded, 1);
+  EXPECT_EQ(p.unsent_at_end, 1);
+  EXPECT_EQ(p.processes, 2);
+  EXPECT_EQ(p.from_records, 1);
+}
+
 TEST(LiveView, RecordsUpdateTheViewAndRaiseEvents) {
   std::vector<std::string> events;
   RejoinLog rejoins(2);

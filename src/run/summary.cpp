@@ -202,9 +202,11 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       part(um, "pending_at_end", "waiting at the end");
       part(a, "unaccounted", "not counted by the final syncer");
       if (!why.empty()) o << " (" << why << ")";
-      // More merged than sent: learner processes that were killed (chaos) wrote no final counts, so due and sent
-      // cover only the processes that finished; the syncer counted every push it merged.
-      if (merged > sent) o << "; due and sent count only the learner processes that finished (killed ones write none)";
+      const int64_t killed = n(a, "processes_from_records");
+      if (killed > 0)
+        o << "; " << killed << " killed learner process" << (killed == 1 ? "" : "es") << " counted from push records";
+      // More merged than sent: a learner's records were cut short (a file lost, a line torn by the kill).
+      if (merged > sent) o << "; more merged than the learners' records say were sent";
       o << "\n";
     }
   }
@@ -266,11 +268,12 @@ nlohmann::json push_accounting(const std::vector<PushTally>& learners, const nlo
     return syncer.is_object() && syncer.contains(f) && syncer[f].is_number_integer() ? syncer[f].get<int64_t>() : 0;
   };
   json per = json::array();
-  int64_t due = 0, sent = 0, superseded = 0, dropped = 0, at_end = 0;
+  int64_t due = 0, sent = 0, superseded = 0, dropped = 0, at_end = 0, from_records = 0;
   for (const PushTally& v : learners) {
     per.push_back({{"due", v.due}, {"sent", v.sent}, {"superseded", v.superseded}, {"dropped", v.dropped},
-                   {"unsent_at_end", v.unsent_at_end}, {"processes", v.processes}});
+                   {"unsent_at_end", v.unsent_at_end}, {"processes", v.processes}, {"from_records", v.from_records}});
     due += v.due, sent += v.sent, superseded += v.superseded, dropped += v.dropped, at_end += v.unsent_at_end;
+    from_records += v.from_records;
   }
   int64_t refused = 0;
   json by_reason = json::object();
@@ -286,6 +289,7 @@ nlohmann::json push_accounting(const std::vector<PushTally>& learners, const nlo
             {"unmerged", {{"refused", refused}, {"replaced", replaced}, {"pending_at_end", pending}}},
             {"refused_by_reason", by_reason},
             {"unaccounted", sent - merged - refused - replaced - pending},
+            {"processes_from_records", from_records},
             {"learners", per}};
   return a;
 }

@@ -55,10 +55,16 @@ nlohmann::json read_syncer_summary(const std::string& path);
 // "syncer_summary_missing" is set when any shard's summary was.
 nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards);
 
-// One learner's pushes, summed over the learner_done records of its processes (a process killed writes none, so its
-// pushes are not counted): due = sent + superseded + dropped + unsent_at_end (records/kinds.h: PushUnsent).
+// One learner's pushes, summed over its processes: from the learner_done record of each that wrote one, and from the
+// push and push_unsent records of each that did not (a process killed by chaos; `from_records` counts those): due =
+// sent + superseded + dropped + unsent_at_end (records/kinds.h: PushUnsent).
 struct PushTally {
-  int64_t due = 0, sent = 0, superseded = 0, dropped = 0, unsent_at_end = 0, processes = 0;
+  int64_t due = 0, sent = 0, superseded = 0, dropped = 0, unsent_at_end = 0, processes = 0, from_records = 0;
+  PushTally& operator+=(const PushTally& o) {
+    due += o.due, sent += o.sent, superseded += o.superseded, dropped += o.dropped, unsent_at_end += o.unsent_at_end;
+    processes += o.processes, from_records += o.from_records;
+    return *this;
+  }
 };
 // The run summary's "push_accounting" (docs/runtime.md, "Every push accounted for"): what the learners' schedules
 // made due and what became of each push — sent, or not sent (superseded, dropped, at the end) — and of those sent,

@@ -125,12 +125,22 @@ TEST(RunSummary, PushAccountingAddsUpAcrossShards) {
                         "not counted by the final syncer)"),
             std::string::npos)
       << report;
-  EXPECT_EQ(report.find("killed ones write none"), std::string::npos);
-  // More merged than sent (a SIGKILLed learner process writes no counts): the line says whose pushes it counts.
+  EXPECT_EQ(report.find("counted from push records"), std::string::npos);
+  EXPECT_EQ(report.find("more merged"), std::string::npos);
+  // A learner with a killed process (counted from its push records): the line says so.
+  PushTally killed{12, 9, 0, 3, 0, 2, 1};
+  run["push_accounting"] = push_accounting({killed}, json{{"contributions_merged", 8}});
+  EXPECT_EQ(run["push_accounting"].at("processes_from_records").get<int64_t>(), 1);
+  EXPECT_NE(final_report(run, "s.json").find("pushes: 12 due, 9 sent (3 dropped while not joined), 8 merged (1 not "
+                                             "counted by the final syncer); 1 killed learner process counted from "
+                                             "push records"),
+            std::string::npos)
+      << final_report(run, "s.json");
+  // More merged than sent: records cut short; the line says so.
   PushTally survivor{5, 5, 0, 0, 0, 1};
   run["push_accounting"] = push_accounting({survivor}, json{{"contributions_merged", 12}});
-  EXPECT_NE(final_report(run, "s.json").find("pushes: 5 due, 5 sent, 12 merged; due and sent count only the learner "
-                                             "processes that finished (killed ones write none)"),
+  EXPECT_NE(final_report(run, "s.json").find("pushes: 5 due, 5 sent, 12 merged; more merged than the learners' "
+                                             "records say were sent"),
             std::string::npos)
       << final_report(run, "s.json");
   // Nothing lost: no line.

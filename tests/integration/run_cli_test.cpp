@@ -480,6 +480,18 @@ TEST_F(RunCli, ChaosKillsALearnerAndTheRunStillFinishes) {
   EXPECT_GE(s["learner_kills"].get<int64_t>(), 1) << r.out;
   EXPECT_TRUE(s["rejoin_seconds"].is_object()) << s.dump();
   EXPECT_NE(r.out.find("chaos: SIGKILL learner-"), std::string::npos) << r.out;
+  // Every push accounted for under chaos: a killed process writes no learner_done, so its pushes are counted from
+  // its push records; the syncer then merges no more than the learners' records say were sent (a kill between a
+  // push leaving and its record being written could lose one record per kill).
+  const auto& a = s["push_accounting"];
+  const auto n = [](const nlohmann::json& o, const char* k) { return o.at(k).get<int64_t>(); };
+  EXPECT_GE(n(a, "processes_from_records"), 1) << a.dump();
+  EXPECT_EQ(n(a, "due"), n(a, "sent") + n(a["unsent"], "superseded") + n(a["unsent"], "dropped") + n(a["unsent"], "at_end"))
+      << a.dump();
+  EXPECT_GE(n(a, "unaccounted"), -s["learner_kills"].get<int64_t>()) << a.dump();
+  int64_t processes = 0;
+  for (const auto& l : a["learners"]) processes += n(l, "processes");
+  EXPECT_GT(processes, 2) << "a killed learner's process is counted beside its restart: " << a.dump();
 }
 
 // Issue 53: MuLoCo (merge.preset = muloco: the learners train with Muon) learns under chaos, and a killed learner
