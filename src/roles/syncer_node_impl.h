@@ -515,9 +515,9 @@ struct SyncerNode::Impl {
   void catch_up(int64_t m);
   // The silence (seconds) beyond net.dead_after that a link's own traffic can cause, capped at 20 net.dead_after: a
   // heartbeat queued behind two frames (the send windows) at their measured time on that link.
-  double patience(const Ema& e) const {
-    return e.seeded ? std::min(2 * e.value, 20 * cfg.net.dead_after) : 0.0;
-  }
+  double patience(const Ema& e) const { return e.seeded ? std::min(2 * e.value, patience_cap()) : 0.0; }
+  // The most patience a link gets (the learners bound what a syncer says by the same, SyncerLink::set_patience).
+  double patience_cap() const { return 20 * cfg.net.dead_after; }
   // The acknowledgement of broadcasts up to sequence number `seq`: measures each one's time in flight.
   void acknowledge(int64_t m, int64_t seq, double t);
   // Before any broadcast on P's link was measured: its first estimate from a transfer of `bytes` that took `seconds`
@@ -534,7 +534,7 @@ struct SyncerNode::Impl {
   // the learner counted the syncer gone, rejoining for 18 s. Nothing while the link carries none.
   double announced_patience(const syncer_detail::Peer& P, bool broadcast_next) const {
     if (P.broadcast_time.seeded) return patience(P.broadcast_time);
-    return P.acks && (broadcast_next || !P.in_flight.empty()) ? 20 * cfg.net.dead_after : 0.0;
+    return P.acks && (broadcast_next || !P.in_flight.empty()) ? patience_cap() : 0.0;
   }
   // A heartbeat frame to learner m carrying b (the header's round: this syncer's merge count).
   proto::Frame beat_frame(int64_t m, const proto::SyncerBeat& b) const;

@@ -160,7 +160,7 @@ void SyncerNode::Impl::housekeeping() {
     // Before any push of the link was measured, a push its heartbeat announced gets the patience cap (20 dead_after):
     // at 1 Mbit/s the larger model's first two int4 pushes took 4.4 s, both sides counted the other gone, and the
     // learners dropped 22 of 26 pushes while they joined again.
-    const double allowance = P.push_announced > 0 && !P.upload_time.seeded ? 20 * cfg.net.dead_after
+    const double allowance = P.push_announced > 0 && !P.upload_time.seeded ? patience_cap()
                                                                            : patience(P.upload_time);
     if (P.alive && t - P.last_heard > cfg.net.dead_after + allowance) {
       P.alive = false;
