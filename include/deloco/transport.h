@@ -114,6 +114,10 @@ struct TransportStats {
   uint64_t lane_sessions = 0;
   uint64_t lane_held_bytes = 0;
   uint64_t lanes_up = 0;
+  // TCP (TransportOptions::tcp_timeout, ::tcp_congestion): the longest TCP_USER_TIMEOUT fitted to a connection's
+  // link so far (ms; 0: none above the floor), and the connections given the congestion control asked for.
+  uint64_t tcp_timeout_ms = 0;
+  uint64_t tcp_congestion_set = 0;
 };
 
 // A CURVE key pair, Z85 text (40 characters each).
@@ -157,8 +161,16 @@ struct TransportOptions {
   // TCP only (0: the OS's, minutes). Data left unacknowledged this long drops the connection (TCP_USER_TIMEOUT,
   // ZMQ_TCP_MAXRT), and a client abandons a connect attempt after half of it (ZMQ_CONNECT_TIMEOUT) and dials again.
   // A link that was cut and came back is then used on a fresh connection within seconds, instead of waiting out the
-  // old connection's retransmission backoff (which doubles to minutes) or a SYN's.
+  // old connection's retransmission backoff (which doubles to minutes) or a SYN's. This is the floor: once frames
+  // arrive on a connection, its timeout is raised to 16 of its base retransmission timeouts (srtt + 4·rttvar, from
+  // TCP_INFO; at most 10 min) where that is longer, so that a slow link with a deep queue, whose retransmissions
+  // take seconds each, is not dropped while healthy (docs/transport.md). TransportStats::tcp_timeout_ms shows it.
   std::chrono::milliseconds tcp_timeout{0};
+  // TCP only: the congestion control of every connection ("": the system's, net.ipv4.tcp_congestion_control), one
+  // this kernel offers (net.ipv4.tcp_available_congestion_control: e.g. "bbr", which paces its sends and keeps a
+  // slow link's queue short). Set on a connection when its first frame arrives; a name the kernel refuses leaves
+  // the system's (TransportStats::tcp_congestion_set counts the connections that got it).
+  std::string tcp_congestion;
   // On close (the destructor): how long messages still queued may take to leave before they are dropped (ZMQ_LINGER;
   // 0: dropped at once). A server whose last answers matter before it exits sets it; a peer that reads nothing can
   // hold the close up to this long.

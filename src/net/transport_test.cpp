@@ -554,6 +554,38 @@ TEST(ZmqTransport, ClientSendFailsWhileDisconnected) {
   EXPECT_EQ(client->stats().dropped_out, 1u);
 }
 
+TEST(ZmqTransport, EachConnectionsTcpSettingsAreFittedToItsLinkOnBothSides) {
+  // A floor below what any link allows (16 × TCP's 200 ms minimum retransmission timeout): once frames flow, each
+  // side fits its connection's TCP_USER_TIMEOUT above it, and sets the congestion control asked for.
+  TransportOptions o = plain_options();
+  o.tcp_timeout = 100ms;
+  o.tcp_congestion = "reno";  // built into every Linux kernel
+  auto server = make_zmq_server("tcp://127.0.0.1:0", o);
+  auto client = make_zmq_client(server->endpoint(), o);
+  Envelope e;
+  for (int i = 0; i < 100 && !client->send(Bytes::from_string("hello"), Bytes()); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(server->receive(&e, 10s));
+  ASSERT_TRUE(server->send(e.peer, Bytes::from_string("answer"), Bytes()));
+  ASSERT_TRUE(client->receive(&e, 10s));
+  for (const TransportStats& st : {server->stats(), client->stats()}) {
+    EXPECT_GE(st.tcp_timeout_ms, 3200u);
+    EXPECT_LE(st.tcp_timeout_ms, 600'000u);
+    EXPECT_EQ(st.tcp_congestion_set, 1u);
+  }
+  // Over ipc nothing is TCP: nothing fitted.
+  TempDir d;
+  auto ipc_server = make_zmq_server("ipc://" + d / "t.ipc", o);
+  auto ipc_client = make_zmq_client(ipc_server->endpoint(), o);
+  for (int i = 0; i < 100 && !ipc_client->send(Bytes::from_string("hello"), Bytes()); ++i) std::this_thread::sleep_for(20ms);
+  ASSERT_TRUE(ipc_server->receive(&e, 10s));
+  EXPECT_EQ(ipc_server->stats().tcp_timeout_ms, 0u);
+  EXPECT_EQ(ipc_server->stats().tcp_congestion_set, 0u);
+  // A congestion control the kernel lacks is refused when the transport is made, on both sides.
+  o.tcp_congestion = "no_such_cc";
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_server("tcp://127.0.0.1:0", o); }, {"net.tcp_congestion", "no_such_cc"}));
+  EXPECT_TRUE(expect_throw_containing([&] { make_zmq_client(server->endpoint(), o); }, {"net.tcp_congestion", "reno"}));
+}
+
 TEST(ZmqTransport, ConstructionErrorsNameTheProblem) {
   auto server = make_zmq_server("tcp://127.0.0.1:0", plain_options());
   EXPECT_TRUE(expect_throw_containing([&] { make_zmq_server(server->endpoint(), plain_options()); },

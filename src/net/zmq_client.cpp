@@ -14,7 +14,9 @@ class ZmqClient final : public ClientTransport {
         split_bytes_(o.split_bytes),
         budget_(lane_budget_bytes(static_cast<uint64_t>(std::max(1, o.queue_limit)), o.max_frame_bytes),
                 &c_.lane_held_bytes),
-        rx_(static_cast<size_t>(std::max(1, o.queue_limit)), o.max_frame_bytes, &budget_) {
+        rx_(static_cast<size_t>(std::max(1, o.queue_limit)), o.max_frame_bytes, &budget_),
+        tcp_(std::chrono::milliseconds(tcp_timeout_ms(o)), o.tcp_congestion) {
+    if (const std::string why = net::TcpTuner::unavailable(o.tcp_congestion); !why.empty()) throw TransportError(why);
     const int lanes = lanes_option(o);
     KeyPair own;
     std::string server;
@@ -134,6 +136,7 @@ class ZmqClient final : public ClientTransport {
   }
 
   void take(int lane, const std::vector<MsgPtr>& f, int total) {
+    tune_tcp(&tcp_, &c_, f[0].get());
     if (lanes_.size() == 1) {
       deliver(f[0], f.size() > 1 ? wrap(f[1]) : Bytes(), total);
       return;
@@ -237,6 +240,7 @@ class ZmqClient final : public ClientTransport {
   uint64_t send_seq_ = 0;
   LaneBudget budget_;
   Reassembler rx_;
+  net::TcpTuner tcp_;  // each connection's TCP settings, fitted as its frames arrive
   std::deque<Envelope> ready_;
 };
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "deloco/transport.h"
+#include "net/tcp_tune.h"
 
 namespace deloco::zmq_detail {
 
@@ -52,7 +53,7 @@ inline std::string zerr() { return zmq_strerror(zmq_errno()); }
 struct Counters {
   std::atomic<uint64_t> messages_in{0}, messages_out{0}, bytes_in{0}, bytes_out{0}, dropped_out{0}, dropped_in{0}, auth_denied{0},
       handshake_failures{0}, connections{0}, disconnects{0}, lane_refused{0}, lane_sessions{0}, lane_held_bytes{0},
-      lanes_up{0};
+      lanes_up{0}, tcp_timeout_ms{0}, tcp_congestion_set{0};
   TransportStats snapshot() const {
     TransportStats s;
     s.messages_in = messages_in.load();
@@ -69,6 +70,8 @@ struct Counters {
     s.lane_sessions = lane_sessions.load();
     s.lane_held_bytes = lane_held_bytes.load();
     s.lanes_up = lanes_up.load();
+    s.tcp_timeout_ms = tcp_timeout_ms.load();
+    s.tcp_congestion_set = tcp_congestion_set.load();
     return s;
   }
   // Hands out the oldest complete message of `ready`, counted in; false when there is none.
@@ -81,6 +84,13 @@ struct Counters {
     return true;
   }
 };
+
+// A frame arrived on a connection: fits that connection's TCP settings to its link (net/tcp_tune.h) and reports them.
+inline void tune_tcp(net::TcpTuner* tuner, Counters* c, zmq_msg_t* frame) {
+  tuner->seen(zmq_msg_get(frame, ZMQ_SRCFD));
+  c->tcp_timeout_ms = static_cast<uint64_t>(tuner->largest_timeout_ms());
+  c->tcp_congestion_set = tuner->congestion_set();
+}
 
 class Context {
  public:

@@ -32,7 +32,9 @@ class ZmqServer final : public ServerTransport {
         pending_bound_(static_cast<size_t>(o.receive_limit > 0 ? o.receive_limit : o.queue_limit)),
         max_payload_(o.max_frame_bytes),
         budget_bytes_(lane_budget_bytes(pending_bound_, o.max_frame_bytes)),
+        tcp_(std::chrono::milliseconds(tcp_timeout_ms(o)), o.tcp_congestion),
         ctx_(io_threads_option(o)) {
+    if (const std::string why = net::TcpTuner::unavailable(o.tcp_congestion); !why.empty()) throw TransportError(why);
     KeyPair own;
     if (curve_) {
       if (o.secret_key_file.empty()) throw TransportError(curve_missing("net.secret_key", "the server's .key file"));
@@ -348,6 +350,7 @@ class ZmqServer final : public ServerTransport {
     // The ZAP handler's User-Id travels as metadata on every frame that came from the connection.
     const char* user = f.size() > 1 ? zmq_msg_gets(f[1].get(), "User-Id") : nullptr;
     std::string identity = user != nullptr ? user : "";
+    tune_tcp(&tcp_, &c_, f.size() > 1 ? f[1].get() : f[0].get());
     if (!is_lane_id(rid)) {  // a client without lanes: the message as it came
       deliver(std::move(rid), std::move(identity), f.size() > 1 ? f[1] : nullptr, f.size() > 2 ? wrap(f[2]) : Bytes(),
               total - 1);
@@ -444,6 +447,7 @@ class ZmqServer final : public ServerTransport {
   const size_t pending_bound_;
   const uint64_t max_payload_;  // a split payload is held to the bound of one frame
   const uint64_t budget_bytes_;  // what one key's incomplete laned messages may hold
+  net::TcpTuner tcp_;            // each connection's TCP settings, fitted as its frames arrive
   std::optional<AllowList> allow_;
   std::map<std::string, KeyState> keys_;     // laned clients' keys; declared before the sessions charged to them
   std::map<std::string, Session> sessions_;  // laned clients by session id

@@ -73,8 +73,20 @@ void NetOptions::bind(ConfigSchema& s) {
          seconds(&join_timeout, "net.join_timeout", false, 86400));
   s.bind("net.tcp_timeout", &tcp_timeout,
          "TCP: seconds data may stay unacknowledged before the connection is dropped and dialled afresh, so a link "
-         "that came back is used within seconds (0: the OS's retransmission limits, minutes)",
+         "that came back is used within seconds (0: the OS's retransmission limits, minutes); the floor: a slow "
+         "link's connections wait 16 of their base retransmission timeouts where that is longer",
          seconds(&tcp_timeout, "net.tcp_timeout", true, 3600));
+  s.bind("net.tcp_congestion", &tcp_congestion,
+         "TCP congestion control of every connection, one the kernel offers (\"\": the system's; \"bbr\" paces its "
+         "sends and keeps a slow link's queue short)",
+         [this] {
+           for (char c : tcp_congestion)
+             if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-'))
+               return std::string("net.tcp_congestion must be a congestion control's name, like bbr or cubic (got '") +
+                      tcp_congestion + "')";
+           return tcp_congestion.size() < 16 ? std::string()
+                                              : std::string("net.tcp_congestion is at most 15 characters (a kernel name)");
+         });
   s.bind("net.lanes", &lanes,
          "learners: connections to each syncer shard, each authenticated alone; a payload of 1 MiB or more is split "
          "over them so that several threads encrypt it (1: one connection)",
@@ -135,6 +147,7 @@ TransportOptions NetOptions::transport() const {
   // it to what the node's role receives for its model, and this generic default only stands when neither is used.
   if (max_frame_bytes > 0) t.max_frame_bytes = static_cast<uint64_t>(max_frame_bytes);
   t.tcp_timeout = std::chrono::milliseconds(static_cast<int64_t>(tcp_timeout * 1000.0));
+  t.tcp_congestion = tcp_congestion;
   t.lanes = static_cast<int>(lanes);
   t.io_threads = static_cast<int>(io_threads);
   return t;

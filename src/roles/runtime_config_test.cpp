@@ -72,6 +72,22 @@ TEST(RuntimeConfig, MoreShardsThanFragmentsIsRefused) {
   }
 }
 
+TEST(RuntimeConfig, TheTcpCongestionControlIsANameAndReachesTheTransport) {
+  EXPECT_EQ(error_of({"net.tcp_congestion=bbr"}), "");
+  for (const char* bad : {"net.tcp_congestion=b b", "net.tcp_congestion=../bbr", "net.tcp_congestion=abcdefghijklmnop"}) {
+    const std::string e = error_of({bad});
+    EXPECT_NE(e.find("net.tcp_congestion"), std::string::npos) << bad << ": " << e;
+  }
+  RuntimeConfig cfg;
+  ConfigSchema schema;
+  cfg.bind(schema);
+  schema.apply_override("net.tcp_congestion=reno");
+  schema.apply_override("net.tcp_timeout=4");
+  schema.validate();
+  EXPECT_EQ(cfg.net.transport().tcp_congestion, "reno");
+  EXPECT_EQ(cfg.net.transport().tcp_timeout.count(), 4000);
+}
+
 }  // namespace
 }  // namespace deloco
 

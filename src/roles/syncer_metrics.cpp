@@ -42,6 +42,9 @@ void SyncerNode::Impl::update_prometheus() {
   metric("disconnects_total", "counter",
          "Connections closed for any reason (left, failed handshake, a frame over the bound).",
          static_cast<double>(st.disconnects));
+  metric("tcp_timeout_seconds", "gauge",
+         "The longest TCP user timeout fitted to a learner's link (net.tcp_timeout is the floor; 0: none above it).",
+         static_cast<double>(st.tcp_timeout_ms) / 1000.0);
   metric("global_step", "gauge", "Largest inner step reported by a learner.", [&] {
     int64_t s = 0;
     for (const auto& p : peers) s = std::max(s, p.step);
@@ -157,6 +160,7 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
                    {"handshake_failures", st.handshake_failures},
                    {"connections", st.connections},
                    {"disconnects", st.disconnects},
+                   {"tcp_timeout_ms", st.tcp_timeout_ms},
                    {"resumed", resumed},
                    {"learners", M},
                    {"checkpoint", last_checkpoint}};
