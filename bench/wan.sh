@@ -24,6 +24,7 @@
 #   --eval-seconds S     seconds between evaluations of the global model (syncer.eval_interval; DDP rank 0)   [10]
 #   --ddp-timeout S      DDP's Gloo timeout (a collective or the rendezvous taking longer breaks the run)    [60]
 #   --set KEY=VALUE      an extra deloco --set for every deloco method (repeatable)
+#   --tcp CC             the hosts' TCP congestion control (scripts/testbed.sh up --tcp: bbr, cubic, ...)  [kernel's]
 #   --out FILE           results                                                    [docs/wan/results.jsonl]
 #   --runs DIR           run folders (records, logs)                                          [/tmp/deloco-wan]
 #   --redo               run rows that are already in the results file again (the new line replaces the old)
@@ -58,6 +59,7 @@ export TESTBED_NAME=${TESTBED_NAME:-wanb}
 
 rates="none 1000mbit 100mbit 10mbit 1mbit"
 methods="ddp dp sync streaming decoupled"
+tcp_cc=""
 models="demo large"
 steps=""
 max_s=180
@@ -85,6 +87,7 @@ while [ $# -gt 0 ]; do
     --eval-seconds) eval_s=$2; shift 2 ;;
     --ddp-timeout) ddp_timeout=$2; shift 2 ;;
     --set) extra+=(--set "$2"); shift 2 ;;
+    --tcp) tcp_cc=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --runs) runs=$2; shift 2 ;;
     --redo) redo=1; shift ;;
@@ -181,10 +184,20 @@ testbed_up() {  # rate, optionally with a round trip: 10mbit@50ms (each host lin
   exec {LOCK_FD}>/tmp/deloco-testbed.lock
   flock "$LOCK_FD"
   $TB down >/dev/null 2>&1 || true   # ours only (TESTBED_NAME), left by a killed earlier run
-  $TB up --hosts $((M + 1)) --rate "$rate" --delay "$delay" >/dev/null
+  $TB up --hosts $((M + 1)) --rate "$rate" --delay "$delay" ${tcp_cc:+--tcp "$tcp_cc"} >/dev/null
 }
 counters() {  # -> "tx rx" per host, one host per line
   for ((h = 0; h <= M; h++)); do $TB counters "$h" | sed 's/tx_bytes=\([0-9]*\) rx_bytes=\([0-9]*\)/\1 \2/'; done
+}
+# Each host's TCP counters at the row's end (its namespace is new for the row: counts since the row began), to tell
+# what a dropped connection was: retransmission timeouts, connections aborted by net.tcp_timeout (AbortOnTimeout).
+tcp_counters() {
+  command -v nstat > /dev/null || return 0
+  for ((h = 0; h <= M; h++)); do
+    echo "host $h"
+    $TB exec "$h" nstat -asz TcpRetransSegs TcpExtTCPTimeouts TcpExtTCPAbortOnTimeout TcpExtTCPLostRetransmit \
+      TcpExtTCPLossProbes TcpEstabResets 2> /dev/null | grep -v '^#' || true
+  done
 }
 
 method_sets() {  # method -> deloco --set arguments
@@ -268,12 +281,13 @@ for model in $models; do
       esac
       t1=$(date +%s.%N)
       counters > "$dir/counters.after"
+      tcp_counters > "$dir/tcp.after"
       cut -d' ' -f1-3 /proc/loadavg > "$dir/load.after"
       testbed_down
       # The collector's arguments stay with the run folder: --recollect reads every folder again.
       printf '%s\n' --dir "$dir" --model "$model" --config "$cfg" --method "$method" --rate "$rate" \
         --learners "$M" --t0 "$t0" --t1 "$t1" --rc "$rc" --max-seconds "$max_s" --steps "${msteps:-0}" \
-        --commit "$commit" --ddp-timeout "$ddp_timeout" --repeat "$rep" > "$dir/collect.args"
+        --commit "$commit" --ddp-timeout "$ddp_timeout" --repeat "$rep" ${tcp_cc:+--tcp-cc "$tcp_cc"} > "$dir/collect.args"
       mapfile -t cargs < "$dir/collect.args"
       $PY bench/wan_report.py collect --results "$out" "${cargs[@]}"
     done; done

@@ -143,6 +143,19 @@ def counters(path):
         return [tuple(int(x) for x in line.split()) for line in f if line.strip()]
 
 
+def tcp_counters(path):
+    """bench/wan.sh's tcp.after: per host ("host N" then nstat's "Name value rate" lines), a dict of the counts."""
+    hosts = []
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "host":
+                hosts.append({})
+            elif len(parts) >= 2 and hosts and parts[1].isdigit():
+                hosts[-1][parts[0]] = int(parts[1])
+    return hosts
+
+
 # ---------------------------------------------------------------------------------------------------- collect
 MERGE_TIME_FIELDS = ("upload_seconds", "broadcast_seconds", "grace", "grace_wait")
 
@@ -326,6 +339,10 @@ def cmd_collect(a):
            "rc": a.rc, "commit": a.commit, "started": round(a.t0, 1),
            "batch_tokens": cfg["train"].get("batch_size", 16) * cfg["model"]["block_size"],
            "link_bytes": [[x[0] - y[0], x[1] - y[1]] for x, y in zip(after, before)]}  # [tx, rx] per host
+    if a.tcp_cc:
+        row["tcp_cc"] = a.tcp_cc
+    if os.path.exists(os.path.join(a.dir, "tcp.after")):  # each host's TCP counters (its namespace is the row's)
+        row["tcp"] = tcp_counters(os.path.join(a.dir, "tcp.after"))
     for when in ("before", "after"):  # the machine's load averages (1, 5, 15 min): other work on the same cores
         path = os.path.join(a.dir, f"load.{when}")
         if os.path.exists(path):
@@ -478,6 +495,11 @@ def cmd_report(a):
     w(f"* **Hosts**: {any_row['learners'] + 1} namespaces; host 0 runs deloco's syncer, hosts 1..{any_row['learners']} "
       "one learner each (one DDP rank each; host 0 idle for DDP). Every host's link is shaped in both directions to "
       "the rate of the row.")
+    ccs = sorted({x.get("tcp_cc", "") for x in rows.values()})
+    if ccs != [""]:
+        w("* **TCP**: the hosts' congestion control (`bench/wan.sh --tcp`): "
+          + "; ".join(f"{c or 'the kernel default (cubic)'} in {sum(x.get('tcp_cc', '') == c for x in rows.values())} rows"
+                      for c in ccs) + ".")
     for m in models:
         r = next(x for x in rows.values() if x["model"] == m)
         w(f"* **Model `{m}`** (`{r['config']}`): {r['params'] / 1e6:.2f}M parameters, {r['batch_tokens']} tokens per "
@@ -632,6 +654,19 @@ def cmd_report(a):
         per_k = statistics.mean(x[0] for x in lb[1:]) / per_host * 1000 / 1e6
         w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {h0} | {hl} | {counted} | {ratio} | {per_k:.3f} |")
     w("")
+    tcp_rows = [(m, me, r, row) for m, me, r, row in each_row() if row.get("tcp")]
+    if tcp_rows:
+        w("Each host's TCP counters over the row (its namespace is made for the row; host 0 first): segments "
+          "retransmitted, retransmission timeouts, and connections the kernel aborted because data stayed "
+          "unacknowledged for `net.tcp_timeout` (a connection dialled afresh: the learner joins again).")
+        w("")
+        table("model", "method", "rate", "retransmitted segments", "retransmission timeouts", "aborted on timeout")
+        for m, me, r, row in tcp_rows:
+            def per(k):
+                return ", ".join(str(h.get(k, 0)) for h in row["tcp"])
+            w(f"| {m} | {METHOD_NAMES[me]} | {rate_label(r)} | {per('TcpRetransSegs')} | {per('TcpExtTCPTimeouts')} | "
+              f"{per('TcpExtTCPAbortOnTimeout')} |")
+        w("")
     if "dp" in methods:
         w("deloco DP group: the learner hosts' links carry the Gloo all-reduce, which deloco does not count; the "
           "learner's counters are its link to the syncer only (rank 0).")
@@ -922,6 +957,7 @@ def main():
     c.add_argument("--steps", type=int, default=0)
     c.add_argument("--commit", default="")
     c.add_argument("--ddp-timeout", type=float, default=0)
+    c.add_argument("--tcp-cc", default="", help="the hosts' TCP congestion control (bench/wan.sh --tcp; '': the kernel's)")
     c.add_argument("--repeat", type=int, default=0, help="which repeat of the row this run is (bench/wan.sh --repeats)")
     r = sub.add_parser("report")
     r.add_argument("--results", default=os.path.join(ROOT, "docs", "wan", "results.jsonl"))

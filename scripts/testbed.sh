@@ -4,7 +4,7 @@
 # own, its link shaped in both directions with `tc tbf`. No route leads out: traffic goes only between the
 # testbed's hosts. Needs root (ip netns, veth, tc).
 #
-#   scripts/testbed.sh up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES] [--delay MS]
+#   scripts/testbed.sh up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES] [--delay MS] [--tcp CC]
 #   scripts/testbed.sh shape HOST RATE [egress]  # change one host's link while a run goes on ("none": unshaped);
 #                                             # egress: only what the host sends (an uplink-bound host)
 #   scripts/testbed.sh link HOST up|down      # take a host's link down (a partition) or bring it back
@@ -27,6 +27,8 @@
 # process in the bridge's namespace that holds each frame MS milliseconds in each direction of each host's link
 # (bounded: at most 16 MiB waiting per direction; a frame that finds it full is dropped and counted). A frame
 # crosses two host links between two hosts: their round trip gains 4 × MS (--delay 12.5: 50 ms). Loss needs netem.
+# --tcp CC: the TCP congestion control of every host (net.ipv4.tcp_congestion_control in its namespace: cubic,
+# bbr, ... as this kernel lists them); without it the kernel's default (cubic).
 set -Eeuo pipefail
 
 NAME=${TESTBED_NAME:-dlt}
@@ -152,7 +154,7 @@ cmd_down() {
 
 cmd_up() {
   need_root
-  local n=3 rate=none burst=32kb limit=256kb delay=0 dl=""
+  local n=3 rate=none burst=32kb limit=256kb delay=0 dl="" cc=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --hosts) n=$2; shift 2 ;;
@@ -160,7 +162,8 @@ cmd_up() {
       --burst) burst=$2; shift 2 ;;
       --limit) limit=$2; shift 2 ;;
       --delay) delay=$2; shift 2 ;;
-      *) die "unknown option '$1' (up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES] [--delay MS])" ;;
+      --tcp) cc=$2; shift 2 ;;
+      *) die "unknown option '$1' (up [--hosts N] [--rate RATE] [--burst BYTES] [--limit BYTES] [--delay MS] [--tcp CC])" ;;
     esac
   done
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le $MAX_HOSTS ] || die "--hosts must be 1 .. $MAX_HOSTS (got '$n')"
@@ -170,6 +173,10 @@ cmd_up() {
   if [ "$delay" != 0 ] && awk -v d="$delay" 'BEGIN { exit !(d > 0) }'; then
     dl=${DELOCO_DELAYLINE:-$(dirname "$SELF")/../build/deloco-delayline}
     [ -x "$dl" ] || die "--delay needs the delay line program: $dl is not there (cmake --build build --target deloco-delayline, or set DELOCO_DELAYLINE)"
+  fi
+  if [ -n "$cc" ]; then
+    grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control ||
+      die "--tcp must be a congestion control this kernel has: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control) (got '$cc')"
   fi
   [ -f "$STATE" ] && die "testbed '$NAME' is already up (scripts/testbed.sh down first, or set TESTBED_NAME)"
   ip netns list | awk '{print $1}' | grep -qx "$BR_NS" && die "namespace $BR_NS exists but no state file: scripts/testbed.sh down"
@@ -197,6 +204,8 @@ nothing was made; remove those (or run the testbed on another machine)"
     local ns; ns=$(host_ns "$h")
     ip netns add "$ns"
     ip netns exec "$ns" ip link set lo up
+    # Each namespace has its own TCP settings: --tcp sets the congestion control its new connections use.
+    [ -z "$cc" ] || ip netns exec "$ns" sysctl -qw net.ipv4.tcp_congestion_control="$cc"
     # The pair is made inside the host's namespace, then one end moved to the bridge's: nothing touches the
     # machine's own namespace.
     if [ -z "$dl" ]; then
@@ -229,7 +238,8 @@ nothing was made; remove those (or run the testbed on another machine)"
     rm -f "$ready"
   fi
   trap - ERR
-  echo "testbed '$NAME' up: $n hosts ($(host_addr 0) .. $(host_addr $((n - 1)))), links $rate" \
+  [ -z "$cc" ] || echo "tcp=$cc" >> "$STATE"
+  echo "testbed '$NAME' up: $n hosts ($(host_addr 0) .. $(host_addr $((n - 1)))), links $rate$([ -z "$cc" ] || echo ", TCP $cc")" \
        "$([ -n "$dl" ] && echo "delayed $delay ms each way on each link (round trip between two hosts +$(awk -v d="$delay" 'BEGIN { print 4 * d }') ms)")"
 }
 
