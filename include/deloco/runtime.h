@@ -112,7 +112,7 @@ struct NetOptions {
   int64_t max_frame_bytes = 0;       // largest frame a node accepts (0: sized to the model, node_transport_options)
   double tcp_timeout = 10.0;         // TCP: seconds of unacknowledged data before a connection is dropped and dialled
                                      // afresh (TransportOptions::tcp_timeout; 0: the OS's, minutes): the floor, a
-                                     // slow link's connections get longer (16 base retransmission timeouts)
+                                     // slow link's connections get longer (8 base retransmission timeouts)
   std::string tcp_congestion;        // TCP congestion control of every connection ("": the system's; e.g. "bbr")
   int64_t lanes = 1;                 // learners: connections to each syncer shard, a large payload split over them
                                      // (TransportOptions::lanes; docs/transport.md)

@@ -162,7 +162,7 @@ struct TransportOptions {
   // ZMQ_TCP_MAXRT), and a client abandons a connect attempt after half of it (ZMQ_CONNECT_TIMEOUT) and dials again.
   // A link that was cut and came back is then used on a fresh connection within seconds, instead of waiting out the
   // old connection's retransmission backoff (which doubles to minutes) or a SYN's. This is the floor: once frames
-  // arrive on a connection, its timeout is raised to 16 of its base retransmission timeouts (srtt + 4·rttvar, from
+  // arrive on a connection, its timeout is raised to 8 of its retransmission timeouts (srtt + 4·rttvar, or the current one, from
   // TCP_INFO; at most 10 min) where that is longer, so that a slow link with a deep queue, whose retransmissions
   // take seconds each, is not dropped while healthy (docs/transport.md). TransportStats::tcp_timeout_ms shows it.
   std::chrono::milliseconds tcp_timeout{0};

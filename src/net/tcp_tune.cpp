@@ -29,9 +29,11 @@ std::string TcpTuner::unavailable(const std::string& name) {
          ": " + line + "; a module such as tcp_bbr may need loading)";
 }
 
-int64_t TcpTuner::timeout_for(int64_t floor_ms, uint32_t srtt_us, uint32_t rttvar_us) {
-  // The base retransmission timeout as TCP computes it (RFC 6298), at least Linux's 200 ms minimum.
-  const int64_t rto_ms = std::max<int64_t>(200, (static_cast<int64_t>(srtt_us) + 4 * static_cast<int64_t>(rttvar_us) + 999) / 1000);
+int64_t TcpTuner::timeout_for(int64_t floor_ms, uint32_t srtt_us, uint32_t rttvar_us, uint32_t rto_us) {
+  // The base retransmission timeout as TCP computes it (RFC 6298), at least Linux's 200 ms minimum, or the current
+  // one where a retransmission chain has doubled it.
+  const int64_t base_us = static_cast<int64_t>(srtt_us) + 4 * static_cast<int64_t>(rttvar_us);
+  const int64_t rto_ms = std::max<int64_t>(200, (std::max<int64_t>(base_us, rto_us) + 999) / 1000);
   return std::min(kMaxTimeoutMs, std::max(floor_ms, kRtoMultiple * rto_ms));
 }
 
@@ -63,7 +65,7 @@ void TcpTuner::seen(int fd, Clock::time_point now) {
   struct tcp_info info {};
   socklen_t len = sizeof info;
   if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return;
-  const int64_t want = timeout_for(floor_.count(), info.tcpi_rtt, info.tcpi_rttvar);
+  const int64_t want = timeout_for(floor_.count(), info.tcpi_rtt, info.tcpi_rttvar, info.tcpi_rto);
   // The floor is what ZMQ_TCP_MAXRT set when the connection opened: nothing to do until the link asks for more.
   if (want == (c.set_ms > 0 ? c.set_ms : floor_.count())) return;
   const unsigned int ms = static_cast<unsigned int>(want);

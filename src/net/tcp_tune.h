@@ -7,10 +7,16 @@
 // On a slow link with a deep queue (1 Mbit/s behind 256 KiB: 2 s of queueing) the base retransmission timeout is
 // seconds, two retransmissions of one segment lost in a row already take longer than 10 s, and a healthy
 // connection was dropped (the testbed's syncer host counted it in TcpExtTCPAbortOnTimeout; its learner had to join
-// again and lost its pushes in flight). The timeout of an established connection is therefore at least
-// kRtoMultiple base retransmission timeouts of that connection (srtt + 4·rttvar, as TCP_INFO reports them, which a
-// cut does not inflate: no new samples arrive during it), so three lost retransmissions in a row (1 + 2 + 4 + 8 base
-// timeouts) do not drop it, and never less than the configured floor.
+// again and lost its pushes in flight: its base retransmission timeout there is 8–9 s, so the 10 s timeout dropped
+// the connection at the second expiry, after one lost retransmission). The timeout of an established connection is
+// therefore kRtoMultiple retransmission timeouts of that connection, never less than the configured floor, fitted
+// again (at most once a second) whenever a frame arrives on it. The retransmission timeout is the larger of the base
+// one (srtt + 4·rttvar, as TCP_INFO reports them) and the kernel's current one (tcpi_rto, doubled by each expiry of
+// a retransmission chain). The expiries of a chain come at 1, 3, 7, 15 ... base timeouts: with 8 base timeouts a
+// connection is dropped at the fourth expiry, once three retransmissions of a segment were lost in a row, and while
+// frames keep arriving from the peer (it is alive: only our direction loses) the timeout grows with the backoff,
+// staying above the time elapsed (under 2 timeouts of the current backoff), so such a connection is not dropped at
+// all. A cut stops the frames: the timeout fitted before it holds (on a fast link the floor), as before.
 #pragma once
 
 #include <chrono>
@@ -23,7 +29,7 @@ namespace deloco::net {
 class TcpTuner {
  public:
   using Clock = std::chrono::steady_clock;
-  static constexpr int kRtoMultiple = 16;
+  static constexpr int kRtoMultiple = 8;
   static constexpr int64_t kMaxTimeoutMs = 600'000;  // 10 min: beyond that the OS's own limits take over anyway
   static constexpr std::chrono::milliseconds kRefresh{1000};  // each connection re-fitted at most this often
 
@@ -44,8 +50,8 @@ class TcpTuner {
   // "" when this kernel offers the congestion control `name` (or name is ""), else why not, naming those it offers.
   static std::string unavailable(const std::string& name);
 
-  // The user timeout for a connection whose TCP_INFO reads srtt and rttvar (microseconds): the rule above.
-  static int64_t timeout_for(int64_t floor_ms, uint32_t srtt_us, uint32_t rttvar_us);
+  // The user timeout for a connection whose TCP_INFO reads srtt, rttvar and rto (microseconds): the rule above.
+  static int64_t timeout_for(int64_t floor_ms, uint32_t srtt_us, uint32_t rttvar_us, uint32_t rto_us);
 
  private:
   struct Conn {

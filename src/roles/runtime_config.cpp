@@ -74,7 +74,7 @@ void NetOptions::bind(ConfigSchema& s) {
   s.bind("net.tcp_timeout", &tcp_timeout,
          "TCP: seconds data may stay unacknowledged before the connection is dropped and dialled afresh, so a link "
          "that came back is used within seconds (0: the OS's retransmission limits, minutes); the floor: a slow "
-         "link's connections wait 16 of their base retransmission timeouts where that is longer",
+         "link's connections wait 8 of their base retransmission timeouts where that is longer",
          seconds(&tcp_timeout, "net.tcp_timeout", true, 3600));
   s.bind("net.tcp_congestion", &tcp_congestion,
          "TCP congestion control of every connection, one the kernel offers (\"\": the system's; \"bbr\" paces its "
