@@ -658,7 +658,8 @@ def cmd_report(a):
     if tcp_rows:
         w("Each host's TCP counters over the row (its namespace is made for the row; host 0 first): segments "
           "retransmitted, retransmission timeouts, and connections the kernel aborted because data stayed "
-          "unacknowledged for `net.tcp_timeout` (a connection dialled afresh: the learner joins again).")
+          "unacknowledged past the connection's TCP user timeout (`net.tcp_timeout`, fitted to each link since "
+          "9f5734a, docs/transport.md): a connection dialled afresh, the learner joins again.")
         w("")
         table("model", "method", "rate", "retransmitted segments", "retransmission timeouts", "aborted on timeout")
         for m, me, r, row in tcp_rows:
