@@ -44,17 +44,17 @@ void TcpTuner::seen(int fd, Clock::time_point now) {
   auto it = conns_.find(fd);
   const bool fresh = it == conns_.end() || it->second.dev != static_cast<uint64_t>(st.st_dev) ||
                      it->second.ino != static_cast<uint64_t>(st.st_ino);
-  if (!fresh && now < it->second.next) return;
+  if (!fresh && (!it->second.tcp || now < it->second.next)) return;
   if (fresh) {
-    int type = 0, proto = 0;
-    socklen_t len = sizeof type;
-    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM) return;
-    len = sizeof proto;
-    if (::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &len) != 0 || proto != IPPROTO_TCP) return;
     Conn c;
     c.dev = static_cast<uint64_t>(st.st_dev);
     c.ino = static_cast<uint64_t>(st.st_ino);
-    it = conns_.insert_or_assign(fd, c).first;
+    int type = 0, proto = 0;
+    socklen_t len = sizeof type, plen = sizeof proto;
+    c.tcp = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM &&
+            ::getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &plen) == 0 && proto == IPPROTO_TCP;
+    it = conns_.insert_or_assign(fd, c).first;  // not TCP (ipc): remembered, so its frames cost one fstat each
+    if (!c.tcp) return;
     if (!congestion_.empty() &&
         ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion_.data(), static_cast<socklen_t>(congestion_.size())) == 0)
       ++congestion_set_;

@@ -56,6 +56,7 @@ class TcpTuner {
  private:
   struct Conn {
     uint64_t dev = 0, ino = 0;
+    bool tcp = false;        // a TCP socket (else left alone)
     Clock::time_point next;  // not re-fitted before this
     int64_t set_ms = 0;      // what it holds now (0: ZMQ_TCP_MAXRT's, the floor)
   };
