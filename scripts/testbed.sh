@@ -175,7 +175,7 @@ cmd_up() {
     [ -x "$dl" ] || die "--delay needs the delay line program: $dl is not there (cmake --build build --target deloco-delayline, or set DELOCO_DELAYLINE)"
   fi
   if [ -n "$cc" ]; then
-    grep -qw -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control ||
+    grep -qwF -- "$cc" /proc/sys/net/ipv4/tcp_available_congestion_control ||
       die "--tcp must be a congestion control this kernel has: $(cat /proc/sys/net/ipv4/tcp_available_congestion_control) (got '$cc')"
   fi
   [ -f "$STATE" ] && die "testbed '$NAME' is already up (scripts/testbed.sh down first, or set TESTBED_NAME)"
