@@ -96,6 +96,11 @@ class LearnerCore {
   // After inner step `step` (the new step count) trained `tokens` tokens in `seconds`: bumps the counters and
   // returns the pushes due now (their fragments become outstanding).
   std::vector<Push> after_step(int64_t step, int64_t tokens, double seconds);
+  // After the last step (total_steps; sync.apply = rebase): the fragments whose final push fell due while an earlier
+  // push of theirs was unanswered, so it was not made; the steps since that push stay out of the final model. Empty
+  // before the last step. (Pushing them once answered was tried: on the testbed's larger model at 1 Mbit/s each
+  // such rest merged alone, at one learner's full weight, and the final loss was no better: docs/wan-long.md.)
+  std::vector<int64_t> held_back_at_end(int64_t step) const;
   // The merged Θ_p of version `version` arrived (flat fp32 CPU, the fragment's layout). Kept until it is due;
   // a newer answer replaces an older one not yet applied. covers: −1 = unmarked (answers any outstanding push);
   // ≥ 0 = it includes this learner's pushes of the fragment based on versions below `covers` (the syncer's mark:

@@ -96,7 +96,9 @@ struct Reject : RecordBase {
 //    it; the newer one's Θ^v − θ and counters hold its progress;
 //  * not_joined — due while the link to the syncer was down; its progress stays in θ for the next push;
 //  * send_failed — the transport refused the frame; likewise;
-//  * at_end — still in the outbox when the learner left.
+//  * at_end — still in the outbox when the learner left;
+//  * unanswered_at_end — sync.apply = rebase: the last step's push of a fragment whose previous push was still
+//    unanswered then (a second push would carry that one's part again): the steps since are not in the final model.
 struct PushUnsent : RecordBase {
   static constexpr const char* kKind = "push_unsent";
   int64_t fragment = -1, step = 0;

@@ -233,6 +233,20 @@ nlohmann::json LearnerNode::Impl::end() {
   phase = Phase::kFinished;
   const int64_t steps = cfg.run.train.steps;
   const bool done = work->step() >= steps;
+  // sync.apply = rebase: a fragment in flight at the last step did not push its rest (LearnerCore::held_back_at_end):
+  // a push due and not made, accounted as unsent at the end.
+  for (int64_t p : core->held_back_at_end(work->step())) {
+    rec::PushUnsent u;
+    u.fragment = p;
+    u.step = work->step();
+    u.reason = "unanswered_at_end";
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ++pushes_due;
+      ++pushes_unsent_at_end;
+    }
+    emit(link_of(p), u);
+  }
   if (group) {
     // A rank that already went (SIGTERM to the whole group, a crash) must not cost this learner its goodbye and
     // its local state: the stop is best effort.

@@ -223,7 +223,7 @@ void RunRecords::on_learner_record(const json& j, int64_t n) {
   } else if (auto u = read<rec::PushUnsent>(j, {"t", "fragment", "step", "replaced_by"})) {
     ++v.open.due;
     if (u->reason == "superseded") ++v.open.superseded;
-    else if (u->reason == "at_end") ++v.open.unsent_at_end;
+    else if (u->reason == "at_end" || u->reason == "unanswered_at_end") ++v.open.unsent_at_end;
     else ++v.open.dropped;  // not_joined, send_failed
   } else if (auto d = read<rec::LearnerDone>(j, {"step", "finished", "error"})) {
     if (has(j, "step")) v.step = d->step;

@@ -175,6 +175,14 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
   return out;
 }
 
+std::vector<int64_t> LearnerCore::held_back_at_end(int64_t step) const {
+  std::vector<int64_t> out;
+  if (step < total_steps_) return out;
+  for (size_t p = 0; p < fragments_.size(); ++p)
+    if (overdue_[p] && c_steps_[p] > 0) out.push_back(static_cast<int64_t>(p));
+  return out;
+}
+
 void LearnerCore::set_sync_every(int64_t h) {
   if (h <= opts_.overlap || h > opts_.sync_every)
     throw SyncError("a learner's sync period must be in (sync.overlap=" + std::to_string(opts_.overlap) +

@@ -346,6 +346,37 @@ TEST(LearnerCore, RebaseEndsWithAPushOfEveryFragmentWithProgress) {
   EXPECT_EQ(pushed, (std::vector<std::pair<int64_t, int64_t>>{{5, 1}, {10, 0}, {13, 0}, {13, 1}}));
 }
 
+// A fragment in flight at the last step: its final push is held back (it would carry the outstanding push's part a
+// second time), and the core says so. +1 a step, H = 2, 6 steps, one fragment: the push of step 2 is unanswered
+// through step 6, so the pushes due at 4 and 6 are not made.
+TEST(LearnerCore, RebaseSaysWhichFinalPushesWereHeldBack) {
+  Toy toy(1, 2);
+  SyncOptions o = opts(2, 0, false);
+  o.apply = "rebase";
+  LearnerCore core(o, toy.plan, toy.params, /*total_steps=*/6);
+  for (int64_t s = 1; s <= 6; ++s) {
+    toy.train();
+    EXPECT_EQ(core.after_step(s, 10, 1.0).size(), s == 2 ? 1u : 0u) << s;
+    if (s == 4) EXPECT_TRUE(core.held_back_at_end(s).empty());  // overdue, but not the last step
+  }
+  EXPECT_EQ(core.held_back_at_end(6), std::vector<int64_t>{0});
+  EXPECT_EQ(core.c_steps(0), 6);  // counted from the held version 0: steps 1-2 pushed, 3-6 in no push
+  // Answered at the last boundary: nothing is outstanding, but no step follows to push the rest.
+  core.receive(0, 1, answer(core, 0, 5.0f), /*covers=*/1);
+  ASSERT_EQ(core.apply_due(6).size(), 1u);
+  EXPECT_EQ(core.outstanding(0), -1);
+  EXPECT_EQ(core.c_steps(0), 4);  // steps 3-6
+  EXPECT_EQ(core.held_back_at_end(6), std::vector<int64_t>{0});
+  // Without rebase nothing is held back: the last step's push goes as scheduled.
+  Toy toy2(1, 2);
+  LearnerCore plain(opts(2, 0, false), toy2.plan, toy2.params, /*total_steps=*/6);
+  for (int64_t s = 1; s <= 6; ++s) {
+    toy2.train();
+    plain.after_step(s, 10, 1.0);
+  }
+  EXPECT_TRUE(plain.held_back_at_end(6).empty());
+}
+
 TEST(LearnerCore, RebaseIsAConfigChoiceThatNeedsAlphaZero) {
   SyncOptions o;
   o.apply = "rebase";
