@@ -4,7 +4,7 @@
 // in one process. Time is virtual: an event queue ordered by (time, sequence number) drives everything, so a run
 // is a pure function of (config, seed): the same inputs give bit-identical metrics and parameters (same build,
 // same thread count). Step times are base × speed factor × straggler factor × jitter (seeded per learner);
-// a transfer takes latency + bytes / bandwidth. A chaos schedule injects learner failures (Poisson with a mean
+// a transfer takes latency + bytes / bandwidth (or waits its turn on queued links: SimOptions::queued_links). A chaos schedule injects learner failures (Poisson with a mean
 // time between failures, or listed times), downtime and rejoin (the rejoining learner receives the current global
 // parameters), stragglers and syncer pauses.
 //
@@ -43,6 +43,14 @@ struct SimOptions {
   double jitter = 0.0;                 // relative standard deviation of each step time
   double latency = 0.0;                // seconds per message
   double bandwidth = 0.0;              // bytes per second per learner link (0: infinite)
+  // Queued links (false: every transfer independent, latency + bytes / bandwidth, as many at once as are sent).
+  // true: each direction of each link is a queue that carries one transfer at a time, first come first served: a
+  // learner's uplink and downlink at `bandwidth`, and, when syncer_bandwidth > 0, the syncer's own inbound and
+  // outbound link, shared by every learner. A transfer waits until every link on its path is free, then takes
+  // latency + bytes / (the slowest of their rates). Models the testbed, where the syncer's host link carries every
+  // push in and every broadcast out (bursts of pushes then take their sum, not the time of one).
+  bool queued_links = false;
+  double syncer_bandwidth = 0.0;       // bytes per second each way of the syncer's link (0: not a bottleneck)
   double merge_time = 0.0;             // seconds the syncer spends merging one fragment
   double eval_interval = 0.0;          // virtual seconds between evaluations of the global model (0: end only)
   double max_time = 0.0;               // stop at this virtual time (0: when every learner finished train.steps)

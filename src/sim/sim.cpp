@@ -47,6 +47,16 @@ void SimConfig::bind(ConfigSchema& s) {
   s.bind("sim.latency", &sim.latency, "seconds per message", nonneg(&sim.latency, "sim.latency"));
   s.bind("sim.bandwidth", &sim.bandwidth, "bytes/s per learner link (0: infinite)",
          nonneg(&sim.bandwidth, "sim.bandwidth"));
+  s.bind("sim.queued_links", &sim.queued_links,
+         "each link direction carries one transfer at a time (first come first served), the syncer's link shared");
+  s.bind("sim.syncer_bandwidth", &sim.syncer_bandwidth,
+         "bytes/s each way of the syncer's link, shared by all learners (0: not a bottleneck; with sim.queued_links)",
+         [this] {
+           if (!(sim.syncer_bandwidth >= 0)) return std::string("sim.syncer_bandwidth must be ≥ 0");
+           if (sim.syncer_bandwidth > 0 && !sim.queued_links)
+             return std::string("sim.syncer_bandwidth needs sim.queued_links = true (a shared link is a queue)");
+           return std::string();
+         });
   s.bind("sim.merge_time", &sim.merge_time, "seconds per fragment merge", nonneg(&sim.merge_time, "sim.merge_time"));
   s.bind("sim.eval_interval", &sim.eval_interval, "virtual seconds between evaluations (0: end only)",
          nonneg(&sim.eval_interval, "sim.eval_interval"));
@@ -183,6 +193,29 @@ struct Simulator::Impl {
   double transfer(int64_t bytes) const {
     return cfg.sim.latency + (cfg.sim.bandwidth > 0 ? static_cast<double>(bytes) / cfg.sim.bandwidth : 0.0);
   }
+  // sim.queued_links: when each link direction is free again (per learner; the syncer's, shared).
+  std::vector<double> up_free, down_free;
+  double syncer_in_free = 0, syncer_out_free = 0;
+  // When `bytes` sent at time t from learner m to the syncer (up) or from the syncer to m arrive. `own_time`: the
+  // transfer's time without its wait behind the same learner's earlier transfers (what the nodes measure: a push
+  // from the heartbeat right before it, a broadcast over the time its link was busy with it), for the codec fitter.
+  double arrival(int64_t m, int64_t bytes, bool up, double t, double* own_time = nullptr) {
+    if (own_time) *own_time = transfer(bytes);
+    if (!cfg.sim.queued_links) return t + transfer(bytes);
+    if (up_free.size() != learners.size()) up_free.assign(learners.size(), 0.0), down_free.assign(learners.size(), 0.0);
+    const double bw = cfg.sim.bandwidth, sb = cfg.sim.syncer_bandwidth;
+    const double rate = bw > 0 && sb > 0 ? std::min(bw, sb) : std::max(bw, sb);
+    double& own = up ? up_free.at(static_cast<size_t>(m)) : down_free.at(static_cast<size_t>(m));
+    double& shared = up ? syncer_in_free : syncer_out_free;
+    const double start = std::max({t, own, sb > 0 ? shared : 0.0});
+    const double end = start + (rate > 0 ? static_cast<double>(bytes) / rate : 0.0);
+    // Its own time counts the wait for the shared link (on the testbed learners sharing it share its rate), not
+    // the wait behind this learner's own earlier transfers.
+    if (own_time) *own_time = end - std::max(t, own) + cfg.sim.latency;
+    own = end;
+    if (sb > 0) shared = end;
+    return end + cfg.sim.latency;
+  }
   static int64_t frame_bytes(int64_t payload) { return payload + static_cast<int64_t>(kWireHeaderBytes); }
   int64_t fragment_frame_bytes(int64_t p, Encoding e) const {
     return frame_bytes(static_cast<int64_t>(max_encoded_bytes(e, static_cast<uint64_t>(layouts[p].elements))));
@@ -282,10 +315,11 @@ struct Simulator::Impl {
       bytes_up += bytes;
       L.bytes_up += bytes;
       last_push_frame[static_cast<size_t>(out.fragment)] = bytes;
-      if (fitter) fitter->observe_upload(e.learner, static_cast<double>(bytes), transfer(bytes));
-      ++inflight;
       Event a;
-      a.t = now + transfer(bytes);
+      double took = 0;
+      a.t = arrival(e.learner, bytes, /*up=*/true, now, &took);
+      if (fitter) fitter->observe_upload(e.learner, static_cast<double>(bytes), took);
+      ++inflight;
       L.last_arrival = std::max(L.last_arrival, a.t);
       a.kind = kArrive;
       a.contribution = c;
@@ -351,7 +385,7 @@ struct Simulator::Impl {
   // The reject frame the syncer node sends for a refused push, on its way to the learner.
   void tell_refused(int64_t m, int64_t p, int64_t epoch, bool drop) {
     Event r;
-    r.t = now + transfer(frame_bytes(0));
+    r.t = arrival(m, frame_bytes(0), /*up=*/false, now);
     r.kind = kRefused;
     r.learner = m;
     r.fragment = p;
@@ -427,7 +461,8 @@ struct Simulator::Impl {
       Learner& L = learners[m];
       if (!L.up || L.done) continue;
       Event a;
-      a.t = leave + transfer(down);
+      double took = 0;
+      a.t = arrival(m, down, /*up=*/false, leave, &took);
       a.kind = kAnswer;
       a.learner = m;
       a.fragment = p;
@@ -436,7 +471,7 @@ struct Simulator::Impl {
       a.covers = answer_marks.mark(m, p);
       a.sync_every = syncer->local_updates(m);
       push(a);
-      if (fitter) fitter->observe_download(m, static_cast<double>(down), transfer(down));
+      if (fitter) fitter->observe_download(m, static_cast<double>(down), took);
       bytes_down += down;
       L.bytes_down += down;
     }
@@ -507,7 +542,7 @@ struct Simulator::Impl {
     bytes_down += bytes;
     learners[e.learner].bytes_down += bytes;
     Event r;
-    r.t = now + transfer(bytes);
+    r.t = arrival(e.learner, bytes, /*up=*/false, now);
     r.kind = kRestore;
     r.learner = e.learner;
     push(r);

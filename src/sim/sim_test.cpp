@@ -259,6 +259,49 @@ TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
   }
 }
 
+// sim.queued_links: both learners push their one fragment at step 8; over the syncer's shared link the second push
+// arrives one transfer after the first, so the merge that waits for both (quorum 2) comes one transfer later than
+// with independent transfers, which both take one transfer from step 8.
+TEST(SimLinks, QueuedLinksCarryOneTransferAtATimeOnTheSyncersSharedLink) {
+  auto first_merge = [](bool queued, double syncer_bandwidth) {
+    RunConfig run = sim_run(16);  // not 8: a learner that finished is retired, and the quorum would not wait
+    SimConfig cfg = decoupled(2);
+    cfg.sync.quorum = 2;
+    cfg.sync.fragments = 1;
+    cfg.sync.sync_every = 8;
+    cfg.sync.overlap = 0;
+    cfg.sync.grace = false;
+    cfg.sim.jitter = 0;
+    cfg.sim.latency = 0.5;
+    cfg.sim.merge_time = 0;
+    cfg.sim.bandwidth = 1000;
+    cfg.sim.queued_links = queued;
+    cfg.sim.syncer_bandwidth = syncer_bandwidth;
+    Simulator sim(run, cfg, sim_corpus());
+    double t = -1;
+    sim.run([&](const nlohmann::json& j) {
+      if (j["kind"] == "merge" && t < 0) t = j["t"].get<double>();
+    });
+    return t;
+  };
+  const double independent = first_merge(false, 0), own_links = first_merge(true, 0), shared = first_merge(true, 1000);
+  const double one = independent - 8.0 - 0.5;  // bytes / bandwidth of one push
+  ASSERT_GT(one, 1.0);
+  EXPECT_NEAR(own_links, independent, 1e-9);  // each learner on its own queue: nothing waits
+  EXPECT_NEAR(shared - 8.0 - 0.5, 2 * one, 1e-6);
+  // The shared link is a queue: refused without sim.queued_links, naming both keys.
+  SimConfig c;
+  ConfigSchema schema;
+  c.bind(schema);
+  schema.apply_override("sim.syncer_bandwidth=1000");
+  try {
+    schema.validate();
+    ADD_FAILURE() << "sim.syncer_bandwidth without sim.queued_links accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sim.queued_links"), std::string::npos) << e.what();
+  }
+}
+
 // net.broadcast_topk_bits sets the broadcast's value width apart from the pushes' (SparseLoCo's exchange: 2-bit pushes,
 // an 8-bit broadcast of every entry the merge changed); 0 keeps net.topk_bits; other widths are refused by name.
 TEST(SimCompression, TheBroadcastHasItsOwnTopkBits) {
