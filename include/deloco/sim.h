@@ -51,6 +51,10 @@ struct SimOptions {
   // push in and every broadcast out (bursts of pushes then take their sum, not the time of one).
   bool queued_links = false;
   double syncer_bandwidth = 0.0;       // bytes per second each way of the syncer's link (0: not a bottleneck)
+  // At the end, also evaluate each learner's own final parameters and their plain mean on the global model's
+  // validation tokens (summary: learners_val_loss, learners_mean_val_loss): how far the global model lags what
+  // the learners hold (M + 1 more evaluations).
+  bool eval_learners = false;
   double merge_time = 0.0;             // seconds the syncer spends merging one fragment
   double eval_interval = 0.0;          // virtual seconds between evaluations of the global model (0: end only)
   double max_time = 0.0;               // stop at this virtual time (0: when every learner finished train.steps)

@@ -57,6 +57,8 @@ void SimConfig::bind(ConfigSchema& s) {
              return std::string("sim.syncer_bandwidth needs sim.queued_links = true (a shared link is a queue)");
            return std::string();
          });
+  s.bind("sim.eval_learners", &sim.eval_learners,
+         "at the end, also evaluate each learner's own parameters and their mean (summary: learners_val_loss)");
   s.bind("sim.merge_time", &sim.merge_time, "seconds per fragment merge", nonneg(&sim.merge_time, "sim.merge_time"));
   s.bind("sim.eval_interval", &sim.eval_interval, "virtual seconds between evaluations (0: end only)",
          nonneg(&sim.eval_interval, "sim.eval_interval"));
@@ -593,6 +595,26 @@ struct Simulator::Impl {
     }
   }
 
+  // sim.eval_learners: each learner's own parameters, then their plain mean, on the evaluator's tokens.
+  nlohmann::json evaluate_learners() {
+    torch::NoGradGuard ng;
+    auto& params = evaluator->parameters();
+    nlohmann::json own = nlohmann::json::array();
+    std::vector<at::Tensor> sum;
+    for (auto& L : learners) {
+      const auto& lp = L.work->parameters();
+      for (size_t i = 0; i < lp.size(); ++i) {
+        params[i].second.copy_(lp[i].second);
+        if (sum.size() <= i) sum.push_back(lp[i].second.detach().to(torch::kFloat).clone());
+        else sum[i].add_(lp[i].second.detach().to(torch::kFloat));
+      }
+      own.push_back(evaluator->evaluate().loss);
+    }
+    for (size_t i = 0; i < sum.size(); ++i) params[i].second.copy_(sum[i] / static_cast<double>(learners.size()));
+    const double mean = evaluator->evaluate().loss;
+    return {{"learners_val_loss", own}, {"learners_mean_val_loss", mean}};
+  }
+
   bool all_done() const {
     for (const auto& l : learners)
       if (!l.done) return false;
@@ -785,6 +807,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
   if (!hit_max)
     for (const RoundResult& r : I.syncer->drain(I.now)) I.merges += r.merged() ? 1 : 0;
   I.evaluate_global(/*final=*/true);
+  const nlohmann::json own = S.eval_learners ? I.evaluate_learners() : nlohmann::json();
   const double T = I.now;
   double useful = 0, waited = 0, lost = 0;
   int64_t steps = 0;
@@ -831,6 +854,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"reached_max_time", hit_max},
       {"learners", per_learner},
   };
+  if (S.eval_learners) s.extra.update(own);
   if (I.fitter) {  // net.encoding / net.broadcast_encoding = auto (as the syncer node's summary)
     s.extra["codecs"] = rec::codec_summary(*I.fitter, M);
     s.extra["codec_changes"] = I.codec_changes;

@@ -302,6 +302,34 @@ TEST(SimLinks, QueuedLinksCarryOneTransferAtATimeOnTheSyncersSharedLink) {
   }
 }
 
+// sim.eval_learners: in synchronous DiLoCo (K = M, every learner waits for the merge) each learner ends holding the
+// global model, so its own loss and the mean's are the global model's, exactly; learners that never wait end on
+// their own parameters, which differ from it.
+TEST(SimEvalLearners, SynchronousLearnersEndOnTheGlobalModelDecoupledOnesDoNot) {
+  auto run_sim = [](bool wait) {
+    RunConfig run = sim_run(8);
+    SimConfig cfg = wait ? SimConfig() : decoupled(2);
+    cfg.sync.learners = 2;
+    cfg.sync.quorum = wait ? 2 : 1;
+    cfg.sync.fragments = 1;
+    cfg.sync.sync_every = 4;
+    cfg.sync.overlap = 0;
+    cfg.sync.wait_for_answer = wait;
+    cfg.sim.jitter = 0;
+    cfg.sim.eval_learners = true;
+    Simulator sim(run, cfg, sim_corpus());
+    return sim.run();
+  };
+  const nlohmann::json sync = run_sim(true).summary, dec = run_sim(false).summary;
+  const double g = sync["final_val_loss"].get<double>();
+  ASSERT_EQ(sync["learners_val_loss"].size(), 2u);
+  for (const auto& l : sync["learners_val_loss"]) EXPECT_EQ(l.get<double>(), g);
+  EXPECT_EQ(sync["learners_mean_val_loss"].get<double>(), g);
+  ASSERT_EQ(dec["learners_val_loss"].size(), 2u);
+  EXPECT_NE(dec["learners_val_loss"][0].get<double>(), dec["final_val_loss"].get<double>());
+  EXPECT_TRUE(std::isfinite(dec["learners_mean_val_loss"].get<double>()));
+}
+
 // net.broadcast_topk_bits sets the broadcast's value width apart from the pushes' (SparseLoCo's exchange: 2-bit pushes,
 // an 8-bit broadcast of every entry the merge changed); 0 keeps net.topk_bits; other widths are refused by name.
 TEST(SimCompression, TheBroadcastHasItsOwnTopkBits) {
