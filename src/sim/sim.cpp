@@ -204,7 +204,6 @@ struct Simulator::Impl {
   double arrival(int64_t m, int64_t bytes, bool up, double t, double* own_time = nullptr) {
     if (own_time) *own_time = transfer(bytes);
     if (!cfg.sim.queued_links) return t + transfer(bytes);
-    if (up_free.size() != learners.size()) up_free.assign(learners.size(), 0.0), down_free.assign(learners.size(), 0.0);
     const double bw = cfg.sim.bandwidth, sb = cfg.sim.syncer_bandwidth;
     const double rate = bw > 0 && sb > 0 ? std::min(bw, sb) : std::max(bw, sb);
     double& own = up ? up_free.at(static_cast<size_t>(m)) : down_free.at(static_cast<size_t>(m));
@@ -694,6 +693,8 @@ Simulator::Simulator(const RunConfig& run, const SimConfig& cfg_in, WorkloadFact
   }
   I.layouts = plan.fragment_layouts;
   I.last_push_frame.assign(I.layouts.size(), 0);
+  I.up_free.assign(I.learners.size(), 0.0);  // sim.queued_links: every link free at the start
+  I.down_free.assign(I.learners.size(), 0.0);
   {
     std::vector<int64_t> elements;
     for (const auto& L : I.layouts) elements.push_back(L.elements);
