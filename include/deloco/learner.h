@@ -55,6 +55,7 @@ struct Push {
   Encoding encoding = Encoding::kFp32;
   int64_t elements = 0;
   std::string payload;        // Δ_p encoded in `encoding` (wire.h payload layout)
+  bool final = false;         // a final state (final_pushes(): the wire's final_state, Syncer::receive_final)
 };
 
 // What the syncer makes of a fragment push: the payload (`bytes` bytes in `encoding`, the fragment's layout)
@@ -100,7 +101,16 @@ class LearnerCore {
   // push of theirs was unanswered, so it was not made; the steps since that push stay out of the final model. Empty
   // before the last step. (Pushing them once answered was tried: on the testbed's larger model at 1 Mbit/s each
   // such rest merged alone, at one learner's full weight, and the final loss was no better: docs/wan-long.md.)
+  // (With sync.final_round: empty; the final round sends what the answers leave, in_flight() says what they did not.)
   std::vector<int64_t> held_back_at_end(int64_t step) const;
+  // sync.final_round (deloco/sync.h), after the last step (total_steps; empty before it or when off): this learner's
+  // final state of every fragment with no push in flight, one Push each in the fragment's push codec with its error
+  // feedback (Δ_p = Θ_p^v − θ_p, the counters since its last push): Syncer::receive_final merges them. The drivers
+  // wait for the answers in flight first (apply_due), so that each state holds what those pushes did. The last step
+  // itself pushes nothing under this option. Nothing becomes outstanding.
+  std::vector<Push> final_pushes(int64_t step);
+  // The fragments whose push is unanswered (outstanding), ascending.
+  std::vector<int64_t> in_flight() const;
   // The merged Θ_p of version `version` arrived (flat fp32 CPU, the fragment's layout). Kept until it is due;
   // a newer answer replaces an older one not yet applied. covers: −1 = unmarked (answers any outstanding push);
   // ≥ 0 = it includes this learner's pushes of the fragment based on versions below `covers` (the syncer's mark:
@@ -170,7 +180,10 @@ class LearnerCore {
 
  private:
   bool answer_due(size_t p, int64_t step) const;
-  bool answers_push(size_t p) const;  // a pending answer that answers the outstanding push (or there is none)
+  bool answers_push(size_t p) const;
+  // The push of fragment p after `step` (Θ_p^v − θ_p with error feedback); unless `final`, it becomes outstanding
+  // (and, rebasing, θ as pushed is kept).
+  Push make_push(size_t p, int64_t step, bool final);  // a pending answer that answers the outstanding push (or there is none)
   // `covers_push`: the version holds this learner's outstanding push (answers_push), for sync.apply = rebase.
   void apply(size_t p, int64_t version, const at::Tensor& flat, bool covers_push);
 

@@ -94,6 +94,13 @@ struct SyncOptions {
   // lowered to 0.6, rebase ends the demo better with answers ~27 steps late than overwrite does with answers on
   // time; at μ = 0.9 it ends ~0.1 nats worse than at 0.6. configs/demo.toml uses it.
   std::string apply = "overwrite";
+  // The final round (deloco/learner.h: final_pushes; Syncer::receive_final, final_round): after its last step a
+  // learner waits for the answers to its pushes in flight and then sends its final state of every fragment (a
+  // push's form, Θ_p^v − θ_p); once every learner is done the syncer's final model is the weighted mean (weights as
+  // sync.weighting) of those states, anchored as pushes are (sync.delta_anchor), in place of a last merge of
+  // whatever the schedule sent. Off: the papers' rule (the final model is the last merge). On a slow link the
+  // global model lags its learners (docs/wan-long.md): measured there and in the simulator.
+  bool final_round = false;
   double max_delta_norm = 0.0;      // reject a contribution whose ‖Δ‖ over the fragment exceeds this (0 = off)
   // Contribution bounds that are on by default (0 = off), see receive(). The defaults sit far above anything an
   // honest learner sends (docs/runtime.md gives the measured figures).
@@ -409,6 +416,30 @@ class Syncer {
     stats_.sync.add(upload_seconds + merge_seconds + broadcast_seconds, opts_.ema);
   }
 
+  // The final round (SyncOptions::final_round). receive_final(): learner m's final state of fragment p after its last
+  // step, Δ_m = Θ_p^v − θ_m in a push's form, checked as receive() checks a push (the same reasons, counted under
+  // their names) and held until final_round(); a later one from the same learner replaces it. It is not merged by
+  // on_round() or drain(). final_round(), once nobody will send again: for each fragment holding final states, in
+  // fragment order, Θ_p ← Σ_m ŵ_m θ_m, the learners' final states' weighted mean (ŵ_m = w_m / Σ w; sync.weighting
+  // token: w_m = the tokens one step of m trains, from its budget, 1 without one; uniform: 1), each state θ_m =
+  // A_m − Δ_m from the anchor a push of m has (delta_anchor global: Θ_p^{v_m} as kept, exactly the learner's state;
+  // a version no longer kept, or delta_anchor base: Θ_p + e_p, rebased onto the current model, counted in
+  // stale_bases()). The delta broadcast's residual e_p is then zero (nothing is broadcast after it). One result per
+  // fragment with final states (decision kMerge, the version + 1, the learners and ŵ, the flat new Θ_p); a mean
+  // that is not finite changes nothing and comes back rolled back (merge_non_finite, its learners named). The
+  // outer optimizer's state is untouched: this is the model the run ends with, not an outer step.
+  SyncReject receive_final(Contribution c);
+  std::vector<RoundResult> final_round();
+  // Final states held (every fragment), the learners whose final state of fragment p is held (ascending), and
+  // final states merged so far.
+  int64_t finals_held() const;
+  std::vector<int64_t> final_learners(int64_t fragment) const {
+    std::vector<int64_t> out;
+    for (const auto& kv : rounds_.at(static_cast<size_t>(fragment)).finals) out.push_back(kv.first);
+    return out;
+  }
+  int64_t finals_merged() const { return finals_merged_; }
+
   // The compressed broadcast (net.broadcast_encoding = topk, or net.broadcast_delta): after every merge the new
   // Θ_p' is not kept as merged. With Θ_p the version the learners hold and e_p the fragment's broadcast residual
   // (zero at the start), the syncer encodes D = Θ_p' + e_p − Θ_p in `codec`, installs Θ_p + decode(D) as the new
@@ -517,6 +548,7 @@ class Syncer {
   };
   struct Round {
     std::map<int64_t, Held> waiting;  // by learner
+    std::map<int64_t, Held> finals;   // final states (receive_final), by learner
     double first_arrival = 0;
     double quorum_time = -1;
     int64_t version = 0;
@@ -575,6 +607,7 @@ class Syncer {
   GraceStats stats_;
   std::map<std::string, int64_t> rejected_;
   int64_t merged_ = 0;
+  int64_t finals_merged_ = 0;
   // The delta broadcast (set_delta_broadcast): its codec and each fragment's residual e_p.
   bool delta_on_ = false;
   Codec delta_codec_;

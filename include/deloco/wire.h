@@ -21,8 +21,8 @@
 //   kTopk8 / kTopk4 / kTopk2: sparse (src/wire/sparse.h): u32 k, the k kept values in kInt8 / kInt4 / kInt2, then
 //   the k indices as LEB128 gaps; the size depends on the payload (max_encoded_bytes bounds it)
 // Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk carries a dense
-// float encoding (kFp32, kBf16, kInt8, kInt4, kInt2); fragment_push, fragment_broadcast and fragment_delta any float
-// encoding, the sparse ones included.
+// float encoding (kFp32, kBf16, kInt8, kInt4, kInt2); fragment_push, final_state, fragment_broadcast and
+// fragment_delta any float encoding, the sparse ones included.
 //
 // Contract
 //  * decode_header() / decode_message() validate everything before trusting it, in this order: frame length ≥
@@ -66,8 +66,10 @@ enum class MessageKind : uint8_t {
                            // round `round` (rejoin from peers, docs/reliability.md); payload JSON
   kFragmentDelta = 11,     // syncer -> learner: merged fragment version `round` as its change against version
                            // round − 1, in any float encoding (net.broadcast_delta; the learner adds it in fp32)
+  kFinalState = 12,        // learner -> syncer: its final state of one fragment after its last step, in a push's
+                           // form and fields (sync.final_round: held for the final round, never merged as a push)
 };
-constexpr uint8_t kMaxMessageKind = 11;
+constexpr uint8_t kMaxMessageKind = 12;
 
 enum class Encoding : uint8_t {
   kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5,  // dense: the size follows from n

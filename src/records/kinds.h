@@ -59,6 +59,21 @@ struct Merge : RecordBase {
   }
 };
 
+// sync.final_round (deloco/sync.h: Syncer::final_round): fragment `fragment` of the final model, version `version`,
+// is the weighted mean of these learners' final states (a round rolled back is a merge_rolled_back record).
+struct FinalMerge : RecordBase {
+  static constexpr const char* kKind = "final_merge";
+  int64_t fragment = -1, version = 0;
+  std::vector<int64_t> learners;
+  std::vector<double> weights;
+  std::vector<int64_t> staleness;     // per state: merges of the fragment since the version it was taken against
+  double delta_norm = 0;              // ‖the final Θ_p − Θ_p before it‖
+  template <class V> void fields(V& v) {
+    v("fragment", fragment); v("version", version); v("learners", learners); v("weights", weights);
+    v("staleness", staleness); v("delta_norm", delta_norm);
+  }
+};
+
 // A round rolled back by the core (a non-finite or refused merge): nothing changed, its contributors are told.
 struct MergeRolledBack : RecordBase {
   static constexpr const char* kKind = "merge_rolled_back";
@@ -99,6 +114,8 @@ struct Reject : RecordBase {
 //  * at_end — still in the outbox when the learner left;
 //  * unanswered_at_end — sync.apply = rebase: the last step's push of a fragment whose previous push was still
 //    unanswered then (a second push would carry that one's part again): the steps since are not in the final model.
+//    With sync.final_round: a fragment whose answer did not come within net.join_timeout after the last step (or
+//    whose syncer shard was gone), so its final state was not sent.
 struct PushUnsent : RecordBase {
   static constexpr const char* kKind = "push_unsent";
   int64_t fragment = -1, step = 0;
@@ -419,8 +436,10 @@ struct Push : RecordBase {
   static constexpr const char* kKind = "push";
   int64_t fragment = -1, step = 0, bytes = 0, base_version = 0;
   std::optional<std::string> encoding;  // the push's codec (learner node; net.encoding = auto changes it)
+  std::optional<bool> final;            // a final state (sync.final_round), not a push the syncer merges
   template <class V> void fields(V& v) {
     v("fragment", fragment); v("step", step); v("bytes", bytes); v("base_version", base_version); v("encoding", encoding);
+    v("final", final);
   }
 };
 

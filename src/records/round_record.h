@@ -28,6 +28,18 @@ inline Merge merge_record(const RoundResult& r, int64_t fragment, int64_t tokens
   return m;
 }
 
+// The final round's record of one fragment (Syncer::final_round, merged).
+inline FinalMerge final_merge_record(const RoundResult& r) {
+  FinalMerge m;
+  m.fragment = r.outcome.fragment;
+  m.version = r.outcome.version;
+  m.learners = r.outcome.learners;
+  m.weights = r.outcome.weights;
+  m.staleness = r.outcome.staleness;
+  m.delta_norm = r.outcome.delta_norm;
+  return m;
+}
+
 // net.encoding / net.broadcast_encoding = auto: learner m's fit changed from `before` to `now` (CodecFitter::refit),
 // with the link's measurements it was made from.
 inline CodecChanged codec_record(const CodecFitter& f, int64_t m, const CodecChoice& before, const CodecChoice& now,

@@ -196,7 +196,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
     b.broadcasts = L.c.rx_seq;
     send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
     L.c.syncer.beat_sent(now());
-    MessageHeader h = header(MessageKind::kFragmentPush);
+    MessageHeader h = header(p.final ? MessageKind::kFinalState : MessageKind::kFragmentPush);
     h.encoding = p.encoding;
     h.fragment_id = static_cast<uint32_t>(p.fragment);
     h.round = static_cast<uint64_t>(p.base_version);
@@ -212,6 +212,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
       r.bytes = static_cast<int64_t>(bytes);
       r.base_version = p.base_version;
       r.encoding = encoding_name(p.encoding);
+      if (p.final) r.final = true;
       emit(L, r);
     }
   }
@@ -226,6 +227,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
   (sent ? pushes : pushes_dropped) += 1;
   if (sent) {
     L.window.sent(p.fragment);
+    if (p.final) L.window.settle(p.fragment);  // a final state gets no answer
   } else {  // not sent (not joined, or the transport refused it): no answer will come for it
     refused_pushes.insert(p.fragment);
     cv.notify_all();

@@ -124,6 +124,19 @@ void LearnerNode::Impl::begin(const std::atomic<bool>& stop) {
   run_start = clk::now();
 }
 
+std::vector<Applied> LearnerNode::Impl::apply_answers(int64_t step, bool installed) {
+  const std::vector<Applied> applied = core->apply_due(step);
+  for (const auto& a : applied) {
+    rec::Apply r;
+    r.fragment = a.fragment;
+    r.version = a.version;
+    r.step = step;
+    emit(r);
+  }
+  if (installed || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
+  return applied;
+}
+
 bool LearnerNode::Impl::boundary(const std::atomic<bool>& stop) {
   if (phase != Phase::kTraining) throw std::logic_error("LearnerNode: not training (start() first, not after finish())");
   for (;;) {
@@ -131,15 +144,7 @@ bool LearnerNode::Impl::boundary(const std::atomic<bool>& stop) {
     throw_if_fatal();
     const std::vector<int64_t> installed = take_received();
     const int64_t step = work->step();
-    const std::vector<Applied> applied = core->apply_due(step);
-    for (const auto& a : applied) {
-      rec::Apply r;
-      r.fragment = a.fragment;
-      r.version = a.version;
-      r.step = step;
-      emit(r);
-    }
-    if (!installed.empty() || !applied.empty()) publish_versions();  // the comms thread compares welcomes against them
+    const std::vector<Applied> applied = apply_answers(step, !installed.empty());
     if (group) {
       for (int64_t p : installed)
         for (const auto& name : core->layout(p).names) group_changed.push_back(name);
@@ -228,11 +233,46 @@ void LearnerNode::Impl::after(const StepResult& r, double dt) {
   comm_seconds += secs(c3, clk::now());
 }
 
+void LearnerNode::Impl::send_final_states() {
+  const int64_t step = work->step();
+  const auto deadline = clk::now() + std::chrono::duration<double>(cfg.net.join_timeout);
+  auto c0 = clk::now();
+  std::vector<int64_t> unanswered;
+  for (;;) {
+    throw_if_fatal();
+    apply_answers(step, !take_received().empty());
+    unanswered = core->in_flight();
+    if (unanswered.empty() || clk::now() >= deadline) break;
+    std::unique_lock<std::mutex> lock(mu);
+    // An answer from a shard that is not joined will not come.
+    const bool any_joined = std::any_of(unanswered.begin(), unanswered.end(), [&](int64_t p) { return link_of(p).joined; });
+    if (!any_joined || !fatal.empty()) break;
+    cv.wait_for(lock, std::chrono::milliseconds(20),
+                [&] { return !inbox.empty() || !refused_pushes.empty() || any_state_ready() || !fatal.empty(); });
+  }
+  wait_seconds += secs(c0, clk::now());
+  std::vector<Push> finals = core->final_pushes(step);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    pushes_due += static_cast<int64_t>(finals.size() + unanswered.size());
+    pushes_unsent_at_end += static_cast<int64_t>(unanswered.size());
+    for (auto& p : finals) outbox.push_back(std::move(p));
+  }
+  for (int64_t p : unanswered) {
+    rec::PushUnsent u;
+    u.fragment = p;
+    u.step = step;
+    u.reason = "unanswered_at_end";
+    emit(link_of(p), u);
+  }
+}
+
 nlohmann::json LearnerNode::Impl::end() {
   if (phase != Phase::kTraining) throw std::logic_error("LearnerNode: finish() without start(), or twice");
   phase = Phase::kFinished;
   const int64_t steps = cfg.run.train.steps;
   const bool done = work->step() >= steps;
+  if (cfg.sync.final_round && done) send_final_states();
   // sync.apply = rebase: a fragment in flight at the last step did not push its rest (LearnerCore::held_back_at_end):
   // a push due and not made, accounted as unsent at the end.
   for (int64_t p : core->held_back_at_end(work->step())) {

@@ -320,6 +320,9 @@ struct LearnerNode::Impl {
   // come, and waits as long as the core says (synchronous and streaming DiLoCo). Returns whether to train a step
   // (false: train.steps reached, or `stop`).
   bool boundary(const std::atomic<bool>& stop);
+  // The answers due at the boundary after `step` applied (LearnerCore::apply_due), each an `apply` record; the
+  // versions published when any was applied or (`installed`) a state was installed.
+  std::vector<Applied> apply_answers(int64_t step, bool installed);
 
   // One inner step was trained (work->step() is the new count) in `dt` seconds: counters, the pushes due, the
   // heartbeat's figures, the progress record, learner-local state.
@@ -329,6 +332,10 @@ struct LearnerNode::Impl {
   // learner waits up to net.join_timeout for a syncer that is away, an interrupted one 2 s), stops the comms
   // thread, returns the summary.
   nlohmann::json end();
+  // sync.final_round, after the last step: applies the answers as they come (up to net.join_timeout, while their
+  // shard is joined), then queues the final state of every fragment they leave unanswered-free ahead of the
+  // goodbye; a fragment still unanswered is a push_unsent record (unanswered_at_end).
+  void send_final_states();
 
   // The shards that refused our key and never let us join (comms stopped: read after stop_comms()).
   std::vector<int64_t> refused_links() const;

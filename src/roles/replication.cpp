@@ -108,6 +108,7 @@ const char* entry_kind_name(EntryKind k) {
     case EntryKind::kLease: return "lease";
     case EntryKind::kFollow: return "follow";
     case EntryKind::kAck: return "ack";
+    case EntryKind::kFinal: return "final";
   }
   return "unknown";
 }
@@ -144,6 +145,7 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
       j = {{"t", e.t}, {"learner", e.learner}, {"fragment", e.fragment}, {"encoding", static_cast<int>(e.encoding)},
            {"base", e.base}, {"c_steps", e.c_steps}, {"c_tokens", e.c_tokens}, {"step", e.step},
            {"step_time", e.step_time}};
+      if (e.flag) j["final"] = true;
       binary = e.payload.str();
       break;
     case EntryKind::kRound:
@@ -159,6 +161,7 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
       j = {{"t", e.t}, {"results", checks_json(e.results)}};
       if (e.delta_encoding > 0) j["delta_encoding"] = e.delta_encoding;
       break;
+    case EntryKind::kFinal: j = {{"t", e.t}, {"results", checks_json(e.results)}}; break;
     case EntryKind::kCounters: j = {{"counters", e.counters}}; break;
     case EntryKind::kFollow:
       j = json::object();
@@ -278,6 +281,11 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       e.c_tokens = int_field(j, "c_tokens", what, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max());
       e.step = int_field(j, "step", what, -1, std::numeric_limits<int64_t>::max());
       e.step_time = num_field(j, "step_time", what);
+      if (j.contains("final")) {
+        const json& f = j["final"];
+        if (!f.is_boolean()) throw WireError("replica receive entry field 'final' is not a boolean");
+        e.flag = f.get<bool>();
+      }
       e.payload = payload.slice(bin_at, bin_n);
       break;
     }
@@ -311,6 +319,10 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       e.results = checks_of(field(j, "results", what), fragments);
       if (j.contains("delta_encoding")) e.delta_encoding = int_field(j, "delta_encoding", what, 1, kMaxEncoding);
       break;
+    case EntryKind::kFinal:
+      e.t = num_field(j, "t", what);
+      e.results = checks_of(field(j, "results", what), fragments);
+      break;
     case EntryKind::kCounters:
       e.counters = field(j, "counters", what);
       if (!e.counters.is_object()) throw WireError("replica counters entry is not an object");
@@ -343,7 +355,7 @@ Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layou
                                    keep->data(), keep->size(), e.base, e.c_steps, e.c_tokens, e.step_time, keep);
       c.step = e.step;
       Applied a;
-      a.received = core.receive(e.t, std::move(c));
+      a.received = e.flag ? core.receive_final(std::move(c)) : core.receive(e.t, std::move(c));
       return a;
     }
     case EntryKind::kRound:
@@ -357,6 +369,7 @@ Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layou
     case EntryKind::kDrain:
       if (e.delta_encoding > 0) core.use_delta_encoding(static_cast<Encoding>(e.delta_encoding));
       return {core.drain(e.t), SyncReject::kNone};
+    case EntryKind::kFinal: return {core.final_round(), SyncReject::kNone};
     case EntryKind::kCounters:
     case EntryKind::kLease:
     case EntryKind::kFollow:
@@ -398,7 +411,9 @@ Applied Journal::record(Syncer& core, const std::vector<FlatLayout>& layouts, En
   e.seq = ++seq_;
   e.epoch = epoch;
   for (const RoundResult& r : a.rounds) e.results.push_back(check_of(r));
-  if (e.kind == EntryKind::kReceive && a.received == SyncReject::kNone) held_pushes_[{e.learner, e.fragment}] = e;
+  if (e.kind == EntryKind::kReceive && a.received == SyncReject::kNone)
+    (e.flag ? held_finals_ : held_pushes_)[{e.learner, e.fragment}] = e;
+  if (e.kind == EntryKind::kFinal) held_finals_.clear();
   for (const RoundResult& r : a.rounds)
     if (r.decision.kind == RoundDecision::kMerge)  // merged or rolled back: those pushes no longer wait
       for (int64_t m : r.outcome.learners) held_pushes_.erase({m, r.outcome.fragment});
@@ -414,6 +429,9 @@ std::vector<Entry> Journal::waiting_pushes(const Syncer& core, int64_t fragments
   for (int64_t p = 0; p < fragments; ++p)
     for (int64_t m : core.waiting(p))
       if (auto it = held_pushes_.find({m, p}); it != held_pushes_.end()) waiting.push_back(it->second);
+  for (int64_t p = 0; p < fragments; ++p)
+    for (int64_t m : core.final_learners(p))
+      if (auto it = held_finals_.find({m, p}); it != held_finals_.end()) waiting.push_back(it->second);
   return waiting;
 }
 

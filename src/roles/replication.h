@@ -48,8 +48,9 @@ enum class EntryKind : uint32_t {
   kLease = 10,       // leader → standby: "still leading" (not journaled: seq is the last entry's)
   kFollow = 11,      // standby → leader: send me an image and the journal after it
   kAck = 12,         // standby → leader: entries applied up to `seq`
+  kFinal = 13,       // Syncer::final_round (sync.final_round), with the leader's results
 };
-constexpr uint32_t kLastEntryKind = 12;
+constexpr uint32_t kLastEntryKind = 13;
 const char* entry_kind_name(EntryKind k);
 
 // A round's outcome as the leader saw it: what the standby checks its own against.
@@ -71,7 +72,7 @@ struct Entry {
   Encoding encoding = Encoding::kFp32;
   int64_t base = 0, c_steps = 0, c_tokens = 0, step = -1;
   double step_time = 0;
-  bool flag = false;            // kConnected: connected
+  bool flag = false;            // kConnected: connected; kReceive: a final state (Syncer::receive_final)
   double upload = 0, merge = 0, broadcast = 0;  // kObserveSync
   std::vector<RoundCheck> results;              // kRound (one), kDrain (one per fragment merged or rolled back)
   // kRound, kDrain: the encoding the delta broadcast's next deltas use (net.broadcast_encoding = auto,
@@ -136,9 +137,13 @@ class Journal {
   uint64_t seq() const { return seq_; }
   // A follower applied the leader's entry `seq` (or an image taken at it).
   void follow(uint64_t seq) { seq_ = seq; }
-  // The entries of the pushes the core's rounds wait on now, fragment by fragment (core.waiting order).
+  // The entries of the pushes the core's rounds wait on now, fragment by fragment (core.waiting order), then the
+  // final states it holds (sync.final_round) the same way.
   std::vector<Entry> waiting_pushes(const Syncer& core, int64_t fragments) const;
-  void forget_pushes() { held_pushes_.clear(); }
+  void forget_pushes() {
+    held_pushes_.clear();
+    held_finals_.clear();
+  }
   // The frames queued for the standby, handed over (flush) or dropped (no standby, or a new one: an image covers them).
   std::vector<proto::Frame> take_frames() {
     std::vector<proto::Frame> f;
@@ -150,6 +155,7 @@ class Journal {
  private:
   uint64_t seq_ = 0;  // entries journaled (leader) or applied (follower)
   std::map<std::pair<int64_t, int64_t>, Entry> held_pushes_;  // (learner, local fragment) → its accepted push
+  std::map<std::pair<int64_t, int64_t>, Entry> held_finals_;  // the same for final states, until the final round
   std::vector<proto::Frame> out_;
 };
 

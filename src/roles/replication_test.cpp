@@ -193,6 +193,31 @@ TEST(Replication, AStandbyThatAppliesTheJournalHoldsTheLeadersStateBitForBit) {
   ASSERT_EQ(theirs.rounds.size(), got.results.size());
   for (size_t i = 0; i < theirs.rounds.size(); ++i) EXPECT_EQ(compare(got.results[i], check_of(theirs.rounds[i])), "");
   EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+  // The final round (sync.final_round): final states are receive entries marked final, held apart from the rounds;
+  // the final entry makes the final model on both. Without the mark the standby would merge them as pushes.
+  for (int64_t k = 0; k < 3; ++k)
+    for (int64_t p = 0; p < 2; ++p) {
+      Entry f = d.push(m, 32.0, k, p);
+      f.flag = true;
+      leader.run(f);
+      const Entry fg = wire_trip(f, 3, 2);
+      EXPECT_TRUE(fg.flag);
+      EXPECT_EQ(apply(standby, fg, m.layouts).received, SyncReject::kNone);
+    }
+  EXPECT_EQ(standby.finals_held(), 6);
+  EXPECT_EQ(standby.pending(0) + standby.pending(1), 0);
+  Entry fin;
+  fin.kind = EntryKind::kFinal;
+  fin.t = 33.0;
+  const Applied lf = leader.run(fin);
+  EXPECT_EQ(lf.rounds.size(), 2u);
+  const Entry fgot = wire_trip(fin, 3, 2);
+  const Applied ft = apply(standby, fgot, m.layouts);
+  ASSERT_EQ(ft.rounds.size(), 2u);
+  ASSERT_EQ(fgot.results.size(), 2u);
+  for (size_t i = 0; i < ft.rounds.size(); ++i) EXPECT_EQ(compare(fgot.results[i], check_of(ft.rounds[i])), "");
+  EXPECT_EQ(flat_of(leader.core), flat_of(standby));
+  EXPECT_EQ(leader.core.versions(), standby.versions());
 }
 
 // net.broadcast_encoding = auto: the leader switches the delta broadcast's codec between merges; each round entry

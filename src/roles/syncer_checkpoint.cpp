@@ -43,6 +43,7 @@ void SyncerNode::Impl::checkpoint(bool final) {
   for (bool r : retired) n_retired += r ? 1 : 0;
   std::ostringstream name;  // merges, then retirements; commit order is the manifest's sequence
   name << "merges_" << std::setw(8) << std::setfill('0') << merges << "-r" << std::setw(4) << n_retired;
+  if (final_fragments > 0) name << "-final";  // the final round's model (sync.final_round): no merge counted it
   nlohmann::json manifest;
   manifest["kind"] = "syncer";
   manifest["fingerprint"] = fingerprint_hex(fingerprint);

@@ -171,6 +171,9 @@ nlohmann::json SyncerNode::Impl::summary(double wall) const {
   // deltas; state downloads are counted in state_downloads).
   for (const auto& p : peers) bytes.push_back({{"up", p.bytes_up}, {"down", p.bytes_down}});
   s["learner_bytes"] = bytes;
+  if (cfg.sync.final_round)  // the final round (sync.final_round): states held, refused, fragments it changed
+    s["final_round"] = {{"states_received", finals_received}, {"states_refused", finals_refused},
+                        {"states_merged", core->finals_merged()}, {"fragments", final_fragments}};
   s["deltas_sent"] = deltas_sent;
   s["delta_resends"] = delta_resends;
   if (fitter) {  // net.encoding / net.broadcast_encoding = auto: each learner's fit as the run ended

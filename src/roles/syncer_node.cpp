@@ -243,6 +243,11 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         if (fitter) refit_codecs(m);
         return;
       }
+      case MessageKind::kFinalState:
+        ++P.pushes_rx;  // counted in the learner's push window like a push
+        send_beat(m);   // the receipt: the window opens for its next final state
+        on_push(env, h, m, t, /*final=*/true);
+        return;
       case MessageKind::kHeartbeat: {
         if (env.payload.empty()) return;
         auto b = proto::parse_beat(env.payload.data(), env.payload.size());
@@ -405,7 +410,7 @@ void SyncerNode::Impl::serve_chunks() {
   });
 }
 
-void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t) {
+void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t, bool final) {
   const int64_t g = h.fragment_id;  // global: the model's fragment id
   const int64_t P = static_cast<int64_t>(shard.local.size());
   if (g >= P || shard.local[static_cast<size_t>(g)] < 0)
@@ -439,14 +444,24 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   // rebases (its counters run from the push) was refused after its pushes waited on a slow link.
   e.step = std::min(peers[m].step, peers[m].last_beat_step);
   e.payload = env.payload;
-  const bool replaces = core->holds(p, m);
+  e.flag = final;
+  const bool replaces = !final && core->holds(p, m);
   SyncReject why = SyncReject::kNone;
   try {
     why = journal(std::move(e)).received;
   } catch (const NonFiniteError& x) {  // NaN/Inf values or block scales (wire/quantize.h)
+    finals_refused += final ? 1 : 0;
     return reject(env.peer, m, g, RejectReason::kNonFinite, x.what());
   } catch (const WireError& x) {
+    finals_refused += final ? 1 : 0;
     return reject(env.peer, m, g, RejectReason::kMalformedFrame, x.what());
+  }
+  if (final) {
+    if (why == SyncReject::kNone) {
+      ++finals_received;
+      return;
+    }
+    ++finals_refused;
   }
   if (why != SyncReject::kNone) {
     const RejectReason code = proto::reject_reason_from_core(why);
@@ -466,6 +481,31 @@ void SyncerNode::Impl::on_push(const Envelope& env, const MessageHeader& h, int6
   }
   answer_marks.accepted(m, p, static_cast<int64_t>(h.round));
   try_merge(p);
+}
+
+void SyncerNode::Impl::final_round() {
+  repl::Entry e;
+  e.kind = repl::EntryKind::kFinal;
+  e.t = now();
+  for (const RoundResult& r : journal(std::move(e)).rounds) {
+    const int64_t g = shard.fragments[static_cast<size_t>(r.outcome.fragment)];  // global id, as in the other records
+    if (r.merged()) {
+      ++final_fragments;
+      rec::FinalMerge f = rec::final_merge_record(r);
+      f.fragment = g;
+      emit(std::move(f));
+      continue;
+    }
+    rec::MergeRolledBack rb;
+    rb.fragment = g;
+    rb.version = r.outcome.version;
+    rb.learners = r.outcome.learners;
+    rb.reason = sync_reject_name(r.outcome.rejected);
+    rb.detail = r.outcome.detail;
+    emit(std::move(rb));
+  }
+  if (group.due()) commit();
+  flush_journal();
 }
 
 SyncerNode::SyncerNode(const RuntimeConfig& cfg_in, std::unique_ptr<ServerTransport> transport,
@@ -699,6 +739,7 @@ nlohmann::json SyncerNode::run(const std::atomic<bool>& stop) {
     if (I.group.due()) I.commit();
     I.flush_journal();
   }
+  if (I.all_retired() && I.cfg.sync.final_round) I.final_round();
   // What still waits for a quorum (the syncer stopped before every learner retired): accepted, never merged.
   for (int64_t p = 0; p < static_cast<int64_t>(I.shard.local_fragments.size()); ++p)
     for (int64_t m : I.core->waiting_learners(p)) {

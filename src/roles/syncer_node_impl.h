@@ -232,6 +232,8 @@ struct SyncerNode::Impl {
   // Accepted contributions no merge took (contribution_unmerged records): replaced by a newer push of the same learner
   // and fragment before the round merged; still waiting when the syncer stopped.
   int64_t contributions_replaced = 0, contributions_pending_at_end = 0;
+  // sync.final_round: final states received (accepted), refused, and the fragments the final round changed.
+  int64_t finals_received = 0, finals_refused = 0, final_fragments = 0;
   std::map<std::string, int64_t> push_rejects;  // the refused pushes among `rejects`, by reason
   double grace_wait_total = 0;
   std::map<std::string, int64_t> rejects;  // reason → count (node-level, includes wire errors)
@@ -566,7 +568,11 @@ struct SyncerNode::Impl {
   // Bytes does not expose its owner; keep the shared buffer alive through a copy of the Bytes itself.
   static std::shared_ptr<const void> owner_of(const Bytes& b) { return std::make_shared<Bytes>(b); }
 
-  void on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t);
+  // A fragment_push, or (`final`) a final_state held for the final round (sync.final_round; Syncer::receive_final).
+  void on_push(const Envelope& env, const MessageHeader& h, int64_t m, double t, bool final = false);
+  // sync.final_round, once every learner retired: the final model from the final states (Syncer::final_round,
+  // journaled), final_merge records.
+  void final_round();
 
   // ---- merging --------------------------------------------------------------------------------------------
   // The core's round of fragment p now (Syncer::on_round): arms its timer, then finish_round().

@@ -99,7 +99,7 @@ nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards
       }
     if (any) s[f] = n;
   }
-  for (const char* f : {"rejects", "push_rejects"}) {  // by reason: summed per reason
+  for (const char* f : {"rejects", "push_rejects", "final_round"}) {  // by reason (by field): summed per reason
     json rejects = json::object();
     for (const json& one : shards)
       if (has(one, f) && one[f].is_object())
@@ -185,7 +185,7 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
     };
     const nlohmann::json un = a.value("unsent", nlohmann::json::object()), um = a.value("unmerged", nlohmann::json::object());
     const int64_t due = n(a, "due"), sent = n(a, "sent"), merged = n(a, "merged");
-    if (due > 0 && (due != sent || sent != merged)) {
+    if (due > 0 && (due != sent || sent != merged + n(a, "final_states_merged"))) {
       o << "pushes: " << due << " due, " << sent << " sent";
       std::string why;
       const auto part = [&](const nlohmann::json& o2, const char* k, const char* text) {
@@ -197,6 +197,7 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       if (!why.empty()) o << " (" << why << ")";
       why.clear();
       o << ", " << merged << " merged";
+      if (n(a, "final_states_merged") > 0) o << " and " << n(a, "final_states_merged") << " final states averaged";
       part(um, "refused", "refused");
       part(um, "replaced", "replaced by a newer push");
       part(um, "pending_at_end", "waiting at the end");
@@ -206,7 +207,7 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       if (killed > 0)
         o << "; " << killed << " killed learner process" << (killed == 1 ? "" : "es") << " counted from push records";
       // More merged than sent: a learner's records were cut short (a file lost, a line torn by the kill).
-      if (merged > sent) o << "; more merged than the learners' records say were sent";
+      if (merged + n(a, "final_states_merged") > sent) o << "; more merged than the learners' records say were sent";
       o << "\n";
     }
   }
@@ -282,13 +283,18 @@ nlohmann::json push_accounting(const std::vector<PushTally>& learners, const nlo
       if (n.is_number_integer()) refused += n.get<int64_t>(), by_reason[reason] = n;
   const int64_t merged = num("contributions_merged"), replaced = num("contributions_replaced"),
                 pending = num("contributions_pending_at_end");
+  // sync.final_round: the final states the final round merged (sent like pushes, never merged as one).
+  const int64_t finals = syncer.is_object() && syncer.contains("final_round") && syncer["final_round"].is_object()
+                             ? syncer["final_round"].value("states_merged", int64_t{0})
+                             : 0;
   json a = {{"due", due},
             {"sent", sent},
             {"unsent", {{"superseded", superseded}, {"dropped", dropped}, {"at_end", at_end}}},
             {"merged", merged},
+            {"final_states_merged", finals},
             {"unmerged", {{"refused", refused}, {"replaced", replaced}, {"pending_at_end", pending}}},
             {"refused_by_reason", by_reason},
-            {"unaccounted", sent - merged - refused - replaced - pending},
+            {"unaccounted", sent - merged - finals - refused - replaced - pending},
             {"processes_from_records", from_records},
             {"learners", per}};
   return a;

@@ -68,7 +68,8 @@ struct PushTally {
 };
 // The run summary's "push_accounting" (docs/runtime.md, "Every push accounted for"): what the learners' schedules
 // made due and what became of each push — sent, or not sent (superseded, dropped, at the end) — and of those sent,
-// from the syncer's summary (combined over shards): merged, refused (a reject, or its round rolled back; by reason),
+// from the syncer's summary (combined over shards): merged, final states merged by the final round (sync.final_round),
+// refused (a reject, or its round rolled back; by reason),
 // replaced by the same learner's newer push before a merge, waiting at the end, and `unaccounted` = sent − the
 // rest (pushes the final syncer process never counted: in flight when it was killed, read by an earlier process of
 // a restarted syncer, lost with a connection). Per learner and in all.

@@ -127,6 +127,7 @@ struct Event {
   EventKind kind = kStepDone;
   int64_t learner = -1, fragment = -1, epoch = 0;
   bool drop_drift = false;  // kRefused: a refusal that would repeat (refusal_drops_drift, deloco/sync.h)
+  bool final = false;       // kArrive: a final state (sync.final_round), for Syncer::receive_final
   std::shared_ptr<Contribution> contribution;
   std::shared_ptr<const Snapshot> snapshot;
   int64_t covers = -1;  // kAnswer: the push it answers (LearnerCore::receive), as the syncer node marks it
@@ -143,6 +144,7 @@ struct Learner {
   double speed = 1.0, straggle = 1.0;
   bool up = true, done = false, waiting = false, stepping = false;
   bool retired = false;  // its goodbye reached the syncer (after its last pushes: on_retire)
+  bool finishing = false;  // sync.final_round: past its last step, waiting for the answers to its pushes in flight
   int64_t epoch = 0, tokens = 0;
   int64_t bytes_up = 0, bytes_down = 0;  // frames this learner sent and was sent
   double step_started = 0, step_duration = 0, wait_started = 0;
@@ -173,8 +175,14 @@ struct Simulator::Impl {
   double now = 0, stalled_time = 0;
   double first_done_t = -1, stalled_at_first_done = 0;  // uptime while all M learners still train
   bool paused = false;
-  // Arrivals during a syncer pause, with the sender's epoch.
-  std::vector<std::pair<std::shared_ptr<Contribution>, int64_t>> deferred;
+  // Arrivals during a syncer pause, with the sender's epoch and whether each is a final state.
+  struct Deferred {
+    std::shared_ptr<Contribution> c;
+    int64_t epoch = 0;
+    bool final = false;
+  };
+  std::vector<Deferred> deferred;
+  int64_t finals_sent = 0, finals_rejected = 0, finals_unsent = 0;
   std::function<void(const nlohmann::json&)> record;
   Simulator* self = nullptr;
   int64_t inflight = 0;  // contributions on the network
@@ -262,6 +270,16 @@ struct Simulator::Impl {
     if (L.waiting) L.waited += now - L.wait_started;
     L.waiting = false;
     if (step >= run.train.steps) {
+      // sync.final_round: once the answers to its pushes in flight are in (on_answer / on_refused come back here),
+      // its final state of every fragment goes to the syncer, ahead of its goodbye.
+      if (cfg.sync.final_round && !L.done) {
+        if (!L.core->in_flight().empty()) {
+          L.finishing = true;
+          return;
+        }
+        L.finishing = false;
+        send_pushes(m, L.core->final_pushes(step), /*final=*/true);
+      }
       if (!L.done) {
         L.done = true;
         if (first_done_t < 0) {
@@ -308,27 +326,34 @@ struct Simulator::Impl {
       l.loss = r.loss;
       emit(l);
     }
-    for (Push& out : L.core->after_step(step, r.tokens, L.step_duration)) {
-      // Decoded exactly as the syncer node decodes a fragment_push.
-      auto c = std::make_shared<Contribution>(decode_push(e.learner, out, layouts[out.fragment]));
+    send_pushes(e.learner, L.core->after_step(step, r.tokens, L.step_duration), /*final=*/false);
+    if (fitter) refit_codecs(e.learner);
+    boundary(e.learner);
+  }
+
+  // Learner m's pushes on their way (each decoded exactly as the syncer node decodes a fragment_push).
+  void send_pushes(int64_t m, std::vector<Push> pushes, bool final) {
+    Learner& L = learners[m];
+    for (Push& out : pushes) {
+      auto c = std::make_shared<Contribution>(decode_push(m, out, layouts[out.fragment]));
       c->step = out.step;  // what the syncer node hears in the heartbeat that precedes a push
       const int64_t bytes = frame_bytes(static_cast<int64_t>(out.payload.size()));
       bytes_up += bytes;
       L.bytes_up += bytes;
-      last_push_frame[static_cast<size_t>(out.fragment)] = bytes;
+      if (!final) last_push_frame[static_cast<size_t>(out.fragment)] = bytes;
       Event a;
       double took = 0;
-      a.t = arrival(e.learner, bytes, /*up=*/true, now, &took);
-      if (fitter) fitter->observe_upload(e.learner, static_cast<double>(bytes), took);
+      a.t = arrival(m, bytes, /*up=*/true, now, &took);
+      if (fitter && !final) fitter->observe_upload(m, static_cast<double>(bytes), took);
       ++inflight;
       L.last_arrival = std::max(L.last_arrival, a.t);
       a.kind = kArrive;
       a.contribution = c;
       a.epoch = L.epoch;
+      a.final = final;
       push(a);
+      finals_sent += final ? 1 : 0;
     }
-    if (fitter) refit_codecs(e.learner);
-    boundary(e.learner);
   }
 
   // Learner m's fit after its pushes (the syncer node refits on each push's arrival and tells it by heartbeat; here
@@ -363,13 +388,25 @@ struct Simulator::Impl {
     syncer->use_delta_encoding(fitter->broadcast_ladder().codecs.at(static_cast<size_t>(j)).encoding);
   }
 
-  void on_arrive(std::shared_ptr<Contribution> c, int64_t epoch, bool from_network = true) {
+  void on_arrive(std::shared_ptr<Contribution> c, int64_t epoch, bool from_network = true, bool final = false) {
     if (from_network) --inflight;
     if (paused) {
-      deferred.emplace_back(std::move(c), epoch);
+      deferred.push_back({std::move(c), epoch, final});
       return;
     }
     const int64_t m = c->learner, p = c->fragment, base = c->base_version;
+    if (final) {  // held for the final round (its learner is done: a refusal only counts)
+      const SyncReject why = syncer->receive_final(std::move(*c));
+      if (why != SyncReject::kNone) {
+        ++finals_rejected;
+        rec::Reject rj;
+        rj.learner = m;
+        rj.fragment = p;
+        rj.reason = sync_reject_name(why);
+        emit(rj);
+      }
+      return;
+    }
     const SyncReject why = syncer->receive(now, std::move(*c));
     if (why == SyncReject::kNone && epoch == learners[m].epoch) answer_marks.accepted(m, p, base);
     if (why != SyncReject::kNone) {
@@ -409,7 +446,7 @@ struct Simulator::Impl {
     } else {
       L.core->refused(e.fragment);
     }
-    if (L.waiting) boundary(e.learner);
+    if (L.waiting || L.finishing) boundary(e.learner);
   }
 
   void try_merge(int64_t p) {
@@ -496,7 +533,7 @@ struct Simulator::Impl {
       L.core->receive(e.snapshot->fragment, e.snapshot->version, e.snapshot->flat, e.covers);
     }
     L.core->set_sync_every(e.sync_every);
-    if (L.waiting) boundary(e.learner);
+    if (L.waiting || L.finishing) boundary(e.learner);
   }
 
   void schedule_failure(int64_t m) {
@@ -520,7 +557,7 @@ struct Simulator::Impl {
     if (L.stepping) L.lost += now - L.step_started;
     if (L.waiting) L.waited += now - L.wait_started;
     L.up = false;
-    L.stepping = L.waiting = false;
+    L.stepping = L.waiting = L.finishing = false;
     ++L.epoch;
     answer_marks.forget(e.learner);
     L.core->forget_in_flight();
@@ -771,7 +808,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     I.now = e.t;
     switch (e.kind) {
       case kStepDone: I.on_step_done(e); break;
-      case kArrive: I.on_arrive(e.contribution, e.epoch); break;
+      case kArrive: I.on_arrive(e.contribution, e.epoch, true, e.final); break;
       case kRefused: I.on_refused(e); break;
       case kTimer: I.try_merge(e.fragment); break;
       case kRetire: I.on_retire(e); break;
@@ -790,7 +827,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
         I.emit(rec::SyncerResume{});
         auto pending = std::move(I.deferred);
         I.deferred.clear();
-        for (auto& [c, epoch] : pending) I.on_arrive(c, epoch, false);
+        for (auto& d : pending) I.on_arrive(d.c, d.epoch, false, d.final);
         for (int64_t p = 0; p < static_cast<int64_t>(I.syncer->fragments().size()); ++p) I.try_merge(p);
         break;
       }
@@ -807,6 +844,29 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
   // Contributions still waiting (sent with the last steps) are merged before the final evaluation.
   if (!hit_max)
     for (const RoundResult& r : I.syncer->drain(I.now)) I.merges += r.merged() ? 1 : 0;
+  // sync.final_round: the final model is the learners' final states' weighted mean (what arrived of them).
+  nlohmann::json final_round;
+  if (I.cfg.sync.final_round) {
+    int64_t fragments = 0;
+    for (const RoundResult& r : I.syncer->final_round()) {
+      if (r.merged()) {
+        ++fragments;
+        I.emit(rec::final_merge_record(r));
+      } else {
+        rec::MergeRolledBack rb;
+        rb.fragment = r.outcome.fragment;
+        rb.version = r.outcome.version;
+        rb.learners = r.outcome.learners;
+        rb.reason = sync_reject_name(r.outcome.rejected);
+        rb.detail = r.outcome.detail;
+        I.emit(rb);
+      }
+    }
+    for (const auto& L : I.learners) I.finals_unsent += L.finishing ? static_cast<int64_t>(L.core->in_flight().size()) : 0;
+    final_round = {{"states_sent", I.finals_sent}, {"states_merged", I.syncer->finals_merged()},
+                   {"states_rejected", I.finals_rejected}, {"fragments", fragments},
+                   {"states_unsent", I.finals_unsent}};
+  }
   I.evaluate_global(/*final=*/true);
   const nlohmann::json own = S.eval_learners ? I.evaluate_learners() : nlohmann::json();
   const double T = I.now;
@@ -856,6 +916,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"learners", per_learner},
   };
   if (S.eval_learners) s.extra.update(own);
+  if (!final_round.is_null()) s.extra["final_round"] = final_round;
   if (I.fitter) {  // net.encoding / net.broadcast_encoding = auto (as the syncer node's summary)
     s.extra["codecs"] = rec::codec_summary(*I.fitter, M);
     s.extra["codec_changes"] = I.codec_changes;

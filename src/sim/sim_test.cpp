@@ -330,6 +330,31 @@ TEST(SimEvalLearners, SynchronousLearnersEndOnTheGlobalModelDecoupledOnesDoNot) 
   EXPECT_TRUE(std::isfinite(dec["learners_mean_val_loss"].get<double>()));
 }
 
+// sync.final_round: the final model is the learners' final states' mean. With fp32 pushes the final states arrive
+// exactly and every state is reconstructed from the version its learner held, so the final model's loss is the
+// learners' mean's (sim.eval_learners) up to float rounding; without it the final model is the last merge's.
+TEST(SimFinalRound, TheFinalModelIsTheLearnersMean) {
+  auto run_sim = [](bool final_round) {
+    RunConfig run = sim_run(24);
+    SimConfig cfg = decoupled(2);
+    cfg.sync.apply = "rebase";
+    cfg.sync.final_round = final_round;
+    cfg.sim.eval_learners = true;
+    Simulator sim(run, cfg, sim_corpus());
+    return sim.run().summary;
+  };
+  const nlohmann::json on = run_sim(true), off = run_sim(false);
+  EXPECT_NEAR(on["final_val_loss"].get<double>(), on["learners_mean_val_loss"].get<double>(), 1e-4) << on.dump();
+  ASSERT_TRUE(on.contains("final_round"));
+  EXPECT_EQ(on["final_round"]["states_sent"].get<int64_t>(), 4);  // 2 learners × 2 fragments
+  EXPECT_EQ(on["final_round"]["states_merged"].get<int64_t>(), 4);
+  EXPECT_EQ(on["final_round"]["fragments"].get<int64_t>(), 2);
+  EXPECT_EQ(on["final_round"]["states_unsent"].get<int64_t>(), 0);
+  EXPECT_FALSE(off.contains("final_round"));
+  EXPECT_GT(std::fabs(off["final_val_loss"].get<double>() - off["learners_mean_val_loss"].get<double>()), 1e-3)
+      << off.dump();
+}
+
 // net.broadcast_topk_bits sets the broadcast's value width apart from the pushes' (SparseLoCo's exchange: 2-bit pushes,
 // an 8-bit broadcast of every entry the merge changed); 0 keeps net.topk_bits; other widths are refused by name.
 TEST(SimCompression, TheBroadcastHasItsOwnTopkBits) {

@@ -111,6 +111,8 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
     c_tokens_[p] += tokens;
   }
   std::vector<Push> out;
+  // sync.final_round: the last step pushes nothing; every fragment's rest goes in the final round (final_pushes()).
+  if (opts_.final_round && step >= total_steps_) return out;
   for (size_t p = 0; p < fragments_.size(); ++p) {
     // A stretched period (set_link_period) or dynamic local updates: due a period after the previous push.
     const int64_t period = std::max(sync_every_, link_period_);
@@ -138,46 +140,69 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
       acc_time_ = 0;
       acc_steps_ = 0;
     }
-    Push push;
-    push.fragment = static_cast<int64_t>(p);
-    push.base_version = held_version_[p];
-    push.c_steps = c_steps_[p];
-    push.c_tokens = c_tokens_[p];
-    push.step = step;
-    push.step_time = last_step_time_;
-    const Codec& codec = codecs_[p];
-    push.encoding = codec.encoding;
-    push.elements = layouts_[p].elements;
-    // Δ_p = Θ_p^v − θ_p, the outer gradient against the held version.
-    std::vector<float> delta(static_cast<size_t>(layouts_[p].elements));
-    std::vector<at::Tensor> ts;
-    for (size_t i : index_[p]) ts.push_back(params_[i].second);
-    flatten_into(ts, delta.data());
-    if (opts_.apply == "rebase") {  // θ as pushed, and the counters then (apply())
-      theta_push_[p] = torch::from_blob(delta.data(), {layouts_[p].elements}, torch::kFloat).clone();
-      c_steps_push_[p] = c_steps_[p];
-      c_tokens_push_[p] = c_tokens_[p];
-    }
-    const float* held = held_[p].data_ptr<float>();
-    for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
-    // A residual left by a lossy codec goes out with the next push whatever its codec (fp32 sends it whole).
-    if (error_feedback_ && (codec.encoding != Encoding::kFp32 || !residual_[p].empty())) {
-      if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
-      push.payload =
-          quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec, error_feedback_decay_);
-    } else {
-      push.payload = encode_floats(delta.data(), delta.size(), codec);
-    }
-    sent_at_[p] = step;
-    sent_base_[p] = held_version_[p];
+    Push push = make_push(p, step, /*final=*/false);
     out.push_back(std::move(push));
   }
   return out;
 }
 
+Push LearnerCore::make_push(size_t p, int64_t step, bool final) {
+  Push push;
+  push.fragment = static_cast<int64_t>(p);
+  push.base_version = held_version_[p];
+  push.c_steps = c_steps_[p];
+  push.c_tokens = c_tokens_[p];
+  push.step = step;
+  push.step_time = step_time();
+  const Codec& codec = codecs_[p];
+  push.encoding = codec.encoding;
+  push.elements = layouts_[p].elements;
+  // Δ_p = Θ_p^v − θ_p, the outer gradient against the held version.
+  std::vector<float> delta(static_cast<size_t>(layouts_[p].elements));
+  std::vector<at::Tensor> ts;
+  for (size_t i : index_[p]) ts.push_back(params_[i].second);
+  flatten_into(ts, delta.data());
+  if (opts_.apply == "rebase" && !final) {  // θ as pushed, and the counters then (apply())
+    theta_push_[p] = torch::from_blob(delta.data(), {layouts_[p].elements}, torch::kFloat).clone();
+    c_steps_push_[p] = c_steps_[p];
+    c_tokens_push_[p] = c_tokens_[p];
+  }
+  const float* held = held_[p].data_ptr<float>();
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = held[i] - delta[i];
+  // A residual left by a lossy codec goes out with the next push whatever its codec (fp32 sends it whole).
+  if (error_feedback_ && (codec.encoding != Encoding::kFp32 || !residual_[p].empty())) {
+    if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
+    push.payload =
+        quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec, error_feedback_decay_);
+  } else {
+    push.payload = encode_floats(delta.data(), delta.size(), codec);
+  }
+  push.final = final;
+  if (!final) {
+    sent_at_[p] = step;
+    sent_base_[p] = held_version_[p];
+  }
+  return push;
+}
+
+std::vector<Push> LearnerCore::final_pushes(int64_t step) {
+  std::vector<Push> out;
+  if (!opts_.final_round || step < total_steps_) return out;
+  for (size_t p = 0; p < fragments_.size(); ++p)
+    if (sent_at_[p] < 0) out.push_back(make_push(p, step, /*final=*/true));
+  return out;
+}
+
+std::vector<int64_t> LearnerCore::in_flight() const {
+  std::vector<int64_t> out;
+  for (size_t p = 0; p < fragments_.size(); ++p)
+    if (sent_at_[p] >= 0) out.push_back(static_cast<int64_t>(p));
+  return out;
+}
+
 std::vector<int64_t> LearnerCore::held_back_at_end(int64_t step) const {
   std::vector<int64_t> out;
-  if (step < total_steps_) return out;
+  if (step < total_steps_ || opts_.final_round) return out;
   for (size_t p = 0; p < fragments_.size(); ++p)
     if (overdue_[p] && c_steps_[p] > 0) out.push_back(static_cast<int64_t>(p));
   return out;

@@ -84,6 +84,9 @@ void SyncOptions::bind(ConfigSchema& s) {
          "how a learner applies a new version: overwrite (theta <- Theta', the papers') | rebase (theta <- Theta' + "
          "(theta - R): keeps the steps trained since its push, R = theta at the push the version answers, else the "
          "version held)");
+  s.bind("sync.final_round", &final_round,
+         "after its last step each learner sends its whole state once its answers are in; the final model is their "
+         "weighted mean (sync.weighting), anchored as pushes are (sync.delta_anchor)");
   s.bind("sync.max_delta_norm", &max_delta_norm, "reject contributions with a larger delta norm (0 = off)");
   s.bind("sync.max_delta_ratio", &max_delta_ratio,
          "reject a delta whose norm exceeds this multiple of the fragment's norm (0 = off)");

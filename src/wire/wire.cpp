@@ -18,7 +18,7 @@ bool is_float_encoding(Encoding e) { return e != Encoding::kRaw; }
 
 bool carries_floats(MessageKind k) {
   return k == MessageKind::kStateChunk || k == MessageKind::kFragmentPush || k == MessageKind::kFragmentBroadcast ||
-         k == MessageKind::kFragmentDelta;
+         k == MessageKind::kFragmentDelta || k == MessageKind::kFinalState;
 }
 
 std::string u64s(uint64_t v) { return std::to_string(v); }
@@ -110,6 +110,7 @@ const char* kind_name(MessageKind k) {
     case MessageKind::kReplica: return "replica";
     case MessageKind::kStateRequest: return "state_request";
     case MessageKind::kFragmentDelta: return "fragment_delta";
+    case MessageKind::kFinalState: return "final_state";
   }
   return "unknown";
 }

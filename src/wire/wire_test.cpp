@@ -91,7 +91,8 @@ TEST(Wire, EveryKindRoundTrips) {
     MessageHeader h;
     h.kind = static_cast<MessageKind>(k);
     const bool floats = h.kind == MessageKind::kStateChunk || h.kind == MessageKind::kFragmentPush ||
-                        h.kind == MessageKind::kFragmentBroadcast || h.kind == MessageKind::kFragmentDelta;
+                        h.kind == MessageKind::kFragmentBroadcast || h.kind == MessageKind::kFragmentDelta ||
+                        h.kind == MessageKind::kFinalState;
     std::string payload;
     if (floats) {
       const float x[5] = {1, -2, 3, -4, 5};

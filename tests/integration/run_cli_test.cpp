@@ -137,6 +137,48 @@ TEST_F(RunCli, EveryPushIsAccountedFor) {
   EXPECT_NE(r.out.find("replaced by a newer push"), std::string::npos) << r.out;
 }
 
+// sync.final_round over real processes: after its last step each learner sends its final state of both fragments
+// (push records marked final); the syncer, once both retired, makes the final model their mean (a final_merge record
+// per fragment, both learners at weight ½: the same batch), the pushes add up with them, and the run's final
+// checkpoint is the final round's.
+TEST_F(RunCli, TheFinalRoundAveragesEveryLearnersFinalState) {
+  auto r = run("run " + tiny(60, true) + " --set sync.apply=rebase --set sync.final_round=true", dir_ / "out.log");
+  ASSERT_EQ(r.code, 0) << r.out;
+  const auto s = summary();
+  expect_trained(s);
+  ASSERT_TRUE(s.contains("final_round")) << s.dump();
+  const auto n = [](const nlohmann::json& o, const char* k) { return o.at(k).get<int64_t>(); };
+  EXPECT_EQ(n(s["final_round"], "states_received"), 4) << s.dump();
+  EXPECT_EQ(n(s["final_round"], "states_merged"), 4) << s.dump();
+  EXPECT_EQ(n(s["final_round"], "fragments"), 2) << s.dump();
+  const auto& a = s["push_accounting"];
+  EXPECT_EQ(n(a, "final_states_merged"), 4) << a.dump();
+  EXPECT_EQ(n(a, "due"), n(a, "sent") + n(a["unsent"], "superseded") + n(a["unsent"], "dropped") + n(a["unsent"], "at_end"))
+      << a.dump();
+  EXPECT_EQ(n(a, "unaccounted"), 0) << a.dump();
+  int finals = 0;
+  for (const char* f : {"learner-0.jsonl", "learner-1.jsonl"})
+    for (const auto& line : split_lines(read_file((dir_ / "run" / f).string()))) {
+      const auto j = nlohmann::json::parse(line);
+      if (j["kind"] == "push" && j.value("final", false)) {
+        ++finals;
+        EXPECT_EQ(j["step"].get<int64_t>(), 60) << line;
+      }
+    }
+  EXPECT_EQ(finals, 4);
+  int merges = 0;
+  for (const auto& line : split_lines(read_file((dir_ / "run" / "syncer.jsonl").string()))) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["kind"] != "final_merge") continue;
+    ++merges;
+    EXPECT_EQ(j["learners"], nlohmann::json::parse("[0, 1]")) << line;
+    EXPECT_DOUBLE_EQ(j["weights"][0].get<double>(), 0.5) << line;
+    EXPECT_DOUBLE_EQ(j["weights"][1].get<double>(), 0.5) << line;
+  }
+  EXPECT_EQ(merges, 2);
+  EXPECT_NE(read_file((dir_ / "run" / "latest").string()).find("-final"), std::string::npos);
+}
+
 // A testbed that is not up is named with the command that makes it; nothing starts (no root needed to see this).
 TEST_F(RunCli, ATestbedThatIsNotUpIsNamedWithHowToMakeIt) {
   auto r = run("run " + tiny(20, true) + " --set testbed.name=nosuchbed", dir_ / "out.log");
