@@ -246,6 +246,12 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
       case MessageKind::kFinalState:
         ++P.pushes_rx;  // counted in the learner's push window like a push
         send_beat(m);   // the receipt: the window opens for its next final state
+        if (!cfg.sync.final_round) {
+          ++finals_refused;
+          return reject(env.peer, m, static_cast<int64_t>(h.fragment_id), RejectReason::kUnexpectedKind,
+                        "final_state, but this syncer runs without sync.final_round (set it on the syncer and every "
+                        "learner alike)");
+        }
         on_push(env, h, m, t, /*final=*/true);
         return;
       case MessageKind::kHeartbeat: {

@@ -370,6 +370,57 @@ TEST(SyncerNode, ANormRefusedFragmentMergesAgainWithinTwoRounds) {
   fs::remove_all(dir);
 }
 
+// sync.final_round set on the learner but not on its syncer: each final state is refused naming the option (never
+// held, never merged), and the run ends as usual.
+TEST(SyncerNode, AFinalStateToASyncerWithoutTheFinalRoundIsRefusedNamingIt) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_final_mismatch_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 1;
+  cfg.sync.quorum = 1;
+  cfg.run.train.steps = 8;
+  cfg.sync.sync_every = 4;
+  cfg.sync.wait_for_answer = false;
+  cfg.sync.apply = "rebase";
+  auto hub = make_inproc_hub();
+  std::mutex mu;
+  std::vector<nlohmann::json> syncer_records, learner_records;
+  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    syncer_records.push_back(j);
+  });
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  {
+    RuntimeConfig lcfg = cfg;
+    lcfg.sync.final_round = true;
+    std::atomic<bool> never{false};
+    LearnerNode node(lcfg, 0, make_inproc_client(hub, "learner-0"), gpt_workloads(cfg.run, corpus())(0, 1),
+                     [&](const nlohmann::json& j) {
+                       std::lock_guard<std::mutex> lock(mu);
+                       learner_records.push_back(j);
+                     });
+    EXPECT_EQ(node.run(never)["step"].get<int64_t>(), 8);
+  }
+  st.join();
+  std::lock_guard<std::mutex> lock(mu);
+  int finals = 0, refused = 0;
+  for (const auto& j : learner_records) finals += j["kind"] == "push" && j.value("final", false) ? 1 : 0;
+  for (const auto& j : syncer_records)
+    if (j["kind"] == "reject" && j.value("reason", "") == "unexpected_kind") {
+      ++refused;
+      EXPECT_NE(j.value("detail", "").find("sync.final_round"), std::string::npos) << j.dump();
+    }
+  EXPECT_EQ(finals, 2);  // both fragments, once their answers came
+  EXPECT_EQ(refused, 2);
+  EXPECT_FALSE(summary.contains("final_round")) << summary.dump();
+  for (const auto& j : syncer_records) EXPECT_NE(j["kind"], "final_merge") << j.dump();
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace deloco
 
