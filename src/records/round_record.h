@@ -28,6 +28,17 @@ inline Merge merge_record(const RoundResult& r, int64_t fragment, int64_t tokens
   return m;
 }
 
+// A round the core rolled back (RoundResult::rolled_back()) of fragment `fragment` (the driver's id for it).
+inline MergeRolledBack rolled_back_record(const RoundResult& r, int64_t fragment) {
+  MergeRolledBack rb;
+  rb.fragment = fragment;
+  rb.version = r.outcome.version;
+  rb.learners = r.outcome.learners;
+  rb.reason = sync_reject_name(r.outcome.rejected);
+  rb.detail = r.outcome.detail;
+  return rb;
+}
+
 // The final round's record of one fragment (Syncer::final_round, merged).
 inline FinalMerge final_merge_record(const RoundResult& r) {
   FinalMerge m;

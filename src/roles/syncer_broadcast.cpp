@@ -264,13 +264,7 @@ void SyncerNode::Impl::finish_round(int64_t p, double t, std::chrono::steady_clo
   if (r.rolled_back()) {
     // Θ, momentum and version unchanged: nothing is checkpointed or broadcast, and each contributor is told why its
     // push was dropped. The core counted them; so does the node's reject().
-    rec::MergeRolledBack rb;
-    rb.fragment = global_id(p);
-    rb.version = out.version;
-    rb.learners = out.learners;
-    rb.reason = sync_reject_name(out.rejected);
-    rb.detail = out.detail;
-    emit(std::move(rb));
+    emit(rec::rolled_back_record(r, global_id(p)));
     for (int64_t m : out.learners)
       reject(peers[m].alive ? peers[m].route : std::string(), m, global_id(p), RejectReason::kRefusedByCore,
              "the merge of this round was rolled back: " + out.detail, sync_reject_name(out.rejected));

@@ -502,13 +502,7 @@ void SyncerNode::Impl::final_round() {
       emit(std::move(f));
       continue;
     }
-    rec::MergeRolledBack rb;
-    rb.fragment = g;
-    rb.version = r.outcome.version;
-    rb.learners = r.outcome.learners;
-    rb.reason = sync_reject_name(r.outcome.rejected);
-    rb.detail = r.outcome.detail;
-    emit(std::move(rb));
+    emit(rec::rolled_back_record(r, g));
   }
   if (group.due()) commit();
   flush_journal();

@@ -184,8 +184,8 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       return o.is_object() && o.contains(k) && o[k].is_number_integer() ? o[k].get<int64_t>() : int64_t{0};
     };
     const nlohmann::json un = a.value("unsent", nlohmann::json::object()), um = a.value("unmerged", nlohmann::json::object());
-    const int64_t due = n(a, "due"), sent = n(a, "sent"), merged = n(a, "merged");
-    if (due > 0 && (due != sent || sent != merged + n(a, "final_states_merged"))) {
+    const int64_t due = n(a, "due"), sent = n(a, "sent"), merged = n(a, "merged"), finals = n(a, "final_states_merged");
+    if (due > 0 && (due != sent || sent != merged + finals)) {
       o << "pushes: " << due << " due, " << sent << " sent";
       std::string why;
       const auto part = [&](const nlohmann::json& o2, const char* k, const char* text) {
@@ -197,7 +197,7 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       if (!why.empty()) o << " (" << why << ")";
       why.clear();
       o << ", " << merged << " merged";
-      if (n(a, "final_states_merged") > 0) o << " and " << n(a, "final_states_merged") << " final states averaged";
+      if (finals > 0) o << " and " << finals << " final states averaged";
       part(um, "refused", "refused");
       part(um, "replaced", "replaced by a newer push");
       part(um, "pending_at_end", "waiting at the end");
@@ -207,7 +207,7 @@ std::string final_report(const nlohmann::json& s, const std::string& summary_fil
       if (killed > 0)
         o << "; " << killed << " killed learner process" << (killed == 1 ? "" : "es") << " counted from push records";
       // More merged than sent: a learner's records were cut short (a file lost, a line torn by the kill).
-      if (merged + n(a, "final_states_merged") > sent) o << "; more merged than the learners' records say were sent";
+      if (merged + finals > sent) o << "; more merged than the learners' records say were sent";
       o << "\n";
     }
   }

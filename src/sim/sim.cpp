@@ -182,7 +182,7 @@ struct Simulator::Impl {
     bool final = false;
   };
   std::vector<Deferred> deferred;
-  int64_t finals_sent = 0, finals_rejected = 0, finals_unsent = 0;
+  int64_t finals_sent = 0, finals_rejected = 0;
   std::function<void(const nlohmann::json&)> record;
   Simulator* self = nullptr;
   int64_t inflight = 0;  // contributions on the network
@@ -853,19 +853,13 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
         ++fragments;
         I.emit(rec::final_merge_record(r));
       } else {
-        rec::MergeRolledBack rb;
-        rb.fragment = r.outcome.fragment;
-        rb.version = r.outcome.version;
-        rb.learners = r.outcome.learners;
-        rb.reason = sync_reject_name(r.outcome.rejected);
-        rb.detail = r.outcome.detail;
-        I.emit(rb);
+        I.emit(rec::rolled_back_record(r, r.outcome.fragment));
       }
     }
-    for (const auto& L : I.learners) I.finals_unsent += L.finishing ? static_cast<int64_t>(L.core->in_flight().size()) : 0;
+    int64_t unsent = 0;  // fragments of learners still waiting for an answer when the run ended
+    for (const auto& L : I.learners) unsent += L.finishing ? static_cast<int64_t>(L.core->in_flight().size()) : 0;
     final_round = {{"states_sent", I.finals_sent}, {"states_merged", I.syncer->finals_merged()},
-                   {"states_rejected", I.finals_rejected}, {"fragments", fragments},
-                   {"states_unsent", I.finals_unsent}};
+                   {"states_rejected", I.finals_rejected}, {"fragments", fragments}, {"states_unsent", unsent}};
   }
   I.evaluate_global(/*final=*/true);
   const nlohmann::json own = S.eval_learners ? I.evaluate_learners() : nlohmann::json();

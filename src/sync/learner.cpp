@@ -140,8 +140,7 @@ std::vector<Push> LearnerCore::after_step(int64_t step, int64_t tokens, double s
       acc_time_ = 0;
       acc_steps_ = 0;
     }
-    Push push = make_push(p, step, /*final=*/false);
-    out.push_back(std::move(push));
+    out.push_back(make_push(p, step, /*final=*/false));
   }
   return out;
 }
