@@ -319,6 +319,35 @@ class SpikeWorkload final : public Workload {
 // fragment was refused again and the fragment never merged again for that learner. Now the syncer's reject
 // (delta_too_large, naming the fragment) makes the learner drop its drift of it: each fragment's first push after
 // the spike is refused, and the next one (one round later) is merged.
+// One syncer (`cfg`) and one real learner node (`learner_cfg`, training `work`) over the in-process transport, run
+// to the end: both sides' records and summaries.
+struct OneLearnerRun {
+  std::vector<nlohmann::json> syncer_records, learner_records;
+  nlohmann::json syncer_summary, learner_summary;
+};
+OneLearnerRun run_one_learner(const RuntimeConfig& cfg, const RuntimeConfig& learner_cfg, std::unique_ptr<Workload> work) {
+  OneLearnerRun out;
+  auto hub = make_inproc_hub();
+  std::mutex mu;
+  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    out.syncer_records.push_back(j);
+  });
+  std::atomic<bool> stop{false};
+  std::thread st([&] { out.syncer_summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  {
+    std::atomic<bool> never{false};
+    LearnerNode node(learner_cfg, 0, make_inproc_client(hub, "learner-0"), std::move(work), [&](const nlohmann::json& j) {
+      std::lock_guard<std::mutex> lock(mu);
+      out.learner_records.push_back(j);
+    });
+    out.learner_summary = node.run(never);
+  }
+  st.join();
+  return out;
+}
+
 TEST(SyncerNode, ANormRefusedFragmentMergesAgainWithinTwoRounds) {
   torch::set_num_threads(1);
   const fs::path dir = fs::temp_directory_path() / ("deloco_norm_wedge_" + std::to_string(::getpid()));
@@ -329,30 +358,12 @@ TEST(SyncerNode, ANormRefusedFragmentMergesAgainWithinTwoRounds) {
   cfg.sync.sync_every = 4;
   cfg.sync.max_delta_ratio = 10.0;
   cfg.sync.wait_for_answer = true;  // each push's answer (or refusal) arrives before the learner trains on
-  auto hub = make_inproc_hub();
-  std::mutex mu;
-  std::vector<nlohmann::json> syncer_records, learner_records;
-  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
-    std::lock_guard<std::mutex> lock(mu);
-    syncer_records.push_back(j);
-  });
-  std::atomic<bool> stop{false};
-  nlohmann::json summary;
-  std::thread st([&] { summary = syncer.run(stop); });
-  StopOnExit stop_on_exit{&stop, &st};
-  {
-    std::atomic<bool> never{false};
-    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"),
-                     std::make_unique<SpikeWorkload>(gpt_workloads(cfg.run, corpus())(0, 1), /*at=*/1),
-                     [&](const nlohmann::json& j) {
-                       std::lock_guard<std::mutex> lock(mu);
-                       learner_records.push_back(j);
-                     });
-    const nlohmann::json s = node.run(never);
-    EXPECT_EQ(s["step"].get<int64_t>(), 24);
-  }
-  st.join();
-  std::lock_guard<std::mutex> lock(mu);
+  const OneLearnerRun run =
+      run_one_learner(cfg, cfg, std::make_unique<SpikeWorkload>(gpt_workloads(cfg.run, corpus())(0, 1), /*at=*/1));
+  EXPECT_EQ(run.learner_summary["step"].get<int64_t>(), 24);
+  const auto& learner_records = run.learner_records;
+  const auto& syncer_records = run.syncer_records;
+  const auto& summary = run.syncer_summary;
   // Per fragment: the step of its first refused push and of its merges.
   std::map<int64_t, int64_t> dropped_at;
   for (const auto& j : learner_records)
@@ -383,30 +394,13 @@ TEST(SyncerNode, AFinalStateToASyncerWithoutTheFinalRoundIsRefusedNamingIt) {
   cfg.sync.sync_every = 4;
   cfg.sync.wait_for_answer = false;
   cfg.sync.apply = "rebase";
-  auto hub = make_inproc_hub();
-  std::mutex mu;
-  std::vector<nlohmann::json> syncer_records, learner_records;
-  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
-    std::lock_guard<std::mutex> lock(mu);
-    syncer_records.push_back(j);
-  });
-  std::atomic<bool> stop{false};
-  nlohmann::json summary;
-  std::thread st([&] { summary = syncer.run(stop); });
-  StopOnExit stop_on_exit{&stop, &st};
-  {
-    RuntimeConfig lcfg = cfg;
-    lcfg.sync.final_round = true;
-    std::atomic<bool> never{false};
-    LearnerNode node(lcfg, 0, make_inproc_client(hub, "learner-0"), gpt_workloads(cfg.run, corpus())(0, 1),
-                     [&](const nlohmann::json& j) {
-                       std::lock_guard<std::mutex> lock(mu);
-                       learner_records.push_back(j);
-                     });
-    EXPECT_EQ(node.run(never)["step"].get<int64_t>(), 8);
-  }
-  st.join();
-  std::lock_guard<std::mutex> lock(mu);
+  RuntimeConfig lcfg = cfg;
+  lcfg.sync.final_round = true;
+  const OneLearnerRun run = run_one_learner(cfg, lcfg, gpt_workloads(cfg.run, corpus())(0, 1));
+  EXPECT_EQ(run.learner_summary["step"].get<int64_t>(), 8);
+  const auto& learner_records = run.learner_records;
+  const auto& syncer_records = run.syncer_records;
+  const auto& summary = run.syncer_summary;
   int finals = 0, refused = 0;
   for (const auto& j : learner_records) finals += j["kind"] == "push" && j.value("final", false) ? 1 : 0;
   for (const auto& j : syncer_records)
