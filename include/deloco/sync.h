@@ -536,7 +536,9 @@ class Syncer {
   std::vector<int64_t> waiting(int64_t fragment) const;
   // Drops every waiting contribution (each round starts afresh at its version); nothing else changes. A driver
   // whose learners will count those pushes as refused (a standby syncer taking over: they join it afresh and fold
-  // the progress into their next push) calls it, so no progress is merged twice.
+  // the progress into their next push) calls it, so no progress is merged twice. Final states (receive_final) stay
+  // held: each is its learner's whole state, not progress pushed again, and a learner past its last step has none
+  // to fold into a later push, so dropping them would lose its last steps from the final round.
   void drop_waiting();
 
  private:

@@ -140,10 +140,9 @@ class Journal {
   // The entries of the pushes the core's rounds wait on now, fragment by fragment (core.waiting order), then the
   // final states it holds (sync.final_round) the same way.
   std::vector<Entry> waiting_pushes(const Syncer& core, int64_t fragments) const;
-  void forget_pushes() {
-    held_pushes_.clear();
-    held_finals_.clear();
-  }
+  // Forgets the pushes held (the core dropped or resynced its rounds). The final states stay: the core keeps them
+  // through drop_waiting() (a takeover), and after an image they are journaled again (waiting_pushes), replacing these.
+  void forget_pushes() { held_pushes_.clear(); }
   // The frames queued for the standby, handed over (flush) or dropped (no standby, or a new one: an image covers them).
   std::vector<proto::Frame> take_frames() {
     std::vector<proto::Frame> f;

@@ -500,6 +500,44 @@ TEST(Replication, ALeaderlessPairElectsExactlyOneSyncerTheNewerState) {
   }
 }
 
+// A standby taking over drops the pushes the rounds wait on (their learners count them refused and push the progress
+// again) but keeps the final states (sync.final_round): a learner past its last step has nothing to push again, and
+// its state merges once whichever syncer holds it. So the final round after the takeover still has it, and a standby
+// that follows the new leader gets it again after the image (waiting_pushes).
+TEST(Replication, ATakeoverDropsTheWaitingPushesAndKeepsTheFinalStates) {
+  const Model m = model();
+  Syncer core(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Journal j;
+  Driver d;
+  const auto record = [&](Entry e) {
+    return j.record(core, m.layouts, std::move(e), /*epoch=*/1, /*replicate=*/false, 1, WireLimits{});
+  };
+  record(d.push(m, 1.0, 0, 0));  // waits for its quorum (K = 2)
+  Entry f = d.push(m, 2.0, 1, 1);
+  f.flag = true;  // learner 1's final state of fragment 1
+  EXPECT_EQ(record(f).received, SyncReject::kNone);
+  ASSERT_EQ(core.waiting(0), (std::vector<int64_t>{0}));
+  ASSERT_EQ(core.finals_held(), 1);
+  // The takeover (SyncerNode::Impl::forget_learners).
+  core.drop_waiting();
+  j.forget_pushes();
+  EXPECT_TRUE(core.waiting(0).empty());
+  EXPECT_EQ(core.finals_held(), 1);
+  const std::vector<Entry> w = j.waiting_pushes(core, 2);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(w[0].flag);
+  EXPECT_EQ(w[0].learner, 1);
+  EXPECT_EQ(w[0].fragment, 1);
+  Entry fin;
+  fin.kind = EntryKind::kFinal;
+  fin.t = 3.0;
+  const Applied a = record(fin);
+  ASSERT_EQ(a.rounds.size(), 1u);
+  EXPECT_TRUE(a.rounds[0].merged());
+  EXPECT_EQ(a.rounds[0].outcome.learners, (std::vector<int64_t>{1}));
+  EXPECT_EQ(core.finals_merged(), 1);
+}
+
 TEST(Replication, TheJournalNumbersEntriesAndKeepsThePushesRoundsWaitOnForTheNextImage) {
   const Model m = model();
   Syncer core(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});

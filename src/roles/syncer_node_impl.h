@@ -405,7 +405,7 @@ struct SyncerNode::Impl {
   // A control entry (kFollow, kAck, kLease) at this replica's journal position and epoch, framed.
   proto::Frame control_frame(repl::EntryKind kind) const;
   // Role changes: every learner counts as gone (routes, send windows, waiting pushes and timers dropped); they join
-  // the syncer that leads afresh.
+  // the syncer that leads afresh. Final states held for the final round stay (Syncer::drop_waiting).
   void forget_learners();
   void follower_housekeeping();
   void leader_housekeeping();  // leases and counters to the standby; drops a standby silent for the lease

@@ -310,8 +310,10 @@ void Syncer::resync(const Image& im) {
 void Syncer::drop_waiting() {
   for (auto& r : rounds_) {
     const int64_t v = r.version;
+    auto finals = std::move(r.finals);
     r = Round();
     r.version = v;
+    r.finals = std::move(finals);
   }
 }
 
