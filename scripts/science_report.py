@@ -7,6 +7,8 @@ import statistics
 import sys
 import tomllib
 
+import science_before
+
 from science_protocol import (sizes, method_order, E5_LINKS_MBIT, FAST_LINK, GOAL_MARGIN, MARGIN, MAX_EXTENSIONS, MAX_SEEDS, METHODS,
                               MULOCO_INT2_MARGIN, READ, ROOT, SWEEP_BANDWIDTHS, TOPK_DENSITIES, TUNE_SEED, diff_ci,
                               failure_schedule, grid, horizon_total, many_total, mean_ci, seeds_sorted, tuning_points,
@@ -727,6 +729,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       "reproduced*. Negative results stay in. *Pending*: some run the claim's section rests on is still to do (a seed\n"
       "without a row, or a method whose tuning is unfinished); the why gives the verdict on the rows so far, which the\n"
       "missing runs may still change.\n")
+    if not quick:
+        science_before.section(w, claims)
     notes = shortfalls(res, S, {c: lab for c, lab, _ in claims})
     if notes:
         w("## Where a claim falls short: what the results themselves show\n")

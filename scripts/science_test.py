@@ -13,7 +13,9 @@
 * a partial report labels "pending" every claim that rests on a run still to do, and judges the others;
 * experiment 8 names the runs that ended above their initial loss (diverged), with K = 1's staleness per bandwidth;
 * a variant's rows are those of its own setting under the current plan: a row of the same name under another setting
-  (an older plan, an earlier choice, a setting another point shares) neither enters the report nor adds seeds.
+  (an older plan, an earlier choice, a setting another point shares) neither enters the report nor adds seeds;
+* the section on issue 54's faults reads the labels before from a report's claims table and finds each claim's label
+  after (by name, renamed, or its section's pending line).
 """
 import importlib.util
 import os
@@ -249,6 +251,62 @@ class PlanRows(unittest.TestCase):
             # The stray fourth seed adds nothing: int4's seeds were fixed before any result.
             self.assertEqual(max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best)
                                  if (j["exp"], j["variant"]) == ("e5", "int4")), sci.point_seeds(S, "e5", "int4"))
+
+
+class BeforeAndAfter(unittest.TestCase):
+    """The section on issue 54's faults (scripts/science_before.py): the labels before, parsed from a report's claims
+    table, and each claim's label after, found under its name now, a renamed one's, or its section's pending line."""
+
+    TABLE = ("# x\n\n## The claims\n\n| claim | label | why |\n|---|---|---|\n"
+             "| IsoLoCo beats DiLoCo averaging | **reproduced** | lower at every M. |\n"
+             "| 2-bit hurts | **not reproduced** | int2 − fp32 = -0.0115 ± 0.0104. |\n\nRules of the labels.\n")
+
+    def test_the_claims_table_parses_and_a_broken_row_is_refused(self):
+        b = sci.science_before
+        self.assertEqual(b.parse_claims(self.TABLE),
+                         [("IsoLoCo beats DiLoCo averaging", "reproduced", "lower at every M."),
+                          ("2-bit hurts", "not reproduced", "int2 − fp32 = -0.0115 ± 0.0104.")])
+        with self.assertRaises(ValueError):
+            b.parse_claims(self.TABLE.replace("**reproduced**", "reproduced"))
+        with self.assertRaises(ValueError):
+            b.parse_claims("# no claims here\n")
+
+    def test_every_claim_the_faults_name_is_a_claim_before(self):
+        b = sci.science_before
+        before = b.load_before()
+        self.assertIsNotNone(before, "docs/science/labels-before.json is missing")
+        names = {c for c, _, _ in before[1]}
+        for _, _, claims in b.FAULTS:
+            for c in claims or []:
+                self.assertIn(c, names)
+        for claims in b.SECTIONS.values():
+            for c in claims:
+                self.assertIn(c, names)
+        for c in b.RENAMED:
+            self.assertIn(c, names)
+        # Every claim before has a section, so that a pending section is found for it.
+        self.assertEqual(names - {c for cs in b.SECTIONS.values() for c in cs}, set())
+
+    def test_a_claim_after_is_found_by_name_renamed_or_by_its_pending_section(self):
+        b = sci.science_before
+        now = {"IsoLoCo beats DiLoCo averaging": ("pending", "44 runs still to do (e1 x); on the rows so far: "
+                                                             "reproduced, lower."),
+               "the 10-step Newton–Schulz Iso-C (fp32) loses no quality against exact Iso-C": ("reproduced", "ok."),
+               "experiment 3: its claims": ("pending", "36 runs still to do (e3 K=1); too few rows to judge yet.")}
+        self.assertEqual(b.after("IsoLoCo beats DiLoCo averaging", now)[0][1], "pending")
+        self.assertEqual(b.short(*now["IsoLoCo beats DiLoCo averaging"]), "**pending** (44 runs to do; so far *reproduced*)")
+        renamed = b.after("the fast (Newton–Schulz) Iso-C loses no quality against exact Iso-C", now)
+        self.assertEqual([n for n, _, _ in renamed], ["the 10-step Newton–Schulz Iso-C (fp32) loses no quality against exact Iso-C"])
+        sec = b.after("the grace window keeps quality close to K = M", now)
+        self.assertEqual(sec[0][0], "experiment 3: its claims")
+        self.assertEqual(b.short(*sec[0][1:]), "**pending** (36 runs to do)")
+        self.assertEqual(b.after("2-bit hurts", now), [])
+        # A claim its section has not formed while the section's other claims are pending: pending too.
+        now["IsoLoCo beats DiLoCo at 32 outer rounds"] = ("pending", "20 runs still to do (e9 DiLoCo); on the rows so "
+                                                                     "far: reproduced, lower.")
+        unformed = b.after("Decoupled DiLoCo with failures matches DP without at 32 outer rounds", now)
+        self.assertEqual([a for _, a, _ in unformed], ["pending"])
+        self.assertEqual(b.faults_of("the IsoLoCo gap keeps widening up to M = 64"), [1, 7, 9])
 
 
 if __name__ == "__main__":
