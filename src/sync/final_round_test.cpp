@@ -100,6 +100,23 @@ TEST(SyncFinalRound, TheFinalModelIsTheWeightedMeanOfTheLearnersStates) {
   EXPECT_TRUE(c.s.final_round().empty());    // nothing held any more
 }
 
+// A learner retires (its goodbye) after its final states: the version its state was made from stays kept although no
+// learner left holds it, so the state is still rebuilt exactly. Here learners 1 and 2 hold version 1 (they joined it)
+// and learner 0, which held version 0, retires: without the final state version 0 would go, and learner 0's state
+// would be rebased onto Θ = 2 (θ = 3, the mean ¼·3 + ¼·5 + ½·2 = 3).
+TEST(SyncFinalRound, AStateKeepsItsVersionAfterItsLearnerRetires) {
+  Case c("global");
+  c.finals();
+  c.s.note_joined(1);
+  c.s.note_joined(2);
+  c.s.retire(1.0, 0);
+  c.s.retire(1.0, 1);
+  c.s.retire(1.0, 2);
+  ASSERT_EQ(c.s.final_round().size(), 1u);
+  EXPECT_FLOAT_EQ(value(c.s), 2.5f);
+  EXPECT_EQ(c.s.stale_bases(), 0);
+}
+
 TEST(SyncFinalRound, BaseAnchorRebasesEveryStateOntoTheCurrentModel) {
   // Θ + Σ ŵ·(−Δ) = 2 + ¼·1 + ¼·3 + 0 = 3: learner 0's step counts from Θ = 2, not from the version it held.
   Case c("base");
