@@ -132,6 +132,7 @@ struct Event {
   std::shared_ptr<const Snapshot> snapshot;
   int64_t covers = -1;  // kAnswer: the push it answers (LearnerCore::receive), as the syncer node marks it
   int64_t sync_every = 0;  // kAnswer: the learner's sync period (Syncer::local_updates), as the syncer node's beat says
+  double took = 0;  // kArrive (not final), kAnswer: the transfer's own time (arrival()), heard when it lands
 };
 struct Later {
   bool operator()(const Event& a, const Event& b) const { return a.t != b.t ? a.t > b.t : a.seq > b.seq; }
@@ -166,6 +167,11 @@ struct Simulator::Impl {
   Encoding answer_enc = Encoding::kFp32;
   bool delta_on = false;       // net.broadcast_delta / topk: merges go out as deltas
   int64_t dense_fallbacks = 0;  // deltas a learner could not apply (it got the whole fragment instead)
+  // The transfer times as the syncer node measures them (moving averages with sync.ema): a push's own time, heard on
+  // its arrival, and a broadcast's, heard when it reaches its learner. Under sim.queued_links they are ξ_sync's
+  // transfer terms, as on the node (a push that waited for the shared link took longer than bytes / bandwidth);
+  // on independent links every transfer takes transfer(bytes) and ξ_sync uses that directly.
+  Ema upload_seen, broadcast_seen;
   // net.encoding / net.broadcast_encoding = auto: the same fitter the syncer node runs, fed the modelled transfers.
   std::unique_ptr<CodecFitter> fitter;
   int delta_choice = 0;
@@ -344,6 +350,7 @@ struct Simulator::Impl {
       Event a;
       double took = 0;
       a.t = arrival(m, bytes, /*up=*/true, now, &took);
+      a.took = took;
       if (fitter && !final) fitter->observe_upload(m, static_cast<double>(bytes), took);
       ++inflight;
       L.last_arrival = std::max(L.last_arrival, a.t);
@@ -501,6 +508,7 @@ struct Simulator::Impl {
       Event a;
       double took = 0;
       a.t = arrival(m, down, /*up=*/false, leave, &took);
+      a.took = took;
       a.kind = kAnswer;
       a.learner = m;
       a.fragment = p;
@@ -516,13 +524,16 @@ struct Simulator::Impl {
     // The upload: the latest push of this fragment (a sparse push's size depends on what it holds).
     const int64_t up = last_push_frame[static_cast<size_t>(p)] > 0 ? last_push_frame[static_cast<size_t>(p)]
                                                                    : fragment_frame_bytes(p, cfg.push_encoding());
-    syncer->observe_sync(transfer(up), cfg.sim.merge_time, transfer(down));
+    const bool measured = cfg.sim.queued_links;
+    syncer->observe_sync(measured && upload_seen.seeded ? upload_seen.value : transfer(up), cfg.sim.merge_time,
+                         measured && broadcast_seen.seeded ? broadcast_seen.value : transfer(down));
     emit(rec::merge_record(r, p, total_tokens()));
   }
 
   void on_answer(const Event& e) {
     Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up) return;
+    broadcast_seen.add(e.took, cfg.sync.ema);
     if (!e.snapshot->delta.defined() ||
         !L.core->receive_delta(e.snapshot->fragment, e.snapshot->version, e.snapshot->delta, e.covers)) {
       if (e.snapshot->delta.defined()) {  // it lacks the delta's base: the whole fragment follows, in fp32
@@ -808,7 +819,10 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
     I.now = e.t;
     switch (e.kind) {
       case kStepDone: I.on_step_done(e); break;
-      case kArrive: I.on_arrive(e.contribution, e.epoch, true, e.final); break;
+      case kArrive:
+        if (!e.final) I.upload_seen.add(e.took, I.cfg.sync.ema);
+        I.on_arrive(e.contribution, e.epoch, true, e.final);
+        break;
       case kRefused: I.on_refused(e); break;
       case kTimer: I.try_merge(e.fragment); break;
       case kRetire: I.on_retire(e); break;
@@ -902,6 +916,10 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       {"bytes_up", I.bytes_up},
       {"bytes_down", I.bytes_down},
       {"delta_fallbacks", I.dense_fallbacks},
+      // As the syncer node's summary: the measured transfer times, and ξ_sync (upload + merge + broadcast).
+      {"upload_seconds", I.upload_seen.seeded ? nlohmann::json(I.upload_seen.value) : nlohmann::json()},
+      {"broadcast_seconds", I.broadcast_seen.seeded ? nlohmann::json(I.broadcast_seen.value) : nlohmann::json()},
+      {"sync_seconds", I.syncer->stats().sync.seeded ? nlohmann::json(I.syncer->stats().sync.value) : nlohmann::json()},
       {"parameters", I.model_layout.elements},
       {"precision", I.run.train.precision},
       {"rejected_by_reason", I.syncer->rejected()},

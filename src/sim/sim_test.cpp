@@ -262,22 +262,29 @@ TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
 // sim.queued_links: both learners push their one fragment at step 8; over the syncer's shared link the second push
 // arrives one transfer after the first, so the merge that waits for both (quorum 2) comes one transfer later than
 // with independent transfers, which both take one transfer from step 8.
+// Two learners of equal speed that push their one fragment together every 8 steps (of 1 s) and merge both (quorum
+// 2), over links of `bandwidth` bytes/s and 0.5 s latency; sim.queued_links = `queued`, the syncer's shared link
+// `syncer_bandwidth` (0: none).
+SimConfig pushing_together(double bandwidth, bool queued, double syncer_bandwidth, double merge_time) {
+  SimConfig cfg = decoupled(2);
+  cfg.sync.quorum = 2;
+  cfg.sync.fragments = 1;
+  cfg.sync.sync_every = 8;
+  cfg.sync.overlap = 0;
+  cfg.sync.grace = false;
+  cfg.sim.jitter = 0;
+  cfg.sim.latency = 0.5;
+  cfg.sim.merge_time = merge_time;
+  cfg.sim.bandwidth = bandwidth;
+  cfg.sim.queued_links = queued;
+  cfg.sim.syncer_bandwidth = syncer_bandwidth;
+  return cfg;
+}
+
 TEST(SimLinks, QueuedLinksCarryOneTransferAtATimeOnTheSyncersSharedLink) {
   auto first_merge = [](bool queued, double syncer_bandwidth) {
     RunConfig run = sim_run(16);  // not 8: a learner that finished is retired, and the quorum would not wait
-    SimConfig cfg = decoupled(2);
-    cfg.sync.quorum = 2;
-    cfg.sync.fragments = 1;
-    cfg.sync.sync_every = 8;
-    cfg.sync.overlap = 0;
-    cfg.sync.grace = false;
-    cfg.sim.jitter = 0;
-    cfg.sim.latency = 0.5;
-    cfg.sim.merge_time = 0;
-    cfg.sim.bandwidth = 1000;
-    cfg.sim.queued_links = queued;
-    cfg.sim.syncer_bandwidth = syncer_bandwidth;
-    Simulator sim(run, cfg, sim_corpus());
+    Simulator sim(run, pushing_together(1000, queued, syncer_bandwidth, 0), sim_corpus());
     double t = -1;
     sim.run([&](const nlohmann::json& j) {
       if (j["kind"] == "merge" && t < 0) t = j["t"].get<double>();
@@ -300,6 +307,37 @@ TEST(SimLinks, QueuedLinksCarryOneTransferAtATimeOnTheSyncersSharedLink) {
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("sim.queued_links"), std::string::npos) << e.what();
   }
+}
+
+// ξ_sync under sim.queued_links is what the syncer node would measure: a push that waited for the shared link took
+// longer than bytes / bandwidth, and the grace window must be sized by that. Two learners push together
+// (pushing_together) over the syncer's shared link: the first push takes one transfer, the second waits for it
+// and takes two, so the moving average of the uploads lies above one transfer and ξ_sync above the independent
+// links' (where every transfer takes its own time and ξ_sync = upload + merge + broadcast of one each).
+TEST(SimLinks, UnderQueuedLinksTheSyncTimeIsTheMeasuredOneWaitsIncluded) {
+  auto summary = [](bool queued, double syncer_bandwidth) {
+    Simulator sim(sim_run(96), pushing_together(50000, queued, syncer_bandwidth, 0.25), sim_corpus());
+    return sim.run().summary;
+  };
+  const auto independent = summary(false, 0), own_links = summary(true, 0), shared = summary(true, 50000);
+  for (const auto* s : {&independent, &own_links, &shared}) {
+    ASSERT_TRUE((*s)["sync_seconds"].is_number()) << s->dump();
+    ASSERT_TRUE((*s)["upload_seconds"].is_number()) << s->dump();
+    ASSERT_TRUE((*s)["broadcast_seconds"].is_number()) << s->dump();
+  }
+  const double up = independent["upload_seconds"].get<double>(), down = independent["broadcast_seconds"].get<double>();
+  ASSERT_GT(up, 1.5);  // latency 0.5 + at least a second of bytes (a fragment of fp32 parameters at 50 KB/s)
+  // Independent links: ξ_sync is one upload, the merge and one broadcast.
+  EXPECT_NEAR(independent["sync_seconds"].get<double>(), up + 0.25 + down, 1e-9);
+  // Each learner on its own queue (pushes 8 steps apart never overlap): the same times.
+  EXPECT_NEAR(own_links["upload_seconds"].get<double>(), up, 1e-9);
+  EXPECT_NEAR(own_links["sync_seconds"].get<double>(), independent["sync_seconds"].get<double>(), 1e-9);
+  // The shared link: every round's second push waits one transfer, so the uploads average above one transfer, and
+  // ξ_sync follows the measured times, not bytes / bandwidth.
+  const double bytes_time = up - 0.5;
+  EXPECT_GT(shared["upload_seconds"].get<double>(), up + 0.25 * bytes_time) << shared.dump();
+  EXPECT_GT(shared["sync_seconds"].get<double>(), independent["sync_seconds"].get<double>() + 0.25 * bytes_time)
+      << shared.dump();
 }
 
 // sim.eval_learners: in synchronous DiLoCo (K = M, every learner waits for the merge) each learner ends holding the
