@@ -8,6 +8,7 @@ import sys
 import tomllib
 
 import science_before
+import science_runs
 
 from science_protocol import (sizes, method_order, E5_LINKS_MBIT, FAST_LINK, GOAL_MARGIN, MARGIN, MAX_EXTENSIONS, MAX_SEEDS, METHODS,
                               MULOCO_INT2_MARGIN, READ, ROOT, SWEEP_BANDWIDTHS, TOPK_DENSITIES, TUNE_SEED, diff_ci,
@@ -279,7 +280,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
           "; every claim that rests on one of them is labelled *pending*, and the tables show the rows so far (a row "
           "with fewer seeds than the others has runs to come). `scripts/science.sh` resumes the suite.")
     w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({sum(1 for r in res.rows.values() if r['exp'] == 'tune')} for tuning), "
-      f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).\n")
+      f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).")
+    w(science_runs.provenance(res) + "\n")
     w(f"## Tuning: the grids and the choices (dev half, seed {TUNE_SEED})\n")
     w("Each method is tuned where it runs: synchronously at M = " + str(S["m_exp"]) + " (RDA, mean_k1 and the `_fast` methods: in "
       "Decoupled DiLoCo's setting at K = 1, the `_fast` ones on the fast link of experiments 3, 4 and 6), and a method "

@@ -1,6 +1,7 @@
 """Running the science suite (scripts/science.py is the driver): the binary's snapshot and the tokens it needs, one
-`deloco sim` run and what its records say (merge_stats, eval_curve), and the queue that runs every missing point of
-the plan (science_protocol.py), `jobs` at a time, into the results file."""
+`deloco sim` run and what its records say (merge_stats, eval_curve), where it ran (machine, build_of; the report's
+provenance line), and the queue that runs every missing point of the plan (science_protocol.py), `jobs` at a time,
+into the results file."""
 import concurrent.futures as futures
 import json
 import os
@@ -23,6 +24,57 @@ def ensure_tokens(args, out):
                    check=True)
 
 
+def machine():
+    """The machine a run ran on, as its rows record it (_machine): the CPU's model name, the instruction sets that
+    decide which bf16 and fp32 kernels run (rows rerun on another CPU differ in the last digits, and a run that is
+    chaotic in its seed by more), and the core count."""
+    name, flags = "unknown CPU", set()
+    try:
+        for line in open("/proc/cpuinfo"):
+            k, _, v = line.partition(":")
+            if k.strip() == "model name":
+                name = v.strip()
+            elif k.strip() == "flags":
+                flags = set(v.split())
+            if name != "unknown CPU" and flags:
+                break
+    except OSError:
+        pass
+    isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    return f"{name}; {' '.join(isa) or 'no AVX2'}; {os.cpu_count()} cores"
+
+
+def build_of(root=ROOT):
+    """The source the binary was built from, as its rows record it (_build): the checkout's commit, "+changes" when
+    its tracked files differ from it (the binary is taken to be built from the checkout)."""
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "diff", "--quiet", "HEAD", "--", "src", "include", "CMakeLists.txt"]).returncode
+        return head + ("+changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def provenance(res):
+    """The header's bullet on where the rows in use ran: a run reproduces exactly on one CPU only (docs/sim.md,
+    "Reruns on another machine"), so the report says which machines and builds its rows came from (_machine, _build;
+    rows from before 7 December record neither)."""
+    runs = {r["key"]: r for r in res.rows.values()}.values()
+    machines, builds = {}, set()
+    for r in runs:
+        m = r.get("_machine") or "not recorded (before 7 December)"
+        machines[m] = machines.get(m, 0) + 1
+        if r.get("_build"):
+            builds.add(r["_build"])
+    parts = ", ".join(f"{n} on {m}" if not m.startswith("not recorded") else f"{n} whose machine was {m}"
+                      for m, n in sorted(machines.items(), key=lambda x: -x[1]))
+    return ("* Machines: a run reproduces bit for bit on one CPU only; on another the bf16 and fp32 kernels round "
+            "differently and the rerun differs like a perturbation of the run (up to 0.05 nats where it sits on a loss "
+            "plateau; docs/sim.md, \"Reruns on another machine\"), which the seeds' spread takes in. Runs in use: " +
+            parts + (f"; builds {', '.join(sorted(builds))}" if builds else "") + ".")
+
+
 def snapshot_binary(args, out):
     """Points args.deloco at a copy of it taken now, in OUT/bin: a suite runs for hours, and a rebuild of build/deloco
     meanwhile would make a run that starts while the linker writes it fail (a half-written file) and stop the suite.
@@ -36,6 +88,7 @@ def snapshot_binary(args, out):
         sys.exit(f"science: cannot copy {args.deloco} ({e}); build it (cmake --build build) or pass --deloco PATH")
     os.replace(tmp, os.path.join(d, "deloco"))  # a run still using an earlier copy keeps its file
     args.deloco = os.path.join(d, "deloco")
+    args.build, args.machine = build_of(), machine()
 
 
 def run_point(args, out, sets):
@@ -54,6 +107,7 @@ def run_point(args, out, sets):
         raise RuntimeError(f"deloco sim failed ({r.returncode}); see {d}/log.txt; command: {' '.join(cmd)}")
     s = json.load(open(summary))
     s["_wall"] = time.time() - t0
+    s["_machine"], s["_build"] = getattr(args, "machine", None) or machine(), getattr(args, "build", None) or build_of()
     s["curve"] = eval_curve(os.path.join(d, "run", "metrics.jsonl"))
     s.update(merge_stats(os.path.join(d, "run", "metrics.jsonl")))
     return s
@@ -88,7 +142,8 @@ def eval_curve(metrics):
 
 FIELDS = ("final_val_loss", "val_bpb", "initial_val_loss", "uptime", "goodput", "virtual_seconds", "tokens",
           "outer_steps", "bytes_sent", "failures", "contributions_rejected", "_wall", "curve", "grace_mean",
-          "grace_open", "per_merge", "staleness_mean", "bytes_up", "bytes_down", "parameters")
+          "grace_open", "per_merge", "staleness_mean", "bytes_up", "bytes_down", "parameters", "stale_bases",
+          "_machine", "_build")
 
 
 def run_cost(sets):

@@ -309,5 +309,22 @@ class BeforeAndAfter(unittest.TestCase):
         self.assertEqual(b.faults_of("the IsoLoCo gap keeps widening up to M = 64"), [1, 7, 9])
 
 
+class Provenance(unittest.TestCase):
+    """Each row records the machine and the build it ran on; the report counts the rows in use by machine."""
+
+    def test_rows_are_counted_by_machine_and_a_build_outside_git_is_unknown(self):
+        self.assertIn("cores", sci.machine())
+        self.assertEqual(sci.build_of(tempfile.gettempdir()), "unknown")
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            for i, m in enumerate(["cpu A; avx2; 2 cores", "cpu A; avx2; 2 cores", None]):
+                res.add(dict(exp="e1", variant="x", seed=i + 1, key=f"k{i}", final_val_loss=1.0,
+                             **({"_machine": m, "_build": "abc123"} if m else {})))
+            line = sci.provenance(res)
+            self.assertIn("2 on cpu A; avx2; 2 cores", line)
+            self.assertIn("1 whose machine was not recorded", line)
+            self.assertIn("builds abc123", line)
+
+
 if __name__ == "__main__":
     unittest.main(argv=sys.argv[:1], verbosity=1)
