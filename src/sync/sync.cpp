@@ -146,10 +146,12 @@ void Syncer::prune_history(int64_t fragment) {
   int64_t lowest = rounds_[static_cast<size_t>(fragment)].version;
   for (size_t m = 0; m < floor_.size(); ++m)
     if (!retired_[m]) lowest = std::min(lowest, floor_[m][static_cast<size_t>(fragment)]);
-  // A final state held for the final round is rebuilt from the version its learner held, also once that learner has
-  // retired (its goodbye follows its final states).
-  for (const auto& [m, held] : rounds_[static_cast<size_t>(fragment)].finals)
-    lowest = std::min(lowest, held.c.base_version);
+  // A push waiting in the round, and a final state held for the final round, is anchored at the version its learner
+  // held, also once that learner has retired (its goodbye may come before the round merges its last push, and it
+  // follows its final states).
+  const Round& r = rounds_[static_cast<size_t>(fragment)];
+  for (const auto& [m, held] : r.waiting) lowest = std::min(lowest, held.c.base_version);
+  for (const auto& [m, held] : r.finals) lowest = std::min(lowest, held.c.base_version);
   // A learner that went silent without retiring pins its version; bound the memory (its next contribution, if
   // any, is then anchored at the current Θ_p and counted in stale_bases()).
   const size_t cap = 2 * floor_.size() + 8;

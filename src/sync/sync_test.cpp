@@ -330,6 +330,26 @@ TEST(SyncSyncer, OldVersionsAreKeptOnlyWhileALearnerMayHoldThem) {
   EXPECT_EQ(s.stale_bases(), 1);
 }
 
+// A learner retires (its goodbye) with a push still waiting in a round, and no learner left holds the version that
+// push was made from: the version stays kept until the round merges the push, so the push is anchored exactly (as in
+// BaseAnchorUsesTheVersionTheLearnerHeld: θ = 1 from version 0, Θ = 2 → Θ = 1), not rebased onto the current Θ (3).
+TEST(SyncSyncer, AWaitingPushOfARetiredLearnerKeepsItsVersion) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.note_joined(0);
+  s.note_joined(1);
+  ASSERT_EQ(s.receive(0, contrib(1, -2.0f, 1, 1, 0)), SyncReject::kNone);
+  s.merge(0);        // Θ = 2, version 1
+  s.note_joined(1);  // learner 1 holds version 1
+  ASSERT_EQ(s.receive(1, contrib(0, -1.0f, 1, 1, 0)), SyncReject::kNone);
+  s.retire(2, 0);    // learner 0's goodbye comes before its push merges
+  s.merge(0);
+  EXPECT_NEAR(s.global()[0].second[1][1].item<float>(), 1.0f, 1e-6);
+  EXPECT_EQ(s.stale_bases(), 0);
+}
+
 TEST(SyncSyncer, AQuorumLoweredByARetirementStillGetsItsGraceWindow) {
   SyncOptions o;
   o.learners = 3;
