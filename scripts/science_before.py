@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from science_protocol import ROOT  # noqa: E402
+from science_protocol import ROOT, SWEEP_BANDWIDTHS, diff_ci, point_seeds, seeds_sorted  # noqa: E402
 
 BEFORE_REV = "28eb9b2"
 BEFORE_FILE = os.path.join(ROOT, "docs", "science", "labels-before.json")
@@ -149,8 +149,9 @@ def short(label, why):
     return f"**{label}**"
 
 
-def section(w, claims):
-    """Writes the section from the report's claims [(claim, label, why)]; nothing when the labels file is missing."""
+def section(w, claims, res, S):
+    """Writes the section from the report's claims [(claim, label, why)] and rows `res` (scale S); nothing when the
+    labels file is missing."""
     before = load_before()
     if before is None:
         return
@@ -174,6 +175,73 @@ def section(w, claims):
     judged = sum(1 for claim, _, _ in rows if any(a != "pending" for _, a, _ in after(claim, now)))
     w(f"\nOf the {len(rows)} claims before, {judged} {'is' if judged == 1 else 'are'} judged again so far, "
       f"{changed} with a different label.\n")
+    anchor_section(w, res, S)
+
+
+# Fault 4: each row run with sync.delta_anchor = base beside the same row with the paper's global anchor.
+ANCHOR_PAIRS = ([("e3", "K=1 + grace"), ("e3", "K=1 + grace, fast link"), ("e4", "rda"), ("e4", "mean_k1"),
+                 ("e4", "rda, fast link")] + [("e8", f"{bw / 1e6:g} MB/s + grace") for bw in SWEEP_BANDWIDTHS])
+
+
+def anchor_rows(res, S):
+    """Per pair of ANCHOR_PAIRS with rows: (exp, variant, base losses, global losses, diverged base, diverged global,
+    complete), diverged = runs that ended above their initial loss, complete = both have every seed fixed for them."""
+    out = []
+    for exp, v in ANCHOR_PAIRS:
+        vb = v + ", base anchor"
+        b, g = seeds_sorted(res, exp, vb), seeds_sorted(res, exp, v)
+        if not b or not g:
+            continue
+        up = [sum(1 for x, x0 in zip(seeds_sorted(res, exp, n), seeds_sorted(res, exp, n, "initial_val_loss"))
+                  if x is not None and x0 is not None and x > x0) for n in (vb, v)]
+        done = len(b) >= point_seeds(S, exp, vb) and len(g) >= point_seeds(S, exp, v)
+        out.append((exp, v, b, g, up[0], up[1], done))
+    return out
+
+
+def anchor_verdict(rows, pairs=len(ANCHOR_PAIRS)):
+    """Which anchor is the less stable, by the stated rule, or None while a pair is incomplete or missing: the global
+    anchor when it diverges in more runs than base does, or when base ends lower with its interval below zero in some
+    pair and above zero in none; base by the mirror rule; else neither."""
+    if len(rows) < pairs or not all(r[6] for r in rows):
+        return None
+    diffs = [diff_ci(b, g) for _, _, b, g, _, _, _ in rows]
+    div_b, div_g = sum(r[4] for r in rows), sum(r[5] for r in rows)
+    base_better = any(d + h < 0 for d, h in diffs) and not any(d - h > 0 for d, h in diffs)
+    global_better = any(d - h > 0 for d, h in diffs) and not any(d + h < 0 for d, h in diffs)
+    if div_g > div_b or (div_g == div_b and base_better):
+        return "global"
+    if div_b > div_g or (div_b == div_g and global_better):
+        return "base"
+    return "neither"
+
+
+def anchor_section(w, res, S):
+    """Fault 4's evidence: base against global in experiments 3, 4 and 8, and the verdict that decides the default."""
+    rows = anchor_rows(res, S)
+    if not rows:
+        w(f"**Fault 4, the anchor**: its {len(ANCHOR_PAIRS)} rows with `sync.delta_anchor = base` (experiments 3, 4 and "
+          "8) are still to run; the verdict that decides the default waits for them.\n")
+        return
+    w("**Fault 4, the anchor.** Each row with `sync.delta_anchor = base` beside the same row with the global anchor "
+      "(each tuned with its anchor where the experiment tunes it); *diverged*: runs that ended above their initial "
+      "loss:\n")
+    w("| experiment | row | base | global | base − global (paired) | diverged (base / global) |")
+    w("|---|---|---|---|---|---|")
+    for exp, v, b, g, ub, ug, done in rows:
+        d, h = diff_ci(b, g)
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        w(f"| {exp} | {v} | {mean(b):.4f} ({len(b)}) | {mean(g):.4f} ({len(g)}) | {d:+.4f} ± {h:.4f} | {ub} / {ug} |"
+          + ("" if done else " (seeds to come)"))
+    verdict = anchor_verdict(rows)
+    w("\nThe rule: global is the less stable anchor when it diverges in more runs than base, or when base ends lower "
+      "with its interval below zero in some row and above it in none (and base by the mirror rule); the less stable "
+      "one does not stay the default (docs/sim.md says why). " +
+      ("Pending: " + f"{len(ANCHOR_PAIRS) - sum(1 for r in rows if r[6])} of {len(ANCHOR_PAIRS)} rows are still to "
+       "complete." if verdict is None else
+       {"global": "**Verdict: the global anchor is the less stable.**",
+        "base": "**Verdict: the base anchor is the less stable.**",
+        "neither": "**Verdict: neither anchor is the less stable by this rule.**"}[verdict]) + "\n")
 
 
 def extract(rev=BEFORE_REV, path=BEFORE_FILE):

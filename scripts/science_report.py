@@ -732,7 +732,7 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       "without a row, or a method whose tuning is unfinished); the why gives the verdict on the rows so far, which the\n"
       "missing runs may still change.\n")
     if not quick:
-        science_before.section(w, claims)
+        science_before.section(w, claims, res, S)
     notes = shortfalls(res, S, {c: lab for c, lab, _ in claims})
     if notes:
         w("## Where a claim falls short: what the results themselves show\n")
