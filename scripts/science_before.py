@@ -179,69 +179,83 @@ def section(w, claims, res, S):
 
 
 # Fault 4: each row run with sync.delta_anchor = base beside the same row with the paper's global anchor.
-ANCHOR_PAIRS = ([("e3", "K=1 + grace"), ("e3", "K=1 + grace, fast link"), ("e4", "rda"), ("e4", "mean_k1"),
-                 ("e4", "rda, fast link")] + [("e8", f"{bw / 1e6:g} MB/s + grace") for bw in SWEEP_BANDWIDTHS])
+ANCHOR_PAIRS = ([("e3", "K=1 + grace, base anchor", "K=1 + grace"),
+                 ("e3", "K=1 + grace, fast link, base anchor", "K=1 + grace, fast link"),
+                 ("e4", "rda, base anchor", "rda"), ("e4", "mean_k1, base anchor", "mean_k1"),
+                 ("e4", "rda, fast link, base anchor", "rda, fast link")] +
+                [("e8", f"{bw / 1e6:g} MB/s + grace, base anchor", f"{bw / 1e6:g} MB/s + grace") for bw in SWEEP_BANDWIDTHS])
+# Fault 2: Delayed Nesterov as Liu et al. 2024 define it beside the earlier form (the whole g at every merge).
+DN_PAIRS = [("e3", "K=1 + grace + delayed Nesterov, fast link", "K=1 + grace + delayed Nesterov (whole g), fast link"),
+            ("e4", "delayed Nesterov, fast link", "delayed Nesterov (whole g), fast link"),
+            ("e6", "Decoupled + delayed Nesterov, fast link", "Decoupled + delayed Nesterov (whole g), fast link")]
 
 
-def anchor_rows(res, S):
-    """Per pair of ANCHOR_PAIRS with rows: (exp, variant, base losses, global losses, diverged base, diverged global,
-    complete), diverged = runs that ended above their initial loss, complete = both have every seed fixed for them."""
+def pair_rows(res, S, pairs):
+    """Per pair (exp, a, b) with rows: (exp, a, b, a's losses, b's losses, a diverged, b diverged, complete);
+    diverged = runs that ended above their initial loss, complete = both have every seed fixed for them."""
     out = []
-    for exp, v in ANCHOR_PAIRS:
-        vb = v + ", base anchor"
-        b, g = seeds_sorted(res, exp, vb), seeds_sorted(res, exp, v)
-        if not b or not g:
+    for exp, a, b in pairs:
+        la, lb = seeds_sorted(res, exp, a), seeds_sorted(res, exp, b)
+        if not la or not lb:
             continue
         up = [sum(1 for x, x0 in zip(seeds_sorted(res, exp, n), seeds_sorted(res, exp, n, "initial_val_loss"))
-                  if x is not None and x0 is not None and x > x0) for n in (vb, v)]
-        done = len(b) >= point_seeds(S, exp, vb) and len(g) >= point_seeds(S, exp, v)
-        out.append((exp, v, b, g, up[0], up[1], done))
+                  if x is not None and x0 is not None and x > x0) for n in (a, b)]
+        done = len(la) >= point_seeds(S, exp, a) and len(lb) >= point_seeds(S, exp, b)
+        out.append((exp, a, b, la, lb, up[0], up[1], done))
     return out
 
 
-def anchor_verdict(rows, pairs=len(ANCHOR_PAIRS)):
-    """Which anchor is the less stable, by the stated rule, or None while a pair is incomplete or missing: the global
-    anchor when it diverges in more runs than base does, or when base ends lower with its interval below zero in some
-    pair and above zero in none; base by the mirror rule; else neither."""
-    if len(rows) < pairs or not all(r[6] for r in rows):
+def worse(rows, pairs):
+    """Which side of the pairs is the worse, by the stated rule, or None while a pair is incomplete or missing: "b"
+    when b diverges in more runs than a, or when a ends lower with its interval below zero in some pair and above
+    zero in none; "a" by the mirror rule; else "neither"."""
+    if len(rows) < pairs or not all(r[7] for r in rows):
         return None
-    diffs = [diff_ci(b, g) for _, _, b, g, _, _, _ in rows]
-    div_b, div_g = sum(r[4] for r in rows), sum(r[5] for r in rows)
-    base_better = any(d + h < 0 for d, h in diffs) and not any(d - h > 0 for d, h in diffs)
-    global_better = any(d - h > 0 for d, h in diffs) and not any(d + h < 0 for d, h in diffs)
-    if div_g > div_b or (div_g == div_b and base_better):
-        return "global"
-    if div_b > div_g or (div_b == div_g and global_better):
-        return "base"
+    diffs = [diff_ci(la, lb) for _, _, _, la, lb, _, _, _ in rows]
+    div_a, div_b = sum(r[5] for r in rows), sum(r[6] for r in rows)
+    a_better = any(d + h < 0 for d, h in diffs) and not any(d - h > 0 for d, h in diffs)
+    b_better = any(d - h > 0 for d, h in diffs) and not any(d + h < 0 for d, h in diffs)
+    if div_b > div_a or (div_b == div_a and a_better):
+        return "b"
+    if div_a > div_b or (div_a == div_b and b_better):
+        return "a"
     return "neither"
 
 
-def anchor_section(w, res, S):
-    """Fault 4's evidence: base against global in experiments 3, 4 and 8, and the verdict that decides the default."""
-    rows = anchor_rows(res, S)
+def pair_section(w, res, S, title, pairs, names, rule, verdicts):
+    """One fault's evidence: the rows of `pairs` side by side (columns `names`), the `rule`, and the verdict
+    (`verdicts`: "a", "b", "neither" → its sentence) once every pair is complete."""
+    rows = pair_rows(res, S, pairs)
     if not rows:
-        w(f"**Fault 4, the anchor**: its {len(ANCHOR_PAIRS)} rows with `sync.delta_anchor = base` (experiments 3, 4 and "
-          "8) are still to run; the verdict that decides the default waits for them.\n")
+        w(f"**{title}**: its {len(pairs)} pairs of rows (experiments {', '.join(sorted({p[0][1:] for p in pairs}))}) "
+          "are still to run; the verdict waits for them.\n")
         return
-    w("**Fault 4, the anchor.** Each row with `sync.delta_anchor = base` beside the same row with the global anchor "
-      "(each tuned with its anchor where the experiment tunes it); *diverged*: runs that ended above their initial "
-      "loss:\n")
-    w("| experiment | row | base | global | base − global (paired) | diverged (base / global) |")
-    w("|---|---|---|---|---|---|")
-    for exp, v, b, g, ub, ug, done in rows:
-        d, h = diff_ci(b, g)
-        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        w(f"| {exp} | {v} | {mean(b):.4f} ({len(b)}) | {mean(g):.4f} ({len(g)}) | {d:+.4f} ± {h:.4f} | {ub} / {ug} |"
-          + ("" if done else " (seeds to come)"))
-    verdict = anchor_verdict(rows)
-    w("\nThe rule: global is the less stable anchor when it diverges in more runs than base, or when base ends lower "
-      "with its interval below zero in some row and above it in none (and base by the mirror rule); the less stable "
-      "one does not stay the default (docs/sim.md says why). " +
-      ("Pending: " + f"{len(ANCHOR_PAIRS) - sum(1 for r in rows if r[6])} of {len(ANCHOR_PAIRS)} rows are still to "
-       "complete." if verdict is None else
-       {"global": "**Verdict: the global anchor is the less stable.**",
-        "base": "**Verdict: the base anchor is the less stable.**",
-        "neither": "**Verdict: neither anchor is the less stable by this rule.**"}[verdict]) + "\n")
+    w(f"**{title}.** *diverged*: runs that ended above their initial loss.\n")
+    w(f"| experiment | {names[0]} | {names[1]} | {names[0]} − {names[1]} (paired) | diverged |")
+    w("|---|---|---|---|---|")
+    for exp, a, b, la, lb, ua, ub, done in rows:
+        d, h = diff_ci(la, lb)
+        w(f"| {exp} | {a}: {sum(la) / len(la):.4f} ({len(la)}) | {b}: {sum(lb) / len(lb):.4f} ({len(lb)}) | "
+          f"{d:+.4f} ± {h:.4f} | {ua} / {ub} |" + ("" if done else " (seeds to come)"))
+    v = worse(rows, len(pairs))
+    w("\n" + rule + " " + (f"Pending: {len(pairs) - sum(1 for r in rows if r[7])} of {len(pairs)} pairs are still to "
+                           "complete." if v is None else f"**Verdict: {verdicts[v]}**") + "\n")
+
+
+def anchor_section(w, res, S):
+    """Faults 2 and 4: the evidence that decides the anchor's default and which Delayed Nesterov is the better."""
+    pair_section(w, res, S, "Fault 4, the anchor (base against global)", ANCHOR_PAIRS, ("base", "global"),
+                 "The rule: global is the less stable anchor when it diverges in more runs than base, or when base ends "
+                 "lower with its interval below zero in some row and above it in none (base by the mirror rule); the "
+                 "less stable one does not stay the default (docs/sim.md says why).",
+                 {"b": "the global anchor is the less stable.", "a": "the base anchor is the less stable.",
+                  "neither": "neither anchor is the less stable by this rule."})
+    pair_section(w, res, S, "Fault 2, Delayed Nesterov (Liu et al.'s form against the whole g)", DN_PAIRS,
+                 ("Liu et al.", "whole g"),
+                 "The rule, the same: the form that diverges in more runs, or that ends higher with its interval apart "
+                 "from zero in some row and on the other side in none, is the worse; both stay, named.",
+                 {"b": "Liu et al.'s form is the better.", "a": "the whole-g form is the better (kept as dn_whole_fast).",
+                  "neither": "neither form is the better by this rule."})
 
 
 def extract(rev=BEFORE_REV, path=BEFORE_FILE):

@@ -309,24 +309,24 @@ class BeforeAndAfter(unittest.TestCase):
         self.assertEqual(b.faults_of("the IsoLoCo gap keeps widening up to M = 64"), [1, 7, 9])
 
 
-class AnchorVerdict(unittest.TestCase):
-    """Fault 4's rule: global is the less stable anchor when it diverges in more runs, or when base ends lower with its
-    interval below zero somewhere and above it nowhere; no verdict while a pair is incomplete."""
+class PairVerdict(unittest.TestCase):
+    """Faults 2 and 4's rule: the worse side diverges in more runs, or ends higher with its interval apart from zero
+    somewhere and on the other side nowhere; no verdict while a pair is incomplete or missing."""
 
-    def rows(self, base_minus_global, div_b=0, div_g=0, done=True):
-        g = [3.0, 3.1, 2.9, 3.05, 2.95]
+    def rows(self, a_minus_b, div_a=0, div_b=0, done=True):
+        b = [3.0, 3.1, 2.9, 3.05, 2.95]
         noise = [0.01, -0.012, 0.02, -0.018, 0.0]  # the paired differences' spread across seeds
-        return [("e4", f"r{i}", [x + base_minus_global + e for x, e in zip(g, noise)], g,
-                 div_b if i == 0 else 0, div_g if i == 0 else 0, done) for i in range(3)]
+        return [("e4", f"a{i}", f"b{i}", [x + a_minus_b + e for x, e in zip(b, noise)], b,
+                 div_a if i == 0 else 0, div_b if i == 0 else 0, done) for i in range(3)]
 
     def test_the_verdict_follows_the_rule(self):
-        b = sci.science_before
-        self.assertEqual(b.anchor_verdict(self.rows(-0.1), pairs=3), "global")   # base lower, intervals below zero
-        self.assertEqual(b.anchor_verdict(self.rows(+0.1), pairs=3), "base")
-        self.assertEqual(b.anchor_verdict(self.rows(0.0), pairs=3), "neither")   # within the seeds' spread
-        self.assertEqual(b.anchor_verdict(self.rows(+0.1, div_g=2), pairs=3), "global")  # divergence counts first
-        self.assertIsNone(b.anchor_verdict(self.rows(-0.1, done=False), pairs=3))
-        self.assertIsNone(b.anchor_verdict(self.rows(-0.1), pairs=4))  # a pair without rows yet
+        w = sci.science_before.worse
+        self.assertEqual(w(self.rows(-0.1), 3), "b")   # a lower, intervals below zero: b is the worse
+        self.assertEqual(w(self.rows(+0.1), 3), "a")
+        self.assertEqual(w(self.rows(0.0), 3), "neither")  # within the seeds' spread
+        self.assertEqual(w(self.rows(+0.1, div_b=2), 3), "b")  # divergence counts first
+        self.assertIsNone(w(self.rows(-0.1, done=False), 3))
+        self.assertIsNone(w(self.rows(-0.1), 4))  # a pair without rows yet
 
 
 class Provenance(unittest.TestCase):
