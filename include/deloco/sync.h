@@ -366,6 +366,13 @@ class Syncer {
   // `learner` finished its training and will not contribute again. A round that now holds the lowered quorum
   // starts its grace window at `now`.
   void retire(double now, int64_t learner);
+  // sync.final_round: `learner` took its last inner step (finished = true), which pushes nothing, so it will send no
+  // push again, only its final states, then its goodbye (retire()). Until then the rounds treat it as retired (no
+  // round waits for its push, and the quorum is lowered; a round that now holds it starts its grace window at
+  // `now`), but the versions it holds stay kept: its final states are rebuilt from them. finished = false undoes it
+  // (a learner that resumed from an earlier step). Throws SyncError without sync.final_round (a last step pushes then).
+  void set_finished(double now, int64_t learner, bool finished);
+  bool finished(int64_t learner) const { return finished_.at(static_cast<size_t>(learner)); }
   // True while some fragment holds contributions but fewer than the effective quorum (global training stalls).
   bool stalled() const;
   double quorum_time(int64_t fragment) const { return rounds_.at(fragment).quorum_time; }
@@ -524,6 +531,7 @@ class Syncer {
     std::vector<int64_t> versions;
     int64_t merged = 0;
     std::vector<bool> connected, retired;
+    std::vector<bool> finished;     // per learner (set_finished); empty: none
     std::vector<Ema> learner_step;  // per learner
     GraceStats stats;
     int64_t fused_merges = 0, general_merges = 0, stale_bases = 0;
@@ -579,6 +587,7 @@ class Syncer {
   std::vector<Round> rounds_;
   std::vector<bool> connected_;
   std::vector<bool> retired_;
+  std::vector<bool> finished_;  // set_finished: past the last step, not yet retired
   std::vector<Ema> learner_step_;  // per learner: moving average of the step times its accepted pushes carried
   // Earlier versions of each fragment that a learner may still hold: version → Θ_p^v. A version is dropped once no
   // learner that may still contribute can hold it (floor_: the lowest version each learner may reference).

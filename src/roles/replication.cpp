@@ -109,6 +109,7 @@ const char* entry_kind_name(EntryKind k) {
     case EntryKind::kFollow: return "follow";
     case EntryKind::kAck: return "ack";
     case EntryKind::kFinal: return "final";
+    case EntryKind::kFinished: return "finished";
   }
   return "unknown";
 }
@@ -125,6 +126,7 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
            {"merged", im.merged},
            {"connected", std::vector<bool>(im.connected.begin(), im.connected.end())},
            {"retired", std::vector<bool>(im.retired.begin(), im.retired.end())},
+           {"finished", std::vector<bool>(im.finished.begin(), im.finished.end())},
            {"learner_step", steps},
            {"stats", {ema_json(im.stats.step), ema_json(im.stats.quorum), ema_json(im.stats.sync)}},
            {"fused_merges", im.fused_merges},
@@ -155,6 +157,7 @@ EncodedEntry encode(const Entry& e, uint64_t fingerprint) {
       break;
     case EntryKind::kConnected: j = {{"learner", e.learner}, {"connected", e.flag}}; break;
     case EntryKind::kRetire: j = {{"t", e.t}, {"learner", e.learner}}; break;
+    case EntryKind::kFinished: j = {{"t", e.t}, {"learner", e.learner}, {"finished", e.flag}}; break;
     case EntryKind::kJoined: j = {{"learner", e.learner}}; break;
     case EntryKind::kObserveSync: j = {{"upload", e.upload}, {"merge", e.merge}, {"broadcast", e.broadcast}}; break;
     case EntryKind::kDrain:
@@ -219,6 +222,10 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       const auto con = list_field<bool>(j, "connected", what, M), ret = list_field<bool>(j, "retired", what, M);
       im.connected.assign(con.begin(), con.end());
       im.retired.assign(ret.begin(), ret.end());
+      if (j.contains("finished")) {  // an image from before sync.final_round marked finished learners has none
+        const auto fin = list_field<bool>(j, "finished", what, M);
+        im.finished.assign(fin.begin(), fin.end());
+      }
       const json& steps = field(j, "learner_step", what);
       if (!steps.is_array() || steps.size() != M) throw WireError("replica image field 'learner_step' is not a list of M");
       for (const auto& s : steps) im.learner_step.push_back(ema_of(s, "learner_step"));
@@ -308,6 +315,14 @@ Entry decode(const MessageHeader& h, const Bytes& payload, int64_t learners, int
       e.t = num_field(j, "t", what);
       e.learner = int_field(j, "learner", what, 0, learners - 1);
       break;
+    case EntryKind::kFinished: {
+      e.t = num_field(j, "t", what);
+      e.learner = int_field(j, "learner", what, 0, learners - 1);
+      const json& f = field(j, "finished", what);
+      if (!f.is_boolean()) throw WireError("replica finished entry field 'finished' is not a boolean");
+      e.flag = f.get<bool>();
+      break;
+    }
     case EntryKind::kJoined: e.learner = int_field(j, "learner", what, 0, learners - 1); break;
     case EntryKind::kObserveSync:
       e.upload = num_field(j, "upload", what);
@@ -364,6 +379,7 @@ Applied apply(Syncer& core, const Entry& e, const std::vector<FlatLayout>& layou
       return {{core.on_round(e.t, e.fragment)}, SyncReject::kNone};
     case EntryKind::kConnected: core.set_connected(e.learner, e.flag); return {};
     case EntryKind::kRetire: core.retire(e.t, e.learner); return {};
+    case EntryKind::kFinished: core.set_finished(e.t, e.learner, e.flag); return {};
     case EntryKind::kJoined: core.note_joined(e.learner); return {};
     case EntryKind::kObserveSync: core.observe_sync(e.upload, e.merge, e.broadcast); return {};
     case EntryKind::kDrain:

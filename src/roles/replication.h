@@ -49,8 +49,9 @@ enum class EntryKind : uint32_t {
   kFollow = 11,      // standby → leader: send me an image and the journal after it
   kAck = 12,         // standby → leader: entries applied up to `seq`
   kFinal = 13,       // Syncer::final_round (sync.final_round), with the leader's results
+  kFinished = 14,    // Syncer::set_finished (sync.final_round: a learner took its last step)
 };
-constexpr uint32_t kLastEntryKind = 13;
+constexpr uint32_t kLastEntryKind = 14;
 const char* entry_kind_name(EntryKind k);
 
 // A round's outcome as the leader saw it: what the standby checks its own against.

@@ -538,6 +538,65 @@ TEST(Replication, ATakeoverDropsTheWaitingPushesAndKeepsTheFinalStates) {
   EXPECT_EQ(core.finals_merged(), 1);
 }
 
+// sync.final_round: a learner past its last step (kFinished) travels to the standby, with its flag, and so does the
+// mark in an image; a standby that applies them decides its rounds as the leader does (no round waits for it).
+TEST(Replication, AFinishedLearnerTravelsAsAnEntryAndInTheImage) {
+  const Model m = model();
+  SyncOptions o = options();
+  o.final_round = true;
+  Syncer leader(o, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Syncer standby(o, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Entry f;
+  f.kind = EntryKind::kFinished;
+  f.t = 5.0;
+  f.learner = 2;
+  f.flag = true;
+  const Entry got = wire_trip(f, 3, 2);
+  EXPECT_EQ(got.kind, EntryKind::kFinished);
+  EXPECT_EQ(got.learner, 2);
+  EXPECT_TRUE(got.flag);
+  EXPECT_DOUBLE_EQ(got.t, 5.0);
+  apply(leader, f, m.layouts);
+  apply(standby, got, m.layouts);
+  EXPECT_TRUE(standby.finished(2));
+  // The image carries it: a fresh standby resynced from the leader holds the mark.
+  Entry im;
+  im.kind = EntryKind::kImage;
+  im.image = leader.image();
+  im.counters = nlohmann::json::object();
+  Syncer fresh(o, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  apply(fresh, wire_trip(im, 3, 2), m.layouts);
+  EXPECT_TRUE(fresh.finished(2));
+  EXPECT_FALSE(fresh.finished(1));
+  // Learners 0 and 1 push fragment 0 (K = 2): with learner 2 finished nobody else can come, so the round merges at
+  // once on both, where otherwise it would wait in its grace window for learner 2.
+  Driver d;
+  Syncer unmarked(o, m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  for (int64_t k = 0; k < 2; ++k) {
+    const Entry e = d.push(m, 6.0, k, 0);
+    EXPECT_EQ(apply(leader, e, m.layouts).received, SyncReject::kNone);
+    EXPECT_EQ(apply(fresh, wire_trip(e, 3, 2), m.layouts).received, SyncReject::kNone);
+    EXPECT_EQ(apply(unmarked, e, m.layouts).received, SyncReject::kNone);
+  }
+  EXPECT_EQ(leader.decide(6.0, 0).kind, RoundDecision::kMerge);
+  EXPECT_EQ(fresh.decide(6.0, 0).kind, RoundDecision::kMerge);
+  EXPECT_EQ(unmarked.decide(6.0, 0).kind, RoundDecision::kWaitUntil);  // learner 2 may still push
+  // A malformed flag is refused, naming the field.
+  nlohmann::json bad = {{"t", 1.0}, {"learner", 0}, {"finished", "yes"}};
+  const std::string js = bad.dump();
+  EncodedEntry enc = encode(f, 0xabcdef);
+  std::string payload(4, '\0');
+  payload[0] = static_cast<char>(js.size() & 0xff);
+  payload[1] = static_cast<char>((js.size() >> 8) & 0xff);
+  payload += js;
+  try {
+    decode(enc.header, Bytes::copy(reinterpret_cast<const uint8_t*>(payload.data()), payload.size()), 3, 2);
+    ADD_FAILURE() << "a finished entry with a string flag was accepted";
+  } catch (const WireError& e) {
+    EXPECT_NE(std::string(e.what()).find("'finished'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Replication, TheJournalNumbersEntriesAndKeepsThePushesRoundsWaitOnForTheNextImage) {
   const Model m = model();
   Syncer core(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});

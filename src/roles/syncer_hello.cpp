@@ -223,6 +223,10 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.alive = !retired[m];
   P.heard(t);
   P.step = resume_step;
+  if (P.finished && !retired[m] && resume_step < cfg.run.train.steps) {  // it resumed from an earlier step: it pushes again
+    P.finished = false;
+    core_finished(t, m, false);
+  }
   if (!repeat) {
     ++P.joins;
     P.advanced_at = t;  // a (re)join starts its patience afresh

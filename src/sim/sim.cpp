@@ -111,7 +111,7 @@ void SimConfig::validate(const RunConfig& run) const {
 namespace {
 
 enum EventKind { kStepDone, kArrive, kTimer, kAnswer, kRefused, kFail, kRejoin, kRestore, kStragglerOn, kStragglerOff,
-                 kPauseOn, kPauseOff, kEval, kRetire };
+                 kPauseOn, kPauseOff, kEval, kRetire, kFinished };
 
 struct Snapshot {  // a merged fragment in flight, decoded once and shared by every receiver of one broadcast
   int64_t fragment = -1;
@@ -279,6 +279,14 @@ struct Simulator::Impl {
       // sync.final_round: once the answers to its pushes in flight are in (on_answer / on_refused come back here),
       // its final state of every fragment goes to the syncer, ahead of its goodbye.
       if (cfg.sync.final_round && !L.done) {
+        if (!L.finishing) {  // its last step pushed nothing: the syncer hears that step after its pushes in flight
+          Event f;
+          f.t = std::max(now, L.last_arrival) + cfg.sim.latency;
+          f.kind = kFinished;
+          f.learner = m;
+          f.epoch = L.epoch;
+          push(f);
+        }
         if (!L.core->in_flight().empty()) {
           L.finishing = true;
           return;
@@ -311,6 +319,15 @@ struct Simulator::Impl {
   }
 
   // A finished learner's goodbye: the syncer stops waiting for it and merges what waits.
+  // sync.final_round: learner m's beat of its last step reached the syncer (as SyncerNode's heartbeat handler): no
+  // round waits for its push any more (Syncer::set_finished).
+  void on_finished(const Event& e) {
+    const Learner& L = learners[e.learner];
+    if (e.epoch != L.epoch || !L.up || L.retired) return;
+    syncer->set_finished(now, e.learner, true);
+    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
+  }
+
   void on_retire(const Event& e) {
     learners[e.learner].retired = true;
     syncer->retire(now, e.learner);
@@ -826,6 +843,7 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       case kRefused: I.on_refused(e); break;
       case kTimer: I.try_merge(e.fragment); break;
       case kRetire: I.on_retire(e); break;
+      case kFinished: I.on_finished(e); break;
       case kAnswer: I.on_answer(e); break;
       case kFail: I.on_fail(e); break;
       case kRejoin: I.on_rejoin(e); break;

@@ -393,6 +393,47 @@ TEST(SimFinalRound, TheFinalModelIsTheLearnersMean) {
       << off.dump();
 }
 
+// sync.final_round: once a learner's last step (which pushes nothing) reaches the syncer, no round waits for it. Learner
+// 0 finishes first (learner 1 steps 1.5 times slower); until its final states and goodbye are in, learner 1's rounds
+// merge as soon as its push is there instead of holding a grace window open for learner 0.
+TEST(SimFinalRound, NoRoundWaitsForALearnerPastItsLastStep) {
+  RunConfig run = sim_run(40);
+  SimConfig cfg = decoupled(2);
+  cfg.sync.final_round = true;
+  cfg.sync.sync_every = 10;
+  cfg.sync.overlap = 8;       // a window of about 0.8 · (8 ξ_step − ξ_sync) stays open on this link
+  cfg.sim.jitter = 0;
+  cfg.sim.bandwidth = 20000;  // a push of one fragment takes about 2 s: learner 0 waits for its answers at its end
+  cfg.sim.speed_factors = {1.0, 1.1};
+  Simulator sim(run, cfg, sim_corpus());
+  double last_step = -1, done = -1;
+  struct Merge {
+    double t, wait, grace;
+    bool only_1;
+  };
+  std::vector<Merge> merges;
+  sim.run([&](const nlohmann::json& j) {
+    if (j["kind"] == "learner" && j["learner"] == 0 && j["step"] == 40) last_step = j["t"].get<double>();
+    if (j["kind"] == "learner_done" && j["learner"] == 0) done = j["t"].get<double>();
+    if (j["kind"] == "merge")
+      merges.push_back({j["t"].get<double>(), j["grace_wait"].get<double>(), j["grace"].get<double>(),
+                        j["learners"] == nlohmann::json{1}});
+  });
+  ASSERT_GT(last_step, 0);
+  ASSERT_GT(done, last_step);
+  // A round holding only learner 1's push can wait only for learner 0's. Once learner 0's last step reached the
+  // syncer none does, although learner 0 is still connected (waiting for its answers) and the window is open (without
+  // the mark this round waited 3.2 s).
+  int64_t after = 0;
+  for (const Merge& mg : merges) {
+    if (!mg.only_1 || mg.t - mg.wait <= last_step + cfg.sim.latency || mg.t >= done) continue;
+    ++after;
+    EXPECT_GT(mg.grace, 1.0) << "the window was not open at t = " << mg.t << ": nothing to wait in";
+    EXPECT_NEAR(mg.wait, 0.0, 1e-9) << "learner 1's round at t = " << mg.t << " waited for learner 0, past its last step";
+  }
+  EXPECT_GT(after, 0) << "no round of learner 1 alone between learner 0's last step and its goodbye: nothing was tested";
+}
+
 // net.broadcast_topk_bits sets the broadcast's value width apart from the pushes' (SparseLoCo's exchange: 2-bit pushes,
 // an 8-bit broadcast of every entry the merge changed); 0 keeps net.topk_bits; other widths are refused by name.
 TEST(SimCompression, TheBroadcastHasItsOwnTopkBits) {
@@ -480,7 +521,7 @@ TEST(SimStreaming, TauWithWaitingFinishesWithEveryRoundMerged) {
   cfg.sync.wait_for_answer = true;
   cfg.sim.latency = 0.3;  // answers take 2 × 0.3 s + merge: they arrive within τ steps
   cfg.sim.merge_time = 0.1;
-  cfg.sim.speed_factors = {1.0, 1.5};
+  cfg.sim.speed_factors = {1.0, 1.1};
   Simulator sim(run, cfg, sim_corpus());
   int64_t merges = 0, both = 0;
   auto res = sim.run([&](const nlohmann::json& j) {

@@ -117,6 +117,50 @@ TEST(SyncFinalRound, AStateKeepsItsVersionAfterItsLearnerRetires) {
   EXPECT_EQ(c.s.stale_bases(), 0);
 }
 
+// A learner past its last step (set_finished) pushes nothing more: no round waits for it, a round merges at once when
+// every learner is finished or retired, the quorum is lowered, and the versions it holds stay kept for its final
+// states. Without sync.final_round the call is refused (a last step pushes then).
+TEST(SyncFinalRound, AFinishedLearnerHoldsNoRoundBackAndKeepsItsVersions) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  o.grace = true;
+  o.overlap = 5;
+  o.sync_every = 10;
+  o.final_round = true;
+  Syncer s(o, one_fragment(), global0(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  // Learner 0 pushes; learner 1 is connected and may still push: the round waits for it in the window
+  // (ξ_step = 1, no quorum wait, no sync time: 0.8 · 5 · 1 = 4 s).
+  ASSERT_EQ(s.receive(0.0, state(0, -1.0f, 0)), SyncReject::kNone);
+  ASSERT_EQ(s.decide(0.5, 0).kind, RoundDecision::kWaitUntil);
+  EXPECT_NEAR(s.decide(0.5, 0).until, 4.0, 1e-12);
+  // Learner 1 took its last step, holding version 0: nobody else can come.
+  s.set_finished(0.5, 1, true);
+  EXPECT_TRUE(s.finished(1));
+  ASSERT_EQ(s.decide(0.5, 0).kind, RoundDecision::kMerge);
+  ASSERT_TRUE(s.on_round(0.5, 0).merged());  // Θ = 1, version 1
+  // Learner 0 pushes against version 1 and takes its last step too: every learner is finished, so its round merges
+  // at once although nobody is connected to wait for.
+  ASSERT_EQ(s.receive(1.0, state(0, -1.0f, 1)), SyncReject::kNone);
+  s.set_finished(1.0, 0, true);
+  ASSERT_EQ(s.decide(1.0, 0).kind, RoundDecision::kMerge);
+  ASSERT_TRUE(s.on_round(1.0, 0).merged());  // Θ = 2, version 2
+  // Learner 1's final state is rebuilt from version 0, which stayed kept: θ = 0 − (−3) = 3 exactly (learner 0: 2).
+  ASSERT_EQ(s.receive_final(state(1, -3.0f, 0)), SyncReject::kNone);
+  ASSERT_EQ(s.receive_final(state(0, 0.0f, 2)), SyncReject::kNone);
+  s.retire(2.0, 0);
+  s.retire(2.0, 1);
+  ASSERT_EQ(s.final_round().size(), 1u);
+  EXPECT_FLOAT_EQ(value(s), 2.5f);
+  EXPECT_EQ(s.stale_bases(), 0);
+  // Undone (a learner that resumed from an earlier step), and refused without the final round.
+  s.set_finished(3.0, 1, false);
+  EXPECT_FALSE(s.finished(1));
+  o.final_round = false;
+  Syncer plain(o, one_fragment(), global0(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  EXPECT_THROW(plain.set_finished(0.0, 1, true), SyncError);
+}
+
 TEST(SyncFinalRound, BaseAnchorRebasesEveryStateOntoTheCurrentModel) {
   // Θ + Σ ŵ·(−Δ) = 2 + ¼·1 + ¼·3 + 0 = 3: learner 0's step counts from Θ = 2, not from the version it held.
   Case c("base");

@@ -22,13 +22,16 @@ struct RoundState {
   int64_t connected_arrived = 0;  // of those, how many have a contribution waiting
   double first_arrival = 0;     // time of the first waiting contribution
   double quorum_time = -1;      // time the K-th arrival came (< 0: not yet)
-  int64_t retired = 0;          // learners that finished training and will never send again
+  int64_t retired = 0;          // learners that finished training and will never send again (finished ones included)
+  int64_t finished = 0;         // of those, the ones past their last step, not yet retired (Syncer::set_finished)
 };
 
 // The quorum actually required: min(K, M − retired) — finished learners cannot hold the others back.
 int64_t effective_quorum(const RoundState& s, const SyncOptions& o);
 
-// Merge now, wait for more arrivals, or wait until the grace window (`grace` seconds after the quorum) closes.
+// Merge now, wait for more arrivals, or wait until the grace window (`grace` seconds after the quorum) closes. Nobody
+// else can come, so it merges at once, when every connected learner has a contribution waiting, or when every learner
+// is retired or finished and one is finished (sync.final_round: they push nothing more).
 RoundDecision decide_round(double now, const RoundState& s, const SyncOptions& o, double grace);
 
 }  // namespace deloco

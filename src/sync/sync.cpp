@@ -24,7 +24,7 @@ int64_t Syncer::local_updates(int64_t learner) const {
   if (!mine.seeded) return H;
   double fastest = mine.value;
   for (size_t m = 0; m < learner_step_.size(); ++m)
-    if (learner_step_[m].seeded && !retired_[m]) fastest = std::min(fastest, learner_step_[m].value);
+    if (learner_step_[m].seeded && !retired_[m] && !finished_[m]) fastest = std::min(fastest, learner_step_[m].value);
   return std::max(opts_.overlap + 1, dynamic_sync_every(H, fastest, mine.value));
 }
 
@@ -82,6 +82,7 @@ Syncer::Syncer(const SyncOptions& opts, std::vector<Fragment> fragments,
   history_.resize(fragments_.size());
   connected_.assign(static_cast<size_t>(opts_.learners), true);
   retired_.assign(static_cast<size_t>(opts_.learners), false);
+  finished_.assign(static_cast<size_t>(opts_.learners), false);
   learner_step_.assign(static_cast<size_t>(opts_.learners), Ema());
   floor_.assign(static_cast<size_t>(opts_.learners), std::vector<int64_t>(fragments_.size(), 0));
   theta_norm_.assign(fragments_.size(), 0.0);
@@ -120,6 +121,17 @@ void Syncer::retire(double now, int64_t learner) {
     mark_quorum(now, static_cast<int64_t>(f));
     prune_history(static_cast<int64_t>(f));
   }
+}
+
+void Syncer::set_finished(double now, int64_t learner, bool finished) {
+  if (!opts_.final_round)
+    throw SyncError("set_finished: learner " + std::to_string(learner) +
+                    " is marked past its last step, but sync.final_round is off (its last step pushes)");
+  if (learner < 0 || learner >= opts_.learners)
+    throw SyncError("set_finished: no learner " + std::to_string(learner));
+  finished_[static_cast<size_t>(learner)] = finished;
+  // A quorum lowered by it is reached now, as after a retirement.
+  for (size_t f = 0; f < rounds_.size(); ++f) mark_quorum(now, static_cast<int64_t>(f));
 }
 
 bool Syncer::stalled() const {
@@ -272,6 +284,7 @@ Syncer::Image Syncer::image() const {
   im.merged = merged_;
   im.connected = connected_;
   im.retired = retired_;
+  im.finished = finished_;
   im.learner_step = learner_step_;
   im.stats = stats_;
   im.fused_merges = fused_merges_;
@@ -303,8 +316,12 @@ void Syncer::resync(const Image& im) {
     residual_[f].copy_(im.broadcast_residual[f].reshape({-1}));
     residual_amax_[f] = -1;
   }
+  if (!im.finished.empty() && im.finished.size() != M)
+    throw SyncError("replica image marks " + std::to_string(im.finished.size()) + " learners finished, this syncer has " +
+                    std::to_string(M));
   connected_ = im.connected;
   retired_ = im.retired;
+  finished_ = im.finished.empty() ? std::vector<bool>(M, false) : im.finished;
   learner_step_ = im.learner_step;
   stats_ = im.stats;
   fused_merges_ = im.fused_merges;
@@ -348,11 +365,14 @@ RoundState Syncer::round_state(int64_t fragment) const {
   RoundState s;
   s.arrivals = static_cast<int64_t>(r.waiting.size());
   for (size_t m = 0; m < connected_.size(); ++m) {
-    if (!connected_[m]) continue;
+    if (!connected_[m] || finished_[m]) continue;  // a finished learner pushes nothing more: nobody waits for it
     ++s.connected;
     if (r.waiting.count(static_cast<int64_t>(m))) ++s.connected_arrived;
   }
-  for (bool x : retired_) s.retired += x ? 1 : 0;
+  for (size_t m = 0; m < retired_.size(); ++m) {
+    s.retired += retired_[m] || finished_[m] ? 1 : 0;
+    s.finished += finished_[m] && !retired_[m] ? 1 : 0;
+  }
   s.first_arrival = r.first_arrival;
   s.quorum_time = r.quorum_time;
   return s;

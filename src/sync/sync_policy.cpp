@@ -182,7 +182,7 @@ int64_t effective_quorum(const RoundState& s, const SyncOptions& o) {
 RoundDecision decide_round(double now, const RoundState& s, const SyncOptions& o, double grace) {
   RoundDecision d;
   if (s.arrivals == 0 || s.arrivals < effective_quorum(s, o)) return d;  // below the quorum: wait for arrivals
-  if (s.connected > 0 && s.connected_arrived >= s.connected) {
+  if ((s.connected > 0 && s.connected_arrived >= s.connected) || (s.finished > 0 && s.retired >= o.learners)) {
     d.kind = RoundDecision::kMerge;  // nobody else can come
     return d;
   }
