@@ -279,14 +279,7 @@ struct Simulator::Impl {
       // sync.final_round: once the answers to its pushes in flight are in (on_answer / on_refused come back here),
       // its final state of every fragment goes to the syncer, ahead of its goodbye.
       if (cfg.sync.final_round && !L.done) {
-        if (!L.finishing) {  // its last step pushed nothing: the syncer hears that step after its pushes in flight
-          Event f;
-          f.t = std::max(now, L.last_arrival) + cfg.sim.latency;
-          f.kind = kFinished;
-          f.learner = m;
-          f.epoch = L.epoch;
-          push(f);
-        }
+        if (!L.finishing) heard_behind_pushes(m, kFinished);  // its last step pushed nothing: the syncer hears that
         if (!L.core->in_flight().empty()) {
           L.finishing = true;
           return;
@@ -306,12 +299,7 @@ struct Simulator::Impl {
         emit(d);
         // The syncer node retires a learner on its goodbye, which follows its last pushes on the same link: until
         // they are in, a finishing learner's final pushes may still merge with its peers' (the grace window).
-        Event g;
-        g.t = std::max(now, L.last_arrival) + cfg.sim.latency;
-        g.kind = kRetire;
-        g.learner = m;
-        g.epoch = L.epoch;
-        push(g);
+        heard_behind_pushes(m, kRetire);
       }
       return;
     }
@@ -319,6 +307,17 @@ struct Simulator::Impl {
   }
 
   // A finished learner's goodbye: the syncer stops waiting for it and merges what waits.
+  // What learner m sends now (a heartbeat, its goodbye) reaches the syncer behind its pushes in flight on the same
+  // link: an event of `kind` then.
+  void heard_behind_pushes(int64_t m, EventKind kind) {
+    Event e;
+    e.t = std::max(now, learners[m].last_arrival) + cfg.sim.latency;
+    e.kind = kind;
+    e.learner = m;
+    e.epoch = learners[m].epoch;
+    push(e);
+  }
+
   // sync.final_round: learner m's beat of its last step reached the syncer (as SyncerNode's heartbeat handler): no
   // round waits for its push any more (Syncer::set_finished).
   void on_finished(const Event& e) {
