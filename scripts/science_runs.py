@@ -59,11 +59,11 @@ def build_of(root=ROOT):
 def provenance(res):
     """The header's bullet on where the rows in use ran: a run reproduces exactly on one CPU only (docs/sim.md,
     "Reruns on another machine"), so the report says which machines and builds its rows came from (_machine, _build;
-    rows from before 7 December record neither)."""
+    rows older than the record, begun 7 December, have neither)."""
     runs = {r["key"]: r for r in res.rows.values()}.values()
     machines, builds = {}, set()
     for r in runs:
-        m = r.get("_machine") or "not recorded (before 7 December)"
+        m = r.get("_machine") or "not recorded (rows older than the record, begun 7 December)"
         machines[m] = machines.get(m, 0) + 1
         if r.get("_build"):
             builds.add(r["_build"])
