@@ -223,10 +223,8 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   P.alive = !retired[m];
   P.heard(t);
   P.step = resume_step;
-  if (P.finished && !retired[m] && resume_step < cfg.run.train.steps) {  // it resumed from an earlier step: it pushes again
-    P.finished = false;
-    core_finished(t, m, false);
-  }
+  if (cfg.sync.final_round && core->finished(m) && !retired[m] && resume_step < cfg.run.train.steps)
+    core_finished(t, m, false);  // it resumed from an earlier step: it pushes again
   if (!repeat) {
     ++P.joins;
     P.advanced_at = t;  // a (re)join starts its patience afresh

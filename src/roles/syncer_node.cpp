@@ -264,9 +264,8 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
         // Under the final round a learner's last step pushes nothing: once it beats that step no round waits for
         // its push (its peers' answers would sit out a grace window for a push that will not come).
-        if (cfg.sync.final_round && !P.finished && !retired[m] && cfg.run.train.steps > 0 &&
+        if (cfg.sync.final_round && !core->finished(m) && !retired[m] && cfg.run.train.steps > 0 &&
             b.step >= cfg.run.train.steps) {
-          P.finished = true;
           core_finished(t, m, true);
           for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
         }

@@ -72,9 +72,6 @@ struct Peer {
   double busy_done = 0;     // busy seconds of earlier instances
   double step_time = 0;
   double advanced_at = -1e9;  // steady time its reported step last went up (or it joined)
-  // sync.final_round: a heartbeat said it took its last step (train.steps), which pushes nothing; every push it made
-  // is here (the beat follows them on its connection), so the core treats it as finished (Syncer::set_finished).
-  bool finished = false;
   int64_t joins = 0;
   // The global-state download outstanding to this learner (on_hello in syncer_node.cpp): queued whole on
   // connection `route` at steady time dl_sent (< 0: none) with welcome round dl_round.
