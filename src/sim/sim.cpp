@@ -306,7 +306,6 @@ struct Simulator::Impl {
     start_step(m);
   }
 
-  // A finished learner's goodbye: the syncer stops waiting for it and merges what waits.
   // What learner m sends now (a heartbeat, its goodbye) reaches the syncer behind its pushes in flight on the same
   // link: an event of `kind` then.
   void heard_behind_pushes(int64_t m, EventKind kind) {
@@ -327,6 +326,7 @@ struct Simulator::Impl {
     for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
   }
 
+  // A finished learner's goodbye: the syncer stops waiting for it and merges what waits.
   void on_retire(const Event& e) {
     learners[e.learner].retired = true;
     syncer->retire(now, e.learner);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <set>
 
 #include "deloco/sync.h"
@@ -281,16 +282,25 @@ TEST(SyncSyncer, RejectsBadContributions) {
   EXPECT_EQ(s.pending(0), 1);
 }
 
-// Learner 1 moves Θ from 0 to 2 (version 1). Learner 0 still holds version 0 and trained to θ = 1, so it pushes
-// Δ̂ = Θ^0 − θ = −1 against version 0. Anchor base: Δ = Δ̂ = −1 → Θ = 3. Anchor global: Δ = Θ − θ = 2 − 1 = 1 → Θ = 1.
-float anchored(const std::string& anchor) {
+// Two learners that both joined version 0, quorum 1, the mean with outer SGD at learning rate 1 (Θ moves by the
+// merged Δ exactly), under sync.delta_anchor = `anchor`.
+std::unique_ptr<Syncer> two_learners(const std::string& anchor = "global") {
   SyncOptions o;
   o.learners = 2;
   o.quorum = 1;
   o.delta_anchor = anchor;
-  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  s.note_joined(0);
-  s.note_joined(1);
+  auto s = std::make_unique<Syncer>(o, one_fragment(), toy_global(), MergePlan::preset("diloco"),
+                                    OuterOptions{"sgd", 1.0, 0.0});
+  s->note_joined(0);
+  s->note_joined(1);
+  return s;
+}
+
+// Learner 1 moves Θ from 0 to 2 (version 1). Learner 0 still holds version 0 and trained to θ = 1, so it pushes
+// Δ̂ = Θ^0 − θ = −1 against version 0. Anchor base: Δ = Δ̂ = −1 → Θ = 3. Anchor global: Δ = Θ − θ = 2 − 1 = 1 → Θ = 1.
+float anchored(const std::string& anchor) {
+  auto owned = two_learners(anchor);
+  Syncer& s = *owned;
   EXPECT_EQ(s.receive(0, contrib(1, -2.0f, 1, 1, 0)), SyncReject::kNone);
   s.merge(0);  // Θ = 2
   EXPECT_EQ(s.receive(1, contrib(0, -1.0f, 1, 1, 0)), SyncReject::kNone);
@@ -305,12 +315,8 @@ TEST(SyncSyncer, BaseAnchorUsesTheVersionTheLearnerHeld) {
 }
 
 TEST(SyncSyncer, OldVersionsAreKeptOnlyWhileALearnerMayHoldThem) {
-  SyncOptions o;
-  o.learners = 2;
-  o.quorum = 1;
-  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  s.note_joined(0);
-  s.note_joined(1);
+  auto owned = two_learners();
+  Syncer& s = *owned;
   for (int v = 0; v < 3; ++v) {  // learner 1 pushes against each new version; learner 0 stays at version 0
     ASSERT_EQ(s.receive(0, contrib(1, -1.0f, 1, 1, v)), SyncReject::kNone);
     s.merge(0);
@@ -334,12 +340,8 @@ TEST(SyncSyncer, OldVersionsAreKeptOnlyWhileALearnerMayHoldThem) {
 // push was made from: the version stays kept until the round merges the push, so the push is anchored exactly (as in
 // BaseAnchorUsesTheVersionTheLearnerHeld: θ = 1 from version 0, Θ = 2 → Θ = 1), not rebased onto the current Θ (3).
 TEST(SyncSyncer, AWaitingPushOfARetiredLearnerKeepsItsVersion) {
-  SyncOptions o;
-  o.learners = 2;
-  o.quorum = 1;
-  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
-  s.note_joined(0);
-  s.note_joined(1);
+  auto owned = two_learners();
+  Syncer& s = *owned;
   ASSERT_EQ(s.receive(0, contrib(1, -2.0f, 1, 1, 0)), SyncReject::kNone);
   s.merge(0);        // Θ = 2, version 1
   s.note_joined(1);  // learner 1 holds version 1
