@@ -31,6 +31,7 @@
 #include "deloco/wire.h"
 #include "roles/protocol.h"
 #include "support/await_kind.h"
+#include "support/jsonl.h"
 #include "support/proc.h"
 #include "train/run_checkpoint.h"
 #include "util/fs.h"
@@ -46,36 +47,22 @@ std::string env_or(const char* name, const std::string& fallback) {
   return v ? v : fallback;
 }
 const std::string kSrc = env_or("DELOCO_SOURCE_DIR", ".");
+using test::json_lines;
 // A child process running the deloco binary (DELOCO_BINARY), output to a log file.
 using test::Proc;
-
-std::vector<nlohmann::json> read_jsonl(const fs::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(j);
-  }
-  return out;
-}
 
 // Waits until a record of `kind` satisfying `pred` appears in the JSON-lines file; returns it.
 nlohmann::json wait_record(const fs::path& p, const std::string& kind, double seconds,
                            const std::function<bool(const nlohmann::json&)>& pred = nullptr) {
   const auto deadline = clk::now() + std::chrono::duration<double>(seconds);
   while (clk::now() < deadline) {
-    for (const auto& j : read_jsonl(p))
+    for (const auto& j : json_lines(p))
       if (j.value("kind", "") == kind && (!pred || pred(j))) return j;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return nullptr;
 }
-size_t count_records(const fs::path& p, const std::string& kind) {
-  size_t n = 0;
-  for (const auto& j : read_jsonl(p)) n += j.value("kind", "") == kind;
-  return n;
-}
+size_t count_records(const fs::path& p, const std::string& kind) { return test::records(p, kind).size(); }
 
 class Faults : public ::testing::Test {
  protected:
@@ -147,7 +134,7 @@ class Faults : public ::testing::Test {
       if (p->wait(0) >= 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    auto recs = read_jsonl(run_ / "syncer.jsonl");
+    auto recs = json_lines(run_ / "syncer.jsonl");
     for (auto it = recs.rbegin(); it != recs.rend(); ++it)
       if (it->value("kind", "") == "started") {
         endpoint_ = (*it)["endpoint"];
@@ -421,13 +408,13 @@ TEST_F(Faults, SyncerSurvivesBadPeersAndCountsEachRejection) {
   EXPECT_EQ(s["contributions_rejected"].get<int64_t>(), all - s["joins_refused"].get<int64_t>()) << s.dump();
   // ... all counted, but the log is rate-limited: the flood cannot fill the disk.
   size_t logged = 0;
-  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+  for (const auto& j : json_lines(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "reject" && j["reason"] == "malformed_frame") ++logged;
   EXPECT_LT(logged, 200u);
   EXPECT_GE(count_records(run_ / "syncer.jsonl", "reject_suppressed"), 1u);
   EXPECT_GT(s["outer_steps"].get<int>(), 0);
   // Only learner 0's contributions were merged: every merge record lists learner 0 alone.
-  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+  for (const auto& j : json_lines(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "merge") EXPECT_EQ(j["learners"], nlohmann::json::array({0})) << j.dump();
 }
 
@@ -625,7 +612,7 @@ TEST_F(Faults, LearnerKilledMidTransferAndSyncerKilledAndResumed) {
   // The learners re-joined the resumed syncer by themselves (it answered their pushes with not_joined, or they
   // noticed the silence first).
   size_t rejoins = 0;
-  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+  for (const auto& j : json_lines(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "join" && j["t"].get<double>() > started["t"].get<double>()) ++rejoins;
   EXPECT_GE(rejoins, 1u);
   // The restarted learner 0 continued at the step the syncer remembered, not from 0.
@@ -709,7 +696,7 @@ TEST_F(Faults, PeerTextAndOddMessagesNeverEndTheSyncer) {
   EXPECT_EQ(s["rejects"].value("handler_error", 0), 0) << s.dump();
   EXPECT_EQ(s["record_errors"].get<int>(), 0);
   // It ended the normal way: its final state checkpointed (every merge), a final evaluation, its summary record.
-  auto recs = read_jsonl(run_ / "syncer.jsonl");
+  auto recs = json_lines(run_ / "syncer.jsonl");
   ASSERT_FALSE(recs.empty());
   EXPECT_EQ(recs.back()["kind"], "done");
   nlohmann::json last_checkpoint;
@@ -862,7 +849,7 @@ TEST_F(Faults, CurveBindsEveryKeyToOneLearner) {
   EXPECT_GE(s["rejects"].value("unbound_key", 0), 3) << s.dump();
   EXPECT_GE(s["rejects"].value("key_id_mismatch", 0), 1) << s.dump();
   size_t retired = 0;
-  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+  for (const auto& j : json_lines(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "retired") {
       ++retired;
       EXPECT_EQ(j["how"], "leave") << j.dump();
@@ -1073,11 +1060,11 @@ TEST_F(Faults, PoisonedPushNeverReachesACheckpoint) {
   ASSERT_EQ(syncer->wait(60), 0) << syncer->log();
   EXPECT_TRUE(checkpoint_finite(run_, &bad)) << bad;
   size_t merges_after = 0;
-  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+  for (const auto& j : json_lines(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "merge" && j["t"].get<double>() > started["t"].get<double>()) ++merges_after;
   EXPECT_GT(merges_after, 0u);
   // The real learner's pushes were never refused for what they carried (not_joined after a restart is expected).
-  for (const auto& j : read_jsonl(run_ / "syncer.jsonl"))
+  for (const auto& j : json_lines(run_ / "syncer.jsonl"))
     if (j.value("kind", "") == "reject" && j["learner"] == 0) EXPECT_EQ(j["reason"], "not_joined") << j.dump();
 
   // 4. A checkpoint holding NaN (as an older build could write) is refused on resume, naming it and the tensor.

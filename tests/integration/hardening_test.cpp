@@ -35,6 +35,7 @@
 #include "deloco/wire.h"
 #include "roles/protocol.h"
 #include "support/await_kind.h"
+#include "support/jsonl.h"
 #include "support/proc.h"
 #include "support/raw_zmtp.h"
 
@@ -42,34 +43,10 @@ namespace deloco {
 namespace hardening_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::json_lines;
+using test::of_kind;
 using test::Proc;
-
-std::vector<json> lines(const fs::path& f) {
-  std::vector<json> out;
-  std::ifstream in(f);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded()) out.push_back(std::move(j));
-  }
-  return out;
-}
-
-std::vector<json> of_kind(const std::vector<json>& all, const std::string& kind, size_t from = 0) {
-  std::vector<json> out;
-  for (size_t i = from; i < all.size(); ++i)
-    if (all[i].value("kind", "") == kind) out.push_back(all[i]);
-  return out;
-}
-
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return cond();
-}
+using test::wait_for;
 
 // Resident memory of a process (VmRSS, bytes; -1 when unknown).
 int64_t rss_bytes(pid_t pid) {
@@ -117,7 +94,7 @@ std::string hello_with_epoch(int64_t learner, uint64_t instance, const std::stri
 std::string pair_story(const fs::path& a, const fs::path& b, const std::vector<fs::path>& learners) {
   std::string out;
   const auto add = [&](const std::string& who, const fs::path& f, std::initializer_list<const char*> kinds) {
-    const auto all = lines(f);
+    const auto all = json_lines(f);
     std::map<std::string, int> count;
     for (const auto& r : all) ++count[r.value("kind", "")];
     out += who + ": " + std::to_string(all.size()) + " records (" + std::to_string(count["merge"]) + " merge, " +
@@ -160,7 +137,7 @@ TEST(Attacker, ALearnerKeyChangesNoLeaderAndCannotSwampADonor) {
   Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
   Proc l1(args({"learner", "--id", "1", "--out", dir.string(), "--set", "net.serve=ipc://" + serve_sock}),
           (dir / "l1.log").string());
-  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+  const auto recs = [](const fs::path& run) { return json_lines(run / "syncer.jsonl"); };
   const fs::path l0_file = dir / "learner-0.jsonl", l1_file = dir / "learner-1.jsonl";
   const auto story = [&] { return pair_story(A, B, {l0_file, l1_file}); };
 
@@ -169,7 +146,7 @@ TEST(Attacker, ALearnerKeyChangesNoLeaderAndCannotSwampADonor) {
   ASSERT_TRUE(wait_for(
       [&] {
         return !of_kind(recs(B), "standby").empty() && of_kind(recs(A), "merge").size() >= 4 &&
-               of_kind(lines(l0_file), "apply").size() >= 2 && of_kind(lines(l1_file), "apply").size() >= 2;
+               of_kind(json_lines(l0_file), "apply").size() >= 2 && of_kind(json_lines(l1_file), "apply").size() >= 2;
       },
       120))
       << a.log() << b.log() << l0.log() << l1.log() << story();
@@ -272,7 +249,7 @@ TEST(Attacker, ALearnerKeyChangesNoLeaderAndCannotSwampADonor) {
   ASSERT_TRUE(testing::write_all(fd, flood));
   // Every kind of refusal is counted and named (records at the 1st, 2nd, 4th, ... of each reason).
   const auto refused = [&](const std::string& reason, int64_t at_least) {
-    for (const auto& r : of_kind(lines(l1_file), "serve_refused"))
+    for (const auto& r : of_kind(json_lines(l1_file), "serve_refused"))
       if (r.value("reason", "") == reason && r.value("count", int64_t{0}) >= at_least) return true;
     return false;
   };
@@ -287,11 +264,11 @@ TEST(Attacker, ALearnerKeyChangesNoLeaderAndCannotSwampADonor) {
   EXPECT_LT(after - before, int64_t{48} << 20) << "donor RSS " << before << " -> " << after;
 
   // ---- training went on: both learners applied merges after the attacks, and nobody changed roles ----
-  const size_t l0_applies = of_kind(lines(l0_file), "apply").size(), l1_applies = of_kind(lines(l1_file), "apply").size();
+  const size_t l0_applies = of_kind(json_lines(l0_file), "apply").size(), l1_applies = of_kind(json_lines(l1_file), "apply").size();
   ASSERT_TRUE(wait_for(
       [&] {
-        return of_kind(lines(l0_file), "apply").size() >= l0_applies + 3 &&
-               of_kind(lines(l1_file), "apply").size() >= l1_applies + 3;
+        return of_kind(json_lines(l0_file), "apply").size() >= l0_applies + 3 &&
+               of_kind(json_lines(l1_file), "apply").size() >= l1_applies + 3;
       },
       90))
       << l0.log() << l1.log() << story();
@@ -299,7 +276,7 @@ TEST(Attacker, ALearnerKeyChangesNoLeaderAndCannotSwampADonor) {
     EXPECT_TRUE(of_kind(recs(A), kind, a_from).empty()) << kind << " on a after the attack: " << a.log() << story();
     EXPECT_TRUE(of_kind(recs(B), kind, b_from).empty()) << kind << " on b after the attack: " << b.log() << story();
   }
-  for (const auto& l : {l0_file, l1_file}) EXPECT_TRUE(of_kind(lines(l), "syncer_failover").empty()) << l;
+  for (const auto& l : {l0_file, l1_file}) EXPECT_TRUE(of_kind(json_lines(l), "syncer_failover").empty()) << l;
   for (Proc* p : {&l0, &l1, &a, &b}) p->kill9();  // before the folder goes: they still write into it
   std::error_code ec;
   if (!::testing::Test::HasFailure()) fs::remove_all(dir, ec);
@@ -318,13 +295,13 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
           "--set", "syncer.metrics=", "--set", "syncer.lease=3", "--out", (dir / "a").string()},
          (dir / "a.log").string());
   const fs::path rec = dir / "a" / "syncer.jsonl";
-  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "started").empty(); }, 60)) << a.log();
-  const uint64_t fp = parse_fingerprint_hex(of_kind(lines(rec), "started")[0]["fingerprint"].get<std::string>());
+  ASSERT_TRUE(wait_for([&] { return !of_kind(json_lines(rec), "started").empty(); }, 60)) << a.log();
+  const uint64_t fp = parse_fingerprint_hex(of_kind(json_lines(rec), "started")[0]["fingerprint"].get<std::string>());
   Client c("ipc://" + (dir / "a.sock").string(), fp);
   proto::Beat beat;
   const std::string body = proto::encode_beat(beat);
   c.send(MessageKind::kHeartbeat, 0, body);  // connected; its refusal (say hello first) shows the loop has run
-  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "reject").empty(); }, 30)) << a.log();
+  ASSERT_TRUE(wait_for([&] { return !of_kind(json_lines(rec), "reject").empty(); }, 30)) << a.log();
   // The pause (what a SIGSTOP of a whole VM does to a leader): longer than half a lease. The hold that follows lasts
   // two leases (6 s), longer than the flood below takes to arrive, even on a loaded machine.
   a.signal(SIGSTOP);
@@ -334,7 +311,7 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
   for (int i = 0; i < 3000; ++i) c.send(MessageKind::kHeartbeat, 0, body);
   ASSERT_TRUE(wait_for(
       [&] {
-        for (const auto& s : of_kind(lines(rec), "standby"))
+        for (const auto& s : of_kind(json_lines(rec), "standby"))
           if (s.value("event", "") == "held_dropped") return true;
         return false;
       },
@@ -342,7 +319,7 @@ TEST(PausedLeader, HoldsNoMorePerConnectionThanTheTransportQueues) {
       << a.log();
   a.signal(SIGTERM);
   ASSERT_EQ(a.wait(60), 0) << a.log();
-  const auto done = of_kind(lines(rec), "done");
+  const auto done = of_kind(json_lines(rec), "done");
   ASSERT_EQ(done.size(), 1u);
   // What was held was handled after the hold (refused: this connection never said hello), the rest dropped. How many
   // of the 3000 reach the leader at all depends on ZeroMQ's queues and how fast the leader reads them (840 to 1,155
@@ -380,18 +357,18 @@ TEST(FastRestart, ANewProcessJoinsWhileTheOldConnectionsEndIsPending) {
   Proc s(args({"syncer", "--out", (dir / "s").string()}), (dir / "s.log").string());
   auto l = std::make_unique<Proc>(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l.log").string());
   const fs::path srec = dir / "s" / "syncer.jsonl", lrec = dir / "learner-0.jsonl";
-  ASSERT_TRUE(wait_for([&] { return of_kind(lines(srec), "merge").size() >= 2; }, 120)) << s.log() << l->log();
-  const size_t l_from = lines(lrec).size();
+  ASSERT_TRUE(wait_for([&] { return of_kind(json_lines(srec), "merge").size() >= 2; }, 120)) << s.log() << l->log();
+  const size_t l_from = json_lines(lrec).size();
   l->kill9();
   l = std::make_unique<Proc>(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l2.log").string());
-  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(lrec), "joined", l_from).empty(); }, 60)) << l->log() << s.log();
-  for (const auto& r : of_kind(lines(srec), "reject"))
+  ASSERT_TRUE(wait_for([&] { return !of_kind(json_lines(lrec), "joined", l_from).empty(); }, 60)) << l->log() << s.log();
+  for (const auto& r : of_kind(json_lines(srec), "reject"))
     EXPECT_NE(r.value("reason", ""), "duplicate_id") << "the restart was refused: " << r.dump();
-  for (const auto& r : of_kind(lines(lrec), "rejected", l_from))
+  for (const auto& r : of_kind(json_lines(lrec), "rejected", l_from))
     EXPECT_EQ(r.value("code", "").find("duplicate_id"), std::string::npos) << r.dump();
   // And it trains on: a merge after the restart.
-  const size_t merges = of_kind(lines(srec), "merge").size();
-  EXPECT_TRUE(wait_for([&] { return of_kind(lines(srec), "merge").size() > merges; }, 60)) << s.log();
+  const size_t merges = of_kind(json_lines(srec), "merge").size();
+  EXPECT_TRUE(wait_for([&] { return of_kind(json_lines(srec), "merge").size() > merges; }, 60)) << s.log();
   l->kill9();
   s.kill9();
   std::error_code ec;
@@ -429,22 +406,22 @@ TEST(SlowDisk, LearnersGetMergesAndARestartJoinsWhileCheckpointsFillTheLeadersTi
   auto l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
   const fs::path arec = A / "syncer.jsonl", l0_file = dir / "learner-0.jsonl", l1_file = dir / "learner-1.jsonl";
   const auto story = [&] { return pair_story(A, B, {l0_file, l1_file}); };
-  const auto applies = [&](const fs::path& f, size_t from = 0) { return of_kind(lines(f), "apply", from).size(); };
+  const auto applies = [&](const fs::path& f, size_t from = 0) { return of_kind(json_lines(f), "apply", from).size(); };
 
   // The slow disk is real: a checkpoint takes at least its fsyncs' 40 ms each.
-  ASSERT_TRUE(wait_for([&] { return of_kind(lines(arec), "checkpoint").size() >= 3; }, 120)) << a.log() << story();
+  ASSERT_TRUE(wait_for([&] { return of_kind(json_lines(arec), "checkpoint").size() >= 3; }, 120)) << a.log() << story();
   // Both learners apply merges, again and again, although every newest merge waits for the standby.
   ASSERT_TRUE(wait_for([&] { return applies(l0_file) >= 8 && applies(l1_file) >= 8; }, 90))
       << a.log() << b.log() << story();
 
   // Learner 1's process dies; a new one starts at once. It joins once the old connection has been quiet for
   // net.dead_after (3 s, excused by at most a few checkpoints' time), not refused, not kept waiting.
-  const size_t l1_from = lines(l1_file).size();
+  const size_t l1_from = json_lines(l1_file).size();
   l1->kill9();
   l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1b.log").string());
-  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(l1_file), "joined", l1_from).empty(); }, 45))
+  ASSERT_TRUE(wait_for([&] { return !of_kind(json_lines(l1_file), "joined", l1_from).empty(); }, 45))
       << l1->log() << a.log() << story();
-  for (const auto& r : of_kind(lines(arec), "reject"))
+  for (const auto& r : of_kind(json_lines(arec), "reject"))
     EXPECT_NE(r.value("reason", ""), "duplicate_id") << "the restart was refused: " << r.dump();
   // And it gets merges again.
   EXPECT_TRUE(wait_for([&] { return applies(l1_file, l1_from) >= 2; }, 60)) << a.log() << story();
@@ -452,10 +429,10 @@ TEST(SlowDisk, LearnersGetMergesAndARestartJoinsWhileCheckpointsFillTheLeadersTi
   // arrive faster than 40 ms fsyncs commit them): applies 15 s after the merge, then a minute; with a group commit
   // a merge waits about two checkpoints (under a second here).
   std::map<std::pair<int64_t, int64_t>, double> merged_at;
-  for (const auto& r : of_kind(lines(arec), "merge"))
+  for (const auto& r : of_kind(json_lines(arec), "merge"))
     merged_at[{r["fragment"].get<int64_t>(), r["version"].get<int64_t>()}] = r["t"].get<double>();
   for (const fs::path& f : {l0_file, l1_file})
-    for (const auto& r : of_kind(lines(f), "apply")) {
+    for (const auto& r : of_kind(json_lines(f), "apply")) {
       const auto it = merged_at.find({r["fragment"].get<int64_t>(), r["version"].get<int64_t>()});
       if (it != merged_at.end())
         EXPECT_LT(r["t"].get<double>() - it->second, 10.0) << f.filename() << " applied it late: " << r.dump();
@@ -523,8 +500,8 @@ TEST(Goodbye, TheSyncerWaitsUntilItsLastAnswerHasLeft) {
           "net.join_timeout=60", "--out", (dir / "s").string()},
          (dir / "s.log").string());
   const fs::path rec = dir / "s" / "syncer.jsonl";
-  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "started").empty(); }, 60)) << s.log();
-  const uint64_t fp = parse_fingerprint_hex(of_kind(lines(rec), "started")[0]["fingerprint"].get<std::string>());
+  ASSERT_TRUE(wait_for([&] { return !of_kind(json_lines(rec), "started").empty(); }, 60)) << s.log();
+  const uint64_t fp = parse_fingerprint_hex(of_kind(json_lines(rec), "started")[0]["fingerprint"].get<std::string>());
   const int fd = testing::unix_connect((dir / "s.sock").string());
   ASSERT_GE(fd, 0);
   const auto message = [&](MessageHeader h, const std::string& body) {
@@ -572,7 +549,7 @@ TEST(Goodbye, TheSyncerWaitsUntilItsLastAnswerHasLeft) {
     h.c_tokens = 10 * 32 * 8;
     h.element_count = static_cast<uint64_t>(elements);
     ASSERT_TRUE(testing::write_all(fd, message(h, std::string(static_cast<size_t>(elements) * 4, '\0'))));
-    ASSERT_TRUE(wait_for([&] { return of_kind(lines(rec), "merge").size() >= static_cast<size_t>(k + 1); }, 60))
+    ASSERT_TRUE(wait_for([&] { return of_kind(json_lines(rec), "merge").size() >= static_cast<size_t>(k + 1); }, 60))
         << s.log();
   }
   {
@@ -592,7 +569,7 @@ TEST(Goodbye, TheSyncerWaitsUntilItsLastAnswerHasLeft) {
     }
     return code;
   };
-  ASSERT_TRUE(wait_for([&] { return !of_kind(lines(rec), "done").empty(); }, 60)) << s.log();
+  ASSERT_TRUE(wait_for([&] { return !of_kind(json_lines(rec), "done").empty(); }, 60)) << s.log();
   // The run is over, but the answer to our goodbye has not left: the syncer waits (it used to exit within its 1 s
   // linger, and the answer was lost with it).
   EXPECT_EQ(repeat_for(3), -1) << "the syncer exited with its answer to the goodbye still queued: " << s.log();

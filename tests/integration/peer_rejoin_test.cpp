@@ -11,6 +11,7 @@
 #include <functional>
 #include <thread>
 
+#include "support/jsonl.h"
 #include "support/proc.h"
 
 namespace deloco {
@@ -18,26 +19,8 @@ namespace peer_rejoin_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using test::Proc;
-
-std::vector<json> records(const fs::path& f, const std::string& kind) {
-  std::vector<json> out;
-  std::ifstream in(f);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(std::move(j));
-  }
-  return out;
-}
-
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return cond();
-}
+using test::records;
+using test::wait_for;
 
 TEST(PeerRejoin, ARestartedLearnerFetchesFromDonorsAndCatchesALiar) {
   const std::string src = test::source_dir();

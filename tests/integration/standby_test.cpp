@@ -16,6 +16,7 @@
 
 #include "deloco/safetensors.h"
 #include "deloco/wire.h"
+#include "support/jsonl.h"
 #include "support/proc.h"
 #include "util/checkpoint_store.h"
 #include "util/fs.h"
@@ -24,36 +25,10 @@ namespace deloco {
 namespace standby_cases {
 namespace fs = std::filesystem;
 using nlohmann::json;
+using test::json_lines;
+using test::of_kind;
 using test::Proc;
-
-// The complete lines of a JSON-lines file (a line still being written is skipped).
-std::vector<json> lines(const fs::path& f) {
-  std::vector<json> out;
-  std::ifstream in(f);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_discarded()) out.push_back(std::move(j));
-  }
-  return out;
-}
-
-std::vector<json> of_kind(const std::vector<json>& all, const std::string& kind) {
-  std::vector<json> out;
-  for (const auto& j : all)
-    if (j.value("kind", "") == kind) out.push_back(j);
-  return out;
-}
-
-// Polls `cond` every 50 ms for at most `seconds`.
-bool wait_for(const std::function<bool()>& cond, double seconds) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  while (std::chrono::steady_clock::now() < until) {
-    if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return cond();
-}
+using test::wait_for;
 
 // FNV-1a-64 (decimal) of the model of the checkpoint in `run` whose manifest says `merges`, over each tensor's fp32
 // bytes in name order, as the takeover record's model_hash ("" : no such checkpoint).
@@ -121,7 +96,7 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
   auto b = std::make_unique<Proc>(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
   Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
   auto l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
-  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+  const auto recs = [](const fs::path& run) { return json_lines(run / "syncer.jsonl"); };
 
   // ---- term 1: a leads, b follows; a is killed ----
   // b follows from an image (taken at some merge count), and a merges 4 more after it.
@@ -166,18 +141,18 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
   // ---- a learner restarted now dials a first (its net.address), which only follows: b, the leader, answers the
   // hello the learner sends the other syncer of the pair, with the state it needs, and the learner moves there ----
   const fs::path l1_file = dir / "learner-1.jsonl";
-  const size_t l1_lines = lines(l1_file).size();
+  const size_t l1_lines = json_lines(l1_file).size();
   l1->kill9();
   l1 = std::make_unique<Proc>(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1b.log").string());
   ASSERT_TRUE(wait_for(
       [&] {
-        const auto l = lines(l1_file);
+        const auto l = json_lines(l1_file);
         return !of_kind(std::vector<json>(l.begin() + static_cast<long>(std::min(l1_lines, l.size())), l.end()), "joined").empty();
       },
       60))
       << l1->log();
   {
-    const auto l = lines(l1_file);
+    const auto l = json_lines(l1_file);
     const std::vector<json> second(l.begin() + static_cast<long>(l1_lines), l.end());
     const auto moves = of_kind(second, "syncer_failover");
     ASSERT_EQ(moves.size(), 1u) << l1->log();
@@ -234,7 +209,7 @@ TEST(Standby, TakesOverFromAKilledLeaderAndFencesItWhenItComesBack) {
   EXPECT_GE(merges.size(), 10u);
   // Both learners followed both takeovers (learner 1's second process: b on its start, then a) and finished.
   for (int n = 0; n < 2; ++n) {
-    const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
+    const auto l = json_lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
     EXPECT_EQ(of_kind(l, "syncer_failover").size(), n == 0 ? 2u : 3u) << "learner " << n;
     const auto done = of_kind(l, "learner_done");
     ASSERT_EQ(done.size(), 1u);  // learner 1's first process was SIGKILLed: no goodbye
@@ -261,7 +236,7 @@ TEST(Standby, APausedSyncerNeverLeadsBesideALiveOne) {
   Proc b(args({"syncer", "--standby", "--out", B.string()}), (dir / "b.log").string());
   Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
   Proc l1(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
-  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+  const auto recs = [](const fs::path& run) { return json_lines(run / "syncer.jsonl"); };
   const auto events = [&](const fs::path& run, const std::string& event) {
     size_t n = 0;
     for (const auto& j : of_kind(recs(run), "standby")) n += j.value("event", "") == event;
@@ -300,7 +275,7 @@ TEST(Standby, APausedSyncerNeverLeadsBesideALiveOne) {
   EXPECT_EQ(a.wait(60), 0) << a.log();
 
   for (int n = 0; n < 2; ++n) {
-    const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
+    const auto l = json_lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
     EXPECT_GE(versions_applied_once(l, n), 10u) << "learner " << n;
     EXPECT_TRUE(of_kind(l, "syncer_behind").empty()) << "learner " << n;
     EXPECT_EQ(of_kind(l, "syncer_failover").size(), 1u) << "learner " << n;
@@ -327,7 +302,7 @@ TEST(Standby, APairWithNoLeaderElectsTheSyncerWithTheNewerState) {
     return a;
   };
   const fs::path A = dir / "a", B = dir / "b";
-  const auto recs = [](const fs::path& run) { return lines(run / "syncer.jsonl"); };
+  const auto recs = [](const fs::path& run) { return json_lines(run / "syncer.jsonl"); };
   auto a = std::make_unique<Proc>(args({"syncer", "--out", A.string()}), (dir / "a.log").string());
   Proc l0(args({"learner", "--id", "0", "--out", dir.string()}), (dir / "l0.log").string());
   Proc l1(args({"learner", "--id", "1", "--out", dir.string()}), (dir / "l1.log").string());
@@ -401,7 +376,7 @@ TEST(Standby, APairWithNoLeaderElectsTheSyncerWithTheNewerState) {
   }
   EXPECT_GE(second_term, 4u);
   for (int n = 0; n < 2; ++n) {
-    const auto l = lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
+    const auto l = json_lines(dir / ("learner-" + std::to_string(n) + ".jsonl"));
     versions_applied_once(l, n);
     EXPECT_TRUE(of_kind(l, "syncer_behind").empty()) << "learner " << n;
     const auto done = of_kind(l, "learner_done");

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "support/jsonl.h"
 #include "support/proc.h"
 #include "util/checkpoint_store.h"
 #include "util/fs.h"
@@ -19,21 +20,11 @@ namespace deloco {
 namespace syncer_checkpoint_cases {
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
+using test::records;
 
 std::string source_dir() {
   const char* v = std::getenv("DELOCO_SOURCE_DIR");
   return v ? v : ".";
-}
-
-std::vector<nlohmann::json> records(const fs::path& p, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("kind", "") == kind) out.push_back(j);
-  }
-  return out;
 }
 
 std::vector<std::string> flags(const std::string& src) {

@@ -21,6 +21,7 @@
 #include "deloco/transport.h"
 #include "deloco/wire.h"
 #include "roles/protocol.h"
+#include "support/jsonl.h"
 #include "support/proc.h"
 #include "support/raw_zmtp.h"
 
@@ -88,16 +89,6 @@ TEST(TransportBounds, NodeOptionsAreSizedToTheModel) {
 // ---------------------------------------------------------------------------------------------------------------
 // A real syncer (tiny model, CURVE on) and peers without a key declaring huge handshake frames.
 
-nlohmann::json started_record(const fs::path& jsonl) {
-  std::ifstream in(jsonl);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.value("kind", "") == "started") return j;
-  }
-  return nullptr;
-}
-
 TEST(TransportBounds, SyncerDropsHandshakeFramesOverTheModelBoundAndServesOn) {
   const std::string src = test::source_dir();
   ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
@@ -115,7 +106,8 @@ TEST(TransportBounds, SyncerDropsHandshakeFramesOverTheModelBoundAndServesOn) {
                     (dir / "syncer.log").string());
   nlohmann::json started;
   for (auto end = Clock::now() + 60s; Clock::now() < end && started.is_null() && syncer.wait(0) < 0;) {
-    started = started_record(dir / "run/syncer.jsonl");
+    const auto s = test::records(dir / "run/syncer.jsonl", "started");
+    if (!s.empty()) started = s[0];
     if (started.is_null()) std::this_thread::sleep_for(50ms);
   }
   ASSERT_FALSE(started.is_null()) << syncer.log();
