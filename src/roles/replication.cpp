@@ -427,17 +427,31 @@ Applied Journal::record(Syncer& core, const std::vector<FlatLayout>& layouts, En
   e.seq = ++seq_;
   e.epoch = epoch;
   for (const RoundResult& r : a.rounds) e.results.push_back(check_of(r));
+  hold(e, a);
+  if (replicate) {
+    const EncodedEntry enc = encode(e, fingerprint);
+    out_.push_back(proto::make_frame(enc.header, enc.payload, limits));
+  }
+  return a;
+}
+
+void Journal::follow(const Entry& e, const Applied& a) {
+  seq_ = e.seq;
+  hold(e, a);
+}
+
+void Journal::hold(const Entry& e, const Applied& a) {
+  if (e.kind == EntryKind::kImage) {  // the cores' rounds are dropped; the leader journals what waited again after it
+    held_pushes_.clear();
+    held_finals_.clear();
+    return;
+  }
   if (e.kind == EntryKind::kReceive && a.received == SyncReject::kNone)
     (e.flag ? held_finals_ : held_pushes_)[{e.learner, e.fragment}] = e;
   if (e.kind == EntryKind::kFinal) held_finals_.clear();
   for (const RoundResult& r : a.rounds)
     if (r.decision.kind == RoundDecision::kMerge)  // merged or rolled back: those pushes no longer wait
       for (int64_t m : r.outcome.learners) held_pushes_.erase({m, r.outcome.fragment});
-  if (replicate) {
-    const EncodedEntry enc = encode(e, fingerprint);
-    out_.push_back(proto::make_frame(enc.header, enc.payload, limits));
-  }
-  return a;
 }
 
 std::vector<Entry> Journal::waiting_pushes(const Syncer& core, int64_t fragments) const {

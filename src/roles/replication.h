@@ -136,13 +136,15 @@ class Journal {
   Applied record(Syncer& core, const std::vector<FlatLayout>& layouts, Entry e, int64_t epoch, bool replicate,
                  uint64_t fingerprint, const WireLimits& limits);
   uint64_t seq() const { return seq_; }
-  // A follower applied the leader's entry `seq` (or an image taken at it).
-  void follow(uint64_t seq) { seq_ = seq; }
+  // A follower applied the leader's entry `e` (apply() answered `a`; an image: nothing): numbered as the leader
+  // numbered it, and the pushes and final states it holds kept as the leader keeps them, so that a takeover finds
+  // them (waiting_pushes) as the replaced leader would have.
+  void follow(const Entry& e, const Applied& a);
   // The entries of the pushes the core's rounds wait on now, fragment by fragment (core.waiting order), then the
   // final states it holds (sync.final_round) the same way.
   std::vector<Entry> waiting_pushes(const Syncer& core, int64_t fragments) const;
-  // Forgets the pushes held (the core dropped or resynced its rounds). The final states stay: the core keeps them
-  // through drop_waiting() (a takeover), and after an image they are journaled again (waiting_pushes), replacing these.
+  // Forgets the pushes held (the core dropped its rounds: a takeover). The final states stay: the core keeps them
+  // through drop_waiting(). (An image, recorded or followed, drops both: what waited is journaled again after it.)
   void forget_pushes() { held_pushes_.clear(); }
   // The frames queued for the standby, handed over (flush) or dropped (no standby, or a new one: an image covers them).
   std::vector<proto::Frame> take_frames() {
@@ -153,6 +155,9 @@ class Journal {
   void drop_frames() { out_.clear(); }
 
  private:
+  // What `e` did to the pushes and final states held (record() and follow() alike).
+  void hold(const Entry& e, const Applied& a);
+
   uint64_t seq_ = 0;  // entries journaled (leader) or applied (follower)
   std::map<std::pair<int64_t, int64_t>, Entry> held_pushes_;  // (learner, local fragment) → its accepted push
   std::map<std::pair<int64_t, int64_t>, Entry> held_finals_;  // the same for final states, until the final round

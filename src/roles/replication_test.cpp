@@ -538,6 +538,54 @@ TEST(Replication, ATakeoverDropsTheWaitingPushesAndKeepsTheFinalStates) {
   EXPECT_EQ(core.finals_merged(), 1);
 }
 
+// The same after a takeover by the standby, which held nothing it journaled itself: what it followed, it holds as the
+// leader did, so the final state survives the takeover and, when a new standby asks to follow, the image (which
+// drops every round) and is held by the new standby too. Before the follower kept them, the final state was lost
+// at that image on both syncers, silently.
+TEST(Replication, AStandbyThatTookOverHandsOnTheFinalStatesItFollowed) {
+  const Model m = model();
+  Leader leader{Syncer(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{}), m.layouts};
+  Syncer standby(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  Journal sj;
+  Driver d;
+  const auto both = [&](Entry e) {  // the leader records it; the standby applies what crossed the wire, and follows
+    leader.run(e);
+    sj.follow(e, apply(standby, e, m.layouts));
+  };
+  both(d.push(m, 1.0, 0, 0));  // waits for its quorum (K = 2)
+  Entry f = d.push(m, 2.0, 1, 1);
+  f.flag = true;  // learner 1's final state of fragment 1
+  both(f);
+  ASSERT_EQ(standby.finals_held(), 1);
+  EXPECT_EQ(sj.seq(), 2u);
+  // The standby takes over (SyncerNode::Impl::forget_learners): the waiting push goes, the final state stays.
+  standby.drop_waiting();
+  sj.forget_pushes();
+  ASSERT_EQ(standby.finals_held(), 1);
+  const std::vector<Entry> w = sj.waiting_pushes(standby, 2);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(w[0].flag);
+  EXPECT_EQ(w[0].learner, 1);
+  EXPECT_EQ(w[0].fragment, 1);
+  // A new standby asks to follow it (syncer_standby.cpp, kFollow): the image, then what waited, on both.
+  Entry im;
+  im.kind = EntryKind::kImage;
+  im.image = standby.image();
+  im.counters = nlohmann::json::object();
+  sj.record(standby, m.layouts, im, /*epoch=*/2, /*replicate=*/false, 1, WireLimits{});
+  EXPECT_EQ(standby.finals_held(), 0);  // the image dropped it here too
+  EXPECT_TRUE(sj.waiting_pushes(standby, 2).empty());
+  for (Entry e : w) {
+    e.results.clear();
+    EXPECT_EQ(sj.record(standby, m.layouts, e, 2, false, 1, WireLimits{}).received, SyncReject::kNone);
+  }
+  EXPECT_EQ(standby.finals_held(), 1);
+  Syncer fresh(options(), m.fragments, m.global, MergePlan::preset("decoupled"), OuterOptions{});
+  apply(fresh, wire_trip(im, 3, 2), m.layouts);
+  for (const Entry& e : w) apply(fresh, wire_trip(e, 3, 2), m.layouts);
+  EXPECT_EQ(fresh.finals_held(), 1);
+}
+
 // sync.final_round: a learner past its last step (kFinished) travels to the standby, with its flag, and so does the
 // mark in an image; a standby that applies them decides its rounds as the leader does (no round waits for it).
 TEST(Replication, AFinishedLearnerTravelsAsAnEntryAndInTheImage) {

@@ -99,8 +99,7 @@ void SyncerNode::Impl::on_replica_message(const Envelope& env, const MessageHead
   journal(std::move(im));
   image_seq = jrnl.seq();
   image_sent = t;
-  jrnl.forget_pushes();
-  for (repl::Entry& w : waiting) {
+  for (repl::Entry& w : waiting) {  // (the image dropped what the journal held: these are held again)
     w.results.clear();
     journal(w);
   }
@@ -211,7 +210,7 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
       emit(std::move(sb));
       return;
     }
-    jrnl.follow(e.seq);
+    jrnl.follow(e, {});
     pair.on(PairRole::Event::kImage, e.epoch);  // follows from here
     ++images_applied;
     leader_counters = e.counters;
@@ -276,7 +275,7 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
     send_follow();
     return;
   }
-  jrnl.follow(e.seq);
+  jrnl.follow(e, a);
   // The node's own view of what the entry did (the leader's node did the same after applying it).
   switch (e.kind) {
     case repl::EntryKind::kReceive:
