@@ -300,6 +300,9 @@ void Syncer::resync(const Image& im) {
   if (im.connected.size() != M || im.retired.size() != M || im.learner_step.size() != M)
     throw SyncError("replica image is for " + std::to_string(im.connected.size()) + " learners, this syncer has " +
                     std::to_string(M));
+  if (!im.finished.empty() && im.finished.size() != M)
+    throw SyncError("replica image marks " + std::to_string(im.finished.size()) + " learners finished, this syncer has " +
+                    std::to_string(M));
   if (!im.broadcast_residual.empty()) {
     if (im.broadcast_residual.size() != residual_.size())
       throw SyncError("replica image has a broadcast residual of " + std::to_string(im.broadcast_residual.size()) +
@@ -316,9 +319,6 @@ void Syncer::resync(const Image& im) {
     residual_[f].copy_(im.broadcast_residual[f].reshape({-1}));
     residual_amax_[f] = -1;
   }
-  if (!im.finished.empty() && im.finished.size() != M)
-    throw SyncError("replica image marks " + std::to_string(im.finished.size()) + " learners finished, this syncer has " +
-                    std::to_string(M));
   connected_ = im.connected;
   retired_ = im.retired;
   finished_ = im.finished.empty() ? std::vector<bool>(M, false) : im.finished;
