@@ -256,6 +256,16 @@ struct Retired : RecordBase {
   template <class V> void fields(V& v) { v("how", how); }
 };
 
+// sync.final_round (syncer node and simulator): the syncer heard the learner's last step with no push of it still to
+// come (`finished`: no round waits for its push any more, Syncer::set_finished), or a hello resuming from an earlier
+// step `step` (not finished: it pushes again).
+struct LearnerFinished : RecordBase {
+  static constexpr const char* kKind = "learner_finished";
+  bool finished = true;
+  int64_t step = 0;
+  template <class V> void fields(V& v) { v("finished", finished); v("step", step); }
+};
+
 // A state request dropped: a download to that connection is still outstanding.
 inline constexpr char kStateRequestDroppedKind[] = "state_request_dropped";
 using StateRequestDropped = DetailRecord<kStateRequestDroppedKind>;

@@ -54,6 +54,14 @@ class HeldLinks final : public ServerTransport {
     const MessageHeader h = decode_header(out->header.data(), out->header.size());
     std::lock_guard<std::mutex> lock(mu_);
     ++received_[{h.learner_id, h.kind}];
+    ++received_all_[h.learner_id];
+    if (h.kind == MessageKind::kHeartbeat && !out->payload.empty()) {
+      const int64_t step = proto::parse_beat(out->payload.data(), out->payload.size()).step;
+      if (step > beat_step_[h.learner_id]) {
+        beat_step_[h.learner_id] = step;
+        beat_step_at_[h.learner_id] = received_all_[h.learner_id];
+      }
+    }
     return true;
   }
   bool send(const std::string& peer, const Bytes& header, const Bytes& payload) override {
@@ -82,6 +90,12 @@ class HeldLinks final : public ServerTransport {
     std::lock_guard<std::mutex> lock(mu_);
     return received_[{learner, k}];
   }
+  // Whether the syncer has handled a heartbeat of `learner` that said `step` or later: one was received and so was
+  // a message after it (the syncer handles one message before it receives the next).
+  bool handled_beat_of(uint32_t learner, int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return beat_step_[learner] >= step && received_all_[learner] > beat_step_at_[learner];
+  }
 
  private:
   struct Frame {
@@ -95,6 +109,7 @@ class HeldLinks final : public ServerTransport {
   std::deque<Frame> held_;
   std::map<MessageKind, int> held_kinds_;
   std::map<std::pair<uint32_t, MessageKind>, int> received_;
+  std::map<uint32_t, int64_t> received_all_, beat_step_, beat_step_at_;
 };
 
 // Waits up to `seconds` for pred(); true when it held.
@@ -271,6 +286,71 @@ TEST(FlowControl, ALearnerHoldsPushesWhileTwoAreUnacknowledgedAndSendsTheNewest)
   EXPECT_EQ(summary["contributions_merged"].get<int64_t>(), sent) << summary.dump();
   EXPECT_EQ(summary["contributions_replaced"].get<int64_t>(), 0) << summary.dump();
   EXPECT_EQ(summary["contributions_pending_at_end"].get<int64_t>(), 0) << summary.dump();
+  fs::remove_all(dir);
+}
+
+// sync.final_round: a learner's heartbeat of its last step can go out while pushes still wait in its outbox (its
+// window is full, as on a slow link). The syncer marks it past its last step (no round waits for its push) only on a
+// heartbeat with none left to come: before, it marked it on the first heartbeat of that step, and the pushes that
+// came after merged alone, each in a round of its own.
+TEST(FlowControl, UnderTheFinalRoundALearnerIsMarkedFinishedOnlyOnceItsPushesAreOut) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_flow_finished_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 1;
+  cfg.sync.wait_for_answer = false;
+  cfg.sync.final_round = true;
+  cfg.run.train.steps = 60;
+  cfg.learner.state_dir = (dir / "learners").string();
+  auto hub = make_inproc_hub();
+  std::atomic<int> receipts{0};  // the receipts are held after the first one, as above
+  auto held = std::make_unique<HeldLinks>(make_inproc_server(hub), [&](const std::string&, const MessageHeader& h,
+                                                                       const Bytes& payload) {
+    return h.kind == MessageKind::kHeartbeat && !payload.empty() && receipts.fetch_add(1) >= 1;
+  });
+  HeldLinks* link = held.get();
+  std::mutex mu;
+  std::vector<nlohmann::json> marks;  // learner_finished records
+  std::vector<int> pushes_at_mark;     // the pushes the syncer had received from the learner when it marked it
+  SyncerNode syncer(cfg, std::move(held), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
+    if (j.value("kind", "") != "learner_finished") return;
+    std::lock_guard<std::mutex> lock(mu);
+    marks.push_back(j);
+    pushes_at_mark.push_back(link->received(0, MessageKind::kFragmentPush));
+  });
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  nlohmann::json s0;
+  std::thread l0([&] {
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(), nullptr);
+    s0 = node.run(never);
+  });
+  JoinOnExit join_l0{&l0};
+  // The learner reached its last step and the syncer handled a heartbeat saying so, while pushes wait behind it.
+  ASSERT_TRUE(eventually(120, [&] { return link->handled_beat_of(0, cfg.run.train.steps); }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(marks.empty()) << "marked past its last step with pushes still to come: " << marks[0].dump();
+  }
+  link->release();
+  l0.join();
+  st.join();
+  ASSERT_TRUE(s0["finished"].get<bool>()) << s0.dump();
+  const int64_t sent = s0["pushes"].get<int64_t>();  // its final states included
+  const int64_t finals = link->received(0, MessageKind::kFinalState), pushed = sent - finals;
+  EXPECT_GT(s0["pushes_superseded"].get<int64_t>(), 0) << "no push waited in the outbox: nothing was tested";
+  EXPECT_EQ(finals, cfg.sync.fragments);
+  EXPECT_EQ(link->received(0, MessageKind::kFragmentPush), pushed);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(marks.size(), 1u);
+  EXPECT_TRUE(marks[0]["finished"].get<bool>()) << marks[0].dump();
+  EXPECT_EQ(marks[0]["step"].get<int64_t>(), cfg.run.train.steps) << marks[0].dump();
+  EXPECT_EQ(pushes_at_mark[0], pushed) << "marked before every push it sent had arrived";
+  EXPECT_EQ(summary["final_round"]["states_merged"].get<int64_t>(), cfg.sync.fragments) << summary.dump();
   fs::remove_all(dir);
 }
 

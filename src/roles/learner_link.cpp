@@ -71,6 +71,7 @@ void LearnerNode::Impl::comms_loop() {
       // Goodbye only once every push before it went out, so the syncer merges them before retiring us.
       if (!out && outbox.empty()) reason = leave_reason;
       b = beat;
+      b.unsent = static_cast<int64_t>(outbox.size()) + (out ? 1 : 0);  // the one taken goes after this beat's tend
     }
     for (auto& L : links) tend(L, b, reason);
     if (out) {
@@ -339,6 +340,7 @@ void LearnerNode::Impl::accept_answer(Link& L, const MessageHeader& h, int64_t p
   b.broadcasts = L.c.rx_seq;
   b.resend.assign(L.resend.begin(), L.resend.end());
   L.resend.clear();
+  b.unsent = static_cast<int64_t>(outbox.size());
   lock.unlock();
   send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
   L.c.syncer.beat_sent(now());

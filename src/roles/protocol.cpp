@@ -241,6 +241,7 @@ std::string encode_beat(const Beat& b) {
   if (b.broadcasts >= 0) j["broadcasts"] = b.broadcasts;
   if (!b.resend.empty()) j["resend"] = b.resend;
   if (b.push_bytes >= 0) j["push_bytes"] = b.push_bytes;
+  if (b.unsent >= 0) j["unsent"] = b.unsent;
   return j.dump();
 }
 
@@ -254,6 +255,7 @@ Beat parse_beat(const char* data, size_t n) {
   if (j.contains("state_round")) b.state_round = get_int(j, "state_round", "heartbeat", 0, kMaxI);
   if (j.contains("broadcasts")) b.broadcasts = get_int(j, "broadcasts", "heartbeat", 0, kMaxI);
   if (j.contains("push_bytes")) b.push_bytes = get_int(j, "push_bytes", "heartbeat", 0, kMaxI);
+  if (j.contains("unsent")) b.unsent = get_int(j, "unsent", "heartbeat", 0, kMaxI);
   if (j.contains("resend")) {
     const auto& r = j["resend"];
     if (!r.is_array() || r.size() > kMaxResend)

@@ -148,6 +148,10 @@ struct Beat {
   // -1: none, or absent on the wire). A push on a slow link is silence while it crosses: before any push of the link
   // was measured, the syncer allows for an announced one up to its patience cap (syncer_timers.cpp).
   int64_t push_bytes = -1;
+  // The pushes still waiting in the learner's outbox when this heartbeat was sent (the push it announces, if any,
+  // included): they follow it on the connection. Under sync.final_round the syncer marks a learner past its last
+  // step only on a heartbeat with none (-1: absent on the wire, an older learner: its step alone decides).
+  int64_t unsent = -1;
 };
 constexpr size_t kMaxResend = 4096;
 std::string encode_beat(const Beat& b);

@@ -76,6 +76,12 @@ TEST(Protocol, HelloWelcomeBeatLeaveRoundTrip) {
   b.push_bytes = 269640;  // the heartbeat right before a push announces its bytes
   s = encode_beat(b);
   EXPECT_EQ(parse_beat(s.data(), s.size()).push_bytes, 269640);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).unsent, -1);  // absent: an older learner
+  b.unsent = 0;  // nothing left in its outbox (the final round's mark waits for this)
+  s = encode_beat(b);
+  EXPECT_EQ(parse_beat(s.data(), s.size()).unsent, 0);
+  const std::string negative = R"({"step":1,"tokens":1,"busy_seconds":0,"step_time":0,"unsent":-1})";
+  EXPECT_THROW(parse_beat(negative.data(), negative.size()), WireError);
   s = encode_leave("done");
   EXPECT_EQ(parse_leave(s.data(), s.size()), "done");
 }

@@ -118,10 +118,17 @@ void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
       retired[m] = true;
       core_retire(now(), m);
     }
-    // It had finished but the syncer died before its goodbye: it will not come back.
+    // It had finished but the syncer died before its goodbye: it will not come back. Under the final round it may
+    // still be finishing (waiting for answers, sending its final states): it has as long as a live learner's silence
+    // is allowed to say hello (housekeeping retires it after that). Retired at once, the rounds' last pushes and the
+    // final states still to come were lost, and a syncer all of whose learners were finishing stopped at once.
     if (!retired[m] && peers[m].step >= cfg.run.train.steps) {
-      retired[m] = true;
-      core_retire(now(), m);
+      if (cfg.sync.final_round) {
+        peers[m].finish_by = now() + cfg.net.dead_after + patience_cap();
+      } else {
+        retired[m] = true;
+        core_retire(now(), m);
+      }
     }
   }
 }

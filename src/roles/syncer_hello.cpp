@@ -221,10 +221,11 @@ void SyncerNode::Impl::on_hello(const Envelope& env, const MessageHeader& h, dou
   }
   P.fetch_snap = w.fetch ? snap : nullptr;
   P.alive = !retired[m];
+  P.finish_by = -1;  // back: the usual rules of silence apply
   P.heard(t);
   P.step = resume_step;
   if (cfg.sync.final_round && core->finished(m) && !retired[m] && resume_step < cfg.run.train.steps)
-    core_finished(t, m, false);  // it resumed from an earlier step: it pushes again
+    core_finished(t, m, false, resume_step);  // it resumed from an earlier step: it pushes again
   if (!repeat) {
     ++P.joins;
     P.advanced_at = t;  // a (re)join starts its patience afresh

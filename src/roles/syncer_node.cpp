@@ -262,11 +262,12 @@ void SyncerNode::Impl::dispatch(const Envelope& env) {
         P.push_announced = std::max<int64_t>(0, b.push_bytes);
         if (b.step > P.step) P.advanced_at = t;
         P.step = std::max(P.step, b.step);  // a just-restarted process beats step 0 before it resumes
-        // Under the final round a learner's last step pushes nothing: once it beats that step no round waits for
-        // its push (its peers' answers would sit out a grace window for a push that will not come).
+        // Under the final round a learner's last step pushes nothing: once it beats that step with no push left
+        // in its outbox (those follow this beat) no round waits for its push (its peers' answers would sit out a
+        // grace window for a push that will not come).
         if (cfg.sync.final_round && !core->finished(m) && !retired[m] && cfg.run.train.steps > 0 &&
-            b.step >= cfg.run.train.steps) {
-          core_finished(t, m, true);
+            b.step >= cfg.run.train.steps && b.unsent <= 0) {
+          core_finished(t, m, true, b.step);
           for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
         }
         P.tokens = std::max(P.tokens, b.tokens);

@@ -72,6 +72,9 @@ struct Peer {
   double busy_done = 0;     // busy seconds of earlier instances
   double step_time = 0;
   double advanced_at = -1e9;  // steady time its reported step last went up (or it joined)
+  // sync.final_round: a learner past its last step when this syncer took over or resumed (it may still be waiting for
+  // answers or sending its final states) is retired as finished silently if it has not said hello by then (−1: none).
+  double finish_by = -1;
   int64_t joins = 0;
   // The global-state download outstanding to this learner (on_hello in syncer_node.cpp): queued whole on
   // connection `route` at steady time dl_sent (< 0: none) with welcome round dl_round.
@@ -360,13 +363,19 @@ struct SyncerNode::Impl {
     e.learner = m;
     journal(std::move(e));
   }
-  void core_finished(double t, int64_t m, bool finished) {
+  // (and says so: a learner_finished record at `step`)
+  void core_finished(double t, int64_t m, bool finished, int64_t step) {
     repl::Entry e;
     e.kind = repl::EntryKind::kFinished;
     e.t = t;
     e.learner = m;
     e.flag = finished;
     journal(std::move(e));
+    rec::LearnerFinished r;
+    r.learner = m;
+    r.finished = finished;
+    r.step = step;
+    emit(r);
   }
   void core_retire(double t, int64_t m) {
     repl::Entry e;

@@ -491,5 +491,91 @@ TEST(SyncerNode, AnUnmeasuredLinkHearsThePatienceCapBeforeItsFirstBroadcast) {
   fs::remove_all(dir);
 }
 
+// sync.final_round: a syncer that resumes (or takes over) while a learner is past its last step but has not said
+// goodbye. That learner may still be finishing (waiting for answers, sending its final states): it is awaited, as long
+// as a live learner's silence is allowed (net.dead_after + the patience cap), and retired as finished silently only
+// then. Before, it was retired at once, so a syncer whose learners were all finishing stopped before their final
+// states came (and refused them).
+TEST(SyncerNode, UnderTheFinalRoundAResumedSyncerAwaitsALearnerPastItsLastStep) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_finishing_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 1;
+  cfg.sync.final_round = true;
+  const uint64_t fp = parse_fingerprint_hex(gpt_workloads(cfg.run, corpus())(0, 1)->fingerprint());
+  // The first syncer: learner 0 joins, beats its last step with nothing left to push, and the syncer stops (killed
+  // in effect: its checkpoint holds the learner's step, not retired).
+  {
+    auto hub = make_inproc_hub();
+    std::atomic<bool> marked{false};
+    SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, [&](const nlohmann::json& j) {
+      if (j.value("kind", "") == "learner_finished") marked = true;
+    });
+    std::atomic<bool> stop{false};
+    std::thread st([&] { syncer.run(stop); });
+    StopOnExit stop_on_exit{&stop, &st};
+    Client c{make_inproc_client(hub, "learner-0"), fp, 0};
+    c.hello(/*instance=*/3, /*want_state=*/false);
+    ASSERT_TRUE(c.next(MessageKind::kWelcome, 30).has_value());
+    proto::Beat beat;
+    beat.step = cfg.run.train.steps;
+    beat.unsent = 0;
+    c.send(MessageKind::kHeartbeat, proto::encode_beat(beat));
+    const auto deadline = clk::now() + std::chrono::seconds(30);
+    while (!marked && clk::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_TRUE(marked.load()) << "the syncer never marked learner 0 past its last step";
+  }
+  fs::copy(dir / "syncer", dir / "syncer-copy", fs::copy_options::recursive);
+  cfg.net.dead_after = 0.25;  // the resumed syncers wait 0.25 + 20 · 0.25 s for it
+  // A syncer resumed from `out`; learner 0 comes back (`come_back`) or not. The seconds until it ended.
+  const auto resumed = [&](const fs::path& out, std::vector<nlohmann::json>* records, bool come_back) {
+    RuntimeConfig c2 = cfg;
+    c2.syncer.out_dir = out.string();
+    auto hub = make_inproc_hub();
+    std::mutex mu;
+    SyncerNode syncer(c2, make_inproc_server(hub), corpus(), /*resume=*/true, [&](const nlohmann::json& j) {
+      std::lock_guard<std::mutex> lock(mu);
+      records->push_back(j);
+    });
+    std::atomic<bool> stop{false}, ended{false};
+    const auto t0 = clk::now();
+    std::thread st([&] {
+      syncer.run(stop);
+      ended = true;
+    });
+    StopOnExit stop_on_exit{&stop, &st};
+    if (come_back) {  // it is back: welcomed, its goodbye answered, and only then does the syncer end
+      Client c{make_inproc_client(hub, "learner-0"), fp, 0};
+      c.hello(/*instance=*/3, /*want_state=*/false);
+      EXPECT_TRUE(c.next(MessageKind::kWelcome, 30).has_value()) << "the resumed syncer did not await learner 0";
+      EXPECT_FALSE(ended.load());
+      c.send(MessageKind::kLeave, proto::encode_leave("done"));
+      EXPECT_TRUE(c.next(MessageKind::kLeave, 30).has_value());
+    }
+    const auto deadline = clk::now() + std::chrono::seconds(60);
+    while (!ended && clk::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_TRUE(ended.load()) << "the resumed syncer did not end";
+    const double took = std::chrono::duration<double>(clk::now() - t0).count();
+    st.join();
+    std::lock_guard<std::mutex> lock(mu);
+    return took;
+  };
+  const auto retired_how = [](const std::vector<nlohmann::json>& records) {
+    std::vector<std::string> how;
+    for (const auto& j : records)
+      if (j.value("kind", "") == "retired") how.push_back(j.value("how", ""));
+    return how;
+  };
+  std::vector<nlohmann::json> back, silent;
+  resumed(dir / "syncer", &back, /*come_back=*/true);
+  EXPECT_EQ(retired_how(back), (std::vector<std::string>{"leave"}));
+  // Nobody comes back: the resumed syncer retires it as finished silently once its allowance has passed, and ends.
+  const double waited = resumed(dir / "syncer-copy", &silent, /*come_back=*/false);
+  EXPECT_EQ(retired_how(silent), (std::vector<std::string>{"finished_silently"}));
+  EXPECT_GE(waited, cfg.net.dead_after * 21) << "retired before its allowance had passed";
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace deloco

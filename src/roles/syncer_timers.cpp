@@ -177,6 +177,7 @@ void SyncerNode::Impl::housekeeping() {
       if (P.step >= cfg.run.train.steps) retire(m, "finished_silently");
       for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
     }
+    if (P.finish_by >= 0 && !P.alive && !retired[m] && t > P.finish_by) retire(m, "finished_silently");
     if (P.alive && t - P.last_beat_sent >= cfg.net.heartbeat) {
       MessageHeader h;
       h.kind = MessageKind::kHeartbeat;

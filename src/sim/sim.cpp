@@ -146,6 +146,7 @@ struct Learner {
   bool up = true, done = false, waiting = false, stepping = false;
   bool retired = false;  // its goodbye reached the syncer (after its last pushes: on_retire)
   bool finishing = false;  // sync.final_round: past its last step, waiting for the answers to its pushes in flight
+  bool finished_heard = false;  // sync.final_round: the beat of its last step is on its way (again after a failure)
   int64_t epoch = 0, tokens = 0;
   int64_t bytes_up = 0, bytes_down = 0;  // frames this learner sent and was sent
   double step_started = 0, step_duration = 0, wait_started = 0;
@@ -268,6 +269,12 @@ struct Simulator::Impl {
       ap.step = step;
       emit(ap);
     }
+    // sync.final_round: its last step pushed nothing, and its beat of that step reaches the syncer behind its pushes
+    // in flight, also while it waits here for their answers (as the node's heartbeat does).
+    if (cfg.sync.final_round && step >= run.train.steps && !L.finished_heard) {
+      L.finished_heard = true;
+      heard_behind_pushes(m, kFinished);
+    }
     if (L.core->must_wait(step)) {
       if (!L.waiting) L.wait_started = now;
       L.waiting = true;
@@ -279,7 +286,6 @@ struct Simulator::Impl {
       // sync.final_round: once the answers to its pushes in flight are in (on_answer / on_refused come back here),
       // its final state of every fragment goes to the syncer, ahead of its goodbye.
       if (cfg.sync.final_round && !L.done) {
-        if (!L.finishing) heard_behind_pushes(m, kFinished);  // its last step pushed nothing: the syncer hears that
         if (!L.core->in_flight().empty()) {
           L.finishing = true;
           return;
@@ -323,6 +329,10 @@ struct Simulator::Impl {
     const Learner& L = learners[e.learner];
     if (e.epoch != L.epoch || !L.up || L.retired) return;
     syncer->set_finished(now, e.learner, true);
+    rec::LearnerFinished r;
+    r.learner = e.learner;
+    r.step = L.work->step();
+    emit(r);
     for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
   }
 
@@ -584,7 +594,7 @@ struct Simulator::Impl {
     if (L.stepping) L.lost += now - L.step_started;
     if (L.waiting) L.waited += now - L.wait_started;
     L.up = false;
-    L.stepping = L.waiting = L.finishing = false;
+    L.stepping = L.waiting = L.finishing = L.finished_heard = false;  // (a beat on its way is lost with the epoch)
     ++L.epoch;
     answer_marks.forget(e.learner);
     L.core->forget_in_flight();

@@ -434,6 +434,39 @@ TEST(SimFinalRound, NoRoundWaitsForALearnerPastItsLastStep) {
   EXPECT_GT(after, 0) << "no round of learner 1 alone between learner 0's last step and its goodbye: nothing was tested";
 }
 
+// The same when the learner waits at its last step for an answer due there (sync.wait_for_answer): its beat of that
+// step goes out while it waits, as the node's heartbeat does, so the syncer hears it behind its last push, before
+// that push's answer is back. (Before, the simulator scheduled the beat only once the answer had arrived, so the
+// other learner's rounds held grace windows open for learner 0 where the node's did not.)
+TEST(SimFinalRound, TheLastStepIsHeardWhileTheLearnerWaitsForAnAnswerDueThere) {
+  RunConfig run = sim_run(40);
+  SimConfig cfg = decoupled(2);
+  cfg.sync.final_round = true;
+  cfg.sync.wait_for_answer = true;
+  cfg.sync.sync_every = 10;  // fragment 1 pushes at steps 5, 15, 25, 35; its last answer is due at step 40
+  cfg.sync.overlap = 5;
+  cfg.sim.jitter = 0;
+  cfg.sim.bandwidth = 1500;  // a push and its answer take longer than the 5 steps of overlap: the learner waits
+  Simulator sim(run, cfg, sim_corpus());
+  double last_step = -1, heard = -1, applied_last = -1;
+  sim.run([&](const nlohmann::json& j) {
+    if (j.value("learner", -1) != 0) return;
+    if (j["kind"] == "learner" && j["step"] == 40) last_step = j["t"].get<double>();
+    if (j["kind"] == "learner_finished") {
+      EXPECT_LT(heard, 0) << "heard twice";
+      EXPECT_TRUE(j["finished"].get<bool>());
+      EXPECT_EQ(j["step"].get<int64_t>(), 40);
+      heard = j["t"].get<double>();
+    }
+    if (j["kind"] == "apply" && j["step"] == 40) applied_last = j["t"].get<double>();
+  });
+  ASSERT_GT(last_step, 0);
+  ASSERT_GT(applied_last, last_step) << "learner 0 did not wait at its last step for an answer: nothing was tested";
+  ASSERT_GT(heard, 0) << "the syncer never heard learner 0's last step";
+  EXPECT_GE(heard, last_step + cfg.sim.latency - 1e-9);
+  EXPECT_LT(heard, applied_last) << "the last step was heard only after the answer it waited for";
+}
+
 // net.broadcast_topk_bits sets the broadcast's value width apart from the pushes' (SparseLoCo's exchange: 2-bit pushes,
 // an 8-bit broadcast of every entry the merge changed); 0 keeps net.topk_bits; other widths are refused by name.
 TEST(SimCompression, TheBroadcastHasItsOwnTopkBits) {
