@@ -1,12 +1,13 @@
 // libFuzzer target: the sparse (top-k) codec (wire/sparse.h), both directions.
 //
-// Input: byte 0 picks the encoding (topk8/4/2) and, in its high bits, a density and a chunk; bytes 1-2 the element
+// Input: byte 0 picks the encoding (topk8/4/2/2b) and, in its high bits, a density and a chunk; bytes 1-2 the element
 // count n (≤ 65535); the rest is a payload to decode and also, read as floats, an input to encode. Properties:
 //  * decoding any payload either succeeds or throws deloco::WireError (NonFiniteError included) and then leaves the
 //    output untouched; a payload that decodes has ascending indices < n, at most n entries and finite values, and
 //    validate_floats / scan_floats agree with decode on whether it is valid;
 //  * encoding finite floats succeeds; its payload decodes; every kept entry is within half a quantisation step of
-//    its input and no dropped entry is larger in magnitude than a kept one (of the same chunk);
+//    its input (topk2b: within the range of its value block's inputs, as a bin's mean is) and no dropped entry is
+//    larger in magnitude than a kept one (of the same chunk);
 //  * error feedback leaves a finite residual, and input = decoded + residual (to float rounding).
 #include <cmath>
 #include <cstdint>
@@ -29,9 +30,9 @@ namespace {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 3) return 0;
-  static const deloco::Encoding kinds[3] = {deloco::Encoding::kTopk8, deloco::Encoding::kTopk4,
-                                            deloco::Encoding::kTopk2};
-  const deloco::Encoding e = kinds[data[0] % 3];
+  static const deloco::Encoding kinds[4] = {deloco::Encoding::kTopk8, deloco::Encoding::kTopk4,
+                                            deloco::Encoding::kTopk2, deloco::Encoding::kTopk2b};
+  const deloco::Encoding e = kinds[data[0] % 4];
   const size_t n = static_cast<size_t>(data[1]) | (static_cast<size_t>(data[2]) << 8);
   const char* payload = reinterpret_cast<const char*>(data + 3);
   const size_t bytes = size - 3;
@@ -86,6 +87,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<float> kept_min((x.size() + chunk - 1) / chunk, INFINITY);
   std::vector<char> kept(x.size(), 0);
   for (size_t j = 0; j < s.index.size(); ++j) {
+    if (e == deloco::Encoding::kTopk2b) {
+      const size_t lo = j / deloco::kBinBlock * deloco::kBinBlock;
+      const size_t hi = std::min<size_t>(s.index.size(), lo + deloco::kBinBlock);
+      double vmin = INFINITY, vmax = -INFINITY;
+      for (size_t t = lo; t < hi; ++t) {
+        vmin = std::fmin(vmin, x[s.index[t]]);
+        vmax = std::fmax(vmax, x[s.index[t]]);
+      }
+      const double slack = 1e-6 * std::fmax(std::fabs(vmin), std::fabs(vmax));
+      if (!(s.value[j] >= vmin - slack && s.value[j] <= vmax + slack)) fail("kept value outside its block's range", j);
+      kept[s.index[j]] = 1;
+      float& m = kept_min[s.index[j] / chunk];
+      m = std::fmin(m, std::fabs(x[s.index[j]]));
+      continue;
+    }
     const size_t lo = j / deloco::kQuantBlock * deloco::kQuantBlock;
     const size_t hi = std::min(s.index.size(), lo + deloco::kQuantBlock);
     double amax = 0;

@@ -56,7 +56,7 @@ write("fuzz_codecs", "int4", bytes([3]) + struct.pack("<H", 8) + struct.pack("<f
 write("fuzz_codecs", "int8_nan_scale", bytes([2]) + struct.pack("<H", 2) + struct.pack("<f", float("nan")) + b"\x01\x02")
 write("fuzz_codecs", "many", bytes([2]) + struct.pack("<H", 130) + struct.pack("<3f", 1, 2, 3) + bytes(130))
 
-# --- topk: mode byte (bits 0-1 encoding topk8/4/2, bits 2-5 density, bit 6 chunked), u16 element count, payload ----
+# --- topk: mode byte (bits 0-1 encoding topk8/4/2/2b, bits 2-5 density, bit 6 chunked), u16 element count, payload ----
 # A payload (docs/wire.md): u32 k, the k values as int8/int4/int2 blocks (fp32 scale per 64, then codes), then k
 # indices as LEB128 gaps (the first index itself).
 def topk8(indices, codes, scale=0.5):

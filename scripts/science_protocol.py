@@ -142,13 +142,15 @@ METHOD_SPECS = {
     "mean_sgd_topk3": dict(preset="diloco", kind="sgd", lr=1.0, mu=0.0,
                            extra=["net.encoding=topk", "net.topk_bits=2", "net.topk_density=0.03",
                                   "net.broadcast_encoding=topk"]),
-    # SparseLoCo as Sarfi et al. 2025 run it (issue 54): top-k 3% of every chunk of 4096 entries at 2 bits, error
+    # SparseLoCo as Sarfi et al. 2025 run it (issue 54): top-k 3% of every chunk of 4096 entries in their 2-bit code
+    # (four bins per block of kept values, each decoded as its values' mean: net.topk_values = bins), error
     # feedback with decay β = 0.95 (the accumulator that takes the outer momentum's place), outer SGD on the mean, and
     # its exchange: every learner gets every entry the merge changed (a top-k broadcast at M × 3%, 8-bit values, the
     # rounding carried to the next merge) instead of a re-sparsified 3%.
     "sparseloco": dict(preset="diloco", kind="sgd", lr=1.0, mu=0.0,
-                       extra=lambda S: ["net.encoding=topk", "net.topk_bits=2", "net.topk_density=0.03",
-                                        "net.topk_chunk=4096", "net.error_feedback=true", "net.error_feedback_decay=0.95",
+                       extra=lambda S: ["net.encoding=topk", "net.topk_bits=2", "net.topk_values=bins",
+                                        "net.topk_density=0.03", "net.topk_chunk=4096", "net.error_feedback=true",
+                                        "net.error_feedback_decay=0.95",
                                         "net.broadcast_encoding=topk", "net.broadcast_topk_bits=8",
                                         f"net.broadcast_topk_density={min(1.0, 0.03 * S['m_exp']):g}"]),
     "iso_c_sgd": dict(preset="iso_c_sgd"),

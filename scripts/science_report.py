@@ -654,8 +654,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         sl, dl = rows9["SparseLoCo"], rows9["DiLoCo"]
         if sl and dl:
             g, h = diff_ci(sl, dl)
-            w(f"SparseLoCo (top-k 3% per chunk of 4096 at 2 bits, error feedback β = 0.95, outer SGD, every changed entry "
-              f"broadcast) − DiLoCo (fp32, Nesterov) = {g:+.4f} ± {h:.4f}" +
+            w(f"SparseLoCo (top-k 3% per chunk of 4096 in its 2-bit bins, error feedback β = 0.95, outer SGD, every "
+              f"changed entry broadcast) − DiLoCo (fp32, Nesterov) = {g:+.4f} ± {h:.4f}" +
               (f"; − today's top-k 3% both ways = {diff_ci(sl, sp)[0]:+.4f} ± {diff_ci(sl, sp)[1]:.4f}" if sp else "") + ".")
             claims.append((f"SparseLoCo matches or beats full-precision DiLoCo at {HR} outer rounds (Sarfi et al. 2025)",
                            label(g + h <= MARGIN, g <= MARGIN), f"SparseLoCo − DiLoCo = {g:+.4f} ± {h:.4f}."))

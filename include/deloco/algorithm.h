@@ -63,6 +63,8 @@ struct AlgorithmConfig {
   double error_feedback_decay = 1.0;        // net.error_feedback_decay: β in (0, 1]; the residual is βe before it
                                             // joins the next push (e ← βe + Δ: SparseLoCo's accumulator; 1: classic)
   int64_t topk_bits = 2;                    // net.topk_bits: bits per kept value of a topk payload: 2 | 4 | 8
+  std::string topk_values = "absmax";       // net.topk_values: the 2-bit values' code: absmax (kTopk2: −s, 0, +s per
+                                            // 64) | bins (kTopk2b: SparseLoCo's four bins, each its values' mean)
   double topk_density = 0.03;               // net.topk_density: kept fraction of a topk push, in (0, 1]
   int64_t topk_chunk = 0;                   // net.topk_chunk: top-k per chunk of this many elements (0: per payload)
   double broadcast_topk_density = 0;        // net.broadcast_topk_density: of a topk broadcast (0: topk_density)
@@ -73,7 +75,7 @@ struct AlgorithmConfig {
                                             // period stretches: int4 | int2 | topk (sync/codec_fit.h)
 
   // Binds sync.*, merge.* (MergeConfig::Use::kTraining), outer.kind, outer.lr, outer.momentum, net.encoding,
-  // net.broadcast_encoding, net.error_feedback, net.error_feedback_decay, net.topk_bits, net.topk_density,
+  // net.broadcast_encoding, net.error_feedback, net.error_feedback_decay, net.topk_bits, net.topk_values, net.topk_density,
   // net.topk_chunk, net.broadcast_topk_density, net.broadcast_topk_bits, net.broadcast_delta, net.auto_coarsest.
   void bind(ConfigSchema& schema);
   // Fills the outer kind, η and μ the config did not name from the preset. Idempotent. Throws ConfigError for an
@@ -84,7 +86,8 @@ struct AlgorithmConfig {
   MergePlan merge_plan() const { return merge.plan(); }
   Encoding push_encoding() const { return push_codec().encoding; }
   Encoding answer_encoding() const { return answer_codec().encoding; }
-  // The codecs with their top-k options ("topk" resolves to kTopk2/4/8 by net.topk_bits). Throw ConfigError.
+  // The codecs with their top-k options ("topk" resolves to kTopk2/4/8 by net.topk_bits, kTopk2b with
+  // net.topk_values = bins). Throw ConfigError.
   Codec push_codec() const;
   Codec answer_codec() const;
   // The top-k codecs of pushes and broadcasts whatever net.encoding says (net.auto_coarsest = topk's last rungs).

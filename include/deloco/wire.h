@@ -20,6 +20,8 @@
 //   values / ceil(n/4) bytes of packed ternary int2 values (src/wire/quantize.h)
 //   kTopk8 / kTopk4 / kTopk2: sparse (src/wire/sparse.h): u32 k, the k kept values in kInt8 / kInt4 / kInt2, then
 //   the k indices as LEB128 gaps; the size depends on the payload (max_encoded_bytes bounds it)
+//   kTopk2b: the same with the values in SparseLoCo's 2-bit code (four bins per block of kept values, each decoded
+//   as its bin's mean; src/wire/sparse.h)
 // Kinds and their encodings: hello, welcome, heartbeat, leave and reject carry kRaw; state_chunk carries a dense
 // float encoding (kFp32, kBf16, kInt8, kInt4, kInt2); fragment_push, final_state, fragment_broadcast and
 // fragment_delta any float encoding, the sparse ones included.
@@ -74,12 +76,16 @@ constexpr uint8_t kMaxMessageKind = 12;
 enum class Encoding : uint8_t {
   kRaw = 0, kFp32 = 1, kBf16 = 2, kInt8 = 3, kInt4 = 4, kInt2 = 5,  // dense: the size follows from n
   kTopk8 = 6, kTopk4 = 7, kTopk2 = 8,                              // sparse: top-k entries, values in 8/4/2 bits
+  kTopk2b = 9,                                                      // sparse, values in four bins (SparseLoCo's)
 };
-constexpr uint8_t kMaxEncoding = 8;
+constexpr uint8_t kMaxEncoding = 9;
 constexpr uint8_t kMaxDenseEncoding = 5;
 // A sparse (top-k) encoding: its payload's size depends on what it holds.
-inline bool is_sparse(Encoding e) { return e == Encoding::kTopk8 || e == Encoding::kTopk4 || e == Encoding::kTopk2; }
-// The dense block encoding of a sparse encoding's values (kTopk4 → kInt4); `e` itself when it is not sparse.
+inline bool is_sparse(Encoding e) {
+  return e == Encoding::kTopk8 || e == Encoding::kTopk4 || e == Encoding::kTopk2 || e == Encoding::kTopk2b;
+}
+// The dense block encoding of a sparse encoding's values (kTopk4 → kInt4); `e` itself when it is not sparse or its
+// values have a code of their own (kTopk2b: topk_values_bytes sizes them).
 inline Encoding topk_values(Encoding e) {
   return e == Encoding::kTopk8 ? Encoding::kInt8 : e == Encoding::kTopk4 ? Encoding::kInt4
                                                  : e == Encoding::kTopk2 ? Encoding::kInt2 : e;
@@ -135,13 +141,17 @@ uint64_t fnv1a64(const void* data, size_t n, uint64_t seed = kFnvOffset);
 // Bytes of a payload of n elements in a dense encoding e (kRaw: n). Throws WireError on an unknown or a sparse
 // encoding (whose size depends on the payload) or overflow.
 size_t encoded_bytes(Encoding e, uint64_t n);
+// Bytes of the values section of a sparse payload in encoding e holding k entries: encoded_bytes(topk_values(e), k),
+// or for kTopk2b 16 bytes (four fp32 levels) per block of up to kBinBlock values and ceil(k/4) bytes of 2-bit codes.
+size_t topk_values_bytes(Encoding e, uint64_t k);
+constexpr uint64_t kBinBlock = 1024;  // kTopk2b: kept values (in index order) sharing one set of four levels
 // The most bytes a payload of n elements in encoding e can take: encoded_bytes for a dense encoding; for a sparse
-// one 4 + encoded_bytes(topk_values(e), n) + 5·n (every element kept, every gap a 5-byte varint). What buffers and
+// one 4 + topk_values_bytes(e, n) + 5·n (every element kept, every gap a 5-byte varint). What buffers and
 // transport limits are sized by.
 size_t max_encoded_bytes(Encoding e, uint64_t n);
 
 const char* kind_name(MessageKind k);      // "hello", ..., or "unknown"
-// "raw", "fp32", "bf16", "int8", "int4", "int2", "topk8", "topk4", "topk2", or "unknown"
+// "raw", "fp32", "bf16", "int8", "int4", "int2", "topk8", "topk4", "topk2", "topk2b", or "unknown"
 const char* encoding_name(Encoding e);
 Encoding parse_encoding(const std::string& name);  // inverse of encoding_name for the float encodings; throws
 

@@ -195,7 +195,8 @@ TEST(Protocol, HeartbeatsCarryTheDeliveryAcknowledgements) {
   s = encode_syncer_beat(sb);
   EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).push_encoding, static_cast<int64_t>(Encoding::kTopk2));
   EXPECT_EQ(parse_syncer_beat(s.data(), s.size()).period, 55);
-  for (const std::string bad : {std::string(R"({"pushes":1,"push_encoding":0})"), std::string(R"({"pushes":1,"push_encoding":9})"),
+  for (const std::string bad : {std::string(R"({"pushes":1,"push_encoding":0})"),
+                                R"({"pushes":1,"push_encoding":)" + std::to_string(kMaxEncoding + 1) + "}",
                                 std::string(R"({"pushes":1,"period":0})")})
     EXPECT_THROW(parse_syncer_beat(bad.data(), bad.size()), WireError) << bad;
   for (const std::string bad : {std::string(R"({"pushes":1,"sync_every":0})"), std::string(R"({"pushes":1,"sync_every":2.5})")})

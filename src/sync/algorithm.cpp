@@ -136,6 +136,15 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
                ? std::string()
                : "net.topk_bits must be 2, 4 or 8 (got " + std::to_string(topk_bits) + ")";
   });
+  s.bind("net.topk_values", &topk_values,
+         "how a topk payload's 2-bit values are coded: absmax (-s, 0, +s per 64 values, s the largest magnitude) | "
+         "bins (SparseLoCo's: four bins over +-3 sigma of each block of 1024 kept values, each decoded as the mean of "
+         "its values; needs net.topk_bits = 2)",
+         [this] {
+           return topk_values == "absmax" || topk_values == "bins"
+                      ? std::string()
+                      : "net.topk_values must be absmax or bins (got '" + topk_values + "')";
+         });
   s.bind("net.topk_density", &topk_density, "fraction of a topk push's entries kept, in (0, 1]", [this] {
     return topk_density > 0 && topk_density <= 1
                ? std::string()
@@ -177,7 +186,7 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
 }
 
 namespace {
-Codec codec_of(const std::string& name, int64_t bits, double density, int64_t chunk) {
+Codec codec_of(const std::string& name, int64_t bits, double density, int64_t chunk, bool bins) {
   // auto (sync/codec_fit.h): int4 until the link is measured (kAutoStart there).
   if (name == "auto") return Codec(Encoding::kInt4);
   if (name != "topk") return Codec(parse_encoding(name));
@@ -191,18 +200,20 @@ Codec codec_of(const std::string& name, int64_t bits, double density, int64_t ch
   } catch (const WireError& e) {
     throw ConfigError(e.what());
   }
-  return Codec(bits == 2 ? Encoding::kTopk2 : bits == 4 ? Encoding::kTopk4 : Encoding::kTopk8, t);
+  return Codec(bits == 2 ? (bins ? Encoding::kTopk2b : Encoding::kTopk2) : bits == 4 ? Encoding::kTopk4 : Encoding::kTopk8,
+               t);
 }
 }  // namespace
 
 namespace {
 // A push codec named `name` with the net.topk_* options; a broadcast one with net.broadcast_topk_* (0: net.topk_*).
 Codec push_codec_named(const AlgorithmConfig& c, const std::string& name) {
-  return codec_of(name, c.topk_bits, c.topk_density, c.topk_chunk);
+  return codec_of(name, c.topk_bits, c.topk_density, c.topk_chunk, c.topk_values == "bins");
 }
 Codec answer_codec_named(const AlgorithmConfig& c, const std::string& name) {
   return codec_of(name, c.broadcast_topk_bits > 0 ? c.broadcast_topk_bits : c.topk_bits,
-                  c.broadcast_topk_density > 0 ? c.broadcast_topk_density : c.topk_density, c.topk_chunk);
+                  c.broadcast_topk_density > 0 ? c.broadcast_topk_density : c.topk_density, c.topk_chunk,
+                  c.topk_values == "bins");
 }
 }  // namespace
 
@@ -220,6 +231,9 @@ void AlgorithmConfig::validate() const {
   algorithm_preset(merge.preset);
   if (outer.kind.empty() || std::isnan(outer.lr) || std::isnan(outer.momentum))
     throw ConfigError("outer optimizer not resolved: call AlgorithmConfig::resolve() (or validate the schema) first");
+  if (topk_values == "bins" && topk_bits != 2)
+    throw ConfigError("net.topk_values = bins is SparseLoCo's 2-bit code: it needs net.topk_bits = 2 (got " +
+                      std::to_string(topk_bits) + ")");
   try {
     outer.validate();
     MergeSelector sel(merge_plan());

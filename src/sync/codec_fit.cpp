@@ -44,7 +44,7 @@ double expected_encoded_bytes(const Codec& codec, uint64_t n) {
   if (!is_sparse(codec.encoding)) return static_cast<double>(max_encoded_bytes(codec.encoding, n));
   const double d = codec.topk.density;
   const double k = std::max(1.0, std::round(d * static_cast<double>(n)));
-  return 4 + static_cast<double>(max_encoded_bytes(topk_values(codec.encoding), static_cast<uint64_t>(k))) +
+  return 4 + static_cast<double>(topk_values_bytes(codec.encoding, static_cast<uint64_t>(k))) +
          k * leb128_bytes(1.0 / d);
 }
 

@@ -484,5 +484,35 @@ TEST(DeltaCodecs, TheNextMergesDeltaUsesTheSelectedEncoding) {
   EXPECT_EQ(s.delta_encoding(), Encoding::kInt4);
 }
 
+// net.topk_values = bins picks SparseLoCo's 2-bit value code (wire/sparse.h); it is a 2-bit code only.
+TEST(TopkBins, IsChosenByNetTopkValues) {
+  AlgorithmConfig c;
+  c.encoding = "topk";
+  EXPECT_EQ(c.push_codec().encoding, Encoding::kTopk2);
+  c.topk_values = "bins";
+  EXPECT_EQ(c.push_codec().encoding, Encoding::kTopk2b);
+  c.broadcast_encoding = "topk";
+  c.broadcast_topk_bits = 8;
+  EXPECT_EQ(c.answer_codec().encoding, Encoding::kTopk8);  // bins is a 2-bit code: an 8-bit broadcast keeps absmax
+  ConfigSchema s;
+  AlgorithmConfig b;
+  b.bind(s);
+  s.apply_override("net.topk_values=bins");
+  s.apply_override("net.topk_bits=4");
+  try {
+    s.validate();
+    b.validate();
+    ADD_FAILURE() << "bins at 4 bits was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("net.topk_values = bins is SparseLoCo's 2-bit code"), std::string::npos)
+        << e.what();
+  }
+  ConfigSchema s2;
+  AlgorithmConfig b2;
+  b2.bind(s2);
+  s2.apply_override("net.topk_values=median");
+  EXPECT_THROW(s2.validate(), ConfigError);
+}
+
 }  // namespace codec_fit_cases
 }  // namespace deloco

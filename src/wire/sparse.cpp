@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "deloco/error.h"
@@ -55,6 +56,63 @@ size_t keep_of(double density, size_t len) {
   return static_cast<size_t>(std::clamp(k, 1.0, static_cast<double>(len)));
 }
 
+// kTopk2b's values: each block of up to kBinBlock values (in index order) in four bins of width 1.5 σ around the
+// block's mean (±3 σ in all; outside it, the outer bins), each bin's level the mean of the values it received (an
+// empty bin's, the block's mean). Out: 16 bytes of fp32 levels per block, then the 2-bit codes, four to a byte (the
+// first in the low bits), the unused bits of the last byte zero.
+void encode_bins(const float* v, size_t k, unsigned char* out) {
+  const size_t blocks = (k + kBinBlock - 1) / kBinBlock;
+  unsigned char* codes = out + 16 * blocks;
+  std::memset(codes, 0, (k + 3) / 4);
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = b * kBinBlock, hi = std::min<size_t>(k, lo + kBinBlock);
+    const double m = static_cast<double>(hi - lo);
+    double mean = 0;
+    for (size_t i = lo; i < hi; ++i) mean += v[i];
+    mean /= m;
+    double ss = 0;
+    for (size_t i = lo; i < hi; ++i) ss += (v[i] - mean) * (v[i] - mean);
+    const double width = hi - lo > 1 ? 1.5 * std::sqrt(ss / (m - 1)) : 0.0;
+    double sum[4] = {0, 0, 0, 0}, count[4] = {0, 0, 0, 0};
+    for (size_t i = lo; i < hi; ++i) {
+      const double c = v[i] - mean;
+      // Bin 2 holds the values within half a width of the mean; ties of the rounding go to the even bin.
+      const int q = width > 0 ? static_cast<int>(std::clamp(std::nearbyint(c / width) + 2.0, 0.0, 3.0)) : 2;
+      sum[q] += c;
+      count[q] += 1;
+      codes[i / 4] = static_cast<unsigned char>(codes[i / 4] | (q << (2 * (i % 4))));
+    }
+    for (int q = 0; q < 4; ++q) {
+      const float level = static_cast<float>(count[q] > 0 ? mean + sum[q] / count[q] : mean);
+      uint32_t bits;
+      std::memcpy(&bits, &level, 4);
+      for (int j = 0; j < 4; ++j) out[16 * b + 4 * static_cast<size_t>(q) + static_cast<size_t>(j)] =
+          static_cast<unsigned char>((bits >> (8 * j)) & 0xff);
+    }
+  }
+}
+
+// Decodes encode_bins' section of k values into out[0..k): a non-finite level is a NonFiniteError, a set unused bit
+// of the last code byte a WireError.
+void decode_bins(const unsigned char* p, size_t k, float* out) {
+  const size_t blocks = (k + kBinBlock - 1) / kBinBlock;
+  std::vector<float> levels(4 * blocks);
+  for (size_t j = 0; j < levels.size(); ++j) {
+    const uint32_t bits = uint32_t{p[4 * j]} | (uint32_t{p[4 * j + 1]} << 8) | (uint32_t{p[4 * j + 2]} << 16) |
+                          (uint32_t{p[4 * j + 3]} << 24);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    if (!std::isfinite(x))
+      throw NonFiniteError("topk: level " + std::to_string(j % 4) + " of value block " + std::to_string(j / 4) +
+                           " is non-finite: " + exact_number(x));
+    levels[j] = x;
+  }
+  const unsigned char* codes = p + 16 * blocks;
+  if (k % 4 != 0 && (codes[k / 4] >> (2 * (k % 4))) != 0)
+    throw WireError("topk: the unused bits after the last of " + std::to_string(k) + " value codes are not zero");
+  for (size_t i = 0; i < k; ++i) out[i] = levels[4 * (i / kBinBlock) + ((codes[i / 4] >> (2 * (i % 4))) & 3)];
+}
+
 void put_varint(uint32_t v, std::string* out) {
   while (v >= 0x80) {
     out->push_back(static_cast<char>((v & 0x7f) | 0x80));
@@ -99,11 +157,13 @@ std::string encode_topk(const float* x, size_t n, Encoding e, const TopkOptions&
   const size_t k = idx.size();
   std::vector<float> vals(k);
   for (size_t j = 0; j < k; ++j) vals[j] = x[idx[j]];
-  const Encoding ve = topk_values(e);
-  const size_t vbytes = encoded_bytes(ve, k);
+  const size_t vbytes = topk_values_bytes(e, k);
   std::string out(4 + vbytes, '\0');
   for (int b = 0; b < 4; ++b) out[b] = static_cast<char>((k >> (8 * b)) & 0xff);
-  encode_floats_into(vals.data(), k, ve, out.data() + 4);
+  if (e == Encoding::kTopk2b)
+    encode_bins(vals.data(), k, reinterpret_cast<unsigned char*>(out.data() + 4));
+  else
+    encode_floats_into(vals.data(), k, topk_values(e), out.data() + 4);
   out.reserve(out.size() + 2 * k);
   uint32_t prev = 0;
   for (size_t j = 0; j < k; ++j) {
@@ -123,8 +183,7 @@ SparseEntries decode_topk(const void* payload, size_t bytes, Encoding e, size_t 
   const uint64_t k = topk_count(p);
   if (k > n)
     throw WireError("topk: count " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
-  const Encoding ve = topk_values(e);
-  const size_t vbytes = encoded_bytes(ve, k);
+  const size_t vbytes = topk_values_bytes(e, k);
   // Each index takes at least one byte: a count the payload cannot hold is refused before anything is allocated.
   if (bytes - 4 < vbytes || bytes - 4 - vbytes < k)
     throw WireError("topk: payload of " + std::to_string(bytes) + " bytes is truncated: " + std::to_string(k) +
@@ -165,7 +224,10 @@ SparseEntries decode_topk(const void* payload, size_t bytes, Encoding e, size_t 
     throw WireError("topk: " + std::to_string(end - q) + " trailing bytes after the " + std::to_string(k) +
                     " indices");
   out.value.resize(k);
-  decode_floats_into(p + 4, vbytes, ve, k, out.value.data());  // scales, int2 codes, finite values
+  if (e == Encoding::kTopk2b)
+    decode_bins(p + 4, k, out.value.data());
+  else
+    decode_floats_into(p + 4, vbytes, topk_values(e), k, out.value.data());  // scales, int2 codes, finite values
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -316,6 +317,105 @@ TEST(TopkWire, HeaderBoundsASparsePayload) {
   EXPECT_THROW(encode_message(h, enc, big), WireError);
   EXPECT_THROW(encoded_bytes(Encoding::kTopk2, 10), WireError);
   EXPECT_EQ(parse_encoding("topk4"), Encoding::kTopk4);
+}
+
+// ---- topk2b: SparseLoCo's 2-bit values (four bins around the block's mean, each decoded as its values' mean) ----
+
+std::string f32le(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u32le(u);
+}
+
+// Worked by hand from the definition (docs/wire.md): kept 4, −2, 6, −8 at indices 1, 3, 5, 7; mean 0, σ (n − 1) =
+// √(120/3) = 6.32, width 1.5σ = 9.49; (v − μ)/w = 0.42, −0.21, 0.63, −0.84 → bins 2, 2, 3, 1; levels: bin 1 −8,
+// bin 2 (4 − 2)/2 = 1, bin 3 6, bin 0 empty (the mean, 0).
+TEST(TopkBins, AWorkedExample) {
+  const std::vector<float> x = {0, 4, 0, -2, 0, 6, 0, -8, 1};
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2b, at(0.45)));
+  const std::string want = u32le(4) + f32le(0.f) + f32le(-8.f) + f32le(1.f) + f32le(6.f) +
+                           std::string(1, static_cast<char>(2 | 2 << 2 | 3 << 4 | 1 << 6)) + std::string("\x01\x02\x02\x02");
+  EXPECT_EQ(enc, want);
+  const std::vector<float> back = decode_floats(enc.data(), enc.size(), Encoding::kTopk2b, x.size());
+  EXPECT_EQ(back, (std::vector<float>{0, 1, 0, 1, 0, 6, 0, -8, 0}));
+  EXPECT_EQ(topk_values_bytes(Encoding::kTopk2b, 4), 17u);
+  EXPECT_EQ(topk_values_bytes(Encoding::kTopk2b, 1024), 16u + 256u);
+  EXPECT_EQ(topk_values_bytes(Encoding::kTopk2b, 1025), 32u + 257u);
+  EXPECT_EQ(parse_encoding("topk2b"), Encoding::kTopk2b);
+}
+
+// On heavy-tailed values (Student's t, 3 degrees of freedom) at 3% in chunks of 4096: every block decodes to at
+// most four levels, each the mean of the inputs it stands for, in the inputs' order; no kept value is lost as 0. The
+// absmax code (topk2) zeroes most of them there (a value under half its block's largest decodes as 0).
+TEST(TopkBins, EachLevelIsTheMeanOfItsValuesAndNoneIsDropped) {
+  std::mt19937 rng(7);
+  std::student_t_distribution<float> t3(3.f);
+  std::vector<float> x(40 * 4096 + 100);
+  for (auto& v : x) v = t3(rng);
+  const TopkOptions o = at(0.03, 4096);
+  const std::string enc = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2b, o));
+  const SparseEntries s = decode_topk(enc.data(), enc.size(), Encoding::kTopk2b, x.size());
+  const SparseEntries a = [&] {
+    const std::string e2 = encode_floats(x.data(), x.size(), Codec(Encoding::kTopk2, o));
+    return decode_topk(e2.data(), e2.size(), Encoding::kTopk2, x.size());
+  }();
+  ASSERT_EQ(s.index, a.index);  // the same entries kept: only the values' code differs
+  ASSERT_GT(s.index.size(), 4 * kBinBlock);  // five blocks, the last one short
+  size_t zero_bins = 0, zero_absmax = 0;
+  for (size_t lo = 0; lo < s.index.size(); lo += kBinBlock) {
+    const size_t hi = std::min<size_t>(s.index.size(), lo + kBinBlock);
+    std::map<float, std::pair<double, double>> groups;  // decoded level → (sum, count) of its inputs
+    for (size_t j = lo; j < hi; ++j) {
+      auto& g = groups[s.value[j]];
+      g.first += x[s.index[j]];
+      g.second += 1;
+    }
+    EXPECT_LE(groups.size(), 4u);
+    for (const auto& [level, g] : groups) EXPECT_NEAR(level, g.first / g.second, 1e-5 * (1 + std::fabs(level)));
+    for (size_t j = lo; j < hi; ++j)
+      for (size_t i = lo; i < hi; ++i)
+        if (x[s.index[i]] < x[s.index[j]]) ASSERT_LE(s.value[i], s.value[j]) << "levels out of the inputs' order";
+  }
+  for (size_t j = 0; j < s.index.size(); ++j) {
+    zero_bins += s.value[j] == 0.f;
+    zero_absmax += a.value[j] == 0.f;
+  }
+  EXPECT_EQ(zero_bins, 0u);
+  EXPECT_GT(zero_absmax, s.index.size() / 2) << "the absmax code was expected to zero most of these";
+  // Error feedback carries exactly what the code did not deliver.
+  std::vector<float> residual(x.size(), 0.f);
+  const std::string fb = quantize_with_error_feedback(x.data(), residual.data(), x.size(), Codec(Encoding::kTopk2b, o));
+  const std::vector<float> got = decode_floats(fb.data(), fb.size(), Encoding::kTopk2b, x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_FLOAT_EQ(got[i] + residual[i], x[i]) << i;
+}
+
+TEST(TopkBins, RefusesMalformedValueSections) {
+  const std::string idx = "\x01\x02";  // indices 1, 3
+  const std::string levels = f32le(-1.f) + f32le(0.f) + f32le(1.f) + f32le(2.f);
+  const auto refused = [](const std::string& p, const std::string& says, bool non_finite) {
+    std::vector<float> out(10, 7.f);
+    try {
+      decode_floats_into(p.data(), p.size(), Encoding::kTopk2b, 10, out.data());
+      ADD_FAILURE() << "accepted: expected '" << says << "'";
+    } catch (const NonFiniteError& e) {
+      EXPECT_TRUE(non_finite) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    } catch (const WireError& e) {
+      EXPECT_FALSE(non_finite) << e.what();
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    for (float v : out) EXPECT_EQ(v, 7.f) << "a refused payload wrote to the output";
+  };
+  const std::string ok = u32le(2) + levels + std::string(1, static_cast<char>(3 | 1 << 2)) + idx;
+  std::vector<float> out(10, 0.f);
+  decode_floats_into(ok.data(), ok.size(), Encoding::kTopk2b, 10, out.data());
+  EXPECT_EQ(out[1], 2.f);
+  EXPECT_EQ(out[3], 0.f);
+  refused(u32le(2) + levels + std::string(1, static_cast<char>(3 | 1 << 2 | 1 << 6)) + idx, "unused bits", false);
+  refused(u32le(2) + f32le(std::numeric_limits<float>::infinity()) + f32le(0.f) + f32le(1.f) + f32le(2.f) +
+              std::string(1, '\x03') + idx,
+          "level 0 of value block 0 is non-finite", true);
+  refused(u32le(2) + levels, "truncated", false);
 }
 
 }  // namespace

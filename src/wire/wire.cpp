@@ -82,6 +82,7 @@ size_t encoded_bytes(Encoding e, uint64_t n) {
     case Encoding::kTopk8:
     case Encoding::kTopk4:
     case Encoding::kTopk2:
+    case Encoding::kTopk2b:
       throw WireError(std::string("wire: a ") + encoding_name(e) +
                       " payload's size depends on what it holds (max_encoded_bytes bounds it)");
     default: throw WireError("wire: unknown payload encoding " + std::to_string(static_cast<int>(e)));
@@ -90,9 +91,17 @@ size_t encoded_bytes(Encoding e, uint64_t n) {
   return static_cast<size_t>(b);
 }
 
+size_t topk_values_bytes(Encoding e, uint64_t k) {
+  if (e != Encoding::kTopk2b) return encoded_bytes(topk_values(e), k);
+  if (k > (uint64_t{1} << 60)) throw WireError("wire: payload of " + u64s(k) + " elements too big");
+  const uint64_t b = 16 * ((k + kBinBlock - 1) / kBinBlock) + (k + 3) / 4;
+  if (b > std::numeric_limits<size_t>::max()) throw WireError("wire: payload of " + u64s(k) + " elements too big");
+  return static_cast<size_t>(b);
+}
+
 size_t max_encoded_bytes(Encoding e, uint64_t n) {
   if (!is_sparse(e)) return encoded_bytes(e, n);
-  const uint64_t b = 4 + static_cast<uint64_t>(encoded_bytes(topk_values(e), n)) + 5 * n;  // n ≤ 2^60: no overflow
+  const uint64_t b = 4 + static_cast<uint64_t>(topk_values_bytes(e, n)) + 5 * n;  // n ≤ 2^60: no overflow
   if (b > std::numeric_limits<size_t>::max()) throw WireError("wire: payload of " + u64s(n) + " elements too big");
   return static_cast<size_t>(b);
 }
@@ -126,15 +135,17 @@ const char* encoding_name(Encoding e) {
     case Encoding::kTopk8: return "topk8";
     case Encoding::kTopk4: return "topk4";
     case Encoding::kTopk2: return "topk2";
+    case Encoding::kTopk2b: return "topk2b";
   }
   return "unknown";
 }
 
 Encoding parse_encoding(const std::string& name) {
   for (Encoding e : {Encoding::kFp32, Encoding::kBf16, Encoding::kInt8, Encoding::kInt4, Encoding::kInt2,
-                     Encoding::kTopk8, Encoding::kTopk4, Encoding::kTopk2})
+                     Encoding::kTopk8, Encoding::kTopk4, Encoding::kTopk2, Encoding::kTopk2b})
     if (name == encoding_name(e)) return e;
-  throw WireError("wire: unknown encoding '" + name + "' (expected fp32, bf16, int8, int4, int2, topk8, topk4 or topk2)");
+  throw WireError("wire: unknown encoding '" + name +
+                  "' (expected fp32, bf16, int8, int4, int2, topk8, topk4, topk2 or topk2b)");
 }
 
 std::string fingerprint_hex(uint64_t fp) {
