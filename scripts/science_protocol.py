@@ -146,7 +146,8 @@ METHOD_SPECS = {
     # (four bins per block of kept values, each decoded as its values' mean: net.topk_values = bins), error
     # feedback with decay β = 0.95 (the accumulator that takes the outer momentum's place), outer SGD on the mean, and
     # its exchange: every learner gets every entry the merge changed (a top-k broadcast at M × 3%, 8-bit values, the
-    # rounding carried to the next merge) instead of a re-sparsified 3%.
+    # rounding kept at the syncer, which at η = 1 under sync.delta_anchor = global never reaches the learners: the
+    # merged model is then the learners' mean, docs/wire.md) instead of a re-sparsified 3%.
     "sparseloco": dict(preset="diloco", kind="sgd", lr=1.0, mu=0.0,
                        extra=lambda S: ["net.encoding=topk", "net.topk_bits=2", "net.topk_values=bins",
                                         "net.topk_density=0.03", "net.topk_chunk=4096", "net.error_feedback=true",
@@ -414,7 +415,9 @@ def plan(S):
         pts.append(("e5", enc, "diloco", sync_run(S, M, T) + [f"net.encoding={enc}", "net.error_feedback=true"]))
     # 5b. Fewer bytes than int4 (issue 35): today's smallest pair (int4 up, bf16 down), then sparse top-k pushes
     # (2-bit values, error feedback) with the whole fp32 fragment down, and both ways (the broadcast as a top-k delta
-    # of the same density, its residual carried by the syncer). The sparse rows run the mean under outer SGD
+    # of the same density, its residual kept by the syncer; at η = 1 under sync.delta_anchor = global the merged
+    # model is the learners' mean, so what the broadcast left out never reaches them: docs/wire.md). The sparse rows
+    # run the mean under outer SGD
     # (mean_sgd, tuned in experiment 2): top-k with error feedback replaces the outer momentum, as in SparseLoCo; a
     # delta broadcast under Nesterov is anchored at what the syncer has merged, and the momentum then integrates the
     # residual (docs/wire.md). Its fp32 row is the paired reference.
