@@ -8,7 +8,8 @@
 //  * encoding finite floats succeeds; its payload decodes; every kept entry is within half a quantisation step of
 //    its input (topk2b: within the range of its value block's inputs, as a bin's mean is) and no dropped entry is
 //    larger in magnitude than a kept one (of the same chunk);
-//  * error feedback leaves a finite residual, and input = decoded + residual (to float rounding).
+//  * error feedback leaves a finite residual, and input = decoded + residual (to the float rounding of input −
+//    decoded: a topk2b level, a bin's mean, can be far larger than a small value in its bin).
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -128,7 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (size_t i = 0; i < x.size(); ++i) {
     if (!std::isfinite(residual[i])) fail("non-finite residual", i);
     const double d = std::fabs(static_cast<double>(x[i]) - back[i] - residual[i]);
-    if (d > 1e-6 * std::fabs(static_cast<double>(x[i])) + 1e-37) fail("input != decoded + residual", i);
+    if (d > 1e-6 * (std::fabs(static_cast<double>(x[i])) + std::fabs(static_cast<double>(back[i]))) + 1e-37)
+      fail("input != decoded + residual", i);
   }
   return 0;
 }
