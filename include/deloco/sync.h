@@ -456,7 +456,8 @@ class Syncer {
   // steps. With delta_anchor = global every contribution is anchored at Θ_p + e_p (Δ_m = Θ_p + e_p − θ_m, the
   // fused pass adds (Σ c_i)·e_p, the general path adds e_p to each Δ̂): the learners train from the lagging Θ_p, and
   // anchored there their progress would propose what e_p holds a second time (measured: Nesterov diverged at 3%
-  // top-k). RoundResult::delta carries the encoded D. An encoding failure (Θ_p' + e_p − Θ_p overflowing) installs
+  // top-k). So under outer SGD at η the next T is Θ_p − η·mean(Δ̂) + (1 − η)·e_p: at η = 1 the merged model is the
+  // learners' mean and e_p is not sent later but dropped (docs/wire.md). RoundResult::delta carries the encoded D. An encoding failure (Θ_p' + e_p − Θ_p overflowing) installs
   // Θ_p' + e_p as merged and sends no delta (e_p ← 0). Needs every fragment held flat in fp32 on the CPU; throws
   // SyncError otherwise or for a codec that is not a float encoding. restore() and resync() set e_p to zero, or to
   // the image's. Call before the first merge.
