@@ -149,7 +149,8 @@ struct Beat {
   // was measured, the syncer allows for an announced one up to its patience cap (syncer_timers.cpp).
   int64_t push_bytes = -1;
   // The pushes still waiting in the learner's outbox when this heartbeat was sent (the push it announces, if any,
-  // included): they follow it on the connection. Under sync.final_round the syncer marks a learner past its last
+  // included): they follow it (with a sharded syncer the count is over every link's, so a shard may wait for
+  // another's pushes: a later mark, never an early one). Under sync.final_round the syncer marks a learner past its last
   // step only on a heartbeat with none (-1: absent on the wire, an older learner: its step alone decides).
   int64_t unsent = -1;
 };

@@ -327,7 +327,7 @@ struct Simulator::Impl {
   // round waits for its push any more (Syncer::set_finished).
   void on_finished(const Event& e) {
     const Learner& L = learners[e.learner];
-    if (e.epoch != L.epoch || !L.up || L.retired) return;
+    if (e.epoch != L.epoch || !L.up || L.retired || syncer->finished(e.learner)) return;  // (heard before a failure)
     syncer->set_finished(now, e.learner, true);
     rec::LearnerFinished r;
     r.learner = e.learner;
