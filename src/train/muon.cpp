@@ -17,8 +17,12 @@ NamedTensors pick(const NamedTensors& params, const std::vector<bool>& use, bool
 }
 }  // namespace
 
-bool muon_takes(const std::string& name, at::IntArrayRef sizes, int64_t vocab) {
+bool muon_takes(const std::string& name, at::IntArrayRef sizes, int64_t vocab, bool builtin_gpt) {
   if (sizes.size() != 2) return false;
+  if (builtin_gpt) {
+    const std::string module = name.substr(0, name.find('.'));
+    return module != "wte" && module != "wpe" && module != "lm_head";
+  }
   for (const char* s : {"wte", "wpe", "emb", "head"})
     if (name.find(s) != std::string::npos) return false;
   return sizes[0] != vocab && sizes[1] != vocab;
@@ -117,7 +121,7 @@ std::unique_ptr<InnerOptimizer> make_inner_optimizer(const TrainConfig& t, const
   o.rms_scale = t.muon_scale != "shape";
   o.weight_decay = t.weight_decay;
   std::vector<bool> use;
-  for (const auto& [name, p] : params) use.push_back(muon_takes(name, p.sizes(), model.vocab_size));
+  for (const auto& [name, p] : params) use.push_back(muon_takes(name, p.sizes(), model.vocab_size, model.kind == "gpt"));
   return std::make_unique<Muon>(std::move(params), use, a, o);
 }
 

@@ -11,9 +11,11 @@
 //   s = 0.2·√max(m, n)   ("rms", the default: O's RMS is ≈ 1/√max(m,n), so the step's RMS is 0.2, AdamW's typical
 //                         one, and train.lr and train.weight_decay carry over from AdamW, as Liu et al. do), or
 //   s = √max(1, m/n)     ("shape": Jordan's original scale, with its own learning rate ~0.02).
-// Which matrices: every 2-D parameter except embeddings and the output head (a name containing wte, wpe, emb or
-// head, or a dimension equal to the vocabulary): those, and every 1-D parameter (biases, norm gains), take AdamW
-// with train.lr, train.beta1/2 and train.weight_decay, as in the Muon and MuLoCo papers.
+// Which matrices: every 2-D parameter except embeddings and the output head; those, and every 1-D parameter
+// (biases, norm gains), take AdamW with train.lr, train.beta1/2 and train.weight_decay, as in the Muon and MuLoCo
+// papers. The built-in GPT's names decide: wte, wpe and lm_head (a tied head is wte). A TorchScript model's names
+// and shapes: a name containing wte, wpe, emb or head, or a dimension equal to the vocabulary (shape alone cannot
+// tell a head [V, C] from a hidden matrix [4C, C] when V = 4C: such a model's hidden matrices go to AdamW too).
 // Matrices of one shape are orthogonalised together in one batched pass.
 #pragma once
 
@@ -35,8 +37,9 @@ struct MuonOptions {
   double weight_decay = 0.1;
 };
 
-// Whether Muon takes parameter `name` of shape `sizes` in a model with vocabulary `vocab` (see above).
-bool muon_takes(const std::string& name, at::IntArrayRef sizes, int64_t vocab);
+// Whether Muon takes parameter `name` of shape `sizes` in a model with vocabulary `vocab`, the built-in GPT
+// (model.kind = gpt) or a TorchScript model (see above).
+bool muon_takes(const std::string& name, at::IntArrayRef sizes, int64_t vocab, bool builtin_gpt);
 
 class Muon final : public InnerOptimizer {
  public:

@@ -14,6 +14,7 @@
 #include "deloco/error.h"
 #include "deloco/gpt/train.h"
 #include "deloco/gpt/config.h"
+#include "deloco/gpt/model.h"
 #include "support/proc.h"
 #include "support/shell.h"
 #include "train/muon.h"
@@ -65,7 +66,7 @@ double reference_gap(const std::string& ns_dtype, bool nesterov) {
   o.ns_dtype = ns_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   o.nesterov = nesterov;
   std::vector<bool> use;
-  for (const auto& [n, p] : params) use.push_back(muon_takes(n, p.sizes(), kVocab));
+  for (const auto& [n, p] : params) use.push_back(muon_takes(n, p.sizes(), kVocab, true));
   Muon muon(params, use, AdamWOptions{}, o);
   const std::vector<double> lrs = {0.01, 0.02, 0.015};
   const std::vector<double> scales = {1.0, 0.5, 1.0};  // the clipping coefficient of step 2
@@ -79,7 +80,6 @@ double reference_gap(const std::string& ns_dtype, bool nesterov) {
     muon.step(lrs[s], scales[s]);
     in["steps"].push_back(step);
   }
-  in["vocab"] = kVocab;
   in["momentum"] = o.momentum;
   in["nesterov"] = nesterov;
   in["ns_steps"] = o.ns_steps;
@@ -123,22 +123,51 @@ TEST(MuonReference, ThreeStepsMatchPyTorchWithinBf16RoundOff) {
 }
 
 TEST(Muon, TakesTheHiddenMatricesOnly) {
-  EXPECT_TRUE(muon_takes("h.0.attn.c_attn.weight", {3 * kC, kC}, kVocab));
-  EXPECT_TRUE(muon_takes("h.0.mlp.c_proj.weight", {kC, 4 * kC}, kVocab));
-  EXPECT_FALSE(muon_takes("wte.weight", {kVocab, kC}, kVocab));
-  EXPECT_FALSE(muon_takes("wpe.weight", {16, kC}, kVocab));
-  EXPECT_FALSE(muon_takes("lm_head.weight", {kVocab, kC}, kVocab));
-  EXPECT_FALSE(muon_takes("output.weight", {kVocab, kC}, kVocab));  // a head by its vocabulary dimension
-  EXPECT_FALSE(muon_takes("tok_embeddings.weight", {kVocab, kC}, kVocab));
-  EXPECT_FALSE(muon_takes("h.0.attn.c_attn.bias", {3 * kC}, kVocab));
-  EXPECT_FALSE(muon_takes("conv.weight", {4, 4, 3, 3}, kVocab));
+  // The built-in GPT: by name.
+  EXPECT_TRUE(muon_takes("h.0.attn.c_attn.weight", {3 * kC, kC}, kVocab, true));
+  EXPECT_TRUE(muon_takes("h.0.mlp.c_proj.weight", {kC, 4 * kC}, kVocab, true));
+  EXPECT_TRUE(muon_takes("h.0.mlp.c_fc.weight", {4 * kC, kC}, 4 * kC, true));  // as wide as the vocabulary
+  EXPECT_FALSE(muon_takes("wte.weight", {kVocab, kC}, kVocab, true));
+  EXPECT_FALSE(muon_takes("wpe.weight", {16, kC}, kVocab, true));
+  EXPECT_FALSE(muon_takes("lm_head.weight", {kVocab, kC}, kVocab, true));
+  EXPECT_FALSE(muon_takes("h.0.attn.c_attn.bias", {3 * kC}, kVocab, true));
+  // A TorchScript model: by name, else by a dimension equal to the vocabulary.
+  EXPECT_TRUE(muon_takes("layers.0.w1.weight", {4 * kC, kC}, kVocab, false));
+  EXPECT_FALSE(muon_takes("output.weight", {kVocab, kC}, kVocab, false));  // a head by its vocabulary dimension
+  EXPECT_FALSE(muon_takes("tok_embeddings.weight", {kVocab, kC}, kVocab, false));
+  EXPECT_FALSE(muon_takes("h.0.attn.c_attn.bias", {3 * kC}, kVocab, false));
+  EXPECT_FALSE(muon_takes("conv.weight", {4, 4, 3, 3}, kVocab, false));
+}
+
+// The built-in GPT whose MLP is as wide as its vocabulary (4 · 64 = 256 bytes: experiment 12's 0.125M model): Muon
+// takes every hidden matrix, c_fc and c_proj included (a dimension equal to the vocabulary once sent them to AdamW).
+TEST(Muon, TakesEveryHiddenMatrixOfTheBuiltInGptWhateverItsVocabulary) {
+  torch::set_num_threads(1);
+  for (const int64_t C : {int64_t{64}, int64_t{256}}) {  // 4C = V, and C = V (the defaults)
+    ModelConfig m;
+    m.n_layer = 2;
+    m.n_head = 2;
+    m.n_embd = C;
+    m.vocab_size = 256;
+    m.block_size = 16;
+    auto model = make_language_model(&m, 1, torch::kCPU);
+    TrainConfig t;
+    t.optimizer = "muon";
+    auto opt = make_inner_optimizer(t, m, model->parameters());
+    const auto names = dynamic_cast<Muon&>(*opt).muon_names();
+    std::vector<std::string> want;
+    for (const auto& [n, p] : model->parameters())
+      if (p.dim() == 2 && n.rfind("h.", 0) == 0) want.push_back(n);
+    EXPECT_EQ(want.size(), 8u) << "C = " << C;
+    EXPECT_EQ(names, want) << "C = " << C;
+  }
 }
 
 TEST(Muon, StateRoundTripsAndAnAdamWStateIsRefusedByName) {
   torch::set_num_threads(1);
   NamedTensors a = gpt_like(5), b = gpt_like(5);
   std::vector<bool> use;
-  for (const auto& [n, p] : a) use.push_back(muon_takes(n, p.sizes(), kVocab));
+  for (const auto& [n, p] : a) use.push_back(muon_takes(n, p.sizes(), kVocab, true));
   Muon ma(a, use, AdamWOptions{}, MuonOptions{});
   torch::manual_seed(2);
   for (auto& [n, p] : a) p.mutable_grad() = torch::randn(p.sizes());

