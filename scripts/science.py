@@ -10,17 +10,18 @@ repository so that its hours add up across sessions); a point already there is n
 suite continues where it stopped and the report can be regenerated from the results alone (--report-only).
 
 Rules (issues 14 and 33):
-  * seeds: every reported point runs seeds 1..`seeds` (train.seed and sim.seed both = the seed), and the two points
-    of a comparison a claim turns on (decisive_pairs) one more at a time, up to MAX_SEEDS, while the interval of their
-    paired difference contains the claim's threshold; the tables give the mean and the 95% interval of the mean
-    (Student's t over the seeds; differences over the seeds both points have);
+  * seeds: every reported point runs seeds 1..`seeds` (train.seed and sim.seed both = the seed; 5 at the full scale),
+    fixed before any result and alike for every point (issue 54); the tables give the mean and the 95% interval of
+    the mean (Student's t over the seeds; differences over the seeds both points have, paired by seed);
   * tuning: each method's outer learning rate (and momentum, for Nesterov, where the method is first tuned) is chosen
     on a small grid by the final loss on data.holdout = dev, the first half of the held-out tokens, with seed
     TUNE_SEED = 0, which no reported run uses; a method is tuned in every setting it is reported in that changes its
     step (experiment 1: at every M; 9 and 10: on their model and horizon; the K = 1 methods in Decoupled DiLoCo's
     setting, on the fast link for the variants); a grid whose best η is its smallest or largest grows on that side
-    (MAX_EXTENSIONS), and a choice still on an edge is reported as such; every reported number is measured on
-    data.holdout = test, the second half, which no choice saw;
+    (MAX_EXTENSIONS), and a choice still on an edge is reported as such; a choice at μ's smaller value gets one
+    probe a step below it (probe_jobs), which moves no choice and gives the slack the edge leaves; every reported
+    number is measured on data.holdout = test, the second half, which no choice saw;
+  * rows of runs a defect spoiled (SUPERSEDED) are set aside when read, and their runs are due again;
   * records: every run's merge records give the grace window of each merge, the contributions per merge and their
     staleness (merge_stats), reported with experiments 3, 4 and 8;
   * labels: every claim is marked reproduced, partly or not reproduced by a stated rule, with a sentence of why.

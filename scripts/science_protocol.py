@@ -33,10 +33,42 @@ def mean_ci(xs):
     return m, T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
+def paired(a, b):
+    """The pairs (x, y) of a and b with the same seed (same initialisation and data order): by their seeds where
+    both came from seeds_sorted, else by position."""
+    if hasattr(a, "seeds") and hasattr(b, "seeds"):
+        yb = dict(zip(b.seeds, b))
+        return [(x, yb[k]) for k, x in zip(a.seeds, a) if k in yb]
+    return list(zip(a, b))
+
+
 def diff_ci(a, b):
-    """Mean and 95% half-width of a − b over paired seeds (same seed, same data order)."""
-    n = min(len(a), len(b))
-    return mean_ci([x - y for x, y in zip(a[:n], b[:n])]) if n else (float("nan"), float("nan"))
+    """Mean and 95% half-width of a − b over paired seeds."""
+    pairs = paired(a, b)
+    return mean_ci([x - y for x, y in pairs]) if pairs else (float("nan"), float("nan"))
+
+
+def rel_gaps(a, b):
+    """(x − y) / y for each pair of paired(a, b): a relative gap per seed (a BySeed where both are)."""
+    if hasattr(a, "seeds") and hasattr(b, "seeds"):
+        yb = dict(zip(b.seeds, b))
+        ks = [k for k in a.seeds if k in yb]
+        return BySeed(((x - yb[k]) / yb[k] for k, x in zip(a.seeds, a) if k in yb), ks)
+    return [(x - y) / y for x, y in zip(a, b)]
+
+
+def rel_ci(a, b):
+    """Mean and 95% half-width of (a − b) / b over paired seeds: a relative gap."""
+    g = rel_gaps(a, b)
+    return mean_ci(g) if g else (float("nan"), float("nan"))
+
+
+class BySeed(list):
+    """A point's values in seed order, with .seeds, the seed of each (paired() matches them by it)."""
+
+    def __init__(self, values, seeds):
+        super().__init__(values)
+        self.seeds = list(seeds)
 
 
 READ = set()  # every (experiment, variant) seeds_sorted was asked for: what the report's claims rest on (Claims)
@@ -45,7 +77,7 @@ READ = set()  # every (experiment, variant) seeds_sorted was asked for: what the
 def seeds_sorted(res, exp, variant, field="final_val_loss"):
     READ.add((exp, variant))
     rows = sorted((r for r in res.rows.values() if r["exp"] == exp and r["variant"] == variant), key=lambda r: r["seed"])
-    return [r.get(field) for r in rows]
+    return BySeed((r.get(field) for r in rows), (r["seed"] for r in rows))
 
 
 # ---- the scale ---------------------------------------------------------------------------------------------------
@@ -88,7 +120,9 @@ def scale(quick, out):
     # about 25 s, 55 s and 340 s a run (bf16, one core; 46k, 22k tokens/s at the two larger, measured); the corpus has
     # 10.3M training bytes, so the largest sees 0.7 of it once. Its 95 runs (the tuning grids and 3 seeds) take about
     # 9 core-hours; a 0.84M size would take 4 times that.
-    S = dict(base=base, ms=[1, 2, 4, 8, 16], seeds=3, total_steps=1600, sync_every=25, m_exp=8,
+    # Every reported point has 5 seeds (issue 54: fixed in advance for every point alike; 3 left claims that compare
+    # a point outside a list of "decisive" pairs resting on 3).
+    S = dict(base=base, ms=[1, 2, 4, 8, 16], seeds=5, total_steps=1600, sync_every=25, m_exp=8,
              lr_factors=[0.6, 1.0, 1.5], momenta=[0.8, 0.9],
              model="bf16 GPT, 4 × 256, T = 128, SentencePiece vocabulary 4096 (4.24M parameters)",
              small=small, small_model="bf16 GPT, 2 × 128, T = 128, SentencePiece vocabulary 4096",
@@ -523,15 +557,52 @@ def key_of(sets):
     return hashlib.sha1("\n".join(sorted(s.replace(ROOT, "<root>") for s in sets)).encode()).hexdigest()[:16]
 
 
+def _muon_as_wide_as_the_vocabulary(sets):
+    """Whether a run trained the built-in GPT with Muon where a hidden matrix is as wide as the vocabulary (V = d,
+    3d or 4d; the defaults, include/deloco/gpt/config.h: V = d = 256)."""
+    s = dict(x.split("=", 1) for x in sets if "=" in x)  # a key set twice: the last wins, as `deloco sim` reads it
+    muon = s.get("train.optimizer", "auto") == "muon" or (s.get("train.optimizer", "auto") == "auto" and
+                                                          s.get("merge.preset") == "muloco")
+    d, v = int(s.get("model.n_embd", 256)), int(s.get("model.vocab_size", 256))
+    return muon and s.get("model.kind", "gpt") == "gpt" and v in (d, 3 * d, 4 * d)
+
+
+# Rows of runs that a defect spoiled, set aside when the results are read (they stay in the file; their runs are due
+# again): (the fix's commit, what it fixed, whether a run's sets meet the defect). A row is set aside when it meets
+# the defect and its binary was built from a commit without the fix (rows from before builds were recorded: all).
+SUPERSEDED = [("ac75426", "Muon sent the built-in GPT's hidden matrices as wide as the vocabulary to AdamW "
+                          "(experiment 12's 0.125M model, 4 × 64 = 256: the MLP)", _muon_as_wide_as_the_vocabulary)]
+_HAS_FIX = {}  # (fix, build) -> whether the build's commit contains the fix
+
+
+def has_fix(fix, build):
+    """Whether the binary of a row's `_build` ("<commit>" or "<commit>+changes", None: not recorded) was built from a
+    commit that contains `fix` (git's ancestry; a commit this checkout does not know: no)."""
+    if not build:
+        return False
+    if (fix, build) not in _HAS_FIX:
+        r = subprocess.run(["git", "-C", ROOT, "merge-base", "--is-ancestor", fix, build.split("+")[0]],
+                           capture_output=True)
+        _HAS_FIX[(fix, build)] = r.returncode == 0
+    return _HAS_FIX[(fix, build)]
+
+
 class Results:
     """results.jsonl: one row per (point, experiment, variant, seed). Points with identical settings (e.g. DiLoCo
-    at M = m_exp in experiments 1 and 2) run once and are recorded for each."""
+    at M = m_exp in experiments 1 and 2) run once and are recorded for each. Rows of SUPERSEDED runs are set aside
+    (`set_aside`: what each fixed -> how many rows)."""
 
     def __init__(self, path):
         self.path = path
         self.rows = {}
         self.by_key = {}
+        self.set_aside = {}
         for r in jsonl_records.read(path):  # none when the file is missing; a line cut by a kill is skipped
+            why = next((w for fix, w, meets in SUPERSEDED if meets(r.get("sets", [])) and not has_fix(fix, r.get("_build"))),
+                       None)
+            if why:
+                self.set_aside[why] = self.set_aside.get(why, 0) + 1
+                continue
             self.rows[self.row_id(r)] = r
             self.by_key[r["key"]] = r
 
@@ -542,7 +613,7 @@ class Results:
     def view(self, rows):
         """The same results with only `rows` (a dict like self.rows) to read; lookups by setting still see every row."""
         v = Results.__new__(Results)
-        v.path, v.rows, v.by_key = self.path, rows, self.by_key
+        v.path, v.rows, v.by_key, v.set_aside = self.path, rows, self.by_key, self.set_aside
         return v
 
     def get(self, sets):
@@ -689,6 +760,35 @@ def tuning_jobs(res, S, meths):
     return jobs
 
 
+# μ's grid has two points (the scale's momenta); where a method chose the smaller, one probe on the dev half at its
+# chosen η and MU_PROBE_STEP less μ (issue 54's review: 46 of 58 Nesterov choices were μ = 0.8, the grid's lower
+# edge). A probe is no grid point and changes no choice (a moved choice would rerun every reported run of its method,
+# more than the suite's whole budget); the report sets each probe's dev loss beside its choice's: the slack the edge
+# leaves.
+MU_PROBE_STEP = 0.1
+
+
+def probe_point(res, S, meth):
+    """(η, μ) of method meth's probe below its μ grid's lower edge, or None: its tuning unfinished, its μ inside the
+    grid, or a grid of one μ (SGD, DP, the quick scale)."""
+    _, missing, best, _ = tuning_points(res, S, meth)
+    mus = grid(S, meth)[1]
+    if missing or best is None or len(mus) < 2 or best[2] != min(mus):
+        return None
+    return best[1], round(best[2] - MU_PROBE_STEP, 2)
+
+
+def probe_jobs(res, S, meths):
+    """The probes below μ's edge still to do, as tuning_jobs gives runs (exp "probe")."""
+    jobs = []
+    for meth in meths:
+        pp = probe_point(res, S, meth)
+        if pp is not None:
+            jobs.append((dict(exp="probe", variant=meth, method=meth, lr=pp[0], mu=pp[1], seed=TUNE_SEED, holdout="dev"),
+                         tuning_sets(S, meth, *pp, inner_lr(res, S, meth))))
+    return jobs
+
+
 def chosen(res, S, meths):
     """method -> (lr, mu, inner) with the lowest dev loss over its (extended) grid; inner: the inner learning rate its
     learners take from DP (experiment 12), else None."""
@@ -700,41 +800,10 @@ def chosen(res, S, meths):
     return best
 
 
-# The seeds of a point are fixed before any test result (issue 54: the suite used to add seeds while an interval
-# straddled its threshold, which made the intervals not nominal). The points of the comparisons the claims turn on
-# (where that rule could have added seeds), as (experiment, variant a, variant b, threshold), get MAX_SEEDS; every
-# other point the scale's seeds.
-MAX_SEEDS = 5
-
-
-def decisive_pairs(S):
-    M, Mx = S["m_exp"], max(S["ms"])
-    pairs = [("e1", f"diloco M={m}", f"isoloco M={m}", 0.0) for m in S["ms"]]
-    pairs += [("e1", f"iso_c_ns M={Mx}", f"isoloco M={Mx}", MARGIN),
-              ("e2", "mean_sgd", "iso_c_sgd", 0.0), ("e2", "diloco", "iso_c_sgd", -MARGIN),
-              ("e2", "iso_c_ns", "isoloco", MARGIN),
-              ("e3", "K=1 + grace, fast link", "K=M", MARGIN), ("e4", "mean_k1", "rda", 0.0),
-              ("e5", "int4", "fp32", MARGIN), ("e5", "int2", "fp32", 0.0),
-              ("e7", "Decoupled DiLoCo, failures", "DP, no failures", MARGIN),
-              ("e9", "DiLoCo", "IsoLoCo", 0.0), ("e9", "Decoupled DiLoCo, failures", "DP, no failures", MARGIN)]
-    pairs += [("e3", v, "K=M", GOAL_MARGIN) for v in
-              ("K=1 + grace, fast link", "K=1 + grace + delayed Nesterov, fast link",
-               "K=1 + grace + staleness weights, fast link", "K=1 + grace + dynamic local updates, fast link")]
-    pairs += [("e8", f"{bw / 1e6:g} MB/s + grace", f"{bw / 1e6:g} MB/s", 0.0) for bw in SWEEP_BANDWIDTHS]
-    pairs += [("e10", f"diloco M={m}", f"isoloco M={m}", 0.0) for m in S["many_ms"]]
-    pairs += [("e11", "MuLoCo (Muon)", "DiLoCo (AdamW)", 0.0),
-              ("e11", "MuLoCo, int2 + error feedback", "MuLoCo (Muon)", MULOCO_INT2_MARGIN)]
-    # Experiment 12's third claim (1% relative at the largest size) needs the narrower interval.
-    big, Mx12 = sizes(S)[-1]["name"], max(E12_MS)
-    pairs += [("e12", f"{big} Decoupled M={Mx12}, failures", f"{big} DiLoCo M={Mx12}", 0.01)]
-    return pairs
-
-
 def point_seeds(S, exp, variant):
-    """The seeds a point is reported with, fixed in advance: MAX_SEEDS for a point of a decisive pair, else the
-    scale's (the smoke's one seed stays one)."""
-    if S["seeds"] >= 3 and any(exp == e and variant in (a, b) for e, a, b, _ in decisive_pairs(S)):
-        return MAX_SEEDS
+    """The seeds a point is reported with, 1..S["seeds"], fixed before any test result and alike for every point
+    (issue 54: the suite used to add seeds while an interval straddled its threshold, which made the intervals not
+    nominal; then it gave 5 only to a list of decisive pairs, which missed comparisons that claims make)."""
     return S["seeds"]
 
 
@@ -757,15 +826,19 @@ def plan_rows(S, pts, best, res):
         if meth is None or meth in best:
             for seed in range(1, point_seeds(S, exp, variant) + 1):
                 want[(exp, variant, seed)] = key_of(job_sets(S, exp, meth, sets, best, seed))
-    tuning = set()
+    tuning, probes = set(), {}
     for m in methods_of(pts):
         try:
             inner = inner_lr(res, S, m)
         except NotReady:
             continue
         tuning |= {key_of(tuning_sets(S, m, lr, mu, inner)) for lr, mu in tuning_points(res, S, m)[0]}
+        pp = probe_point(res, S, m)
+        if pp is not None:
+            probes[m] = key_of(tuning_sets(S, m, *pp, inner))
     return {i: r for i, r in res.rows.items()
-            if (r["key"] in tuning if r["exp"] == "tune" else want.get((r["exp"], r["variant"], r["seed"])) == r["key"])}
+            if (r["key"] in tuning if r["exp"] == "tune" else probes.get(r["variant"]) == r["key"] if r["exp"] == "probe"
+                else want.get((r["exp"], r["variant"], r["seed"])) == r["key"])}
 
 
 def reported_jobs(S, pts, best):
@@ -802,7 +875,8 @@ def planned_runs(S, pts, meths):
 def pending_points(res, S, pts, meths):
     """(experiment, variant) -> how many of its reported runs are still to do: the seeds with no row yet, or every
     seed while its method's tuning is unfinished (its η, μ may still change); ("tune", method) -> its tuning runs
-    known to be missing (an extension of its grid may add more). Empty when the suite is complete."""
+    known to be missing (an extension of its grid may add more); ("probe", method) -> 1 while its probe below μ's edge
+    is to do. Empty when the suite is complete."""
     unfinished, todo = set(), {}
     for m in meths:
         _, missing, b, _ = tuning_points(res, S, m)
@@ -812,8 +886,8 @@ def pending_points(res, S, pts, meths):
     best = chosen(res, S, meths)
     for exp, variant, meth, _ in pts:  # no tuning result at all yet: reported_jobs skips the point
         if meth is not None and meth not in best:
-            todo[(exp, variant)] = todo.get((exp, variant), 0) + S["seeds"]
-    for job, sets in reported_jobs(S, pts, best):
+            todo[(exp, variant)] = todo.get((exp, variant), 0) + point_seeds(S, exp, variant)
+    for job, sets in reported_jobs(S, pts, best) + probe_jobs(res, S, sorted(best)):
         if job["method"] in unfinished or Results.row_id(dict(job, key=key_of(sets))) not in res.rows:
             k = (job["exp"], job["variant"])
             todo[k] = todo.get(k, 0) + 1

@@ -10,9 +10,9 @@ import tomllib
 import science_before
 import science_runs
 
-from science_protocol import (sizes, method_order, E5_LINKS_MBIT, FAST_LINK, GOAL_MARGIN, MARGIN, MAX_EXTENSIONS, MAX_SEEDS, METHODS,
-                              MULOCO_INT2_MARGIN, READ, ROOT, SWEEP_BANDWIDTHS, TOPK_DENSITIES, TUNE_SEED, diff_ci,
-                              failure_schedule, grid, horizon_total, many_total, mean_ci, seeds_sorted, tuning_points,
+from science_protocol import (sizes, method_order, E5_LINKS_MBIT, FAST_LINK, GOAL_MARGIN, MARGIN, MAX_EXTENSIONS, METHODS,
+                              MULOCO_INT2_MARGIN, READ, ROOT, SWEEP_BANDWIDTHS, TOPK_DENSITIES, TUNE_SEED, BySeed, diff_ci,
+                              failure_schedule, grid, horizon_total, many_total, mean_ci, rel_ci, rel_gaps, seeds_sorted, tuning_points,
                               tuning_sets)
 
 
@@ -25,6 +25,11 @@ def fmt_opt(res, exp, variant, field, digits):
 def fmt(xs, digits=4):
     m, h = mean_ci(xs)
     return f"{m:.{digits}f} ± {h:.{digits}f}" if math.isfinite(h) else f"{m:.{digits}f}"
+
+
+def fmt_pct(xs):
+    m, h = mean_ci(xs)
+    return f"{m:+.2%} ± {h:.2%}" if math.isfinite(h) else f"{m:+.2%}"
 
 
 # ---- the report ------------------------------------------------------------------------------------------------
@@ -104,12 +109,6 @@ def e5b(res, S, w, claims):
                            if seeds_sorted(res, "e5", v) for d, e in [diff_ci(seeds_sorted(res, "e5", v), f32)]) + "."))
 
 
-def rel_ci(a, b):
-    """Mean and 95% half-width of (a − b) / b over paired seeds: a relative gap."""
-    n = min(len(a), len(b))
-    return mean_ci([(x - y) / y for x, y in zip(a[:n], b[:n])]) if n else (float("nan"), float("nan"))
-
-
 E12_ROWS = ["DP ×1", "DP ×2", "DP ×4", "DP ×8", "DiLoCo M=1", "DiLoCo M=2", "DiLoCo M=4", "DiLoCo M=8", "IsoLoCo M=8",
             "Decoupled M=8", "Decoupled M=8, failures", "Muon DP ×1", "Muon DP ×8", "MuLoCo M=1", "MuLoCo M=8"]
 E12_MARGIN = 0.01  # the third claim: within 1% (relative) of synchronous DiLoCo
@@ -168,26 +167,23 @@ def e12(res, S, w, claims):
         sig = [n for n in have if diffs[n][0] + diffs[n][1] <= 0]
         mean = [n for n in have if diffs[n][0] <= 0]
         claims.append(("DiLoCo with M = 1 is at least as good as DP at every size (Charles et al. 2025)",
-                       label(len(sig) == len(have), len(mean) == len(have) or bool(sig)),  # pending until every size
+                       label(len(sig) == len(have), len(mean) == len(have)),  # pending until every size
                        "DiLoCo M = 1 − DP ×1: " + "; ".join(f"{n} {diffs[n][0]:+.4f} ± {diffs[n][1]:.4f}" for n in have) +
                        (f" (sizes without rows yet: {', '.join(n for n in names if n not in have)})" if len(have) < len(names) else "") + "."))
-    ends = []
+    ends = []  # per M: the gap at the smallest and at the largest size, and its change between them paired by seed
     for M in (2, 4, 8):
         lo, hi = (names[0], f"DiLoCo M={M}"), (names[-1], f"DiLoCo M={M}")
         if lo in gaps and hi in gaps:
-            ends.append((M, gaps[lo], gaps[hi]))
+            ends.append((M, gaps[lo][0], gaps[hi][0], diff_ci(rel_gaps(rows[hi], rows[(names[-1], f"DP ×{M}")]),
+                                                              rel_gaps(rows[lo], rows[(names[0], f"DP ×{M}")]))))
     if ends:
-        sig = [M for M, (g0, h0), (g1, h1) in ends if g1 + h1 < g0 - h0]
-        down = [M for M, (g0, _), (g1, _) in ends if g1 < g0]
+        sig = [M for M, _, _, (c, h) in ends if c + h < 0]
+        down = [M for M, _, _, (c, h) in ends if c < 0]
         claims.append(("DiLoCo's relative gap to DP (same global batch) decreases as the model grows, for M ≥ 2 "
-                       "(Charles et al. 2025)",
-                       label(len(sig) == 3, len(down) == 3 or bool(sig)),
-                       "relative gap at " + names[0] + " → " + names[-1] + ": " +
-                       "; ".join(f"M = {M} {g0:+.2%} ± {h0:.2%} → {g1:+.2%} ± {h1:.2%}" for M, (g0, h0), (g1, h1) in ends) +
-                       ". Smaller at the larger size, the two intervals apart: M = " +
-                       (", ".join(str(M) for M in sig) or "none") + "; by the mean: M = " +
-                       (", ".join(str(M) for M in down) or "none") +
-                       " (reproduced needs every M apart; partly, some M apart or every mean smaller)."))
+                       "(Charles et al. 2025)", label(len(sig) == len(ends) == 3, len(down) == len(ends) == 3),
+                       f"relative gap at {names[0]} → {names[-1]}, and its change (paired by seed): " +
+                       "; ".join(f"M = {M} {g0:+.2%} → {g1:+.2%}, {c:+.2%} ± {h:.2%}" for M, g0, g1, (c, h) in ends) +
+                       " (reproduced: every M's change below zero with its interval; partly: every M's mean)."))
     big = names[-1]
     a, b = rows[(big, "Decoupled M=8, failures")], rows[(big, "DiLoCo M=8")]
     if a and b:
@@ -253,7 +249,7 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
     w("Generated by `scripts/science.py" + (" --quick" if quick else "") + "` from `" + os.path.relpath(results_file, ROOT) +
       "` (regenerate with `--report-only`). Every number below is the final validation loss of the global\n"
       "model on the **test** half of the held-out tokens (`data.holdout = test`), mean ± the 95% interval of the mean\n"
-      f"over {S['seeds']} seed{'s' if S['seeds'] > 1 else ''} ({', '.join(str(i) for i in range(1, S['seeds'] + 1))}; {MAX_SEEDS} for the points of the comparisons the claims turn on, fixed before any test result; Student's t; train.seed = sim.seed = the seed). Outer learning rates and momenta were\n"
+      f"over {S['seeds']} seed{'s' if S['seeds'] > 1 else ''} ({', '.join(str(i) for i in range(1, S['seeds'] + 1))}, the same for every point, fixed before any test result; Student's t; train.seed = sim.seed = the seed). Outer learning rates and momenta were\n"
       f"chosen on the **dev** half (`data.holdout = dev`) with seed {TUNE_SEED}, which no reported run uses, from the grids below: no\n"
       "reported number was seen by a choice, not even as the other half of a tuning run. Differences are paired by seed\n"
       "(same initialisation and data order).\n")
@@ -270,7 +266,7 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
           "kept instead. It is still small: at M = 8 each learner takes "
           f"{S['total_steps'] // S['m_exp']} inner steps, {S['total_steps'] // S['m_exp'] // S['sync_every']} outer "
           "rounds of H = " + str(S["sync_every"]) + ", far fewer than the papers' runs.")
-    todo = {p: n for p, n in (pending or {}).items() if p[0] != "tune"}
+    todo = {p: n for p, n in (pending or {}).items() if p[0] not in ("tune", "probe")}
     tunes = {p[1]: n for p, n in (pending or {}).items() if p[0] == "tune"}
     if todo or tunes:
         w(f"* **A partial report: the suite is not complete.** {sum(todo.values())} reported runs of "
@@ -279,8 +275,10 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
            "unfinished (extensions of their grids may add more)" if tunes else "and every method's tuning is done") +
           "; every claim that rests on one of them is labelled *pending*, and the tables show the rows so far (a row "
           "with fewer seeds than the others has runs to come). `scripts/science.sh` resumes the suite.")
-    w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({sum(1 for r in res.rows.values() if r['exp'] == 'tune')} for tuning), "
-      f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores).")
+    kinds = {x: len({r["key"] for r in res.rows.values() if r["exp"] == x}) for x in ("tune", "probe")}
+    w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({kinds['tune']} for tuning, {kinds['probe']} probes of μ's edge), "
+      f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores)." + "".join(
+          f" {n} rows of runs a defect spoiled are set aside and run again ({why})." for why, n in res.set_aside.items()))
     w(science_runs.provenance(res) + "\n")
     w(f"## Tuning: the grids and the choices (dev half, seed {TUNE_SEED})\n")
     w("Each method is tuned where it runs: synchronously at M = " + str(S["m_exp"]) + " (RDA, mean_k1 and the `_fast` methods: in "
@@ -314,7 +312,8 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       "+). " + ("Still on an edge after that, so their optimum may lie beyond what was tried: " + ", ".join(edges) + ". "
                 if edges else "") +
       ("Tuning is not finished for " + ", ".join(unfinished) + ": their choice may still change."
-       if unfinished else "" if edges or not best else "Every choice is inside its grid.") + "\n")
+       if unfinished else "" if edges or not best else "Every choice's η is inside its grid.") + "\n")
+    science_before.mu_probes(w, res, S, best)
 
     claims = Claims(pending or {})
     # 1.
@@ -334,7 +333,7 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         better = [M for M, g, h in gaps if g - h > 0]
         wins = [M for M, g, h in gaps if g > 0]
         widen = len(gaps) >= 2 and gaps[-1][1] - gaps[-1][2] > gaps[0][1] + gaps[0][2]
-        claims.append(("IsoLoCo beats DiLoCo averaging", label(len(better) == len(gaps), len(wins) > 0),
+        claims.append(("IsoLoCo beats DiLoCo averaging", label(len(better) == len(gaps), len(wins) == len(gaps)),
                        f"IsoLoCo is lower with a 95% interval excluding zero at M = {better or 'none'}; its mean is "
                        f"lower at M = {wins or 'none'} of {[M for M, _, _ in gaps]}."))
         claims.append(("the gap widens as learners multiply", label(widen, gaps[-1][1] > gaps[0][1]),
@@ -703,12 +702,12 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
         claims.append((f"MuLoCo beats DiLoCo at M = {S['m_exp']} at equal tokens", label(g + h < 0, g < 0),
                        f"MuLoCo − DiLoCo = {g:+.4f} ± {h:.4f}."))
     if d11 and m11 and rows11["DP, AdamW"] and rows11["DP, Muon"]:
-        da, dm = statistics.mean(rows11["DP, AdamW"]), statistics.mean(rows11["DP, Muon"])
-        ga = (statistics.mean(d11) - da) / da
-        gm = (statistics.mean(m11) - dm) / dm
-        w(f"\nRelative gap to its DP: DiLoCo {ga:+.2%} (to AdamW DP), MuLoCo {gm:+.2%} (to Muon DP)")
+        ga, gm = rel_gaps(d11, rows11["DP, AdamW"]), rel_gaps(m11, rows11["DP, Muon"])
+        g, h = diff_ci(BySeed((x / 2 for x in ga), ga.seeds), gm)  # DiLoCo's half gap − MuLoCo's, per seed
+        w(f"\nRelative gap to its DP: DiLoCo {fmt_pct(ga)} (to AdamW DP), MuLoCo {fmt_pct(gm)} (to Muon DP)")
         claims.append((f"MuLoCo's relative gap to Muon DP is at most half DiLoCo's to AdamW DP at M = {S['m_exp']}",
-                       label(gm <= ga / 2, gm < ga), f"MuLoCo {gm:+.2%}, DiLoCo {ga:+.2%} (means over seeds)."))
+                       label(g - h >= 0, g >= 0), f"MuLoCo {fmt_pct(gm)}, DiLoCo {fmt_pct(ga)}; half DiLoCo's − MuLoCo's "
+                       f"= {g:+.2%} ± {h:.2%} (paired by seed; DP at train.lr, untuned here)."))
     if m11 and i11:
         g, h = diff_ci(i11, m11)
         w(f"\nMuLoCo int2 + error feedback − fp32 = {g:+.4f} ± {h:.4f}")

@@ -12,7 +12,7 @@ import sys
 import time
 
 import jsonl_records  # scripts/science.py puts this folder on sys.path first
-from science_protocol import ROOT, Results, inner_lr, key_of, reported_jobs, tuning_jobs, tuning_points
+from science_protocol import ROOT, Results, inner_lr, key_of, probe_jobs, reported_jobs, tuning_jobs, tuning_points
 
 
 # ---- running -----------------------------------------------------------------------------------------------------
@@ -164,8 +164,8 @@ def run_suite(args, out, S, pts, meths, results_file):
 
     One queue for the whole suite, so no core waits while another finishes a round: a method's tuning runs (its
     grid, then the extensions its results ask for) come first, and the reported runs of a point start as soon as
-    its method's choice is final. Each distinct setting runs once; rows of other experiments with the same setting
-    are filled from it."""
+    its method's choice is final, as does its probe below μ's edge (probe_jobs). Each distinct setting runs once;
+    rows of other experiments with the same setting are filled from it."""
     res = Results(results_file)
     running = {}  # future -> the rows waiting for it
     done = 0
@@ -175,6 +175,7 @@ def run_suite(args, out, S, pts, meths, results_file):
             best = {m: (b[2][1], b[2][2], inner_lr(res, S, m)) for m, b in final.items()}
             jobs = tuning_jobs(res, S, [m for m in meths if m not in final])
             jobs += reported_jobs(S, [p for p in pts if p[2] is None or p[2] in best], best)
+            jobs += probe_jobs(res, S, sorted(final))
             jobs.sort(key=lambda j: run_cost(j[1]))  # the cheapest first (stable): small sizes finish early
             waiting = {}
             for m, sets in jobs:
@@ -206,5 +207,5 @@ def run_suite(args, out, S, pts, meths, results_file):
                 m = rows[0]
                 print(f"  [{done} done, {left} more known] {m['exp']} {m['variant']} "
                       f"seed {m['seed']} ({m['holdout']}"
-                      + (f", η {m['lr']}, μ {m['mu']}" if m["exp"] == "tune" else "") +
+                      + (f", η {m['lr']}, μ {m['mu']}" if m["exp"] in ("tune", "probe") else "") +
                       f"): loss {keep['final_val_loss']:.4f}, {keep['_wall']:.0f} s", flush=True)

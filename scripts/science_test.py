@@ -8,8 +8,10 @@
 * experiment 1 tunes each method at each M (its own setting per M), the variants are tuned on the fast link,
   experiments 3 and 12 tune every row in the setting it is reported in;
 * a grid whose best η lies on its edge grows on that side;
-* the seeds of each point are fixed before any result (5 for the points of a decisive comparison), and only the
-  tuning runs of the current grids count;
+* the seeds of each point are fixed before any result (the same for every point, 5 at the full scale), and only
+  the tuning runs of the current grids count; a choice at μ's lower edge gets one probe below it, which moves no choice;
+* differences pair by seed; the gap to DP "shrinks with size" only when it shrinks at every M (experiment 12);
+* rows of runs a defect spoiled (SUPERSEDED) are set aside unless their build has the fix;
 * a partial report labels "pending" every claim that rests on a run still to do, and judges the others;
 * experiment 8 names the runs that ended above their initial loss (diverged), with K = 1's staleness per bandwidth;
 * a variant's rows are those of its own setting under the current plan: a row of the same name under another setting
@@ -115,27 +117,45 @@ class Protocol(unittest.TestCase):
             self.assertEqual(best[1], min(lrs))
 
     def test_the_seeds_are_fixed_before_any_result(self):
+        # Every point's seeds are 1..S["seeds"], the same for every point (5 at the full scale), and no result changes
+        # them: point_seeds reads no result, and the jobs are the same before and after results that straddle.
+        for S, pts, _ in self.scales():
+            self.assertEqual({sci.point_seeds(S, e, v) for e, v, _, _ in pts}, {S["seeds"]})
+        self.assertEqual(S["seeds"], 5)  # the full scale's, the last of scales()
         S, pts, _ = quick_plan()
-        # The points of a decisive comparison get MAX_SEEDS, the others the scale's; no result changes either.
-        self.assertEqual(sci.point_seeds(S, "e5", "int2"), sci.MAX_SEEDS)
-        self.assertEqual(sci.point_seeds(S, "e5", "fp32"), sci.MAX_SEEDS)
-        self.assertEqual(sci.point_seeds(S, "e5", "bf16"), S["seeds"])
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
             tune_diloco(res, S)
             best = sci.chosen(res, S, ["diloco"])
-
-            def seeds(v):
-                return max(j["seed"] for j, _ in sci.reported_jobs(S, pts, best) if (j["exp"], j["variant"]) == ("e5", v))
-            before = (seeds("int2"), seeds("bf16"))
-            self.assertEqual(before, (sci.MAX_SEEDS, S["seeds"]))
+            before = sorted(sci.key_of(sets) for _, sets in sci.reported_jobs(S, pts, best))
             jobs = {(j["variant"], j["seed"]): sets for j, sets in sci.reported_jobs(S, pts, best) if j["exp"] == "e5"}
-            for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int2", [3.05, 3.05, 3.2]), ("bf16", [3.0, 3.5, 2.5])):
+            for v, losses in (("fp32", [3.0, 3.1, 2.9]), ("int2", [3.05, 3.05, 3.2])):
                 for seed, x in enumerate(losses, 1):  # intervals that straddle their thresholds
                     res.add(dict(exp="e5", variant=v, seed=seed, key=sci.key_of(jobs[(v, seed)]), final_val_loss=x))
-            self.assertEqual((seeds("int2"), seeds("bf16")), before)
-        # The smoke's one seed stays one, decisive or not.
-        self.assertEqual(sci.point_seeds(dict(S, seeds=1), "e5", "int2"), 1)
+            best = sci.chosen(res, S, ["diloco"])
+            self.assertEqual(sorted(sci.key_of(sets) for _, sets in sci.reported_jobs(S, pts, best)), before)
+
+    def test_a_choice_at_the_lower_edge_of_mu_gets_one_probe_below_it(self):
+        S, pts, _ = list(self.scales())[-1]  # the full scale: μ's grid has two points
+        lrs, mus = sci.grid(S, "diloco")
+        mid = sorted(lrs)[len(lrs) // 2]
+        for sign, probe in ((+1, (mid, round(min(mus) - sci.MU_PROBE_STEP, 2))), (-1, None)):
+            with tempfile.TemporaryDirectory() as d:
+                res = sci.Results(os.path.join(d, "r.jsonl"))
+                for lr in lrs:
+                    for mu in mus:  # sign +1: the smallest μ is best; -1: the largest
+                        res.add(dict(exp="tune", variant="diloco", seed=0, key=sci.key_of(sci.tuning_sets(S, "diloco", lr, mu)),
+                                     final_val_loss=3.0 + abs(lr - mid) + sign * mu))
+                self.assertEqual(sci.probe_point(res, S, "diloco"), probe)
+                jobs = sci.probe_jobs(res, S, ["diloco"])
+                self.assertEqual(len(jobs), 1 if probe else 0)
+                if probe:  # on the dev half with the tuning seed, as the grid's runs; the choice stays
+                    self.assertEqual(setting(jobs[0][1])["data.holdout"], "dev")
+                    self.assertEqual(setting(jobs[0][1])["outer.momentum"], str(probe[1]))
+                    res.add(dict(jobs[0][0], key=sci.key_of(jobs[0][1]), final_val_loss=0.0))
+                    self.assertEqual(sci.chosen(res, S, ["diloco"])["diloco"][:2], (mid, min(mus)))
+                    self.assertEqual(sci.probe_jobs(res, S, ["diloco"])[0][1], jobs[0][1])  # and it is found done
+                    self.assertIn(sci.Results.row_id(dict(jobs[0][0], key=sci.key_of(jobs[0][1]))), res.rows)
 
     def test_only_the_tuning_runs_of_current_grids_count(self):
         S, pts, _ = quick_plan()
@@ -182,9 +202,8 @@ class PartialReport(unittest.TestCase):
             self.assertTrue(all(sci.pending_points(res, S, pts, meths).get(p[:2]) for p in pts))
             tune_diloco(res, S)
             best = sci.chosen(res, S, meths)
-            # fp32, int4 and int2 are points of decisive comparisons: 5 seeds each.
-            loss = {"fp32": [3.0, 3.1, 2.9, 3.0, 3.05], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9],
-                    "int4": [3.0, 3.1, 2.9, 3.0, 3.05], "int2": [3.2, 3.31, 3.1, 3.22, 3.25]}
+            loss = {"fp32": [3.0, 3.1, 2.9], "bf16": [3.0, 3.1, 2.9], "int8": [3.0, 3.1, 2.9],
+                    "int4": [3.0, 3.1, 2.9], "int2": [3.2, 3.31, 3.1]}
             for job, sets in sci.reported_jobs(S, pts, best):
                 if job["exp"] == "e5" and job["variant"] in loss:
                     res.add(dict(job, key=sci.key_of(sets), sets=sets, final_val_loss=loss[job["variant"]][job["seed"] - 1]))
@@ -327,6 +346,56 @@ class PairVerdict(unittest.TestCase):
         self.assertEqual(w(self.rows(+0.1, div_b=2), 3), "b")  # divergence counts first
         self.assertIsNone(w(self.rows(-0.1, done=False), 3))
         self.assertIsNone(w(self.rows(-0.1), 4))  # a pair without rows yet
+
+
+class Statistics(unittest.TestCase):
+    def test_differences_pair_by_seed(self):
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            for seed, a, b in ((1, 3.0, 2.0), (2, 3.5, None), (3, 4.0, 3.0), (5, 5.0, 4.0)):  # b lacks seed 2
+                res.add(dict(exp="e1", variant="a", seed=seed, key=f"a{seed}", final_val_loss=a))
+                if b is not None:
+                    res.add(dict(exp="e1", variant="b", seed=seed, key=f"b{seed}", final_val_loss=b))
+            a, b = sci.seeds_sorted(res, "e1", "a"), sci.seeds_sorted(res, "e1", "b")
+            self.assertEqual(sci.diff_ci(a, b), (1.0, 0.0))  # by position it would pair 3.5 with 3.0
+            self.assertEqual(list(sci.rel_gaps(a, b)), [0.5, 1 / 3, 0.25])
+
+    def test_the_gap_to_dp_shrinks_only_when_it_shrinks_at_every_m(self):
+        S, _, _ = quick_plan()
+        names = [z["name"] for z in sci.sizes(S)]
+        for g8, want in ((0.01, "reproduced"), (0.23, "not reproduced")):  # M = 8's gap at the largest size
+            with tempfile.TemporaryDirectory() as d:
+                res = sci.Results(os.path.join(d, "r.jsonl"))
+                for seed, dp in enumerate([2.0, 2.1, 1.9, 2.05, 1.95], 1):
+                    for n, gaps in ((names[0], {2: 0.10, 4: 0.12, 8: 0.19}), (names[-1], {2: 0.02, 4: 0.05, 8: g8})):
+                        for M, g in gaps.items():
+                            for v, x in ((f"DP ×{M}", dp), (f"DiLoCo M={M}", dp * (1 + g + 0.001 * seed))):
+                                res.add(dict(exp="e12", variant=f"{n} {v}", seed=seed, key=f"{n}{v}{seed}", final_val_loss=x))
+                claims = sci.Claims({})
+                sci.e12(res, S, lambda line: None, claims)
+                got = {c: lab for c, lab, _ in claims}
+                self.assertEqual(got["DiLoCo's relative gap to DP (same global batch) decreases as the model grows, "
+                                     "for M ≥ 2 (Charles et al. 2025)"], want)
+
+
+class SetAside(unittest.TestCase):
+    def test_rows_of_a_spoiled_run_are_set_aside_unless_built_with_the_fix(self):
+        fix, why, meets = sci.SUPERSEDED[0]
+        muon = ["merge.preset=muloco", "model.n_embd=64"]  # V = 256 = 4 × 64
+        self.assertTrue(meets(muon))
+        self.assertFalse(meets(["merge.preset=muloco", "model.n_embd=48"]))
+        self.assertFalse(meets(["merge.preset=diloco", "model.n_embd=64"]))
+        self.assertTrue(meets(["merge.preset=diloco", "train.optimizer=muon"]))  # the defaults: V = d = 256
+        with tempfile.TemporaryDirectory() as d:
+            res = sci.Results(os.path.join(d, "r.jsonl"))
+            for i, build in enumerate([None, fix + "~1", fix, fix + "+changes"]):
+                res.add(dict(exp="e12", variant="x", seed=i + 1, key=f"k{i}", sets=muon, final_val_loss=1.0,
+                             **({"_build": build} if build else {})))
+            res.add(dict(exp="e12", variant="y", seed=1, key="k9", sets=["merge.preset=diloco"], final_val_loss=1.0))
+            again = sci.Results(res.path)
+            self.assertEqual(sorted(r["seed"] for r in again.rows.values() if r["variant"] == "x"), [3, 4])
+            self.assertEqual(again.set_aside, {why: 2})
+            self.assertEqual(len(again.rows), 3)
 
 
 class Provenance(unittest.TestCase):
