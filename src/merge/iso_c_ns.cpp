@@ -21,9 +21,14 @@
 //
 // Precision (MergeOptions::iso_ns_dtype): fp32 (default; fp64 when the compute dtype is fp64) or bf16 for the
 // iteration. The scaling (max|x|, s, σ̄ and the product σ̄·O) is always in the compute dtype. bf16 rounds every
-// iterate to 8 significant bits: each step rotates the singular vectors a little and buries directions below
-// ~2⁻⁹ of the top one, and the growth steps amplify that, so even well-conditioned matrices come out a few per
-// cent off, and more steps make it worse (measured in docs/merge.md); fp32 stays at ~1e-5 above ℓ₀.
+// iterate to 8 significant bits, so a direction whose singular value falls below ~2⁻⁸ of the top one is lost in
+// the others' rounding. The minimax steps above dip inside their band: a first step designed for a tiny ℓ₀ maps
+// x ≈ 0.84 to ≈ 8.3·ℓ₀ (2.3e-3 for K = 8), and a flat spectrum (small or square matrices, σ_max/s ≈ 0.85) puts
+// its largest directions there, where bf16 loses them: 30–70 % off at K ≥ 6 (docs/merge.md). bf16 therefore runs
+// its own, cushioned schedule (kBf16): each minimax step is fitted on [max(ℓ, u/10), u] only, so no step maps a
+// value of its band's top decade below a tenth of the top; the values below u/10 grow by the step's slope (3.78
+// at 0 against 4.17, so ℓ₀ is ≈ 1.5× higher at K = 8). fp32 keeps the steeper schedule: its round-off (~1e-7) is
+// far below the dips, and it stays at ~1e-5 above ℓ₀.
 //
 // Degenerate inputs: an all-zero matrix gives zeros; exact null directions stay exactly null (p(0) = 0), so
 // on a rank-deficient M the result is σ̄·U_k V_kᵀ like iso_c_fast (relative gap √((r − k)/r) to iso_c, whose
@@ -68,15 +73,25 @@ constexpr Quintic kRest[] = {
     {4.09128821, -2.92361661, 0.525400632}, {3.85507055, -2.7661805, 0.508632756},
     {3.16634036, -2.28925684, 0.458246323}, {2.20384589, -1.54025235, 0.38268353},
 };
+// bf16's cushioned schedule (the same generator with cushion 10): k ≥ 2 minimax steps are kBf16Lead (fitted on
+// [0.102, 1.02]), k − 2 of kBf16Grow (the steady step, fitted on [u/10, u]), kBf16Last; ℓ₀ = 0.086, 0.023, 6.0e-3,
+// 1.6e-3, 4.2e-4, 1.1e-4, 2.9e-5 for k = 2..8 (K = k + 2 steps with the tail).
+constexpr Quintic kBf16Lead = {5.49381829, -13.0829121, 8.81585222};
+constexpr Quintic kBf16Grow = {3.77993282, -4.26121841, 1.35929354};
+constexpr Quintic kBf16Last = {2.30145287, -1.75409292, 0.475268729};
 constexpr Quintic kTail = {15.0 / 8, -10.0 / 8, 3.0 / 8};
 constexpr int kTailSteps = 2;
 
 }  // namespace
 
-std::vector<std::array<double, 3>> iso_ns_schedule(int steps) {
+std::vector<std::array<double, 3>> iso_ns_schedule(int steps, bool cushioned) {
   std::vector<Quintic> s;
   const int body = steps - kTailSteps;
-  if (body >= 1) {
+  if (cushioned && body >= 2) {
+    s.push_back(kBf16Lead);
+    for (int i = 2; i < body; ++i) s.push_back(kBf16Grow);
+    s.push_back(kBf16Last);
+  } else if (body >= 1) {
     const int first = std::min(body, 9);
     s.push_back(kFirst[first - 1]);
     for (int i = 9; i < body; ++i) s.push_back(kRest[0]);
@@ -96,7 +111,8 @@ namespace {
 class IsoCNs final : public Merger {
  public:
   IsoCNs(int steps, at::ScalarType iter_dtype) : iter_dtype_(iter_dtype) {
-    for (const auto& q : iso_ns_schedule(steps)) schedule_.push_back({q[0], q[1], q[2]});
+    for (const auto& q : iso_ns_schedule(steps, false)) schedule_.push_back({q[0], q[1], q[2]});
+    for (const auto& q : iso_ns_schedule(steps, true)) cushioned_.push_back({q[0], q[1], q[2]});
   }
   const char* name() const override { return "iso_c_ns"; }
   bool needs_matrix() const override { return true; }
@@ -124,7 +140,7 @@ class IsoCNs final : public Merger {
     A.div_(s * s);
     B.div_(s4);
     // The iteration itself is linalg's (shared with Muon); its first step reuses A and B.
-    at::Tensor O = linalg::odd_quintic_steps(Y, schedule_, A, B).to(X.scalar_type());
+    at::Tensor O = linalg::odd_quintic_steps(Y, it == at::kBFloat16 ? cushioned_ : schedule_, A, B).to(X.scalar_type());
     const double sbar = O.mul(X).sum().item<double>() / static_cast<double>(r);
     if (!std::isfinite(sbar))
       throw MergeError("iso_c_ns: the Newton-Schulz iteration did not stay finite (scale " + std::to_string(sbar) +
@@ -134,7 +150,8 @@ class IsoCNs final : public Merger {
   }
 
  private:
-  std::vector<linalg::OddQuintic> schedule_;
+  std::vector<linalg::OddQuintic> schedule_;    // fp32 and fp64 iterations
+  std::vector<linalg::OddQuintic> cushioned_;  // bf16's
   at::ScalarType iter_dtype_;
 };
 

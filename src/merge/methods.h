@@ -31,7 +31,8 @@ int64_t numerical_rank(const at::Tensor& S, const at::Tensor& matrix);
 // The orthogonal factor P·Qᵀ of A = P D Qᵀ (columns made orthonormal while staying as close to A as possible);
 // columns in A's numerical null space are dropped.
 at::Tensor orthogonalize_columns(const at::Tensor& A);
-// iso_c_ns: the K = steps odd quintics (a, b, c) of p(x) = a·x + b·x³ + c·x⁵, applied in order (iso_c_ns.cpp).
-std::vector<std::array<double, 3>> iso_ns_schedule(int steps);
+// iso_c_ns: the K = steps odd quintics (a, b, c) of p(x) = a·x + b·x³ + c·x⁵, applied in order (iso_c_ns.cpp);
+// `cushioned`: bf16's schedule, whose steps map no value of their band's top decade below a tenth of the top.
+std::vector<std::array<double, 3>> iso_ns_schedule(int steps, bool cushioned = false);
 
 }  // namespace deloco::merge_detail
