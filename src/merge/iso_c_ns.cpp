@@ -32,8 +32,9 @@
 //
 // Degenerate inputs: an all-zero matrix gives zeros; exact null directions stay exactly null (p(0) = 0), so
 // on a rank-deficient M the result is σ̄·U_k V_kᵀ like iso_c_fast (relative gap √((r − k)/r) to iso_c, whose
-// completion is the SVD routine's arbitrary choice). Numerically null directions (σ ~ eps·σ_max, rounding noise)
-// are lifted like any small singular value, by ~10⁴ in 8 steps. NaN/Inf inputs are refused by Merger::merge(); a non-finite
+// completion is the SVD routine's arbitrary choice) — in fp32 and fp64. Numerically null directions (σ ~
+// eps·σ_max, rounding noise) are lifted like any small singular value, by ~10⁴ in 8 steps; in bf16 the rounding
+// of every iterate fills the null space with such noise (~2⁻⁹ of the top), so there the result leaves M's range. NaN/Inf inputs are refused by Merger::merge(); a non-finite
 // scale is reported here. iso_rank_threshold is not applied (there is no spectrum to cut): it is ignored, as by
 // iso_cts.
 #include <array>
