@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from science_protocol import (ROOT, SWEEP_BANDWIDTHS, diff_ci, grid, method_order, point_seeds, probe_point,  # noqa: E402
-                              seeds_sorted, tuning_sets)
+                              seeds_sorted, tuning_points, tuning_sets)
 
 BEFORE_REV = "28eb9b2"
 BEFORE_FILE = os.path.join(ROOT, "docs", "science", "labels-before.json")
@@ -261,7 +261,7 @@ def anchor_section(w, res, S):
 def mu_probes(w, res, S, best):
     """The probes below μ's grid edge (science_protocol.probe_point): for each choice at its grid's smallest μ, the
     dev loss there and at the same η with MU_PROBE_STEP less μ, and what the report may conclude from them."""
-    rows, nesterov = [], [m for m in best if len(grid(S, m)[1]) > 1]
+    rows, nesterov = [], [m for m in best if len(grid(S, m)[1]) > 1 and not tuning_points(res, S, m)[1]]  # final
     for meth in sorted(nesterov, key=method_order):
         pp = probe_point(res, S, meth)
         if pp is not None:

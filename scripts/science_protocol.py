@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tomllib
 
 import jsonl_records  # scripts/science.py puts this folder on sys.path first
 
@@ -57,6 +58,15 @@ def rel_gaps(a, b):
     return [(x - y) / y for x, y in zip(a, b)]
 
 
+def deltas(a, b):
+    """x − y for each pair of paired(a, b): a difference per seed (a BySeed where both are), for a change between
+    two differences to pair by seed too."""
+    if hasattr(a, "seeds") and hasattr(b, "seeds"):
+        yb = dict(zip(b.seeds, b))
+        return BySeed((x - yb[k] for k, x in zip(a.seeds, a) if k in yb), (k for k in a.seeds if k in yb))
+    return [x - y for x, y in zip(a, b)]
+
+
 def rel_ci(a, b):
     """Mean and 95% half-width of (a − b) / b over paired seeds: a relative gap."""
     g = rel_gaps(a, b)
@@ -69,6 +79,19 @@ class BySeed(list):
     def __init__(self, values, seeds):
         super().__init__(values)
         self.seeds = list(seeds)
+
+
+def label(cond_all, cond_some):
+    return "reproduced" if cond_all else ("partly" if cond_some else "not reproduced")
+
+
+def widens(claim, gaps):
+    """The claim that a gap (M, mean, half-width, per-seed gaps) grows from the smallest M to the largest, by the
+    paired change of the gap between them."""
+    (m0, g0, h0, d0), (m1, g1, h1, d1) = gaps[0], gaps[-1]
+    c, hc = diff_ci(d1, d0) if len(gaps) >= 2 else (float("nan"), float("nan"))
+    return (claim, label(c - hc > 0, c > 0), f"the gap is {g0:+.4f} ± {h0:.4f} at M = {m0} and {g1:+.4f} ± {h1:.4f} at "
+            f"M = {m1}; its change, paired by seed, {c:+.4f} ± {hc:.4f}.")
 
 
 READ = set()  # every (experiment, variant) seeds_sorted was asked for: what the report's claims rest on (Claims)
@@ -557,12 +580,25 @@ def key_of(sets):
     return hashlib.sha1("\n".join(sorted(s.replace(ROOT, "<root>") for s in sets)).encode()).hexdigest()[:16]
 
 
+def run_setting(sets):
+    """A run's settings as `deloco sim` reads them: configs/sim-diloco.toml (every run starts from it), then the sets
+    (a key set twice: the last wins); keys as "table.key"."""
+    if "base" not in _SIM_CONFIG:
+        with open(os.path.join(ROOT, "configs", "sim-diloco.toml"), "rb") as f:
+            _SIM_CONFIG["base"] = {f"{t}.{k}": str(v).lower() if isinstance(v, bool) else str(v)
+                                   for t, tab in tomllib.load(f).items() if isinstance(tab, dict) for k, v in tab.items()}
+    return dict(_SIM_CONFIG["base"], **dict(x.split("=", 1) for x in sets if "=" in x))
+
+
+_SIM_CONFIG = {}
+
+
 def _muon_as_wide_as_the_vocabulary(sets):
     """Whether a run trained the built-in GPT with Muon where a hidden matrix is as wide as the vocabulary (V = d,
-    3d or 4d; the defaults, include/deloco/gpt/config.h: V = d = 256)."""
-    s = dict(x.split("=", 1) for x in sets if "=" in x)  # a key set twice: the last wins, as `deloco sim` reads it
-    muon = s.get("train.optimizer", "auto") == "muon" or (s.get("train.optimizer", "auto") == "auto" and
-                                                          s.get("merge.preset") == "muloco")
+    3d or 4d; a key neither the sets nor the config give: the built-in defaults, V = d = 256)."""
+    s = run_setting(sets)
+    opt = s.get("train.optimizer", "auto")
+    muon = opt == "muon" or (opt == "auto" and s.get("merge.preset") == "muloco")
     d, v = int(s.get("model.n_embd", 256)), int(s.get("model.vocab_size", 256))
     return muon and s.get("model.kind", "gpt") == "gpt" and v in (d, 3 * d, 4 * d)
 
@@ -576,14 +612,21 @@ _HAS_FIX = {}  # (fix, build) -> whether the build's commit contains the fix
 
 
 def has_fix(fix, build):
-    """Whether the binary of a row's `_build` ("<commit>" or "<commit>+changes", None: not recorded) was built from a
-    commit that contains `fix` (git's ancestry; a commit this checkout does not know: no)."""
-    if not build:
+    """Whether the binary of a row's `_build` ("<commit>" or "<commit>+changes") was built from a commit that contains
+    `fix`, by git's ancestry: True or False; False for a row from before builds were recorded (no `_build`: all
+    older than any fix here); None when it cannot be told (a build recorded as "unknown", a commit git does not know,
+    no git), and such a row is kept: setting it aside would run it again at every resume."""
+    if build is None:
         return False
+    if not isinstance(build, str) or not build or build == "unknown":
+        return None
     if (fix, build) not in _HAS_FIX:
-        r = subprocess.run(["git", "-C", ROOT, "merge-base", "--is-ancestor", fix, build.split("+")[0]],
-                           capture_output=True)
-        _HAS_FIX[(fix, build)] = r.returncode == 0
+        try:
+            r = subprocess.run(["git", "-C", ROOT, "merge-base", "--is-ancestor", fix, build.split("+")[0]],
+                               capture_output=True)
+            _HAS_FIX[(fix, build)] = {0: True, 1: False}.get(r.returncode)
+        except OSError:
+            _HAS_FIX[(fix, build)] = None
     return _HAS_FIX[(fix, build)]
 
 
@@ -598,8 +641,8 @@ class Results:
         self.by_key = {}
         self.set_aside = {}
         for r in jsonl_records.read(path):  # none when the file is missing; a line cut by a kill is skipped
-            why = next((w for fix, w, meets in SUPERSEDED if meets(r.get("sets", [])) and not has_fix(fix, r.get("_build"))),
-                       None)
+            why = next((w for fix, w, meets in SUPERSEDED
+                        if meets(r.get("sets", [])) and has_fix(fix, r.get("_build")) is False), None)
             if why:
                 self.set_aside[why] = self.set_aside.get(why, 0) + 1
                 continue

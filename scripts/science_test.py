@@ -360,6 +360,16 @@ class Statistics(unittest.TestCase):
             self.assertEqual(sci.diff_ci(a, b), (1.0, 0.0))  # by position it would pair 3.5 with 3.0
             self.assertEqual(list(sci.rel_gaps(a, b)), [0.5, 1 / 3, 0.25])
 
+    def test_a_gap_widens_by_its_paired_change(self):
+        # The gap's intervals at the two ends overlap, but per seed it grows by 0.1 ± 0.001: reproduced.
+        lo = sci.BySeed([0.30, 0.50, 0.70, 0.40, 0.60], range(1, 6))
+        hi = sci.BySeed([x + 0.1 + 0.001 * i for i, x in enumerate(lo)], range(1, 6))
+        zero = sci.BySeed([0.0] * 5, range(1, 6))
+        gaps = [(1, *sci.mean_ci(lo), sci.deltas(lo, zero)), (8, *sci.mean_ci(hi), sci.deltas(hi, zero))]
+        self.assertLess(gaps[1][1] - gaps[1][2], gaps[0][1] + gaps[0][2])
+        self.assertEqual(sci.widens("c", gaps)[1], "reproduced")
+        self.assertEqual(sci.widens("c", gaps[::-1])[1], "not reproduced")
+
     def test_the_gap_to_dp_shrinks_only_when_it_shrinks_at_every_m(self):
         S, _, _ = quick_plan()
         names = [z["name"] for z in sci.sizes(S)]
@@ -385,17 +395,19 @@ class SetAside(unittest.TestCase):
         self.assertTrue(meets(muon))
         self.assertFalse(meets(["merge.preset=muloco", "model.n_embd=48"]))
         self.assertFalse(meets(["merge.preset=diloco", "model.n_embd=64"]))
-        self.assertTrue(meets(["merge.preset=diloco", "train.optimizer=muon"]))  # the defaults: V = d = 256
+        self.assertTrue(meets(["merge.preset=diloco", "train.optimizer=muon"]))  # configs/sim-diloco.toml: 4 × 64 = 256
+        self.assertFalse(meets(["merge.preset=diloco", "train.optimizer=muon", "model.n_embd=96"]))
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
-            for i, build in enumerate([None, fix + "~1", fix, fix + "+changes"]):
+            for i, build in enumerate([None, fix + "~1", fix, fix + "+changes", "unknown", "0" * 40]):
                 res.add(dict(exp="e12", variant="x", seed=i + 1, key=f"k{i}", sets=muon, final_val_loss=1.0,
                              **({"_build": build} if build else {})))
             res.add(dict(exp="e12", variant="y", seed=1, key="k9", sets=["merge.preset=diloco"], final_val_loss=1.0))
             again = sci.Results(res.path)
-            self.assertEqual(sorted(r["seed"] for r in again.rows.values() if r["variant"] == "x"), [3, 4])
+            # Kept: the builds with the fix, and those whose ancestry cannot be told (set aside, they would rerun forever).
+            self.assertEqual(sorted(r["seed"] for r in again.rows.values() if r["variant"] == "x"), [3, 4, 5, 6])
             self.assertEqual(again.set_aside, {why: 2})
-            self.assertEqual(len(again.rows), 3)
+            self.assertEqual(len(again.rows), 5)
 
 
 class Provenance(unittest.TestCase):
