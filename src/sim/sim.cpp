@@ -603,6 +603,9 @@ struct Simulator::Impl {
     f.learner = e.learner;
     f.step = L.work->step();
     emit(f);
+    // No round waits for a learner that is gone: as the syncer node does when it counts one gone (on_round's
+    // contract: run it again when the learners' connections change).
+    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) try_merge(p);
     Event r;
     r.t = now + cfg.sim.downtime;
     r.kind = kRejoin;

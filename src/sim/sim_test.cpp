@@ -434,6 +434,43 @@ TEST(SimFinalRound, NoRoundWaitsForALearnerPastItsLastStep) {
   EXPECT_GT(after, 0) << "no round of learner 1 alone between learner 0's last step and its goodbye: nothing was tested";
 }
 
+// A learner that fails no longer holds a round open: the round that waited in its grace window for that learner's
+// push merges at the failure, as the syncer node merges when it counts a learner gone (syncer_timers.cpp). Before,
+// the simulator only marked it disconnected, and the round waited out its window.
+TEST(SimDecoupled, ARoundWaitingForALearnerThatFailsMergesAtTheFailure) {
+  RunConfig run = sim_run(40);
+  SimConfig cfg = decoupled(2);
+  cfg.sync.sync_every = 10;
+  cfg.sync.overlap = 8;  // a window of about 0.8 · (8 ξ_step − ξ_sync) stays open
+  cfg.sim.jitter = 0;
+  cfg.sim.speed_factors = {1.0, 1.3};  // learner 0's rounds wait for learner 1's pushes
+  cfg.sim.fail_times = {6.3, 14.1, 22.7, 31.9};
+  cfg.sim.fail_learners = {1, 1, 1, 1};
+  cfg.sim.downtime = 1.0;
+  Simulator sim(run, cfg, sim_corpus());
+  std::vector<double> fails;
+  struct Merge {
+    double t, wait;
+    bool only_0;
+  };
+  std::vector<Merge> merges;
+  sim.run([&](const nlohmann::json& j) {
+    if (j["kind"] == "fail") fails.push_back(j["t"].get<double>());
+    if (j["kind"] == "merge")
+      merges.push_back({j["t"].get<double>(), j["grace_wait"].get<double>(), j["learners"] == nlohmann::json{0}});
+  });
+  ASSERT_FALSE(fails.empty());
+  int64_t held = 0;
+  for (const Merge& mg : merges)
+    for (double f : fails)
+      if (mg.only_0 && mg.wait > 0 && mg.t - mg.wait < f && f <= mg.t + 1e-9) {
+        ++held;
+        EXPECT_NEAR(mg.t, f, 1e-9) << "the round that waited for learner 1 from t = " << mg.t - mg.wait
+                                   << " outlived its failure at t = " << f;
+      }
+  EXPECT_GT(held, 0) << "no round was waiting in its window when learner 1 failed: nothing was tested";
+}
+
 // The same when the learner waits at its last step for an answer due there (sync.wait_for_answer): its beat of that
 // step goes out while it waits, as the node's heartbeat does, so the syncer hears it behind its last push, before
 // that push's answer is back. (Before, the simulator scheduled the beat only once the answer had arrived, so the
