@@ -606,8 +606,16 @@ def _muon_as_wide_as_the_vocabulary(sets):
 # Rows of runs that a defect spoiled, set aside when the results are read (they stay in the file; their runs are due
 # again): (the fix's commit, what it fixed, whether a run's sets meet the defect). A row is set aside when it meets
 # the defect and its binary was built from a commit without the fix (rows from before builds were recorded: all).
+def _failures_under_grace(sets):
+    """Whether a run had failures (sim.mtbf > 0) with the grace window on."""
+    s = run_setting(sets)
+    return float(s.get("sim.mtbf", 0)) > 0 and s.get("sync.grace") == "true"
+
+
 SUPERSEDED = [("ac75426", "Muon sent the built-in GPT's hidden matrices as wide as the vocabulary to AdamW "
-                          "(experiment 12's 0.125M model, 4 × 64 = 256: the MLP)", _muon_as_wide_as_the_vocabulary)]
+                          "(experiment 12's 0.125M model, 4 × 64 = 256: the MLP)", _muon_as_wide_as_the_vocabulary),
+              ("146c715", "the simulator let a round wait out its grace window for a learner that had failed",
+               _failures_under_grace)]
 _HAS_FIX = {}  # (fix, build) -> whether the build's commit contains the fix
 
 

@@ -397,6 +397,10 @@ class SetAside(unittest.TestCase):
         self.assertFalse(meets(["merge.preset=diloco", "model.n_embd=64"]))
         self.assertTrue(meets(["merge.preset=diloco", "train.optimizer=muon"]))  # configs/sim-diloco.toml: 4 × 64 = 256
         self.assertFalse(meets(["merge.preset=diloco", "train.optimizer=muon", "model.n_embd=96"]))
+        grace = sci.SUPERSEDED[1][2]  # failures under the grace window
+        self.assertTrue(grace(["sim.mtbf=100", "sync.grace=true"]))
+        self.assertFalse(grace(["sim.mtbf=100", "sync.grace=false"]))
+        self.assertFalse(grace(["sim.mtbf=0", "sync.grace=true"]))
         with tempfile.TemporaryDirectory() as d:
             res = sci.Results(os.path.join(d, "r.jsonl"))
             for i, build in enumerate([None, fix + "~1", fix, fix + "+changes", "unknown", "0" * 40]):
