@@ -139,9 +139,10 @@ SyncReject Syncer::receive(double now, Contribution c) {
     ++rejected_[sync_reject_name(why)];
     return why;
   }
-  if (c.step_time > 0) stats_.step.add(c.step_time, opts_.ema);
-  if (c.step_time > 0 && std::isfinite(c.step_time))
+  if (c.step_time > 0 && std::isfinite(c.step_time)) {  // (a non-finite one would pin the grace window at its cap)
+    stats_.step.add(c.step_time, opts_.ema);
     learner_step_[static_cast<size_t>(c.learner)].add(c.step_time, opts_.ema);
+  }
   const int64_t learner = c.learner, fragment = c.fragment;
   const size_t p = static_cast<size_t>(fragment);
   LastAccepted& last = last_[static_cast<size_t>(learner)][p];

@@ -255,6 +255,21 @@ TEST(SyncSyncer, TokenWeightedMeanWithSgdOne) {
   EXPECT_THROW(s.merge(0), SyncError);
 }
 
+// A step time that is not finite (a learner's clock gone wrong) feeds neither ξ_step nor the learner's own
+// estimate: one +Inf once pinned the grace window at its cap for the rest of the run.
+TEST(SyncSyncer, ANonFiniteStepTimeIsNotAveraged) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 2;
+  Syncer s(o, one_fragment(), toy_global(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  Contribution c = contrib(0, -1.0f, 10, 100);
+  c.step_time = std::numeric_limits<double>::infinity();
+  EXPECT_EQ(s.receive(0.0, c), SyncReject::kNone);
+  EXPECT_FALSE(s.stats().step.seeded);
+  EXPECT_EQ(s.receive(0.5, contrib(1, -1.0f, 10, 100)), SyncReject::kNone);  // step_time 1.0
+  EXPECT_DOUBLE_EQ(s.stats().step.value, 1.0);
+}
+
 TEST(SyncSyncer, RejectsBadContributions) {
   SyncOptions o;
   o.learners = 2;
