@@ -273,7 +273,7 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
     kinds = {x: len({r["key"] for r in res.rows.values() if r["exp"] == x}) for x in ("tune", "probe")}
     w(f"* Runs: {len({r['key'] for r in res.rows.values()})} ({kinds['tune']} for tuning, {kinds['probe']} probes of μ's edge), "
       f"{sum(walls) / 3600:.2f} h of run time in all (2 at a time on 2 cores)." + "".join(
-          f" {n} rows of runs a defect spoiled are set aside and run again ({why})." for why, n in res.set_aside.items()))
+          f" Set aside, their runs due again on a fixed binary: {n} rows because {why}." for why, n in res.set_aside.items()))
     w(science_runs.provenance(res) + "\n")
     w(f"## Tuning: the grids and the choices (dev half, seed {TUNE_SEED})\n")
     w("Each method is tuned where it runs: synchronously at M = " + str(S["m_exp"]) + " (RDA, mean_k1 and the `_fast` methods: in "
