@@ -186,7 +186,9 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
   for (auto& g : groups) g.positions = g.healthy = slices / m;
   int64_t pool = spares;              // idle healthy spare slices
   int64_t healthy = slices + spares;  // healthy slices that can fail: the pool and the groups' (not in transit)
-  std::priority_queue<double, std::vector<double>, std::greater<double>> returns;  // repairs and resets ending
+  // Repairs and resets ending: (time, the group the slice failed from; −1: the spare pool).
+  using Return = std::pair<double, int64_t>;
+  std::priority_queue<Return, std::vector<Return>, std::greater<Return>> returns;
   using Arrival = std::pair<double, size_t>;                                        // a spare reaching a group
   std::priority_queue<Arrival, std::vector<Arrival>, std::greater<Arrival>> arrivals;
 
@@ -253,7 +255,7 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
       }
     }
     const bool syncer_up = t >= syncer_up_at;
-    const double next_return = returns.empty() ? kInf : returns.top();
+    const double next_return = returns.empty() ? kInf : returns.top().first;
     const double next_arrival = arrivals.empty() ? kInf : arrivals.top().first;
     const double next_syncer_up = syncer_up ? kInf : syncer_up_at;
     const double t_next = std::min({next_fail, next_return, next_arrival, next_busy_end, next_domain,
@@ -274,7 +276,7 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
       --healthy;
       if (gi < 0) --pool;  // an idle spare failed
       else lose_slice(groups[static_cast<size_t>(gi)], static_cast<size_t>(gi), !is_reset);
-      returns.push(t + out);
+      returns.push({t + out, gi});
       next_fail = draw_next_failure(t);
     } else if (t == next_domain) {
       // A domain of domain_slices slices: one learner's slices first (learners are placed on whole domains),
@@ -287,7 +289,7 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
         for (int64_t n = std::min(k, groups[gi].healthy); n > 0; --n) {
           --healthy;
           lose_slice(groups[gi], gi, true);
-          returns.push(t + out);
+          returns.push({t + out, static_cast<int64_t>(gi)});
           --k;
         }
       };
@@ -296,7 +298,7 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
       pool -= from_pool;
       healthy -= from_pool;
       k -= from_pool;
-      for (int64_t i = 0; i < from_pool; ++i) returns.push(t + out);
+      for (int64_t i = 0; i < from_pool; ++i) returns.push({t + out, -1});
       for (size_t gi = 0; gi < groups.size() && k > 0; ++gi)
         if (static_cast<int64_t>(gi) != first) take_group(gi);
       next_fail = draw_next_failure(t);
@@ -305,14 +307,18 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
       syncer_up_at = t + p.syncer_restart_minutes / 60.0;
       next_syncer_fail = syncer_up_at + rng_syncer.exponential(p.syncer_mtbf_hours);
     } else if (t == next_return) {
+      const int64_t home = returns.top().second;
       returns.pop();
       ++healthy;
       // The slice fills the group with the most vacant positions (a spare on its way holds its position), else
-      // joins the spare pool.
+      // joins the spare pool; under repair_home it goes back to the group it failed from while that has a vacant
+      // position (learners in separate sites do not trade slices).
       Group* best = nullptr;
       auto vacant = [](const Group& g) { return g.positions - g.healthy - g.incoming; };
+      if (p.repair_home && home >= 0 && vacant(groups[static_cast<size_t>(home)]) > 0)
+        best = &groups[static_cast<size_t>(home)];
       for (auto& g : groups)
-        if (vacant(g) > 0 && (!best || vacant(g) > vacant(*best))) best = &g;
+        if (!p.repair_home && vacant(g) > 0 && (!best || vacant(g) > vacant(*best))) best = &g;
       if (!best) ++pool;
       else gain_slice(*best);
       next_fail = draw_next_failure(t);  // the healthy count changed; exponential gaps are memoryless
@@ -528,6 +534,11 @@ const std::vector<GoodputKey>& goodput_keys() {
       {"seed", &GoodputParams::seed, "base random seed", "1: any fixed value makes runs reproducible"},
       {"threads", &GoodputParams::threads, "worker threads (0 = all hardware threads); results do not depend on it",
        "0: the runs are independent, so every core helps"},
+      {"repair_home", &GoodputParams::repair_home,
+       "a repaired slice returns to the learner it failed from (while that learner has a vacant position), "
+       "not to the learner with the most vacant positions",
+       "false: the first model's pooled repairs, where any learner of the site can take a repaired slice; true "
+       "for learners in separate sites"},
       {"dp", &GoodputParams::dp, "include DP without elasticity", "true"},
       {"elastic_dp", &GoodputParams::elastic_dp, "include elastic DP", "true"},
       {"diloco", &GoodputParams::diloco, "include Decoupled DiLoCo (one row per learner count)", "true"},

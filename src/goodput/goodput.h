@@ -79,6 +79,7 @@ struct GoodputParams {
   double syncer_mtbf_hours = 0.0;     // DiLoCo: mean hours between syncer failures (0 = never)
   double syncer_restart_minutes = 5.0;  // DiLoCo: syncer back from its checkpoint after this
   double catchup_minutes = 0.0;       // DiLoCo: extra time for a learner that lost every slice to rejoin
+  bool repair_home = false;           // a repaired slice returns to the learner it failed from (else: the emptiest)
   int64_t quorum_learners = 0;        // DiLoCo: K = min(this, M) learners when > 0 (overrides quorum)
   double days = 30.0;                 // simulated time measured
   double warmup_hours = 12.0;         // simulated time discarded first

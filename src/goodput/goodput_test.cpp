@@ -232,6 +232,30 @@ TEST(Goodput, MoreLearnersHelpWhenReconfigurationsDominate) {
   EXPECT_GT(find_row(rows, "diloco", 6400, 16).goodput, find_row(rows, "diloco", 6400, 1).goodput + 0.2);
 }
 
+// goodput.repair_home: each learner keeps its own slices, so learners pause independently. 4 learners of 16 slices,
+// each slice failing once an hour and out 0.5 h (exponential), 120 s per reconfiguration, K = 2: a learner runs
+// while no failure or return of its own came in the last 120 s, q = e^(−2·n_h·λ·d) with n_h = 16/1.5 healthy
+// slices, and the quorum holds with the binomial P(≥ 2 of 4). Pooled repairs (the default) fill the emptiest learner,
+// bunching each learner's pauses, and beat that.
+TEST(Goodput, RepairsHomeMakeLearnersIndependent) {
+  GoodputParams p = small_params();
+  p.chips = {6400};
+  p.learners = {4};
+  p.quorum_learners = 2;
+  set_slice_mtbf(&p, 1.0);
+  p.repair_hours = 0.5;
+  p.downscale_seconds = p.upscale_seconds = 120;
+  p.days = 200;
+  p.dp = p.elastic_dp = false;
+  const double q = std::exp(-2.0 * 16 / 1.5 * 120 / 3600);
+  const double binomial = 1 - std::pow(1 - q, 4) - 4 * q * std::pow(1 - q, 3);
+  p.repair_home = true;
+  const double home = find_row(run_goodput(p), "diloco", 6400, 4).uptime;
+  EXPECT_NEAR(home, binomial, 0.01);
+  p.repair_home = false;
+  EXPECT_GT(find_row(run_goodput(p), "diloco", 6400, 4).uptime, home + 0.03);
+}
+
 TEST(Goodput, SparesShortenDataParallelStalls) {
   GoodputParams p = small_params();
   p.learners = {1};
