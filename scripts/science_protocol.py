@@ -34,37 +34,38 @@ def mean_ci(xs):
     return m, T95.get(len(xs) - 1, 1.96) * statistics.stdev(xs) / math.sqrt(len(xs))
 
 
-def paired(a, b):
-    """The pairs (x, y) of a and b with the same seed (same initialisation and data order): by their seeds where
-    both came from seeds_sorted, else by position."""
+def matched(a, b):
+    """(seeds, pairs): the values (x, y) of a and b with the same seed (same initialisation and data order), and
+    those seeds, where both came from seeds_sorted (BySeed); else by position, seeds None."""
     if hasattr(a, "seeds") and hasattr(b, "seeds"):
         yb = dict(zip(b.seeds, b))
-        return [(x, yb[k]) for k, x in zip(a.seeds, a) if k in yb]
-    return list(zip(a, b))
+        ks = [k for k in a.seeds if k in yb]
+        xa = dict(zip(a.seeds, a))
+        return ks, [(xa[k], yb[k]) for k in ks]
+    return None, list(zip(a, b))
+
+
+def per_seed(a, b, f):
+    """f(x, y) for each pair of matched(a, b), as a BySeed where the pairs have seeds."""
+    ks, pairs = matched(a, b)
+    vals = [f(x, y) for x, y in pairs]
+    return vals if ks is None else BySeed(vals, ks)
 
 
 def diff_ci(a, b):
     """Mean and 95% half-width of a − b over paired seeds."""
-    pairs = paired(a, b)
-    return mean_ci([x - y for x, y in pairs]) if pairs else (float("nan"), float("nan"))
+    d = deltas(a, b)
+    return mean_ci(d) if d else (float("nan"), float("nan"))
 
 
 def rel_gaps(a, b):
-    """(x − y) / y for each pair of paired(a, b): a relative gap per seed (a BySeed where both are)."""
-    if hasattr(a, "seeds") and hasattr(b, "seeds"):
-        yb = dict(zip(b.seeds, b))
-        ks = [k for k in a.seeds if k in yb]
-        return BySeed(((x - yb[k]) / yb[k] for k, x in zip(a.seeds, a) if k in yb), ks)
-    return [(x - y) / y for x, y in zip(a, b)]
+    """(x − y) / y per seed: a relative gap per seed."""
+    return per_seed(a, b, lambda x, y: (x - y) / y)
 
 
 def deltas(a, b):
-    """x − y for each pair of paired(a, b): a difference per seed (a BySeed where both are), for a change between
-    two differences to pair by seed too."""
-    if hasattr(a, "seeds") and hasattr(b, "seeds"):
-        yb = dict(zip(b.seeds, b))
-        return BySeed((x - yb[k] for k, x in zip(a.seeds, a) if k in yb), (k for k in a.seeds if k in yb))
-    return [x - y for x, y in zip(a, b)]
+    """x − y per seed, for a change between two differences to pair by seed too."""
+    return per_seed(a, b, lambda x, y: x - y)
 
 
 def rel_ci(a, b):
@@ -74,7 +75,7 @@ def rel_ci(a, b):
 
 
 class BySeed(list):
-    """A point's values in seed order, with .seeds, the seed of each (paired() matches them by it)."""
+    """A point's values in seed order, with .seeds, the seed of each (matched() pairs them by it)."""
 
     def __init__(self, values, seeds):
         super().__init__(values)
@@ -580,6 +581,9 @@ def key_of(sets):
     return hashlib.sha1("\n".join(sorted(s.replace(ROOT, "<root>") for s in sets)).encode()).hexdigest()[:16]
 
 
+_SIM_CONFIG = {}  # "base": configs/sim-diloco.toml's keys, read once
+
+
 def run_setting(sets):
     """A run's settings as `deloco sim` reads them: configs/sim-diloco.toml (every run starts from it), then the sets
     (a key set twice: the last wins); keys as "table.key"."""
@@ -588,9 +592,6 @@ def run_setting(sets):
             _SIM_CONFIG["base"] = {f"{t}.{k}": str(v).lower() if isinstance(v, bool) else str(v)
                                    for t, tab in tomllib.load(f).items() if isinstance(tab, dict) for k, v in tab.items()}
     return dict(_SIM_CONFIG["base"], **dict(x.split("=", 1) for x in sets if "=" in x))
-
-
-_SIM_CONFIG = {}
 
 
 def _muon_as_wide_as_the_vocabulary(sets):
@@ -603,15 +604,15 @@ def _muon_as_wide_as_the_vocabulary(sets):
     return muon and s.get("model.kind", "gpt") == "gpt" and v in (d, 3 * d, 4 * d)
 
 
-# Rows of runs that a defect spoiled, set aside when the results are read (they stay in the file; their runs are due
-# again): (the fix's commit, what it fixed, whether a run's sets meet the defect). A row is set aside when it meets
-# the defect and its binary was built from a commit without the fix (rows from before builds were recorded: all).
 def _failures_under_grace(sets):
     """Whether a run had failures (sim.mtbf > 0) with the grace window on."""
     s = run_setting(sets)
     return float(s.get("sim.mtbf", 0)) > 0 and s.get("sync.grace") == "true"
 
 
+# Rows of runs that a defect spoiled, set aside when the results are read (they stay in the file; their runs are due
+# again): (the fix's commit, what it fixed, whether a run's sets meet the defect). A row is set aside when it meets
+# the defect and its binary was built from a commit without the fix (rows from before builds were recorded: all).
 SUPERSEDED = [("ac75426", "Muon sent the built-in GPT's hidden matrices as wide as the vocabulary to AdamW "
                           "(experiment 12's 0.125M model, 4 × 64 = 256: the MLP)", _muon_as_wide_as_the_vocabulary),
               ("146c715", "the simulator let a round wait out its grace window for a learner that had failed",

@@ -12,7 +12,7 @@ import science_runs
 
 from science_protocol import (sizes, method_order, E5_LINKS_MBIT, FAST_LINK, GOAL_MARGIN, MARGIN, MAX_EXTENSIONS, METHODS,
                               MULOCO_INT2_MARGIN, READ, ROOT, SWEEP_BANDWIDTHS, TOPK_DENSITIES, TUNE_SEED, BySeed, deltas, diff_ci, label, widens,
-                              failure_schedule, grid, horizon_total, many_total, mean_ci, rel_ci, rel_gaps, seeds_sorted, tuning_points,
+                              failure_schedule, grid, horizon_total, many_total, mean_ci, per_seed, rel_ci, rel_gaps, seeds_sorted, tuning_points,
                               tuning_sets)
 
 
@@ -528,16 +528,14 @@ def report(res, S, best, quick, out, doc, plots_dir, pending=None, *, results_fi
       "run finished (its latest evaluation by then): quality at equal wall time.\n")
     w("| method | test loss | at Decoupled's end | uptime | goodput | virtual seconds | failures |")
     w("|---|---|---|---|---|---|---|")
-    dec = seeds_sorted(res, "e6", "Decoupled DiLoCo", "curve")
-    ends = dict(zip(dec.seeds, (c[-1][0] if c else None for c in dec)))  # per seed: when Decoupled finished
+    dec = seeds_sorted(res, "e6", "Decoupled DiLoCo", "curve")  # per seed: when Decoupled finished, its curve's end
     at_end = {}
     for v in ("Decoupled DiLoCo", "DiLoCo (synchronous)", "DP", "Decoupled DiLoCo, fast link",
               "Decoupled + delayed Nesterov, fast link", "Decoupled + delayed Nesterov (whole g), fast link",
               "DiLoCo (synchronous), fast link", "DP, fast link"):
         l = seeds_sorted(res, "e6", v)
         if l:
-            cs = seeds_sorted(res, "e6", v, "curve")
-            at_end[v] = BySeed((loss_at(c, ends[k]) for k, c in zip(cs.seeds, cs) if k in ends), (k for k in cs.seeds if k in ends))
+            at_end[v] = per_seed(seeds_sorted(res, "e6", v, "curve"), dec, lambda c, d: loss_at(c, d[-1][0] if d else None))
             shown = fmt(at_end[v]) if all(math.isfinite(x) for x in at_end[v]) and at_end[v] else "-"
             w(f"| {v} | {fmt(l)} | {shown} | {fmt(seeds_sorted(res, 'e6', v, 'uptime'), 3)} | "
               f"{fmt(seeds_sorted(res, 'e6', v, 'goodput'), 3)} | "
