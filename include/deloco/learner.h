@@ -145,7 +145,9 @@ class LearnerCore {
   void forget_in_flight(const std::vector<int64_t>& fragments);
   // The syncer refused the outstanding push of `fragment` (a reject naming it): no answer will come for that push,
   // so the wait rule no longer waits for it. An answer already received is kept. Its counters were reset when it
-  // was sent: the refused steps still live in θ, and the next push (Θ^v − θ) carries them.
+  // was sent: the refused steps still live in θ, and the next push (Θ^v − θ) carries them. Under wait_for_answer
+  // the error-feedback residual goes back to what it was before the refused push (which delivered nothing), so the
+  // next push does not send what the codec left out of it a second time.
   void refused(int64_t fragment);
   // A refusal that would repeat (refusal_drops_drift, deloco/sync.h): besides refused(), drops the learner's local
   // drift of `fragment`: θ_p ← Θ_p^v (the version it holds), its counters and error-feedback residual reset. An
@@ -210,6 +212,7 @@ class LearnerCore {
   std::vector<int64_t> last_push_;  // per fragment: the step of its latest push since the start or install (−1: none)
   std::vector<at::Tensor> held_;                 // per fragment: flat Θ_p^v as applied/installed
   std::vector<std::vector<float>> residual_;     // error feedback per fragment
+  std::vector<std::vector<float>> residual_before_;  // per fragment: the residual before its latest push (refused())
   struct Answer {
     int64_t version = 0;
     at::Tensor flat;

@@ -94,6 +94,7 @@ LearnerCore::LearnerCore(const SyncOptions& opts, const ModelPlan& plan,
   last_push_.assign(P, -1);
   pending_.assign(P, std::nullopt);
   residual_.resize(P);
+  residual_before_.resize(P);
   held_.resize(P);
   for (size_t p = 0; p < P; ++p) {
     held_[p] = torch::empty({layouts_[p].elements}, torch::kFloat);
@@ -171,6 +172,7 @@ Push LearnerCore::make_push(size_t p, int64_t step, bool final) {
   // A residual left by a lossy codec goes out with the next push whatever its codec (fp32 sends it whole).
   if (error_feedback_ && (codec.encoding != Encoding::kFp32 || !residual_[p].empty())) {
     if (residual_[p].size() != delta.size()) residual_[p].assign(delta.size(), 0.0f);
+    if (!final) residual_before_[p] = residual_[p];  // given back if the syncer refuses this push (refused())
     push.payload =
         quantize_with_error_feedback(delta.data(), residual_[p].data(), delta.size(), codec, error_feedback_decay_);
   } else {
@@ -365,6 +367,7 @@ void LearnerCore::install(const at::Tensor& flat_model, const std::vector<int64_
     held_version_[p] = versions[p];
     c_steps_[p] = c_tokens_[p] = 0;
     residual_[p].clear();
+    residual_before_[p].clear();
     last_push_[p] = -1;
     overdue_[p] = false;
   }
@@ -401,6 +404,7 @@ void LearnerCore::install_fragments(const std::vector<int64_t>& fragments, const
     held_version_[p] = versions[k];
     c_steps_[p] = c_tokens_[p] = 0;
     residual_[p].clear();
+    residual_before_[p].clear();
     last_push_[p] = -1;
     overdue_[p] = false;
     sent_at_[p] = -1;
@@ -427,7 +431,14 @@ void LearnerCore::refused(int64_t fragment) {
   if (fragment < 0 || fragment >= static_cast<int64_t>(fragments_.size()))
     throw SyncError("refused: fragment " + std::to_string(fragment) + " is not in [0, " +
                     std::to_string(fragments_.size()) + ")");
-  sent_at_[static_cast<size_t>(fragment)] = -1;
+  const size_t p = static_cast<size_t>(fragment);
+  // The refused push delivered nothing, and the next push carries its progress again (Θ^v − θ is cumulative): its
+  // residual goes back to what it was before it, or the next push would also send what the codec left out of this one
+  // a second time. Under wait_for_answer the outstanding push is the latest one (the next is due after send + τ);
+  // without it a refusal may name an earlier push, so the residual is kept.
+  if (opts_.wait_for_answer && sent_at_[p] >= 0 && residual_before_[p].size() == residual_[p].size())
+    residual_[p] = residual_before_[p];
+  sent_at_[p] = -1;
 }
 
 void LearnerCore::drop_drift(int64_t fragment) {

@@ -543,6 +543,49 @@ TEST(LearnerCore, Int4PushesWithErrorFeedbackTrackTheTrueOuterGradients) {
   for (int i = 0; i < 10; ++i) EXPECT_NEAR(sent_sum[i], true_sum[i], 0.2) << i;
 }
 
+// A push is cumulative against the version the learner holds (Θ^v − θ), and a refused one delivered nothing: the next
+// push carries its progress again, so it must start from the residual the refused one started from, or it would also
+// send what the codec left out of the refused push (about 90 % of a top-k push) a second time.
+TEST(LearnerCore, ARefusedPushGivesBackItsErrorFeedbackResidual) {
+  Toy toy(1, 1);
+  const Codec topk(Encoding::kTopk8, TopkOptions{0.2, 0});
+  LearnerCore core(opts(1, 0, /*wait=*/true), toy.plan, toy.params, 100, topk, /*error_feedback=*/true);
+  torch::manual_seed(5);
+  auto drift = [&] {
+    torch::NoGradGuard ng;
+    for (auto& [n, t] : toy.params) t.add_(torch::randn_like(t));
+  };
+  drift();
+  auto first = core.after_step(1, 1, 1.0);
+  ASSERT_EQ(first.size(), 1u);
+  core.refused(0);
+  auto again = core.after_step(2, 1, 1.0);  // θ unchanged: the same outer gradient, the same push
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].base_version, 0);
+  EXPECT_EQ(again[0].payload, first[0].payload);
+  // Refused again, then more steps: the push is what a learner that never pushed would send from this θ.
+  core.refused(0);
+  drift();
+  auto later = core.after_step(3, 1, 1.0);
+  ASSERT_EQ(later.size(), 1u);
+  std::vector<std::pair<std::string, at::Tensor>> zeros;
+  for (const auto& [n, t] : toy.params) zeros.emplace_back(n, torch::zeros_like(t));
+  LearnerCore fresh(opts(1, 0, true), plan_model(zeros, 1, 1), zeros, 100, topk, /*error_feedback=*/true);
+  {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < zeros.size(); ++i) zeros[i].second.copy_(toy.params[i].second);
+  }
+  auto reference = fresh.after_step(1, 1, 1.0);
+  ASSERT_EQ(reference.size(), 1u);
+  EXPECT_EQ(later[0].payload, reference[0].payload);
+  // An accepted push keeps its residual: answered, the next version's push carries what the codec left out.
+  core.receive(0, 1, answer(core, 0, 0.0f));
+  ASSERT_EQ(core.apply_due(3).size(), 1u);
+  auto next = core.after_step(4, 1, 1.0);  // θ = Θ^1 = 0: the push is the residual alone
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_NE(decode(next[0]), std::vector<float>(10, 0.0f));
+}
+
 TEST(LearnerCore, InstallResetsEverything) {
   Toy toy(1, 2);
   LearnerCore core(opts(2, 1, true), toy.plan, toy.params, 100);
