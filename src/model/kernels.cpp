@@ -124,6 +124,11 @@ constexpr RowOps kOps{max,      exp_shift, scale,   dot, softmax_grad, gelu,  ge
 
 #if defined(__x86_64__)
 #define DELOCO_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+// GCC 12's AVX-512 intrinsic headers start their masked-off operands as `__m512 __Y = __Y;`, which its uninitialized
+// checks report at every inlined use: false positives, silenced here only.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace avx512 {
 DELOCO_AVX512 inline __mmask16 tail(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
 
@@ -343,6 +348,7 @@ DELOCO_AVX512 void narrow(const float* f, uint16_t* h, int64_t n) {
 constexpr RowOps kOps{max,      exp_shift, scale,   dot, softmax_grad, gelu,  gelu_grad,
                       ln_stats, ln_apply,  ln_grad, add, widen,        narrow};
 }  // namespace avx512
+#pragma GCC diagnostic pop
 #endif
 
 bool cpu_has_avx512() {

@@ -335,10 +335,15 @@ bool shown_type_ok(const json& v, const ShownField& f) {
 
 }  // namespace
 
+// Impl is defined in this file only, so its fields may use this file's anonymous namespace; GCC warns about that
+// when a unity build compiles the file as an included one.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsubobject-linkage"
 struct ReportRunReader::Impl {
   std::string dir;
   std::map<std::string, RecordFile> files;  // by path
 };
+#pragma GCC diagnostic pop
 
 ReportRunReader::ReportRunReader(std::string dir) : impl_(std::make_unique<Impl>()) { impl_->dir = std::move(dir); }
 ReportRunReader::~ReportRunReader() = default;

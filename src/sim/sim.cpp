@@ -156,6 +156,10 @@ struct Learner {
 
 }  // namespace
 
+// Impl is defined in this file only, so its fields may use this file's anonymous namespace; GCC warns about that
+// when a unity build compiles the file as an included one.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsubobject-linkage"
 struct Simulator::Impl {
   RunConfig run;
   SimConfig cfg;
@@ -710,6 +714,7 @@ struct Simulator::Impl {
     return syncer->stalled();
   }
 };
+#pragma GCC diagnostic pop
 
 RunConfig simulated_run(const RunConfig& run, const AlgorithmConfig& algo) {
   RunConfig r = run;
