@@ -104,14 +104,23 @@ void AlgorithmConfig::bind(ConfigSchema& s) {
          "[0, 1/N]; delayed_nesterov_whole: [0, 1])");
   s.bind("outer.lr", &outer.lr, "outer learning rate eta (default: the preset's)");
   s.bind("outer.momentum", &outer.momentum, "outer momentum mu (default: the preset's)");
+  // The names a user writes: a dense float encoding, topk (its values' code from net.topk_bits / net.topk_values, its
+  // density and chunks from net.topk_density / net.topk_chunk) or auto. The wire's own names of the sparse codes
+  // (topk8, topk4, topk2, topk2b) and raw are not settings: they would skip those options (and, for the broadcast,
+  // the delta against the learner's version, sending whole fragments with ~97 % of their entries zero).
   auto float_encoding = [](const std::string* v, const char* key) {
     return [v, key] {
+      const std::string want = std::string(key) + " must be fp32, bf16, int8, int4, int2, topk or auto (got '" + *v + "')";
+      if (*v == "topk" || *v == "auto") return std::string();
+      Encoding e = Encoding::kRaw;
       try {
-        if (*v != "topk" && *v != "auto") parse_encoding(*v);
-        return std::string();
+        e = parse_encoding(*v);
       } catch (const std::exception&) {
-        return std::string(key) + " must be fp32, bf16, int8, int4, int2, topk or auto (got '" + *v + "')";
+        return want;
       }
+      if (is_sparse(e)) return want + ": a sparse code is chosen by " + key + " = \"topk\" and net.topk_bits / net.topk_values";
+      if (e == Encoding::kRaw) return want;
+      return std::string();
     };
   };
   s.bind("net.encoding", &encoding,

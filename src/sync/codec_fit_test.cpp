@@ -365,6 +365,34 @@ TEST(CodecLadders, TheConfigAcceptsAutoAndNamesTheKeyOtherwise) {
   }
 }
 
+// The wire's names of the sparse codes are not settings: net.encoding = topk8 would skip net.topk_density (pushes at
+// the default 3 %), and net.broadcast_encoding = topk8 would send whole fragments top-k encoded, which learners decode
+// with ~97 % of Θ_p zero (found by review). Each key names topk and its options instead; raw is no float encoding.
+TEST(CodecLadders, TheConfigRefusesTheWireNamesOfSparseCodes) {
+  for (const std::string key : {"net.encoding", "net.broadcast_encoding"}) {
+    for (const std::string bad : {"topk8", "topk4", "topk2", "topk2b", "raw"}) {
+      AlgorithmConfig cfg;
+      ConfigSchema s;
+      cfg.bind(s);
+      s.apply_override(key + "=" + bad);
+      try {
+        s.validate();
+        ADD_FAILURE() << "accepted " << key << "=" << bad;
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+        if (bad != "raw") EXPECT_NE(std::string(e.what()).find("\"topk\""), std::string::npos) << e.what();
+      }
+    }
+    for (const std::string good : {"fp32", "bf16", "int8", "int4", "int2", "topk", "auto"}) {
+      AlgorithmConfig cfg;
+      ConfigSchema s;
+      cfg.bind(s);
+      s.apply_override(key + "=" + good);
+      EXPECT_NO_THROW(s.validate()) << key << "=" << good;
+    }
+  }
+}
+
 // ---- the learner's side ----------------------------------------------------------------------------------------
 
 struct Toy {

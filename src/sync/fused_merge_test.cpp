@@ -367,6 +367,44 @@ TEST(SyncFusedMerge, ReceiveChecksEncodedPushes) {
   EXPECT_EQ(s.receive(0, c), SyncReject::kNone);
 }
 
+// A block with a huge scale over zeros only measures as nothing, so the merge's overflow bound did not see it, while
+// the fused pass folds the rda coefficient (weight / ‖Δ‖, large for a push this small) into the scale first:
+// c · FLT_MAX = inf, and inf · 0 put NaN into Θ and the momentum (found by review). No encoder writes such a block:
+// receive() refuses it as malformed, and the honest push it was made from merges finite.
+TEST(SyncFusedMerge, AScaleOverZerosIsRefusedNotMergedIntoNaN) {
+  const auto g = model(13);
+  Case st;
+  st.plan = "decoupled";
+  SyncOptions o = options(st, true);
+  o.max_delta_ratio = 0;  // no bound stands in a tiny push's way
+  o.max_delta_outlier = 0;
+  Syncer s(o, one_fragment(g), g, MergePlan::preset("decoupled"), st.outer);
+  for (int64_t m = 0; m < 4; ++m) s.note_joined(m);
+  const FlatLayout L = layout_of(s);
+  // The first block wholly inside h.0.w, a matrix (rda under the decoupled plan), after tok_embed's 37 × 129.
+  const size_t block = static_cast<size_t>(g[0].second.numel()) / 64 + 1;
+  ASSERT_EQ(std::string(MergeSelector(MergePlan::preset("decoupled")).select("h.0.w", 2).name()), "rda");
+  std::vector<float> d(static_cast<size_t>(L.elements), 0.f);
+  for (size_t i = 0; i < d.size(); i += 64)
+    if (i / 64 != block) d[i] = 1e-3f;  // one small value in every block but that one
+  const std::string honest = encode_floats(d.data(), d.size(), Encoding::kInt8);
+  std::string crafted = honest;
+  const float big = std::numeric_limits<float>::max();
+  std::memcpy(crafted.data() + 4 * block, &big, 4);  // its scale FLT_MAX over 64 zero codes
+  EXPECT_THROW(decode_push(0, 0, L, Encoding::kInt8, crafted.data(), crafted.size(), 0, 10, 100, 1.0), WireError);
+  Contribution c = decode_push(0, 0, L, Encoding::kInt8, honest.data(), honest.size(), 0, 10, 100, 1.0);
+  c.encoded.data = crafted.data();  // held as received, past decode_push: receive() checks it again
+  EXPECT_EQ(s.receive(0, c), SyncReject::kWrongShape);
+  ASSERT_EQ(s.receive(0, decode_push(1, 0, L, Encoding::kInt8, honest.data(), honest.size(), 0, 10, 100, 1.0)),
+            SyncReject::kNone);
+  const MergeOutcome out = s.merge(0);
+  ASSERT_TRUE(out.ok()) << out.detail;
+  EXPECT_EQ(s.fused_merges(), 1);
+  EXPECT_EQ(out.learners, std::vector<int64_t>{1});
+  for (const auto& [n, t] : s.global()) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << n;
+  for (const auto& [k, t] : s.outer_state()) EXPECT_TRUE(torch::isfinite(t).all().item<bool>()) << k;
+}
+
 // decode_push validates what it holds with decoding's errors: a node tells malformed from non-finite pushes apart.
 TEST(SyncFusedMerge, DecodePushRefusesWhatDecodingRefuses) {
   const auto g = model(9);

@@ -84,6 +84,40 @@ void encode_blocks(const float* x, size_t n, int qmax, int bits, char* out) {
   }
 }
 
+// The canonical form encode_blocks writes, which validation and decoding both require (a WireError otherwise): every
+// code in [−qmax, qmax] (int8 never −128, int4 never the nibble 0, int2 never the code 0), the bits after the last
+// element zero, and a block with a positive scale holding a nonzero value (its largest |x| quantizes to ±qmax, or to
+// at least ±1 where the scale is subnormal). A positive scale over zeros decodes to zeros, but the fused merge folds a
+// coefficient into the scale first (c·scale, then ·q): a huge scale overflows that product to inf and inf·0 is NaN,
+// and the push's measured largest value (which bounds the merge) says nothing of a scale over zeros.
+void check_codes(const unsigned char* p, size_t n, int bits) {
+  const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
+  const unsigned char* vals = p + 4 * blocks;
+  const size_t per_byte = static_cast<size_t>(8 / bits);
+  const int offset = 1 << (bits - 1);
+  const int qmax = bits == 8 ? 127 : bits == 4 ? 7 : 1;
+  for (size_t b = 0; b < blocks; ++b) {
+    const size_t lo = b * kQuantBlock, hi = std::min(n, lo + kQuantBlock);
+    bool nonzero = false;
+    for (size_t i = lo; i < hi; ++i) {
+      const int q = bits == 8 ? static_cast<int>(static_cast<int8_t>(vals[i]))
+                              : static_cast<int>((vals[i / per_byte] >> (bits * (i % per_byte))) & ((1u << bits) - 1)) -
+                                    offset;
+      if (q < -qmax)
+        throw WireError("quantize: element " + std::to_string(i) + " has the int" + std::to_string(bits) + " code " +
+                        (bits == 8 ? std::string("-128") : std::to_string(q + offset)) + ", which no encoder writes");
+      nonzero |= q != 0;
+    }
+    const float scale = bits_float(get_u32(p + 4 * b));
+    if (scale > 0.f && !nonzero)
+      throw WireError("quantize: block " + std::to_string(b) + " has the scale " + exact_number(scale) +
+                      " over zeros only, which no encoder writes");
+  }
+  const size_t used = n % per_byte;
+  if (bits < 8 && used != 0 && (vals[n / per_byte] >> (bits * used)) != 0)
+    throw WireError("quantize: the bits after element " + std::to_string(n - 1) + " are not zero, which no encoder writes");
+}
+
 void decode_blocks(const unsigned char* in, size_t n, int bits, float* out) {
   const size_t blocks = (n + kQuantBlock - 1) / kQuantBlock;
   const unsigned char* vals = in + 4 * blocks;
@@ -103,9 +137,6 @@ void decode_blocks(const unsigned char* in, size_t n, int bits, float* out) {
         q = static_cast<int8_t>(vals[i]);
       } else {
         q = static_cast<int>((vals[i / per_byte] >> (bits * (i % per_byte))) & ((1u << bits) - 1)) - offset;
-        // int2 is ternary: code 0 (q = −2) is never written.
-        if (bits == 2 && q < -1)
-          throw WireError("quantize: element " + std::to_string(i) + " has the int2 code 0, which no encoder writes");
       }
       out[i] = static_cast<float>(q) * scale;
     }
@@ -170,6 +201,9 @@ void decode_floats_into(const void* payload, size_t bytes, Encoding e, size_t n,
   for (size_t i = 0; i < n; ++i)
     if (!std::isfinite(out[i]))
       throw NonFiniteError("quantize: decoded non-finite value at index " + std::to_string(i) + ": " + exact_number(out[i]));
+  // Last, as validate_floats checks: scales, then finite values, then the codes' form.
+  if (e == Encoding::kInt8 || e == Encoding::kInt4 || e == Encoding::kInt2)
+    check_codes(p, n, e == Encoding::kInt8 ? 8 : e == Encoding::kInt4 ? 4 : 2);
 }
 
 std::vector<float> decode_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
@@ -351,10 +385,7 @@ void validate_floats(const void* payload, size_t bytes, Encoding e, size_t n) {
       }
     }
   }
-  if (e == Encoding::kInt2)
-    for (size_t i = 0; i < n; ++i)
-      if (((vals[i >> 2] >> (2 * (i & 3))) & 3u) == 0)
-        throw WireError("quantize: element " + std::to_string(i) + " has the int2 code 0, which no encoder writes");
+  check_codes(p, n, e == Encoding::kInt8 ? 8 : e == Encoding::kInt4 ? 4 : 2);
 }
 
 namespace {

@@ -3,14 +3,17 @@
 //
 // Layouts (little-endian; n elements; blocks of kQuantBlock = 64 consecutive elements, the last one may be short):
 //   kFp32  n × 4 bytes (IEEE binary32, exact)
-//   kBf16  n × 2 bytes: the upper 16 bits of binary32 after round-to-nearest-even (relative error ≤ 2^-9)
+//   kBf16  n × 2 bytes: the upper 16 bits of binary32 after round-to-nearest-even (relative error ≤ 2^-8)
 //   kInt8  ceil(n/64) fp32 scales, then n int8 values q in [-127, 127]; x ≈ q · scale, scale = max|x| / 127
 //   kInt4  ceil(n/64) fp32 scales, then ceil(n/2) bytes; element 2i in the low nibble of byte i, 2i+1 in the high
 //          nibble; a nibble stores q + 8 with q in [-7, 7]; scale = max|x| / 7; an odd tail's high nibble is 0
 //   kInt2  ceil(n/64) fp32 scales, then ceil(n/4) bytes; element 4i+j in bits 2j..2j+1 of byte i; a code stores
 //          q + 2 with q in {-1, 0, 1} (ternary: code 0 is never written and is refused); scale = max|x|; unused
 //          high bits of the last byte are 0
-// For int8/int4/int2 every element is within half a quantization step (scale / 2) of its input.
+// For int8/int4/int2 every element is within half a quantization step (scale / 2) of its input (for a normal scale;
+// a subnormal one is rounded to the subnormal grid). Decoding and validation take only this form: codes in
+// [-qmax, qmax], zero bits after the last element, and a positive scale only over a block with a nonzero code
+// (WireError otherwise: a scale over zeros would let a merge that folds its coefficient into the scale overflow).
 //
 // Contract
 //  * encode_floats() rejects non-finite input (NonFiniteError), finite values that overflow bf16, and an int8/int4

@@ -49,7 +49,7 @@ TEST(Quantize, Bf16WithinHalfAnUlpAndRoundsToNearestEven) {
   const std::vector<float> x = random_values(5000, 2);
   const std::vector<float> y = round_trip(x, Encoding::kBf16);
   for (size_t i = 0; i < x.size(); ++i)
-    ASSERT_LE(std::fabs(y[i] - x[i]), std::ldexp(std::fabs(x[i]), -8)) << "index " << i;  // 2^-9 in fact
+    ASSERT_LE(std::fabs(y[i] - x[i]), std::ldexp(std::fabs(x[i]), -8)) << "index " << i;  // 8 significant bits
   // Ties: 1 + 2^-8 lies halfway between bf16 1 and 1 + 2^-7; even mantissa wins (1). 1 + 3·2^-8 goes up.
   const std::vector<float> ties = {1.f + std::ldexp(1.f, -8), 1.f + 3 * std::ldexp(1.f, -8), 1.f + std::ldexp(1.f, -9)};
   const std::vector<float> r = round_trip(ties, Encoding::kBf16);
@@ -103,6 +103,60 @@ TEST(Quantize, Int2IsTernaryFourToAByte) {
   EXPECT_THROW(decode_floats(bad.data(), bad.size(), Encoding::kInt2, x.size()), WireError);
   EXPECT_EQ(parse_encoding("int2"), Encoding::kInt2);
   EXPECT_EQ(encoded_bytes(Encoding::kInt2, 65), 8u + 17u);
+}
+
+// Validation and decoding take only the canonical form encode_blocks writes (found by review: a block with a huge scale
+// over zero codes decoded to zeros and measured as nothing, yet the fused merge multiplies its coefficient into the
+// scale first, c · FLT_MAX = inf, and inf · 0 put NaN into Θ). Codes outside [−qmax, qmax], a positive scale over
+// zeros only, and set bits after the last element are refused as malformed (WireError, not NonFiniteError).
+TEST(Quantize, OnlyTheCanonicalBlockFormIsAccepted) {
+  auto refused = [](const std::string& payload, Encoding e, size_t n, const char* what) {
+    EXPECT_THROW(decode_floats(payload.data(), payload.size(), e, n), WireError) << what;
+    EXPECT_THROW(validate_floats(payload.data(), payload.size(), e, n), WireError) << what;
+    try {
+      validate_floats(payload.data(), payload.size(), e, n);
+    } catch (const NonFiniteError&) {
+      ADD_FAILURE() << what << ": malformed, not non-finite";
+    } catch (const WireError& err) {
+      EXPECT_NE(std::string(err.what()).find("which no encoder writes"), std::string::npos) << err.what();
+    }
+  };
+  const float big = std::numeric_limits<float>::max();
+  for (Encoding e : {Encoding::kInt8, Encoding::kInt4, Encoding::kInt2}) {
+    SCOPED_TRACE(encoding_name(e));
+    const size_t n = 130;  // three blocks, the last of two elements
+    std::vector<float> x(n, 0.f);
+    x[64] = 1e-3f;  // block 1 holds one value; blocks 0 and 2 are zero
+    const std::string ok = encode_floats(x.data(), n, e);
+    EXPECT_NO_THROW(validate_floats(ok.data(), ok.size(), e, n));
+    std::string over_zeros = ok;
+    std::memcpy(over_zeros.data(), &big, 4);  // block 0's scale
+    refused(over_zeros, e, n, "a scale over zeros only");
+  }
+  std::vector<float> x(5, 0.5f);
+  std::string i8 = encode_floats(x.data(), x.size(), Encoding::kInt8);
+  i8[4 + 2] = static_cast<char>(0x80);  // element 2: −128
+  refused(i8, Encoding::kInt8, x.size(), "int8 code -128");
+  std::string i4 = encode_floats(x.data(), x.size(), Encoding::kInt4);
+  i4[4 + 1] = static_cast<char>(i4[4 + 1] & 0xf0);  // element 2: nibble 0 (−8)
+  refused(i4, Encoding::kInt4, x.size(), "int4 code 0");
+  i4 = encode_floats(x.data(), x.size(), Encoding::kInt4);
+  i4[4 + 2] = static_cast<char>(i4[4 + 2] | 0x10);  // the nibble after element 4 (n = 5 is odd)
+  refused(i4, Encoding::kInt4, x.size(), "int4 padding");
+  std::string i2 = encode_floats(x.data(), x.size(), Encoding::kInt2);
+  i2[4 + 1] = static_cast<char>(i2[4 + 1] | 0x40);  // the bits after element 4
+  refused(i2, Encoding::kInt2, x.size(), "int2 padding");
+  // What the encoder writes is canonical, subnormal blocks included (a positive scale always comes with a nonzero
+  // code): every block of k · 2^-149 for k up to 600 decodes.
+  for (Encoding e : {Encoding::kInt8, Encoding::kInt4, Encoding::kInt2}) {
+    for (int k = 1; k <= 600; ++k) {
+      std::vector<float> y(64, 0.f);
+      y[k % 64] = std::ldexp(static_cast<float>(k), -149);
+      y[(k + 7) % 64] = -std::ldexp(static_cast<float>(k / 3), -149);
+      const std::string enc = encode_floats(y.data(), y.size(), e);
+      ASSERT_NO_THROW(validate_floats(enc.data(), enc.size(), e, y.size())) << encoding_name(e) << " k = " << k;
+    }
+  }
 }
 
 TEST(Quantize, ErrorFeedbackTracksTheCumulativeSum) {

@@ -309,7 +309,9 @@ TEST(TopkWire, HeaderBoundsASparsePayload) {
   EXPECT_THROW(encode_message(h, std::string(max_encoded_bytes(Encoding::kTopk2, 1000) + 1, '\0')), WireError);
   h.kind = MessageKind::kStateChunk;  // a state download is always dense
   EXPECT_THROW(encode_message(h, enc), WireError);
-  h.kind = MessageKind::kFragmentBroadcast;
+  h.kind = MessageKind::kFragmentBroadcast;  // so is a whole fragment: decoded, a sparse one would zero ~97 % of Θ_p
+  EXPECT_THROW(encode_message(h, enc), WireError);
+  h.kind = MessageKind::kFragmentDelta;  // a change against the learner's version: sparse is what it is for
   EXPECT_NO_THROW(encode_message(h, enc));
   h.element_count = uint64_t{1} << 33;
   WireLimits big;

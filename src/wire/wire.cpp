@@ -30,7 +30,7 @@ void validate_header(const MessageHeader& h, const WireLimits& limits) {
   const uint8_t e = static_cast<uint8_t>(h.encoding);
   if (e > kMaxEncoding) throw WireError("wire: unknown payload encoding " + std::to_string(e));
   if (carries_floats(h.kind) != is_float_encoding(h.encoding) ||
-      (is_sparse(h.encoding) && h.kind == MessageKind::kStateChunk))
+      (is_sparse(h.encoding) && (h.kind == MessageKind::kStateChunk || h.kind == MessageKind::kFragmentBroadcast)))
     throw WireError(std::string("wire: message kind ") + kind_name(h.kind) + " cannot carry encoding " +
                     encoding_name(h.encoding));
   if (h.element_count > limits.max_elements)
