@@ -394,7 +394,10 @@ class Syncer {
   //    learner applies a newer version only after its previous push. So s_since is s at m's previous accepted
   //    contribution to this fragment if that one had another base version; else (same base: its counter ran on)
   //    s at the accepted contribution before the first one with this base; 0 when none since the start or a
-  //    restore(). The slack covers a step heard a little after its push (less than H steps in both drivers).
+  //    restore(). Under sync.apply = rebase a learner's counter is cut only by the answer to its own push, so
+  //    s_since is s at m's last contribution to this fragment that a merge took (an accepted push that was then
+  //    dropped or rolled back cuts nothing). The slack covers a step heard a little after its push (less than H
+  //    steps in both drivers).
   //    A liar gains at most the slack per run of pushes on one base; its reported steps cannot pass total_steps;
   //  * wrong_shape; non_finite (‖Δ̂‖, accumulated in double, is NaN or Inf);
   //  * norm_bound: ‖Δ̂‖ > max_delta_norm (when > 0);
@@ -556,6 +559,7 @@ class Syncer {
     Contribution c;
     std::vector<double> sumsq;
     double amax = 0;
+    int64_t credited = 0;  // s, the step credited to its learner when it was accepted
   };
   struct Round {
     std::map<int64_t, Held> waiting;  // by learner
@@ -612,6 +616,9 @@ class Syncer {
   bool share_flat_ = false;
   int64_t fused_merges_ = 0, general_merges_ = 0;
   std::vector<std::vector<int64_t>> floor_;  // [learner][fragment]
+  // Drops the versions no learner, waiting push or held final state can be anchored at; past 2M + 8 kept versions
+  // (learners that went silent pin theirs), the oldest go too, but never one a waiting push or held final state is
+  // anchored at (at most 2M more).
   void prune_history(int64_t fragment);
   int64_t stale_bases_ = 0;
   MergeSelector selector_;
@@ -639,6 +646,7 @@ class Syncer {
   // contributions with this base (the anchor of a counter that ran on).
   struct LastAccepted {
     int64_t step = 0, base = -1, anchor = 0;
+    int64_t merged = 0;  // s at m's last contribution to this fragment that a merge took (sync.apply = rebase)
   };
   std::vector<LearnerBudget> budgets_;
   std::vector<int64_t> seen_step_;

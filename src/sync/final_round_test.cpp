@@ -161,6 +161,33 @@ TEST(SyncFinalRound, AFinishedLearnerHoldsNoRoundBackAndKeepsItsVersions) {
   EXPECT_THROW(plain.set_finished(0.0, 1, true), SyncError);
 }
 
+// Found by review: the history's memory cap (2M + 8 versions, for learners that went silent) also dropped the version
+// a held final state is anchored at. Learner 0 finishes early (θ = 1 against version 0) while learner 1 merges 20 more
+// times: version 0 must stay kept, or θ_0 is rebuilt against version 20 and carries learner 1's 20 updates a second
+// time (the mean 20.5 instead of 10.5). The cap still bounds what nothing pins.
+TEST(SyncFinalRound, AHeldStateKeepsItsVersionPastTheHistoryCap) {
+  SyncOptions o;
+  o.learners = 2;
+  o.quorum = 1;
+  o.grace = false;
+  o.final_round = true;
+  o.weighting = "uniform";
+  Syncer s(o, one_fragment(), global0(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  ASSERT_EQ(s.receive_final(state(0, -1.0f, 0)), SyncReject::kNone);  // θ_0 = 0 − (−1) = 1
+  s.set_finished(0.0, 0, true);
+  for (int64_t v = 0; v < 20; ++v) {
+    ASSERT_EQ(s.receive(static_cast<double>(v), state(1, -1.0f, v)), SyncReject::kNone);
+    ASSERT_TRUE(s.on_round(static_cast<double>(v), 0).merged());  // Θ = v + 1
+  }
+  EXPECT_FLOAT_EQ(value(s), 20.0f);
+  ASSERT_EQ(s.receive_final(state(1, 0.0f, 20)), SyncReject::kNone);  // θ_1 = 20
+  s.retire(21.0, 0);
+  s.retire(21.0, 1);
+  ASSERT_EQ(s.final_round().size(), 1u);
+  EXPECT_FLOAT_EQ(value(s), 10.5f);
+  EXPECT_EQ(s.stale_bases(), 0);
+}
+
 TEST(SyncFinalRound, BaseAnchorRebasesEveryStateOntoTheCurrentModel) {
   // Θ + Σ ŵ·(−Δ) = 2 + ¼·1 + ¼·3 + 0 = 3: learner 0's step counts from Θ = 2, not from the version it held.
   Case c("base");

@@ -471,6 +471,80 @@ TEST(LearnerCore, ANormRefusalDropsTheDriftAndTheFragmentMergesAgain) {
   EXPECT_FALSE(refusal_drops_drift(SyncReject::kNonFinite));
 }
 
+// Found by review: under sync.apply = rebase a learner's counter is cut only by the answer to its own push, but the
+// syncer bounded c_steps from the learner's last *accepted* push. A push accepted and then dropped (a standby taking
+// over drops the waiting ones; a rolled-back round alike) left the bound short by that push's steps for good: every
+// later push of the fragment was refused as counter_out_of_range. Driven by a real learner core and syncer.
+TEST(LearnerCore, UnderRebaseAnAcceptedButUnmergedPushDoesNotLockTheFragmentOut) {
+  Toy toy(1, 10);
+  SyncOptions o = opts(10, 0, false);
+  o.apply = "rebase";
+  o.learners = 2;
+  o.max_delta_ratio = 0;  // (the toy's drift is large against its Θ = 0)
+  o.max_delta_outlier = 0;
+  LearnerCore core(o, toy.plan, toy.params, 1000);
+  std::vector<std::pair<std::string, at::Tensor>> global;
+  for (const auto& [n, t] : toy.params) global.emplace_back(n, t.clone());
+  Syncer syncer(o, toy.frags, global, MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  for (int64_t m = 0; m < 2; ++m) syncer.set_budget(m, {0, 1000});
+  auto send = [&](const Push& p) {
+    Contribution c = decode_push(0, p, core.layout(0));
+    c.step = p.step;
+    return syncer.receive(static_cast<double>(p.step), c);
+  };
+  at::Tensor late;  // the answer to push A, delivered at step 25
+  int64_t accepted = 0;
+  for (int64_t step = 1; step <= 70; ++step) {
+    toy.train();
+    for (const Push& p : core.after_step(step, 1, 1.0)) {
+      const SyncReject why = send(p);
+      EXPECT_EQ(why, SyncReject::kNone) << "step " << step << ": " << sync_reject_name(why);
+      if (why != SyncReject::kNone) {
+        core.refused(0);
+        continue;
+      }
+      ++accepted;
+      if (step == 10) {  // A: merged at once (version 1), its answer late
+        const RoundResult r = syncer.on_round(10, 0);
+        ASSERT_TRUE(r.merged());
+        late = r.flat;
+      } else if (step == 26) {  // B: accepted, then dropped (a standby took over): refused back to the learner
+        syncer.drop_waiting();
+        core.refused(0);
+        // Another learner's merge (version 2) reaches learner 0, answering nothing of its own.
+        Contribution other;
+        other.learner = 1;
+        other.fragment = 0;
+        for (const auto& [n, t] : toy.params) other.deltas.push_back(torch::zeros_like(t));
+        other.base_version = 1;
+        other.c_steps = other.c_tokens = 10;
+        other.step = 26;
+        ASSERT_EQ(syncer.receive(26, other), SyncReject::kNone);
+        const RoundResult r = syncer.on_round(26, 0);
+        ASSERT_TRUE(r.merged());
+        core.receive(0, r.outcome.version, r.flat);
+      } else {  // later pushes: merged and answered at once
+        const RoundResult r = syncer.on_round(static_cast<double>(step), 0);
+        ASSERT_TRUE(r.merged());
+        core.receive(0, r.outcome.version, r.flat);
+      }
+    }
+    if (step == 25) core.receive(0, 1, late);
+    core.apply_due(step);
+  }
+  EXPECT_EQ(accepted, 7);  // steps 10, 26, 30, 40, 50, 60, 70
+  EXPECT_EQ(syncer.rejected().count("counter_out_of_range"), 0u);
+  // The bound still holds a liar: a claim of more steps than it could have run since its last merged push.
+  Contribution liar;
+  liar.learner = 0;
+  liar.fragment = 0;
+  for (const auto& [n, t] : toy.params) liar.deltas.push_back(torch::zeros_like(t));
+  liar.base_version = core.version(0);
+  liar.c_steps = liar.c_tokens = 21;  // 70 − 70 + H = 10 allowed
+  liar.step = 70;
+  EXPECT_EQ(syncer.receive(70, liar), SyncReject::kCounterOutOfRange);
+}
+
 TEST(LearnerCore, OlderAnswersAreIgnoredAndAlphaMixes) {
   Toy toy(1, 2);
   SyncOptions o = opts(2, 0, false);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -162,14 +163,24 @@ void Syncer::prune_history(int64_t fragment) {
   // held, also once that learner has retired (its goodbye may come before the round merges its last push, and it
   // follows its final states).
   const Round& r = rounds_[static_cast<size_t>(fragment)];
-  for (const auto& [m, held] : r.waiting) lowest = std::min(lowest, held.c.base_version);
-  for (const auto& [m, held] : r.finals) lowest = std::min(lowest, held.c.base_version);
+  std::set<int64_t> pinned;
+  for (const auto& [m, held] : r.waiting) pinned.insert(held.c.base_version);
+  for (const auto& [m, held] : r.finals) pinned.insert(held.c.base_version);
+  if (!pinned.empty()) lowest = std::min(lowest, *pinned.begin());
   // A learner that went silent without retiring pins its version; bound the memory (its next contribution, if
-  // any, is then anchored at the current Θ_p and counted in stale_bases()).
+  // any, is then anchored at the current Θ_p and counted in stale_bases()). The cap takes the oldest versions
+  // first but never one a held push or final state is anchored at (at most 2M of them): pruned, its contribution
+  // would be rebuilt against a later Θ_p and carry the merges in between a second time (set_finished's promise).
   const size_t cap = 2 * floor_.size() + 8;
-  while (!h.empty() && (h.begin()->first < lowest || h.size() > cap)) {
-    Version v = std::move(h.begin()->second);
-    h.erase(h.begin());
+  for (auto it = h.begin(); it != h.end();) {
+    const bool below = it->first < lowest;
+    if (!below && h.size() <= cap) break;
+    if (!below && pinned.count(it->first)) {
+      ++it;
+      continue;
+    }
+    Version v = std::move(it->second);
+    it = h.erase(it);
     recycle(fragment, std::move(v));
   }
 }

@@ -34,7 +34,8 @@ SyncReject Syncer::check_counters(const Contribution& c) const {
     if (c.c_steps > b.total_steps) return SyncReject::kCounterOutOfRange;  // more than the whole run (also keeps the sum small)
     const int64_t s = credited_step(seen_step_[static_cast<size_t>(c.learner)], c.step, b.total_steps);
     const LastAccepted& last = last_[static_cast<size_t>(c.learner)][static_cast<size_t>(c.fragment)];
-    const int64_t since = last.base == c.base_version ? last.anchor : last.step;
+    const int64_t since =
+        opts_.apply == "rebase" ? last.merged : last.base == c.base_version ? last.anchor : last.step;
     if (c.c_steps > (s - since) + kStepSlackPeriods * opts_.sync_every) return SyncReject::kCounterOutOfRange;
   }
   return SyncReject::kNone;
@@ -166,6 +167,7 @@ SyncReject Syncer::receive(double now, Contribution c) {
       if (t.numel() > 0) held.amax = std::max(held.amax, t.abs().max().item<double>());
   }
   held.c = std::move(c);
+  held.credited = last.step;
   r.waiting[learner] = std::move(held);
   mark_quorum(now, fragment);
   return SyncReject::kNone;
