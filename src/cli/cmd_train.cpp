@@ -100,6 +100,11 @@ void run_train(const TrainArgs& args) {
     if (!fs::exists(fs::path(args.resume) / "manifest.json", ec) && fs::is_directory(fs::path(args.resume) / "checkpoints", ec))
       recover_run_folder(args.resume);
     resume_ck = read_checkpoint(args.resume, /*with_optimizer=*/true);
+    // Only a train checkpoint continues here (older ones carry no kind): a syncer's holds Θ and the outer state, and
+    // `train --resume` would restart AdamW from nothing and write train checkpoints into the syncer's folder.
+    if (const std::string kind = resume_ck.manifest.value("kind", std::string("train")); kind != "train")
+      throw CheckpointError("'" + resume_ck.dir + "' is a " + kind + " checkpoint; deloco train --resume continues a " +
+                            "train checkpoint" + (kind == "syncer" ? " (a syncer's: deloco syncer --resume)" : ""));
     if (!resume_ck.manifest.contains("config")) throw CheckpointError("checkpoint '" + resume_ck.dir + "' has no config");
     schema.from_json(resume_ck.manifest["config"], resume_ck.dir + "/manifest.json");
     cfg.train.out_dir.clear();  // continue in the checkpoint's own run folder unless --set names another

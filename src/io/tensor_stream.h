@@ -34,6 +34,7 @@ class MappedSafetensors {
   const std::map<std::string, TensorInfo>& index() const { return index_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   uint64_t file_size() const { return size_; }
+  const char* file_bytes() const { return base_; }  // the whole file, mapped (file_size() bytes)
   at::Tensor tensor(const std::string& name) const;  // throws SafetensorsError for an unknown name
 
  private:

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 
@@ -15,9 +16,11 @@
 #include "deloco/config.h"
 #include "io/tensor_stream.h"
 #include "util/fs.h"
+#include "util/manifest.h"
 
 namespace deloco {
 namespace {
+namespace fs = std::filesystem;
 
 // A checkpoint folder stands for its model.safetensors; a run folder (of `deloco train`, `deloco syncer` or
 // `deloco run`) for that of its newest committed checkpoint.
@@ -26,6 +29,28 @@ std::string resolve(const std::string& p) {
   if (::stat(p.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return p;
   if (::stat((p + "/model.safetensors").c_str(), &st) == 0) return p + "/model.safetensors";
   return resolve_checkpoint(p) + "/model.safetensors";
+}
+
+// An input mapped; when it is (or was resolved to) a checkpoint folder's model.safetensors, its bytes are checked
+// against the folder's manifest (size, then hash) as every other reader of a checkpoint does.
+std::unique_ptr<MappedSafetensors> open_input(const std::string& given) {
+  const std::string path = resolve(given);
+  auto in = std::make_unique<MappedSafetensors>(path);
+  const fs::path file(path);
+  const fs::path manifest = file.parent_path() / "manifest.json";
+  std::error_code ec;
+  if (file.filename() == "model.safetensors" && fs::exists(manifest, ec)) {
+    std::string text;
+    try {
+      text = read_file(manifest.string());
+    } catch (const IoError& e) {
+      throw CheckpointError(std::string("checkpoint manifest cannot be read: ") + e.what());
+    }
+    const CheckpointManifest m = parse_checkpoint_manifest(text, manifest.string());
+    verify_checkpoint_file(m.files.at("model.safetensors"), in->file_bytes(), static_cast<size_t>(in->file_size()),
+                           path);
+  }
+  return in;
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -55,9 +80,10 @@ nlohmann::json merge_checkpoints(const CheckpointMergeOptions& a) {
   MergeSelector selector(plan);  // validates method names and options before any I/O
 
   const auto t0 = std::chrono::steady_clock::now();
-  MappedSafetensors base(resolve(a.base));
+  const std::unique_ptr<MappedSafetensors> base_file = open_input(a.base);
+  const MappedSafetensors& base = *base_file;
   std::vector<std::unique_ptr<MappedSafetensors>> inputs;
-  for (const auto& p : a.inputs) inputs.push_back(std::make_unique<MappedSafetensors>(resolve(p)));
+  for (const auto& p : a.inputs) inputs.push_back(open_input(p));
 
   // Every input must hold exactly the base's tensors with the same shapes.
   std::vector<std::string> merge_names, copy_names;

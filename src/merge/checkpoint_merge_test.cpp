@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <type_traits>
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include "deloco/outer.h"
 #include "deloco/safetensors.h"
 #include "deloco/sync.h"
+#include "io/tensor_stream.h"
 
 namespace deloco {
 namespace checkpoint_merge_cases {
@@ -74,6 +76,44 @@ TEST_F(CheckpointMerge, MeanOfTaskVectorsScaledByAlphaWithManifest) {
   EXPECT_EQ(m["tensors_copied"], nlohmann::json::array({"steps"}));
   EXPECT_EQ(m["alpha"].get<double>(), 0.5);
   EXPECT_TRUE(fs::exists(o.out + ".manifest.json"));
+}
+
+// A checkpoint folder is read as every reader of a checkpoint reads it: its model.safetensors checked against the
+// manifest (size, then BLAKE2b-256). Found by review: merge mapped the file with only the safetensors header
+// checked, so a flipped data byte (or another file of the same shapes) merged silently.
+TEST_F(CheckpointMerge, ACheckpointFolderIsVerifiedAgainstItsManifest) {
+  CheckpointMergeOptions o = options();
+  for (int i = 0; i < 2; ++i)
+    write_checkpoint((dir_ / ("ck" + std::to_string(i))).string(), nlohmann::json{{"kind", "train"}, {"step", 0}},
+                     inputs_[static_cast<size_t>(i)], nullptr);
+  o.inputs = {(dir_ / "ck0").string(), (dir_ / "ck1").string()};
+  EXPECT_NO_THROW(merge_checkpoints(o));
+  const TensorFile clean = load_safetensors(o.out);
+  // One byte of ck1's tensor data flipped (the last byte of the file: inside w or b, not the header).
+  const std::string model = (dir_ / "ck1" / "model.safetensors").string();
+  {
+    std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-1, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-1, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  EXPECT_NO_THROW(MappedSafetensors{model}) << "the header is intact: only the manifest can tell";
+  fs::remove(o.out);
+  try {
+    merge_checkpoints(o);
+    ADD_FAILURE() << "merged a corrupt checkpoint";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("corrupt"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(model), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(o.out));
+  o.inputs = {(dir_ / "ck0").string(), model};  // named by its file: the folder's manifest still applies
+  EXPECT_THROW(merge_checkpoints(o), CheckpointError);
+  o.inputs = {(dir_ / "ck0").string(), path("in1")};  // a plain file (no manifest beside it) as before
+  EXPECT_NO_THROW(merge_checkpoints(o));
+  for (const char* name : {"w", "b"}) EXPECT_TRUE(load_safetensors(o.out).tensors.at(name).equal(clean.tensors.at(name)));
 }
 
 TEST_F(CheckpointMerge, RefusesBadSettingsAndMismatchedInputsWithoutWritingOutput) {

@@ -1,6 +1,7 @@
 // The syncer's checkpoints (src/roles/syncer_node_impl.h): Θ, the outer optimizer state, fragment versions and
 // the counters, written atomically; restore_from() for --resume.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <sstream>
@@ -98,6 +99,11 @@ void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
   merges = c.at("merges").get<int64_t>();
   prior_elapsed = c.at("elapsed").get<double>() + down;
   prior_stalled = c.at("stalled").get<double>() + down;
+  if (merges < 0 || !std::isfinite(prior_elapsed) || prior_elapsed < 0 || !std::isfinite(prior_stalled) ||
+      prior_stalled < 0)
+    throw CheckpointError("the counters hold a negative or non-finite count (merges " + std::to_string(merges) +
+                          ", elapsed " + std::to_string(prior_elapsed) + " s, stalled " + std::to_string(prior_stalled) +
+                          " s): a damaged or edited manifest");
   rejects = c.at("rejects").get<std::map<std::string, int64_t>>();
   joins_refused = c.value("joins_refused", int64_t{0});  // absent from checkpoints of older syncers
   grace_waits = c.value("grace_waits", int64_t{0});
@@ -110,6 +116,9 @@ void SyncerNode::Impl::load_counters(const nlohmann::json& c, double down) {
   for (int64_t m = 0; m < M; ++m) {
     peers[m].step = pj[m].at("step").get<int64_t>();
     peers[m].tokens = pj[m].at("tokens").get<int64_t>();
+    if (peers[m].step < 0 || peers[m].tokens < 0)
+      throw CheckpointError("the counters hold a negative step or token count for learner " + std::to_string(m) +
+                            ": a damaged or edited manifest");
     peers[m].busy = pj[m].at("busy").get<double>();
     peers[m].busy_done = pj[m].at("busy_done").get<double>();
     peers[m].instance = parse_fingerprint_hex(pj[m].at("instance").get<std::string>());

@@ -230,6 +230,12 @@ void Syncer::restore(const std::map<std::string, at::Tensor>& global,
   if (versions.size() != rounds_.size())
     throw SyncError("checkpoint has " + std::to_string(versions.size()) + " fragment versions, the syncer has " +
                     std::to_string(rounds_.size()) + " fragments (sync.fragments changed?)");
+  for (size_t f = 0; f < versions.size(); ++f)
+    if (versions[f] < 0)
+      throw SyncError("checkpoint has version " + std::to_string(versions[f]) + " for fragment " + std::to_string(f) +
+                      " (versions are counts of merges: a damaged or edited manifest)");
+  if (merged < 0)
+    throw SyncError("checkpoint counts " + std::to_string(merged) + " merged contributions (a damaged or edited manifest)");
   if (global.size() != global_.size())
     throw SyncError("checkpoint has " + std::to_string(global.size()) + " tensors, the model has " +
                     std::to_string(global_.size()));

@@ -683,6 +683,11 @@ TEST(SyncRestore, RefusesNonFiniteState) {
     EXPECT_NE(std::string(e.what()).find(bad_outer.begin()->first), std::string::npos) << e.what();
   }
   EXPECT_TRUE(torch::equal(s.global()[1].second, before));
+  // Negative versions or counts (a damaged or edited manifest) are refused too: accepted, every welcome a learner
+  // parsed failed ("holds a non-integer") and the learners said hello forever (found by review).
+  EXPECT_THROW(s.restore(g, outer, {-1}, 1), SyncError);
+  EXPECT_THROW(s.restore(g, outer, {1}, -1), SyncError);
+  EXPECT_TRUE(torch::equal(s.global()[1].second, before));
   EXPECT_NO_THROW(s.restore(g, outer, {1}, 1));
 }
 

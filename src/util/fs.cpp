@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -20,9 +21,18 @@ std::string errno_text() { return std::strerror(errno); }
 class PosixFileOps : public FileOps {
  public:
   void make_dirs(const std::string& path) override {
+    // The folders this call creates, outermost first: each new entry is made durable in its parent.
+    std::vector<fs::path> created;
     std::error_code ec;
+    for (fs::path p = fs::path(path).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+         p = p.has_relative_path() ? p.parent_path() : fs::path())
+      created.insert(created.begin(), p);
     fs::create_directories(path, ec);
     if (ec) throw IoError("cannot create folder '" + path + "': " + ec.message());
+    for (const fs::path& p : created) {
+      const fs::path parent = p.parent_path();
+      fsync_dir(parent.empty() ? "." : parent.string());
+    }
   }
 
   void write_file(const std::string& path, const std::string& bytes) override {
@@ -98,9 +108,16 @@ std::string read_file(const std::string& path) {
 }
 
 void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;  // best effort: some filesystems refuse directory fsync
-  ::fsync(fd);
+  const std::string d = dir.empty() ? "." : dir;
+  const int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw IoError("cannot open folder '" + d + "' to flush it: " + errno_text());
+  // A filesystem without directory fsync says EINVAL (or ENOTSUP): nothing more can be done there. Any other error
+  // (EIO) means the entries written in it may not be durable: the caller must not count them committed.
+  if (::fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP && errno != EOPNOTSUPP) {
+    const std::string err = errno_text();
+    ::close(fd);
+    throw IoError("cannot flush folder '" + d + "': " + err);
+  }
   ::close(fd);
 }
 

@@ -30,7 +30,7 @@ namespace deloco {
 class FileOps {
  public:
   virtual ~FileOps() = default;
-  // mkdir -p: creates `path` and its missing parents; nothing when it exists.
+  // mkdir -p: creates `path` and its missing parents, each made durable in its parent (fsync); nothing when it exists.
   virtual void make_dirs(const std::string& path) = 0;
   // Creates or truncates `path` and writes `bytes` to it (not yet durable: see sync_file).
   virtual void write_file(const std::string& path, const std::string& bytes) = 0;
@@ -49,6 +49,8 @@ FileOps& real_file_ops();
 
 std::string read_file(const std::string& path);
 void write_file_atomic(const std::string& path, const std::string& bytes, FileOps& ops = real_file_ops());
+// fsync of a folder (its entries durable): IoError when it cannot be opened or the flush fails, except on a
+// filesystem without directory fsync (EINVAL, ENOTSUP), where it does nothing.
 void fsync_dir(const std::string& dir);
 // The temporary name write_file_atomic uses for `path`: "<path>.tmp.<pid>".
 std::string temp_name_for(const std::string& path);

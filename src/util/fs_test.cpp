@@ -63,6 +63,25 @@ TEST(Fs, WriteFileAtomicLeavesOldOrNewAfterACrashAtAnyStep) {
   fs::remove_all(dir);
 }
 
+// A folder flush that fails is an error, not a silent best effort (found by review: the fsync after a checkpoint's
+// commit rename is its durability point, and an error there was dropped, the checkpoint counted committed).
+TEST(Fs, AFolderFlushThatFailsIsAnError) {
+  const std::string missing = ::testing::TempDir() + "/deloco_no_such_folder_" + std::to_string(::getpid());
+  try {
+    fsync_dir(missing);
+    ADD_FAILURE() << "flushed a folder that does not exist";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(fsync_dir(::testing::TempDir()));
+  // make_dirs creates every missing level (each made durable in its parent) and is idempotent.
+  const std::string nested = missing + "/a/b";
+  real_file_ops().make_dirs(nested);
+  EXPECT_TRUE(std::filesystem::is_directory(nested));
+  EXPECT_NO_THROW(real_file_ops().make_dirs(nested));
+  std::filesystem::remove_all(missing);
+}
+
 TEST(Fs, StaleTempNamesAreOnlyThoseOfDeadProcesses) {
   const std::string me = std::to_string(::getpid());
   EXPECT_TRUE(is_stale_temp_name(".step_00000010.tmp." + me, ""));

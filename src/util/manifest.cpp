@@ -118,15 +118,18 @@ ManifestFile describe_checkpoint_file(const std::string& bytes) {
 }
 
 void verify_checkpoint_file(const ManifestFile& record, const std::string& bytes, const std::string& path) {
-  if (bytes.size() != record.bytes)
-    throw CheckpointError("checkpoint file '" + path + "' has " + std::to_string(bytes.size()) +
+  verify_checkpoint_file(record, bytes.data(), bytes.size(), path);
+}
+
+void verify_checkpoint_file(const ManifestFile& record, const char* data, size_t size, const std::string& path) {
+  if (size != record.bytes)
+    throw CheckpointError("checkpoint file '" + path + "' has " + std::to_string(size) +
                           " bytes, the manifest says " + std::to_string(record.bytes) + " (truncated or replaced)");
   bool ok = false;
   if (record.hash == kBlake2b256Name) {
-    ok = blake2b256_hex(bytes.data(), bytes.size()) == record.digest;
+    ok = blake2b256_hex(data, size) == record.digest;
   } else if (record.hash == kLegacyFnvHashName) {
-    ok = fnv1a64_hex(bytes.data(), bytes.size()) == record.digest ||
-         fnv1a64_short_basis_hex(bytes.data(), bytes.size()) == record.digest;
+    ok = fnv1a64_hex(data, size) == record.digest || fnv1a64_short_basis_hex(data, size) == record.digest;
   } else {
     throw CheckpointError("checkpoint file '" + path + "' has a record with the unknown hash '" + record.hash + "'");
   }

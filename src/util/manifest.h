@@ -56,6 +56,7 @@ CheckpointManifest parse_checkpoint_manifest(const std::string& text, const std:
 // The record of `bytes` in the current format (size and BLAKE2b-256).
 ManifestFile describe_checkpoint_file(const std::string& bytes);
 void verify_checkpoint_file(const ManifestFile& record, const std::string& bytes, const std::string& path);
+void verify_checkpoint_file(const ManifestFile& record, const char* data, size_t size, const std::string& path);
 std::string render_checkpoint_manifest(nlohmann::json manifest, int64_t sequence,
                                        const std::map<std::string, ManifestFile>& files);
 

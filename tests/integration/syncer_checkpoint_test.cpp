@@ -107,6 +107,13 @@ TEST(SyncerCheckpoints, ResumeTakesTheNewestCommittedCheckpointCleansUpAndNeverS
   EXPECT_EQ(list_checkpoints(run.string()).size(), 3u);  // keeps the three newest
   for (const auto& e : fs::directory_iterator(run / "checkpoints"))
     EXPECT_NE(e.path().filename().string()[0], '.') << e.path();
+
+  // `deloco train --resume` refuses a syncer's checkpoint (found by review: it restarted AdamW from nothing at
+  // step = the merge count and wrote train checkpoints into the syncer's folder, which the syncer then refused).
+  test::Proc wrong({"train", "--resume", run.string()}, (dir / "train.log").string());
+  EXPECT_NE(wrong.wait(60), 0);
+  EXPECT_NE(wrong.log().find("is a syncer checkpoint"), std::string::npos) << wrong.log();
+  EXPECT_EQ(list_checkpoints(run.string()).size(), 3u);
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
