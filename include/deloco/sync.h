@@ -411,7 +411,9 @@ class Syncer {
   RoundDecision decide(double now, int64_t fragment) const;
   // Merges whatever fragment p holds (≥ 1 contribution), applies the outer step and checks that the new Θ_p and
   // outer state are finite; on failure rolls everything back (MergeOutcome::rejected). Never throws for what the
-  // contributions hold; throws SyncError when the round is empty.
+  // contributions hold; throws SyncError when the round is empty. Under the delta broadcast (set_delta_broadcast)
+  // a merge must go through on_round() or drain(), which also compress the new version (Θ_p kept equal to what the
+  // learners hold, e_p updated); merge() alone leaves both as they are (a tool for tests, not for a driver).
   MergeOutcome merge(int64_t fragment);
   // The merge round of fragment p at time `now`: decide(); on kMerge, merge() and, when it merged, the new Θ_p
   // flattened (RoundResult::flat). Call it after every arrival for p, at a kWaitUntil's time, and when the learners'

@@ -161,6 +161,34 @@ TEST(SyncFinalRound, AFinishedLearnerHoldsNoRoundBackAndKeepsItsVersions) {
   EXPECT_THROW(plain.set_finished(0.0, 1, true), SyncError);
 }
 
+// Found by review: a learner marked finished lowers the quorum, and a round reaches it; undone (the learner resumed
+// from an earlier step) the quorum rises again, and the round had kept its quorum time, so when the learner's push
+// came the grace window had long run out and the round merged at once. The window now starts when the raised quorum
+// is reached.
+TEST(SyncFinalRound, UndoingAFinishRestartsTheRoundsWaitForItsQuorum) {
+  SyncOptions o;
+  o.learners = 3;
+  o.quorum = 2;
+  o.grace = true;
+  o.overlap = 5;
+  o.sync_every = 10;
+  o.final_round = true;
+  Syncer s(o, one_fragment(), global0(), MergePlan::preset("diloco"), OuterOptions{"sgd", 1.0, 0.0});
+  s.set_finished(0.0, 1, true);
+  s.set_finished(0.0, 2, true);  // quorum 1: learner 0's push reaches it
+  ASSERT_EQ(s.receive(0.0, state(0, -1.0f, 0)), SyncReject::kNone);
+  s.set_finished(1.0, 1, false);  // both back: quorum 2, one arrival
+  s.set_finished(1.0, 2, false);
+  EXPECT_TRUE(s.stalled());
+  // Learner 1's push reaches the quorum at t = 10; learner 2 may still come: the window (at most 0.8 · τ · ξ_step =
+  // 4 s) runs from now.
+  ASSERT_EQ(s.receive(10.0, state(1, -1.0f, 0)), SyncReject::kNone);
+  const RoundDecision d = s.decide(10.0, 0);
+  ASSERT_EQ(d.kind, RoundDecision::kWaitUntil) << "merged with no grace window: its quorum time was t = 0";
+  EXPECT_GT(d.until, 10.0);
+  EXPECT_LE(d.until, 14.0);
+}
+
 // Found by review: the history's memory cap (2M + 8 versions, for learners that went silent) also dropped the version
 // a held final state is anchored at. Learner 0 finishes early (θ = 1 against version 0) while learner 1 merges 20 more
 // times: version 0 must stay kept, or θ_0 is rebuilt against version 20 and carries learner 1's 20 updates a second

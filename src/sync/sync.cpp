@@ -131,8 +131,16 @@ void Syncer::set_finished(double now, int64_t learner, bool finished) {
   if (learner < 0 || learner >= opts_.learners)
     throw SyncError("set_finished: no learner " + std::to_string(learner));
   finished_[static_cast<size_t>(learner)] = finished;
-  // A quorum lowered by it is reached now, as after a retirement.
-  for (size_t f = 0; f < rounds_.size(); ++f) mark_quorum(now, static_cast<int64_t>(f));
+  for (size_t f = 0; f < rounds_.size(); ++f) {
+    // Undone (it resumed from an earlier step), the quorum may rise again above a round's arrivals: that round has
+    // not reached it after all, and its grace window starts when it does (not at the lowered quorum's time).
+    Round& r = rounds_[f];
+    if (!finished && r.quorum_time >= 0 &&
+        static_cast<int64_t>(r.waiting.size()) < effective_quorum(round_state(static_cast<int64_t>(f)), opts_))
+      r.quorum_time = -1;
+    // A quorum lowered by it is reached now, as after a retirement.
+    mark_quorum(now, static_cast<int64_t>(f));
+  }
 }
 
 bool Syncer::stalled() const {
