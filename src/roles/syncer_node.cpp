@@ -512,7 +512,9 @@ void SyncerNode::Impl::final_round() {
     }
     emit(rec::rolled_back_record(r, g));
   }
-  if (group.due()) commit();
+  // The final states exist nowhere else (the learners have retired): durable before the final evaluation, which can
+  // take long. A syncer killed during it resumes from this checkpoint, not from one without them.
+  if (final_fragments > 0 || group.due()) commit();
   flush_journal();
 }
 

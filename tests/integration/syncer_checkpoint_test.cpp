@@ -117,5 +117,70 @@ TEST(SyncerCheckpoints, ResumeTakesTheNewestCommittedCheckpointCleansUpAndNeverS
   if (!::testing::Test::HasFailure()) fs::remove_all(dir);
 }
 
+// sync.final_round: the final states are merged after every learner retired and exist nowhere else. Found by review:
+// they were checkpointed only with the final checkpoint, after the final evaluation, so a syncer killed during it
+// resumed from the last retirement's checkpoint and ended without them. The final round is now checkpointed before
+// the evaluation: with the final checkpoint removed (the kill), the resume ends with the same model.
+TEST(SyncerCheckpoints, TheFinalRoundIsDurableBeforeTheFinalEvaluation) {
+  const std::string src = source_dir();
+  ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
+  const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_final_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path run = dir / "run";
+  auto with_final = [&](std::vector<std::string> a) {
+    a.insert(a.end(), {"--set", "sync.final_round=true"});
+    return a;
+  };
+  auto syncer_args = [&](bool resume) {
+    auto a = with_final(flags(src));
+    a.insert(a.begin(), "syncer");
+    a.insert(a.end(), {"--out", run.string(), "--bind", "tcp://127.0.0.1:0"});
+    if (resume) a.push_back("--resume");
+    return a;
+  };
+  {
+    test::Proc syncer(syncer_args(false), (dir / "syncer.log").string());
+    std::string endpoint;
+    for (auto deadline = clk::now() + std::chrono::seconds(60); endpoint.empty() && clk::now() < deadline;) {
+      auto s = records(run / "syncer.jsonl", "started");
+      if (!s.empty()) endpoint = s[0]["endpoint"];
+      else if (syncer.wait(0) >= 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_FALSE(endpoint.empty()) << syncer.log();
+    std::vector<std::unique_ptr<test::Proc>> learners;
+    for (int m = 0; m < 2; ++m) {
+      auto a = with_final(flags(src));
+      a.insert(a.begin(), "learner");
+      a.insert(a.end(), {"--id", std::to_string(m), "--connect", endpoint, "--out", run.string()});
+      learners.push_back(std::make_unique<test::Proc>(a, (dir / ("l" + std::to_string(m) + ".log")).string()));
+    }
+    for (auto& l : learners) ASSERT_EQ(l->wait(180), 0) << l->log();
+    ASSERT_EQ(syncer.wait(60), 0) << syncer.log();
+  }
+  ASSERT_FALSE(records(run / "syncer.jsonl", "final_merge").empty()) << "no final round ran: nothing was tested";
+  auto manifest = [](const std::string& d) { return nlohmann::json::parse(read_file(d + "/manifest.json")); };
+  auto cks = list_checkpoints(run.string());
+  ASSERT_GE(cks.size(), 2u);
+  const nlohmann::json last = manifest(cks.back().dir), before = manifest(cks[cks.size() - 2].dir);
+  ASSERT_TRUE(last["final"].get<bool>());
+  // The one before the final checkpoint already holds the final round's model (its versions, its contributions).
+  EXPECT_FALSE(before["final"].get<bool>());
+  EXPECT_EQ(before["versions"], last["versions"]);
+  EXPECT_EQ(before["contributions_merged"], last["contributions_merged"]);
+  // The kill during the final evaluation: the final checkpoint never came. The resume ends with the same model.
+  fs::remove_all(cks.back().dir);
+  test::Proc resumed(syncer_args(true), (dir / "syncer2.log").string());
+  ASSERT_EQ(resumed.wait(120), 0) << resumed.log();
+  const auto after = newest_checkpoint(run.string());
+  ASSERT_TRUE(after.has_value());
+  const nlohmann::json again = manifest(after->dir);
+  EXPECT_TRUE(again["final"].get<bool>());
+  EXPECT_EQ(again["versions"], last["versions"]);
+  EXPECT_EQ(again["contributions_merged"], last["contributions_merged"]);
+  if (!::testing::Test::HasFailure()) fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace deloco
