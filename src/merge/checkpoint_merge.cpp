@@ -16,7 +16,7 @@
 #include "deloco/config.h"
 #include "io/tensor_stream.h"
 #include "util/fs.h"
-#include "util/manifest.h"
+#include "util/checkpoint_store.h"
 
 namespace deloco {
 namespace {
@@ -40,13 +40,7 @@ std::unique_ptr<MappedSafetensors> open_input(const std::string& given) {
   const fs::path manifest = file.parent_path() / "manifest.json";
   std::error_code ec;
   if (file.filename() == "model.safetensors" && fs::exists(manifest, ec)) {
-    std::string text;
-    try {
-      text = read_file(manifest.string());
-    } catch (const IoError& e) {
-      throw CheckpointError(std::string("checkpoint manifest cannot be read: ") + e.what());
-    }
-    const CheckpointManifest m = parse_checkpoint_manifest(text, manifest.string());
+    const CheckpointManifest m = read_checkpoint_manifest(manifest.string());
     verify_checkpoint_file(m.files.at("model.safetensors"), in->file_bytes(), static_cast<size_t>(in->file_size()),
                            path);
   }

@@ -8,7 +8,6 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
-#include <set>
 
 #include <ATen/Parallel.h>
 #include <torch/torch.h>
@@ -171,10 +170,16 @@ void Syncer::prune_history(int64_t fragment) {
   // held, also once that learner has retired (its goodbye may come before the round merges its last push, and it
   // follows its final states).
   const Round& r = rounds_[static_cast<size_t>(fragment)];
-  std::set<int64_t> pinned;
-  for (const auto& [m, held] : r.waiting) pinned.insert(held.c.base_version);
-  for (const auto& [m, held] : r.finals) pinned.insert(held.c.base_version);
-  if (!pinned.empty()) lowest = std::min(lowest, *pinned.begin());
+  for (const auto& [m, held] : r.waiting) lowest = std::min(lowest, held.c.base_version);
+  for (const auto& [m, held] : r.finals) lowest = std::min(lowest, held.c.base_version);
+  // Asked only of versions kept past the cap (rare): no allocation on the path every accepted push takes.
+  auto pinned = [&r](int64_t version) {
+    for (const auto& [m, held] : r.waiting)
+      if (held.c.base_version == version) return true;
+    for (const auto& [m, held] : r.finals)
+      if (held.c.base_version == version) return true;
+    return false;
+  };
   // A learner that went silent without retiring pins its version; bound the memory (its next contribution, if
   // any, is then anchored at the current Θ_p and counted in stale_bases()). The cap takes the oldest versions
   // first but never one a held push or final state is anchored at (at most 2M of them): pruned, its contribution
@@ -183,7 +188,7 @@ void Syncer::prune_history(int64_t fragment) {
   for (auto it = h.begin(); it != h.end();) {
     const bool below = it->first < lowest;
     if (!below && h.size() <= cap) break;
-    if (!below && pinned.count(it->first)) {
+    if (!below && pinned(it->first)) {
       ++it;
       continue;
     }

@@ -52,18 +52,18 @@ MergeOutcome Syncer::merge(int64_t fragment) {
     ++general_merges_;
   }
   const int64_t n = static_cast<int64_t>(r.waiting.size());
-  std::vector<std::pair<int64_t, int64_t>> held_merged;  // (learner, credited step) of what this merge took
-  for (const auto& [m, h] : r.waiting) held_merged.emplace_back(m, h.credited);
+  if (out.ok()) {
+    for (const auto& [m, h] : r.waiting) {  // the step each learner's merged push was credited with
+      auto& merged = last_[static_cast<size_t>(m)][static_cast<size_t>(fragment)].merged;
+      merged = std::max(merged, h.credited);
+    }
+  }
   r.waiting.clear();
   r.quorum_time = -1;
   if (!out.ok()) {
     rejected_[sync_reject_name(out.rejected)] += n;
     out.version = r.version;
     return out;
-  }
-  for (const auto& [m, h] : held_merged) {
-    auto& merged = last_[static_cast<size_t>(m)][static_cast<size_t>(fragment)].merged;
-    merged = std::max(merged, h);
   }
   merged_ += n;
   stale_bases_ += stale;

@@ -7,7 +7,7 @@
 
 #include "deloco/gpt/model.h"
 #include "util/fs.h"
-#include "util/manifest.h"
+#include "util/checkpoint_store.h"
 
 namespace deloco {
 namespace fs = std::filesystem;
@@ -50,13 +50,7 @@ Checkpoint read_checkpoint(const std::string& path, bool with_optimizer) {
   ck.dir = resolve_checkpoint(path);
   const fs::path dir(ck.dir);
   const std::string manifest_path = (dir / "manifest.json").string();
-  std::string text;
-  try {
-    text = read_file(manifest_path);
-  } catch (const IoError& e) {
-    throw CheckpointError(std::string("checkpoint manifest cannot be read: ") + e.what());
-  }
-  CheckpointManifest m = parse_checkpoint_manifest(text, manifest_path);
+  CheckpointManifest m = read_checkpoint_manifest(manifest_path);
   auto load = [&](const std::string& name) {
     const std::string file = (dir / name).string();
     std::string bytes;

@@ -84,6 +84,16 @@ bool has_committed_checkpoint(const std::string& run) {
   return false;
 }
 
+CheckpointManifest read_checkpoint_manifest(const std::string& path) {
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const IoError& e) {
+    throw CheckpointError(std::string("checkpoint manifest cannot be read: ") + e.what());
+  }
+  return parse_checkpoint_manifest(text, path);
+}
+
 std::vector<CommittedCheckpoint> list_checkpoints(const std::string& run) {
   const fs::path root = fs::path(run) / "checkpoints";
   std::vector<CommittedCheckpoint> out;
@@ -93,13 +103,7 @@ std::vector<CommittedCheckpoint> list_checkpoints(const std::string& run) {
     const fs::path mpath = dir / "manifest.json";
     std::error_code ec;
     if (!fs::is_directory(dir, ec) || !fs::exists(mpath, ec)) continue;
-    std::string text;
-    try {
-      text = read_file(mpath.string());
-    } catch (const IoError& e) {
-      throw CheckpointError(std::string("checkpoint manifest cannot be read: ") + e.what());
-    }
-    const CheckpointManifest m = parse_checkpoint_manifest(text, mpath.string());
+    const CheckpointManifest m = read_checkpoint_manifest(mpath.string());
     out.push_back({name, dir.string(), m.sequence});
   }
   std::sort(out.begin(), out.end(), [](const CommittedCheckpoint& a, const CommittedCheckpoint& b) {

@@ -63,6 +63,10 @@ struct CommittedCheckpoint {
 void write_checkpoint_folder(const std::string& dir, const nlohmann::json& manifest, const CheckpointFiles& files,
                              int64_t sequence, FileOps& ops = real_file_ops());
 
+// The manifest at `path` read and validated: CheckpointError when it cannot be read (naming the I/O cause) or
+// does not parse (util/manifest.h). Every reader of a checkpoint folder goes through it.
+CheckpointManifest read_checkpoint_manifest(const std::string& path);
+
 std::vector<CommittedCheckpoint> list_checkpoints(const std::string& run);  // oldest first
 std::optional<CommittedCheckpoint> newest_checkpoint(const std::string& run);
 // Whether RUN/checkpoints holds a folder that looks committed (a manifest.json; not parsed, never throws).
