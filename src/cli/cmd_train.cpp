@@ -49,10 +49,14 @@ std::string checkpoint_name(int64_t step) {
 // Commits a checkpoint of `tr` into run folder `run` (util/checkpoint_store.h: recovery, commit by rename,
 // "latest", pruning to the newest `keep`); a run resumed from an older checkpoint that reaches a step it already
 // checkpointed gets a new folder, never a refusal or a skip.
-std::string save_train_checkpoint(Trainer& tr, const ConfigSchema& schema, const std::string& run, int64_t keep) {
+// `elapsed_s` is the run's training time so far, over every process that trained it (a resumed run's records go on
+// from it, so the report's time axis does not start again at 0).
+std::string save_train_checkpoint(Trainer& tr, const ConfigSchema& schema, const std::string& run, int64_t keep,
+                                  double elapsed_s) {
   nlohmann::json manifest = tr.position();
   manifest["config"] = schema.to_json();
   manifest["kind"] = "train";
+  manifest["elapsed_s"] = elapsed_s;
   TensorFile opt = tr.optimizer_file();
   return save_run_checkpoint(run, checkpoint_name(tr.step()), manifest, parameters_to_file(tr.parameters()), &opt, keep)
       .dir;
@@ -150,6 +154,15 @@ void run_train(const TrainArgs& args) {
   const int64_t tokens_per_step = cfg.train.batch_size * cfg.model.block_size;
   Progress progress(cfg.train.steps);
   const auto t_start = Clock::now();
+  // The time the run had trained before this process (its checkpoint's elapsed_s; 0 for a new run or a checkpoint
+  // of a deloco before it was recorded), so the records' elapsed_s keeps growing across a resume.
+  double elapsed_before = 0;
+  if (!args.resume.empty()) {
+    const auto it = resume_ck.manifest.find("elapsed_s");
+    if (it != resume_ck.manifest.end() && it->is_number() && std::isfinite(it->get<double>()) && it->get<double>() > 0)
+      elapsed_before = it->get<double>();
+  }
+  auto elapsed = [&] { return elapsed_before + seconds_since(t_start); };
   double train_seconds = 0;          // time inside train_step, excluding the first few warm-up steps
   int64_t timed_steps = 0;
   const int64_t start_step = tr.step();
@@ -167,7 +180,7 @@ void run_train(const TrainArgs& args) {
     e.val_loss = last_eval.loss;
     e.val_bpb = last_eval.bpb;
     e.loss_unit = last_eval.loss_unit;
-    e.elapsed_s = seconds_since(t_start);
+    e.elapsed_s = elapsed();
     e.eval_s = seconds_since(t0);
     metrics.write(e);
     std::ostringstream o;
@@ -197,17 +210,18 @@ void run_train(const TrainArgs& args) {
       t.loss = loss;
       t.lr = lr;
       t.tokens_per_s = tps;
-      t.elapsed_s = seconds_since(t_start);
+      t.elapsed_s = elapsed();
       metrics.write(t);
       progress.update(tr.step(), loss_ema, tps, lr, (cfg.train.steps - tr.step()) * tokens_per_step / std::max(tps, 1e-9));
     }
     if (cfg.train.eval_every > 0 && tr.step() % cfg.train.eval_every == 0 && tr.step() != cfg.train.steps) do_eval();
     if (cfg.train.checkpoint_every > 0 && tr.step() % cfg.train.checkpoint_every == 0 && tr.step() != end_step)
-      last_ckpt = save_train_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
+      last_ckpt = save_train_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints, elapsed());
   }
   if (stop.requested) progress.line("interrupted: saving a checkpoint at step " + std::to_string(tr.step()));
   if (tr.step() == cfg.train.steps || !have_eval) do_eval();
-  if (tr.step() > start_step || last_ckpt.empty()) last_ckpt = save_train_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints);
+  if (tr.step() > start_step || last_ckpt.empty())
+    last_ckpt = save_train_checkpoint(tr, schema, run_dir, cfg.train.keep_checkpoints, elapsed());
   const double wall = seconds_since(t_start);
   const double tps = timed_steps > 0 ? timed_steps * tokens_per_step / train_seconds : 0.0;
 

@@ -410,6 +410,7 @@ struct LearnerDone : RecordBase {
   // pushes_superseded + pushes_dropped + pushes_unsent_at_end (each unsent one is a push_unsent record).
   std::optional<int64_t> pushes_due, pushes_unsent_at_end;
   std::optional<int64_t> joins_refused;  // refusals of its hellos (duplicate_id, not_leader, ...): not in `rejected`
+  std::optional<int64_t> record_errors;  // its records the sink failed to take (a full disk): not in the file
   std::optional<int64_t> served_chunks, served_bytes;  // rejoin from peers: state chunks this learner served (net.serve)
   std::optional<nlohmann::json> serve_refused;  // ... and the state requests it refused, by reason (ServeRefused)
   // The delta broadcast (net.broadcast_delta): fragment_delta frames added to the version held, and those whose base
@@ -430,6 +431,7 @@ struct LearnerDone : RecordBase {
     v("comm_fraction", comm_fraction); v("wait_seconds", wait_seconds); v("pushes", pushes);
     v("pushes_dropped", pushes_dropped); v("pushes_superseded", pushes_superseded); v("pushes_due", pushes_due);
     v("pushes_unsent_at_end", pushes_unsent_at_end); v("broadcasts", broadcasts); v("rejected", rejected);
+    v("record_errors", record_errors);
     v("finished", finished); v("bytes_sent", bytes_sent); v("bytes_received", bytes_received); v("ranks", ranks);
     v("group_comm_seconds", group_comm_seconds); v("unreached_shards", unreached_shards); v("error", error);
     v("precision", precision); v("precision_setting", precision_setting); v("fp32_gflops", fp32_gflops);

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "deloco/error.h"
@@ -33,15 +34,53 @@ nlohmann::json done_record(const nlohmann::json& summary, bool stopped) {
   return j;
 }
 
-RecordWriter::RecordWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
-  if (!out_) throw IoError("cannot open '" + path + "' for appending");
+namespace {
+// All of `size` bytes at the end of the O_APPEND file `fd`; false with errno set on a failure.
+bool append_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    if (n == 0) {
+      errno = EIO;
+      return false;
+    }
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+}  // namespace
+
+RecordWriter::RecordWriter(const std::string& path) : path_(path) {
+  // Read access only to look at the last byte (a file we may only write is appended to without that check).
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0 && errno == EACCES) fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError("cannot open '" + path + "' for appending: " + std::strerror(errno));
+  // A process killed mid-record left a line without its end: end it, so this process's first record is a line
+  // of its own (readers skip the cut one) instead of glued to it and lost with it.
+  struct stat st {};
+  char last = '\n';
+  if (::fstat(fd_, &st) == 0 && st.st_size > 0 && ::pread(fd_, &last, 1, st.st_size - 1) == 1 && last != '\n' &&
+      !append_all(fd_, "\n", 1)) {
+    const int err = errno;
+    ::close(fd_);
+    throw IoError("cannot append to '" + path + "': " + std::strerror(err));
+  }
+}
+
+RecordWriter::~RecordWriter() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void RecordWriter::write_json(const nlohmann::json& record) {
-  const std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string line = record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  line += '\n';
   std::lock_guard<std::mutex> lock(mu_);
-  out_ << line << "\n";
-  out_.flush();
+  if (!append_all(fd_, line.data(), line.size()))
+    throw IoError("cannot append a record to '" + path_ + "': " + std::strerror(errno));
 }
 
 RecordTailer::RecordTailer(std::string path, size_t max_line) : path_(std::move(path)), max_line_(max_line) {}

@@ -20,9 +20,13 @@
 //    integral JSON numbers only, and texts are cut to kMaxRecordText bytes of valid UTF-8: a hostile record can
 //    make a field absent, never make the reader throw or hold more than the line. record_kind(j) is the kind of a
 //    line (empty when it has none).
-//  * RecordWriter appends one flushed line per record (a restarted process continues the same file; a crash loses
-//    at most the line being written). Bytes that are not valid UTF-8 are written as U+FFFD, so no peer text quoted in
-//    a record can make a write fail. Thread-safe. Throws IoError naming the path when the file cannot be opened.
+//  * RecordWriter appends one line per record with one write(2) of the whole line, newline included (O_APPEND; no
+//    user-space buffer), so a process killed mid-record leaves a line without its end, never a complete object
+//    without its newline. A restarted process continues the same file and first ends such an unfinished last line,
+//    so a crash loses at most the line being written, never the next process's first record. Bytes that are not
+//    valid UTF-8 are written as U+FFFD, so no peer text quoted in a record can make a write fail. Thread-safe.
+//    Throws IoError naming the path and the cause when the file cannot be opened and on every failed write (a full
+//    disk): the caller counts what its sink failed to take, never a record silently dropped.
 //  * RecordTailer reads the complete lines another process appends to a file (which may not exist yet), in 64 KiB
 //    blocks. A line longer than max_line bytes is never held: it is skipped and counted. A file that shrank
 //    (truncated) or was replaced (rotated: another inode at the path) is read again from its start, and said so by
@@ -170,6 +174,9 @@ template <class R> std::optional<R> from_json(const nlohmann::json& j, std::vect
 class RecordWriter {
  public:
   explicit RecordWriter(const std::string& path);
+  ~RecordWriter();
+  RecordWriter(const RecordWriter&) = delete;
+  RecordWriter& operator=(const RecordWriter&) = delete;
   template <class R> void write(const R& r) { write_json(to_json(r)); }
   // A record already in JSON form (the drivers' emit callbacks pass records on this way).
   void write_json(const nlohmann::json& record);
@@ -178,7 +185,7 @@ class RecordWriter {
  private:
   std::string path_;
   std::mutex mu_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 class RecordTailer {

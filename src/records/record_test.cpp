@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "deloco/error.h"
 #include "records/kinds.h"
 #include "records/summary.h"
 
@@ -164,6 +165,46 @@ TEST(RecordWriter, WritesBytesThatAreNotUtf8AsTheReplacementCharacter) {
   const json ja = json::parse(a), jb = json::parse(b);  // valid JSON, so valid UTF-8
   EXPECT_EQ(from_json<Chaos>(ja)->what.find("\xef\xbf\xbd") != std::string::npos, true);
   EXPECT_EQ(jb["detail"], "\xef\xbf\xbd");
+  fs::remove(path);
+}
+
+TEST(RecordWriter, AFailedWriteThrowsInsteadOfDroppingTheRecordSilently) {
+  // /dev/full takes the open and fails every write with ENOSPC: a full disk.
+  RecordWriter w("/dev/full");
+  try {
+    w.write_json({{"kind", "note"}});
+    FAIL() << "a record the disk did not take was reported as written";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/full"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(w.write_json({{"kind", "note"}}), IoError);  // and every later one, not only the first
+}
+
+TEST(RecordWriter, ARestartedWriterEndsTheLineAKilledOneLeftUnfinished) {
+  const fs::path path = temp_path("cut");
+  fs::remove(path);
+  {
+    std::ofstream out(path);
+    out << "{\"kind\":\"note\"}\n{\"kind\":\"done\",\"merges\":4";  // killed mid-record
+  }
+  {
+    RecordWriter w(path.string());
+    w.write_json({{"kind", "started"}, {"resumed", true}});
+  }
+  std::vector<std::string> lines;
+  RecordTailer t(path.string());
+  t.poll([&](const std::string& l) { lines.push_back(l); });
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(record_kind(json::parse(lines[0])), "note");
+  EXPECT_FALSE(json::accept(lines[1]));  // the cut line stays cut
+  EXPECT_EQ(record_kind(json::parse(lines[2])), "started");  // not glued to it and lost with it
+  {
+    RecordWriter again(path.string());  // a file that ends in a newline gets no empty line
+    again.write_json({{"kind", "note"}});
+  }
+  std::ifstream in(path);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all.find("\n\n"), std::string::npos);
   fs::remove(path);
 }
 

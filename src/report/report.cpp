@@ -125,7 +125,7 @@ Parsed interpret(const json& j, int64_t file_learner, Rec* out, double* bad_time
     x.v = {static_cast<double>(tr->step),
            has_number(j, "loss") ? tr->loss : std::numeric_limits<double>::quiet_NaN(), static_cast<double>(tr->tokens)};
   } else if (auto rj = rec::from_json<rec::Reject>(j)) {
-    if (j.contains("reason") && j["reason"].is_string()) {
+    if (j.contains("reason") && j["reason"].is_string() && !rj->join.value_or(false)) {  // a refused join: no contribution
       x.kind = Kind::kReject;
       x.text = rj->reason;
     }
@@ -470,6 +470,7 @@ ReportRun ReportRunReader::load() {
       connected = std::set<int64_t>(s->connected->status->connected.begin(), s->connected->status->connected.end());
     }
   }
+  int64_t uncharted = 0;  // records of learners past the first kMaxLearnerSeries
   for (const Rec* x : recs) {
     const double t = x->t - t0;
     if (!std::isfinite(t)) continue;
@@ -477,7 +478,12 @@ ReportRun ReportRunReader::load() {
       case Kind::kLearnerDone: done.insert(x->learner); break;
       case Kind::kEval: r.evals.push_back({t, x->v[0], x->v[1], x->v[2]}); break;
       case Kind::kMerge: r.merges.push_back({t, x->v[0], x->v[1]}); break;
-      case Kind::kLearner: r.learners[x->learner].push_back({t, x->v[0], x->v[1], x->v[2]}); break;
+      case Kind::kLearner:
+        if (r.learners.size() < kMaxLearnerSeries || r.learners.count(x->learner))
+          r.learners[x->learner].push_back({t, x->v[0], x->v[1], x->v[2]});
+        else
+          ++uncharted;
+        break;
       case Kind::kReject:
         if (r.rejects.size() < kMaxRejectReasons || r.rejects.count(x->text)) ++r.rejects[x->text];
         else ++r.rejects["(other reasons)"];
@@ -486,6 +492,9 @@ ReportRun ReportRunReader::load() {
       default: break;
     }
   }
+  if (uncharted > 0)
+    add_note(&r.notes, std::to_string(uncharted) + " records of learners past the first " +
+                           std::to_string(kMaxLearnerSeries) + " learner ids not charted");
   // A run still going: the syncer's latest status (every shard's, summed) stands in for the summary.
   if (!r.summary.is_object() && !last_status.empty()) {
     json s = json::object();
@@ -528,14 +537,19 @@ ReportRun ReportRunReader::load() {
     s["live"] = true;
     r.summary = s;
   }
-  // The syncer's final reject counts, when it wrote them, are the whole truth (records are rate-limited).
+  // The syncer's final reject counts, when it wrote them, are the whole truth (records are rate-limited): every
+  // refusal by reason less the refused joins by reason, as contributions_rejected is counted.
   if (r.summary.is_object() && r.summary.contains("rejects") && r.summary["rejects"].is_object()) {
     r.rejects.clear();
+    const json& joins = r.summary.contains("joins_refused_by") ? r.summary["joins_refused_by"] : json();
     for (const auto& [k, v] : r.summary["rejects"].items()) {
       if (!v.is_number_integer()) continue;
+      int64_t n = v.get<int64_t>();
+      if (joins.is_object() && joins.contains(k) && joins[k].is_number_integer()) n -= joins[k].get<int64_t>();
+      if (n <= 0) continue;
       const std::string reason = clip_utf8(k, kMaxRecordText);
-      if (r.rejects.size() < kMaxRejectReasons || r.rejects.count(reason)) r.rejects[reason] += v.get<int64_t>();
-      else r.rejects["(other reasons)"] += v.get<int64_t>();
+      if (r.rejects.size() < kMaxRejectReasons || r.rejects.count(reason)) r.rejects[reason] += n;
+      else r.rejects["(other reasons)"] += n;
     }
   }
   auto by_time = [](const auto& a, const auto& b) { return a[0] < b[0]; };
@@ -565,10 +579,11 @@ namespace {
 
 json num_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
-// Merges per minute: counts in 60 s buckets (or 1/20 of the run when it is shorter than 20 minutes), made wider
-// where that would be more than max_points buckets (0: more than max(20, merges)), so their number never depends on
-// the span of the times. Merges at a time that is not finite or negative (only a ReportRun built by hand has them)
-// are not counted.
+// Merges per minute: counts in buckets of about 60 s (or 1/20 of the run when it is shorter than 20 minutes), made
+// wider where that would be more than max_points buckets (0: more than max(20, merges)), so their number never
+// depends on the span of the times. The buckets tile [0, last merge] exactly (the last one closed), so none is a
+// sliver whose rate reads as a drop at the end. Merges at a time that is not finite or negative (only a ReportRun
+// built by hand has them) are not counted.
 std::vector<std::array<double, 2>> merge_rate(const ReportRun& r, size_t max_points) {
   std::vector<std::array<double, 2>> out;
   const size_t cap = max_points > 0 ? max_points : std::max<size_t>(20, r.merges.size());
@@ -580,9 +595,10 @@ std::vector<std::array<double, 2>> merge_rate(const ReportRun& r, size_t max_poi
       any = true;
     }
   if (!any) return out;
-  const double width = std::max({1e-3, std::min(60.0, std::max(end, 1.0) / 20.0), end / static_cast<double>(cap)});
-  const double last = std::floor(end / width);
-  const size_t n = last >= static_cast<double>(cap) ? cap : static_cast<size_t>(last) + 1;
+  const double target = std::max({1e-3, std::min(60.0, std::max(end, 1.0) / 20.0), end / static_cast<double>(cap)});
+  const double buckets = std::ceil(end / target);  // end / target <= cap, so this is at most cap
+  const size_t n = end > 0 ? static_cast<size_t>(std::clamp(buckets, 1.0, static_cast<double>(cap))) : 1;
+  const double width = end > 0 ? end / static_cast<double>(n) : 1.0;  // every merge at t = 0: one 1 s bucket
   std::vector<double> count(n, 0);
   for (const auto& m : r.merges)
     if (std::isfinite(m[0]) && m[0] >= 0) {
@@ -611,19 +627,26 @@ json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
            {"notes", json::array()}};
     for (size_t i = 0; i < r.notes.size() && i < kMaxNotes; ++i) o["notes"].push_back(clip_utf8(r.notes[i], 1024));
     json ev = json::array(), mg = json::array(), rate = json::array(), lr = json::object(), evs = json::array();
-    const bool thinned = max_points > 0 && longest_series(r) > max_points;
-    // Calls add(i) for the records of a series of n to serve: all, or max_points evenly spaced, first and last kept.
-    auto each_kept = [&](size_t n, const auto& add) {
-      if (max_points == 0 || n <= max_points) {
+    // Each learner's share of kLearnerPointBudget (thinning only: max_points = 0 keeps every record).
+    const size_t per_learner =
+        max_points == 0 || r.learners.empty()
+            ? max_points
+            : std::min(max_points, std::max<size_t>(2, kLearnerPointBudget / r.learners.size()));
+    bool thinned = max_points > 0 && longest_series(r) > max_points;
+    for (const auto& [id, v] : r.learners) thinned = thinned || (max_points > 0 && v.size() > per_learner);
+    // Calls add(i) for the records of a series of n to serve: all, or `cap` evenly spaced, first and last kept.
+    auto each_kept_of = [](size_t cap, size_t n, const auto& add) {
+      if (cap == 0 || n <= cap) {
         for (size_t i = 0; i < n; ++i) add(i);
         return;
       }
-      if (max_points == 1) {
+      if (cap == 1) {
         add(n - 1);
         return;
       }
-      for (size_t k = 0; k < max_points; ++k) add(k * (n - 1) / (max_points - 1));
+      for (size_t k = 0; k < cap; ++k) add(k * (n - 1) / (cap - 1));
     };
+    auto each_kept = [&](size_t n, const auto& add) { each_kept_of(max_points, n, add); };
     each_kept(r.evals.size(), [&](size_t i) {
       const auto& e = r.evals[i];
       ev.push_back({e[0], e[1], num_or_null(e[2]), num_or_null(e[3])});
@@ -633,7 +656,8 @@ json report_data(const std::vector<ReportRun>& runs, size_t max_points) {
     for (const auto& learner : r.learners) {
       const auto& v = learner.second;  // (a structured binding cannot be captured by a lambda before C++20)
       json pts = json::array();
-      each_kept(v.size(), [&](size_t i) { pts.push_back({v[i][0], v[i][1], num_or_null(v[i][2]), v[i][3]}); });
+      each_kept_of(per_learner, v.size(),
+                   [&](size_t i) { pts.push_back({v[i][0], v[i][1], num_or_null(v[i][2]), v[i][3]}); });
       lr[std::to_string(learner.first)] = std::move(pts);
     }
     if (thinned) o["thinned_to"] = max_points;

@@ -13,7 +13,8 @@
 //        skipped and counted in `bad_times`;
 //      - a field of an unexpected type is read as missing; texts (event lines, reject reasons) are cut to
 //        kMaxRecordText bytes of valid UTF-8; more than kMaxRejectReasons distinct reject reasons are counted
-//        together under "(other reasons)".
+//        together under "(other reasons)"; the records of learners beyond the first kMaxLearnerSeries ids seen are
+//        not charted (a note says how many), so no record sizes the page by the number of series it opens.
 //    Each skip of the first kMaxNotes adds a line to `notes` naming the file (relative to the run folder), the line
 //    number and the problem, e.g. "syncer.jsonl line 12: time 1e+300 is not a finite time in [0, 1e+10] s; record
 //    skipped". summary.json is read whole: one over kMaxSummaryBytes, or not a JSON object, throws IoError naming
@@ -81,6 +82,8 @@ inline constexpr size_t kMaxRecordText = rec::kMaxRecordText;  // 256 bytes of a
 inline constexpr size_t kMaxRejectReasons = 64;                 // distinct reject reasons kept by name
 inline constexpr size_t kMaxSummaryBytes = size_t{16} << 20;    // 16 MiB: summary.json (real ones are < 10 KiB)
 inline constexpr size_t kMaxNotes = 20;                         // skip notes kept per run
+inline constexpr size_t kMaxLearnerSeries = 512;                // learners charted per run (ids in order of appearance)
+inline constexpr size_t kLearnerPointBudget = 65536;            // thinned learner points per run, over all learners
 
 ReportRun load_report_run(const std::string& dir);
 
@@ -104,7 +107,8 @@ class ReportRunReader {
 // The data block of the page (also what a live dashboard serves): one object per run.
 // max_points > 0 thins each chart series longer than that (the evaluations, the merges, each learner's records, the
 // event list) to max_points records evenly spaced in their order, the first and the last always kept, and marks
-// the run with "thinned_to": max_points; 0 keeps every record. The merge rate has at most max_points buckets
+// the run with "thinned_to": max_points; 0 keeps every record. The learners' series share kLearnerPointBudget
+// points besides (each keeps at most max(2, budget / learners)), so a run of many learners stays a bounded answer. The merge rate has at most max_points buckets
 // (0: at most max(20, merges) buckets), whatever the span of the run's times. learner_now and the summary are
 // never thinned; the summary keeps only its shown fields, and only those of the expected JSON type (numbers; a
 // string for "command" and "loss_unit", cut to kMaxRecordText bytes). "dir" is the folder as given to the

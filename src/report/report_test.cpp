@@ -310,6 +310,20 @@ TEST_F(ReportReader, ASummaryOverItsBoundIsRefusedByName) {
   }
 }
 
+TEST_F(ReportReader, RefusedJoinsAreNotShownAsRejectedContributions) {
+  // Records: two refused hellos (a wrong key) and one refused push.
+  append("syncer.jsonl", R"({"kind":"reject","t":1,"reason":"fingerprint","join":true})" "\n"
+                         R"({"kind":"reject","t":2,"reason":"fingerprint","join":true})" "\n"
+                         R"({"kind":"reject","t":3,"fragment":0,"reason":"norm_ratio","learner":1})" "\n");
+  ReportRun r = ReportRunReader(dir_.string()).load();
+  EXPECT_EQ(r.rejects, (std::map<std::string, int64_t>{{"norm_ratio", 1}}));
+  // The summary: every refusal by reason, the joins among them apart; 1 contribution rejected.
+  append("summary.json", R"({"rejects":{"fingerprint":50,"norm_ratio":1},"joins_refused":50,)"
+                         R"("joins_refused_by":{"fingerprint":50},"contributions_rejected":1})");
+  r = ReportRunReader(dir_.string()).load();
+  EXPECT_EQ(r.rejects, (std::map<std::string, int64_t>{{"norm_ratio", 1}}));
+}
+
 TEST_F(ReportReader, TextsAreCutAndRejectReasonsBounded) {
   std::string recs;
   for (size_t i = 0; i < kMaxRejectReasons + 10; ++i)
@@ -389,6 +403,55 @@ TEST(ReportData, TheMergeRateAndTheEventsAreBoundedByMaxPoints) {
   r.merges.push_back({-1e300, 1, 0});
   r.merges.push_back({1e300, 1, 0});
   EXPECT_LE(report_data({r}, 50)[0]["merge_rate"].size(), 50u);
+}
+
+// Defect: the buckets did not end at the last merge, so the chart always ended with a sliver holding the merge at
+// the end alone: 2 merges/min after twenty buckets of 60.
+TEST(ReportData, TheMergeRateOfASteadyRunIsSteadyToItsEnd) {
+  for (const auto& [span, every] : std::vector<std::pair<double, double>>{{600, 1}, {3650, 1}, {10, 0.02}}) {
+    ReportRun r;
+    r.name = "steady";
+    for (int i = 0; i * every <= span + 1e-9; ++i) r.merges.push_back({i * every, 1, 0});
+    const nlohmann::json rate = report_data({r}, 0)[0]["merge_rate"];
+    ASSERT_GE(rate.size(), 2u) << span;
+    const double per_minute = 60.0 / every;
+    for (const auto& b : rate)
+      EXPECT_NEAR(b[1].get<double>(), per_minute, 0.1 * per_minute) << "span " << span << ", bucket at " << b[0];
+  }
+  ReportRun at_zero;  // every merge at t = 0: one bucket, no division by a zero width
+  at_zero.merges = {{0, 1, 0}, {0, 1, 0}};
+  const nlohmann::json rate = report_data({at_zero}, 0)[0]["merge_rate"];
+  ASSERT_EQ(rate.size(), 1u);
+  EXPECT_EQ(rate[0][1].get<double>(), 120.0);
+}
+
+// Defect: every distinct learner id opened a series, and each kept max_points points: a few thousand records with
+// distinct ids (or a run of a few hundred learners) made the page, and the dashboard's answer, grow without bound
+// (past the 16 MiB a dashboard answer may be, which then failed from that moment on).
+TEST_F(ReportReader, LearnerSeriesAreBoundedInNumberAndInPoints) {
+  std::string recs;
+  for (size_t id = 0; id < kMaxLearnerSeries + 100; ++id)
+    recs += R"({"kind":"learner","t":1,"step":1,"loss":5.0,"learner":)" + std::to_string(id) + "}\n";
+  append("syncer.jsonl", recs);
+  const ReportRun r = ReportRunReader(dir_.string()).load();
+  EXPECT_EQ(r.learners.size(), kMaxLearnerSeries);
+  bool noted = false;
+  for (const auto& n : r.notes) noted = noted || n.find("100 records of learners past the first") == 0;
+  EXPECT_TRUE(noted);
+
+  ReportRun many;  // 300 learners of 2,000 records each, served thinned to 2,000 points per series
+  for (int64_t id = 0; id < 300; ++id)
+    for (int k = 0; k < 2000; ++k) many.learners[id].push_back({k * 1.0, k * 1.0, 4.0, k * 100.0});
+  const nlohmann::json d = report_data({many}, 2000)[0];
+  size_t points = 0;
+  for (const auto& [id, pts] : d["learners"].items()) {
+    points += pts.size();
+    EXPECT_EQ(pts.back()[0], 1999.0);  // the latest record is kept
+  }
+  EXPECT_LE(points, kLearnerPointBudget);
+  EXPECT_EQ(d["learners"].size(), 300u);
+  EXPECT_TRUE(d.contains("thinned_to"));
+  EXPECT_EQ(report_data({many}, 0)[0]["learners"]["7"].size(), 2000u);  // 0 keeps every record
 }
 
 // The data block between <script id="deloco-data" type="application/json"> and the next </script>.

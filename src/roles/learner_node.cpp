@@ -340,6 +340,7 @@ nlohmann::json LearnerNode::Impl::end() {
   d.pushes = pushes;
   d.pushes_dropped = pushes_dropped;
   d.pushes_superseded = pushes_superseded;
+  d.record_errors = record_errors.load();
   d.pushes_due = pushes_due;
   d.pushes_unsent_at_end = pushes_unsent_at_end;
   d.broadcasts = broadcasts;

@@ -151,6 +151,7 @@ struct LearnerNode::Impl {
   // superseded in the outbox, left in it at the end; guarded by mu.
   int64_t pushes_due = 0, pushes = 0, pushes_dropped = 0, pushes_superseded = 0, pushes_unsent_at_end = 0;
   int64_t broadcasts = 0, rejected = 0;
+  std::atomic<int64_t> record_errors{0};  // records the sink failed to take (both threads emit)
   int64_t joins_refused = 0;  // refusals of a hello (or of a message before joining): not refused contributions
   int64_t deltas_applied = 0, deltas_unapplied = 0;  // comms thread; read at the end
 
@@ -177,12 +178,18 @@ struct LearnerNode::Impl {
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
   // Every record of this learner (records/kinds.h) carries the time and the learner id.
-  template <class R> void emit(R r) {
-    r.t = unix_now();
-    r.learner = id;
-    const nlohmann::json j = rec::to_json(r);
-    std::lock_guard<std::mutex> lock(record_mu);
-    if (record) record(j);
+  // Never throws: a record the sink cannot take (a full disk) is counted in learner_done's record_errors, and
+  // training goes on (the syncer's emit does the same).
+  template <class R> void emit(R r) noexcept {
+    try {
+      r.t = unix_now();
+      r.learner = id;
+      const nlohmann::json j = rec::to_json(r);
+      std::lock_guard<std::mutex> lock(record_mu);
+      if (record) record(j);
+    } catch (...) {
+      record_errors.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   // A record about one link: names the shard when the syncer is sharded.
   template <class R> void emit(const Link& L, R r) {

@@ -639,6 +639,8 @@ void SyncerNode::serve_dashboard(std::string page_html) {
       run = shared->reader.load();
     } catch (const IoError&) {  // no records yet; its message would name the folder's absolute path
       return MetricsServer::Reply{503, "text/plain", "the run folder holds no records yet\n"};
+    } catch (const std::exception&) {  // a folder removed or unreadable (std::filesystem): same, no path shown
+      return MetricsServer::Reply{503, "text/plain", "the run folder cannot be read\n"};
     }
     run.dir = ".";  // the data names paths relative to the run folder, never the absolute one
     return MetricsServer::Reply{200, "application/json",

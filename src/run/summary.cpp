@@ -89,7 +89,7 @@ nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards
                         "broadcasts_sent", "broadcasts_superseded", "broadcasts_acked", "uploads_measured",
                         "broadcasts_measured", "record_errors", "blocked_spells", "drift_resets", "auth_denied",
                         "handshake_failures", "connections", "disconnects", "contributions_replaced",
-                        "contributions_pending_at_end"}) {
+                        "contributions_pending_at_end", "joins_refused"}) {
     bool any = false;
     int64_t n = 0;
     for (const json& one : shards)
@@ -99,7 +99,7 @@ nlohmann::json combine_shard_summaries(const std::vector<nlohmann::json>& shards
       }
     if (any) s[f] = n;
   }
-  for (const char* f : {"rejects", "push_rejects", "final_round"}) {  // by reason (by field): summed per reason
+  for (const char* f : {"rejects", "push_rejects", "joins_refused_by", "final_round"}) {  // by reason (by field): summed per reason
     json rejects = json::object();
     for (const json& one : shards)
       if (has(one, f) && one[f].is_object())

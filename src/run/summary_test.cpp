@@ -106,6 +106,10 @@ TEST(RunSummary, PushAccountingAddsUpAcrossShards) {
   EXPECT_EQ(s.at("contributions_replaced").get<int64_t>(), 5);
   EXPECT_EQ(s.at("contributions_pending_at_end").get<int64_t>(), 1);
   EXPECT_EQ(s.at("push_rejects"), (json{{"norm_ratio", 3}, {"future_base", 1}}));
+  const json joins = combine_shard_summaries({{{"joins_refused", 2}, {"joins_refused_by", {{"fingerprint", 2}}}},
+                                              {{"joins_refused", 1}, {"joins_refused_by", {{"fingerprint", 1}}}}});
+  EXPECT_EQ(joins.at("joins_refused").get<int64_t>(), 3);  // every shard's, not the first one's
+  EXPECT_EQ(joins.at("joins_refused_by"), (json{{"fingerprint", 3}}));
   // Learner 0: 30 due, 25 sent, 4 superseded, 1 left at the end; learner 1 (two processes): 24 due, 22 sent, 2 dropped.
   PushTally l0{30, 25, 4, 0, 1, 1}, l1{24, 22, 0, 2, 0, 2};
   const json acc = push_accounting({l0, l1}, s);

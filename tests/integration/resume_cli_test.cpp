@@ -77,6 +77,21 @@ TEST(ResumeCli, TrainResumesFromTheNewestCommittedCheckpointAndNeverCollides) {
   EXPECT_EQ(read_file((a / "latest").string()), "step_00000030\n");
   const auto straight = losses(a);
   ASSERT_EQ(straight.size(), 30u) << "steps 11-20 were trained twice: the resume went back to step 10";
+  // The records' time goes on across the resume from the checkpoint's elapsed_s (the report's time axis), not
+  // again from 0.
+  {
+    std::vector<double> t;
+    std::ifstream in(a / "metrics.jsonl");
+    std::string line;
+    while (std::getline(in, line))
+      if (auto j = nlohmann::json::parse(line); j["kind"] == "train") t.push_back(j["elapsed_s"].get<double>());
+    ASSERT_EQ(t.size(), 30u);
+    for (size_t i = 1; i < t.size(); ++i) EXPECT_GE(t[i], t[i - 1]) << "step " << i + 1;
+    const auto m20 = nlohmann::json::parse(read_file((a / "checkpoints" / "step_00000020" / "manifest.json").string()));
+    ASSERT_TRUE(m20.contains("elapsed_s")) << m20.dump();
+    EXPECT_GT(m20["elapsed_s"].get<double>(), 0.0);
+    EXPECT_GE(t[20], m20["elapsed_s"].get<double>());
+  }
 
   // Resuming from the older checkpoint on purpose reaches steps 20 and 30 again: new folders, not a refusal.
   auto third = run("train --resume " + (a / "checkpoints" / "step_00000010").string());
