@@ -202,6 +202,7 @@ void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& s
     std::ostringstream line;
     line << "  " << std::left << std::setw(20) << r.names[i] << std::right << std::setw(12) << fixed(r.values[i], 4);
     if (std::isinf(r.stderrs[i])) line << "   unidentified: no row depends on it";
+    else if (r.inseparable[i]) line << "   ± n/a: inseparable (the rows constrain it only together with another)";
     else if (!r.stderrs_estimated) line << "   ± n/a (--fit-evals left no evaluations for the standard errors)";
     else if (std::isnan(r.stderrs[i])) line << "   ± n/a (no more rows than parameters)";
     else line << " ± " << fixed(r.stderrs[i], 4);
@@ -272,6 +273,7 @@ void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& s
     nlohmann::json q{{"name", r.names[i]}, {"value", r.values[i]}, {"at_bound", static_cast<bool>(r.at_bound[i])}};
     q["stderr"] = std::isfinite(r.stderrs[i]) ? nlohmann::json(r.stderrs[i]) : nlohmann::json(nullptr);
     q["identified"] = !std::isinf(r.stderrs[i]);
+    q["separable"] = !r.inseparable[i];
     q["stderr_estimated"] = r.stderrs_estimated;
     summary["parameters"].push_back(q);
   }

@@ -67,49 +67,51 @@ void set_param(GoodputParams& p, const std::string& name, double value) {
   schema.from_json({{"goodput", {{name, value}}}}, "goodput --fit");
 }
 
-// Solves the symmetric positive semi-definite system A·X = I by Gauss–Jordan with partial pivoting; false when A
-// is singular (relative pivot below 1e-12).
-bool invert(std::vector<std::vector<double>> a, std::vector<std::vector<double>>* inv) {
+// Eigenvalues (returned) and eigenvectors (columns of *v) of the symmetric matrix `a`, by cyclic Jacobi rotations:
+// a handful of parameters, so accuracy over speed.
+std::vector<double> symmetric_eigen(std::vector<std::vector<double>> a, std::vector<std::vector<double>>* v) {
   const size_t n = a.size();
-  std::vector<std::vector<double>> b(n, std::vector<double>(n, 0.0));
-  for (size_t i = 0; i < n; ++i) b[i][i] = 1.0;
-  double scale = 0;
-  for (size_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(a[i][i]));
-  if (!(scale > 0)) return false;
-  for (size_t c = 0; c < n; ++c) {
-    size_t piv = c;
-    for (size_t r = c + 1; r < n; ++r)
-      if (std::fabs(a[r][c]) > std::fabs(a[piv][c])) piv = r;
-    if (std::fabs(a[piv][c]) < 1e-12 * scale) return false;
-    std::swap(a[c], a[piv]);
-    std::swap(b[c], b[piv]);
-    const double d = a[c][c];
-    for (size_t k = 0; k < n; ++k) {
-      a[c][k] /= d;
-      b[c][k] /= d;
-    }
-    for (size_t r = 0; r < n; ++r) {
-      if (r == c || a[r][c] == 0) continue;
-      const double f = a[r][c];
-      for (size_t k = 0; k < n; ++k) {
-        a[r][k] -= f * a[c][k];
-        b[r][k] -= f * b[c][k];
+  v->assign(n, std::vector<double>(n, 0.0));
+  for (size_t i = 0; i < n; ++i) (*v)[i][i] = 1.0;
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0, total = 0;
+    for (size_t i = 0; i < n; ++i)
+      for (size_t j = 0; j < n; ++j) {
+        total += a[i][j] * a[i][j];
+        if (i != j) off += a[i][j] * a[i][j];
       }
-    }
+    if (off <= 1e-30 * total) break;
+    for (size_t p = 0; p + 1 < n; ++p)
+      for (size_t q = p + 1; q < n; ++q) {
+        if (a[p][q] == 0) continue;
+        const double theta = (a[q][q] - a[p][p]) / (2 * a[p][q]);
+        const double t = (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+        const double c = 1 / std::sqrt(t * t + 1), sn = t * c;
+        for (size_t k = 0; k < n; ++k) {  // A·R
+          const double akp = a[k][p], akq = a[k][q];
+          a[k][p] = c * akp - sn * akq;
+          a[k][q] = sn * akp + c * akq;
+        }
+        for (size_t k = 0; k < n; ++k) {  // Rᵀ·A
+          const double apk = a[p][k], aqk = a[q][k];
+          a[p][k] = c * apk - sn * aqk;
+          a[q][k] = sn * apk + c * aqk;
+        }
+        for (size_t k = 0; k < n; ++k) {
+          const double vkp = (*v)[k][p], vkq = (*v)[k][q];
+          (*v)[k][p] = c * vkp - sn * vkq;
+          (*v)[k][q] = sn * vkp + c * vkq;
+        }
+      }
   }
-  *inv = b;
-  return true;
+  std::vector<double> lambda(n);
+  for (size_t i = 0; i < n; ++i) lambda[i] = a[i][i];
+  return lambda;
 }
 
 // `p` with the one row `t` as its whole grid, for validate_goodput.
 GoodputParams with_row(const GoodputParams& p, const GoodputTarget& t) {
-  GoodputParams q = p;
-  q.chips = {t.chips};
-  q.learners = {t.scheme == Scheme::kDecoupledDiLoCo ? t.learners : 1};
-  q.dp = t.scheme == Scheme::kDataParallel;
-  q.elastic_dp = t.scheme == Scheme::kElasticDP;
-  q.diloco = t.scheme == Scheme::kDecoupledDiLoCo;
-  return q;
+  return params_for_spec(p, RunSpec{t.scheme, t.chips, t.learners});
 }
 
 // Checks `p`'s keys with a one-slice DP row standing in for the grid: errors that are no row's doing.
@@ -420,24 +422,7 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
   }
   double rss = 0;
   for (double r : r0) rss += r * r;
-  std::vector<std::vector<double>> JtJ(np, std::vector<double>(np, 0.0)), inv;
-  std::vector<bool> zero_column(np, true);
-  for (size_t a = 0; a < np; ++a) {
-    for (size_t i = 0; i < n; ++i)
-      if (J[i][a] != 0) zero_column[a] = false;
-    for (size_t b = 0; b < np; ++b)
-      for (size_t i = 0; i < n; ++i) JtJ[a][b] += J[i][a] * J[i][b];
-  }
-  const bool estimable = n > np;
-  // Unidentified columns are left out of the inversion so that they do not make every error infinite.
-  std::vector<size_t> keep;
-  for (size_t a = 0; a < np; ++a)
-    if (!zero_column[a]) keep.push_back(a);
-  std::vector<std::vector<double>> sub(keep.size(), std::vector<double>(keep.size()));
-  for (size_t a = 0; a < keep.size(); ++a)
-    for (size_t b = 0; b < keep.size(); ++b) sub[a][b] = JtJ[keep[a]][keep[b]];
-  const bool invertible = !keep.empty() && invert(sub, &inv);
-  const double s2 = estimable ? rss / static_cast<double>(n - np) : std::numeric_limits<double>::quiet_NaN();
+  const LinearisedErrors errs = linearised_errors(J, rss);
 
   res.params = pr.at(x.data());
   res.names = opts.names;
@@ -445,18 +430,9 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
     const auto& q = pr.params[j];
     res.values.push_back(param_value(res.params, q.name));
     res.at_bound.push_back(x[j] <= 1e-9 || x[j] >= 1 - 1e-9);
-    double se = std::numeric_limits<double>::infinity();
-    if (!with_errors) {
-      se = std::numeric_limits<double>::quiet_NaN();
-    } else if (!zero_column[j]) {
-      se = std::numeric_limits<double>::infinity();
-      if (!estimable) se = std::numeric_limits<double>::quiet_NaN();
-      else if (invertible) {
-        const size_t k = static_cast<size_t>(std::find(keep.begin(), keep.end(), j) - keep.begin());
-        se = std::sqrt(std::max(0.0, s2 * inv[k][k])) * (q.upper - q.lower);
-      }
-    }
-    res.stderrs.push_back(se);
+    // In the parameter's own unit: the search ran over [0, 1].
+    res.stderrs.push_back(!with_errors ? std::numeric_limits<double>::quiet_NaN() : errs.se[j] * (q.upper - q.lower));
+    res.inseparable.push_back(with_errors && errs.inseparable[j]);
   }
   res.fitted.resize(n);
   double worst = 0;
@@ -468,6 +444,42 @@ GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<Goodpu
   res.worst = worst;
   res.evaluations = pr.evaluations;
   return res;
+}
+
+LinearisedErrors linearised_errors(const std::vector<std::vector<double>>& J, double rss) {
+  const size_t n = J.size(), np = n > 0 ? J[0].size() : 0;
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  LinearisedErrors out;
+  out.se.assign(np, nan);
+  out.inseparable.assign(np, false);
+  std::vector<size_t> keep;  // columns some row depends on; the others are unidentified
+  for (size_t a = 0; a < np; ++a) {
+    bool zero = true;
+    for (size_t i = 0; i < n; ++i) zero = zero && J[i][a] == 0;
+    if (zero) out.se[a] = inf;
+    else keep.push_back(a);
+  }
+  if (n <= np || keep.empty()) return out;  // no degrees of freedom left for s²: not estimable (NaN)
+  const double s2 = rss / static_cast<double>(n - np);
+  std::vector<std::vector<double>> JtJ(keep.size(), std::vector<double>(keep.size(), 0.0)), v;
+  for (size_t a = 0; a < keep.size(); ++a)
+    for (size_t b = 0; b < keep.size(); ++b)
+      for (size_t i = 0; i < n; ++i) JtJ[a][b] += J[i][keep[a]] * J[i][keep[b]];
+  const std::vector<double> lambda = symmetric_eigen(JtJ, &v);
+  double top = 0;
+  for (double l : lambda) top = std::max(top, l);
+  // Directions of (numerically) zero curvature: the rows constrain only combinations of the parameters along them.
+  const double floor = 1e-12 * top;
+  for (size_t a = 0; a < keep.size(); ++a) {
+    double var = 0, in_null = 0;
+    for (size_t k = 0; k < keep.size(); ++k) {
+      if (lambda[k] > floor) var += v[a][k] * v[a][k] / lambda[k];  // the pseudo-inverse's diagonal
+      else in_null += v[a][k] * v[a][k];
+    }
+    if (in_null > 1e-8) out.inseparable[keep[a]] = true;  // stays NaN
+    else out.se[keep[a]] = std::sqrt(std::max(0.0, s2 * var));
+  }
+  return out;
 }
 
 std::string goodput_toml(const GoodputParams& p, const std::string& comment) {

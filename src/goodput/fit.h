@@ -13,7 +13,10 @@
 // Uncertainty: the Gauss–Newton covariance s²·(JᵀJ)⁻¹ at the optimum, with J the central-difference Jacobian of
 // the residuals and s² = RSS / (rows − parameters). It is a local, linearised standard error; a parameter the
 // table does not constrain (a zero column of J, e.g. restart_minutes without DP rows) is reported as unidentified
-// (stderr = +inf), and with no more rows than parameters no error is given (NaN).
+// (stderr = +inf), and with no more rows than parameters no error is given (NaN). When JᵀJ is singular (two
+// parameters the rows constrain only in combination, e.g. columns that are multiples of each other), the
+// parameters in its null space are reported inseparable (NaN) and every other one keeps its error, from the
+// pseudo-inverse (linearised_errors).
 //
 // Contract
 //  * parse_goodput_csv: columns scheme,learners,chips,goodput (a header line naming them, in any order; other
@@ -79,6 +82,8 @@ struct GoodputFitResult {
   GoodputParams params;                // base with the fitted values in place (reproduces `fitted`)
   std::vector<std::string> names;      // fitted keys
   std::vector<double> values, stderrs; // per name; stderr +inf = unidentified, NaN = not estimable or not estimated
+                                       // or inseparable
+  std::vector<bool> inseparable;       // the rows constrain it only together with other fitted parameters
   bool stderrs_estimated = true;       // false: the evaluation limit left no room for the Jacobian
   std::vector<bool> at_bound;          // the value sits on a bound
   std::vector<double> fitted;          // per target: the simulator's mean goodput at the fitted values
@@ -90,6 +95,16 @@ struct GoodputFitResult {
 
 GoodputFitResult fit_goodput(const GoodputParams& base, const std::vector<GoodputTarget>& targets,
                              const GoodputFitOptions& opts = {});
+
+// The linearised standard errors of least squares with Jacobian J (rows × parameters, each parameter's own scale)
+// and residual sum of squares rss: s²·diag((JᵀJ)⁺), s² = rss / (rows − parameters). Per parameter: +inf for a zero
+// column (unidentified), NaN with inseparable set for one in the null space of JᵀJ, NaN for all with no more rows
+// than parameters. No I/O.
+struct LinearisedErrors {
+  std::vector<double> se;
+  std::vector<bool> inseparable;
+};
+LinearisedErrors linearised_errors(const std::vector<std::vector<double>>& J, double rss);
 
 // The simulator's mean goodput over base.seeds seeds for each target, exactly as run_goodput() computes the row.
 std::vector<double> simulate_targets(const GoodputParams& p, const std::vector<GoodputTarget>& targets);

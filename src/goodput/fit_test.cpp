@@ -205,6 +205,26 @@ TEST(GoodputFit, AParameterNoRowDependsOnIsUnidentified) {
   EXPECT_THROW(fit_goodput(p, targets, o), ConfigError);
 }
 
+// Defect: one collinear pair made JᵀJ singular and every parameter was reported "unidentified: no row depends
+// on it". Reference values by hand: with columns a = (1, 0, 0, 0), b = 2a, c = (0, 1, 1, 0), JᵀJ's null space is
+// (2, −1, 0)/√5, so a and b are inseparable; c is orthogonal to it, var(c) = s² / (cᵀc) = (rss / (4 − 3)) / 2.
+TEST(GoodputFit, CollinearParametersAreInseparableAndTheOthersKeepTheirErrors) {
+  const std::vector<std::vector<double>> J{{1, 2, 0}, {0, 0, 1}, {0, 0, 1}, {0, 0, 0}};
+  const LinearisedErrors e = linearised_errors(J, /*rss=*/0.5);
+  EXPECT_TRUE(e.inseparable[0]);
+  EXPECT_TRUE(e.inseparable[1]);
+  EXPECT_TRUE(std::isnan(e.se[0]) && std::isnan(e.se[1]));
+  EXPECT_FALSE(e.inseparable[2]);
+  EXPECT_NEAR(e.se[2], std::sqrt(0.5 / 2.0), 1e-12);
+  // A full-rank case against the textbook formula: J = [[1, 0], [1, 1], [0, 2]], (JᵀJ)⁻¹ = [[5, −1], [−1, 2]] / 9.
+  const LinearisedErrors f = linearised_errors({{1, 0}, {1, 1}, {0, 2}}, /*rss=*/0.3);
+  EXPECT_NEAR(f.se[0], std::sqrt(0.3 * 5.0 / 9.0), 1e-12);
+  EXPECT_NEAR(f.se[1], std::sqrt(0.3 * 2.0 / 9.0), 1e-12);
+  // A zero column is unidentified (+inf); no more rows than parameters: NaN for all.
+  EXPECT_TRUE(std::isinf(linearised_errors({{0, 1}, {0, 2}, {0, 1}}, 1.0).se[0]));
+  EXPECT_TRUE(std::isnan(linearised_errors({{1, 0}, {0, 1}}, 1.0).se[0]));
+}
+
 void expect_csv_error(const std::string& text, const std::string& fragment) {
   try {
     parse_goodput_csv(text, "t.csv", base_params());

@@ -282,15 +282,16 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
       // A domain of domain_slices slices: one learner's slices first (learners are placed on whole domains),
       // then the pool, then the other groups.
       int64_t k = std::min(p.domain_slices, healthy);
-      if (t >= t0) failures += k;
       const double out = draw_repair(rng_domain);
       const int64_t first = healthy > 0 ? pick(rng_domain) : -1;
+      // Counted as they go to repair: a spare swapped in at once uses up the pool, so fewer than k may be taken.
       auto take_group = [&](size_t gi) {  // the slices it holds now (not a spare swapped in at once)
         for (int64_t n = std::min(k, groups[gi].healthy); n > 0; --n) {
           --healthy;
           lose_slice(groups[gi], gi, true);
           returns.push({t + out, static_cast<int64_t>(gi)});
           --k;
+          if (t >= t0) ++failures;
         }
       };
       if (first >= 0) take_group(static_cast<size_t>(first));
@@ -298,6 +299,7 @@ RunResult simulate(const GoodputParams& p, const RunSpec& spec, uint64_t seed, c
       pool -= from_pool;
       healthy -= from_pool;
       k -= from_pool;
+      if (t >= t0) failures += from_pool;
       for (int64_t i = 0; i < from_pool; ++i) returns.push({t + out, -1});
       for (size_t gi = 0; gi < groups.size() && k > 0; ++gi)
         if (static_cast<int64_t>(gi) != first) take_group(gi);
@@ -616,11 +618,18 @@ double straggler_efficiency(int64_t k, double cv) {
   return 1.0 / (1.0 + cv * expected_max_normal(k));
 }
 
-RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t seed) {
+GoodputParams params_for_spec(const GoodputParams& p, const RunSpec& spec) {
   GoodputParams q = p;
   q.chips = {spec.chips};
-  if (spec.scheme == Scheme::kDecoupledDiLoCo) q.learners = {spec.learners};
-  validate_goodput(q);
+  q.learners = {spec.scheme == Scheme::kDecoupledDiLoCo ? spec.learners : 1};
+  q.dp = spec.scheme == Scheme::kDataParallel;
+  q.elastic_dp = spec.scheme == Scheme::kElasticDP;
+  q.diloco = spec.scheme == Scheme::kDecoupledDiLoCo;
+  return q;
+}
+
+RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t seed) {
+  validate_goodput(params_for_spec(p, spec));
   const int64_t m = spec.scheme == Scheme::kDecoupledDiLoCo ? spec.learners : 1;
   return simulate(p, spec, seed, efficiency_table(spec.chips / p.slice_chips / m, p.step_time_cv));
 }
@@ -632,6 +641,7 @@ std::atomic<int64_t> g_runs_simulated{0};
 int64_t goodput_runs_simulated() { return g_runs_simulated.load(); }
 
 std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const std::vector<RunSpec>& specs) {
+  for (const RunSpec& spec : specs) validate_goodput(params_for_spec(p, spec));  // a grid the simulator can index
   int64_t kmax = 1;
   for (const auto& spec : specs) kmax = std::max(kmax, spec.chips / p.slice_chips);
   const std::vector<double> eff = efficiency_table(kmax, p.step_time_cv);

@@ -118,12 +118,17 @@ struct RunResult {
   double uptime = 0;    // fraction of wall time global training advances
   int64_t failures = 0; // slice failures during the measured window
 };
-// Simulates one run with `seed`. Uses every model parameter of `p` except chips/learners/seeds/threads.
+// `p` with the one run `spec` as its whole grid (chips, learners and which scheme): what validate_goodput checks a
+// single run against (the slices divide among its learners, its expected failures), whatever `p`'s own grid says.
+GoodputParams params_for_spec(const GoodputParams& p, const RunSpec& spec);
+// Simulates one run with `seed`. Uses every model parameter of `p` except chips/learners/seeds/threads; validates
+// params_for_spec(p, spec) first (ConfigError).
 RunResult simulate_once(const GoodputParams& p, const RunSpec& spec, uint64_t seed);
 
 // Runs every spec over p.seeds seeds (seed index s uses the same seed in every spec and every call) on p.threads
 // threads: per spec, its runs in seed order. run_goodput()'s building block, so a spec's runs equal its row's.
-// `p`'s model keys must be valid (validate_goodput); its chips and learners lists are not used.
+// Every spec is validated first (params_for_spec; ConfigError naming the key); `p`'s chips and learners lists are
+// not used.
 std::vector<std::vector<RunResult>> simulate_specs(const GoodputParams& p, const std::vector<RunSpec>& specs);
 // How many runs simulate_specs() has simulated in this process so far, over every thread and call (one per spec
 // and seed). A diagnostic: lets a test count a caller's simulations without trusting the caller's own count.

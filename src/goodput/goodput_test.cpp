@@ -305,6 +305,39 @@ TEST(Goodput, BadInputIsAClearError) {
   // The learner check applies only when DiLoCo is simulated.
   EXPECT_NO_THROW(validate_goodput(with([](GoodputParams& q) { q.learners = {7}; q.diloco = false; })));
   EXPECT_THROW(simulate_once(p, RunSpec{Scheme::kDecoupledDiLoCo, 150000, 7}, 1), ConfigError);
+  // Defect: the run was checked against `p`'s own grid. A DiLoCo run whose learners do not divide its slices
+  // passed when p.diloco was false (and the simulator read past its groups); a DP run failed on p's learner list.
+  GoodputParams no_diloco = p;
+  no_diloco.diloco = false;
+  EXPECT_THROW(simulate_once(no_diloco, RunSpec{Scheme::kDecoupledDiLoCo, 150000, 7}, 1), ConfigError);
+  EXPECT_THROW(simulate_specs(no_diloco, {RunSpec{Scheme::kDecoupledDiLoCo, 150000, 7}}), ConfigError);
+  GoodputParams grid = p;  // learners {1, 2, 4, 8, 16}: 2 does not divide 3 slices, which a DP run does not care about
+  grid.days = 1;
+  EXPECT_NO_THROW(simulate_once(grid, RunSpec{Scheme::kDataParallel, 3 * grid.slice_chips, 1}, 1));
+}
+
+// Defect: a domain failure counted domain_slices failures before taking them; with a spare swapped in at once the
+// pool ran dry first and fewer went to repair. With no repair ending inside the run, no slice can be counted twice:
+// at most slices + spares failures.
+TEST(Goodput, ADomainFailureCountsOnlyTheSlicesItSendsToRepair) {
+  GoodputParams p;
+  p.slice_chips = 625;
+  p.spare_fraction = 0.5;  // 2 slices, 1 spare, swapped in at once
+  p.swap_minutes = 0;
+  p.mtbi_chip_years = 1e6;  // no independent failures to speak of
+  p.domain_slices = 3;
+  p.domain_mtbf_days = 0.05;
+  p.repair_dist = "fixed";
+  p.repair_hours = 1000;  // none back within the run
+  p.days = 1;
+  p.warmup_hours = 0;
+  int64_t most = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    const RunResult r = simulate_once(p, RunSpec{Scheme::kDataParallel, 1250, 1}, seed);
+    EXPECT_LE(r.failures, 3) << "seed " << seed;
+    most = std::max(most, r.failures);
+  }
+  EXPECT_GE(most, 2);  // domains did fail: the bound was tested
 }
 
 TEST(Goodput, ConfigKeysBindAndCheck) {

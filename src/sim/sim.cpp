@@ -97,8 +97,12 @@ void SimConfig::validate(const RunConfig& run) const {
   for (auto m : sim.straggler_learners)
     if (m < 0 || m >= M)
       throw ConfigError("sim.straggler_learners names learner " + std::to_string(m) + " of " + std::to_string(M));
-  for (double t : sim.fail_times)
-    if (!(t >= 0)) throw ConfigError("sim.fail_times must be ≥ 0");
+  for (const auto& [key, times] : {std::pair<const char*, const std::vector<double>*>{"sim.fail_times", &sim.fail_times},
+                                   {"sim.pause_times", &sim.pause_times},
+                                   {"sim.straggler_times", &sim.straggler_times}})
+    for (double t : *times)
+      if (!(t >= 0) || !std::isfinite(t))
+        throw ConfigError(std::string(key) + " must be finite and ≥ 0 (seconds of virtual time), not " + std::to_string(t));
   if (static_cast<int64_t>(sim.speed_factors.size()) > M)
     throw ConfigError("sim.speed_factors has more entries than sync.learners");
   if (static_cast<int64_t>(run.train.learner_batch_sizes.size()) > M)
@@ -143,6 +147,7 @@ struct Learner {
   std::unique_ptr<LearnerCore> core;
   std::mt19937_64 rng, chaos_rng;
   double speed = 1.0, straggle = 1.0;
+  int64_t straggling = 0;  // straggler episodes in progress (they may overlap: slow until the last one ends)
   bool up = true, done = false, waiting = false, stepping = false;
   bool retired = false;  // its goodbye reached the syncer (after its last pushes: on_retire)
   bool finishing = false;  // sync.final_round: past its last step, waiting for the answers to its pushes in flight
@@ -186,6 +191,7 @@ struct Simulator::Impl {
   double now = 0, stalled_time = 0;
   double first_done_t = -1, stalled_at_first_done = 0;  // uptime while all M learners still train
   bool paused = false;
+  int64_t pauses = 0;  // syncer pauses in progress (they may overlap: paused until the last one ends)
   // Arrivals during a syncer pause, with the sender's epoch and whether each is a final state.
   struct Deferred {
     std::shared_ptr<Contribution> c;
@@ -865,13 +871,21 @@ SimResult Simulator::run(const std::function<void(const nlohmann::json&)>& recor
       case kFail: I.on_fail(e); break;
       case kRejoin: I.on_rejoin(e); break;
       case kRestore: I.on_restore(e); break;
-      case kStragglerOn: I.learners[e.learner].straggle = S.straggler_factor; break;
-      case kStragglerOff: I.learners[e.learner].straggle = 1.0; break;
+      case kStragglerOn:
+        ++I.learners[e.learner].straggling;
+        I.learners[e.learner].straggle = S.straggler_factor;
+        break;
+      case kStragglerOff:
+        if (--I.learners[e.learner].straggling == 0) I.learners[e.learner].straggle = 1.0;
+        break;
       case kPauseOn:
-        I.paused = true;
-        I.emit(rec::SyncerPause{});
+        if (I.pauses++ == 0) {
+          I.paused = true;
+          I.emit(rec::SyncerPause{});
+        }
         break;
       case kPauseOff: {
+        if (--I.pauses > 0) break;  // another pause still lasts
         I.paused = false;
         I.emit(rec::SyncerResume{});
         auto pending = std::move(I.deferred);

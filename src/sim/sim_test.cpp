@@ -1,4 +1,6 @@
 // Tests of the virtual-clock simulator: DiLoCo reduces to plain training, rejoin, determinism, failures.
+#include <cmath>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -211,6 +213,27 @@ TEST(SimDiLoCo, SynchronousDiLoCoStallsOnAFailure) {
   EXPECT_GT(s["waited_seconds"].get<double>(), 5.0);
 }
 
+// Defect: the pause state was a flag, so the end of the first of two overlapping pauses resumed the syncer while
+// the second still lasted (and wrote two resumes).
+TEST(SimChaos, OverlappingPausesLastUntilTheLastOneEnds) {
+  RunConfig run = sim_run(16);
+  SimConfig cfg;
+  cfg.sync.learners = 2;
+  cfg.sync.quorum = 1;
+  cfg.sync.sync_every = 2;
+  cfg.sim.pause_times = {3.0, 5.0};
+  cfg.sim.pause_duration = 4.0;  // [3, 7] and [5, 9]: paused from 3 to 9
+  Simulator sim(run, cfg, sim_corpus());
+  std::vector<std::pair<std::string, double>> got;
+  sim.run([&](const nlohmann::json& j) {
+    const std::string kind = j.value("kind", std::string());
+    if (kind == "syncer_pause" || kind == "syncer_resume") got.emplace_back(kind, j.value("t", -1.0));
+  });
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0], (std::pair<std::string, double>{"syncer_pause", 3.0}));
+  EXPECT_EQ(got[1], (std::pair<std::string, double>{"syncer_resume", 9.0}));
+}
+
 TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
   RunConfig run = sim_run(10);
   auto expect_error = [&](SimConfig cfg, const std::string& needle) {
@@ -236,6 +259,14 @@ TEST(SimConfigCheck, BadConfigsFailBeforeTraining) {
   c.sim.fail_times = {1.0};
   expect_error(c, "sim.fail_learners");
   c.sim.fail_times.clear();
+  c.sim.pause_times = {-2.0};  // would move the virtual clock backwards
+  expect_error(c, "sim.pause_times must be finite and ≥ 0");
+  c.sim.pause_times.clear();
+  c.sim.straggler_times = {std::nan("")};
+  c.sim.straggler_learners = {0};
+  expect_error(c, "sim.straggler_times must be finite and ≥ 0");
+  c.sim.straggler_times.clear();
+  c.sim.straggler_learners.clear();
   c.outer.lr = -1;
   expect_error(c, "lr");
   // Negative rates are caught by the config schema's checks.
