@@ -533,6 +533,16 @@ struct SyncerLost : RecordBase {
   template <class V> void fields(V& v) { v("step", step); v("silent_seconds", silent_seconds); }
 };
 
+// A state download that made no progress (no new chunk) for `idle_seconds`: dropped, and asked for again.
+struct DownloadStalled : RecordBase {
+  static constexpr const char* kKind = "download_stalled";
+  int64_t step = 0, chunks = 0, chunks_held = 0;
+  double idle_seconds = 0;
+  template <class V> void fields(V& v) {
+    v("step", step); v("chunks", chunks); v("chunks_held", chunks_held); v("idle_seconds", idle_seconds);
+  }
+};
+
 // The syncer holds an older version of a fragment than this learner (it restarted from an older checkpoint).
 struct SyncerBehind : RecordBase {
   static constexpr const char* kKind = "syncer_behind";

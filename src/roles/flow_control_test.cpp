@@ -289,6 +289,61 @@ TEST(FlowControl, ALearnerHoldsPushesWhileTwoAreUnacknowledgedAndSendsTheNewest)
   fs::remove_all(dir);
 }
 
+// Defect: a state chunk lost on the way (a send the link took and never delivered) left the learner joined with no
+// state for the rest of the run: the syncer's heartbeats kept the link alive, so no silence ended the download, and
+// the syncer sends no second copy on its own. A download with no progress for max(join_timeout, dead_after) is now
+// dropped and asked for again.
+TEST(FlowControl, AStateDownloadThatLostAChunkIsAskedForAgain) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_flow_stalled_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 1;
+  cfg.run.train.steps = 40;
+  cfg.net.chunk_bytes = 4096;  // several chunks
+  cfg.net.join_timeout = 1.5;
+  cfg.net.dead_after = 1.5;
+  auto hub = make_inproc_hub();
+  std::atomic<int> chunk1{0};  // the first copy of chunk 1 is lost
+  auto held = std::make_unique<HeldLinks>(make_inproc_server(hub), [&](const std::string&, const MessageHeader& h,
+                                                                       const Bytes&) {
+    return h.kind == MessageKind::kStateChunk && h.fragment_id == 1 && chunk1.fetch_add(1) == 0;
+  });
+  HeldLinks* link = held.get();
+  SyncerNode syncer(cfg, std::move(held), corpus(), /*resume=*/false, nullptr);
+  std::atomic<bool> stop{false};
+  nlohmann::json summary;
+  std::thread st([&] { summary = syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  RuntimeConfig own = cfg;
+  own.run.train.seed += 1;  // another initialisation than the syncer's: the join downloads the state
+  std::mutex mu;
+  std::vector<nlohmann::json> stalled, joined;
+  nlohmann::json s0;
+  std::thread l0([&] {
+    std::atomic<bool> never{false};
+    LearnerNode node(own, 0, make_inproc_client(hub, "learner-0"), corpus(), [&](const nlohmann::json& j) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (j.value("kind", "") == "download_stalled") stalled.push_back(j);
+      if (j.value("kind", "") == "joined") joined.push_back(j);
+    });
+    s0 = node.run(never);
+  });
+  JoinOnExit join_l0{&l0};
+  l0.join();
+  st.join();
+  EXPECT_EQ(link->held(MessageKind::kStateChunk), 1);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(stalled.size(), 1u);
+  EXPECT_LT(stalled[0]["chunks_held"].get<int64_t>(), stalled[0]["chunks"].get<int64_t>()) << stalled[0].dump();
+  EXPECT_GE(stalled[0]["idle_seconds"].get<double>(), 1.5);
+  ASSERT_EQ(joined.size(), 1u);  // the second download arrived and verified
+  EXPECT_GT(joined[0].value("download_bytes", int64_t{0}), 0) << joined[0].dump();
+  EXPECT_TRUE(s0["finished"].get<bool>()) << s0.dump();
+  EXPECT_GT(summary["contributions_merged"].get<int64_t>(), 0) << summary.dump();
+  fs::remove_all(dir);
+}
+
 // sync.final_round: a learner's heartbeat of its last step can go out while pushes still wait in its outbox (its
 // window is full, as on a slow link). The syncer marks it past its last step (no round waits for its push) only on a
 // heartbeat with none left to come: before, it marked it on the first heartbeat of that step, and the pushes that

@@ -84,6 +84,7 @@ void LearnerNode::Impl::on_welcome(Link& L, const Envelope& env) {
   if (w.chunks > 0) {
     if (w.elements != L.plan.model.elements) throw WireError("welcome describes another model size");
     c.dl = w;
+    c.syncer.download_progress(now());
     c.dl_flat = torch::empty({w.elements}, torch::kFloat);
     c.dl_have.assign(static_cast<size_t>(w.chunks), false);
     c.dl_count = 0;
@@ -147,6 +148,7 @@ void LearnerNode::Impl::accept_chunk(Link& L, int64_t k, const MessageHeader& h,
   if (!c.dl_have[static_cast<size_t>(k)]) {
     c.dl_have[static_cast<size_t>(k)] = true;
     ++c.dl_count;
+    c.syncer.download_progress(now());
   }
   if (c.dl_count < c.dl->chunks) return;
   const Digest hash = blake2b256(c.dl_flat.data_ptr<float>(), static_cast<size_t>(c.dl->elements) * 4);

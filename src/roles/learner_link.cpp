@@ -156,6 +156,24 @@ void LearnerNode::Impl::tend(Link& L, proto::Beat b, const std::string& reason) 
     r.silent_seconds = c.syncer.silent_for(t);
     emit(L, r);
   }
+  // A download that stopped making progress (a chunk lost on the way; the syncer sends no second copy on its own and
+  // its heartbeats keep the link alive): drop it and ask again (syncer_link.h).
+  if (is_joined && c.dl && c.syncer.download_stalled(t)) {
+    rec::DownloadStalled r;
+    r.step = b.step;
+    r.chunks = c.dl->chunks;
+    r.chunks_held = c.dl_count;
+    r.idle_seconds = c.syncer.download_idle(t);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      L.joined = false;
+      is_joined = false;
+      c.dl.reset();
+      end_fetch(c);
+      c.syncer.hello_now();
+    }
+    emit(L, r);
+  }
   if (is_joined && c.syncer.beat_due(t)) {
     send(L, header(MessageKind::kHeartbeat), Bytes::from_string(proto::encode_beat(b)));
     c.syncer.beat_sent(t);

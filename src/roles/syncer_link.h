@@ -11,6 +11,10 @@
 //  * the syncer counts as gone after net.dead_after + its patience of silence (the allowance it gives for silences
 //    its own traffic causes, SyncerBeat::patience, capped here at 20 net.dead_after whatever a peer says), or after
 //    max(net.join_timeout, net.dead_after) while a download is in progress (its chunks may each take seconds);
+//  * a download that has made no progress (no welcome, no new chunk) for max(net.join_timeout, net.dead_after) has
+//    stalled: a chunk was lost on the way, and the syncer's heartbeats keep the link alive, so silence never ends
+//    it; the learner drops it and says hello again for a new one (the syncer sends a second copy once its first
+//    is net.join_timeout old, which it then is);
 //  * a failover (the standby leads now) starts the hello pacing, the silence and the patience afresh, and the old
 //    leader hears a hello again a second later (it may come back as the standby);
 //  * refusals of our CURVE key are recorded at the 1st, 2nd, 4th, 8th, ... (libzmq retries with its own backoff).
@@ -63,6 +67,13 @@ class SyncerLink {
     return silent_for(t) > allowed;
   }
 
+  // ---- a download's progress ----
+  void download_progress(double t) { dl_progress_ = t; }  // its welcome, or a chunk it did not hold
+  bool download_stalled(double t) const {
+    return t - dl_progress_ > std::max(timing_.join_timeout, timing_.dead_after);
+  }
+  double download_idle(double t) const { return t - dl_progress_; }
+
   // ---- heartbeats and the goodbye ----
   bool beat_due(double t) const { return t - last_beat_ >= timing_.heartbeat; }
   void beat_sent(double t) { last_beat_ = t; }
@@ -97,6 +108,7 @@ class SyncerLink {
   int64_t unanswered_ = 0;
   double last_heard_ = -1e9, patience_ = 0;
   double last_beat_ = -1e9, last_leave_ = -1e9;
+  double dl_progress_ = 0;
   uint64_t auth_refusals_ = 0, auth_logged_at_ = 0;
 };
 
