@@ -245,7 +245,7 @@ void LearnerNode::Impl::send_push(Link& L, const Push& p, proto::Beat b, bool is
   std::lock_guard<std::mutex> lock(mu);
   (sent ? pushes : pushes_dropped) += 1;
   if (sent) {
-    L.window.sent(p.fragment);
+    L.window.sent(p.fragment, p.base_version);
     if (p.final) L.window.settle(p.fragment);  // a final state gets no answer
   } else {  // not sent (not joined, or the transport refused it): no answer will come for it
     refused_pushes.insert(p.fragment);
@@ -347,7 +347,8 @@ void LearnerNode::Impl::accept_answer(Link& L, const MessageHeader& h, int64_t p
     auto it = inbox.find(p);
     if (it == inbox.end() || it->second.version < static_cast<int64_t>(h.round))
       inbox[p] = Answer{static_cast<int64_t>(h.round), flat, L.marks_answers ? static_cast<int64_t>(h.c_tokens) : -1};
-    L.window.settle(p);  // an answer for p answers our push of p too (the core clears it when it applies)
+    // An answer for p that holds our push of p settles it (the core clears it when it applies).
+    L.window.answered(p, L.marks_answers ? static_cast<int64_t>(h.c_tokens) : -1);
     ++broadcasts;
     cv.notify_all();
   }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -27,9 +28,9 @@ class PushWindow {
   bool full() const { return acks_ && unacknowledged() >= kSize; }
   int64_t unacknowledged() const { return base_ + static_cast<int64_t>(sent_.size()) - acked_; }
 
-  // A push of fragment p went out on the link.
-  void sent(int64_t p) {
-    unsettled_.insert(p);
+  // A push of fragment p, based on version `base` of Θ_p, went out on the link.
+  void sent(int64_t p, int64_t base = 0) {
+    unsettled_[p] = base;
     sent_.push_back(p);
   }
   // The syncer's heartbeat: it read `read` of our pushes on this connection since our hello.
@@ -41,8 +42,16 @@ class PushWindow {
       ++base_;
     }
   }
-  // A merge of p answered our push of p, or the syncer refused it: settled.
+  // The syncer refused our push of p (or it was a final state, which gets no answer): settled.
   void settle(int64_t p) { unsettled_.erase(p); }
+  // A broadcast of p arrived with the syncer's mark `covers` (sync/answer_marks.h: it holds this learner's pushes
+  // based on versions below it; −1: unmarked, it answers any push). Settles our push of p only when it answers it:
+  // a merge that overtook our push (another learner's) does not, and after a failover the new leader's welcome must
+  // still count that push as refused, or the learner waits for good for an answer no syncer holds.
+  void answered(int64_t p, int64_t covers) {
+    const auto it = unsettled_.find(p);
+    if (it != unsettled_.end() && (covers < 0 || it->second < covers)) unsettled_.erase(it);
+  }
   // Another syncer leads the link now (a failover): it has not acknowledged anything yet.
   void new_leader() { acks_ = false; }
 
@@ -53,13 +62,14 @@ class PushWindow {
     std::vector<int64_t> settled;
     if (!was_joined && !unsettled_.empty()) {
       std::set<int64_t> lost;
+      const std::set<int64_t> open = unsettled();
       const int64_t total = base_ + static_cast<int64_t>(sent_.size());
       if (read >= 0 && read <= total) {
         for (int64_t i = std::max(read, base_); i < total; ++i) lost.insert(sent_[static_cast<size_t>(i - base_)]);
       } else {
-        lost = unsettled_;
+        lost = open;
       }
-      for (int64_t p : unsettled_)
+      for (int64_t p : open)
         if (lost.count(p)) settled.push_back(p);
       for (int64_t p : settled) unsettled_.erase(p);
     }
@@ -69,13 +79,18 @@ class PushWindow {
     return settled;
   }
 
-  const std::set<int64_t>& unsettled() const { return unsettled_; }
+  std::set<int64_t> unsettled() const {
+    std::set<int64_t> out;
+    for (const auto& [p, base] : unsettled_) out.insert(p);
+    return out;
+  }
 
  private:
   std::deque<int64_t> sent_;  // the pushes since the welcome from the base_-th on (the earlier ones were read)
   int64_t base_ = 0, acked_ = 0;
   bool acks_ = false;
-  std::set<int64_t> unsettled_;  // fragments pushed while joined and not yet answered or refused
+  std::map<int64_t, int64_t> unsettled_;  // fragments pushed while joined and not yet answered or refused -> the
+                                          // base version of the latest such push
 };
 
 }  // namespace deloco

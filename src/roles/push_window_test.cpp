@@ -68,5 +68,22 @@ TEST(PushWindow, AnswersAndRefusalsSettle) {
   EXPECT_TRUE(w.welcomed(false, 0).empty());  // nothing left to settle
 }
 
+// Defect: every broadcast of p settled our push of p, also one that did not hold it (another learner's merge that
+// overtook it). After a failover the new leader's welcome (which cannot say what it read) then did not count the
+// push as refused, and a learner waiting for its answer waited for good.
+TEST(PushWindow, OnlyABroadcastThatHoldsThePushSettlesIt) {
+  PushWindow w;
+  w.sent(3, /*base=*/5);
+  w.answered(3, /*covers=*/5);  // holds pushes based below version 5: not ours
+  EXPECT_EQ(w.unsettled(), (std::set<int64_t>{3}));
+  EXPECT_EQ(w.welcomed(false, -1), (std::vector<int64_t>{3}));  // so a failover's welcome refuses it
+  w.sent(3, 6);
+  w.answered(3, 7);  // holds ours
+  EXPECT_TRUE(w.unsettled().empty());
+  w.sent(2, 9);
+  w.answered(2, -1);  // an unmarked broadcast (an older syncer) answers any push
+  EXPECT_TRUE(w.unsettled().empty());
+}
+
 }  // namespace push_window_cases
 }  // namespace deloco
