@@ -101,7 +101,10 @@ struct TransportStats {
   uint64_t handshake_failures = 0;
   // Server: connections accepted, and connections closed for any reason: the peer left, a failed handshake, or
   // libzmq dropping the peer for breaking a bound. A frame over max_frame_bytes (even in the handshake) closes
-  // the connection with no other event, so it shows only here.
+  // the connection with no other event, so it shows only here. Client (ZeroMQ): handshakes completed on its first
+  // connection (lane 0), counted as its monitor reports them (on the next send or receive); more than one means it
+  // reconnected, and what either side still held on the old connection is gone (the learner then says hello again).
+  // The in-process transport never reconnects: 0.
   uint64_t connections = 0;
   uint64_t disconnects = 0;
   // Lanes (docs/transport.md, "Bounds" under "Lanes"). lane_refused: lane frames received and not kept, so that

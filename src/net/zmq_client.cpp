@@ -79,7 +79,7 @@ class ZmqClient final : public ClientTransport {
   bool receive(Envelope* out, std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + timeout;
     for (;;) {
-      if (lanes_.size() > 1) read_monitor_events();
+      read_monitor_events();
       if (c_.pop(ready_, out)) return true;
       std::vector<MsgPtr> f;
       int total = 0;
@@ -208,6 +208,7 @@ class ZmqClient final : public ClientTransport {
           uint16_t event;
           std::memcpy(&event, zmq_msg_data(&m[0]), sizeof event);
           if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            if (i == 0) c_.connections++;  // a second one means a reconnection (TransportStats::connections)
             l.connected = true;
             l.greeted = false;
             l.answered = false;

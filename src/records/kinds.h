@@ -533,6 +533,13 @@ struct SyncerLost : RecordBase {
   template <class V> void fields(V& v) { v("step", step); v("silent_seconds", silent_seconds); }
 };
 
+// The learner's transport to the syncer reconnected (its `connections`-th connection): it says hello again.
+struct Reconnected : RecordBase {
+  static constexpr const char* kKind = "reconnected";
+  int64_t step = 0, connections = 0;
+  template <class V> void fields(V& v) { v("step", step); v("connections", connections); }
+};
+
 // A state download that made no progress (no new chunk) for `idle_seconds`: dropped, and asked for again.
 struct DownloadStalled : RecordBase {
   static constexpr const char* kKind = "download_stalled";

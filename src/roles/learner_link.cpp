@@ -43,6 +43,7 @@ void LearnerNode::Impl::fail_over(Link& L, int64_t new_epoch) {
     cv.notify_all();
   }
   c.syncer.failed_over(now());  // the old leader hears a hello again in a second (it may come back as the standby)
+  c.connections_seen = L.tx->stats().connections;  // the new leader's link: its count, not a reconnection
   rec::SyncerFailover r;
   r.step = step;
   r.epoch = new_epoch;
@@ -116,6 +117,27 @@ void LearnerNode::Impl::tend(Link& L, proto::Beat b, const std::string& reason) 
                "retrying with backoff" +
                (sharded() ? "; the fragments it serves are not merged meanwhile" : "");
     emit(L, r);
+  }
+  // The transport reconnected: what either side still held on the old connection is gone (broadcasts queued for it,
+  // our pushes in flight), and a laned client keeps its routing id, so the syncer does not notice. Say hello again:
+  // the welcome settles our pushes it never read and starts the push window afresh, as after any rejoin.
+  if (const uint64_t conns = L.tx->stats().connections; conns != c.connections_seen) {
+    const bool again = c.connections_seen > 0 && conns > c.connections_seen;
+    c.connections_seen = conns;
+    bool was_joined = false;
+    if (again) {
+      std::lock_guard<std::mutex> lock(mu);
+      was_joined = L.joined;
+      L.joined = false;
+      cv.notify_all();
+    }
+    if (was_joined) {
+      c.syncer.hello_now();
+      rec::Reconnected r;
+      r.step = b.step;
+      r.connections = static_cast<int64_t>(conns);
+      emit(L, r);
+    }
   }
   bool is_joined, want_leave;
   {

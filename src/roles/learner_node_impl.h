@@ -94,6 +94,7 @@ struct LearnerNode::Impl {
     };
     std::vector<Donor> donors;
     bool first_join_recorded = false;
+    uint64_t connections_seen = 0;  // the active transport's connections count (TransportStats) last looked at
     // The highest broadcast sequence number received since the latest welcome (the broadcast header's c_steps):
     // every heartbeat carries it (Beat::broadcasts), and one goes as soon as a broadcast arrives.
     int64_t rx_seq = 0;

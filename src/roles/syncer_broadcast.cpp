@@ -215,6 +215,24 @@ void SyncerNode::Impl::acknowledge(int64_t m, int64_t seq, double t) {
   if (P.in_flight.empty()) P.dl_busy_from = -1;
 }
 
+void SyncerNode::Impl::rebuild_latest() {
+  for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) {
+    const int64_t v = core->version(p);
+    if (v == 0) continue;
+    std::vector<at::Tensor> ts = core->fragment_tensors(p);
+    at::Tensor flat = torch::empty({layouts[p].elements}, torch::kFloat);
+    flatten_into(ts, flat.data_ptr<float>());
+    MessageHeader bh;
+    Bytes payload;
+    if (encode_broadcast(p, v, flat, &bh, &payload)) {  // whole: which version a learner holds is not known
+      latest[p] = syncer_detail::Latest();
+      latest[p].version = v;
+      latest[p].header = bh;
+      latest[p].payload = payload;
+    }
+  }
+}
+
 bool SyncerNode::Impl::encode_broadcast(int64_t p, int64_t version, const at::Tensor& flat, MessageHeader* h,
                                         Bytes* payload) {
   const proto::Layout& L = layouts[p];

@@ -176,6 +176,10 @@ void SyncerNode::Impl::restore_from(const std::string& out_dir) {
   resumed = true;
   first_join = 0;  // a resumed cluster was already running: its clock continues at once
   last_checkpoint = ck.dir;
+  // The learners may have missed the broadcasts of the last merges before the crash (queued, not sent): one that
+  // comes back without a download gets every merged fragment as the checkpoint holds it, as after a takeover.
+  rebuild_latest();
+  for (auto& P : peers) P.missed = true;
 }
 
 }  // namespace deloco

@@ -403,6 +403,9 @@ struct SyncerNode::Impl {
   }
   // The broadcast frame of a merged round's Θ_p (shared with every learner): false when it could not be encoded.
   bool encode_broadcast(int64_t p, int64_t version, const at::Tensor& flat, MessageHeader* h, Bytes* payload);
+  // `latest` from Θ as it is (every merged fragment whole): after a standby's image or a resume from a checkpoint,
+  // the broadcasts a learner that comes back without a download catches up with (catch_up).
+  void rebuild_latest();
   // The leader's side: the standby's messages (kFollow, kAck) on the learners' endpoint.
   void on_replica_message(const Envelope& env, const MessageHeader& h);
   // The follower's side: one message from the leader.

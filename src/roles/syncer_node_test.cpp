@@ -496,6 +496,54 @@ TEST(SyncerNode, AnUnmeasuredLinkHearsThePatienceCapBeforeItsFirstBroadcast) {
 // as a live learner's silence is allowed (net.dead_after + the patience cap), and retired as finished silently only
 // then. Before, it was retired at once, so a syncer whose learners were all finishing stopped before their final
 // states came (and refused them).
+// Found by review: a syncer resumed from its checkpoint sent a learner that came back without a download nothing
+// until the next merge of each fragment, though the broadcasts of the last merges before the crash may never have
+// left (queued when it was killed). Like a standby's takeover, a resume now sends such a learner every merged
+// fragment as the checkpoint holds it.
+TEST(SyncerNode, AResumedSyncerCatchesUpALearnerThatComesBackWithoutADownload) {
+  torch::set_num_threads(1);
+  const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_resume_catch_up_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RuntimeConfig cfg = config(dir);
+  cfg.sync.learners = 2;  // learner 1 never runs in the first syncer's life: the run is not over when it stops
+  cfg.run.train.steps = 16;
+  cfg.learner.state_dir = (dir / "learners").string();
+  const uint64_t fp = parse_fingerprint_hex(gpt_workloads(cfg.run, corpus())(0, 1)->fingerprint());
+  {
+    auto hub = make_inproc_hub();
+    SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/false, nullptr);
+    std::atomic<bool> stop{false};
+    std::thread st([&] { syncer.run(stop); });
+    StopOnExit stop_on_exit{&stop, &st};
+    std::atomic<bool> never{false};
+    LearnerNode node(cfg, 0, make_inproc_client(hub, "learner-0"), corpus(), nullptr);
+    const nlohmann::json s0 = node.run(never);  // trains its 16 steps, its pushes merged (quorum 1)
+    ASSERT_TRUE(s0["finished"].get<bool>()) << s0.dump();
+  }  // stopped: its last checkpoint holds the merged versions
+  const auto ck = read_checkpoint(cfg.syncer.out_dir, /*with_optimizer=*/false);
+  const auto versions = ck.manifest.at("versions").get<std::vector<int64_t>>();
+  ASSERT_EQ(versions.size(), 2u);
+  ASSERT_GT(versions[0], 0);
+  ASSERT_GT(versions[1], 0);
+
+  auto hub = make_inproc_hub();
+  SyncerNode syncer(cfg, make_inproc_server(hub), corpus(), /*resume=*/true, nullptr);
+  std::atomic<bool> stop{false};
+  std::thread st([&] { syncer.run(stop); });
+  StopOnExit stop_on_exit{&stop, &st};
+  Client c{make_inproc_client(hub, "learner-1"), fp, 1};
+  c.hello(/*instance=*/7, /*want_state=*/false);
+  ASSERT_TRUE(c.next(MessageKind::kWelcome, 30).has_value());
+  std::map<int64_t, int64_t> got;  // fragment -> version broadcast
+  for (int i = 0; i < 2; ++i) {
+    auto b = c.next(MessageKind::kFragmentBroadcast, 10);
+    ASSERT_TRUE(b.has_value()) << "no broadcast of every merged fragment after the resume (got " << got.size() << ")";
+    got[b->first.fragment_id] = static_cast<int64_t>(b->first.round);
+  }
+  EXPECT_EQ(got, (std::map<int64_t, int64_t>{{0, versions[0]}, {1, versions[1]}}));
+  fs::remove_all(dir);
+}
+
 TEST(SyncerNode, UnderTheFinalRoundAResumedSyncerAwaitsALearnerPastItsLastStep) {
   torch::set_num_threads(1);
   const fs::path dir = fs::temp_directory_path() / ("deloco_syncer_finishing_" + std::to_string(::getpid()));

@@ -218,22 +218,7 @@ void SyncerNode::Impl::on_upstream(const Envelope& env) {
     if (e.counters.contains("retired") && e.counters["retired"].is_array() &&
         e.counters["retired"].size() == static_cast<size_t>(M))
       for (int64_t m = 0; m < M; ++m) retired[m] = e.counters["retired"][m].get<bool>();
-    // The latest broadcast of every merged fragment, for learners that join after a takeover without a download.
-    for (int64_t p = 0; p < static_cast<int64_t>(layouts.size()); ++p) {
-      const int64_t v = core->version(p);
-      if (v == 0) continue;
-      std::vector<at::Tensor> ts = core->fragment_tensors(p);
-      at::Tensor flat = torch::empty({layouts[p].elements}, torch::kFloat);
-      flatten_into(ts, flat.data_ptr<float>());
-      MessageHeader bh;
-      Bytes payload;
-      if (encode_broadcast(p, v, flat, &bh, &payload)) {  // whole: which version a learner holds is not known
-        latest[p] = syncer_detail::Latest();
-        latest[p].version = v;
-        latest[p].header = bh;
-        latest[p].payload = payload;
-      }
-    }
+    rebuild_latest();  // for learners that join after a takeover without a download
     rec::Standby sb;
     sb.event = "image";
     sb.epoch = epoch();
