@@ -196,6 +196,9 @@ void run_fit(GoodputOptions& o, const GoodputParams& base, const ConfigSchema& s
   const auto start = std::chrono::steady_clock::now();
   const GoodputFitResult r = fit_goodput(base, targets, fo);
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // At the fitted values: a fit that moved repair_hours up may have measured before the repairs' steady state.
+  if (const std::string w = goodput_warnings(r.params); !w.empty())
+    std::cerr << "deloco goodput --fit: warning at the fitted values: " << w << "\n";
 
   std::cout << "fitted parameters (± linearised standard error)\n";
   for (size_t i = 0; i < r.names.size(); ++i) {
@@ -313,6 +316,7 @@ void run(GoodputOptions& o) {
   load_config(schema, src);
   if (!o.fit_path.empty()) return run_fit(o, p, schema);
   validate_goodput(p);
+  if (const std::string w = goodput_warnings(p); !w.empty()) std::cerr << "deloco goodput: warning: " << w << "\n";
 
   const auto start = std::chrono::steady_clock::now();
   const std::vector<GoodputRow> rows = run_goodput(p);

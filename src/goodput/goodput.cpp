@@ -618,6 +618,15 @@ double straggler_efficiency(int64_t k, double cv) {
   return 1.0 / (1.0 + cv * expected_max_normal(k));
 }
 
+std::string goodput_warnings(const GoodputParams& p) {
+  if (p.warmup_hours >= 3 * p.repair_hours) return {};
+  std::ostringstream o;
+  o << "goodput.warmup_hours = " << p.warmup_hours << " is under three mean repair times (goodput.repair_hours = "
+    << p.repair_hours << "): the slices out for repair have not reached their steady number when measuring starts, "
+    << "so goodput reads high; set goodput.warmup_hours to at least " << 3 * p.repair_hours;
+  return o.str();
+}
+
 GoodputParams params_for_spec(const GoodputParams& p, const RunSpec& spec) {
   GoodputParams q = p;
   q.chips = {spec.chips};

@@ -340,6 +340,15 @@ TEST(Goodput, ADomainFailureCountsOnlyTheSlicesItSendsToRepair) {
   EXPECT_GE(most, 2);  // domains did fail: the bound was tested
 }
 
+TEST(Goodput, AWarmUpShorterThanThreeRepairTimesIsWarnedAbout) {
+  GoodputParams p;  // the defaults: 12 h warm-up, 1 h repairs
+  EXPECT_EQ(goodput_warnings(p), "");
+  p.repair_hours = 24;  // the fit's upper bound
+  const std::string w = goodput_warnings(p);
+  EXPECT_NE(w.find("goodput.warmup_hours"), std::string::npos) << w;
+  EXPECT_NE(w.find("at least 72"), std::string::npos) << w;
+}
+
 TEST(Goodput, ConfigKeysBindAndCheck) {
   GoodputParams p;
   ConfigSchema schema;
