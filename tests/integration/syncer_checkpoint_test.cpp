@@ -35,6 +35,33 @@ std::vector<std::string> flags(const std::string& src) {
           "net.join_timeout=30", "--set", "net.plaintext=true"};
 }
 
+// Runs `deloco syncer` (syncer_flags, plus --out RUN) and two learners (learner_flags) to the end of their run;
+// the logs go to DIR. Fails the calling test (ASSERT) when a process does not start or exits with an error.
+void run_to_the_end(const fs::path& dir, const fs::path& run, const std::vector<std::string>& syncer_flags,
+                    const std::vector<std::string>& learner_flags) {
+  auto a = syncer_flags;
+  a.insert(a.begin(), "syncer");
+  a.insert(a.end(), {"--out", run.string(), "--bind", "tcp://127.0.0.1:0"});
+  test::Proc syncer(a, (dir / "syncer.log").string());
+  std::string endpoint;
+  for (auto deadline = clk::now() + std::chrono::seconds(60); endpoint.empty() && clk::now() < deadline;) {
+    auto s = records(run / "syncer.jsonl", "started");
+    if (!s.empty()) endpoint = s[0]["endpoint"];
+    else if (syncer.wait(0) >= 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_FALSE(endpoint.empty()) << syncer.log();
+  std::vector<std::unique_ptr<test::Proc>> learners;
+  for (int m = 0; m < 2; ++m) {
+    auto l = learner_flags;
+    l.insert(l.begin(), "learner");
+    l.insert(l.end(), {"--id", std::to_string(m), "--connect", endpoint, "--out", run.string()});
+    learners.push_back(std::make_unique<test::Proc>(l, (dir / ("l" + std::to_string(m) + ".log")).string()));
+  }
+  for (auto& l : learners) ASSERT_EQ(l->wait(180), 0) << l->log();
+  ASSERT_EQ(syncer.wait(60), 0) << syncer.log();
+}
+
 TEST(SyncerCheckpoints, ResumeTakesTheNewestCommittedCheckpointCleansUpAndNeverSkips) {
   const std::string src = source_dir();
   ASSERT_TRUE(fs::exists(src + "/data/sotu")) << "run scripts/setup.sh first: the corpus is missing";
@@ -50,27 +77,8 @@ TEST(SyncerCheckpoints, ResumeTakesTheNewestCommittedCheckpointCleansUpAndNeverS
   };
 
   // A short run to its end: periodic checkpoints, then the final one.
-  {
-    fs::create_directories(dir);
-    test::Proc syncer(syncer_args(false), (dir / "syncer.log").string());
-    std::string endpoint;
-    for (auto deadline = clk::now() + std::chrono::seconds(60); endpoint.empty() && clk::now() < deadline;) {
-      auto s = records(run / "syncer.jsonl", "started");
-      if (!s.empty()) endpoint = s[0]["endpoint"];
-      else if (syncer.wait(0) >= 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_FALSE(endpoint.empty()) << syncer.log();
-    std::vector<std::unique_ptr<test::Proc>> learners;
-    for (int m = 0; m < 2; ++m) {
-      auto a = flags(src);
-      a.insert(a.begin(), "learner");
-      a.insert(a.end(), {"--id", std::to_string(m), "--connect", endpoint, "--out", run.string()});
-      learners.push_back(std::make_unique<test::Proc>(a, (dir / ("l" + std::to_string(m) + ".log")).string()));
-    }
-    for (auto& l : learners) ASSERT_EQ(l->wait(180), 0) << l->log();
-    ASSERT_EQ(syncer.wait(60), 0) << syncer.log();
-  }
+  fs::create_directories(dir);
+  ASSERT_NO_FATAL_FAILURE(run_to_the_end(dir, run, flags(src), flags(src)));
   const auto before = list_checkpoints(run.string());
   ASSERT_GE(before.size(), 2u);
   const CommittedCheckpoint newest = before.back();
@@ -139,26 +147,7 @@ TEST(SyncerCheckpoints, TheFinalRoundIsDurableBeforeTheFinalEvaluation) {
     if (resume) a.push_back("--resume");
     return a;
   };
-  {
-    test::Proc syncer(syncer_args(false), (dir / "syncer.log").string());
-    std::string endpoint;
-    for (auto deadline = clk::now() + std::chrono::seconds(60); endpoint.empty() && clk::now() < deadline;) {
-      auto s = records(run / "syncer.jsonl", "started");
-      if (!s.empty()) endpoint = s[0]["endpoint"];
-      else if (syncer.wait(0) >= 0) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ASSERT_FALSE(endpoint.empty()) << syncer.log();
-    std::vector<std::unique_ptr<test::Proc>> learners;
-    for (int m = 0; m < 2; ++m) {
-      auto a = with_final(flags(src));
-      a.insert(a.begin(), "learner");
-      a.insert(a.end(), {"--id", std::to_string(m), "--connect", endpoint, "--out", run.string()});
-      learners.push_back(std::make_unique<test::Proc>(a, (dir / ("l" + std::to_string(m) + ".log")).string()));
-    }
-    for (auto& l : learners) ASSERT_EQ(l->wait(180), 0) << l->log();
-    ASSERT_EQ(syncer.wait(60), 0) << syncer.log();
-  }
+  ASSERT_NO_FATAL_FAILURE(run_to_the_end(dir, run, with_final(flags(src)), with_final(flags(src))));
   ASSERT_FALSE(records(run / "syncer.jsonl", "final_merge").empty()) << "no final round ran: nothing was tested";
   auto manifest = [](const std::string& d) { return nlohmann::json::parse(read_file(d + "/manifest.json")); };
   auto cks = list_checkpoints(run.string());
