@@ -202,6 +202,9 @@ struct RuntimeConfig : AlgorithmConfig {
   void bind(ConfigSchema& schema);   // every section above
   // sync.learners, or one per core when it is 0 (allowed in runtime configs only).
   int64_t resolved_learners() const;
+  // `deloco syncer`, `deloco learner` and the embedded learner: ConfigError naming `who` when sync.learners is 0
+  // (auto), which only `deloco run` resolves once for all its processes.
+  void require_explicit_learners(const std::string& who) const;
   void validate() const;             // cross-checks (resolving the preset first); throws ConfigError naming the key
 };
 

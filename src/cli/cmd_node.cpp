@@ -75,6 +75,7 @@ RuntimeConfig load(const NodeArgs& a, ConfigSchema& schema, bool syncer) {
         if (!a.address.empty()) cfg.net.address = a.address;
       });
   cfg.validate();
+  cfg.require_explicit_learners(syncer ? "deloco syncer" : "deloco learner");
   resolve_inner_optimizer(cfg.run.train, cfg.merge.preset);  // merge.preset = muloco: learners train with Muon
   return cfg;
 }

@@ -258,10 +258,14 @@ Corpus Corpus::load(const DataConfig& cfg) {
   }
   std::vector<std::string> files;
   if (fs::is_directory(cfg.path)) {
-    for (const auto& e : fs::recursive_directory_iterator(cfg.path)) {
-      if (!e.is_regular_file()) continue;
+    for (auto it = fs::recursive_directory_iterator(cfg.path); it != fs::recursive_directory_iterator(); ++it) {
+      const fs::directory_entry& e = *it;
       const std::string name = e.path().filename().string();
-      if (!name.empty() && name[0] == '.') continue;
+      if (!name.empty() && name[0] == '.') {  // hidden: a file, or a folder (.git, .ipynb_checkpoints) not entered
+        if (e.is_directory()) it.disable_recursion_pending();
+        continue;
+      }
+      if (!e.is_regular_file()) continue;
       if (cfg.format == "tokens" && e.path().extension() != ".bin") continue;
       files.push_back(e.path().string());
     }

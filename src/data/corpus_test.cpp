@@ -112,6 +112,8 @@ TEST(Data, LoadsFolderAndRejectsBadInput) {
   std::ofstream(dir / "b.txt") << "second document, long enough to be useful";
   std::ofstream(dir / "sub" / "a.txt") << "first document";
   std::ofstream(dir / ".hidden") << "never read";
+  fs::create_directories(dir / ".git");  // a hidden folder is not entered (found by review: .git/HEAD was a document)
+  std::ofstream(dir / ".git" / "HEAD") << "never read either";
   DataConfig cfg;
   cfg.path = dir.string();
   cfg.val_fraction = 0.4;
@@ -119,6 +121,7 @@ TEST(Data, LoadsFolderAndRejectsBadInput) {
   EXPECT_EQ(c.num_documents(), 2);
   EXPECT_EQ(c.train().find("never read"), std::string::npos);
   EXPECT_EQ(c.val().find("never read"), std::string::npos);
+  EXPECT_EQ(c.train().find("either"), std::string::npos);
 
   std::ofstream(dir / "bad.txt", std::ios::binary) << "ok \xff\xfe not utf8";
   try {

@@ -124,6 +124,7 @@ EmbeddedLearner::EmbeddedLearner(const EmbeddedLearnerOptions& opts,
                       "your own can run inside the script, with rank 0 alone calling deloco)");
   id_ = opts.learner_id >= 0 ? opts.learner_id : environment_integer("DELOCO_LEARNER_ID", -1);
   if (id_ < 0) throw ConfigError("give the learner id: learner_id=N or DELOCO_LEARNER_ID");
+  cfg.require_explicit_learners("an embedded learner");
   if (id_ >= cfg.resolved_learners())
     throw ConfigError("learner id " + std::to_string(id_) + " is not in [0, sync.learners=" +
                       std::to_string(cfg.resolved_learners()) + ")");

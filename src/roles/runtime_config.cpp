@@ -315,6 +315,15 @@ void RuntimeConfig::bind(ConfigSchema& s) {
   testbed.bind(s);
 }
 
+void RuntimeConfig::require_explicit_learners(const std::string& who) const {
+  if (sync.learners > 0) return;
+  throw ConfigError(
+      "sync.learners = 0 (one learner per core) is resolved by `deloco run` alone; " + who +
+      " runs beside processes on other machines, each of which would count its own cores (and give learners "
+      "overlapping data): set the number of learners, the same for the syncer and every learner "
+      "(--set sync.learners=M)");
+}
+
 int64_t RuntimeConfig::resolved_learners() const {
   if (sync.learners > 0) return sync.learners;
   const unsigned n = std::thread::hardware_concurrency();

@@ -65,11 +65,15 @@ bool from_toml(const toml::node& n, const ConfigSchema::Field& f, Value* out) {
   }
 }
 
+// As TOML reads an integer: decimal without leading zeros ("010" is refused, not read as octal 8), or hex with 0x.
 bool parse_int(const std::string& s, int64_t* out) {
   if (s.empty()) return false;
+  const size_t digits = (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  const bool hex = s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X');
+  if (!hex && s.size() > digits + 1 && s[digits] == '0') return false;
   size_t pos = 0;
   try {
-    long long v = std::stoll(s, &pos, 0);
+    long long v = std::stoll(s, &pos, hex ? 16 : 10);
     if (pos != s.size()) return false;
     *out = v;
     return true;

@@ -56,6 +56,23 @@ TEST(Config, NonFiniteNumbersAreRefusedNamingTheKey) {
   EXPECT_EQ(f.times, (std::vector<double>{0.5, 2.0}));
 }
 
+// Found by review: an integer was read with the base guessed from its prefix, so --set train.steps=010000 trained
+// 4096 steps. Integers now read as TOML reads them: decimal without leading zeros, or 0x hex.
+TEST(Config, IntegersAreDecimalNotOctal) {
+  Fields f;
+  EXPECT_THROW(f.schema.apply_override("train.steps=010"), ConfigError);
+  EXPECT_THROW(f.schema.apply_override("train.steps=-010"), ConfigError);
+  EXPECT_EQ(f.steps, 10);
+  f.schema.apply_override("train.steps=0");
+  EXPECT_EQ(f.steps, 0);
+  f.schema.apply_override("train.steps=1000");
+  EXPECT_EQ(f.steps, 1000);
+  f.schema.apply_override("train.steps=0x10");
+  EXPECT_EQ(f.steps, 16);
+  f.schema.apply_override("train.steps=-7");
+  EXPECT_EQ(f.steps, -7);
+}
+
 TEST(Config, UnknownKeysAndWrongTypesNameTheKey) {
   Fields f;
   try {

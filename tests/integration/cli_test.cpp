@@ -203,6 +203,13 @@ TEST_F(Cli, BadConfigsAreRejectedWithTheirNames) {
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.out.find("missing.toml"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(dir_ / "x"));
+  // Found by review: sync.learners = 0 (the demo config's "one per core") let a syncer and learners on different
+  // machines each count their own cores, and learners trained on overlapping data. Only `deloco run` resolves it.
+  for (const char* role : {"syncer --bind tcp://127.0.0.1:0", "learner --id 0 --connect tcp://127.0.0.1:1"}) {
+    r = run(std::string(role) + " --set sync.learners=0 --set net.plaintext=true --out " + (dir_ / "node").string());
+    EXPECT_EQ(r.code, 1) << role;
+    EXPECT_NE(r.out.find("--set sync.learners=M"), std::string::npos) << r.out;
+  }
 }
 
 TEST_F(Cli, ExistingRunIsNeverOverwritten) {
