@@ -7,7 +7,8 @@
 //  * merge() takes T ≥ 1 tensors of identical shape, dtype class (floating point) and device, and T weights
 //    (empty = uniform). Weights must be finite and ≥ 0 with a positive sum; they are normalised to sum 1, so
 //    every method returns a result on the scale of the weighted mean (merging T copies of Δ gives Δ for mean,
-//    rda, iso_c on an isotropic Δ, ties and — in expectation — dare).
+//    rda, iso_c on an isotropic Δ, ties with ties_keep = 1 — the default 0.9 trims the smallest 10 % of its
+//    entries — and, in expectation, dare).
 //  * The arithmetic runs in MergeOptions::compute_dtype (fp32 by default, fp64 on request; fp64 inputs always
 //    in fp64) on the device of the inputs; the result has the dtype and device of deltas[0]. Inputs are never modified or retained.
 //  * Matrix methods (iso_c, iso_c_fast, iso_c_ns, iso_cts, tsv) view a tensor of rank ≥ 2 as the matrix

@@ -37,7 +37,10 @@ class IsoCFast final : public Merger {
   at::Tensor compute(const std::vector<at::Tensor>& d, const std::vector<double>& w, uint64_t) const override {
     at::Tensor M = weighted_sum(d, w);
     const bool wide = M.size(0) < M.size(1);
-    at::Tensor X = wide ? M.t() : M;
+    // Scaled to max|x| ≈ 1 first (exact: a power of two), so XᵀX neither underflows nor overflows; the method is
+    // homogeneous of degree 1, so the result is scaled back.
+    const double scale = pow2_scale(M);
+    at::Tensor X = (wide ? M.t() : M).div(scale);
     at::Tensor A = at::matmul(X.t(), X);
     // libtorch ≤ 1.13 sizes the fp32 eigh workspace through a float and under-allocates it once 2n² exceeds
     // 2^24 ("linalg.eigh: Argument 8 has illegal value"); solve those sizes in fp64.
@@ -60,7 +63,7 @@ class IsoCFast final : public Merger {
     // The paper's mean over all r singular values, or (threshold on) the mean over the kept ones.
     const double denom = threshold_ > 0 ? O.square().sum().item<double>() : static_cast<double>(X.size(1));
     if (!(denom > 0)) return at::zeros_like(M);
-    O.mul_(O.mul(X).sum().item<double>() / denom);
+    O.mul_(O.mul(X).sum().item<double>() / denom * scale);
     return wide ? O.t().contiguous() : O;
   }
 

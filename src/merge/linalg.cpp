@@ -1,4 +1,5 @@
 // Shared helpers for the merge methods: weighted sums, numerical rank, column orthogonalisation.
+#include <cmath>
 #include <limits>
 
 #include <torch/torch.h>
@@ -11,6 +12,13 @@ at::Tensor weighted_sum(const std::vector<at::Tensor>& xs, const std::vector<dou
   at::Tensor acc = xs[0] * w[0];
   for (size_t i = 1; i < xs.size(); ++i) acc.add_(xs[i], w[i]);
   return acc;
+}
+
+double pow2_scale(const at::Tensor& x) {
+  if (x.numel() == 0) return 1.0;
+  const double amax = x.abs().max().item<double>();
+  if (!(amax > 0) || !std::isfinite(amax)) return 1.0;
+  return std::ldexp(1.0, std::ilogb(amax));
 }
 
 double rank_tolerance(const at::Tensor& matrix) {

@@ -202,6 +202,26 @@ TEST(MergeIsoCts, CommonRankMakesTheRestDivisibleByT) {
   EXPECT_LT((S - S.mean()).abs().max().item<double>(), 1e-10 * S.mean().item<double>());
 }
 
+// Found by review: iso_c_fast formed XᵀX and rda summed squares in fp32 on the raw values, so at |x| ~ 1e-25 the
+// Gram matrix underflowed (iso_c_fast returned a skewed, non-orthogonal factor) and at |x| ~ 1e25 a norm overflowed
+// (rda returned zeros; iso_c_fast threw). Both methods are homogeneous of degree 1: the result at scale s is s
+// times the result at scale 1. Reference by hand: X = [[1, 1], [0, 1], [0, 0]] has polar factor
+// [[2, 1], [−1, 2], [0, 0]] / √5 and mean singular value √5 / 2, so iso_c gives [[1, .5], [−.5, 1], [0, 0]].
+TEST(MergeScale, IsoCFastAndRdaAreExactAtExtremeMagnitudes) {
+  const at::Tensor X = at::tensor({1.f, 1.f, 0.f, 1.f, 0.f, 0.f}).reshape({3, 2});
+  const at::Tensor want = at::tensor({1.f, .5f, -.5f, 1.f, 0.f, 0.f}).reshape({3, 2});
+  for (const double s : {1.0, 1e-25, 1e25}) {
+    const at::Tensor got = merge("iso_c_fast", {X * s});
+    EXPECT_LT(rel_err(got, want * s), 1e-5) << "scale " << s;
+    const at::Tensor r = merge("rda", {X * s});  // one contribution: itself
+    EXPECT_LT(rel_err(r, X * s), 1e-6) << "scale " << s;
+  }
+  // Bit-identical at ordinary magnitudes whatever power of two they carry (the scaling is exact).
+  const auto d = randn_list(2, {16, 8}, 9);
+  EXPECT_TRUE(at::equal(merge("iso_c_fast", {d[0] * 4, d[1] * 4}), merge("iso_c_fast", d) * 4));
+  EXPECT_TRUE(at::equal(merge("rda", {d[0] * 4, d[1] * 4}), merge("rda", d) * 4));
+}
+
 TEST(MergeRda, NormDoesNotDependOnTForOrthogonalInputs) {
   at::Tensor Q = std::get<0>(at::linalg_qr(at::randn({32, 8}, at::TensorOptions().dtype(at::kDouble))));
   MergeOptions o;

@@ -24,6 +24,10 @@ std::unique_ptr<Merger> make_dare(const MergeOptions& o);
 
 // Σ w_i x_i.
 at::Tensor weighted_sum(const std::vector<at::Tensor>& xs, const std::vector<double>& w);
+// A power of two near max|x| (1 for an all-zero or non-finite x): dividing by it is exact, so a method that works on
+// x / scale and multiplies back gives bit-identical results at ordinary magnitudes, and no square it forms
+// (a Gram matrix, a norm's sum of squares) overflows or underflows at extreme ones.
+double pow2_scale(const at::Tensor& x);
 // Relative threshold below which a singular value counts as zero: max(m,n)·eps(dtype of m).
 double rank_tolerance(const at::Tensor& matrix);
 // Number of singular values (sorted descending) above rank_tolerance·S[0]; 0 for an all-zero matrix.

@@ -18,11 +18,13 @@ class Rda final : public Merger {
     double radius = 0;
     at::Tensor dir = at::zeros_like(d[0]);
     for (size_t i = 0; i < d.size(); ++i) {
-      const double n = d[i].norm().item<double>();
+      const double k = pow2_scale(d[i]);  // exact: no fp32 sum of squares over- or underflows
+      const double n = d[i].div(k).norm().item<double>() * k;
       radius += w[i] * n;
       if (n > 0) dir.add_(d[i], w[i] / n);
     }
-    const double dn = dir.norm().item<double>();
+    const double dk = pow2_scale(dir);
+    const double dn = dir.div(dk).norm().item<double>() * dk;
     if (!(dn > 0) || !(radius > 0)) return at::zeros_like(d[0]);
     return dir.mul_(radius / dn);
   }

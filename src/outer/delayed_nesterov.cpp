@@ -24,7 +24,8 @@ class DelayedNesterov final : public OuterOptimizer {
     s.sum = s.sum.defined() ? s.sum.add(g) : g.clone();
     s.count += 1;
     if (s.count >= N) {
-      at::Tensor mean = s.sum.div(static_cast<double>(N));
+      // The mean of the gradients summed (count is N, or more after a resume with a smaller outer.delay).
+      at::Tensor mean = s.sum.div(static_cast<double>(s.count));
       s.buffer = s.buffer.defined() ? s.buffer.mul(mu).add_(mean) : mean;
       s.sum = at::zeros_like(g);
       s.count = 0;

@@ -224,6 +224,15 @@ TEST(OuterDelayedNesterov, DelayOneIsNesterovAndTheStateResumesMidCycle) {
   EXPECT_THROW(b->load_state({{"w.delay_count", at::full({1}, 2.5, at::kDouble)}, {"w.delay_sum", at::zeros({6})}}),
                OuterError);
   EXPECT_THROW(b->load_state({{"w.delay_count", at::full({1}, 2.0, at::kDouble)}}), OuterError);
+
+  // Found by review: a state saved with N = 8 six steps into a cycle, resumed with N = 4, fired with seven
+  // gradients summed and divided by 4 (7/4 of a mean into the momentum). It is the mean of what was summed.
+  auto c = make_outer_optimizer({"delayed_nesterov", 1.0, 0.8, 4, 0.0});
+  const at::Tensor g = at::full({2}, 1.0f);
+  c->load_state({{"w.delay_count", at::full({1}, 6.0, at::kDouble)}, {"w.delay_sum", g * 6}});
+  at::Tensor pc = at::zeros({2});
+  c->step("w", pc, g);  // the seventh: fires. u = g / N + μ · mean = 0.25 + 0.8 · 1
+  EXPECT_TRUE(at::allclose(pc, at::full({2}, -1.05f), 1e-6, 1e-6)) << pc;
 }
 
 }  // namespace
