@@ -108,7 +108,8 @@ void LearnerNode::Impl::comms_loop() {
 void LearnerNode::Impl::tend(Link& L, proto::Beat b, const std::string& reason) {
   Comms& c = L.c;
   const double t = now();
-  if (const uint64_t refused = L.tx->stats().auth_denied; c.syncer.auth_refused(refused)) {
+  const TransportStats link_stats = L.tx->stats();  // one snapshot for this tend's checks
+  if (const uint64_t refused = link_stats.auth_denied; c.syncer.auth_refused(refused)) {
     rec::AuthRefused r;
     r.refusals = static_cast<int64_t>(refused);
     r.step = b.step;
@@ -121,7 +122,7 @@ void LearnerNode::Impl::tend(Link& L, proto::Beat b, const std::string& reason) 
   // The transport reconnected: what either side still held on the old connection is gone (broadcasts queued for it,
   // our pushes in flight), and a laned client keeps its routing id, so the syncer does not notice. Say hello again:
   // the welcome settles our pushes it never read and starts the push window afresh, as after any rejoin.
-  if (const uint64_t conns = L.tx->stats().connections; conns != c.connections_seen) {
+  if (const uint64_t conns = link_stats.connections; conns != c.connections_seen) {
     const bool again = c.connections_seen > 0 && conns > c.connections_seen;
     c.connections_seen = conns;
     bool was_joined = false;
